@@ -1,0 +1,83 @@
+"""Events a `ServerConnection` hands to its owner (bytes in, events out, as in h11).
+
+The connection handles the protocol's own bookkeeping (handshake, tuning, heartbeats,
+channel open/close, content assembly) and reports only what the broker must act on.
+Events are small immutable records; the hot ones (`ContentReceived`, `MethodReceived`)
+use `__slots__` so that creating one per publish stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOpened:
+    """connection.open accepted: the peer is authenticated and bound to a vhost."""
+
+    user: str
+    vhost: str
+    client_properties: dict
+    channel_max: int
+    frame_max: int
+    heartbeat_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOpened:
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelClosed:
+    """The channel is gone: closed by the peer, or our close was acknowledged.
+
+    The broker releases everything the channel held (consumers, unacked deliveries).
+    """
+
+    channel: int
+    reply_code: int
+    reply_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelFlow:
+    """channel.flow from the peer; flow-ok has already been sent."""
+
+    channel: int
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MethodReceived:
+    """A method without content on an open channel, for the broker to perform."""
+
+    channel: int
+    method: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ContentReceived:
+    """A method with content (basic.publish), assembled from its method, header and body frames.
+
+    `props_raw` is the encoded property list exactly as the publisher sent it, so the broker can
+    forward it to consumers without decoding and re-encoding.
+    """
+
+    channel: int
+    method: Any
+    props_raw: bytes
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """Terminal: flush `data_to_send()` and close the socket.
+
+    `by_peer` is True when the peer asked to close (or vanished), False when we closed it.
+    """
+
+    reply_code: int
+    reply_text: str
+    by_peer: bool

@@ -1,0 +1,158 @@
+"""AMQP 0-9-1 framing: encode frames, split content into body frames, parse a byte stream.
+
+Theory of operation: every frame is type u8, channel u16, payload size u32, payload, and the
+end octet 0xCE (spec 4.2.3). FrameReader is sans-IO: `feed()` appends received bytes and
+`read_frames()` returns every complete frame now available, parsed from one joined buffer by
+offsets; payloads are memoryview slices of that (immutable) buffer, so nothing is copied per
+frame, and only the incomplete tail is copied once per call. A frame header is validated as
+soon as its 7 bytes arrive: an unknown type or a size above frame_max fails before the body
+is buffered, so at most one frame_max of data is ever held. Until a buffered partial frame is
+complete, read_frames() returns immediately without joining, which keeps a peer that trickles
+bytes from causing quadratic copying.
+
+Payload memoryviews keep their whole receive buffer alive: copy (bytes(payload)) anything
+retained beyond handling the frame, such as a message body.
+"""
+
+from struct import Struct
+
+from .errors import FrameError
+from .spec import (
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+)
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_HEADER_SIZE = 7
+FRAME_OVERHEAD = 8  # header + end octet: the payload of a frame is at most frame_max - 8
+
+_FRAME_HEADER = Struct(">BHI")
+_CONTENT_HEADER = Struct(">HHQ")
+_END = bytes((FRAME_END,))
+_FRAME_TYPES = (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT)
+
+HEARTBEAT_FRAME = _FRAME_HEADER.pack(FRAME_HEARTBEAT, 0, 0) + _END
+
+
+def encode_frame(frame_type: int, channel: int, payload: bytes) -> bytes:
+    """One complete frame around `payload`."""
+    return b"".join((_FRAME_HEADER.pack(frame_type, channel, len(payload)), payload, _END))
+
+
+def encode_method_frame(channel: int, method) -> bytes:
+    """A method frame for a spec method instance (anything with `encode() -> bytes`)."""
+    payload = method.encode()
+    return b"".join((_FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)), payload, _END))
+
+
+def encode_content(channel: int, method, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+    """Method frame + content header frame + body frames, as one bytes object.
+
+    Body frames carry at most frame_max - 8 payload bytes so each frame is at most frame_max
+    in total; frame_max 0 means no limit (one body frame). An empty body has no body frame
+    (spec 4.2.6.2: zero or more body frames)."""
+    if frame_max and frame_max <= FRAME_OVERHEAD:
+        raise ValueError(f"frame_max {frame_max} leaves no room for a payload")
+    payload = method.encode()
+    body_size = len(body)
+    header_payload_size = 12 + len(props_raw)
+    if frame_max and header_payload_size + FRAME_OVERHEAD > frame_max:
+        raise ValueError(f"content header of {header_payload_size} bytes exceeds frame_max {frame_max}")
+    parts = [
+        _FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)),
+        payload,
+        _END,
+        _FRAME_HEADER.pack(FRAME_HEADER, channel, header_payload_size),
+        _CONTENT_HEADER.pack(method.CLASS_ID, 0, body_size),
+        props_raw,
+        _END,
+    ]
+    if body_size:
+        chunk = frame_max - FRAME_OVERHEAD if frame_max else body_size
+        if body_size <= chunk:
+            parts += (_FRAME_HEADER.pack(FRAME_BODY, channel, body_size), body, _END)
+        else:
+            view = memoryview(body)
+            full_header = _FRAME_HEADER.pack(FRAME_BODY, channel, chunk)
+            last = body_size - chunk
+            start = 0
+            while start < last:
+                parts += (full_header, view[start : start + chunk], _END)
+                start += chunk
+            rest = body_size - start
+            parts += (_FRAME_HEADER.pack(FRAME_BODY, channel, rest), view[start:], _END)
+    return b"".join(parts)
+
+
+class FrameReader:
+    """Incremental frame parser. Not thread-safe; one per connection.
+
+    frame_max may be changed at any time (after connection.tune-ok); 0 means unlimited."""
+
+    __slots__ = ("frame_max", "_chunks", "_buffered", "_needed")
+
+    def __init__(self, frame_max: int) -> None:
+        self.frame_max = frame_max
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        # bytes required before parsing can make progress: a header, or a whole frame
+        self._needed = FRAME_HEADER_SIZE
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes. Mutable buffers are copied: payload views must not change."""
+        if data.__class__ is not bytes:
+            data = bytes(data)
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+
+    def read_frames(self) -> list[tuple[int, int, memoryview]]:
+        """Every complete frame buffered so far, as (type, channel, payload)."""
+        if self._buffered < self._needed:
+            return []
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        view = memoryview(data)
+        size = len(data)
+        frame_max = self.frame_max
+        frames = []
+        append = frames.append
+        off = 0
+        needed = FRAME_HEADER_SIZE
+        unpack_header = _FRAME_HEADER.unpack_from
+        while size - off >= FRAME_HEADER_SIZE:
+            frame_type, channel, payload_size = unpack_header(data, off)
+            if frame_type not in _FRAME_TYPES:
+                raise FrameError(FRAME_ERROR, f"unknown frame type {frame_type}")
+            if frame_max and payload_size + FRAME_OVERHEAD > frame_max:
+                raise FrameError(
+                    FRAME_ERROR,
+                    f"frame size {payload_size + FRAME_OVERHEAD} exceeds frame_max {frame_max}",
+                )
+            end = off + FRAME_HEADER_SIZE + payload_size
+            if end >= size:
+                needed = end + 1 - off
+                break
+            if data[end] != FRAME_END:
+                raise FrameError(
+                    FRAME_ERROR,
+                    f"frame end marker missing: expected 0xce after {payload_size} bytes "
+                    f"of payload, got 0x{data[end]:02x}",
+                )
+            append((frame_type, channel, view[off + FRAME_HEADER_SIZE : end]))
+            off = end + 1
+        if off == size:
+            self._chunks = []
+            self._buffered = 0
+        elif off:
+            tail = data[off:]
+            self._chunks = [tail]
+            self._buffered = len(tail)
+        else:
+            self._chunks = [data]
+        self._needed = needed
+        return frames

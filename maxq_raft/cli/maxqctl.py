@@ -1,0 +1,95 @@
+"""`maxqctl`: look at a node through its HTTP admin API.
+
+Every failure prints what was wrong on stderr and exits non-zero: 2 for a bad command line,
+3 when the node cannot be reached, 4 when the node answers with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+
+LISTS = {
+    "queues": ("/api/queues", ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]),
+    "exchanges": ("/api/exchanges", ["vhost", "name", "type", "durable", "auto_delete", "internal"]),
+    "bindings": ("/api/bindings", ["vhost", "source", "destination_type", "destination", "routing_key"]),
+    "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
+    "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
+}
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fetch(node: str, path: str, timeout_s: float):
+    url = f"http://{node}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error", "")
+        except ValueError:
+            detail = ""
+        raise CtlError(f"node {node} answered {exc.code}: {detail or exc.reason}", 4) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CtlError(f"cannot reach node {node}: {reason}", 3) from None
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maxqctl", description="Inspect and manage MaxQ-Raft nodes.")
+    parser.add_argument("--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the node (default 5)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
+    listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
+    listing.add_argument("what", choices=sorted(LISTS))
+    return parser
+
+
+def run(args) -> str:
+    if args.command == "status":
+        status = fetch(args.node, "/api/cluster/status", args.timeout)
+        if args.json:
+            return json.dumps(status, indent=1)
+        rows = [{"group": g["group"], "leader": g["leader"], "commit_index": g["commit_index"], "applied_index": g["applied_index"],
+                 "lag": ", ".join(f"{m['node']}={m['lag']}" for m in g["members"])} for g in status["groups"]]
+        members = table(status["members"], ["node", "state", "role"])
+        return f"node {status['node']}\n\nmembers\n{members}\n\ngroups\n" + table(rows, ["group", "leader", "commit_index", "applied_index", "lag"])
+    path, columns = LISTS[args.what]
+    rows = fetch(args.node, path, args.timeout)
+    return json.dumps(rows, indent=1) if args.json else table(rows, columns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with a usage message on a bad command line
+    if ":" not in args.node or not args.node.rsplit(":", 1)[1].isdigit():
+        print(f"maxqctl: --node must be HOST:PORT, got {args.node!r}", file=sys.stderr)
+        return 2
+    try:
+        print(run(args))
+    except CtlError as exc:
+        print(f"maxqctl: {exc}", file=sys.stderr)
+        return exc.code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Node settings: defaults < config file (TOML) < MAXQ_* environment variables < command line.
+
+Each setting has one name used everywhere: `--amqp-port`, `MAXQ_AMQP_PORT`, `amqp_port = …` in
+the file. Bad values are reported as a `SettingsError` naming the setting and its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from . import __version__
+
+
+class SettingsError(Exception):
+    pass
+
+
+@dataclass
+class Settings:
+    data_dir: str = "./data"
+    amqp_host: str = "127.0.0.1"
+    amqp_port: int = 5672
+    http_host: str = "127.0.0.1"
+    http_port: int = 15672
+    node_id: str = "maxq1"
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    log_level: str = "info"
+    version: str = __version__
+
+
+CLI_SETTINGS = ("data_dir", "amqp_host", "amqp_port", "http_host", "http_port", "node_id",
+                "frame_max", "channel_max", "heartbeat_s", "log_level")
+
+
+def _convert(name: str, raw, source: str):
+    kind = {f.name: f.type for f in fields(Settings)}[name]
+    if kind == "int":
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{source}: {name} must be an integer, got {raw!r}") from None
+        if name.endswith("_port") and not 0 <= value <= 65535:
+            raise SettingsError(f"{source}: {name} must be a port number 0-65535, got {value}")
+        if value < 0:
+            raise SettingsError(f"{source}: {name} must not be negative, got {value}")
+        return value
+    if not isinstance(raw, str):
+        raise SettingsError(f"{source}: {name} must be a string, got {raw!r}")
+    return raw
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maxq-server", description="MaxQ-Raft: an AMQP 0-9-1 broker replicated with Raft.")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (same names as the options, with _)")
+    parser.add_argument("--data-dir", help="folder for this node's data (default ./data)")
+    parser.add_argument("--amqp-host", help="address to listen on for AMQP (default 127.0.0.1)")
+    parser.add_argument("--amqp-port", help="AMQP port (default 5672)")
+    parser.add_argument("--http-host", help="address for the HTTP admin API (default 127.0.0.1)")
+    parser.add_argument("--http-port", help="HTTP admin API port (default 15672; 0 disables it)")
+    parser.add_argument("--node-id", help="this node's name (default maxq1)")
+    parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
+    parser.add_argument("--channel-max", help="most channels per connection (default 2047)")
+    parser.add_argument("--heartbeat-s", help="heartbeat interval offered, seconds (default 60; 0 disables)")
+    parser.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    return parser
+
+
+def load_settings(argv: list[str] | None = None, environ: dict | None = None) -> tuple[Settings, argparse.Namespace]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    settings = Settings()
+    config_path = args.config or environ.get("MAXQ_CONFIG")
+    if config_path:
+        path = Path(config_path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError(f"config file {path} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"config file {path}: {exc}") from None
+        for key, raw in data.items():
+            name = key.replace("-", "_")
+            if name not in CLI_SETTINGS:
+                raise SettingsError(f"config file {path}: unknown setting {key!r}")
+            setattr(settings, name, _convert(name, raw, f"config file {path}"))
+    for name in CLI_SETTINGS:
+        env_name = "MAXQ_" + name.upper()
+        if env_name in environ:
+            setattr(settings, name, _convert(name, environ[env_name], f"environment {env_name}"))
+    for name in CLI_SETTINGS:
+        raw = getattr(args, name)
+        if raw is not None:
+            setattr(settings, name, _convert(name, raw, "--" + name.replace("_", "-")))
+    if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
+    if settings.frame_max and settings.frame_max < 4096:
+        raise SettingsError(f"frame_max must be at least 4096 (the AMQP minimum), got {settings.frame_max}")
+    return settings, args

@@ -1,0 +1,78 @@
+"""The commands of the queue log: small immutable records, one per kind of change.
+
+They are what a log entry carries, so they hold only plain data (strings, ints, bytes, lists
+of messages); identities are strings chosen by the proposer (`consumer_id` is unique across the
+cluster: node, connection, channel and tag), so replicas agree on them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Enqueue(NamedTuple):
+    messages: list  # of queue.Message, in publish order
+
+
+class Checkout(NamedTuple):
+    """Attach a consumer (basic.consume)."""
+
+    consumer_id: str
+    owner: str
+    prefetch: int
+    no_ack: bool
+    priority: int
+    exclusive: bool
+    credit: int
+
+
+class Cancel(NamedTuple):
+    consumer_id: str
+
+
+class Settle(NamedTuple):
+    """basic.ack: the messages are done."""
+
+    consumer_id: str
+    seqs: list
+
+
+class Requeue(NamedTuple):
+    """basic.nack/reject with requeue, basic.recover, channel close: back to the queue."""
+
+    consumer_id: str
+    seqs: list
+
+
+class Discard(NamedTuple):
+    """basic.nack/reject without requeue."""
+
+    consumer_id: str
+    seqs: list
+
+
+class Credit(NamedTuple):
+    """The shell wrote `messages` deliveries of this consumer to its socket: refill its window."""
+
+    consumer_id: str
+    messages: int
+
+
+class Get(NamedTuple):
+    consumer_id: str  # the channel's holder of basic.get deliveries until they are acked
+    owner: str
+    no_ack: bool
+
+
+class Purge(NamedTuple):
+    pass
+
+
+class Down(NamedTuple):
+    """A connection is gone: its consumers go, their unacked messages come back."""
+
+    owner: str
+
+
+class DeleteQueue(NamedTuple):
+    pass

@@ -1,0 +1,441 @@
+"""The metadata machine: vhosts, exchanges, queues and bindings, applied from a log.
+
+Theory of operation: like the queue machine, `MetadataMachine.apply(meta, command)` is the only
+way the topology changes, returns `(reply, effects)` and never raises; replies that refuse a
+command are `Rejected(code, text)` with RabbitMQ's reply codes and texts. Routing
+(`route`) reads this state and is a pure function of it, so every node routes a publish alike.
+
+Bindings live in one router per exchange (`routing/`, one module per exchange type); a
+destination is "q:<queue>" or "e:<exchange>". A reverse index by destination lets deleting a
+queue or an exchange drop its bindings without scanning every exchange.
+
+Server-generated names (amq.gen-…) are chosen by the proposer and carried in the command, so
+the machine stays deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .queue import Meta, Rejected
+from .routing import make_router, validate_binding_arguments
+
+DEFAULT_VHOST = "/"
+
+# RabbitMQ checks these queue arguments for equivalence on redeclare (rabbit_amqqueue).
+QUEUE_EQUIVALENCE_ARGS = (
+    "x-expires", "x-message-ttl", "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow",
+    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-type", "x-queue-mode",
+    "x-single-active-consumer", "x-delivery-limit",
+)
+EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange",)
+
+BUILTIN_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+@dataclass
+class ExchangeRecord:
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+    router: Any
+    builtin: bool = False
+
+
+@dataclass
+class QueueRecord:
+    name: str
+    durable: bool
+    exclusive_owner: str | None
+    auto_delete: bool
+    arguments: dict
+
+
+@dataclass
+class VHost:
+    name: str
+    exchanges: dict = field(default_factory=dict)  # name -> ExchangeRecord
+    queues: dict = field(default_factory=dict)  # name -> QueueRecord
+    # destination ("q:x"/"e:x") -> list of (source exchange, routing key, arguments)
+    bindings_to: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ commands
+
+
+class DeclareExchange(NamedTuple):
+    vhost: str
+    name: str
+    type: str
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+
+
+class DeleteExchange(NamedTuple):
+    vhost: str
+    name: str
+    if_unused: bool
+
+
+class DeclareQueue(NamedTuple):
+    vhost: str
+    name: str
+    passive: bool
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict
+    owner: str  # connection id, for exclusive queues
+
+
+class DeleteQueueRecord(NamedTuple):
+    vhost: str
+    name: str
+
+
+class Bind(NamedTuple):
+    vhost: str
+    source: str
+    destination: str  # queue or exchange name
+    to_exchange: bool
+    routing_key: str
+    arguments: dict
+    owner: str  # connection id: exclusive queues of other connections are locked
+
+
+class Unbind(NamedTuple):
+    vhost: str
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: dict
+    owner: str
+
+
+class OwnerDown(NamedTuple):
+    """A connection closed: its exclusive queues are deleted."""
+
+    owner: str
+
+
+# ------------------------------------------------------------------- effects
+
+
+class QueueCreated(NamedTuple):
+    vhost: str
+    name: str
+
+
+class QueueDeleted(NamedTuple):
+    vhost: str
+    name: str
+
+
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _value_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    kind = {bool: "bool", int: "long", float: "double", str: "longstr", bytes: "longstr"}.get(type(value), type(value).__name__)
+    return f"the value '{value}' of type '{kind}'"
+
+
+class MetadataMachine:
+    def __init__(self) -> None:
+        self.vhosts: dict[str, VHost] = {}
+        self.users: dict[str, str] = {"guest": "guest"}
+        self._add_vhost(DEFAULT_VHOST)
+        self._handlers = {
+            DeclareExchange: self._declare_exchange,
+            DeleteExchange: self._delete_exchange,
+            DeclareQueue: self._declare_queue,
+            DeleteQueueRecord: self._delete_queue,
+            Bind: self._bind,
+            Unbind: self._unbind,
+            OwnerDown: self._owner_down,
+        }
+
+    def _add_vhost(self, name: str) -> None:
+        vhost = self.vhosts[name] = VHost(name)
+        for ex_name, ex_type in BUILTIN_EXCHANGES:
+            vhost.exchanges[ex_name] = ExchangeRecord(ex_name, ex_type, True, False, False, {}, make_router(ex_type), builtin=True)
+
+    def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            return Rejected(541, f"unknown metadata command {type(command).__name__}"), []
+        try:
+            return handler(command)
+        except Exception as exc:  # never let one bad command stall the log
+            return Rejected(541, f"internal error applying {type(command).__name__}: {exc!r}"), []
+
+    # ------------------------------------------------------------- lookups
+
+    def exchange(self, vhost: str, name: str) -> ExchangeRecord | None:
+        v = self.vhosts.get(vhost)
+        return v.exchanges.get(name) if v else None
+
+    def queue(self, vhost: str, name: str) -> QueueRecord | None:
+        v = self.vhosts.get(vhost)
+        return v.queues.get(name) if v else None
+
+    def route(self, vhost: str, exchange: str, routing_key: str, headers: dict | None) -> list[str]:
+        """Queue names a publish reaches: exchange-to-exchange bindings and alternate exchanges followed.
+
+        As rabbit_exchange:route: each exchange that matched no destination hands the message to
+        its alternate exchange; each exchange is visited once, so cycles end.
+        """
+        v = self.vhosts[vhost]
+        if exchange == "":
+            return [routing_key] if routing_key in v.queues else []
+        queues: list[str] = []
+        seen_queues: dict[str, None] = {}
+        visited: dict[str, None] = {}
+        work = [exchange]
+        while work:
+            name = work.pop()
+            if name in visited:
+                continue
+            visited[name] = None
+            record = v.exchanges.get(name)
+            if record is None:
+                continue
+            destinations = record.router.route(routing_key, headers)
+            if not destinations:
+                ae = record.arguments.get("alternate-exchange")
+                if isinstance(ae, (str, bytes)):
+                    work.append(ae.decode() if isinstance(ae, bytes) else ae)
+                continue
+            for dest in reversed(destinations):
+                if dest[0] == "q":
+                    qname = dest[2:]
+                    if qname not in seen_queues:
+                        seen_queues[qname] = None
+                else:
+                    work.append(dest[2:])
+        queues.extend(seen_queues)
+        return queues
+
+    # ------------------------------------------------------------ exchanges
+
+    def _declare_exchange(self, cmd: DeclareExchange):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        existing = v.exchanges.get(cmd.name)
+        if cmd.passive:
+            if existing is None:
+                return Rejected(404, f"no exchange '{cmd.name}' in vhost '{cmd.vhost}'"), []
+            return existing, []
+        if existing is None:
+            if cmd.name.startswith("amq."):
+                return Rejected(403, f"exchange name '{cmd.name}' contains reserved prefix 'amq.*'"), []
+            try:
+                router = make_router(cmd.type)
+            except KeyError:
+                return Rejected(503, f"invalid exchange type '{cmd.type}'"), []
+            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}), router)
+            v.exchanges[cmd.name] = record
+            return record, []
+        where = f"for exchange '{cmd.name}' in vhost '{cmd.vhost}'"
+        if existing.type != cmd.type:
+            return Rejected(406, f"inequivalent arg 'type' {where}: received '{cmd.type}' but current is '{existing.type}'"), []
+        for arg, got, have in (("durable", cmd.durable, existing.durable), ("auto_delete", cmd.auto_delete, existing.auto_delete),
+                               ("internal", cmd.internal, existing.internal)):
+            if got != have:
+                return Rejected(406, f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'"), []
+        rejected = _check_args(cmd.arguments or {}, existing.arguments, EXCHANGE_EQUIVALENCE_ARGS, where)
+        if rejected:
+            return rejected, []
+        return existing, []
+
+    def _delete_exchange(self, cmd: DeleteExchange):
+        v = self.vhosts.get(cmd.vhost)
+        record = v.exchanges.get(cmd.name) if v else None
+        if cmd.name == "" or (record is not None and record.builtin):
+            return Rejected(403, "operation not permitted on the default exchange" if cmd.name == ""
+                            else f"deletion of system exchange '{cmd.name}' in vhost '{cmd.vhost}' is not allowed"), []
+        if record is None:
+            return True, []  # idempotent, as RabbitMQ 3.x
+        if cmd.if_unused and len(record.router):
+            return Rejected(406, f"exchange '{cmd.name}' in vhost '{cmd.vhost}' in use"), []
+        self._remove_exchange(v, record)
+        return True, []
+
+    def _remove_exchange(self, v: VHost, record: ExchangeRecord) -> None:
+        del v.exchanges[record.name]
+        for dest, key, args in record.router.bindings():
+            self._unindex(v, dest, record.name, key, args)
+        # Bindings where this exchange is the destination go too.
+        self._drop_bindings_to(v, "e:" + record.name)
+
+    # --------------------------------------------------------------- queues
+
+    def _declare_queue(self, cmd: DeclareQueue):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        existing = v.queues.get(cmd.name)
+        if existing is not None and existing.exclusive_owner is not None and existing.exclusive_owner != cmd.owner:
+            return Rejected(405, f"cannot obtain exclusive access to locked queue '{cmd.name}' in vhost '{cmd.vhost}'. "
+                                 "It could be originally declared on another connection or the exclusive property value "
+                                 "does not match that of the original declaration."), []
+        if cmd.passive:
+            if existing is None:
+                return Rejected(404, f"no queue '{cmd.name}' in vhost '{cmd.vhost}'"), []
+            return existing, []
+        if existing is None:
+            if cmd.name.startswith("amq.") and not cmd.name.startswith("amq.gen-"):
+                return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []
+            record = QueueRecord(cmd.name, cmd.durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {}))
+            v.queues[cmd.name] = record
+            return record, [QueueCreated(cmd.vhost, cmd.name)]
+        where = f"for queue '{cmd.name}' in vhost '{cmd.vhost}'"
+        for arg, got, have in (("durable", cmd.durable, existing.durable),
+                               ("exclusive", cmd.exclusive, existing.exclusive_owner is not None),
+                               ("auto_delete", cmd.auto_delete, existing.auto_delete)):
+            if got != have:
+                return Rejected(406, f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'"), []
+        rejected = _check_args(cmd.arguments or {}, existing.arguments, QUEUE_EQUIVALENCE_ARGS, where)
+        if rejected:
+            return rejected, []
+        return existing, []
+
+    def _delete_queue(self, cmd: DeleteQueueRecord):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None or cmd.name not in v.queues:
+            return False, []
+        del v.queues[cmd.name]
+        self._drop_bindings_to(v, "q:" + cmd.name)
+        return True, [QueueDeleted(cmd.vhost, cmd.name)]
+
+    def _owner_down(self, cmd: OwnerDown):
+        effects = []
+        for v in self.vhosts.values():
+            for name in [q.name for q in v.queues.values() if q.exclusive_owner == cmd.owner]:
+                _, deleted = self._delete_queue(DeleteQueueRecord(v.name, name))
+                effects.extend(deleted)
+        return len(effects), effects
+
+    # ------------------------------------------------------------- bindings
+
+    def _check_binding(self, v: VHost, cmd) -> Rejected | ExchangeRecord:
+        if cmd.source == "" or (cmd.to_exchange and cmd.destination == ""):
+            return Rejected(403, f"operation not permitted on the default exchange")
+        source = v.exchanges.get(cmd.source)
+        if cmd.to_exchange:
+            if cmd.destination not in v.exchanges:
+                return Rejected(404, f"no exchange '{cmd.destination}' in vhost '{v.name}'")
+        else:
+            queue = v.queues.get(cmd.destination)
+            if queue is None:
+                return Rejected(404, f"no queue '{cmd.destination}' in vhost '{v.name}'")
+            if queue.exclusive_owner is not None and queue.exclusive_owner != cmd.owner:
+                return Rejected(405, f"cannot obtain exclusive access to locked queue '{cmd.destination}' in vhost '{v.name}'. "
+                                     "It could be originally declared on another connection or the exclusive property value "
+                                     "does not match that of the original declaration.")
+        if source is None:
+            return Rejected(404, f"no exchange '{cmd.source}' in vhost '{v.name}'")
+        return source
+
+    def _bind(self, cmd: Bind):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        source = self._check_binding(v, cmd)
+        if isinstance(source, Rejected):
+            return source, []
+        error = validate_binding_arguments(source.type, cmd.arguments or {})
+        if error:
+            return Rejected(406, error), []
+        dest = ("e:" if cmd.to_exchange else "q:") + cmd.destination
+        args = dict(cmd.arguments or {})
+        if source.router.add(dest, cmd.routing_key, args):
+            v.bindings_to.setdefault(dest, []).append((cmd.source, cmd.routing_key, args))
+        return True, []
+
+    def _unbind(self, cmd: Unbind):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        source = self._check_binding(v, cmd)
+        if isinstance(source, Rejected):
+            return source, []
+        dest = ("e:" if cmd.to_exchange else "q:") + cmd.destination
+        args = dict(cmd.arguments or {})
+        if source.router.remove(dest, cmd.routing_key, args):
+            self._unindex(v, dest, cmd.source, cmd.routing_key, args)
+            self._auto_delete_exchange(v, source)
+        return True, []
+
+    def _unindex(self, v: VHost, dest: str, source: str, key: str, args: dict) -> None:
+        entries = v.bindings_to.get(dest)
+        if not entries:
+            return
+        for i, entry in enumerate(entries):
+            if entry[0] == source and entry[1] == key and entry[2] == args:
+                del entries[i]
+                break
+        if not entries:
+            del v.bindings_to[dest]
+
+    def _drop_bindings_to(self, v: VHost, dest: str) -> None:
+        entries = v.bindings_to.pop(dest, [])
+        touched: dict[str, None] = {}
+        for source, key, args in entries:
+            record = v.exchanges.get(source)
+            if record is not None:
+                record.router.remove(dest, key, args)
+                touched[source] = None
+        for source in touched:
+            record = v.exchanges.get(source)
+            if record is not None:
+                self._auto_delete_exchange(v, record)
+
+    def _auto_delete_exchange(self, v: VHost, record: ExchangeRecord) -> None:
+        # RabbitMQ: an auto-delete exchange goes when its last binding (as source) is removed.
+        if record.auto_delete and not record.builtin and not len(record.router) and record.name in v.exchanges:
+            self._remove_exchange(v, record)
+
+    # --------------------------------------------------------------- listing
+
+    def bindings(self, vhost: str) -> list[tuple[str, str, str, str, dict]]:
+        """(source, destination kind, destination, routing key, arguments) for every binding."""
+        out = []
+        v = self.vhosts[vhost]
+        for record in v.exchanges.values():
+            for dest, key, args in record.router.bindings():
+                out.append((record.name, "exchange" if dest[0] == "e" else "queue", dest[2:], key, args))
+        return out
+
+
+def _check_args(received: dict, current: dict, keys: tuple, where: str) -> Rejected | None:
+    for key in keys:
+        got, have = received.get(key), current.get(key)
+        if isinstance(got, bytes):
+            got = got.decode("utf-8", "replace")
+        if isinstance(have, bytes):
+            have = have.decode("utf-8", "replace")
+        if key == "x-queue-type":
+            # "classic" is the default type: declaring it or nothing is the same queue.
+            got, have = got or "classic", have or "classic"
+        if got != have or isinstance(got, bool) != isinstance(have, bool):
+            return Rejected(406, f"inequivalent arg '{key}' {where}: received {_value_text(got)} but current is {_value_text(have)}")
+    return None

@@ -1,0 +1,360 @@
+"""One queue as a deterministic state machine applied from a log (after rabbit_fifo on Ra).
+
+Theory of operation: every change to a queue is a command in a log; `QueueMachine.apply(meta,
+command)` returns `(reply, effects)` and is the only way state changes. Replicas that apply the
+same commands in the same order end in the same state, so the same code serves a single node
+(an in-process log) and a Raft group. Time comes only from `meta.time_ms`, never a clock; the
+machine iterates only dicts and deques, never sets, so every replica decides alike.
+
+The machine decides which message goes to which consumer: a `Deliver` effect names the consumer
+and the message; the node hosting that consumer's connection sends the frames. Consumers get
+messages while they have both prefetch room (unacked < prefetch, manual-ack only) and flow credit
+(a window of messages the shell has not yet written to the socket, refilled by `Credit`): the
+second bound keeps a slow or no-ack consumer from making the shell buffer without limit.
+
+Order: ready messages are FIFO by sequence; returned (requeued) messages go back in front, in
+their original sequence order, as RabbitMQ's classic queues do, with `redelivered` set. Among
+consumers, the highest `x-priority` with room is served first, round robin within a priority.
+
+`apply` never raises: a command that cannot be performed gets a `Rejected` reply, because an
+exception inside a replicated apply would stall the whole group.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .commands import (
+    Cancel,
+    Checkout,
+    Credit,
+    DeleteQueue,
+    Discard,
+    Down,
+    Enqueue,
+    Get,
+    Purge,
+    Requeue,
+    Settle,
+)
+
+
+class Meta(NamedTuple):
+    """Stamped by the proposer into each log entry: pysyncobj passes none of this to apply."""
+
+    log_index: int
+    time_ms: int
+
+
+class Message:
+    """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
+
+    __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered")
+
+    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> None:
+        self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.props_raw = props_raw
+        self.body = body
+        self.delivery_count = 0
+        self.redelivered = False
+
+    def __repr__(self) -> str:
+        return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
+
+
+class Deliver(NamedTuple):
+    """Effect: send `message` to `consumer_id` (its host performs it)."""
+
+    consumer_id: str
+    message: Message
+    redelivered: bool
+
+
+class Rejected(NamedTuple):
+    """Reply to a command the machine refused; the shell turns it into an AMQP error."""
+
+    reply_code: int
+    reply_text: str
+
+
+@dataclass
+class Consumer:
+    consumer_id: str
+    owner: str  # the connection that holds it; `Down(owner)` releases it
+    prefetch: int  # 0 = unlimited (manual ack only)
+    no_ack: bool
+    priority: int
+    credit: int  # flow window: deliveries not yet written by the shell
+    active: bool = True  # False after cancel: stays until its unacked are settled
+    checked_out: dict = field(default_factory=dict)  # seq -> Message, manual ack only
+
+    def has_room(self) -> bool:
+        if not self.active or self.credit <= 0:
+            return False
+        return self.no_ack or self.prefetch == 0 or len(self.checked_out) < self.prefetch
+
+
+class QueueMachine:
+    def __init__(self, vhost: str, name: str) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.next_seq = 0
+        self.ready: deque[Message] = deque()
+        self.returned: list[tuple[int, Message]] = []  # heap by seq, served before `ready`
+        self.consumers: dict[str, Consumer] = {}
+        # Round robin per priority: priority -> deque of consumer ids; `_priorities` descending.
+        self._rings: dict[int, deque[str]] = {}
+        self._priorities: list[int] = []
+        self.exclusive_consumer: str | None = None
+        self.deleted = False
+        self.ever_had_consumer = False
+        self.last_index = 0
+        self._handlers = {
+            Enqueue: self._enqueue,
+            Checkout: self._checkout,
+            Cancel: self._cancel,
+            Settle: self._settle,
+            Requeue: self._requeue,
+            Discard: self._discard,
+            Credit: self._credit,
+            Get: self._get,
+            Purge: self._purge,
+            Down: self._down,
+            DeleteQueue: self._delete,
+        }
+
+    # ------------------------------------------------------------- queries
+
+    @property
+    def ready_count(self) -> int:
+        return len(self.ready) + len(self.returned)
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(len(c.checked_out) for c in self.consumers.values())
+
+    @property
+    def active_consumer_count(self) -> int:
+        return sum(1 for c in self.consumers.values() if c.active)
+
+    # --------------------------------------------------------------- apply
+
+    def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
+        self.last_index = meta.log_index
+        if self.deleted:
+            return Rejected(404, f"no queue '{self.name}' in vhost '{self.vhost}'"), []
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            return Rejected(541, f"unknown queue command {type(command).__name__}"), []
+        try:
+            return handler(meta, command)
+        except Exception as exc:  # never let one bad command stall the log
+            return Rejected(541, f"internal error applying {type(command).__name__}: {exc!r}"), []
+
+    # ------------------------------------------------------------ commands
+
+    def _enqueue(self, meta: Meta, cmd: Enqueue):
+        seq = self.next_seq
+        append = self.ready.append
+        for message in cmd.messages:
+            message.seq = seq
+            seq += 1
+            append(message)
+        self.next_seq = seq
+        return len(cmd.messages), self._service()
+
+    def _checkout(self, meta: Meta, cmd: Checkout):
+        if cmd.consumer_id in self.consumers:
+            return Rejected(530, f"attempt to reuse consumer tag '{cmd.consumer_id}'"), []
+        if self.exclusive_consumer is not None or (cmd.exclusive and self.active_consumer_count):
+            return Rejected(403, f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use"), []
+        consumer = Consumer(cmd.consumer_id, cmd.owner, cmd.prefetch, cmd.no_ack, cmd.priority, cmd.credit)
+        self.consumers[cmd.consumer_id] = consumer
+        self.ever_had_consumer = True
+        if cmd.exclusive:
+            self.exclusive_consumer = cmd.consumer_id
+        ring = self._rings.get(cmd.priority)
+        if ring is None:
+            ring = self._rings[cmd.priority] = deque()
+            self._priorities = sorted(self._rings, reverse=True)
+        ring.append(cmd.consumer_id)
+        return True, self._service()
+
+    def _cancel(self, meta: Meta, cmd: Cancel):
+        consumer = self.consumers.get(cmd.consumer_id)
+        if consumer is None or not consumer.active:
+            return self.active_consumer_count, []
+        self._deactivate(consumer)
+        # RabbitMQ keeps a cancelled consumer's deliveries unacked: the channel may still ack them.
+        if not consumer.checked_out:
+            del self.consumers[cmd.consumer_id]
+        return self.active_consumer_count, []
+
+    def _settle(self, meta: Meta, cmd: Settle):
+        consumer = self.consumers.get(cmd.consumer_id)
+        if consumer is None:
+            return 0, []
+        checked_out = consumer.checked_out
+        settled = 0
+        for seq in cmd.seqs:
+            if checked_out.pop(seq, None) is not None:
+                settled += 1
+        self._forget_if_idle(consumer)
+        return settled, self._service() if settled else []
+
+    def _requeue(self, meta: Meta, cmd: Requeue):
+        consumer = self.consumers.get(cmd.consumer_id)
+        if consumer is None:
+            return 0, []
+        n = self._return(consumer, cmd.seqs)
+        self._forget_if_idle(consumer)
+        return n, self._service() if n else []
+
+    def _discard(self, meta: Meta, cmd: Discard):
+        # Reject without requeue: the message leaves the queue (dead lettering comes later).
+        return self._settle(meta, Settle(cmd.consumer_id, cmd.seqs))
+
+    def _credit(self, meta: Meta, cmd: Credit):
+        consumer = self.consumers.get(cmd.consumer_id)
+        if consumer is None:
+            return 0, []
+        consumer.credit += cmd.messages
+        return consumer.credit, self._service()
+
+    def _get(self, meta: Meta, cmd: Get):
+        message = self._pop_next()
+        if message is None:
+            return None, []
+        redelivered = message.redelivered
+        message.delivery_count += 1
+        if not cmd.no_ack:
+            consumer = self.consumers.get(cmd.consumer_id)
+            if consumer is None:
+                consumer = self.consumers[cmd.consumer_id] = Consumer(cmd.consumer_id, cmd.owner, 0, False, 0, 0, active=False)
+            consumer.checked_out[message.seq] = message
+        return (message, redelivered, self.ready_count), []
+
+    def _purge(self, meta: Meta, cmd: Purge):
+        # Purge removes ready messages only; unacked ones stay with their consumers (as RabbitMQ).
+        n = self.ready_count
+        self.ready.clear()
+        self.returned.clear()
+        return n, []
+
+    def _down(self, meta: Meta, cmd: Down):
+        """The owner's connection is gone: drop its consumers, return their unacked messages."""
+        returned = 0
+        for consumer in [c for c in self.consumers.values() if c.owner == cmd.owner]:
+            self._deactivate(consumer)
+            returned += self._return(consumer, list(consumer.checked_out))
+            del self.consumers[consumer.consumer_id]
+        return returned, self._service() if returned else []
+
+    def _delete(self, meta: Meta, cmd: DeleteQueue):
+        n = self.ready_count
+        self.deleted = True
+        self.ready.clear()
+        self.returned.clear()
+        self.consumers.clear()
+        self._rings.clear()
+        self._priorities = []
+        return n, []
+
+    # ------------------------------------------------------------- helpers
+
+    def _deactivate(self, consumer: Consumer) -> None:
+        if not consumer.active:
+            return
+        consumer.active = False
+        ring = self._rings.get(consumer.priority)
+        if ring is not None:
+            ring.remove(consumer.consumer_id)
+            if not ring:
+                del self._rings[consumer.priority]
+                self._priorities = sorted(self._rings, reverse=True)
+        if self.exclusive_consumer == consumer.consumer_id:
+            self.exclusive_consumer = None
+
+    def _forget_if_idle(self, consumer: Consumer) -> None:
+        if not consumer.active and not consumer.checked_out:
+            self.consumers.pop(consumer.consumer_id, None)
+
+    def _return(self, consumer: Consumer, seqs) -> int:
+        n = 0
+        checked_out = consumer.checked_out
+        for seq in seqs:
+            message = checked_out.pop(seq, None)
+            if message is not None:
+                message.redelivered = True
+                heapq.heappush(self.returned, (message.seq, message))
+                n += 1
+        return n
+
+    def _pop_next(self) -> Message | None:
+        if self.returned:
+            return heapq.heappop(self.returned)[1]
+        if self.ready:
+            return self.ready.popleft()
+        return None
+
+    def _pick_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        for priority in self._priorities:
+            ring = self._rings[priority]
+            for _ in range(len(ring)):
+                consumer = consumers[ring[0]]
+                ring.rotate(-1)
+                if consumer.has_room():
+                    return consumer
+        return None
+
+    def _service(self) -> list:
+        """Hand ready messages to consumers with room, as far as both allow."""
+        if not self._priorities or not (self.ready or self.returned):
+            return []
+        effects = []
+        single = len(self._priorities) == 1 and len(self._rings[self._priorities[0]]) == 1
+        consumer = self._pick_consumer()
+        while consumer is not None:
+            message = self._pop_next()
+            if message is None:
+                break
+            redelivered = message.redelivered
+            message.delivery_count += 1
+            consumer.credit -= 1
+            if not consumer.no_ack:
+                consumer.checked_out[message.seq] = message
+            effects.append(Deliver(consumer.consumer_id, message, redelivered))
+            if single:
+                # The common case (one consumer): skip the ring walk while it has room.
+                if not consumer.has_room():
+                    break
+            else:
+                consumer = self._pick_consumer()
+        return effects
+
+    def check_invariants(self) -> None:
+        """For tests and simulation: every message is in exactly one place."""
+        seen = set()
+        for m in self.ready:
+            assert m.seq not in seen
+            seen.add(m.seq)
+        for seq, m in self.returned:
+            assert seq == m.seq and seq not in seen
+            seen.add(seq)
+        for c in self.consumers.values():
+            for seq, m in c.checked_out.items():
+                assert seq == m.seq and seq not in seen
+                seen.add(seq)
+            if c.no_ack:
+                assert not c.checked_out
+        for priority, ring in self._rings.items():
+            assert ring, "empty rings are removed"
+            for cid in ring:
+                assert self.consumers[cid].active and self.consumers[cid].priority == priority
+        assert self._priorities == sorted(self._rings, reverse=True)

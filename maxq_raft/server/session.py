@@ -1,0 +1,371 @@
+"""One client connection: the trio shell around a sans-IO `ServerConnection`.
+
+Theory of operation: three tasks share a nursery. The reader takes up to 64 KiB per read,
+feeds the protocol object, and handles every event of that read synchronously: publishes are
+routed at once and collected per queue, then applied as one `Enqueue` per queue and confirmed
+with one `basic.ack multiple` per channel (`flush_publishes`), so a read of hundreds of
+publishes costs a handful of machine commands and no `await` per frame. The writer sends
+whatever the protocol object has buffered whenever it is woken (by our replies, or by another
+connection's publish delivering to one of our consumers), then refills the flow credit of the
+consumers whose deliveries it wrote. The ticker drives heartbeats and the handshake timeout.
+
+Cleanup when the connection ends, however it ends: the consumers go (`Down`), their unacked
+messages return to their queues, exclusive queues are deleted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import trio
+
+from ..amqp import spec
+from ..amqp.connection import ServerConnection, State
+from ..amqp.events import (
+    ChannelClosed,
+    ChannelFlow,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionOpened,
+    ContentReceived,
+    MethodReceived,
+)
+from ..amqp.properties import decode_properties
+from ..machines import commands as qc
+from ..machines.queue import Message
+from .broker import Broker
+from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
+from .errors import ChannelError, HardError
+
+log = logging.getLogger("maxq.session")
+
+READ_SIZE_BYTES = 65536
+HANDSHAKE_TIMEOUT_S = 10.0
+# Property flag bits (AMQP 0-9-1 basic class, most significant first).
+HEADERS_FLAG = 1 << 13
+REPLY_TO_FLAG = 1 << 9
+USER_ID_FLAG = 1 << 4
+LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
+
+_session_numbers = itertools.count(1)
+
+
+def server_properties(version: str) -> dict:
+    return {
+        "product": "MaxQ-Raft",
+        "version": version,
+        "platform": "Python/trio",
+        "information": "https://github.com/maxq-raft (AMQP 0-9-1, Raft replicated)",
+        # Advertise only what works (clients switch behaviour on these).
+        "capabilities": {
+            "publisher_confirms": True,
+            "exchange_exchange_bindings": True,
+            "basic.nack": True,
+            "consumer_cancel_notify": True,
+            "consumer_priorities": True,
+            "authentication_failure_close": True,
+            "per_consumer_qos": True,
+            "direct_reply_to": True,
+        },
+    }
+
+
+class Session:
+    def __init__(self, broker: Broker, stream: trio.abc.Stream, peer_host: str, settings) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.peer_host = peer_host
+        self.settings = settings
+        self.id = f"{broker.node_id}/{next(_session_numbers)}"
+        self.vhost = ""
+        self.user = ""
+        self.conn = ServerConnection(
+            authenticate=self._authenticate,
+            vhost_allowed=lambda user, vhost: vhost in broker.meta.vhosts,
+            server_properties=server_properties(settings.version),
+            frame_max=settings.frame_max,
+            heartbeat_s=settings.heartbeat_s,
+            channel_max=settings.channel_max,
+            now=trio.current_time(),
+        )
+        self.channels: dict[int, Channel] = {}
+        self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
+        self.pending_confirms: dict[Channel, list] = {}
+        self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
+        self.client_properties: dict = {}
+        self.started_at = trio.current_time()
+        self.finished = False
+        self._released = False
+        self._wake = trio.Event()
+        self._writer_done = trio.Event()
+        self.messages_in = 0
+        self.messages_out = 0
+
+    # -------------------------------------------------------------- auth
+
+    def _authenticate(self, mechanism: str, username: str, password: str) -> bool:
+        expected = self.broker.meta.users.get(username)
+        if expected is None or expected != password:
+            log.warning("connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism)
+            return False
+        if username == "guest" and not self.peer_host.startswith(LOOPBACK_PREFIXES):
+            # As RabbitMQ's loopback_users: guest may only connect from localhost.
+            log.warning("connection %s: user 'guest' can only connect via localhost (peer %s)", self.id, self.peer_host)
+            return False
+        return True
+
+    # ------------------------------------------------------------- tasks
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                nursery.start_soon(self._ticker, nursery.cancel_scope)
+                try:
+                    await self._reader()
+                finally:
+                    self.finished = True
+                    self._release()
+                    self.wake()
+                    # Give the writer a moment to send the last frames (close-ok, close).
+                    with trio.move_on_after(1.0):
+                        await self._writer_done.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._release()
+            with trio.move_on_after(0.5) as scope:
+                scope.shield = True
+                try:
+                    await self.stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+    async def _reader(self) -> None:
+        conn = self.conn
+        receive_some = self.stream.receive_some
+        while not self.finished:
+            try:
+                data = await receive_some(READ_SIZE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            conn.receive_data(data, trio.current_time())
+            self.handle_events(conn.next_events())
+            self.wake()
+            if conn.state is State.CLOSED:
+                break
+
+    async def _writer(self) -> None:
+        conn = self.conn
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                data = conn.data_to_send(trio.current_time())
+                if data:
+                    try:
+                        await self.stream.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        self.finished = True
+                        break
+                if self.credit_pending:
+                    self._refill_credit()
+                if self.finished and conn.state is State.CLOSED and not conn._out:
+                    break
+        finally:
+            self._writer_done.set()
+
+    async def _ticker(self, cancel_scope: trio.CancelScope) -> None:
+        conn = self.conn
+        while True:
+            await trio.sleep(0.5 if conn.heartbeat_s <= 2 else 1.0)
+            now = trio.current_time()
+            if conn.state is not State.OPEN and conn.state is not State.CLOSED and conn.state is not State.CLOSING:
+                if now - self.started_at > HANDSHAKE_TIMEOUT_S:
+                    log.info("connection %s from %s: handshake timeout", self.id, self.peer_host)
+                    cancel_scope.cancel()
+                    return
+            if not conn.tick(now):
+                self.handle_events(conn.next_events())
+                self.finished = True
+                cancel_scope.cancel()
+                return
+            self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------ events
+
+    def handle_events(self, events: list) -> None:
+        channels = self.channels
+        for event in events:
+            kind = type(event)
+            if kind is ContentReceived:
+                channel = channels.get(event.channel)
+                if channel is None:
+                    continue
+                try:
+                    channel.publish(event.method, event.props_raw, event.body)
+                    self.messages_in += 1
+                except ChannelError as err:
+                    self._fail(channel, err, event.method)
+                continue
+            if self.pending:
+                self.flush_publishes()
+            if kind is MethodReceived:
+                channel = channels.get(event.channel)
+                if channel is None:
+                    continue
+                try:
+                    channel.handle(event.method)
+                except ChannelError as err:
+                    self._fail(channel, err, event.method)
+            elif kind is ChannelOpened:
+                channels[event.channel] = Channel(self, event.channel)
+            elif kind is ChannelClosed:
+                channel = channels.pop(event.channel, None)
+                if channel is not None:
+                    channel.close()
+            elif kind is ChannelFlow:
+                channel = channels.get(event.channel)
+                if channel is not None:
+                    channel.set_flow(event.active)
+            elif kind is ConnectionOpened:
+                self.vhost = event.vhost
+                self.user = event.user
+                self.client_properties = event.client_properties
+                self.broker.sessions[self.id] = self
+                log.debug("connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost)
+            elif kind is ConnectionClosed:
+                self.finished = True
+                if event.reply_code not in (spec.REPLY_SUCCESS, spec.CONNECTION_FORCED) or not event.by_peer:
+                    log.info("connection %s from %s closed: %s %s", self.id, self.peer_host, event.reply_code, event.reply_text)
+        if self.pending:
+            self.flush_publishes()
+
+    def _fail(self, channel: Channel, err: ChannelError, method) -> None:
+        if self.pending:
+            self.flush_publishes()
+        class_id, method_id = method.CLASS_ID, method.METHOD_ID
+        if isinstance(err, HardError):
+            log.info("connection %s: %s %s", self.id, err.reply_code, err.reply_text)
+            self.conn.close(err.reply_code, err.reply_text, class_id, method_id, now=trio.current_time())
+            self._release()
+            return
+        # Release the channel's consumers and deliveries now, not at the peer's close-ok:
+        # deliveries written to a closing channel would be dropped by the protocol object.
+        self.channels.pop(channel.number, None)
+        self.pending_confirms.pop(channel, None)
+        channel.close()
+        self.conn.close_channel(channel.number, err.reply_code, err.reply_text, class_id, method_id)
+
+    # ----------------------------------------------------------- publish
+
+    def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None:
+        broker = self.broker
+        vhost = self.vhost
+        exchange = method.exchange
+        routing_key = method.routing_key
+        flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
+        if exchange:
+            record = broker.meta.exchange(vhost, exchange)
+            if record is None:
+                raise ChannelError(spec.NOT_FOUND, f"no exchange '{exchange}' in vhost '{vhost}'")
+            if record.internal:
+                raise ChannelError(spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'")
+        if flags & (REPLY_TO_FLAG | USER_ID_FLAG):
+            if flags & USER_ID_FLAG:
+                user_id = decode_properties(props_raw).user_id
+                if user_id is not None and user_id != self.user:
+                    raise ChannelError(spec.PRECONDITION_FAILED,
+                                       f"user_id property set to '{user_id}' but authenticated user was '{self.user}'")
+            if flags & REPLY_TO_FLAG and REPLY_TO_QUEUE.encode() in props_raw:
+                props_raw = channel.rewrite_reply_to(props_raw)
+        if not exchange and routing_key.startswith(REPLY_TO_PREFIX):
+            target = broker.reply_to.get(routing_key[len(REPLY_TO_PREFIX):])
+            if target is not None:
+                target.deliver_reply(exchange, routing_key, props_raw, body)
+            elif method.mandatory:
+                self._return(channel, method, props_raw, body)
+            if seq is not None:
+                self.pending_confirms.setdefault(channel, []).append(seq)
+            return
+        headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
+        queues = broker.meta.route(vhost, exchange, routing_key, headers)
+        if queues:
+            pending = self.pending
+            for name in queues:
+                key = (vhost, name)
+                batch = pending.get(key)
+                if batch is None:
+                    pending[key] = [Message(exchange, routing_key, props_raw, body)]
+                else:
+                    batch.append(Message(exchange, routing_key, props_raw, body))
+        elif method.mandatory:
+            self._return(channel, method, props_raw, body)
+        if seq is not None:
+            confirms = self.pending_confirms.get(channel)
+            if confirms is None:
+                self.pending_confirms[channel] = [seq]
+            else:
+                confirms.append(seq)
+
+    def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
+        self.conn.send_content(channel.number, spec.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
+                                                                exchange=method.exchange, routing_key=method.routing_key),
+                               props_raw, body)
+
+    def flush_publishes(self) -> None:
+        """Apply what this read routed: one Enqueue per queue, then one confirm per channel."""
+        pending, self.pending = self.pending, {}
+        broker = self.broker
+        for queue_key, messages in pending.items():
+            broker.apply_queue(queue_key, qc.Enqueue(messages))
+            broker.messages_published += len(messages)
+        if self.pending_confirms:
+            confirms, self.pending_confirms = self.pending_confirms, {}
+            send_method = self.conn.send_method
+            for channel, seqs in confirms.items():
+                send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
+
+    # -------------------------------------------------------- deliveries
+
+    def write_delivery(self, channel_number: int, handle, delivery_tag: int, redelivered: bool, message) -> None:
+        self.conn.send_content(channel_number, spec.BasicDeliver(consumer_tag=handle.tag, delivery_tag=delivery_tag,
+                                                                 redelivered=redelivered, exchange=message.exchange,
+                                                                 routing_key=message.routing_key),
+                               message.props_raw, message.body)
+        self.messages_out += 1
+        entry = self.credit_pending.get(handle.consumer_id)
+        if entry is None:
+            self.credit_pending[handle.consumer_id] = [handle, 1]
+            self._wake.set()
+        else:
+            entry[1] += 1
+
+    def _refill_credit(self) -> None:
+        pending, self.credit_pending = self.credit_pending, {}
+        broker = self.broker
+        for consumer_id, (handle, written) in pending.items():
+            if consumer_id in broker.consumers:
+                broker.apply_queue(handle.queue_key, qc.Credit(consumer_id, written))
+
+    # ----------------------------------------------------------- cleanup
+
+    def _release(self) -> None:
+        """Give back everything the connection held; safe to call more than once."""
+        if self._released:
+            return
+        self._released = True
+        self.broker.sessions.pop(self.id, None)
+        self.pending = {}
+        queue_keys: dict[tuple, None] = {}
+        for channel in self.channels.values():
+            queue_keys.update(channel.queues_touched)
+            channel.forget()
+        self.channels.clear()
+        try:
+            self.broker.owner_down(self.id, list(queue_keys))
+        except ChannelError as err:  # a refusal here must not take the node down
+            log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
