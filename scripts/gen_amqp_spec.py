@@ -40,7 +40,7 @@ METHOD_ERRATA = {
 # cluster-id (it is deprecated but still carried on the wire).
 PROPERTY_RENAMES = {"reserved": "cluster-id"}
 
-# wire type -> (struct code, python type hint, python default literal)
+# wire type -> struct code, for the fixed-size types; then type hints and zero defaults
 FIXED_CODES = {"octet": "B", "short": "H", "long": "I", "longlong": "Q", "timestamp": "Q"}
 TYPE_HINTS = {
     "octet": "int",
@@ -202,7 +202,9 @@ def parse_spec(path: Path) -> Spec:
 
 # ---------------------------------------------------------------------------------------
 # Code generation. A method's wire layout becomes a list of items:
-#   ("fixed", code, encode_expr, decode_target)   one struct code; target None = skip
+#   ("fixed", code, encode_expr, decode_target, bit_run)
+#       one struct code; decode_target None = padding to skip; bit_run = the bit fields
+#       packed into this octet, or None
 #   ("shortstr" | "longstr", field)                the data after a length prefix
 #   ("table", field)
 # where strings contribute their length prefix as a preceding "fixed" item.

@@ -1,0 +1,152 @@
+"""Framing: the incremental reader on arbitrarily split streams, its 501 errors, and
+encode_content's body splitting at exactly frame_max."""
+
+import pamqp.frame
+import pamqp.heartbeat
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from maxq_raft.amqp import spec
+from maxq_raft.amqp.errors import FrameError
+from maxq_raft.amqp.frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    encode_content,
+    encode_frame,
+    encode_method_frame,
+)
+from maxq_raft.amqp.properties import BasicProperties, decode_content_header, encode_properties
+
+frames = st.lists(
+    st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 65535), st.binary(max_size=300)),
+    max_size=20,
+)
+
+
+def read_all(reader: FrameReader, pieces) -> list[tuple[int, int, bytes]]:
+    out = []
+    for piece in pieces:
+        reader.feed(piece)
+        out += [(t, ch, bytes(p)) for t, ch, p in reader.read_frames()]
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(frames, st.data())
+def test_split_stream_yields_the_same_frames(expected, data):
+    stream = b"".join(encode_frame(t, ch, p) for t, ch, p in expected)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    pieces = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    assert read_all(FrameReader(4096), pieces) == expected
+    # byte by byte as well, fed as bytearrays (a receive buffer)
+    assert read_all(FrameReader(0), [bytearray(stream[i : i + 1]) for i in range(len(stream))]) == expected
+
+
+def test_many_frames_in_one_read_are_views_of_one_buffer():
+    stream = b"".join(encode_frame(3, 1, bytes([i]) * 10) for i in range(50)) + b"\x03\x00"
+    reader = FrameReader(4096)
+    reader.feed(stream)
+    got = reader.read_frames()
+    assert [bytes(p) for _, _, p in got] == [bytes([i]) * 10 for i in range(50)]
+    assert all(isinstance(p, memoryview) and p.obj is got[0][2].obj for _, _, p in got)
+    assert reader.read_frames() == []  # the two-byte partial header stays buffered
+    reader.feed(b"\x01\x00\x00\x00\x01z\xce")
+    assert [(t, ch, bytes(p)) for t, ch, p in reader.read_frames()] == [(3, 1, b"z")]
+
+
+def test_fed_buffers_may_be_reused_by_the_caller():
+    buffer = bytearray(encode_frame(3, 1, b"hello"))
+    reader = FrameReader(4096)
+    reader.feed(buffer)
+    [(_, _, payload)] = reader.read_frames()
+    buffer[8:13] = b"XXXXX"
+    assert bytes(payload) == b"hello"
+
+
+def test_bad_frame_end():
+    reader = FrameReader(4096)
+    reader.feed(encode_frame(1, 0, b"abc")[:-1] + b"\x00")
+    with pytest.raises(FrameError) as info:
+        reader.read_frames()
+    assert info.value.reply_code == spec.FRAME_ERROR == 501
+    assert "frame end marker missing" in info.value.reply_text
+
+
+def test_oversize_frame_is_detected_from_the_header_alone():
+    reader = FrameReader(131072)
+    reader.feed(b"\x03\x00\x01" + (200000 - 8).to_bytes(4, "big"))  # 7 header bytes, no body
+    with pytest.raises(FrameError) as info:
+        reader.read_frames()
+    assert info.value.reply_code == 501
+    assert info.value.reply_text == "frame size 200000 exceeds frame_max 131072"
+
+
+def test_frame_max_boundary_and_retuning():
+    reader = FrameReader(4096)
+    exact = encode_frame(3, 1, b"x" * (4096 - 8))
+    reader.feed(exact)
+    assert len(reader.read_frames()) == 1
+    reader.feed(encode_frame(3, 1, b"x" * (4096 - 7)))
+    with pytest.raises(FrameError):
+        reader.read_frames()
+    # frame_max is raised after connection.tune-ok; 0 means no limit
+    reader = FrameReader(4096)
+    reader.frame_max = 0
+    reader.feed(encode_frame(3, 1, b"x" * 10000))
+    assert bytes(reader.read_frames()[0][2]) == b"x" * 10000
+
+
+def test_unknown_frame_type():
+    reader = FrameReader(4096)
+    reader.feed(b"\x05\x00\x00\x00\x00\x00\x00")
+    with pytest.raises(FrameError) as info:
+        reader.read_frames()
+    assert info.value.reply_code == 501
+    assert info.value.reply_text == "unknown frame type 5"
+
+
+def test_constants_and_simple_encoders_match_pamqp():
+    assert PROTOCOL_HEADER == b"AMQP\x00\x00\x09\x01"
+    assert HEARTBEAT_FRAME == pamqp.frame.marshal(pamqp.heartbeat.Heartbeat(), 0) == b"\x08\x00\x00\x00\x00\x00\x00\xce"
+    method = spec.BasicAck(delivery_tag=9, multiple=True)
+    assert encode_method_frame(3, method) == encode_frame(1, 3, method.encode())
+    _, channel, theirs = pamqp.frame.unmarshal(encode_method_frame(3, method))
+    assert (channel, theirs.delivery_tag, theirs.multiple) == (3, 9, True)
+
+
+FRAME_MAX = 4096
+CHUNK = FRAME_MAX - 8
+
+
+@pytest.mark.parametrize("body_size", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 2 * CHUNK + 1, 1_000_000])
+def test_encode_content_splits_bodies_at_frame_max(body_size):
+    body = bytes(i % 251 for i in range(body_size))
+    method = spec.BasicDeliver(consumer_tag="c", delivery_tag=1, exchange="e", routing_key="r")
+    props_raw = encode_properties(BasicProperties(content_type="application/octet-stream"))
+    wire = encode_content(5, method, props_raw, body, FRAME_MAX)
+    reader = FrameReader(FRAME_MAX)  # also proves no frame exceeds frame_max
+    reader.feed(wire)
+    got = [(t, ch, bytes(p)) for t, ch, p in reader.read_frames()]
+    assert all(ch == 5 for _, ch, _ in got)
+    (t1, _, m), (t2, _, h), *bodies = got
+    assert (t1, t2) == (1, 2)
+    assert spec.decode_method(m) == method
+    assert decode_content_header(h) == (60, body_size, props_raw)
+    assert all(t == 3 for t, _, _ in bodies)
+    assert len(bodies) == -(-body_size // CHUNK)  # no body frame at all for an empty body
+    assert all(len(p) == CHUNK for _, _, p in bodies[:-1])
+    assert b"".join(p for _, _, p in bodies) == body
+
+
+def test_encode_content_unlimited_and_invalid_frame_max():
+    method = spec.BasicPublish(exchange="x")
+    wire = encode_content(1, method, b"\x00\x00", b"y" * 100000, 0)
+    reader = FrameReader(0)
+    reader.feed(wire)
+    assert [t for t, _, _ in reader.read_frames()] == [1, 2, 3]
+    with pytest.raises(ValueError):
+        encode_content(1, method, b"\x00\x00", b"y", 8)
+    with pytest.raises(ValueError):  # a content header that cannot fit a frame
+        encode_content(1, method, b"\x20\x00" + b"\x00" * 5000, b"", FRAME_MAX)

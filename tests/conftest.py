@@ -1,0 +1,120 @@
+"""Fixtures that run real `maxq-server` processes for integration tests.
+
+Every server a test starts is stopped by the fixture that started it, also when the test
+fails: `BrokerProcess.stop` sends SIGTERM, waits, then SIGKILLs. Ports are chosen free by the
+OS; data goes to pytest's tmp_path. Tests use `broker.amqp_port` with any client.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+READY_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    """One real maxq-server process on loopback."""
+
+    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str] | None = None, env: dict | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra_args = extra_args or []
+        self.env = env
+        self.amqp_port = free_port()
+        self.http_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "BrokerProcess":
+        args = [sys.executable, "-m", "maxq_raft", "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
+                "--http-port", str(self.http_port), *self.extra_args]
+        env = dict(os.environ if self.env is None else self.env)
+        self._log = open(self.log_path, "ab")
+        # cwd outside the repo: the repo root must not be on sys.path (our amqp/ would shadow py-amqp).
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.data_dir.parent))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"maxq-server exited with {self.proc.returncode}:\n{self.log_text()}")
+            if "maxq-server ready" in self.log_text():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"maxq-server not ready after {READY_TIMEOUT_S}s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """One broker shared by the tests that do not restart or break it."""
+    root = tmp_path_factory.mktemp("broker")
+    process = BrokerProcess(root / "data", root / "server.log")
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def start_broker(tmp_path):
+    """Factory for brokers a test owns (restarts, kills, special settings); all are stopped after it."""
+    started: list[BrokerProcess] = []
+
+    def start(extra_args: list[str] | None = None, data_dir: Path | None = None, env: dict | None = None) -> BrokerProcess:
+        n = len(started)
+        process = BrokerProcess(data_dir or tmp_path / f"data{n}", tmp_path / f"server{n}.log", extra_args, env)
+        started.append(process)
+        return process.start()
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            process.stop()
