@@ -602,6 +602,158 @@ class ConnectionCloseOk:
         return b"\x00\x0a\x00\x33"
 
 
+class ConnectionBlocked:
+    """connection.blocked (10, 60)"""
+
+    __slots__ = ("reason",)
+    CLASS_ID = 10
+    METHOD_ID = 60
+    INDEX = 0x000A003C
+    NAME = "connection.blocked"
+    SYNCHRONOUS = False
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ()
+    FIELDS: tuple[tuple[str, str], ...] = (("reason", "shortstr"),)
+
+    def __init__(
+        self,
+        *,
+        reason: str = "",
+    ) -> None:
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.reason == other.reason  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConnectionBlocked(reason={self.reason!r})"
+
+    def encode(self) -> bytes:
+        try:
+            v_reason = self.reason.encode()
+            if len(v_reason) > 255:
+                raise ValueError("connection.blocked reason is longer than 255 bytes")
+            return b"".join((
+                _S_HHB.pack(10, 60, len(v_reason)),
+                v_reason,
+            ))
+        except StructError as exc:
+            raise ValueError(f"cannot encode connection.blocked: {exc}") from None
+
+
+class ConnectionUnblocked:
+    """connection.unblocked (10, 61)"""
+
+    __slots__ = ()
+    CLASS_ID = 10
+    METHOD_ID = 61
+    INDEX = 0x000A003D
+    NAME = "connection.unblocked"
+    SYNCHRONOUS = False
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ()
+    FIELDS: tuple[tuple[str, str], ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "ConnectionUnblocked()"
+
+    def encode(self) -> bytes:
+        return b"\x00\x0a\x00\x3d"
+
+
+class ConnectionUpdateSecret:
+    """connection.update-secret (10, 70)"""
+
+    __slots__ = ("new_secret", "reason")
+    CLASS_ID = 10
+    METHOD_ID = 70
+    INDEX = 0x000A0046
+    NAME = "connection.update-secret"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ("connection.update-secret-ok",)
+    FIELDS: tuple[tuple[str, str], ...] = (("new_secret", "longstr"), ("reason", "shortstr"))
+
+    def __init__(
+        self,
+        *,
+        new_secret: bytes | str = b"",
+        reason: str = "",
+    ) -> None:
+        self.new_secret = new_secret
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.new_secret == other.new_secret  # type: ignore[attr-defined]
+            and self.reason == other.reason  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConnectionUpdateSecret(new_secret={self.new_secret!r}, reason={self.reason!r})"
+
+    def encode(self) -> bytes:
+        try:
+            v_new_secret = self.new_secret
+            if v_new_secret.__class__ is str:
+                v_new_secret = v_new_secret.encode()
+            v_reason = self.reason.encode()
+            if len(v_reason) > 255:
+                raise ValueError("connection.update-secret reason is longer than 255 bytes")
+            return b"".join((
+                _S_HHI.pack(10, 70, len(v_new_secret)),
+                v_new_secret,
+                _S_B.pack(len(v_reason)),
+                v_reason,
+            ))
+        except StructError as exc:
+            raise ValueError(f"cannot encode connection.update-secret: {exc}") from None
+
+
+class ConnectionUpdateSecretOk:
+    """connection.update-secret-ok (10, 71)"""
+
+    __slots__ = ()
+    CLASS_ID = 10
+    METHOD_ID = 71
+    INDEX = 0x000A0047
+    NAME = "connection.update-secret-ok"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ()
+    FIELDS: tuple[tuple[str, str], ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "ConnectionUpdateSecretOk()"
+
+    def encode(self) -> bytes:
+        return b"\x00\x0a\x00\x47"
+
+
 class ChannelOpen:
     """channel.open (20, 10)"""
 
@@ -1457,103 +1609,6 @@ class QueueBindOk:
         return b"\x00\x32\x00\x15"
 
 
-class QueueUnbind:
-    """queue.unbind (50, 50)"""
-
-    __slots__ = ("queue", "exchange", "routing_key", "arguments")
-    CLASS_ID = 50
-    METHOD_ID = 50
-    INDEX = 0x00320032
-    NAME = "queue.unbind"
-    SYNCHRONOUS = True
-    HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.unbind-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("queue", "shortstr"),
-        ("exchange", "shortstr"),
-        ("routing_key", "shortstr"),
-        ("arguments", "table"),
-    )
-
-    def __init__(
-        self,
-        *,
-        queue: str = "",
-        exchange: str = "",
-        routing_key: str = "",
-        arguments: dict | None = None,
-    ) -> None:
-        self.queue = queue
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.arguments = {} if arguments is None else arguments
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"QueueUnbind(queue={self.queue!r}, exchange={self.exchange!r}, routing_key={self.routing_key!r}, arguments={self.arguments!r})"
-
-    def encode(self) -> bytes:
-        try:
-            v_queue = self.queue.encode()
-            if len(v_queue) > 255:
-                raise ValueError("queue.unbind queue is longer than 255 bytes")
-            v_exchange = self.exchange.encode()
-            if len(v_exchange) > 255:
-                raise ValueError("queue.unbind exchange is longer than 255 bytes")
-            v_routing_key = self.routing_key.encode()
-            if len(v_routing_key) > 255:
-                raise ValueError("queue.unbind routing_key is longer than 255 bytes")
-            return b"".join((
-                _S_HHHB.pack(50, 50, 0, len(v_queue)),
-                v_queue,
-                _S_B.pack(len(v_exchange)),
-                v_exchange,
-                _S_B.pack(len(v_routing_key)),
-                v_routing_key,
-                encode_table(self.arguments),
-            ))
-        except StructError as exc:
-            raise ValueError(f"cannot encode queue.unbind: {exc}") from None
-
-
-class QueueUnbindOk:
-    """queue.unbind-ok (50, 51)"""
-
-    __slots__ = ()
-    CLASS_ID = 50
-    METHOD_ID = 51
-    INDEX = 0x00320033
-    NAME = "queue.unbind-ok"
-    SYNCHRONOUS = True
-    HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return True
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return "QueueUnbindOk()"
-
-    def encode(self) -> bytes:
-        return b"\x00\x32\x00\x33"
-
-
 class QueuePurge:
     """queue.purge (50, 30)"""
 
@@ -1739,6 +1794,103 @@ class QueueDeleteOk:
             return _S_HHI.pack(50, 41, self.message_count)
         except StructError as exc:
             raise ValueError(f"cannot encode queue.delete-ok: {exc}") from None
+
+
+class QueueUnbind:
+    """queue.unbind (50, 50)"""
+
+    __slots__ = ("queue", "exchange", "routing_key", "arguments")
+    CLASS_ID = 50
+    METHOD_ID = 50
+    INDEX = 0x00320032
+    NAME = "queue.unbind"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ("queue.unbind-ok",)
+    FIELDS: tuple[tuple[str, str], ...] = (
+        ("queue", "shortstr"),
+        ("exchange", "shortstr"),
+        ("routing_key", "shortstr"),
+        ("arguments", "table"),
+    )
+
+    def __init__(
+        self,
+        *,
+        queue: str = "",
+        exchange: str = "",
+        routing_key: str = "",
+        arguments: dict | None = None,
+    ) -> None:
+        self.queue = queue
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.arguments = {} if arguments is None else arguments
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.queue == other.queue  # type: ignore[attr-defined]
+            and self.exchange == other.exchange  # type: ignore[attr-defined]
+            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
+            and self.arguments == other.arguments  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"QueueUnbind(queue={self.queue!r}, exchange={self.exchange!r}, routing_key={self.routing_key!r}, arguments={self.arguments!r})"
+
+    def encode(self) -> bytes:
+        try:
+            v_queue = self.queue.encode()
+            if len(v_queue) > 255:
+                raise ValueError("queue.unbind queue is longer than 255 bytes")
+            v_exchange = self.exchange.encode()
+            if len(v_exchange) > 255:
+                raise ValueError("queue.unbind exchange is longer than 255 bytes")
+            v_routing_key = self.routing_key.encode()
+            if len(v_routing_key) > 255:
+                raise ValueError("queue.unbind routing_key is longer than 255 bytes")
+            return b"".join((
+                _S_HHHB.pack(50, 50, 0, len(v_queue)),
+                v_queue,
+                _S_B.pack(len(v_exchange)),
+                v_exchange,
+                _S_B.pack(len(v_routing_key)),
+                v_routing_key,
+                encode_table(self.arguments),
+            ))
+        except StructError as exc:
+            raise ValueError(f"cannot encode queue.unbind: {exc}") from None
+
+
+class QueueUnbindOk:
+    """queue.unbind-ok (50, 51)"""
+
+    __slots__ = ()
+    CLASS_ID = 50
+    METHOD_ID = 51
+    INDEX = 0x00320033
+    NAME = "queue.unbind-ok"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ()
+    FIELDS: tuple[tuple[str, str], ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "QueueUnbindOk()"
+
+    def encode(self) -> bytes:
+        return b"\x00\x32\x00\x33"
 
 
 class BasicQos:
@@ -2632,6 +2784,72 @@ class BasicNack:
             raise ValueError(f"cannot encode basic.nack: {exc}") from None
 
 
+class ConfirmSelect:
+    """confirm.select (85, 10)"""
+
+    __slots__ = ("nowait",)
+    CLASS_ID = 85
+    METHOD_ID = 10
+    INDEX = 0x0055000A
+    NAME = "confirm.select"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ("confirm.select-ok",)
+    FIELDS: tuple[tuple[str, str], ...] = (("nowait", "bit"),)
+
+    def __init__(
+        self,
+        *,
+        nowait: bool = False,
+    ) -> None:
+        self.nowait = nowait
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.nowait == other.nowait  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConfirmSelect(nowait={self.nowait!r})"
+
+    def encode(self) -> bytes:
+        try:
+            return _S_HHB.pack(85, 10, (1 if self.nowait else 0))
+        except StructError as exc:
+            raise ValueError(f"cannot encode confirm.select: {exc}") from None
+
+
+class ConfirmSelectOk:
+    """confirm.select-ok (85, 11)"""
+
+    __slots__ = ()
+    CLASS_ID = 85
+    METHOD_ID = 11
+    INDEX = 0x0055000B
+    NAME = "confirm.select-ok"
+    SYNCHRONOUS = True
+    HAS_CONTENT = False
+    RESPONSES: tuple[str, ...] = ()
+    FIELDS: tuple[tuple[str, str], ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "ConfirmSelectOk()"
+
+    def encode(self) -> bytes:
+        return b"\x00\x55\x00\x0b"
+
+
 class TxSelect:
     """tx.select (90, 10)"""
 
@@ -2794,72 +3012,6 @@ class TxRollbackOk:
         return b"\x00\x5a\x00\x1f"
 
 
-class ConfirmSelect:
-    """confirm.select (85, 10)"""
-
-    __slots__ = ("nowait",)
-    CLASS_ID = 85
-    METHOD_ID = 10
-    INDEX = 0x0055000A
-    NAME = "confirm.select"
-    SYNCHRONOUS = True
-    HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("confirm.select-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("nowait", "bit"),)
-
-    def __init__(
-        self,
-        *,
-        nowait: bool = False,
-    ) -> None:
-        self.nowait = nowait
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return (
-            self.nowait == other.nowait  # type: ignore[attr-defined]
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ConfirmSelect(nowait={self.nowait!r})"
-
-    def encode(self) -> bytes:
-        try:
-            return _S_HHB.pack(85, 10, (1 if self.nowait else 0))
-        except StructError as exc:
-            raise ValueError(f"cannot encode confirm.select: {exc}") from None
-
-
-class ConfirmSelectOk:
-    """confirm.select-ok (85, 11)"""
-
-    __slots__ = ()
-    CLASS_ID = 85
-    METHOD_ID = 11
-    INDEX = 0x0055000B
-    NAME = "confirm.select-ok"
-    SYNCHRONOUS = True
-    HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return True
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return "ConfirmSelectOk()"
-
-    def encode(self) -> bytes:
-        return b"\x00\x55\x00\x0b"
-
-
 def _decode_connection_start(buf):
     obj = _new(ConnectionStart)
     obj.version_major, obj.version_minor = _S_BB.unpack_from(buf, 4)
@@ -2986,6 +3138,49 @@ def _decode_connection_close_ok(buf):
     if len(buf) != 4:
         raise ValueError
     obj = _new(ConnectionCloseOk)
+    return obj
+
+
+def _decode_connection_blocked(buf):
+    obj = _new(ConnectionBlocked)
+    n_reason = buf[4]
+    off = 5
+    end = off + n_reason
+    obj.reason = str(buf[off:end], "utf-8")
+    off = end
+    if off != len(buf):
+        raise ValueError
+    return obj
+
+
+def _decode_connection_unblocked(buf):
+    if len(buf) != 4:
+        raise ValueError
+    obj = _new(ConnectionUnblocked)
+    return obj
+
+
+def _decode_connection_update_secret(buf):
+    obj = _new(ConnectionUpdateSecret)
+    n_new_secret, = _S_I.unpack_from(buf, 4)
+    off = 8
+    end = off + n_new_secret
+    obj.new_secret = bytes(buf[off:end])
+    off = end
+    n_reason = buf[off]
+    off += 1
+    end = off + n_reason
+    obj.reason = str(buf[off:end], "utf-8")
+    off = end
+    if off != len(buf):
+        raise ValueError
+    return obj
+
+
+def _decode_connection_update_secret_ok(buf):
+    if len(buf) != 4:
+        raise ValueError
+    obj = _new(ConnectionUpdateSecretOk)
     return obj
 
 
@@ -3236,36 +3431,6 @@ def _decode_queue_bind_ok(buf):
     return obj
 
 
-def _decode_queue_unbind(buf):
-    obj = _new(QueueUnbind)
-    n_queue, = _S_XXB.unpack_from(buf, 4)
-    off = 7
-    end = off + n_queue
-    obj.queue = str(buf[off:end], "utf-8")
-    off = end
-    n_exchange = buf[off]
-    off += 1
-    end = off + n_exchange
-    obj.exchange = str(buf[off:end], "utf-8")
-    off = end
-    n_routing_key = buf[off]
-    off += 1
-    end = off + n_routing_key
-    obj.routing_key = str(buf[off:end], "utf-8")
-    off = end
-    obj.arguments, off = decode_table(buf, off)
-    if off != len(buf):
-        raise ValueError
-    return obj
-
-
-def _decode_queue_unbind_ok(buf):
-    if len(buf) != 4:
-        raise ValueError
-    obj = _new(QueueUnbindOk)
-    return obj
-
-
 def _decode_queue_purge(buf):
     obj = _new(QueuePurge)
     n_queue, = _S_XXB.unpack_from(buf, 4)
@@ -3311,6 +3476,36 @@ def _decode_queue_delete_ok(buf):
         raise ValueError
     obj = _new(QueueDeleteOk)
     obj.message_count, = _S_I.unpack_from(buf, 4)
+    return obj
+
+
+def _decode_queue_unbind(buf):
+    obj = _new(QueueUnbind)
+    n_queue, = _S_XXB.unpack_from(buf, 4)
+    off = 7
+    end = off + n_queue
+    obj.queue = str(buf[off:end], "utf-8")
+    off = end
+    n_exchange = buf[off]
+    off += 1
+    end = off + n_exchange
+    obj.exchange = str(buf[off:end], "utf-8")
+    off = end
+    n_routing_key = buf[off]
+    off += 1
+    end = off + n_routing_key
+    obj.routing_key = str(buf[off:end], "utf-8")
+    off = end
+    obj.arguments, off = decode_table(buf, off)
+    if off != len(buf):
+        raise ValueError
+    return obj
+
+
+def _decode_queue_unbind_ok(buf):
+    if len(buf) != 4:
+        raise ValueError
+    obj = _new(QueueUnbindOk)
     return obj
 
 
@@ -3557,6 +3752,22 @@ def _decode_basic_nack(buf):
     return obj
 
 
+def _decode_confirm_select(buf):
+    if len(buf) != 5:
+        raise ValueError
+    obj = _new(ConfirmSelect)
+    bits0 = buf[4]
+    obj.nowait = (bits0 & 1) != 0
+    return obj
+
+
+def _decode_confirm_select_ok(buf):
+    if len(buf) != 4:
+        raise ValueError
+    obj = _new(ConfirmSelectOk)
+    return obj
+
+
 def _decode_tx_select(buf):
     if len(buf) != 4:
         raise ValueError
@@ -3599,22 +3810,6 @@ def _decode_tx_rollback_ok(buf):
     return obj
 
 
-def _decode_confirm_select(buf):
-    if len(buf) != 5:
-        raise ValueError
-    obj = _new(ConfirmSelect)
-    bits0 = buf[4]
-    obj.nowait = (bits0 & 1) != 0
-    return obj
-
-
-def _decode_confirm_select_ok(buf):
-    if len(buf) != 4:
-        raise ValueError
-    obj = _new(ConfirmSelectOk)
-    return obj
-
-
 METHODS_BY_INDEX: dict[int, type] = {
     ConnectionStart.INDEX: ConnectionStart,
     ConnectionStartOk.INDEX: ConnectionStartOk,
@@ -3626,6 +3821,10 @@ METHODS_BY_INDEX: dict[int, type] = {
     ConnectionOpenOk.INDEX: ConnectionOpenOk,
     ConnectionClose.INDEX: ConnectionClose,
     ConnectionCloseOk.INDEX: ConnectionCloseOk,
+    ConnectionBlocked.INDEX: ConnectionBlocked,
+    ConnectionUnblocked.INDEX: ConnectionUnblocked,
+    ConnectionUpdateSecret.INDEX: ConnectionUpdateSecret,
+    ConnectionUpdateSecretOk.INDEX: ConnectionUpdateSecretOk,
     ChannelOpen.INDEX: ChannelOpen,
     ChannelOpenOk.INDEX: ChannelOpenOk,
     ChannelFlow.INDEX: ChannelFlow,
@@ -3644,12 +3843,12 @@ METHODS_BY_INDEX: dict[int, type] = {
     QueueDeclareOk.INDEX: QueueDeclareOk,
     QueueBind.INDEX: QueueBind,
     QueueBindOk.INDEX: QueueBindOk,
-    QueueUnbind.INDEX: QueueUnbind,
-    QueueUnbindOk.INDEX: QueueUnbindOk,
     QueuePurge.INDEX: QueuePurge,
     QueuePurgeOk.INDEX: QueuePurgeOk,
     QueueDelete.INDEX: QueueDelete,
     QueueDeleteOk.INDEX: QueueDeleteOk,
+    QueueUnbind.INDEX: QueueUnbind,
+    QueueUnbindOk.INDEX: QueueUnbindOk,
     BasicQos.INDEX: BasicQos,
     BasicQosOk.INDEX: BasicQosOk,
     BasicConsume.INDEX: BasicConsume,
@@ -3668,14 +3867,14 @@ METHODS_BY_INDEX: dict[int, type] = {
     BasicRecover.INDEX: BasicRecover,
     BasicRecoverOk.INDEX: BasicRecoverOk,
     BasicNack.INDEX: BasicNack,
+    ConfirmSelect.INDEX: ConfirmSelect,
+    ConfirmSelectOk.INDEX: ConfirmSelectOk,
     TxSelect.INDEX: TxSelect,
     TxSelectOk.INDEX: TxSelectOk,
     TxCommit.INDEX: TxCommit,
     TxCommitOk.INDEX: TxCommitOk,
     TxRollback.INDEX: TxRollback,
     TxRollbackOk.INDEX: TxRollbackOk,
-    ConfirmSelect.INDEX: ConfirmSelect,
-    ConfirmSelectOk.INDEX: ConfirmSelectOk,
 }
 METHODS_BY_NAME: dict[str, type] = {cls.NAME: cls for cls in METHODS_BY_INDEX.values()}
 _DECODERS = {
@@ -3689,6 +3888,10 @@ _DECODERS = {
     ConnectionOpenOk.INDEX: _decode_connection_open_ok,
     ConnectionClose.INDEX: _decode_connection_close,
     ConnectionCloseOk.INDEX: _decode_connection_close_ok,
+    ConnectionBlocked.INDEX: _decode_connection_blocked,
+    ConnectionUnblocked.INDEX: _decode_connection_unblocked,
+    ConnectionUpdateSecret.INDEX: _decode_connection_update_secret,
+    ConnectionUpdateSecretOk.INDEX: _decode_connection_update_secret_ok,
     ChannelOpen.INDEX: _decode_channel_open,
     ChannelOpenOk.INDEX: _decode_channel_open_ok,
     ChannelFlow.INDEX: _decode_channel_flow,
@@ -3707,12 +3910,12 @@ _DECODERS = {
     QueueDeclareOk.INDEX: _decode_queue_declare_ok,
     QueueBind.INDEX: _decode_queue_bind,
     QueueBindOk.INDEX: _decode_queue_bind_ok,
-    QueueUnbind.INDEX: _decode_queue_unbind,
-    QueueUnbindOk.INDEX: _decode_queue_unbind_ok,
     QueuePurge.INDEX: _decode_queue_purge,
     QueuePurgeOk.INDEX: _decode_queue_purge_ok,
     QueueDelete.INDEX: _decode_queue_delete,
     QueueDeleteOk.INDEX: _decode_queue_delete_ok,
+    QueueUnbind.INDEX: _decode_queue_unbind,
+    QueueUnbindOk.INDEX: _decode_queue_unbind_ok,
     BasicQos.INDEX: _decode_basic_qos,
     BasicQosOk.INDEX: _decode_basic_qos_ok,
     BasicConsume.INDEX: _decode_basic_consume,
@@ -3731,14 +3934,14 @@ _DECODERS = {
     BasicRecover.INDEX: _decode_basic_recover,
     BasicRecoverOk.INDEX: _decode_basic_recover_ok,
     BasicNack.INDEX: _decode_basic_nack,
+    ConfirmSelect.INDEX: _decode_confirm_select,
+    ConfirmSelectOk.INDEX: _decode_confirm_select_ok,
     TxSelect.INDEX: _decode_tx_select,
     TxSelectOk.INDEX: _decode_tx_select_ok,
     TxCommit.INDEX: _decode_tx_commit,
     TxCommitOk.INDEX: _decode_tx_commit_ok,
     TxRollback.INDEX: _decode_tx_rollback,
     TxRollbackOk.INDEX: _decode_tx_rollback_ok,
-    ConfirmSelect.INDEX: _decode_confirm_select,
-    ConfirmSelectOk.INDEX: _decode_confirm_select_ok,
 }
 
 _S_INDEX = Struct(">I")

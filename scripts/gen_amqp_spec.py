@@ -36,6 +36,15 @@ EXTRA_CONSTANTS = (("no-route", 312, "soft-error"),)
 METHOD_ERRATA = {
     "basic.recover": {"synchronous": True, "responses": ("basic.recover-ok",)},
 }
+# RabbitMQ's extensions to class connection that the XML lacks (rabbitmq-codegen's
+# amqp-rabbitmq-0.9.1.json): resource alarms (blocked/unblocked) and update-secret.
+EXTRA_METHODS = (
+    # (class, method name, method id, synchronous, responses, fields as (name, wire type))
+    ("connection", "blocked", 60, False, (), (("reason", "shortstr"),)),
+    ("connection", "unblocked", 61, False, (), ()),
+    ("connection", "update-secret", 70, True, ("connection.update-secret-ok",), (("new-secret", "longstr"), ("reason", "shortstr"))),
+    ("connection", "update-secret-ok", 71, True, (), ()),
+)
 # The XML calls the 14th basic property "reserved"; RabbitMQ and every client call it
 # cluster-id (it is deprecated but still carried on the wire).
 PROPERTY_RENAMES = {"reserved": "cluster-id"}
@@ -196,6 +205,14 @@ def parse_spec(path: Path) -> Spec:
                     ],
                 )
             )
+    for class_name, name, method_id, synchronous, responses, fields in EXTRA_METHODS:
+        class_id = next(m.class_id for m in methods if m.class_name == class_name)
+        if any(m.class_name == class_name and m.name == name for m in methods):
+            continue
+        methods.append(Method(class_name=class_name, class_id=class_id, name=name, method_id=method_id,
+                              synchronous=synchronous, content=False, responses=responses,
+                              fields=[Field(f, t, False) for f, t in fields]))
+    methods.sort(key=lambda m: (m.class_id, m.method_id))
     assert len(basic_properties) == 14, "basic has 14 properties"
     return Spec(frame_constants, reply_codes, methods, basic_properties)
 
