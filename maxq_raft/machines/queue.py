@@ -17,7 +17,8 @@ their original sequence order, as RabbitMQ's classic queues do, with `redelivere
 consumers, the highest `x-priority` with room is served first, round robin within a priority.
 
 `apply` never raises: a command that cannot be performed gets a `Rejected` reply, because an
-exception inside a replicated apply would stall the whole group.
+exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
+negative counts) is refused before it changes anything, so replicas stay identical.
 """
 
 from __future__ import annotations
@@ -91,12 +92,30 @@ class Consumer:
     priority: int
     credit: int  # flow window: deliveries not yet written by the shell
     active: bool = True  # False after cancel: stays until its unacked are settled
-    checked_out: dict = field(default_factory=dict)  # seq -> Message, manual ack only
+    # seq -> Message, delivered with manual ack and not yet settled or returned (a no-ack consumer
+    # holds some only if it reused the tag of a cancelled manual-ack consumer that held them)
+    checked_out: dict = field(default_factory=dict)
 
     def has_room(self) -> bool:
         if not self.active or self.credit <= 0:
             return False
         return self.no_ack or self.prefetch == 0 or len(self.checked_out) < self.prefetch
+
+
+def _malformed(command: Any, why: str = "") -> Rejected:
+    # The shell builds every command, so a malformed one is a bug there; refusing it before any
+    # state changes keeps replicas identical and the queue usable. (Error path: repr is fine.)
+    return Rejected(541, f"malformed {type(command).__name__}: {why or repr(command)}"[:200])
+
+
+def _bad_seqs(seqs: Any) -> bool:
+    """True unless `seqs` is a list or tuple of ints (checked before any is acted on)."""
+    if type(seqs) is not list and type(seqs) is not tuple:
+        return True
+    for seq in seqs:
+        if type(seq) is not int:  # also refuses bool: True would settle seq 1
+            return True
+    return False
 
 
 class QueueMachine:
@@ -107,9 +126,11 @@ class QueueMachine:
         self.ready: deque[Message] = deque()
         self.returned: list[tuple[int, Message]] = []  # heap by seq, served before `ready`
         self.consumers: dict[str, Consumer] = {}
-        # Round robin per priority: priority -> deque of consumer ids; `_priorities` descending.
+        # Round robin per priority: priority -> deque of active consumer ids; `_priorities`
+        # descending. Only active consumers are in a ring.
         self._rings: dict[int, deque[str]] = {}
         self._priorities: list[int] = []
+        self._active_count = 0  # kept, not counted: queue.declare and auto-delete ask often
         self.exclusive_consumer: str | None = None
         self.deleted = False
         self.ever_had_consumer = False
@@ -140,18 +161,24 @@ class QueueMachine:
 
     @property
     def active_consumer_count(self) -> int:
-        return sum(1 for c in self.consumers.values() if c.active)
+        return self._active_count
 
     # --------------------------------------------------------------- apply
 
     def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
-        self.last_index = meta.log_index
-        if self.deleted:
-            return Rejected(404, f"no queue '{self.name}' in vhost '{self.vhost}'"), []
-        handler = self._handlers.get(type(command))
-        if handler is None:
-            return Rejected(541, f"unknown queue command {type(command).__name__}"), []
+        # Handlers validate a command completely before they change anything, so a refusal
+        # leaves the state as it was. The `except` is the last line for bugs of ours: it keeps
+        # the log moving, but cannot undo a half-applied command.
         try:
+            log_index = meta.log_index
+            if type(log_index) is not int:
+                return Rejected(541, f"malformed log entry meta {meta!r}"), []
+            self.last_index = log_index
+            if self.deleted:
+                return Rejected(404, f"no queue '{self.name}' in vhost '{self.vhost}'"), []
+            handler = self._handlers.get(type(command))
+            if handler is None:
+                return Rejected(541, f"unknown queue command {type(command).__name__}"), []
             return handler(meta, command)
         except Exception as exc:  # never let one bad command stall the log
             return Rejected(541, f"internal error applying {type(command).__name__}: {exc!r}"), []
@@ -159,55 +186,90 @@ class QueueMachine:
     # ------------------------------------------------------------ commands
 
     def _enqueue(self, meta: Meta, cmd: Enqueue):
+        messages = cmd.messages
+        if type(messages) is not list and type(messages) is not tuple:
+            return _malformed(cmd, "messages must be a list"), []
         seq = self.next_seq
-        append = self.ready.append
-        for message in cmd.messages:
+        ready = self.ready
+        append = ready.append
+        for message in messages:
+            # A Message belongs to one queue once (seq == -1 until then): the machine keeps and
+            # mutates it, so the same object enqueued twice would sit in two places.
+            if type(message) is not Message or message.seq != -1:
+                for _ in range(seq - self.next_seq):  # undo this batch: validation is in-line
+                    ready.pop().seq = -1
+                return _malformed(cmd, f"not a new Message: {message!r}"), []
             message.seq = seq
             seq += 1
             append(message)
         self.next_seq = seq
-        return len(cmd.messages), self._service()
+        return len(messages), self._service()
 
     def _checkout(self, meta: Meta, cmd: Checkout):
-        if cmd.consumer_id in self.consumers:
-            return Rejected(530, f"attempt to reuse consumer tag '{cmd.consumer_id}'"), []
-        if self.exclusive_consumer is not None or (cmd.exclusive and self.active_consumer_count):
+        consumer_id, prefetch, credit = cmd.consumer_id, cmd.prefetch, cmd.credit
+        if (type(consumer_id) is not str or type(cmd.owner) is not str or type(prefetch) is not int or prefetch < 0
+                or type(cmd.no_ack) is not bool or type(cmd.priority) is not int or type(cmd.exclusive) is not bool
+                or type(credit) is not int or credit < 0):
+            return _malformed(cmd), []
+        consumer = self.consumers.get(consumer_id)
+        if consumer is not None and consumer.active:
+            return Rejected(530, f"attempt to reuse consumer tag '{consumer_id}'"), []
+        if self.exclusive_consumer is not None or (cmd.exclusive and self._active_count):
             return Rejected(403, f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use"), []
-        consumer = Consumer(cmd.consumer_id, cmd.owner, cmd.prefetch, cmd.no_ack, cmd.priority, cmd.credit)
-        self.consumers[cmd.consumer_id] = consumer
+        if consumer is None:
+            consumer = Consumer(consumer_id, cmd.owner, prefetch, cmd.no_ack, cmd.priority, credit)
+            self.consumers[consumer_id] = consumer
+        else:
+            # The id of a cancelled consumer whose deliveries are still unacked: AMQP lets a
+            # channel reuse a tag once basic.cancel is done, and the id is (connection, channel,
+            # tag). It comes back holding them; they count against its prefetch, as in RabbitMQ,
+            # where acks credit the consumer by tag. (Also the id of a basic.get holder.)
+            consumer.owner = cmd.owner
+            consumer.prefetch = prefetch
+            consumer.no_ack = cmd.no_ack
+            consumer.priority = cmd.priority
+            consumer.credit = credit
+            consumer.active = True
+        self._active_count += 1
         self.ever_had_consumer = True
         if cmd.exclusive:
-            self.exclusive_consumer = cmd.consumer_id
+            self.exclusive_consumer = consumer_id
         ring = self._rings.get(cmd.priority)
         if ring is None:
             ring = self._rings[cmd.priority] = deque()
             self._priorities = sorted(self._rings, reverse=True)
-        ring.append(cmd.consumer_id)
+        ring.append(consumer_id)
         return True, self._service()
 
     def _cancel(self, meta: Meta, cmd: Cancel):
+        if type(cmd.consumer_id) is not str:
+            return _malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None or not consumer.active:
-            return self.active_consumer_count, []
+            return self._active_count, []
         self._deactivate(consumer)
         # RabbitMQ keeps a cancelled consumer's deliveries unacked: the channel may still ack them.
         if not consumer.checked_out:
             del self.consumers[cmd.consumer_id]
-        return self.active_consumer_count, []
+        return self._active_count, []
 
-    def _settle(self, meta: Meta, cmd: Settle):
+    def _settle(self, meta: Meta, cmd: Settle | Discard):
+        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
+            return _malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
         checked_out = consumer.checked_out
         settled = 0
-        for seq in cmd.seqs:
+        for seq in cmd.seqs:  # unknown seqs (another consumer's, already settled) are ignored
             if checked_out.pop(seq, None) is not None:
                 settled += 1
         self._forget_if_idle(consumer)
         return settled, self._service() if settled else []
 
     def _requeue(self, meta: Meta, cmd: Requeue):
+        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
+            return _malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
@@ -217,9 +279,11 @@ class QueueMachine:
 
     def _discard(self, meta: Meta, cmd: Discard):
         # Reject without requeue: the message leaves the queue (dead lettering comes later).
-        return self._settle(meta, Settle(cmd.consumer_id, cmd.seqs))
+        return self._settle(meta, cmd)
 
     def _credit(self, meta: Meta, cmd: Credit):
+        if type(cmd.consumer_id) is not str or type(cmd.messages) is not int or cmd.messages < 0:
+            return _malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
@@ -227,6 +291,8 @@ class QueueMachine:
         return consumer.credit, self._service()
 
     def _get(self, meta: Meta, cmd: Get):
+        if type(cmd.consumer_id) is not str or type(cmd.owner) is not str or type(cmd.no_ack) is not bool:
+            return _malformed(cmd), []
         message = self._pop_next()
         if message is None:
             return None, []
@@ -248,6 +314,8 @@ class QueueMachine:
 
     def _down(self, meta: Meta, cmd: Down):
         """The owner's connection is gone: drop its consumers, return their unacked messages."""
+        if type(cmd.owner) is not str:
+            return _malformed(cmd), []
         returned = 0
         for consumer in [c for c in self.consumers.values() if c.owner == cmd.owner]:
             self._deactivate(consumer)
@@ -263,6 +331,8 @@ class QueueMachine:
         self.consumers.clear()
         self._rings.clear()
         self._priorities = []
+        self._active_count = 0
+        self.exclusive_consumer = None
         return n, []
 
     # ------------------------------------------------------------- helpers
@@ -271,6 +341,7 @@ class QueueMachine:
         if not consumer.active:
             return
         consumer.active = False
+        self._active_count -= 1
         ring = self._rings.get(consumer.priority)
         if ring is not None:
             ring.remove(consumer.consumer_id)
@@ -303,6 +374,10 @@ class QueueMachine:
         return None
 
     def _pick_consumer(self) -> Consumer | None:
+        """The next consumer with room: highest priority first, round robin within one.
+
+        Call it only when there is a message to give: the consumer it returns has had its turn.
+        """
         consumers = self.consumers
         for priority in self._priorities:
             ring = self._rings[priority]
@@ -315,46 +390,87 @@ class QueueMachine:
 
     def _service(self) -> list:
         """Hand ready messages to consumers with room, as far as both allow."""
-        if not self._priorities or not (self.ready or self.returned):
+        returned = self.returned
+        ready = self.ready
+        if not self._priorities or not (returned or ready):
             return []
-        effects = []
-        single = len(self._priorities) == 1 and len(self._rings[self._priorities[0]]) == 1
-        consumer = self._pick_consumer()
-        while consumer is not None:
-            message = self._pop_next()
-            if message is None:
+        effects: list = []
+        if len(self._priorities) == 1:
+            ring = self._rings[self._priorities[0]]
+            if len(ring) == 1:
+                # One consumer, the common case: its room is known up front, so each message
+                # costs a pop and an append, with no ring walk and no `has_room`.
+                consumer = self.consumers[ring[0]]
+                room = consumer.credit
+                checked_out = None if consumer.no_ack else consumer.checked_out
+                if checked_out is not None and consumer.prefetch:
+                    room = min(room, consumer.prefetch - len(checked_out))
+                if room <= 0:
+                    return effects
+                consumer_id = consumer.consumer_id
+                append = effects.append
+                heappop = heapq.heappop
+                popleft = ready.popleft
+                n = 0
+                while n < room:
+                    if returned:
+                        message = heappop(returned)[1]
+                    elif ready:
+                        message = popleft()
+                    else:
+                        break
+                    message.delivery_count += 1
+                    if checked_out is not None:
+                        checked_out[message.seq] = message
+                    append(Deliver(consumer_id, message, message.redelivered))
+                    n += 1
+                consumer.credit -= n
+                return effects
+        # Pick only while a message waits: a consumer picked for nothing would lose its turn.
+        while returned or ready:
+            consumer = self._pick_consumer()
+            if consumer is None:
                 break
-            redelivered = message.redelivered
+            message = heapq.heappop(returned)[1] if returned else ready.popleft()
             message.delivery_count += 1
             consumer.credit -= 1
             if not consumer.no_ack:
                 consumer.checked_out[message.seq] = message
-            effects.append(Deliver(consumer.consumer_id, message, redelivered))
-            if single:
-                # The common case (one consumer): skip the ring walk while it has room.
-                if not consumer.has_room():
-                    break
-            else:
-                consumer = self._pick_consumer()
+            effects.append(Deliver(consumer.consumer_id, message, message.redelivered))
         return effects
 
     def check_invariants(self) -> None:
-        """For tests and simulation: every message is in exactly one place."""
+        """For tests and simulation: every message is in exactly one place, the indexes agree."""
         seen = set()
+        previous = -1
         for m in self.ready:
-            assert m.seq not in seen
+            assert previous < m.seq < self.next_seq, "ready is in sequence order"
+            assert not m.redelivered and m.delivery_count == 0
+            previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:
-            assert seq == m.seq and seq not in seen
+            assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+            assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
-        for c in self.consumers.values():
+        active = 0
+        for consumer_id, c in self.consumers.items():
+            assert c.consumer_id == consumer_id
+            # A consumer that is neither attached nor holding anything is forgotten. (A no-ack
+            # consumer may hold messages too: those it had before its tag was cancelled and reused.)
+            assert c.active or c.checked_out
+            active += c.active
             for seq, m in c.checked_out.items():
-                assert seq == m.seq and seq not in seen
+                assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+                assert m.delivery_count > 0
                 seen.add(seq)
-            if c.no_ack:
-                assert not c.checked_out
+        assert active == self._active_count
+        in_rings = 0
         for priority, ring in self._rings.items():
             assert ring, "empty rings are removed"
             for cid in ring:
                 assert self.consumers[cid].active and self.consumers[cid].priority == priority
+            in_rings += len(ring)
+        assert in_rings == active, "every active consumer is in exactly one ring"
         assert self._priorities == sorted(self._rings, reverse=True)
+        if self.exclusive_consumer is not None:
+            assert self.consumers[self.exclusive_consumer].active
