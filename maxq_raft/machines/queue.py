@@ -16,6 +16,14 @@ Order: ready messages are FIFO by sequence; returned (requeued) messages go back
 their original sequence order, as RabbitMQ's classic queues do, with `redelivered` set. Among
 consumers, the highest `x-priority` with room is served first, round robin within a priority.
 
+Memory does not grow with depth: the ready messages in memory are a window of at most
+`window_max`; once it is full, newer messages go to the queue's backing store only ("spilled",
+counted in `spilled_count`, found again from `spill_cursor` because spilled messages are never
+delivered before they are loaded, so every seq from the cursor on that the store holds is ready).
+A durable queue also writes each persistent message to the backing at enqueue and deletes it when
+it leaves the queue, so a restart finds exactly the messages still queued. The backing's contents
+are a function of the applied commands, so reading it back keeps replicas deterministic.
+
 `apply` never raises: a command that cannot be performed gets a `Rejected` reply, because an
 exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
 negative counts) is refused before it changes anything, so replicas stay identical.
@@ -26,7 +34,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .commands import (
     Cancel,
@@ -53,9 +61,10 @@ class Meta(NamedTuple):
 class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered")
+    __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
+                 "persistent", "stored")
 
-    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> None:
+    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
         self.exchange = exchange
         self.routing_key = routing_key
@@ -63,6 +72,8 @@ class Message:
         self.body = body
         self.delivery_count = 0
         self.redelivered = False
+        self.persistent = persistent  # delivery_mode 2: survives a restart on a durable queue
+        self.stored = False  # the backing holds it: delete it there when it leaves the queue
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -81,6 +92,35 @@ class Rejected(NamedTuple):
 
     reply_code: int
     reply_text: str
+
+
+class Backing(Protocol):
+    """Where a queue keeps what is not in memory (storage/ behind the shell's adapter).
+
+    Calls come from `apply`, in log order; `load` must return what earlier calls left, so every
+    replica that applied the same commands reads the same messages.
+    """
+
+    def write(self, messages: list) -> None:
+        """Store these messages (each with its seq); durable ones must survive a restart."""
+
+    def remove(self, seqs: list) -> None:
+        """The messages left the queue (acked, discarded, purged, delivered without ack)."""
+
+    def remove_from(self, seq_from: int) -> None:
+        """Every stored message with seq >= seq_from left the queue (purge of the spilled tail)."""
+
+    def load(self, seq_from: int, limit: int) -> list:
+        """Up to `limit` stored messages with seq >= seq_from, in seq order."""
+
+    def delivered(self, seq: int) -> None:
+        """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
+
+    def drop(self) -> None:
+        """The queue is deleted."""
+
+
+WINDOW_MAX = 4096  # ready messages a queue keeps in memory before it spills to its backing
 
 
 @dataclass
@@ -119,11 +159,18 @@ def _bad_seqs(seqs: Any) -> bool:
 
 
 class QueueMachine:
-    def __init__(self, vhost: str, name: str) -> None:
+    def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
+                 window_max: int = WINDOW_MAX) -> None:
         self.vhost = vhost
         self.name = name
+        self.backing = backing
+        self.durable = durable and backing is not None
+        self.window_max = window_max if backing is not None else 1 << 62
         self.next_seq = 0
         self.ready: deque[Message] = deque()
+        self.spilled_count = 0  # ready messages only the backing holds, all with seq >= spill_cursor
+        self.spill_cursor = 0
+        self.delivered_upto = -1  # highest seq delivered at least once
         self.returned: list[tuple[int, Message]] = []  # heap by seq, served before `ready`
         self.consumers: dict[str, Consumer] = {}
         # Round robin per priority: priority -> deque of active consumer ids; `_priorities`
@@ -153,7 +200,13 @@ class QueueMachine:
 
     @property
     def ready_count(self) -> int:
-        return len(self.ready) + len(self.returned)
+        return len(self.ready) + len(self.returned) + self.spilled_count
+
+    def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:
+        """Start from what a restarted node's backing holds: everything is spilled, nothing delivered."""
+        self.next_seq = next_seq
+        self.spilled_count = spilled_count
+        self.spill_cursor = spill_cursor
 
     @property
     def unacked_count(self) -> int:
@@ -189,19 +242,42 @@ class QueueMachine:
         messages = cmd.messages
         if type(messages) is not list and type(messages) is not tuple:
             return _malformed(cmd, "messages must be a list"), []
-        seq = self.next_seq
-        ready = self.ready
-        append = ready.append
         for message in messages:
             # A Message belongs to one queue once (seq == -1 until then): the machine keeps and
             # mutates it, so the same object enqueued twice would sit in two places.
             if type(message) is not Message or message.seq != -1:
-                for _ in range(seq - self.next_seq):  # undo this batch: validation is in-line
-                    ready.pop().seq = -1
                 return _malformed(cmd, f"not a new Message: {message!r}"), []
-            message.seq = seq
-            seq += 1
-            append(message)
+        if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
+            return _malformed(cmd, "the same Message twice in one batch"), []
+        seq = self.next_seq
+        ready = self.ready
+        append = ready.append
+        backing = self.backing
+        if backing is None:
+            for message in messages:
+                message.seq = seq
+                seq += 1
+                append(message)
+        else:
+            to_write = []
+            durable = self.durable
+            window_max = self.window_max
+            for message in messages:
+                message.seq = seq
+                if self.spilled_count or len(ready) >= window_max:
+                    if not self.spilled_count:
+                        self.spill_cursor = seq
+                    self.spilled_count += 1
+                    message.stored = True
+                    to_write.append(message)
+                else:
+                    append(message)
+                    if durable and message.persistent:
+                        message.stored = True
+                        to_write.append(message)
+                seq += 1
+            if to_write:
+                backing.write(to_write)
         self.next_seq = seq
         return len(messages), self._service()
 
@@ -261,9 +337,17 @@ class QueueMachine:
             return 0, []
         checked_out = consumer.checked_out
         settled = 0
+        stored = None
         for seq in cmd.seqs:  # unknown seqs (another consumer's, already settled) are ignored
-            if checked_out.pop(seq, None) is not None:
+            message = checked_out.pop(seq, None)
+            if message is not None:
                 settled += 1
+                if message.stored:
+                    if stored is None:
+                        stored = []
+                    stored.append(seq)
+        if stored:
+            self.backing.remove(stored)
         self._forget_if_idle(consumer)
         return settled, self._service() if settled else []
 
@@ -298,7 +382,12 @@ class QueueMachine:
             return None, []
         redelivered = message.redelivered
         message.delivery_count += 1
-        if not cmd.no_ack:
+        if message.seq > self.delivered_upto:
+            self._note_delivered(message.seq)
+        if cmd.no_ack:
+            if message.stored:
+                self.backing.remove([message.seq])
+        else:
             consumer = self.consumers.get(cmd.consumer_id)
             if consumer is None:
                 consumer = self.consumers[cmd.consumer_id] = Consumer(cmd.consumer_id, cmd.owner, 0, False, 0, 0, active=False)
@@ -308,6 +397,12 @@ class QueueMachine:
     def _purge(self, meta: Meta, cmd: Purge):
         # Purge removes ready messages only; unacked ones stay with their consumers (as RabbitMQ).
         n = self.ready_count
+        stored = [m.seq for m in self.ready if m.stored] + [seq for seq, m in self.returned if m.stored]
+        if stored:
+            self.backing.remove(stored)
+        if self.spilled_count:
+            self.backing.remove_from(self.spill_cursor)
+            self.spilled_count = 0
         self.ready.clear()
         self.returned.clear()
         return n, []
@@ -326,6 +421,9 @@ class QueueMachine:
     def _delete(self, meta: Meta, cmd: DeleteQueue):
         n = self.ready_count
         self.deleted = True
+        if self.backing is not None:
+            self.backing.drop()
+        self.spilled_count = 0
         self.ready.clear()
         self.returned.clear()
         self.consumers.clear()
@@ -369,9 +467,30 @@ class QueueMachine:
     def _pop_next(self) -> Message | None:
         if self.returned:
             return heapq.heappop(self.returned)[1]
+        if not self.ready and self.spilled_count:
+            self._refill()
         if self.ready:
             return self.ready.popleft()
         return None
+
+    def _refill(self) -> None:
+        """Load the next spilled messages into the (empty) window."""
+        loaded = self.backing.load(self.spill_cursor, self.window_max)
+        if not loaded:
+            # The backing holds fewer than counted: transient messages of a durable queue do
+            # not survive a restart. Nothing more is spilled.
+            self.spilled_count = 0
+            return
+        for message in loaded:
+            message.stored = True
+        self.ready.extend(loaded)
+        self.spilled_count = max(0, self.spilled_count - len(loaded))
+        self.spill_cursor = loaded[-1].seq + 1
+
+    def _note_delivered(self, seq: int) -> None:
+        self.delivered_upto = seq
+        if self.durable:
+            self.backing.delivered(seq)
 
     def _pick_consumer(self) -> Consumer | None:
         """The next consumer with room: highest priority first, round robin within one.
@@ -392,7 +511,7 @@ class QueueMachine:
         """Hand ready messages to consumers with room, as far as both allow."""
         returned = self.returned
         ready = self.ready
-        if not self._priorities or not (returned or ready):
+        if not self._priorities or not (returned or ready or self.spilled_count):
             return []
         effects: list = []
         if len(self._priorities) == 1:
@@ -412,22 +531,36 @@ class QueueMachine:
                 heappop = heapq.heappop
                 popleft = ready.popleft
                 n = 0
+                stored = None
                 while n < room:
                     if returned:
                         message = heappop(returned)[1]
                     elif ready:
                         message = popleft()
+                    elif self.spilled_count:
+                        self._refill()
+                        continue
                     else:
                         break
                     message.delivery_count += 1
                     if checked_out is not None:
                         checked_out[message.seq] = message
+                    elif message.stored:
+                        if stored is None:
+                            stored = []
+                        stored.append(message.seq)
                     append(Deliver(consumer_id, message, message.redelivered))
                     n += 1
                 consumer.credit -= n
+                if n:
+                    self._after_deliveries(effects, stored)
                 return effects
         # Pick only while a message waits: a consumer picked for nothing would lose its turn.
-        while returned or ready:
+        stored = None
+        while returned or ready or self.spilled_count:
+            if not returned and not ready:
+                self._refill()
+                continue
             consumer = self._pick_consumer()
             if consumer is None:
                 break
@@ -436,8 +569,22 @@ class QueueMachine:
             consumer.credit -= 1
             if not consumer.no_ack:
                 consumer.checked_out[message.seq] = message
+            elif message.stored:
+                if stored is None:
+                    stored = []
+                stored.append(message.seq)
             effects.append(Deliver(consumer.consumer_id, message, message.redelivered))
+        if effects:
+            self._after_deliveries(effects, stored)
         return effects
+
+    def _after_deliveries(self, effects: list, stored_no_ack: list | None) -> None:
+        if stored_no_ack:
+            self.backing.remove(stored_no_ack)
+        # Returned messages go first and were delivered before, so the last effect has the top seq.
+        top = effects[-1].message.seq
+        if top > self.delivered_upto:
+            self._note_delivered(top)
 
     def check_invariants(self) -> None:
         """For tests and simulation: every message is in exactly one place, the indexes agree."""
@@ -445,7 +592,8 @@ class QueueMachine:
         previous = -1
         for m in self.ready:
             assert previous < m.seq < self.next_seq, "ready is in sequence order"
-            assert not m.redelivered and m.delivery_count == 0
+            # (redelivered may be set on a message loaded after a restart: delivered before it)
+            assert m.delivery_count == 0 and (m.stored or self.backing is None or not self.durable or not m.persistent)
             previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:
@@ -464,6 +612,9 @@ class QueueMachine:
                 assert m.delivery_count > 0
                 seen.add(seq)
         assert active == self._active_count
+        assert self.spilled_count >= 0 and (not self.spilled_count or self.backing is not None)
+        if self.spilled_count and self.ready:
+            assert self.ready[-1].seq < self.spill_cursor, "the window comes before the spilled tail"
         in_rings = 0
         for priority, ring in self._rings.items():
             assert ring, "empty rings are removed"
