@@ -2,17 +2,29 @@
 
 Theory of operation: the owner feeds received bytes with `receive_data(data, now)`, asks for
 `next_events()` and writes whatever `data_to_send(now)` returns. The connection never touches a
-socket or a clock; time comes in as an argument. It answers the protocol's own methods itself
-(protocol header, start/start-ok, tune/tune-ok, open, close both ways, heartbeats, channel
-open/close/flow) and assembles content (method + header + body frames), so the broker sees only
-`ConnectionOpened`, `ChannelOpened`, `MethodReceived`, `ContentReceived`, `ChannelFlow`,
-`ChannelClosed` and finally `ConnectionClosed`.
+socket or a clock; time comes in as an argument (the latest `now` seen by `receive_data`,
+`tick` or `data_to_send` is the connection's idea of the present). It answers the protocol's own
+methods itself (protocol header, start/start-ok, tune/tune-ok, open, close both ways,
+heartbeats, channel open/close/flow) and assembles content (method + header + body frames), so
+the broker sees only `ConnectionOpened`, `ChannelOpened`, `MethodReceived`, `ContentReceived`,
+`ChannelFlow`, `ChannelClosed` and finally `ConnectionClosed`.
 
 Errors follow the spec and RabbitMQ: a hard error (bad frame, unexpected frame, a method on a
 closed channel) sends connection.close with the reply code and then ignores everything but
 close/close-ok; a soft error closes one channel (`close_channel`) and discards that channel's
 frames until the peer's close-ok. The broker raises `ChannelError`/`HardError` and calls
-`close_channel`/`close` with them.
+`close_channel`/`close` with them. If the peer does not answer our close within
+CLOSE_TIMEOUT_S, `tick` drops it.
+
+Reply codes and texts follow RabbitMQ (deps/rabbit/src/rabbit_reader.erl: handle_frame,
+handle_method0, handle_exception, validate_negotiated_integer_value, auth_fail; and
+deps/rabbit_common/src/rabbit_command_assembler.erl for content assembly). Errors that lose the
+frame sync (bad end marker, unknown frame type, a frame above frame_max) are "fatal frame
+errors" there: RabbitMQ sends connection.close, reads no further frames and drops the socket
+after a grace period. We do the same (FATAL_CLOSE_GRACE_S), discarding input meanwhile.
+Before connection.open only some errors are reported with connection.close, as in RabbitMQ:
+a refused login (if the client has the authentication_failure_close capability), a refused
+tune-ok (530) and anything after tune-ok; the rest just closes the socket.
 
 Hot path: one `receive_data` may hold hundreds of frames; `next_events` parses them in one pass
 and returns a list, so the shell does no `await` per frame.
@@ -43,7 +55,17 @@ Authenticator = Callable[[str, str, str], bool]  # (mechanism, username, passwor
 VhostCheck = Callable[[str, str], bool]  # (username, vhost) -> allowed
 
 FRAME_MAX_BEFORE_TUNE = 131072  # generous: some clients send large client_properties
-CLOSE_TIMEOUT_S = 3.0
+CLOSE_TIMEOUT_S = 3.0  # RabbitMQ's NORMAL_TIMEOUT: how long we wait for close-ok after our close
+# RabbitMQ waits SILENT_CLOSE_DELAY (3 s) after a fatal frame error so that its close reaches
+# the peer before the socket goes; 1 s does that on any network we serve and keeps a flood of
+# bad peers cheap.
+FATAL_CLOSE_GRACE_S = 1.0
+# rabbit_reader:version_negotiation serves AMQP 0-9 ("AMQP" 1 1 0 9) as 0-9-1.
+PROTOCOL_HEADER_0_9 = b"AMQP\x01\x01\x00\x09"
+# analyze_frame's pattern for a content header: class u16, weight u16, body size u64.
+CONTENT_HEADER_MIN_BYTES = 12
+METHOD_MIN_BYTES = 4  # class u16, method u16
+CONNECTION_TUNE = (10, 30)  # RabbitMQ names connection.tune in a refused tune-ok's close
 
 
 class State(enum.Enum):
@@ -54,6 +76,24 @@ class State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"  # we sent connection.close, waiting for close-ok
     CLOSED = "closed"
+
+
+# RabbitMQ's connection_state names, used in its "unexpected method" texts.
+_RABBIT_STATE = {
+    State.AWAIT_START_OK: "starting",
+    State.AWAIT_TUNE_OK: "tuning",
+    State.AWAIT_OPEN: "opening",
+    State.OPEN: "running",
+}
+
+
+class _ConnectionError(AMQPError):
+    """A hard error that names the method that caused it in connection.close."""
+
+    def __init__(self, reply_code: int, reply_text: str, class_id: int, method_id: int) -> None:
+        super().__init__(reply_code, reply_text)
+        self.class_id = class_id
+        self.method_id = method_id
 
 
 class _Channel:
@@ -124,31 +164,40 @@ class ServerConnection:
         self._out: list[bytes] = []
         self._events: list = []
         self._channels: dict[int, _Channel] = {}
+        self._now = now
         self._last_recv = now
         self._last_send = now
-        self._closing_since = 0.0
+        self._close_deadline: float | None = None  # while CLOSING: drop the peer at this time
+        self._close_reason: tuple[int, str] = (spec.REPLY_SUCCESS, "")
+        self._lost_sync = False  # a fatal frame error: input is discarded until we drop the peer
 
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes, now: float = 0.0) -> None:
         """Buffer bytes from the peer; an empty `data` means the peer closed the socket."""
+        self._now = now
         self._last_recv = now
         if not data:
             if self.state is not State.CLOSED:
-                self._terminate(spec.CONNECTION_FORCED, "peer closed the socket", by_peer=True)
+                if self.state is State.CLOSING:
+                    self._terminate(*self._close_reason, by_peer=False)
+                else:
+                    self._terminate(spec.CONNECTION_FORCED, "peer closed the socket", by_peer=True)
             return
-        if self.state is State.CLOSED:
+        if self.state is State.CLOSED or self._lost_sync:
             return
         if self.state is State.AWAIT_HEADER:
             self._header_buf += data
-            if len(self._header_buf) < 8:
+            header = self._header_buf[:8]
+            if len(header) < 8 and (PROTOCOL_HEADER.startswith(header) or PROTOCOL_HEADER_0_9.startswith(header)):
                 return
-            header, rest = self._header_buf[:8], self._header_buf[8:]
+            rest = self._header_buf[8:]
             self._header_buf = b""
-            if header != PROTOCOL_HEADER:
-                # Spec 4.2.2: answer a bad header with the header we support, then close.
+            if header != PROTOCOL_HEADER and header != PROTOCOL_HEADER_0_9:
+                # Spec 4.2.2: answer a bad header with the header we support, then close. A
+                # header that cannot be ours is refused at once, without waiting for 8 bytes.
                 self._out.append(PROTOCOL_HEADER)
-                self._terminate(spec.FRAME_ERROR, "bad protocol header", by_peer=False)
+                self._terminate(spec.FRAME_ERROR, f"bad protocol header {bytes(header)!r}", by_peer=False)
                 return
             self._send_method(0, spec.ConnectionStart(
                 version_major=0, version_minor=9, server_properties=self._server_properties,
@@ -161,17 +210,19 @@ class ServerConnection:
 
     def next_events(self) -> list:
         """Parse everything buffered and return the events it produced (possibly none)."""
-        if self.state is not State.CLOSED:
+        if self.state is not State.CLOSED and not self._lost_sync:
             try:
                 frames = self._reader.read_frames()
             except FrameError as err:
-                self.close(err.reply_code, err.reply_text)
+                self._fatal_frame_error(err.reply_code, err.reply_text)
                 frames = []
             for frame_type, channel, payload in frames:
-                if self.state is State.CLOSED:
+                if self.state is State.CLOSED or self._lost_sync:
                     break
                 try:
                     self._handle_frame(frame_type, channel, payload)
+                except _ConnectionError as err:
+                    self.close(err.reply_code, err.reply_text, err.class_id, err.method_id)
                 except AMQPError as err:
                     self.close(err.reply_code, err.reply_text)
         events, self._events = self._events, []
@@ -179,10 +230,12 @@ class ServerConnection:
 
     # ----------------------------------------------------------------- output
 
-    def data_to_send(self, now: float = 0.0) -> bytes:
+    def data_to_send(self, now: float | None = None) -> bytes:
+        if now is not None:
+            self._now = now
         if not self._out:
             return b""
-        self._last_send = now
+        self._last_send = self._now
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
         self._out = []
         return data
@@ -200,19 +253,19 @@ class ServerConnection:
         if self.state is State.OPEN:
             self._out.append(data)
 
-    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float = 0.0) -> None:
+    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float | None = None) -> None:
         """Start a server-initiated connection close (a hard error, or shutdown)."""
+        if now is not None:
+            self._now = now
         if self.state in (State.CLOSING, State.CLOSED):
             return
-        if self.state in (State.AWAIT_HEADER, State.AWAIT_START_OK, State.AWAIT_TUNE_OK) and reply_code != spec.ACCESS_REFUSED:
-            # Before open the peer may not understand connection.close; RabbitMQ just drops it.
+        if self.state in (State.AWAIT_HEADER, State.AWAIT_START_OK) or (
+                self.state is State.AWAIT_TUNE_OK and reply_code != spec.NOT_ALLOWED):
+            # rabbit_reader:handle_exception: before tune-ok the peer gets no connection.close
+            # (a refused login is handled in _refuse_login); the socket just closes.
             self._terminate(reply_code, reply_text, by_peer=False)
             return
-        text = _reply_text(reply_code, reply_text)
-        self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=text, class_id=class_id, method_id=method_id))
-        self.state = State.CLOSING
-        self._closing_since = now
-        self._close_reason = (reply_code, text)
+        self._send_close(reply_code, reply_text, class_id, method_id, CLOSE_TIMEOUT_S)
 
     def close_channel(self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
         """A soft error: close one channel; its frames are dropped until the peer's close-ok."""
@@ -221,19 +274,28 @@ class ServerConnection:
             return
         ch.closing = True
         ch.content_method = None
+        ch.content_size = -1
+        ch.content_parts = []
+        ch.content_got = 0
         self._send_method(channel, spec.ChannelClose(
             reply_code=reply_code, reply_text=_reply_text(reply_code, reply_text), class_id=class_id, method_id=method_id))
 
+    def note_peer_alive(self, now: float) -> None:
+        """The owner is deliberately not reading (flow control): do not count the silence."""
+        self._last_recv = now
+
     def tick(self, now: float) -> bool:
         """Heartbeats and close timeouts. Returns False when the connection must be dropped."""
+        self._now = now
         if self.state is State.CLOSED:
             return False
-        if self.state is State.CLOSING and now - self._closing_since > CLOSE_TIMEOUT_S and self._closing_since:
+        if self.state is State.CLOSING and self._close_deadline is not None and now >= self._close_deadline:
             self._terminate(*self._close_reason, by_peer=False)
             return False
         if self.heartbeat_s and self.state in (State.OPEN, State.CLOSING):
             if now - self._last_recv > 2 * self.heartbeat_s:
-                # RabbitMQ: "missed heartbeats from client, timeout: Ns"; the socket just closes.
+                # rabbit_heartbeat: the receiver gives up after two silent intervals; RabbitMQ
+                # logs "missed heartbeats from client, timeout: Ns" and just closes the socket.
                 self._terminate(spec.CONNECTION_FORCED, f"missed heartbeats from client, timeout: {self.heartbeat_s}s", by_peer=True)
                 return False
             if now - self._last_send >= self.heartbeat_s / 2 and not self._out:
@@ -249,6 +311,27 @@ class ServerConnection:
     def _send_method(self, channel: int, method) -> None:
         self._out.append(encode_frame(spec.FRAME_METHOD, channel, method.encode()))
 
+    def _send_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int, timeout_s: float) -> None:
+        text = _reply_text(reply_code, reply_text)
+        self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=text, class_id=class_id, method_id=method_id))
+        self.state = State.CLOSING
+        self._close_deadline = self._now + timeout_s
+        self._close_reason = (reply_code, text)
+        # The channels are gone for the broker the moment the connection closes.
+        self._channels.clear()
+
+    def _fatal_frame_error(self, reply_code: int, reply_text: str) -> None:
+        """rabbit_reader:fatal_frame_error: report, then read no more frames."""
+        if self.state in (State.OPEN, State.AWAIT_OPEN):
+            self._send_close(reply_code, reply_text, 0, 0, FATAL_CLOSE_GRACE_S)
+            self._lost_sync = True
+        elif self.state is State.CLOSING:
+            # Waiting for close-ok, but the stream is broken: no close-ok can be read any more.
+            self._close_deadline = min(self._close_deadline or self._now, self._now + FATAL_CLOSE_GRACE_S)
+            self._lost_sync = True
+        else:
+            self._terminate(reply_code, reply_text, by_peer=False)
+
     def _channel_closing(self, channel: int) -> bool:
         ch = self._channels.get(channel)
         return ch is not None and ch.closing
@@ -260,11 +343,16 @@ class ServerConnection:
 
     def _handle_frame(self, frame_type: int, channel: int, payload) -> None:
         if frame_type == spec.FRAME_HEARTBEAT:
-            if channel != 0:
-                raise FrameError(spec.FRAME_ERROR, "heartbeat frame on non-zero channel")
+            # rabbit_command_assembler:analyze_frame accepts only an empty heartbeat (else
+            # frame_error); rabbit_reader:handle_frame calls one on a channel unexpected_frame.
+            if len(payload):
+                raise FrameError(spec.FRAME_ERROR, f"heartbeat frame with a payload of {len(payload)} octets")
+            if channel != 0 and self.state is not State.CLOSING:
+                raise AMQPError(spec.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
             return
         if self.state is State.CLOSING:
-            # Spec: after sending close, discard everything until close or close-ok.
+            # Spec 2.2.4 / rabbit_reader: after sending close, discard everything but close
+            # and close-ok on channel 0.
             if frame_type == spec.FRAME_METHOD and channel == 0:
                 method = spec.decode_method(payload)
                 if isinstance(method, spec.ConnectionCloseOk):
@@ -273,12 +361,17 @@ class ServerConnection:
                     self._send_method(0, spec.ConnectionCloseOk())
                     self._terminate(*self._close_reason, by_peer=False)
             return
+        if frame_type == spec.FRAME_METHOD and len(payload) < METHOD_MIN_BYTES:
+            # analyze_frame: a method frame shorter than its class and method ids is a frame error.
+            raise AMQPError(spec.FRAME_ERROR, f"method frame of {len(payload)} octets on channel {channel}")
+        if frame_type == spec.FRAME_HEADER and len(payload) < CONTENT_HEADER_MIN_BYTES:
+            raise AMQPError(spec.FRAME_ERROR, f"content header frame of {len(payload)} octets on channel {channel}")
         if self.state is not State.OPEN:
             self._handle_handshake(frame_type, channel, payload)
             return
         if channel == 0:
             if frame_type != spec.FRAME_METHOD:
-                raise FrameError(spec.UNEXPECTED_FRAME, f"unexpected frame type {frame_type} on channel 0")
+                raise AMQPError(spec.UNEXPECTED_FRAME, f"unexpected frame type {frame_type} on channel 0")
             self._handle_connection_method(spec.decode_method(payload))
             return
         ch = self._channels.get(channel)
@@ -288,6 +381,7 @@ class ServerConnection:
                 if isinstance(method, spec.ChannelOpen):
                     self._open_channel(channel)
                 elif not isinstance(method, spec.ChannelCloseOk):
+                    # rabbit_channel:handle_method in state 'starting'
                     raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
                 return
             if ch.closing:
@@ -301,21 +395,29 @@ class ServerConnection:
                     self._events.append(ChannelClosed(channel, method.reply_code, method.reply_text))
                 return
             if ch.content_method is not None:
-                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class 60, got non content header frame instead")
+                # rabbit_command_assembler:process with a method frame mid-content
+                if ch.content_size < 0:
+                    raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
+                                                           "got non content header frame instead")
+                raise AMQPError(spec.UNEXPECTED_FRAME, "expected content body, got non content body frame instead")
             self._handle_channel_method(ch, method)
             return
         if ch is None:
-            raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
+            # RabbitMQ creates the channel on any frame; its assembler then wants a method.
+            raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
         if ch.closing:
             return
         if frame_type == spec.FRAME_HEADER:
-            if ch.content_method is None or ch.content_size >= 0:
+            if ch.content_method is None:
                 raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+            if ch.content_size >= 0:
+                raise AMQPError(spec.UNEXPECTED_FRAME, "expected content body, got non content body frame instead")
             class_id, body_size, props_raw = decode_content_header(payload)
             if class_id != ch.content_method.CLASS_ID:
-                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, got one for class {class_id} instead")
+                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
+                                                       f"got one for class {class_id} instead")
             if body_size > self.max_message_size_bytes:
-                ch.content_method = None
+                # rabbit_channel: max_message_size is a channel error on basic.publish.
                 self.close_channel(channel, spec.PRECONDITION_FAILED,
                                    f"message size {body_size} is larger than configured max size {self.max_message_size_bytes}", 60, 40)
                 return
@@ -324,20 +426,23 @@ class ServerConnection:
             if body_size == 0:
                 self._finish_content(ch)
         elif frame_type == spec.FRAME_BODY:
-            if ch.content_method is None or ch.content_size < 0:
+            if ch.content_method is None:
                 raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+            if ch.content_size < 0:
+                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
+                                                       "got non content header frame instead")
+            if ch.content_got + len(payload) > ch.content_size:
+                raise AMQPError(spec.FRAME_ERROR, "content body frame exceeds remaining content size")
             ch.content_parts.append(payload)
             ch.content_got += len(payload)
-            if ch.content_got >= ch.content_size:
-                if ch.content_got > ch.content_size:
-                    raise AMQPError(spec.FRAME_ERROR, f"content body larger than its declared size {ch.content_size}")
+            if ch.content_got == ch.content_size:
                 self._finish_content(ch)
         else:
             raise FrameError(spec.FRAME_ERROR, f"unknown frame type {frame_type}")
 
     def _finish_content(self, ch: _Channel) -> None:
         parts = ch.content_parts
-        body = bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+        body = b"" if not parts else bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
         self._events.append(ContentReceived(ch.number, ch.content_method, ch.content_props, body))
         ch.content_method = None
         ch.content_size = -1
@@ -346,7 +451,7 @@ class ServerConnection:
 
     def _open_channel(self, channel: int) -> None:
         if channel > self.channel_max > 0:
-            raise AMQPError(spec.CHANNEL_ERROR, f"channel number {channel} exceeds channel_max {self.channel_max}")
+            raise AMQPError(spec.CHANNEL_ERROR, f"channel number {channel} exceeds the negotiated channel_max {self.channel_max}")
         self._channels[channel] = _Channel(channel)
         self._send_method(channel, spec.ChannelOpenOk())
         self._events.append(ChannelOpened(channel))
@@ -371,7 +476,8 @@ class ServerConnection:
         elif cls is spec.ChannelCloseOk or cls is spec.ChannelFlowOk:
             pass  # replies to nothing we sent; harmless
         elif method.CLASS_ID == 10:
-            raise AMQPError(spec.COMMAND_INVALID, f"connection method {method.NAME} on channel {ch.number}")
+            # rabbit_channel:handle_method's catch-all
+            raise AMQPError(spec.COMMAND_INVALID, f"unimplemented method {method.NAME} on channel {ch.number}")
         else:
             self._events.append(MethodReceived(ch.number, method))
 
@@ -380,16 +486,13 @@ class ServerConnection:
         if cls is spec.ConnectionClose:
             self._send_method(0, spec.ConnectionCloseOk())
             self._terminate(method.reply_code, method.reply_text, by_peer=True)
-        elif cls is spec.ConnectionCloseOk:
-            self._terminate(spec.REPLY_SUCCESS, "", by_peer=True)
-        elif cls.__name__ in ("ConnectionBlocked", "ConnectionUnblocked", "ConnectionUpdateSecret"):
-            pass  # advisory from clients; nothing to do
         else:
-            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME} on channel 0")
+            # rabbit_reader:handle_method0's catch-all (a stray close-ok included)
+            raise AMQPError(spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state running")
 
     def _handle_handshake(self, frame_type: int, channel: int, payload) -> None:
         if frame_type != spec.FRAME_METHOD or channel != 0:
-            raise AMQPError(spec.UNEXPECTED_FRAME, "expected a connection method on channel 0 during the handshake")
+            raise AMQPError(spec.UNEXPECTED_FRAME, f"unexpected frame type {frame_type} on channel {channel} during the handshake")
         method = spec.decode_method(payload)
         cls = type(method)
         if cls is spec.ConnectionClose:
@@ -403,7 +506,7 @@ class ServerConnection:
         elif self.state is State.AWAIT_OPEN and cls is spec.ConnectionOpen:
             self._open(method)
         else:
-            raise AMQPError(spec.COMMAND_INVALID, f"unexpected method {method.NAME} in state {self.state.value}")
+            raise AMQPError(spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state {_RABBIT_STATE[self.state]}")
 
     def _start_ok(self, method) -> None:
         self.client_properties = method.client_properties or {}
@@ -426,22 +529,28 @@ class ServerConnection:
         self._send_method(0, spec.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat_s))
 
     def _refuse_login(self, mechanism: str) -> None:
+        # rabbit_reader:auth_fail: with the authentication_failure_close capability the client
+        # gets connection.close 403 with a text that reveals nothing; then, as after any close
+        # we send, we wait (bounded) for its close-ok. Without it the socket just closes.
         text = f"Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
-        if self.client_capabilities.get("authentication_failure_close"):
-            # The client understands a close during the handshake (RabbitMQ capability).
-            self._send_method(0, spec.ConnectionClose(reply_code=spec.ACCESS_REFUSED, reply_text="ACCESS_REFUSED - " + text, class_id=0, method_id=0))
-        self._terminate(spec.ACCESS_REFUSED, text, by_peer=False)
+        if self.client_capabilities.get("authentication_failure_close") is True:
+            self._send_close(spec.ACCESS_REFUSED, text, 0, 0, CLOSE_TIMEOUT_S)
+        else:
+            self._terminate(spec.ACCESS_REFUSED, text, by_peer=False)
 
     def _tune_ok(self, method) -> None:
-        # RabbitMQ refuses values above what it offered, and frame_max below the spec minimum.
-        if method.frame_max and method.frame_max < spec.FRAME_MIN_SIZE:
-            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} < {spec.FRAME_MIN_SIZE} min size")
-        if self.frame_max and method.frame_max > self.frame_max:
-            raise AMQPError(spec.NOT_ALLOWED, f"frame_max={method.frame_max} > {self.frame_max} max size")
-        if self.channel_max and method.channel_max > self.channel_max:
-            raise AMQPError(spec.NOT_ALLOWED, f"channel_max={method.channel_max} > {self.channel_max} max size")
-        self.frame_max = method.frame_max or self.frame_max
-        self.channel_max = method.channel_max or self.channel_max
+        # rabbit_reader:validate_negotiated_integer_value: a value below the minimum, or (when
+        # we have a maximum) zero or above what we offered, is a 530 naming connection.tune.
+        for field, minimum, ours, theirs in (("frame_max", spec.FRAME_MIN_SIZE, self.frame_max, method.frame_max),
+                                             ("channel_max", 1, self.channel_max, method.channel_max)):
+            if theirs != 0 and theirs < minimum:
+                raise _ConnectionError(spec.NOT_ALLOWED, f"negotiated {field} = {theirs} is lower than the minimum allowed value ({minimum})",
+                                       *CONNECTION_TUNE)
+            if ours != 0 and (theirs == 0 or theirs > ours):
+                raise _ConnectionError(spec.NOT_ALLOWED, f"negotiated {field} = {theirs} is higher than the maximum allowed value ({ours})",
+                                       *CONNECTION_TUNE)
+        self.frame_max = method.frame_max
+        self.channel_max = method.channel_max
         self.heartbeat_s = method.heartbeat
         self._reader.frame_max = self.frame_max
         self.state = State.AWAIT_OPEN

@@ -285,3 +285,35 @@ def decode_content_header(payload) -> tuple[int, int, bytes]:
         raise DecodeError(SYNTAX_ERROR, "content header frame shorter than 14 bytes")
     class_id, _weight, body_size = _HEADER.unpack_from(payload, 0)
     return class_id, body_size, bytes(payload[_HEADER_SIZE:])
+
+
+_DELIVERY_MODE_FLAG = 1 << 12
+_SKIP_BEFORE_DELIVERY_MODE = ((1 << 15, "shortstr"), (1 << 14, "shortstr"), (1 << 13, "table"))
+
+
+def delivery_mode_of(raw) -> int:
+    """delivery_mode of an encoded property list (0 if absent), without decoding the rest.
+
+    The broker asks this of every publish (persistent or not), so it skips the at most three
+    fields before delivery-mode by their lengths instead of decoding them.
+    """
+    if len(raw) < 2:
+        return 0
+    flags = raw[0] << 8 | raw[1]
+    if not flags & _DELIVERY_MODE_FLAG:
+        return 0
+    offset = 2
+    word = flags
+    while word & 1:  # continuation flag words (never carry properties in 0-9-1)
+        word = raw[offset] << 8 | raw[offset + 1]
+        offset += 2
+    try:
+        for flag, kind in _SKIP_BEFORE_DELIVERY_MODE:
+            if flags & flag:
+                if kind == "shortstr":
+                    offset += 1 + raw[offset]
+                else:
+                    offset += 4 + int.from_bytes(raw[offset:offset + 4], "big")
+        return raw[offset]
+    except IndexError:
+        raise DecodeError(502, "malformed content header properties") from None

@@ -30,16 +30,23 @@ class Settings:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat_s: int = 60
+    handshake_timeout_s: float = 10.0  # RabbitMQ's handshake_timeout: header to connection.open
+    fsync: str = "on"  # "off" skips fsync before confirms (benchmarks only; logged loudly)
+    memory_high_watermark_mb: int = 0  # 0: 40 % of the machine's memory, RabbitMQ's default ratio
+    disk_free_limit_mb: int = 50  # RabbitMQ's default disk_free_limit
     log_level: str = "info"
     version: str = __version__
 
 
 CLI_SETTINGS = ("data_dir", "amqp_host", "amqp_port", "http_host", "http_port", "node_id",
-                "frame_max", "channel_max", "heartbeat_s", "log_level")
+                "frame_max", "channel_max", "heartbeat_s", "handshake_timeout_s", "fsync",
+                "memory_high_watermark_mb", "disk_free_limit_mb", "log_level")
 
 
 def _convert(name: str, raw, source: str):
     kind = {f.name: f.type for f in fields(Settings)}[name]
+    if isinstance(raw, (bool, dict, list)) or (kind == "int" and isinstance(raw, float)):
+        raise SettingsError(f"{source}: {name} must be {'an integer' if kind == 'int' else 'a ' + kind}, got {raw!r}")
     if kind == "int":
         try:
             value = int(raw)
@@ -49,6 +56,14 @@ def _convert(name: str, raw, source: str):
             raise SettingsError(f"{source}: {name} must be a port number 0-65535, got {value}")
         if value < 0:
             raise SettingsError(f"{source}: {name} must not be negative, got {value}")
+        return value
+    if kind == "float":
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{source}: {name} must be a number, got {raw!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise SettingsError(f"{source}: {name} must be a positive number, got {raw!r}")
         return value
     if not isinstance(raw, str):
         raise SettingsError(f"{source}: {name} must be a string, got {raw!r}")
@@ -67,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
     parser.add_argument("--channel-max", help="most channels per connection (default 2047)")
     parser.add_argument("--heartbeat-s", help="heartbeat interval offered, seconds (default 60; 0 disables)")
+    parser.add_argument("--handshake-timeout-s", help="seconds a client has from connecting to connection.open (default 10)")
+    parser.add_argument("--fsync", help="on (default): a confirm means fsynced; off: no fsync (benchmarks only)")
+    parser.add_argument("--memory-high-watermark-mb", help="block publishers above this RSS (default 0: 40%% of RAM)")
+    parser.add_argument("--disk-free-limit-mb", help="block publishers when the data disk has less free (default 50)")
     parser.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
     return parser
 
 
@@ -98,8 +118,13 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
         raw = getattr(args, name)
         if raw is not None:
             setattr(settings, name, _convert(name, raw, "--" + name.replace("_", "-")))
+    if settings.fsync not in ("on", "off"):
+        raise SettingsError(f"fsync must be on or off, got {settings.fsync!r}")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
+    for name, most in (("heartbeat_s", 65535), ("channel_max", 65535), ("frame_max", 2**32 - 1)):  # tune's field sizes
+        if getattr(settings, name) > most:
+            raise SettingsError(f"{name} must be at most {most}, got {getattr(settings, name)}")
     if settings.frame_max and settings.frame_max < 4096:
         raise SettingsError(f"frame_max must be at least 4096 (the AMQP minimum), got {settings.frame_max}")
     return settings, args

@@ -7,6 +7,7 @@ Every failure prints what was wrong on stderr and exits non-zero: 2 for a bad co
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 import urllib.error
@@ -27,10 +28,15 @@ class CtlError(Exception):
         self.code = code
 
 
+# The node is named explicitly: never route admin requests through an http_proxy from the
+# environment (a proxy would answer for the node, or not at all).
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def fetch(node: str, path: str, timeout_s: float):
     url = f"http://{node}{path}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with _OPENER.open(url, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -38,9 +44,12 @@ def fetch(node: str, path: str, timeout_s: float):
         except ValueError:
             detail = ""
         raise CtlError(f"node {node} answered {exc.code}: {detail or exc.reason}", 4) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise CtlError(f"cannot reach node {node}: {reason}", 3) from None
+    except (http.client.HTTPException, ValueError) as exc:
+        # Something answered, but not our admin API (e.g. the AMQP port).
+        raise CtlError(f"node {node} did not answer as a MaxQ-Raft admin API: {type(exc).__name__}: {exc}", 3) from None
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
@@ -57,10 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the node (default 5)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
+    status = sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
     listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
     listing.add_argument("what", choices=sorted(LISTS))
+    for command in (status, listing):
+        # --json may also follow the command (`maxqctl list queues --json`).
+        command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
     return parser
+
+
+def _valid_node(node: str) -> bool:
+    host, _, port = node.rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
 def run(args) -> str:
@@ -80,8 +97,11 @@ def run(args) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with a usage message on a bad command line
-    if ":" not in args.node or not args.node.rsplit(":", 1)[1].isdigit():
-        print(f"maxqctl: --node must be HOST:PORT, got {args.node!r}", file=sys.stderr)
+    if not _valid_node(args.node):
+        print(f"maxqctl: --node must be HOST:PORT with a port 1-65535, got {args.node!r}", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print(f"maxqctl: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
         return 2
     try:
         print(run(args))

@@ -135,7 +135,11 @@ async def _handle(broker, stream: trio.SocketStream) -> None:
         await stream.aclose()
 
 
-async def serve_admin(broker, settings, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    listeners = await trio.open_tcp_listeners(settings.http_port, host=settings.http_host)
+async def open_admin_listeners(settings) -> list:
+    """Bind the admin port (before anything is served, so a busy port fails the start cleanly)."""
+    return await trio.open_tcp_listeners(settings.http_port, host=settings.http_host)
+
+
+async def serve_admin(broker, listeners: list, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started(listeners[0].socket.getsockname())
     await trio.serve_listeners(partial(_handle, broker), listeners)

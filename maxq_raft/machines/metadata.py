@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .queue import Meta, Rejected
-from .routing import make_router, validate_binding_arguments
+from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
 
 DEFAULT_VHOST = "/"
 
@@ -151,10 +151,17 @@ def _bool_text(value: bool) -> str:
 
 
 def _value_text(value: Any) -> str:
+    """rabbit_misc:val of a {Type, Value} pair, or of undefined ("none")."""
     if value is None:
         return "none"
-    kind = {bool: "bool", int: "long", float: "double", str: "longstr", bytes: "longstr"}.get(type(value), type(value).__name__)
-    return f"the value '{value}' of type '{kind}'"
+    if isinstance(value, bool):
+        kind = "bool"
+    elif isinstance(value, int):
+        # The decoder keeps no width; clients (pika, our encoder) send 32-bit values as 'I'.
+        kind = "signedint" if -(1 << 31) <= value < (1 << 31) else "long"
+    else:
+        kind = {float: "double", str: "longstr", bytes: "longstr"}.get(type(value), type(value).__name__)
+    return f"the value '{_erlang_text(value)}' of type '{kind}'"
 
 
 class MetadataMachine:
@@ -196,11 +203,15 @@ class MetadataMachine:
         v = self.vhosts.get(vhost)
         return v.queues.get(name) if v else None
 
-    def route(self, vhost: str, exchange: str, routing_key: str, headers: dict | None) -> list[str]:
+    def route(self, vhost: str, exchange: str, routing_key: str, headers: Any) -> list[str]:
         """Queue names a publish reaches: exchange-to-exchange bindings and alternate exchanges followed.
 
         As rabbit_exchange:route: each exchange that matched no destination hands the message to
         its alternate exchange; each exchange is visited once, so cycles end.
+
+        `headers` is the message's header table, None, or a function returning it: the shell
+        passes a function so that the properties are decoded only when a headers exchange is
+        on the route, and only once.
         """
         v = self.vhosts[vhost]
         if exchange == "":
@@ -217,7 +228,9 @@ class MetadataMachine:
             record = v.exchanges.get(name)
             if record is None:
                 continue
-            destinations = record.router.route(routing_key, headers)
+            if record.type == "headers" and callable(headers):
+                headers = headers()  # decoded once, for the first headers exchange on the route
+            destinations = record.router.route(routing_key, None if callable(headers) else headers)
             if not destinations:
                 ae = record.arguments.get("alternate-exchange")
                 if isinstance(ae, (str, bytes)):
@@ -244,13 +257,15 @@ class MetadataMachine:
             if existing is None:
                 return Rejected(404, f"no exchange '{cmd.name}' in vhost '{cmd.vhost}'"), []
             return existing, []
+        # rabbit_exchange:check_type runs before the lookup, so it also answers a redeclare.
+        # Since rabbitmq-server#11214 (3.12.x, 3.13.x, 4.x) it is a channel error, 406
+        # PRECONDITION_FAILED, no longer 503 COMMAND_INVALID on the whole connection.
+        if cmd.type not in EXCHANGE_TYPES:
+            return Rejected(406, f"unknown exchange type '{cmd.type}'"), []
         if existing is None:
             if cmd.name.startswith("amq."):
                 return Rejected(403, f"exchange name '{cmd.name}' contains reserved prefix 'amq.*'"), []
-            try:
-                router = make_router(cmd.type)
-            except KeyError:
-                return Rejected(503, f"invalid exchange type '{cmd.type}'"), []
+            router = make_router(cmd.type)
             record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}), router)
             v.exchanges[cmd.name] = record
             return record, []
@@ -269,9 +284,12 @@ class MetadataMachine:
     def _delete_exchange(self, cmd: DeleteExchange):
         v = self.vhosts.get(cmd.vhost)
         record = v.exchanges.get(cmd.name) if v else None
-        if cmd.name == "" or (record is not None and record.builtin):
-            return Rejected(403, "operation not permitted on the default exchange" if cmd.name == ""
-                            else f"deletion of system exchange '{cmd.name}' in vhost '{cmd.vhost}' is not allowed"), []
+        # rabbit_channel: check_not_default_exchange, then check_exchange_deletion, which refuses
+        # every "amq."-prefixed name, whether or not such an exchange exists.
+        if cmd.name == "":
+            return Rejected(403, "operation not permitted on the default exchange"), []
+        if cmd.name.startswith("amq."):
+            return Rejected(403, f"deletion of system exchange '{cmd.name}' in vhost '{cmd.vhost}' not allowed"), []
         if record is None:
             return True, []  # idempotent, as RabbitMQ 3.x
         if cmd.if_unused and len(record.router):
@@ -293,23 +311,27 @@ class MetadataMachine:
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
         existing = v.queues.get(cmd.name)
-        if existing is not None and existing.exclusive_owner is not None and existing.exclusive_owner != cmd.owner:
-            return Rejected(405, f"cannot obtain exclusive access to locked queue '{cmd.name}' in vhost '{cmd.vhost}'. "
-                                 "It could be originally declared on another connection or the exclusive property value "
-                                 "does not match that of the original declaration."), []
         if cmd.passive:
             if existing is None:
                 return Rejected(404, f"no queue '{cmd.name}' in vhost '{cmd.vhost}'"), []
+            # check_exclusive_access(Q, ConnPid, lax): only another connection's exclusive queue is locked.
+            if existing.exclusive_owner is not None and existing.exclusive_owner != cmd.owner:
+                return _locked(cmd.vhost, cmd.name), []
             return existing, []
+        # rabbit_channel: an exclusive queue is never durable (Durable = durable andalso not exclusive).
+        durable = cmd.durable and not cmd.exclusive
         if existing is None:
             if cmd.name.startswith("amq.") and not cmd.name.startswith("amq.gen-"):
                 return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []
-            record = QueueRecord(cmd.name, cmd.durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {}))
+            record = QueueRecord(cmd.name, durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {}))
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
+        # rabbit_amqqueue:assert_equivalence checks exclusive access first, strictly: the owner
+        # must match exactly, so a different `exclusive` flag is 405 RESOURCE_LOCKED, not 406.
+        if existing.exclusive_owner != (cmd.owner if cmd.exclusive else None):
+            return _locked(cmd.vhost, cmd.name), []
         where = f"for queue '{cmd.name}' in vhost '{cmd.vhost}'"
-        for arg, got, have in (("durable", cmd.durable, existing.durable),
-                               ("exclusive", cmd.exclusive, existing.exclusive_owner is not None),
+        for arg, got, have in (("durable", durable, existing.durable),
                                ("auto_delete", cmd.auto_delete, existing.auto_delete)):
             if got != have:
                 return Rejected(406, f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'"), []
@@ -348,9 +370,7 @@ class MetadataMachine:
             if queue is None:
                 return Rejected(404, f"no queue '{cmd.destination}' in vhost '{v.name}'")
             if queue.exclusive_owner is not None and queue.exclusive_owner != cmd.owner:
-                return Rejected(405, f"cannot obtain exclusive access to locked queue '{cmd.destination}' in vhost '{v.name}'. "
-                                     "It could be originally declared on another connection or the exclusive property value "
-                                     "does not match that of the original declaration.")
+                return _locked(v.name, cmd.destination)
         if source is None:
             return Rejected(404, f"no exchange '{cmd.source}' in vhost '{v.name}'")
         return source
@@ -426,16 +446,52 @@ class MetadataMachine:
         return out
 
 
+def _locked(vhost: str, name: str) -> Rejected:
+    return Rejected(405, f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. "
+                         "It could be originally declared on another connection or the exclusive property value "
+                         "does not match that of the original declaration.")
+
+
+def _type_class(value: Any) -> str:
+    # rabbit_misc:type_class: every integer width is one class, floats another; the decoded
+    # value has lost its width, so only these classes can be told apart here.
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    return type(value).__name__
+
+
 def _check_args(received: dict, current: dict, keys: tuple, where: str) -> Rejected | None:
+    """rabbit_misc:assert_args_equivalence over `keys`: the first differing key is a 406."""
     for key in keys:
         got, have = received.get(key), current.get(key)
         if isinstance(got, bytes):
             got = got.decode("utf-8", "replace")
         if isinstance(have, bytes):
             have = have.decode("utf-8", "replace")
-        if key == "x-queue-type":
-            # "classic" is the default type: declaring it or nothing is the same queue.
-            got, have = got or "classic", have or "classic"
-        if got != have or isinstance(got, bool) != isinstance(have, bool):
-            return Rejected(406, f"inequivalent arg '{key}' {where}: received {_value_text(got)} but current is {_value_text(have)}")
+        if key == "x-queue-type" and {got, have} <= {None, "classic"}:
+            # rabbit_misc:assert_field_equivalence special-cases a classic queue declared with
+            # or without x-queue-type (rabbitmq-common#341).
+            continue
+        if got is None and have is None:
+            continue
+        if got is not None and have is not None:
+            if _type_class(got) == _type_class(have) and got == have:
+                continue
+            # Both present: the bare values are shown, as val(Value) formats them.
+            return Rejected(406, f"inequivalent arg '{key}' {where}: received '{_erlang_text(got)}' "
+                                 f"but current is '{_erlang_text(have)}'")
+        return Rejected(406, f"inequivalent arg '{key}' {where}: received {_value_text(got)} but current is {_value_text(have)}")
     return None
+
+
+def _erlang_text(value: Any) -> str:
+    # ~ts / ~tp of the Erlang value: booleans are the atoms true/false.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

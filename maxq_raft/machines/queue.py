@@ -104,11 +104,12 @@ class Backing(Protocol):
     def write(self, messages: list) -> None:
         """Store these messages (each with its seq); durable ones must survive a restart."""
 
-    def remove(self, seqs: list) -> None:
-        """The messages left the queue (acked, discarded, purged, delivered without ack)."""
+    def remove(self, messages: list) -> None:
+        """These stored messages left the queue (acked, discarded, purged, delivered without ack)."""
 
-    def remove_from(self, seq_from: int) -> None:
-        """Every stored message with seq >= seq_from left the queue (purge of the spilled tail)."""
+    def remove_from(self, seq_from: int, persistent: int) -> None:
+        """Every stored message with seq >= seq_from left the queue (purge of the spilled tail);
+        `persistent` of them were persistent."""
 
     def load(self, seq_from: int, limit: int) -> list:
         """Up to `limit` stored messages with seq >= seq_from, in seq order."""
@@ -169,6 +170,7 @@ class QueueMachine:
         self.next_seq = 0
         self.ready: deque[Message] = deque()
         self.spilled_count = 0  # ready messages only the backing holds, all with seq >= spill_cursor
+        self.spilled_persistent = 0  # of those, persistent ones
         self.spill_cursor = 0
         self.delivered_upto = -1  # highest seq delivered at least once
         self.returned: list[tuple[int, Message]] = []  # heap by seq, served before `ready`
@@ -206,6 +208,7 @@ class QueueMachine:
         """Start from what a restarted node's backing holds: everything is spilled, nothing delivered."""
         self.next_seq = next_seq
         self.spilled_count = spilled_count
+        self.spilled_persistent = spilled_count
         self.spill_cursor = spill_cursor
 
     @property
@@ -268,6 +271,7 @@ class QueueMachine:
                     if not self.spilled_count:
                         self.spill_cursor = seq
                     self.spilled_count += 1
+                    self.spilled_persistent += message.persistent
                     message.stored = True
                     to_write.append(message)
                 else:
@@ -345,7 +349,7 @@ class QueueMachine:
                 if message.stored:
                     if stored is None:
                         stored = []
-                    stored.append(seq)
+                    stored.append(message)
         if stored:
             self.backing.remove(stored)
         self._forget_if_idle(consumer)
@@ -386,7 +390,7 @@ class QueueMachine:
             self._note_delivered(message.seq)
         if cmd.no_ack:
             if message.stored:
-                self.backing.remove([message.seq])
+                self.backing.remove([message])
         else:
             consumer = self.consumers.get(cmd.consumer_id)
             if consumer is None:
@@ -397,12 +401,12 @@ class QueueMachine:
     def _purge(self, meta: Meta, cmd: Purge):
         # Purge removes ready messages only; unacked ones stay with their consumers (as RabbitMQ).
         n = self.ready_count
-        stored = [m.seq for m in self.ready if m.stored] + [seq for seq, m in self.returned if m.stored]
+        stored = [m for m in self.ready if m.stored] + [m for _, m in self.returned if m.stored]
         if stored:
             self.backing.remove(stored)
         if self.spilled_count:
-            self.backing.remove_from(self.spill_cursor)
-            self.spilled_count = 0
+            self.backing.remove_from(self.spill_cursor, self.spilled_persistent)
+            self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.returned.clear()
         return n, []
@@ -423,7 +427,7 @@ class QueueMachine:
         self.deleted = True
         if self.backing is not None:
             self.backing.drop()
-        self.spilled_count = 0
+        self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.returned.clear()
         self.consumers.clear()
@@ -479,12 +483,13 @@ class QueueMachine:
         if not loaded:
             # The backing holds fewer than counted: transient messages of a durable queue do
             # not survive a restart. Nothing more is spilled.
-            self.spilled_count = 0
+            self.spilled_count = self.spilled_persistent = 0
             return
         for message in loaded:
             message.stored = True
         self.ready.extend(loaded)
         self.spilled_count = max(0, self.spilled_count - len(loaded))
+        self.spilled_persistent = max(0, self.spilled_persistent - sum(m.persistent for m in loaded))
         self.spill_cursor = loaded[-1].seq + 1
 
     def _note_delivered(self, seq: int) -> None:
@@ -548,7 +553,7 @@ class QueueMachine:
                     elif message.stored:
                         if stored is None:
                             stored = []
-                        stored.append(message.seq)
+                        stored.append(message)
                     append(Deliver(consumer_id, message, message.redelivered))
                     n += 1
                 consumer.credit -= n
@@ -572,7 +577,7 @@ class QueueMachine:
             elif message.stored:
                 if stored is None:
                     stored = []
-                stored.append(message.seq)
+                stored.append(message)
             effects.append(Deliver(consumer.consumer_id, message, message.redelivered))
         if effects:
             self._after_deliveries(effects, stored)

@@ -7,6 +7,12 @@ queue), which stamp a log entry, apply it to the machine and perform the effects
 sessions (one per connection) call it synchronously and it calls back into their channels,
 which only append frames to buffers. So one publish, from frames to the consumer's buffer, runs
 without a single `await`.
+
+Storage: every queue machine gets a backing in the node's store (message_store.py); durable
+topology goes to a metadata log (persistence.py). `recover` rebuilds both at start: the metadata
+by replaying its log, each durable queue from its counters and key bounds, never by reading its
+messages, so start-up does not grow with depth. Publisher confirms that depend on a write wait
+for the group-commit sync (`on_durable`).
 """
 
 from __future__ import annotations
@@ -14,13 +20,17 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from typing import Any
 
+from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Deliver, QueueMachine, Rejected
 from ..replication.local_log import LocalLog
+from . import persistence
 from .errors import ChannelError
+from .message_store import QueueBacking, WalSyncer, counters_key, decode_counters
 
 log = logging.getLogger("maxq.broker")
 
@@ -39,11 +49,21 @@ class ConsumerHandle:
 
 
 class Broker:
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, store=None, fsync: bool = True) -> None:
         self.node_id = node_id
         self.log = LocalLog(lambda: int(time.time() * 1000))
         self.meta = md.MetadataMachine()
         self.queues: dict[tuple[str, str], QueueMachine] = {}
+        self.queue_ids: dict[tuple[str, str], int] = {}
+        self.store = store
+        self.epoch = 0
+        self.next_queue_id = 1
+        self.metadata_log: persistence.MetadataLog | None = None
+        self.syncer: WalSyncer | None = None
+        self.confirm_waiters: dict = {}  # channel -> None, channels whose confirms wait for a sync
+        self._call_soon = None  # trio's run_sync_soon, set by the shell
+        self._fsync = fsync
+        self.alarms = None  # ResourceAlarms, set by the shell
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}
@@ -53,16 +73,131 @@ class Broker:
 
     # --------------------------------------------------------------- apply
 
-    def apply_meta(self, command) -> Any:
+    # ------------------------------------------------------------- storage
+
+    def recover(self, call_soon) -> None:
+        """Open what the store holds: durable topology and durable queues; drop everything else."""
+        self._call_soon = call_soon
+        store = self.store
+        self.epoch = int.from_bytes(store.get_meta(persistence.EPOCH_KEY) or b"\0", "big") + 1
+        store.write((), (), {persistence.EPOCH_KEY: self.epoch.to_bytes(8, "big")}, wal=True)
+        self.next_queue_id = int.from_bytes(store.get_meta(persistence.NEXT_QUEUE_ID_KEY) or b"\0\0\0\0\0\0\0\1", "big")
+        self.syncer = WalSyncer(store, self._durable_from_thread, fsync=self._fsync)
+        self.metadata_log = persistence.MetadataLog(store)
+        recovering: dict[tuple, int] = {}
+        for command, queue_id in self.metadata_log.entries():
+            if type(command) is md.DeclareQueue:
+                recovering[(command.vhost, command.name)] = queue_id
+            self.apply_meta(command, replaying=True, queue_id=queue_id)
+        # What is not durable does not survive a restart (RabbitMQ): queues, then exchanges.
+        for vhost in list(self.meta.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                if not (queue.durable and queue.exclusive_owner is None):
+                    self.apply_meta(md.DeleteQueueRecord(vhost.name, queue.name), replaying=True)
+            for exchange in list(vhost.exchanges.values()):
+                if not exchange.durable:
+                    self.apply_meta(md.DeleteExchange(vhost.name, exchange.name, False), replaying=True)
+        live_ids = set()
+        for queue_key, queue in self.queues.items():
+            queue_id = self.queue_ids[queue_key]
+            live_ids.add(queue_id)
+            backing = queue.backing
+            persistent, next_seq, delivered = decode_counters(store.get_meta(counters_key(queue_id)))
+            bounds = store.bounds(queue_id)
+            backing.persistent, backing.delivered_upto = persistent, delivered
+            backing.next_seq = max(next_seq, bounds[1] + 1 if bounds else 0)
+            queue.recover(next_seq=backing.next_seq, spilled_count=persistent if bounds else 0,
+                          spill_cursor=bounds[0] if bounds else 0)
+        for queue_id in store.queue_ids():
+            if queue_id not in live_ids:
+                store.drop_queue(queue_id)
+        self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
+        store.sync_wal()
+        log.info("recovered %d durable queues (%d messages), %d exchanges", len(self.queues),
+                 sum(q.ready_count for q in self.queues.values()),
+                 sum(len(v.exchanges) for v in self.meta.vhosts.values()))
+
+    def _new_queue(self, vhost: str, name: str, queue_id: int | None) -> None:
+        record = self.meta.queue(vhost, name)
+        durable = record is not None and record.durable and record.exclusive_owner is None
+        if queue_id is None:
+            queue_id = self.next_queue_id
+            self.next_queue_id += 1
+            if self.store is not None:
+                self.store.write((), (), {persistence.NEXT_QUEUE_ID_KEY: self.next_queue_id.to_bytes(8, "big")}, wal=durable)
+        else:
+            self.next_queue_id = max(self.next_queue_id, queue_id + 1)
+        self.queue_ids[(vhost, name)] = queue_id
+        backing = QueueBacking(self.store, queue_id, durable, self.epoch, self.syncer) if self.store is not None else None
+        self.queues[(vhost, name)] = QueueMachine(vhost, name, backing=backing, durable=durable)
+
+    def _durable_from_thread(self, ticket: int) -> None:
+        # Called by the syncer thread: hop to the trio loop (one hop per fsync, not per message).
+        try:
+            self._call_soon(self.on_durable, ticket)
+        except RuntimeError:
+            pass  # the loop is closing
+
+    def defer_confirms(self, channel, ticket: int | None, last_seq: int) -> None:
+        """Hold a channel's confirms up to `last_seq` until `ticket` is durable (None: behind the last one)."""
+        waiting = self.confirm_waiters.get(channel)
+        if waiting is None:
+            waiting = self.confirm_waiters[channel] = deque()
+        if ticket is None:
+            ticket = waiting[-1][0] if waiting else 0
+        waiting.append((ticket, last_seq))
+
+    def on_durable(self, ticket: int) -> None:
+        for channel, waiting in list(self.confirm_waiters.items()):
+            last_seq = None
+            while waiting and waiting[0][0] <= ticket:
+                last_seq = waiting.popleft()[1]
+            if not waiting:
+                del self.confirm_waiters[channel]
+            session = channel.session
+            # The channel may have closed (and its number been reused) while the sync ran.
+            if last_seq is not None and session.channels.get(channel.number) is channel:
+                session.conn.send_method(channel.number, spec.BasicAck(delivery_tag=last_seq, multiple=True))
+                session.wake()
+
+    def close(self) -> None:
+        if self.syncer is not None:
+            self.syncer.close()
+        if self.store is not None:
+            self.store.close()
+
+    # --------------------------------------------------------------- apply
+
+    def apply_meta(self, command, replaying: bool = False, queue_id: int | None = None) -> Any:
         """Apply a metadata command; a refusal becomes a ChannelError for the caller to raise."""
+        kind = type(command)
+        log_it = False
+        if not replaying and self.metadata_log is not None:
+            if kind is md.DeclareExchange:
+                # Only a new exchange is logged: clients redeclare on every start.
+                log_it = self.meta.exchange(command.vhost, command.name) is None and persistence.concerns_durable(
+                    self.meta, command, before=False)
+            elif kind is not md.DeclareQueue:
+                log_it = persistence.concerns_durable(self.meta, command, before=True)
         reply, effects = self.meta.apply(self.log.stamp(), command)
         for effect in effects:
             if type(effect) is md.QueueCreated:
-                self.queues[(effect.vhost, effect.name)] = QueueMachine(effect.vhost, effect.name)
+                self._new_queue(effect.vhost, effect.name, queue_id)
             elif type(effect) is md.QueueDeleted:
                 self._queue_deleted((effect.vhost, effect.name))
         if type(reply) is Rejected:
             raise ChannelError(reply.reply_code, reply.reply_text)
+        if not replaying and self.metadata_log is not None:
+            queue_id = None
+            if kind is md.DeclareQueue and effects and type(effects[0]) is md.QueueCreated:
+                log_it = persistence.concerns_durable(self.meta, command, before=False)
+                queue_id = self.queue_ids[(command.vhost, command.name)]
+            elif kind is md.Bind or kind is md.Unbind:
+                log_it = log_it or persistence.concerns_durable(self.meta, command, before=False)
+            if log_it:
+                self.metadata_log.append(command, queue_id)
+                if self.metadata_log.needs_snapshot:
+                    self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
         return reply
 
     def apply_queue(self, queue_key: tuple, command) -> Any:
@@ -95,6 +230,7 @@ class Broker:
 
     def _queue_deleted(self, queue_key: tuple) -> None:
         queue = self.queues.pop(queue_key, None)
+        self.queue_ids.pop(queue_key, None)
         if queue is not None and not queue.deleted:
             queue.apply(self.log.stamp(), qc.DeleteQueue())
         for handle in [h for h in self.consumers.values() if h.queue_key == queue_key]:

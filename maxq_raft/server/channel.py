@@ -55,7 +55,7 @@ class Channel:
         self.publish_seq = 0
         self.tx = False
         self.tx_publishes: list = []
-        self.tx_settles: list = []
+        self.tx_settles: list = []  # (kind, [(delivery tag, unacked entry)]) taken by acks inside a tx
         self.flow_active = True
         self.held: deque = deque()
         self.last_queue = ""
@@ -100,15 +100,11 @@ class Channel:
     # ----------------------------------------------------------- exchange
 
     def exchange_declare(self, m) -> None:
-        if m.exchange == "" and not m.passive:
+        # rabbit_channel: check_not_default_exchange runs for passive declares too.
+        if m.exchange == "":
             raise ChannelError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        try:
-            self.broker.apply_meta(md.DeclareExchange(self.session.vhost, m.exchange, m.type, m.passive, m.durable,
-                                                      m.auto_delete, m.internal, m.arguments or {}))
-        except ChannelError as err:
-            if err.reply_code == spec.COMMAND_INVALID:  # RabbitMQ: an unknown type is a connection error
-                raise HardError(err.reply_code, err.reply_text) from None
-            raise
+        self.broker.apply_meta(md.DeclareExchange(self.session.vhost, m.exchange, m.type, m.passive, m.durable,
+                                                  m.auto_delete, m.internal, m.arguments or {}))
         if not m.no_wait:
             self._reply(spec.ExchangeDeclareOk())
 
@@ -132,14 +128,23 @@ class Channel:
     def queue_declare(self, m) -> None:
         name = m.queue
         vhost = self.session.vhost
-        if name == REPLY_TO_QUEUE:
-            self._reply(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=0))
+        if name == REPLY_TO_QUEUE or name.startswith(REPLY_TO_PREFIX):
+            # rabbit_channel: every declare of the pseudo-queue is in effect passive; it exists
+            # (with its one consumer) if the address is live.
+            if name != REPLY_TO_QUEUE and name[len(REPLY_TO_PREFIX):] not in self.broker.reply_to:
+                raise ChannelError(spec.NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+            if not m.no_wait:
+                self._reply(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=1))
             return
         if name == "":
             if m.passive:
                 name = self._expand_queue_name(name)
             else:
                 name = self.broker.generate_name("amq.gen-")
+        elif not m.passive and name.startswith("amq."):
+            # rabbit_channel check_name: a client-chosen name may not use the reserved prefix, even
+            # to redeclare (only server-named queues get amq.gen-).
+            raise ChannelError(spec.ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         arguments = m.arguments or {}
         queue_type = arguments.get("x-queue-type")
         if queue_type is not None and _str(queue_type) not in SUPPORTED_QUEUE_TYPES:
@@ -185,7 +190,7 @@ class Channel:
         if m.if_unused and queue.active_consumer_count:
             raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
         if m.if_empty and queue.ready_count:
-            raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' is not empty")
+            raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
         count = self.broker.delete_queue((vhost, name))
         if not m.no_wait:
             self._reply(spec.QueueDeleteOk(message_count=count))
@@ -253,7 +258,8 @@ class Channel:
             if handle is not None:
                 self.broker.consumers.pop(handle.consumer_id, None)
                 self.broker.apply_queue(handle.queue_key, qc.Cancel(handle.consumer_id))
-                self.held = deque(h for h in self.held if h[0] is not handle) if self.held else self.held
+                if self.held:
+                    self._return_held(handle)
                 self.broker.maybe_auto_delete(handle.queue_key)
         if not m.no_wait:
             self._reply(spec.BasicCancelOk(consumer_tag=tag))
@@ -292,13 +298,14 @@ class Channel:
         self._acknowledge(qc.Requeue if m.requeue else qc.Discard, m.delivery_tag, m.multiple)
 
     def _acknowledge(self, kind, delivery_tag: int, multiple: bool) -> None:
+        taken = self._take_tags(delivery_tag, multiple)
         if self.tx:
-            # Inside a transaction acks take effect at commit; a rollback forgets them.
-            if not multiple and delivery_tag not in self.unacked:
-                raise ChannelError(spec.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-            self.tx_settles.append((kind, delivery_tag, multiple))
+            # As rabbit_channel: inside a transaction the tags leave the unacked set at once (so
+            # acking one twice is a 406), the queues hear of them at commit, and a rollback
+            # puts them back.
+            self.tx_settles.append((kind, taken))
             return
-        self._settle(kind, self._take_tags(delivery_tag, multiple))
+        self._settle(kind, [entry for _tag, entry in taken])
 
     def basic_recover(self, m) -> None:
         if not m.requeue:
@@ -308,26 +315,37 @@ class Channel:
             self._reply(spec.BasicRecoverOk())
 
     def _take_tags(self, delivery_tag: int, multiple: bool) -> list:
-        """Remove and return the unacked entries an ack/nack names; unknown tags are a 406."""
+        """Remove and return the (tag, entry) pairs an ack/nack names; an unknown tag is a 406.
+
+        As rabbit_channel:collect_acks: `multiple` with tag 0 takes everything; otherwise the
+        named tag must itself be unacked, also with `multiple` (acking up to a tag that was
+        already acked is a 406). `unacked` is kept in tag order, so the walk stops early.
+        """
         unacked = self.unacked
-        if multiple:
-            if delivery_tag == 0:
-                taken = list(unacked.values())
-                unacked.clear()
-            else:
-                if delivery_tag not in unacked and delivery_tag >= self.next_delivery_tag:
-                    raise ChannelError(spec.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-                taken = []
-                for tag in list(unacked):
-                    if tag > delivery_tag:
-                        break
-                    taken.append(unacked.pop(tag))
-        else:
-            entry = unacked.pop(delivery_tag, None)
-            if entry is None:
-                raise ChannelError(spec.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-            taken = [entry]
+        if multiple and delivery_tag == 0:
+            taken = list(unacked.items())
+            unacked.clear()
+            return taken
+        if delivery_tag not in unacked:
+            raise ChannelError(spec.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+        if not multiple:
+            return [(delivery_tag, unacked.pop(delivery_tag))]
+        taken = []
+        for tag in list(unacked):
+            if tag > delivery_tag:
+                break
+            taken.append((tag, unacked.pop(tag)))
         return taken
+
+    def _restore_tx_settles(self) -> None:
+        """Put the deliveries acked inside the open transaction back among the unacked, in tag order."""
+        settles, self.tx_settles = self.tx_settles, []
+        if settles:
+            entries = list(self.unacked.items())
+            for _kind, taken in settles:
+                entries.extend(taken)
+            entries.sort(key=lambda item: item[0])
+            self.unacked = dict(entries)
 
     def _settle(self, kind, taken: list) -> None:
         """Group settled deliveries by (queue, consumer) so each becomes one command."""
@@ -373,20 +391,23 @@ class Channel:
         for method, props_raw, body in publishes:
             self.session.route_publish(self, None, method, props_raw, body)
         self.session.flush_publishes()
-        for kind, delivery_tag, multiple in settles:
-            self._settle(kind, self._take_tags(delivery_tag, multiple))
+        for kind, taken in settles:
+            self._settle(kind, [entry for _tag, entry in taken])
         self._reply(spec.TxCommitOk())
 
     def tx_rollback(self, m) -> None:
         if not self.tx:
             raise ChannelError(spec.PRECONDITION_FAILED, "channel is not transactional")
         self.tx_publishes = []
-        self.tx_settles = []  # the deliveries stay unacked, under their tags
+        self._restore_tx_settles()  # the deliveries are unacked again, under their tags
         self._reply(spec.TxRollbackOk())
 
     # ------------------------------------------------------------ publish
 
     def publish(self, method, props_raw: bytes, body: bytes) -> None:
+        if method.immediate:
+            # RabbitMQ dropped `immediate` in 3.0: rabbit_channel answers it with a connection error.
+            raise HardError(spec.NOT_IMPLEMENTED, "immediate=true")
         if self.tx:
             self.tx_publishes.append((method, props_raw, body))
             return
@@ -428,6 +449,18 @@ class Channel:
             self.unacked[tag] = (handle.queue_key, handle.consumer_id, message.seq)
         self.session.write_delivery(self.number, handle, tag, redelivered, message)
 
+    def _return_held(self, handle: ConsumerHandle | None = None) -> None:
+        """Give back deliveries held on this channel (of `handle`, or all): the queue checked
+        them out, but the client never saw them. RabbitMQ's limiter would have left them in the
+        queue; here they return to their places (flagged redelivered by the queue machine).
+        No-ack deliveries are no longer the queue's, as with ones already in the socket."""
+        if handle is None:
+            held, self.held = self.held, deque()
+        else:
+            held = deque(h for h in self.held if h[0] is handle)
+            self.held = deque(h for h in self.held if h[0] is not handle)
+        self._settle(qc.Requeue, [(h.queue_key, h.consumer_id, message.seq) for h, message, _ in held if not h.no_ack])
+
     def release_held(self) -> None:
         held = self.held
         while held and self.flow_active and not (self.global_prefetch and len(self.unacked) >= self.global_prefetch):
@@ -452,9 +485,9 @@ class Channel:
 
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it had not acked (in order)."""
-        self.held.clear()
+        self._return_held()
         self.tx_publishes = []
-        self.tx_settles = []
+        self._restore_tx_settles()  # uncommitted acks never happened: those messages come back too
         for handle in self.consumers.values():
             self.broker.consumers.pop(handle.consumer_id, None)
             self.broker.apply_queue(handle.queue_key, qc.Cancel(handle.consumer_id))

@@ -21,7 +21,12 @@ import trio
 
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings
-from ..http.admin import serve_admin
+from ..http.admin import open_admin_listeners, serve_admin
+from ..storage.errors import StorageError
+from ..storage.rocks import RocksSegmentStore
+from ..storage.rocks import verify as verify_store
+from . import persistence
+from .alarms import ResourceAlarms
 from .broker import Broker
 from .session import Session
 
@@ -55,16 +60,75 @@ async def handle_connection(broker: Broker, settings: Settings, stream: trio.Soc
         log.exception("connection %s from %s failed", session.id, peer_host)
 
 
-async def serve(settings: Settings, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    broker = Broker(settings.node_id)
+class StartupError(Exception):
+    """The node cannot start (a port in use, an address we cannot bind); the message says why."""
+
+
+async def _bind(what: str, host: str, port: int, opener) -> list:
+    try:
+        return await opener()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason = "the port is in use by another process"
+        raise StartupError(f"cannot listen for {what} on {host}:{port}: {reason}") from None
+
+
+def store_path(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "store"
+
+
+def check_data_dir(settings: Settings) -> int:
+    """`maxq-server --check`: verify every record and the metadata log offline; 0 when sound."""
+    path = store_path(settings)
+    if not path.exists():
+        print(f"{path}: no message store here (nothing to check)")
+        return 0
+    problems = verify_store(path)
+    if not problems:
+        try:
+            with RocksSegmentStore(path) as store:
+                persistence.MetadataLog(store).entries()
+        except (StorageError, persistence.MetadataCorruption) as exc:
+            problems.append(str(exc))
+    for problem in problems:
+        print(f"{path}: {problem}")
+    print(f"{path}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    return 0 if not problems else 1
+
+
+async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
+    try:
+        if store is not None:
+            if settings.fsync == "off":
+                log.warning("fsync is OFF: confirmed messages can be lost if the machine crashes (benchmarks only)")
+            try:
+                broker.recover(trio.lowlevel.current_trio_token().run_sync_soon)
+            except (StorageError, persistence.MetadataCorruption) as exc:
+                raise StartupError(f"cannot recover the data in {store.path}: {exc}") from None
+        await _serve(broker, settings, task_status)
+    finally:
+        broker.close()
+
+
+async def _serve(broker: Broker, settings: Settings, task_status) -> None:
+    broker.alarms = ResourceAlarms(settings.data_dir, settings.memory_high_watermark_mb, settings.disk_free_limit_mb)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Bind every port before serving anything: a busy port must fail the start cleanly
+        # (raised inside the nursery, trio would wrap it in an ExceptionGroup).
+        listeners = await _bind("AMQP", settings.amqp_host, settings.amqp_port,
+                                partial(trio.open_tcp_listeners, settings.amqp_port, host=settings.amqp_host))
+        admin_listeners = []
+        if settings.http_port:
+            admin_listeners = await _bind("HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings))
         async with trio.open_nursery() as nursery:
-            listeners = await trio.open_tcp_listeners(settings.amqp_port, host=settings.amqp_host)
+            nursery.start_soon(broker.alarms.run)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None
-            if settings.http_port:
-                http_addr = await nursery.start(serve_admin, broker, settings)
+            if admin_listeners:
+                http_addr = await nursery.start(serve_admin, broker, admin_listeners)
             log.info("maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s, data in %s",
                      settings.node_id, amqp_addr[0], amqp_addr[1],
                      f", HTTP admin on {http_addr[0]}:{http_addr[1]}" if http_addr else "", os.path.abspath(settings.data_dir))
@@ -72,6 +136,8 @@ async def serve(settings: Settings, task_status=trio.TASK_STATUS_IGNORED) -> Non
             async for signum in signals:
                 log.info("received %s, shutting down", signal.Signals(signum).name)
                 break
+            # As RabbitMQ on shutdown: every open connection gets 320 CONNECTION_FORCED; we wait
+            # (bounded) for the clients' close-ok, then cancel whatever is left.
             for session in list(broker.sessions.values()):
                 session.conn.close(spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'",
                                    now=trio.current_time())
@@ -85,19 +151,31 @@ async def serve(settings: Settings, task_status=trio.TASK_STATUS_IGNORED) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        settings, _args = load_settings(argv)
-        lock = lock_data_dir(settings.data_dir)
+        settings, args = load_settings(argv)
+        try:
+            lock = lock_data_dir(settings.data_dir)
+        except OSError as exc:  # the data folder cannot be created or locked
+            raise SettingsError(f"data folder {settings.data_dir}: {exc.strerror or exc}") from None
     except SettingsError as exc:
         print(f"maxq-server: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.check:
+        lock.close()
+        return check_data_dir(settings)
     try:
-        trio.run(serve, settings)
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
+        store = RocksSegmentStore(store_path(settings))
+    except StorageError as exc:
+        lock.close()
+        print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
+        return 3
+    try:
+        trio.run(serve, settings, store)
+    except StartupError as exc:
+        print(f"maxq-server: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
         pass
     finally:
         lock.close()

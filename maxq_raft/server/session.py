@@ -22,6 +22,7 @@ import trio
 
 from ..amqp import spec
 from ..amqp.connection import ServerConnection, State
+from ..amqp.errors import AMQPError
 from ..amqp.events import (
     ChannelClosed,
     ChannelFlow,
@@ -31,7 +32,7 @@ from ..amqp.events import (
     ContentReceived,
     MethodReceived,
 )
-from ..amqp.properties import decode_properties
+from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.queue import Message
 from .broker import Broker
@@ -67,6 +68,7 @@ def server_properties(version: str) -> dict:
             "authentication_failure_close": True,
             "per_consumer_qos": True,
             "direct_reply_to": True,
+            "connection.blocked": True,
         },
     }
 
@@ -144,7 +146,10 @@ class Session:
     async def _reader(self) -> None:
         conn = self.conn
         receive_some = self.stream.receive_some
+        alarms = self.broker.alarms
         while not self.finished:
+            if alarms is not None and alarms.active and self.messages_in:
+                await self._blocked(alarms)
             try:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -154,6 +159,22 @@ class Session:
             self.wake()
             if conn.state is State.CLOSED:
                 break
+
+    async def _blocked(self, alarms) -> None:
+        """A resource alarm is on and this connection publishes: stop reading it until it clears."""
+        notify = bool(self.conn.client_capabilities.get("connection.blocked"))
+        if notify:
+            reason = "low on memory" if alarms.memory_alarm else "low on disk"
+            self.conn.send_method(0, spec.ConnectionBlocked(reason=reason))
+            self.wake()
+        while alarms.active and not self.finished:
+            # Unread heartbeats must not count against the client while we are the ones not reading.
+            self.conn.note_peer_alive(trio.current_time())
+            with trio.move_on_after(1.0):
+                await alarms.cleared.wait()
+        if notify:
+            self.conn.send_method(0, spec.ConnectionUnblocked())
+            self.wake()
 
     async def _writer(self) -> None:
         conn = self.conn
@@ -177,14 +198,21 @@ class Session:
 
     async def _ticker(self, cancel_scope: trio.CancelScope) -> None:
         conn = self.conn
+        handshake_deadline = self.started_at + getattr(self.settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         while True:
-            await trio.sleep(0.5 if conn.heartbeat_s <= 2 else 1.0)
+            # Tick often enough to send a heartbeat within a quarter of the interval.
+            period_s = 0.25 if conn.heartbeat_s <= 2 else 1.0
+            handshaking = conn.state not in (State.OPEN, State.CLOSING, State.CLOSED)
+            if handshaking:
+                period_s = max(0.01, min(period_s, handshake_deadline - trio.current_time()))
+            await trio.sleep(period_s)
             now = trio.current_time()
-            if conn.state is not State.OPEN and conn.state is not State.CLOSED and conn.state is not State.CLOSING:
-                if now - self.started_at > HANDSHAKE_TIMEOUT_S:
-                    log.info("connection %s from %s: handshake timeout", self.id, self.peer_host)
-                    cancel_scope.cancel()
-                    return
+            if conn.state not in (State.OPEN, State.CLOSING, State.CLOSED) and now >= handshake_deadline:
+                # RabbitMQ's handshake_timeout: the socket just closes.
+                log.info("connection %s from %s: handshake timeout (state %s)", self.id, self.peer_host, conn.state.value)
+                self.finished = True
+                cancel_scope.cancel()
+                return
             if not conn.tick(now):
                 self.handle_events(conn.next_events())
                 self.finished = True
@@ -210,8 +238,13 @@ class Session:
                     self.messages_in += 1
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
+                except AMQPError as err:  # the codec refused something decoded lazily (properties)
+                    self._fail(channel, HardError(err.reply_code, err.reply_text), event.method)
+                except Exception:
+                    log.exception("connection %s: internal error performing basic.publish", self.id)
+                    self._fail(channel, HardError(spec.INTERNAL_ERROR, "internal error performing basic.publish"), event.method)
                 continue
-            if self.pending:
+            if self.pending or self.pending_confirms:
                 self.flush_publishes()
             if kind is MethodReceived:
                 channel = channels.get(event.channel)
@@ -221,6 +254,13 @@ class Session:
                     channel.handle(event.method)
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
+                except AMQPError as err:
+                    self._fail(channel, HardError(err.reply_code, err.reply_text), event.method)
+                except Exception:
+                    # A bug in the broker: log it, and close this connection as RabbitMQ does
+                    # when a channel process crashes (541), never the node.
+                    log.exception("connection %s: internal error performing %s", self.id, event.method.NAME)
+                    self._fail(channel, HardError(spec.INTERNAL_ERROR, f"internal error performing {event.method.NAME}"), event.method)
             elif kind is ChannelOpened:
                 channels[event.channel] = Channel(self, event.channel)
             elif kind is ChannelClosed:
@@ -239,13 +279,15 @@ class Session:
                 log.debug("connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost)
             elif kind is ConnectionClosed:
                 self.finished = True
-                if event.reply_code not in (spec.REPLY_SUCCESS, spec.CONNECTION_FORCED) or not event.by_peer:
+                # A peer's own close is routine whatever its code (py-amqp sends 0); ours and
+                # a peer's error codes are worth a line.
+                if not event.by_peer or event.reply_code >= 300 and event.reply_code != spec.CONNECTION_FORCED:
                     log.info("connection %s from %s closed: %s %s", self.id, self.peer_host, event.reply_code, event.reply_text)
-        if self.pending:
+        if self.pending or self.pending_confirms:
             self.flush_publishes()
 
     def _fail(self, channel: Channel, err: ChannelError, method) -> None:
-        if self.pending:
+        if self.pending or self.pending_confirms:
             self.flush_publishes()
         class_id, method_id = method.CLASS_ID, method.METHOD_ID
         if isinstance(err, HardError):
@@ -295,13 +337,14 @@ class Session:
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
             pending = self.pending
+            persistent = delivery_mode_of(props_raw) == 2
             for name in queues:
                 key = (vhost, name)
                 batch = pending.get(key)
                 if batch is None:
-                    pending[key] = [Message(exchange, routing_key, props_raw, body)]
+                    pending[key] = [Message(exchange, routing_key, props_raw, body, persistent)]
                 else:
-                    batch.append(Message(exchange, routing_key, props_raw, body))
+                    batch.append(Message(exchange, routing_key, props_raw, body, persistent))
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         if seq is not None:
@@ -325,9 +368,16 @@ class Session:
             broker.messages_published += len(messages)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
+            # A confirm means "fsynced": if this batch wrote durable messages, its confirms wait
+            # for the group-commit sync (and so do later ones on a channel that already waits).
+            syncer = broker.syncer
+            ticket = syncer.request() if syncer is not None and syncer.dirty else None
             send_method = self.conn.send_method
             for channel, seqs in confirms.items():
-                send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
+                if ticket is not None or channel in broker.confirm_waiters:
+                    broker.defer_confirms(channel, ticket, seqs[-1])
+                else:
+                    send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
 
     # -------------------------------------------------------- deliveries
 

@@ -50,7 +50,8 @@ def body_of(seq: int) -> bytes:
 
 def messages(first_seq: int, n: int) -> list[Message]:
     """Fresh messages whose body names the sequence number the machine should give them."""
-    return [Message("ex", "rk", b"\x00\x00", body_of(seq)) for seq in range(first_seq, first_seq + n)]
+    # some persistent, some not: a durable backing stores only the persistent ones until it spills
+    return [Message("ex", "rk", b"\x00\x00", body_of(seq), persistent=seq % 3 != 0) for seq in range(first_seq, first_seq + n)]
 
 
 def norm(value):
@@ -450,12 +451,14 @@ class DictBacking:
             assert m.seq not in self.records, "a message is written once"
             self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent)
 
-    def remove(self, seqs: list) -> None:
-        for seq in seqs:
-            del self.records[seq]  # removing what was never stored is a machine bug
+    def remove(self, messages: list) -> None:
+        for m in messages:
+            del self.records[m.seq]  # removing what was never stored is a machine bug
 
-    def remove_from(self, seq_from: int) -> None:
-        for seq in [s for s in self.records if s >= seq_from]:
+    def remove_from(self, seq_from: int, persistent: int) -> None:
+        tail = [s for s in self.records if s >= seq_from]
+        assert persistent == sum(self.records[s][4] for s in tail)
+        for seq in tail:
             del self.records[seq]
 
     def load(self, seq_from: int, limit: int) -> list:

@@ -1,0 +1,196 @@
+"""The node's message store: queue backings over one SegmentStore, and the group-commit syncer.
+
+Theory of operation: each queue machine gets a `QueueBacking` that turns its calls (write,
+remove, remove_from, load, delivered, drop) into atomic batches on the node's store, keyed
+`queue_id ‖ seq`. Persistent messages of durable queues are written through the WAL; everything
+else (spilled transient messages) skips it, because it need not survive a restart. With every
+durable batch go the queue's small counters (`persistent` messages present, `next_seq`,
+`delivered` watermark), so after a crash the store says exactly what is queued without a scan.
+
+A confirm means "fsynced". Writes return at once; `WalSyncer` is one thread that fsyncs the WAL
+for everything written before it started (group commit) and then reports the ticket it covered,
+through `on_durable`, to the trio loop, which releases the publisher confirms waiting for it.
+
+Records carry the boot epoch that wrote them: a transient record of an earlier run that RocksDB
+happened to flush to disk is not a message of this run and is dropped when met.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from typing import Callable
+
+from ..machines.queue import Message
+
+log = logging.getLogger("maxq.store")
+
+_HEADER = struct.Struct(">BIBB")  # flags, epoch, exchange length, routing-key length
+_PROPS_LEN = struct.Struct(">I")
+FLAG_PERSISTENT = 1
+FLAG_DURABLE = 2  # written through the WAL: survives a restart
+_U64 = struct.Struct(">Q")
+
+
+def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
+    exchange = message.exchange.encode()
+    routing_key = message.routing_key.encode()
+    flags = (FLAG_PERSISTENT if message.persistent else 0) | (FLAG_DURABLE if durable else 0)
+    return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), exchange, routing_key,
+                     _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
+
+
+def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
+    flags, epoch, exchange_len, routing_key_len = _HEADER.unpack_from(record, 0)
+    offset = _HEADER.size
+    exchange = record[offset:offset + exchange_len].decode()
+    offset += exchange_len
+    routing_key = record[offset:offset + routing_key_len].decode()
+    offset += routing_key_len
+    (props_len,) = _PROPS_LEN.unpack_from(record, offset)
+    offset += 4
+    props_raw = record[offset:offset + props_len]
+    body = record[offset + props_len:]
+    message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
+    message.seq = seq
+    return message, flags, epoch
+
+
+def counters_key(queue_id: int) -> str:
+    return f"queue-counters/{queue_id}"
+
+
+def encode_counters(persistent: int, next_seq: int, delivered: int) -> bytes:
+    return struct.pack(">QQq", persistent, next_seq, delivered)
+
+
+def decode_counters(raw: bytes | None) -> tuple[int, int, int]:
+    if raw is None:
+        return 0, 0, -1
+    return struct.unpack(">QQq", raw)
+
+
+class QueueBacking:
+    """One queue's view of the store (the `Backing` of maxq_raft.machines.queue)."""
+
+    def __init__(self, store, queue_id: int, durable: bool, epoch: int, syncer: "WalSyncer | None") -> None:
+        self.store = store
+        self.queue_id = queue_id
+        self.durable = durable
+        self.epoch = epoch
+        self.syncer = syncer
+        self.persistent = 0  # persistent messages of a durable queue present in the store
+        self.next_seq = 0
+        self.delivered_upto = -1
+        self.recovered_epoch_floor = epoch  # records older than this epoch that are not durable are stale
+
+    def _counters(self) -> dict:
+        return {counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto)}
+
+    def write(self, messages: list) -> None:
+        durable_puts = []
+        volatile_puts = []
+        queue_id, epoch = self.queue_id, self.epoch
+        for m in messages:
+            if self.durable and m.persistent:
+                durable_puts.append((queue_id, m.seq, encode_record(m, True, epoch)))
+            else:
+                volatile_puts.append((queue_id, m.seq, encode_record(m, False, epoch)))
+        if messages:
+            self.next_seq = max(self.next_seq, messages[-1].seq + 1)
+        if volatile_puts:
+            self.store.write(volatile_puts, (), None, wal=False)
+        if durable_puts:
+            self.persistent += len(durable_puts)
+            self.store.write(durable_puts, (), self._counters(), wal=True)
+            self.syncer.dirty = True
+
+    def remove(self, messages: list) -> None:
+        seqs = [m.seq for m in messages]
+        gone = sum(1 for m in messages if m.persistent) if self.durable else 0
+        if gone:
+            self.persistent -= gone
+            self.store.write((), [(self.queue_id, seq) for seq in seqs], self._counters(), wal=True)
+        else:
+            self.store.write((), [(self.queue_id, seq) for seq in seqs], None, wal=False)
+
+    def remove_from(self, seq_from: int, persistent: int) -> None:
+        self.store.delete_range(self.queue_id, seq_from, 1 << 64)
+        if self.durable:
+            self.persistent = max(0, self.persistent - persistent)
+            self.store.write((), (), self._counters(), wal=True)
+
+    def load(self, seq_from: int, limit: int) -> list:
+        out = []
+        stale = []
+        for seq, record in self.store.scan(self.queue_id, seq_from, limit):
+            message, flags, epoch = decode_record(seq, record)
+            if epoch != self.epoch and not flags & FLAG_DURABLE:
+                stale.append((self.queue_id, seq))  # a transient message of an earlier run
+                continue
+            message.redelivered = seq <= self.delivered_upto and epoch != self.epoch
+            out.append(message)
+        if stale:
+            self.store.write((), stale, None, wal=False)
+        return out
+
+    def delivered(self, seq: int) -> None:
+        # One small WAL write per delivery batch (not per message), not waited for: losing the
+        # last marks in a machine crash only means redelivered=false on a message delivered once.
+        self.delivered_upto = seq
+        self.store.write((), (), self._counters(), wal=True)
+
+    def drop(self) -> None:
+        self.store.drop_queue(self.queue_id)
+        if self.durable:
+            self.store.write((), (), {counters_key(self.queue_id): None}, wal=True)
+
+
+class WalSyncer:
+    """Group commit: one thread fsyncs the store's WAL and reports which ticket that covered."""
+
+    def __init__(self, store, on_durable: Callable[[int], None], fsync: bool = True) -> None:
+        self.store = store
+        self.on_durable = on_durable
+        self.fsync = fsync
+        self.dirty = False  # set by writers; `request` turns it into a ticket
+        self._requested = 0
+        self._synced = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="maxq-wal-sync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> int:
+        """A ticket that becomes durable once the thread has synced after this call."""
+        with self._cond:
+            self._requested += 1
+            self.dirty = False
+            self._cond.notify()
+            return self._requested
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._requested == self._synced and not self._stopping:
+                    self._cond.wait(1.0)
+                if self._stopping and self._requested == self._synced:
+                    return
+                ticket = self._requested
+            try:
+                if self.fsync:
+                    self.store.sync_wal()
+            except BaseException as exc:  # an fsync error: nothing written since is durable
+                log.critical("fsync of the message store failed: %s; no further publish will be confirmed", exc)
+                self.error = exc
+                return
+            self._synced = ticket
+            self.on_durable(ticket)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(10.0)

@@ -1,0 +1,148 @@
+"""`maxqctl` against a real node: status and the lists show what a pika client created, as tables
+and as JSON; bad command lines and unreachable nodes fail with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pika
+import pytest
+
+from ..conftest import free_port
+
+MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
+
+
+def maxqctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([MAXQCTL, *args], capture_output=True, text=True, timeout=30, env=env)
+
+
+@pytest.fixture
+def topology(broker):
+    """A pika client's exchange, queue, binding, consumer and 3 ready messages."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {"exchange": f"ctl-x-{suffix}", "queue": f"ctl-q-{suffix}", "idle": f"ctl-idle-{suffix}", "key": f"k.{suffix}",
+             "tag": f"ctl-tag-{suffix}"}
+    connection = pika.BlockingConnection(pika.ConnectionParameters(
+        port=broker.amqp_port, socket_timeout=5, client_properties={"product": "ctl-test-client"}))
+    channel = connection.channel()
+    channel.exchange_declare(names["exchange"], "topic", durable=True)
+    channel.queue_declare(names["queue"], durable=True)
+    channel.queue_declare(names["idle"], auto_delete=False)
+    channel.queue_bind(names["queue"], names["exchange"], names["key"])
+    channel.basic_qos(prefetch_count=1)
+    channel.basic_consume(names["queue"], lambda *a: None, consumer_tag=names["tag"])
+    for _ in range(3):
+        channel.basic_publish("", names["idle"], b"x")
+    channel.queue_declare(names["idle"], passive=True)  # a round trip: the publishes are in
+    try:
+        yield names
+    finally:
+        channel.queue_delete(names["idle"])
+        channel.queue_delete(names["queue"])
+        channel.exchange_delete(names["exchange"])
+        connection.close()
+
+
+def node(broker) -> str:
+    return f"127.0.0.1:{broker.http_port}"
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines()]
+
+
+def test_status(broker):
+    result = maxqctl("--node", node(broker), "status")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("node maxq1")
+    assert ["maxq1", "up", "leader"] in table_rows(result.stdout)
+    status = json.loads(maxqctl("--node", node(broker), "status", "--json").stdout)
+    assert status["node"] == "maxq1" and status["members"] == [{"node": "maxq1", "state": "up", "role": "leader"}]
+    assert all(g["leader"] == "maxq1" for g in status["groups"])
+
+
+def test_lists_show_what_a_client_created(broker, topology):
+    t = topology
+    queues = maxqctl("--node", node(broker), "list", "queues")
+    assert queues.returncode == 0, queues.stderr
+    assert table_rows(queues.stdout)[0] == ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]
+    assert ["/", t["queue"], "0", "0", "1", "True"] in table_rows(queues.stdout)
+    assert ["/", t["idle"], "3", "0", "0", "False"] in table_rows(queues.stdout)
+
+    exchanges = maxqctl("--node", node(broker), "list", "exchanges").stdout
+    assert ["/", t["exchange"], "topic", "True", "False", "False"] in table_rows(exchanges)
+    assert ["/", "amq.topic", "topic", "True", "False", "False"] in table_rows(exchanges)
+
+    bindings = maxqctl("--node", node(broker), "list", "bindings").stdout
+    assert ["/", t["exchange"], "queue", t["queue"], t["key"]] in table_rows(bindings)
+
+    connections = maxqctl("--node", node(broker), "list", "connections").stdout
+    assert any(row[-1] == "ctl-test-client" and row[1:4] == ["127.0.0.1", "guest", "/"] for row in table_rows(connections))
+
+    consumers = maxqctl("--node", node(broker), "list", "consumers").stdout
+    assert any(row[:3] == ["/", t["queue"], t["tag"]] and row[-1] == "True" for row in table_rows(consumers))
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_lists_as_json(broker, topology, position):
+    t = topology
+
+    def listing(what: str) -> list:
+        args = ["--json", "list", what] if position == "before" else ["list", what, "--json"]
+        result = maxqctl("--node", node(broker), *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    [queue] = [q for q in listing("queues") if q["name"] == t["queue"]]
+    assert queue["durable"] is True and queue["consumers"] == 1 and queue["vhost"] == "/"
+    [idle] = [q for q in listing("queues") if q["name"] == t["idle"]]
+    assert idle["messages_ready"] == 3
+    assert {"vhost": "/", "name": t["exchange"], "type": "topic"}.items() <= [e for e in listing("exchanges") if e["name"] == t["exchange"]][0].items()
+    assert any(b["source"] == t["exchange"] and b["destination"] == t["queue"] and b["routing_key"] == t["key"] for b in listing("bindings"))
+    assert any(c["client"] == "ctl-test-client" and c["channels"] == 1 for c in listing("connections"))
+    [consumer] = [c for c in listing("consumers") if c["consumer_tag"] == t["tag"]]
+    assert consumer["queue"] == t["queue"] and consumer["ack_required"] is True and consumer["channel"] == 1
+
+
+def test_a_proxy_in_the_environment_is_not_used(broker):
+    env = dict(os.environ, http_proxy="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", no_proxy="", NO_PROXY="")
+    result = maxqctl("--node", node(broker), "list", "exchanges", env=env)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["frob"], 2, "invalid choice: 'frob'"),
+    (["list", "widgets"], 2, "invalid choice: 'widgets'"),
+    ([], 2, "the following arguments are required: COMMAND"),
+    (["--node", "nope", "status"], 2, "--node must be HOST:PORT with a port 1-65535, got 'nope'"),
+    (["--node", "127.0.0.1:99999", "status"], 2, "--node must be HOST:PORT with a port 1-65535, got '127.0.0.1:99999'"),
+    (["--node", "127.0.0.1:", "status"], 2, "--node must be HOST:PORT"),
+    (["--timeout", "0", "status"], 2, "--timeout must be a positive number"),
+])
+def test_bad_command_lines(args, code, message):
+    result = maxqctl(*args)
+    assert result.returncode == code, result
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_node():
+    port = free_port()
+    result = maxqctl("--node", f"127.0.0.1:{port}", "--timeout", "2", "list", "queues")
+    assert result.returncode == 3, result
+    assert f"maxqctl: cannot reach node 127.0.0.1:{port}:" in result.stderr and "refused" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_node_that_is_not_the_admin_api(broker):
+    # The AMQP port answers a GET with the AMQP protocol header: not HTTP at all.
+    result = maxqctl("--node", f"127.0.0.1:{broker.amqp_port}", "status")
+    assert result.returncode == 3, result
+    assert "did not answer as a MaxQ-Raft admin API" in result.stderr
+    assert "Traceback" not in result.stderr
