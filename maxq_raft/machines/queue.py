@@ -17,7 +17,7 @@ their original sequence order, as RabbitMQ's classic queues do, with `redelivere
 consumers, the highest `x-priority` with room is served first, round robin within a priority.
 
 Memory does not grow with depth: the ready messages in memory are a window of at most
-`window_max`; once it is full, newer messages go to the queue's backing store only ("spilled",
+`window_max` messages or `window_bytes_max` bytes of body; once it is full, newer messages go to the queue's backing store only ("spilled",
 counted in `spilled_count`, found again from `spill_cursor` because spilled messages are never
 delivered before they are loaded, so every seq from the cursor on that the store holds is ready).
 A durable queue also writes each persistent message to the backing at enqueue and deletes it when
@@ -121,7 +121,11 @@ class Backing(Protocol):
         """The queue is deleted."""
 
 
-WINDOW_MAX = 4096  # ready messages a queue keeps in memory before it spills to its backing
+# Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
+# briefly behind its publisher never touches the disk, small enough that a deep queue costs a
+# bounded amount of memory (many deep queues together are the memory alarm's business).
+WINDOW_MAX = 65536
+WINDOW_BYTES_MAX = 32 << 20
 
 
 @dataclass
@@ -161,12 +165,14 @@ def _bad_seqs(seqs: Any) -> bool:
 
 class QueueMachine:
     def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
-                 window_max: int = WINDOW_MAX) -> None:
+                 window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX) -> None:
         self.vhost = vhost
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
         self.window_max = window_max if backing is not None else 1 << 62
+        self.window_bytes_max = window_bytes_max if backing is not None else 1 << 62
+        self.window_bytes = 0  # body bytes of the messages in `ready`
         self.next_seq = 0
         self.ready: deque[Message] = deque()
         self.spilled_count = 0  # ready messages only the backing holds, all with seq >= spill_cursor
@@ -261,13 +267,15 @@ class QueueMachine:
                 message.seq = seq
                 seq += 1
                 append(message)
+                self.window_bytes += len(message.body)
         else:
             to_write = []
             durable = self.durable
             window_max = self.window_max
+            window_bytes_max = self.window_bytes_max
             for message in messages:
                 message.seq = seq
-                if self.spilled_count or len(ready) >= window_max:
+                if self.spilled_count or len(ready) >= window_max or self.window_bytes >= window_bytes_max:
                     if not self.spilled_count:
                         self.spill_cursor = seq
                     self.spilled_count += 1
@@ -276,6 +284,7 @@ class QueueMachine:
                     to_write.append(message)
                 else:
                     append(message)
+                    self.window_bytes += len(message.body)
                     if durable and message.persistent:
                         message.stored = True
                         to_write.append(message)
@@ -408,6 +417,7 @@ class QueueMachine:
             self.backing.remove_from(self.spill_cursor, self.spilled_persistent)
             self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
+        self.window_bytes = 0
         self.returned.clear()
         return n, []
 
@@ -429,6 +439,7 @@ class QueueMachine:
             self.backing.drop()
         self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
+        self.window_bytes = 0
         self.returned.clear()
         self.consumers.clear()
         self._rings.clear()
@@ -474,7 +485,9 @@ class QueueMachine:
         if not self.ready and self.spilled_count:
             self._refill()
         if self.ready:
-            return self.ready.popleft()
+            message = self.ready.popleft()
+            self.window_bytes -= len(message.body)
+            return message
         return None
 
     def _refill(self) -> None:
@@ -488,6 +501,7 @@ class QueueMachine:
         for message in loaded:
             message.stored = True
         self.ready.extend(loaded)
+        self.window_bytes += sum(len(m.body) for m in loaded)
         self.spilled_count = max(0, self.spilled_count - len(loaded))
         self.spilled_persistent = max(0, self.spilled_persistent - sum(m.persistent for m in loaded))
         self.spill_cursor = loaded[-1].seq + 1
@@ -542,6 +556,7 @@ class QueueMachine:
                         message = heappop(returned)[1]
                     elif ready:
                         message = popleft()
+                        self.window_bytes -= len(message.body)
                     elif self.spilled_count:
                         self._refill()
                         continue
@@ -569,7 +584,11 @@ class QueueMachine:
             consumer = self._pick_consumer()
             if consumer is None:
                 break
-            message = heapq.heappop(returned)[1] if returned else ready.popleft()
+            if returned:
+                message = heapq.heappop(returned)[1]
+            else:
+                message = ready.popleft()
+                self.window_bytes -= len(message.body)
             message.delivery_count += 1
             consumer.credit -= 1
             if not consumer.no_ack:
@@ -618,6 +637,7 @@ class QueueMachine:
                 seen.add(seq)
         assert active == self._active_count
         assert self.spilled_count >= 0 and (not self.spilled_count or self.backing is not None)
+        assert self.window_bytes == sum(len(m.body) for m in self.ready)
         if self.spilled_count and self.ready:
             assert self.ready[-1].seq < self.spill_cursor, "the window comes before the spilled tail"
         in_rings = 0
