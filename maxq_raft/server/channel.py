@@ -485,12 +485,13 @@ class Channel:
 
     def close(self) -> None:
         """The channel is gone: cancel its consumers and requeue what it had not acked (in order)."""
-        self._return_held()
         self.tx_publishes = []
         self._restore_tx_settles()  # uncommitted acks never happened: those messages come back too
         for handle in self.consumers.values():
             self.broker.consumers.pop(handle.consumer_id, None)
             self.broker.apply_queue(handle.queue_key, qc.Cancel(handle.consumer_id))
+        # Only now, with its consumers inactive, can nothing requeued come back to this channel.
+        self._return_held()
         self.requeue_all()
         for handle in self.consumers.values():
             self.broker.maybe_auto_delete(handle.queue_key)

@@ -108,11 +108,6 @@ def raw_confirm_channel(connection):
     return channel, events
 
 
-UNROUTABLE_CONFIRM_BUG = ("session.py handle_events flushes confirms only when some queue got a message in "
-                          "the same read (`if self.pending:`), so a read of only unroutable publishes is never acked")
-
-
-@pytest.mark.xfail(strict=True, reason=UNROUTABLE_CONFIRM_BUG)
 def test_unroutable_publish_is_confirmed(env):
     # rabbit_channel process_routing_confirm: a message routed to no queue is confirmed at once.
     connection = env.connect()
@@ -152,7 +147,6 @@ def test_confirms_may_be_coalesced_with_multiple(env):
     assert ready_count(connection, name) == total
 
 
-@pytest.mark.xfail(strict=True, reason=UNROUTABLE_CONFIRM_BUG)
 def test_mandatory_unroutable_with_confirms_is_returned_then_acked(env):
     connection = env.connect()
     key = "nobody-" + uuid.uuid4().hex

@@ -386,3 +386,24 @@ def test_channel_flow_pauses_and_resumes_deliveries(env):
     assert wait_for(connection, lambda: len(collector.messages) == 3)
     assert flow_ok == [False, True]
     assert collector.bodies == [b"m0", b"m1", b"m2"]
+
+
+def test_closing_a_paused_channel_gives_its_held_messages_back(env):
+    connection = env.connect()
+    channel = connection.channel()
+    name = env.queue_name()
+    channel.queue_declare(name)
+    collector = Collector()
+    channel.basic_consume(name, collector)
+    flow_ok = []
+    channel._impl.flow(False, flow_ok.append)
+    assert wait_for(connection, lambda: flow_ok)
+    publisher = connection.channel()
+    for i in range(3):
+        publisher.basic_publish("", name, b"m%d" % i)
+    pump(connection, 0.2)
+    assert collector.messages == []
+    channel.close()
+    ok = publisher.queue_declare(name, passive=True).method
+    assert (ok.message_count, ok.consumer_count) == (3, 0)
+    assert [publisher.basic_get(name, auto_ack=True)[2] for _ in range(3)] == [b"m0", b"m1", b"m2"]
