@@ -65,6 +65,7 @@ PROTOCOL_HEADER_0_9 = b"AMQP\x01\x01\x00\x09"
 # analyze_frame's pattern for a content header: class u16, weight u16, body size u64.
 CONTENT_HEADER_MIN_BYTES = 12
 METHOD_MIN_BYTES = 4  # class u16, method u16
+FRAME_SIZE_FUDGE_BYTES = 8  # see _tune_ok
 CONNECTION_TUNE = (10, 30)  # RabbitMQ names connection.tune in a refused tune-ok's close
 
 
@@ -225,6 +226,12 @@ class ServerConnection:
                     self.close(err.reply_code, err.reply_text, err.class_id, err.method_id)
                 except AMQPError as err:
                     self.close(err.reply_code, err.reply_text)
+            if self._reader.failed and self.state is not State.CLOSED and not self._lost_sync:
+                # The frames before a broken one were handled above; now the error itself.
+                try:
+                    self._reader.read_frames()
+                except FrameError as err:
+                    self._fatal_frame_error(err.reply_code, err.reply_text)
         events, self._events = self._events, []
         return events
 
@@ -552,7 +559,9 @@ class ServerConnection:
         self.frame_max = method.frame_max
         self.channel_max = method.channel_max
         self.heartbeat_s = method.heartbeat
-        self._reader.frame_max = self.frame_max
+        # rabbit_reader's FRAME_SIZE_FUDGE: "We allow clients to exceed the frame size a little
+        # bit since quite a few get it wrong - off-by 1 or 8": a payload up to frame_max passes.
+        self._reader.frame_max = self.frame_max + FRAME_SIZE_FUDGE_BYTES if self.frame_max else 0
         self.state = State.AWAIT_OPEN
 
     def _open(self, method) -> None:
@@ -566,8 +575,13 @@ class ServerConnection:
 
 
 def _reply_text(reply_code: int, text: str) -> str:
-    """RabbitMQ prefixes reply texts with the reply code's name: 'NOT_FOUND - no queue 'x' ...'."""
+    """RabbitMQ prefixes reply texts with the reply code's name: 'NOT_FOUND - no queue 'x' ...',
+    and cuts one longer than a shortstr to its first 252 bytes and "..."
+    (rabbit_binary_generator:amqp_exception_explanation). We cut at a character boundary."""
     name = spec.REPLY_NAMES.get(reply_code)
     if name and not text.startswith(name):
         text = f"{name} - {text}"
-    return text.encode("utf-8")[:255].decode("utf-8", "ignore")
+    raw = text.encode("utf-8")
+    if len(raw) > 255:
+        text = raw[:252].decode("utf-8", "ignore") + "..."
+    return text

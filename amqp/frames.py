@@ -93,7 +93,7 @@ class FrameReader:
 
     frame_max may be changed at any time (after connection.tune-ok); 0 means unlimited."""
 
-    __slots__ = ("frame_max", "_chunks", "_buffered", "_needed")
+    __slots__ = ("frame_max", "_chunks", "_buffered", "_needed", "_pending_error", "_broken")
 
     def __init__(self, frame_max: int) -> None:
         self.frame_max = frame_max
@@ -101,17 +101,35 @@ class FrameReader:
         self._buffered = 0
         # bytes required before parsing can make progress: a header, or a whole frame
         self._needed = FRAME_HEADER_SIZE
+        self._pending_error: FrameError | None = None
+        self._broken = False  # after a bad frame: the stream cannot be parsed again, drop input
 
     def feed(self, data: bytes) -> None:
         """Append received bytes. Mutable buffers are copied: payload views must not change."""
+        if self._broken:
+            return
         if data.__class__ is not bytes:
             data = bytes(data)
         if data:
             self._chunks.append(data)
             self._buffered += len(data)
 
+    @property
+    def failed(self) -> bool:
+        """A bad frame was found after good ones: the next read_frames raises its error."""
+        return self._pending_error is not None
+
     def read_frames(self) -> list[tuple[int, int, memoryview]]:
-        """Every complete frame buffered so far, as (type, channel, payload)."""
+        """Every complete frame buffered so far, as (type, channel, payload).
+
+        A bad frame raises FrameError, but only after the good frames before it were handed out:
+        a client that pipelines its handshake and then a bad frame gets its handshake answered
+        and then the right error.
+        """
+        error = self._pending_error
+        if error is not None:
+            self._pending_error = None
+            raise error
         if self._buffered < self._needed:
             return []
         chunks = self._chunks
@@ -124,27 +142,41 @@ class FrameReader:
         off = 0
         needed = FRAME_HEADER_SIZE
         unpack_header = _FRAME_HEADER.unpack_from
+        error = None
         while size - off >= FRAME_HEADER_SIZE:
             frame_type, channel, payload_size = unpack_header(data, off)
             if frame_type not in _FRAME_TYPES:
-                raise FrameError(FRAME_ERROR, f"unknown frame type {frame_type}")
+                error = FrameError(FRAME_ERROR, f"unknown frame type {frame_type}")
+                break
             if frame_max and payload_size + FRAME_OVERHEAD > frame_max:
-                raise FrameError(
+                error = FrameError(
                     FRAME_ERROR,
                     f"frame size {payload_size + FRAME_OVERHEAD} exceeds frame_max {frame_max}",
                 )
+                break
             end = off + FRAME_HEADER_SIZE + payload_size
             if end >= size:
                 needed = end + 1 - off
                 break
             if data[end] != FRAME_END:
-                raise FrameError(
+                error = FrameError(
                     FRAME_ERROR,
                     f"frame end marker missing: expected 0xce after {payload_size} bytes "
                     f"of payload, got 0x{data[end]:02x}",
                 )
+                break
             append((frame_type, channel, view[off + FRAME_HEADER_SIZE : end]))
             off = end + 1
+        if error is not None:
+            # The stream is broken from here on: nothing after the bad frame is ever parsed.
+            self._chunks = []
+            self._buffered = 0
+            self._needed = 1 << 62
+            self._broken = True
+            if not frames:
+                raise error
+            self._pending_error = error
+            return frames
         if off == size:
             self._chunks = []
             self._buffered = 0

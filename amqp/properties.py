@@ -304,10 +304,10 @@ def delivery_mode_of(raw) -> int:
         return 0
     offset = 2
     word = flags
-    while word & 1:  # continuation flag words (never carry properties in 0-9-1)
-        word = raw[offset] << 8 | raw[offset + 1]
-        offset += 2
     try:
+        while word & 1:  # continuation flag words (never carry properties in 0-9-1)
+            word = raw[offset] << 8 | raw[offset + 1]
+            offset += 2
         for flag, kind in _SKIP_BEFORE_DELIVERY_MODE:
             if flags & flag:
                 if kind == "shortstr":

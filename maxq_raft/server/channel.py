@@ -348,18 +348,11 @@ class Channel:
             self.unacked = dict(entries)
 
     def _settle(self, kind, taken: list) -> None:
-        """Group settled deliveries by (queue, consumer) so each becomes one command."""
+        """Hand settled deliveries to the session, which applies them per (queue, consumer) at the
+        end of the read: a read of a thousand single acks becomes one command (and one write)."""
         if not taken:
             return
-        if len(taken) == 1:
-            queue_key, consumer_id, seq = taken[0]
-            self.broker.apply_queue(queue_key, kind(consumer_id, [seq]))
-        else:
-            groups: dict[tuple, list] = {}
-            for queue_key, consumer_id, seq in taken:
-                groups.setdefault((queue_key, consumer_id), []).append(seq)
-            for (queue_key, consumer_id), seqs in groups.items():
-                self.broker.apply_queue(queue_key, kind(consumer_id, seqs))
+        self.session.defer_settles(kind, taken)
         if self.held:
             self.release_held()
 
@@ -493,6 +486,7 @@ class Channel:
         # Only now, with its consumers inactive, can nothing requeued come back to this channel.
         self._return_held()
         self.requeue_all()
+        self.session.flush_settles()
         for handle in self.consumers.values():
             self.broker.maybe_auto_delete(handle.queue_key)
         self.consumers.clear()

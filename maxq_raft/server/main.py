@@ -53,11 +53,14 @@ async def handle_connection(broker: Broker, settings: Settings, stream: trio.Soc
         peer_host = stream.socket.getpeername()[0]
     except OSError:
         return
-    session = Session(broker, stream, peer_host, settings)
+    session = None
     try:
+        session = Session(broker, stream, peer_host, settings)
         await session.run()
     except Exception:  # one connection's bug must never take the node down
-        log.exception("connection %s from %s failed", session.id, peer_host)
+        log.exception("connection %s from %s failed", session.id if session else "(new)", peer_host)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
 
 
 class StartupError(Exception):

@@ -42,6 +42,7 @@ from .errors import ChannelError, HardError
 log = logging.getLogger("maxq.session")
 
 READ_SIZE_BYTES = 65536
+COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
@@ -94,6 +95,7 @@ class Session:
         self.channels: dict[int, Channel] = {}
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
         self.pending_confirms: dict[Channel, list] = {}
+        self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.client_properties: dict = {}
         self.started_at = trio.current_time()
@@ -244,7 +246,9 @@ class Session:
                     log.exception("connection %s: internal error performing basic.publish", self.id)
                     self._fail(channel, HardError(spec.INTERNAL_ERROR, "internal error performing basic.publish"), event.method)
                 continue
-            if self.pending or self.pending_confirms:
+            if kind is MethodReceived and type(event.method) in COALESCED_METHODS:
+                pass  # acks gather until the end of the read, like publishes
+            elif self.pending or self.pending_confirms or self.pending_settles:
                 self.flush_publishes()
             if kind is MethodReceived:
                 channel = channels.get(event.channel)
@@ -283,11 +287,11 @@ class Session:
                 # a peer's error codes are worth a line.
                 if not event.by_peer or event.reply_code >= 300 and event.reply_code != spec.CONNECTION_FORCED:
                     log.info("connection %s from %s closed: %s %s", self.id, self.peer_host, event.reply_code, event.reply_text)
-        if self.pending or self.pending_confirms:
+        if self.pending or self.pending_confirms or self.pending_settles:
             self.flush_publishes()
 
     def _fail(self, channel: Channel, err: ChannelError, method) -> None:
-        if self.pending or self.pending_confirms:
+        if self.pending or self.pending_confirms or self.pending_settles:
             self.flush_publishes()
         class_id, method_id = method.CLASS_ID, method.METHOD_ID
         if isinstance(err, HardError):
@@ -359,8 +363,27 @@ class Session:
                                                                 exchange=method.exchange, routing_key=method.routing_key),
                                props_raw, body)
 
+    def defer_settles(self, kind, taken: list) -> None:
+        settles = self.pending_settles
+        for queue_key, consumer_id, seq in taken:
+            key = (kind, queue_key, consumer_id)
+            seqs = settles.get(key)
+            if seqs is None:
+                settles[key] = [seq]
+            else:
+                seqs.append(seq)
+
+    def flush_settles(self) -> None:
+        settles, self.pending_settles = self.pending_settles, {}
+        apply_queue = self.broker.apply_queue
+        for (kind, queue_key, consumer_id), seqs in settles.items():
+            apply_queue(queue_key, kind(consumer_id, seqs))
+
     def flush_publishes(self) -> None:
-        """Apply what this read routed: one Enqueue per queue, then one confirm per channel."""
+        """Apply what this read gathered: acks first (they free prefetch room), then one Enqueue
+        per queue, then one confirm per channel."""
+        if self.pending_settles:
+            self.flush_settles()
         pending, self.pending = self.pending, {}
         broker = self.broker
         for queue_key, messages in pending.items():
@@ -409,7 +432,13 @@ class Session:
             return
         self._released = True
         self.broker.sessions.pop(self.id, None)
-        self.pending = {}
+        # What was read in full is performed, as RabbitMQ does for a connection that goes away
+        # (publishes enqueued, acks applied); only confirms have nowhere to go.
+        try:
+            self.flush_publishes()
+        except ChannelError as err:
+            log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
+        self.pending_confirms = {}
         queue_keys: dict[tuple, None] = {}
         for channel in self.channels.values():
             queue_keys.update(channel.queues_touched)

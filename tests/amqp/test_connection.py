@@ -567,7 +567,7 @@ def test_content_frame_on_channel_0_is_505(frame_type):
 @pytest.mark.parametrize("wire, text", [
     (b"\x01\x00\x01\x00\x00\x00\x04\x00\x3c\x00\x28\x00", "frame end marker missing"),  # bad end octet
     (b"\x07\x00\x01\x00\x00\x00\x00\xce", "unknown frame type 7"),
-    (b"\x03\x00\x01\x00\x00\x10\x00" + b"x" * 10, "exceeds frame_max"),  # 4096 + 8 > frame_max 4096
+    (b"\x03\x00\x01\x00\x00\x10\x01" + b"x" * 10, "exceeds frame_max"),  # a payload of 4097 > frame_max 4096
 ])
 def test_fatal_frame_errors_close_and_stop_reading(wire, text):
     peer = open_peer(frame_max=4096)
@@ -583,6 +583,17 @@ def test_fatal_frame_errors_close_and_stop_reading(wire, text):
     assert not peer.tick(50.0 + FATAL_CLOSE_GRACE_S)
     [closed] = peer.closed_events()
     assert closed.reply_code == spec.FRAME_ERROR and not closed.by_peer
+
+
+def test_frames_up_to_8_bytes_over_frame_max_are_tolerated():
+    # rabbit_reader FRAME_SIZE_FUDGE: clients that count frame_max as the payload size still work.
+    peer = open_peer(frame_max=4096)
+    open_channel(peer)
+    body = b"b" * 4096  # a body frame of 4096 + 8 bytes
+    wire = (encode_method_frame(1, PUBLISH) + encode_frame(spec.FRAME_HEADER, 1, encode_content_header(60, len(body), PROPS))
+            + encode_frame(spec.FRAME_BODY, 1, body))
+    assert peer.send(wire) == [ContentReceived(1, PUBLISH, PROPS, body)]
+    assert peer.conn.state is State.OPEN
 
 
 def test_peer_going_away_after_fatal_error_ends_it_at_once():
@@ -602,8 +613,6 @@ def test_heartbeat_with_payload_is_501_and_on_a_channel_505():
     assert_hard_close(peer, spec.UNEXPECTED_FRAME)
 
 
-@pytest.mark.xfail(strict=True, reason="frames.py FrameReader.read_frames raises on a bad frame and loses the good "
-                                       "frames parsed before it in the same buffer (owner: codec)")
 def test_frames_before_a_fatal_error_are_still_handled():
     peer = open_peer()
     open_channel(peer)
@@ -668,11 +677,20 @@ def test_socket_closed_by_peer():
     assert peer.send(b"") == []
 
 
-def test_reply_texts_are_truncated_to_a_shortstr():
+def test_reply_texts_are_truncated_to_a_shortstr_like_rabbitmq():
+    # rabbit_binary_generator:amqp_exception_explanation: over 255 bytes -> first 252 + "...".
     peer = open_peer()
+    open_channel(peer)
+    peer.conn.close_channel(1, spec.NOT_FOUND, "x" * 300)
+    close = peer.one_method(spec.ChannelClose, 1)
+    assert close.reply_text == ("NOT_FOUND - " + "x" * 300)[:252] + "..."
     peer.conn.close(spec.INTERNAL_ERROR, "é" * 300)
     close = peer.one_method(spec.ConnectionClose, 0)
     assert len(close.reply_text.encode()) <= 255 and close.reply_text.startswith("INTERNAL_ERROR - ")
+    assert close.reply_text.endswith("é...")
+    peer = open_peer()
+    peer.conn.close(spec.INTERNAL_ERROR, "y" * 238)  # exactly 255 bytes: kept whole
+    assert peer.one_method(spec.ConnectionClose, 0).reply_text == "INTERNAL_ERROR - " + "y" * 238
 
 
 # ----------------------------------------------------------------------------- heartbeats

@@ -377,7 +377,6 @@ def test_delete_of_missing_queue_succeeds(env):
     assert channel.queue_delete(env.queue_name()).method.message_count == 0
 
 
-@pytest.mark.xfail(strict=True, reason="amqp/connection.py _reply_text cuts at 255 bytes without the '...' RabbitMQ adds")
 def test_long_reply_text_is_truncated_like_rabbitmq(env):
     # rabbit_binary_generator:amqp_exception_explanation: a reply text longer than 255 bytes
     # is cut to its first 252 bytes followed by "...".

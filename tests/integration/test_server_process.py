@@ -103,6 +103,17 @@ def raw_open(port: int) -> tuple[socket.socket, FrameReader]:
     return sock, reader
 
 
+def offered_tune(port: int) -> spec.ConnectionTune:
+    """The connection.tune the server offers a client that logs in."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(PROTOCOL_HEADER)
+        sock.sendall(encode_method_frame(0, spec.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
+                                                                    response=b"\x00guest\x00guest", locale="en_US")))
+        methods = read_methods(sock, FrameReader(0), until=spec.ConnectionTune)
+    assert isinstance(methods[-1], spec.ConnectionTune), methods
+    return methods[-1]
+
+
 def read_methods(sock: socket.socket, reader: FrameReader, until, timeout_s: float = 5.0) -> list:
     deadline = time.monotonic() + timeout_s
     methods: list = []
@@ -189,13 +200,12 @@ def test_settings_from_file_env_and_command_line(servers, tmp_path):
     line = server.wait_ready()
     assert f"node from-file accepting AMQP 0-9-1 on 127.0.0.1:{file_port}" in line and "HTTP admin" not in line
     assert str(tmp_path / "d1") in line
-    params = pika.ConnectionParameters(port=file_port, connection_attempts=1, socket_timeout=5)
-    connection = pika.BlockingConnection(params)
-    assert connection._impl.params.heartbeat == 7  # negotiated from the file's heartbeat_s
-    connection.close()
+    assert offered_tune(file_port).heartbeat == 7  # the file's heartbeat_s
+    sock, _reader = raw_open(file_port)  # logged at debug level only
+    sock.close()
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0
-    assert "DEBUG" in server.text()
+    assert "DEBUG maxq.session" in server.text()  # the file's log_level
     # Environment over the file (MAXQ_CONFIG names the file, too).
     env = clean_env(MAXQ_CONFIG=str(config), MAXQ_AMQP_PORT=str(env_port), MAXQ_NODE_ID="from-env")
     server = servers([], env=env)
