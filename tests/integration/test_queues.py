@@ -10,62 +10,10 @@ from __future__ import annotations
 import time
 import uuid
 
-import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Env:
-    """Connections and names a test uses; everything is closed and deleted afterwards."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.connections: list = []
-        self.queues: list[str] = []
-        self.exchanges: list[str] = []
-
-    def connect(self) -> pika.BlockingConnection:
-        connection = pika.BlockingConnection(pika.ConnectionParameters(port=self.port))
-        self.connections.append(connection)
-        return connection
-
-    def channel(self):
-        return self.connect().channel()
-
-    def queue_name(self, prefix: str = "q") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        self.queues.append(name)
-        return name
-
-    def exchange_name(self, prefix: str = "x") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        self.exchanges.append(name)
-        return name
-
-    def close(self) -> None:
-        for connection in self.connections:
-            if connection.is_open:
-                connection.close()
-        connection = pika.BlockingConnection(pika.ConnectionParameters(port=self.port))
-        try:
-            channel = connection.channel()
-            for name in self.queues:
-                channel.queue_delete(name)
-            for name in self.exchanges:
-                channel.exchange_delete(name)
-        finally:
-            connection.close()
-
-
-@pytest.fixture
-def env(broker):
-    e = Env(broker.amqp_port)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 def locked_text(name: str) -> str:
@@ -83,7 +31,7 @@ def wait_for(connection, predicate, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def queue_exists(env: Env, name: str) -> bool:
+def queue_exists(env, name: str) -> bool:
     connection = env.connect()
     try:
         connection.channel().queue_declare(name, passive=True)

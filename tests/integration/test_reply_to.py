@@ -9,7 +9,6 @@ with one consumer).
 from __future__ import annotations
 
 import time
-import uuid
 
 import pika
 import pytest
@@ -18,46 +17,6 @@ from pika.exceptions import ChannelClosedByBroker
 pytestmark = pytest.mark.timeout(60)
 
 REPLY_TO = "amq.rabbitmq.reply-to"
-
-
-class Env:
-    """Connections and names a test uses; everything is closed and deleted afterwards."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.connections: list = []
-        self.queues: list[str] = []
-
-    def connect(self) -> pika.BlockingConnection:
-        connection = pika.BlockingConnection(pika.ConnectionParameters(port=self.port))
-        self.connections.append(connection)
-        return connection
-
-    def queue_name(self, prefix: str = "q") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        self.queues.append(name)
-        return name
-
-    def close(self) -> None:
-        for connection in self.connections:
-            if connection.is_open:
-                connection.close()
-        connection = pika.BlockingConnection(pika.ConnectionParameters(port=self.port))
-        try:
-            channel = connection.channel()
-            for name in self.queues:
-                channel.queue_delete(name)
-        finally:
-            connection.close()
-
-
-@pytest.fixture
-def env(broker):
-    e = Env(broker.amqp_port)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 def wait_for(connections, predicate, timeout_s: float = 5.0) -> bool:
