@@ -60,13 +60,15 @@ class Broker:
         self.next_queue_id = 1
         self.metadata_log: persistence.MetadataLog | None = None
         self.syncer: WalSyncer | None = None
+        self.durable_auto_delete: dict[tuple[str, str], None] = {}  # (vhost, name) of such exchanges
         self.confirm_waiters: dict = {}  # channel -> None, channels whose confirms wait for a sync
         self._call_soon = None  # trio's run_sync_soon, set by the shell
         self._fsync = fsync
         self.alarms = None  # ResourceAlarms, set by the shell
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
-        self.sessions: dict[str, Any] = {}
+        self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
+        self.live_sessions: dict = {}  # every connection task, handshaking ones too
         self.started_at = time.time()
         self.messages_published = 0
         self.messages_delivered = 0
@@ -104,13 +106,31 @@ class Broker:
             backing = queue.backing
             persistent, next_seq, delivered = decode_counters(store.get_meta(counters_key(queue_id)))
             bounds = store.bounds(queue_id)
-            backing.persistent, backing.delivered_upto = persistent, delivered
-            backing.next_seq = max(next_seq, bounds[1] + 1 if bounds else 0)
+            # Seqs are never reused, not even those of transient messages that are gone: a new
+            # message at or below the delivered watermark would come back redelivered=true.
+            # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
+            next_seq = max(next_seq, delivered + 1, bounds[1] + 1 if bounds else 0)
+            if bounds and not persistent:
+                # Nothing durable is stored, so whatever is there is transient records of an
+                # earlier run that RocksDB had flushed: one range tombstone frees them, where
+                # loading would only skip them (and they would stay on disk until the queue goes).
+                store.drop_queue(queue_id)
+                bounds = None
+            backing.persistent, backing.delivered_upto, backing.next_seq = persistent, delivered, next_seq
+            if bounds:
+                # Two point reads, whatever the depth: the head is what is delivered first and
+                # the tail holds the last writes before the stop, so damage there stops the start
+                # (StorageError -> exit 1 naming the record) instead of failing the first
+                # basic.get. Damage deeper in is met when read (logged), or by `--check`.
+                store.get(queue_id, bounds[0])
+                store.get(queue_id, bounds[1])
             queue.recover(next_seq=backing.next_seq, spilled_count=persistent if bounds else 0,
                           spill_cursor=bounds[0] if bounds else 0)
         for queue_id in store.queue_ids():
             if queue_id not in live_ids:
                 store.drop_queue(queue_id)
+        self.durable_auto_delete = {(vhost_name, ex.name): None for vhost_name, vhost in self.meta.vhosts.items()
+                                    for ex in vhost.exchanges.values() if ex.durable and ex.auto_delete}
         self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
         store.sync_wal()
         log.info("recovered %d durable queues (%d messages), %d exchanges", len(self.queues),
@@ -196,9 +216,30 @@ class Broker:
                 log_it = log_it or persistence.concerns_durable(self.meta, command, before=False)
             if log_it:
                 self.metadata_log.append(command, queue_id)
-                if self.metadata_log.needs_snapshot:
-                    self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
+            if kind is md.DeclareExchange:
+                if command.durable and command.auto_delete and not command.passive:
+                    self.durable_auto_delete[(command.vhost, command.name)] = None
+            elif self.durable_auto_delete and kind is not md.DeclareQueue and kind is not md.Bind:
+                self._log_cascaded_exchange_deletes()
+            if self.metadata_log.needs_snapshot:
+                self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
         return reply
+
+    def _log_cascaded_exchange_deletes(self) -> None:
+        """Log the durable auto-delete exchanges that a command deleted as a side effect.
+
+        RabbitMQ deletes an auto-delete exchange when its last binding goes, also when that
+        binding went because its (transient) queue went. Commands about transient things are not
+        logged, so their cascades would not be replayed and the exchange would come back at the
+        next start; a DeleteExchange is logged for each instead. Only durable auto-delete
+        exchanges can be concerned, so only those (usually none) are looked at.
+        """
+        for key in list(self.durable_auto_delete):
+            record = self.meta.exchange(*key)
+            if record is None or not (record.durable and record.auto_delete):
+                del self.durable_auto_delete[key]
+                if record is None:
+                    self.metadata_log.append(md.DeleteExchange(key[0], key[1], False))
 
     def apply_queue(self, queue_key: tuple, command) -> Any:
         queue = self.queues.get(queue_key)

@@ -28,7 +28,7 @@ from ..storage.rocks import verify as verify_store
 from . import persistence
 from .alarms import ResourceAlarms
 from .broker import Broker
-from .session import Session
+from .session import Session, tick_sessions
 
 log = logging.getLogger("maxq.server")
 
@@ -127,6 +127,7 @@ async def _serve(broker: Broker, settings: Settings, task_status) -> None:
             admin_listeners = await _bind("HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
+            nursery.start_soon(tick_sessions, broker)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None

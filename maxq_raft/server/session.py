@@ -44,6 +44,7 @@ log = logging.getLogger("maxq.session")
 READ_SIZE_BYTES = 65536
 COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
+TICK_INTERVAL_S = 0.25
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
@@ -102,6 +103,9 @@ class Session:
         self.finished = False
         self._released = False
         self._wake = trio.Event()
+        self._cancel_scope: trio.CancelScope | None = None
+        self._next_tick_at = 0.0
+        self._handshake_deadline = self.started_at + getattr(settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         self._writer_done = trio.Event()
         self.messages_in = 0
         self.messages_out = 0
@@ -125,7 +129,8 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
-                nursery.start_soon(self._ticker, nursery.cancel_scope)
+                self._cancel_scope = nursery.cancel_scope
+                self.broker.live_sessions[self] = None  # ticked by `tick_sessions`
                 try:
                     await self._reader()
                 finally:
@@ -137,6 +142,7 @@ class Session:
                         await self._writer_done.wait()
                     nursery.cancel_scope.cancel()
         finally:
+            self.broker.live_sessions.pop(self, None)
             self._release()
             with trio.move_on_after(0.5) as scope:
                 scope.shield = True
@@ -198,29 +204,25 @@ class Session:
         finally:
             self._writer_done.set()
 
-    async def _ticker(self, cancel_scope: trio.CancelScope) -> None:
+    def tick(self, now: float) -> None:
+        """Heartbeats and the handshake timeout; called by the node's one ticker (`tick_sessions`)."""
+        if now < self._next_tick_at or self._cancel_scope is None:
+            return
         conn = self.conn
-        handshake_deadline = self.started_at + getattr(self.settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
-        while True:
-            # Tick often enough to send a heartbeat within a quarter of the interval.
-            period_s = 0.25 if conn.heartbeat_s <= 2 else 1.0
-            handshaking = conn.state not in (State.OPEN, State.CLOSING, State.CLOSED)
-            if handshaking:
-                period_s = max(0.01, min(period_s, handshake_deadline - trio.current_time()))
-            await trio.sleep(period_s)
-            now = trio.current_time()
-            if conn.state not in (State.OPEN, State.CLOSING, State.CLOSED) and now >= handshake_deadline:
-                # RabbitMQ's handshake_timeout: the socket just closes.
-                log.info("connection %s from %s: handshake timeout (state %s)", self.id, self.peer_host, conn.state.value)
-                self.finished = True
-                cancel_scope.cancel()
-                return
-            if not conn.tick(now):
-                self.handle_events(conn.next_events())
-                self.finished = True
-                cancel_scope.cancel()
-                return
-            self.wake()
+        # Often enough to send a heartbeat within a quarter of the interval.
+        self._next_tick_at = now + (TICK_INTERVAL_S if conn.heartbeat_s <= 2 else 1.0)
+        if conn.state not in (State.OPEN, State.CLOSING, State.CLOSED) and now >= self._handshake_deadline:
+            # RabbitMQ's handshake_timeout: the socket just closes.
+            log.info("connection %s from %s: handshake timeout (state %s)", self.id, self.peer_host, conn.state.value)
+            self.finished = True
+            self._cancel_scope.cancel()
+            return
+        if not conn.tick(now):
+            self.handle_events(conn.next_events())
+            self.finished = True
+            self._cancel_scope.cancel()
+            return
+        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -448,3 +450,13 @@ class Session:
             self.broker.owner_down(self.id, list(queue_keys))
         except ChannelError as err:  # a refusal here must not take the node down
             log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
+
+
+async def tick_sessions(broker) -> None:
+    """One task ticks every connection (heartbeats, handshake timeouts): a timer per connection
+    cost more than the connections themselves once there were thousands."""
+    while True:
+        await trio.sleep(TICK_INTERVAL_S)
+        now = trio.current_time()
+        for session in list(broker.live_sessions):
+            session.tick(now)

@@ -268,8 +268,10 @@ def _run_and_kill(tmp_path: Path, folder: Path, delay_s: float, round_: int) -> 
     proc = subprocess.Popen([sys.executable, str(script), str(folder), str(out), str(256 * 1024)], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 15
-        while "READY" not in out.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, "child did not start"
+        # The kill delay counts from the first durable entry, not from start-up: on a loaded
+        # machine a child can take longer than the delay to make its first fsync.
+        while "\nD " not in "\n" + out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "child made nothing durable in 15 s"
             time.sleep(0.01)
         time.sleep(delay_s)
     finally:
