@@ -255,9 +255,9 @@ class ServerConnection:
         if self.state is State.OPEN and not self._channel_closing(channel):
             self._out.append(encode_content(channel, method, props_raw, body, self.frame_max))
 
-    def send_raw(self, data: bytes) -> None:
-        """Pre-encoded frames (the delivery fast path builds them itself)."""
-        if self.state is State.OPEN:
+    def send_raw(self, channel: int, data: bytes) -> None:
+        """Pre-encoded frames on `channel` (the delivery fast path builds them itself)."""
+        if self.state is State.OPEN and not self._channel_closing(channel):
             self._out.append(data)
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float | None = None) -> None:

@@ -18,6 +18,7 @@ from struct import Struct
 
 from .errors import FrameError
 from .spec import (
+    BasicDeliver,
     FRAME_BODY,
     FRAME_END,
     FRAME_ERROR,
@@ -85,6 +86,49 @@ def encode_content(channel: int, method, props_raw: bytes, body: bytes, frame_ma
                 start += chunk
             rest = body_size - start
             parts += (_FRAME_HEADER.pack(FRAME_BODY, channel, rest), view[start:], _END)
+    return b"".join(parts)
+
+
+_DELIVER_PREFIX = Struct(">HH").pack(60, 60)  # basic.deliver: class 60, method 60
+_DELIVER_TAG = Struct(">QB")
+_PACK_FRAME_HEADER = _FRAME_HEADER.pack
+_PACK_CONTENT_HEADER = _CONTENT_HEADER.pack
+
+
+def encode_shortstr_field(value: str) -> bytes:
+    """A shortstr as it sits in a method's arguments (length octet + UTF-8)."""
+    raw = value.encode("utf-8")
+    if len(raw) > 255:
+        raise ValueError(f"shortstr of {len(raw)} bytes")
+    return bytes((len(raw),)) + raw
+
+
+def encode_delivery(channel: int, consumer_tag_field: bytes, delivery_tag: int, redelivered: bool,
+                    exchange_routing_key_fields: bytes, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+    """basic.deliver + content header + body, for the delivery hot path.
+
+    The same bytes as `encode_content(channel, BasicDeliver(...), ...)`, but the consumer tag and
+    the exchange + routing key arrive pre-encoded (`encode_shortstr_field`): a consumer's tag is
+    encoded once per consumer and a message's routing fields once per message, not per delivery.
+    """
+    body_size = len(body)
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else body_size
+    if body_size > chunk or len(props_raw) + 12 + FRAME_OVERHEAD > (frame_max or 1 << 62):
+        # The rare message that needs several body frames takes the general path.
+        tag = consumer_tag_field[1:].decode("utf-8")
+        exchange_len = exchange_routing_key_fields[0]
+        exchange = exchange_routing_key_fields[1:1 + exchange_len].decode("utf-8")
+        routing_key = exchange_routing_key_fields[2 + exchange_len:].decode("utf-8")
+        return encode_content(channel, BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag, redelivered=redelivered,
+                                                    exchange=exchange, routing_key=routing_key), props_raw, body, frame_max)
+    method_size = 4 + len(consumer_tag_field) + 9 + len(exchange_routing_key_fields)
+    parts = [
+        _PACK_FRAME_HEADER(FRAME_METHOD, channel, method_size), _DELIVER_PREFIX, consumer_tag_field,
+        _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields, _END,
+        _PACK_FRAME_HEADER(FRAME_HEADER, channel, 12 + len(props_raw)), _PACK_CONTENT_HEADER(60, 0, body_size), props_raw, _END,
+    ]
+    if body_size:
+        parts += (_PACK_FRAME_HEADER(FRAME_BODY, channel, body_size), body, _END)
     return b"".join(parts)
 
 

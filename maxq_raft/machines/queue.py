@@ -62,7 +62,7 @@ class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored")
+                 "persistent", "stored", "wire_routing")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
@@ -74,6 +74,7 @@ class Message:
         self.redelivered = False
         self.persistent = persistent  # delivery_mode 2: survives a restart on a durable queue
         self.stored = False  # the backing holds it: delete it there when it leaves the queue
+        self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"

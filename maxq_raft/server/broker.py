@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from ..amqp import spec
+from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Deliver, QueueMachine, Rejected
@@ -38,11 +39,12 @@ log = logging.getLogger("maxq.broker")
 class ConsumerHandle:
     """Where a consumer lives: the channel that sends its deliveries."""
 
-    __slots__ = ("consumer_id", "tag", "channel", "queue_key", "no_ack")
+    __slots__ = ("consumer_id", "tag", "channel", "queue_key", "no_ack", "wire_tag")
 
     def __init__(self, consumer_id: str, tag: str, channel: Any, queue_key: tuple, no_ack: bool) -> None:
         self.consumer_id = consumer_id
         self.tag = tag
+        self.wire_tag = encode_shortstr_field(tag)  # encoded once, written with every delivery
         self.channel = channel
         self.queue_key = queue_key
         self.no_ack = no_ack

@@ -32,6 +32,7 @@ from ..amqp.events import (
     ContentReceived,
     MethodReceived,
 )
+from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.queue import Message
@@ -407,10 +408,12 @@ class Session:
     # -------------------------------------------------------- deliveries
 
     def write_delivery(self, channel_number: int, handle, delivery_tag: int, redelivered: bool, message) -> None:
-        self.conn.send_content(channel_number, spec.BasicDeliver(consumer_tag=handle.tag, delivery_tag=delivery_tag,
-                                                                 redelivered=redelivered, exchange=message.exchange,
-                                                                 routing_key=message.routing_key),
-                               message.props_raw, message.body)
+        wire_routing = message.wire_routing
+        if wire_routing is None:
+            # Once per message (a fanout to ten queues shares it), not once per delivery.
+            wire_routing = message.wire_routing = encode_shortstr_field(message.exchange) + encode_shortstr_field(message.routing_key)
+        self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
+                                           message.props_raw, message.body, self.conn.frame_max))
         self.messages_out += 1
         entry = self.credit_pending.get(handle.consumer_id)
         if entry is None:
