@@ -1,0 +1,503 @@
+"""The replication engine: many Raft groups (pysyncobj) per node, one port, one thread.
+
+Theory of operation
+-------------------
+`ReplicationNode` is what the broker uses (API below). One hub thread per node does all of
+pysyncobj's work and all network I/O: it waits on every socket at once (transport.Hub), hands
+each frame to its group's transport (group_transport.py, where the durability and safety seams
+live), ticks the groups that received something plus every group each `tick_interval_s`
+(pysyncobj with autoTick off), and flushes the write buffers. Other threads only append to
+queues and wake it: `propose` (a per-group inbox), the Journal writer threads ("durable up to
+i": release held messages, deliver commits) and `_call` (status, membership, transfers).
+Callbacks and on_commit therefore run in the hub thread: they must be quick and must not call
+blocking methods of this node (`status`, `stop`).
+
+Files, per group: data_dir/raft/<group>/ holds the Journal's segments (the Raft log,
+fdatasynced with group commit), raft_term (term and vote, fsynced before pysyncobj may send a
+vote) and raft_commit (the commit index, saved once a second). The whole log is kept: no
+snapshots or compaction yet, and a restart replays it from index 1.
+
+API
+---
+    ReplicationNode(*, node_id, raft_addr, peers, cluster_secret, data_dir, groups, fsync=True,
+                    on_commit, propose_timeout_s=10.0, joining=False, ...)
+    start() / stop()
+    propose(group, payload, callback)        callback(index, None) once committed (on a majority,
+        fsynced there, and durable and applied here); else callback(None, error) with error
+        "not leader" | "timeout" (outcome unknown) | "busy" | "stopped". ValueError for a payload
+        over PAYLOAD_BYTES_MAX or an unknown group. Answered exactly once, from the hub thread
+        (after stop(): at once, in the caller's thread).
+    leader(group) -> node id | None; is_leader(group) -> bool
+    status() -> {group: {...}} (role, leader, term, commit/applied/last/durable index, members
+        with match index and lag, counters of every seam)
+    add_member(node_id, addr, callback) / remove_member(node_id, callback): callback(None) when
+        the change is committed in every group, else callback(error). One change at a time.
+    transfer_leadership(group, node_id, callback=None): callback(None) once node_id leads.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from . import wire
+from .group import PAYLOAD_BYTES_MAX, Group
+from .transport import Hub
+
+__all__ = ["ReplicationNode", "PAYLOAD_BYTES_MAX"]
+
+log = logging.getLogger(__name__)
+
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+STOP_JOIN_S_MAX = 40.0  # closing a Journal waits for its writer (bounded by journal.CLOSE_JOIN_S_MAX)
+CALL_WAIT_S_MAX = 5.0
+MEMBER_ATTEMPT_S = 2.0
+MEMBER_RETRY_S = 0.1
+UNWANT_GRACE_S = 3.0
+MEMBER_PROBE_S = 5.0
+
+
+class ReplicationNode:
+    def __init__(self, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
+                 cluster_secret: bytes, data_dir: Path, groups: list[str], fsync: bool = True,
+                 on_commit: Callable[[str, list[tuple[int, bytes]]], None], propose_timeout_s: float = 10.0,
+                 joining: bool = False, tick_interval_s: float = 0.02, proposals_pending_max: int = 10_000,
+                 member_change_timeout_s: float = 30.0, peer_timeout_s: float = 3.0,
+                 raft_settings: dict[str, Any] | None = None) -> None:
+        if not groups or len(set(groups)) != len(groups):
+            raise ValueError("groups must be a non-empty list of distinct names")
+        for g in groups:
+            if not _GROUP_NAME.match(g):
+                raise ValueError(f"group name {g!r}: use 1-64 of [A-Za-z0-9_.-]")
+        if node_id in peers:
+            peers = {k: v for k, v in peers.items() if k != node_id}
+        self.node_id = node_id
+        self.raft_addr = (raft_addr[0], int(raft_addr[1]))
+        self.peers = {k: (v[0], int(v[1])) for k, v in peers.items()}
+        self.data_dir = Path(data_dir)
+        self.group_names = list(groups)
+        self.fsync = fsync
+        self.on_commit = on_commit
+        self.propose_timeout_s = propose_timeout_s
+        self.joining = joining
+        self.tick_interval_s = tick_interval_s
+        self.proposals_pending_max = proposals_pending_max
+        self.member_change_timeout_s = member_change_timeout_s
+        self.raft_settings = dict(raft_settings or {})
+        self.hub = Hub(node_id, self.raft_addr, cluster_secret, on_frame=self._on_frame, on_peer_up=self._on_peer_up,
+                       on_peer_down=self._on_peer_down, peer_timeout_s=peer_timeout_s)
+        self.groups: dict[str, Group] = {}
+        self._peer_groups: dict[str, set[str]] = collections.defaultdict(set)
+        self._unwant_at: dict[str, float] = {}
+        self._touched: set[Group] = set()
+        self._proposed: collections.deque[Group] = collections.deque()
+        self._durable: collections.deque[Group] = collections.deque()
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._wake_pending = False
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stopped = False
+        self._member_change: dict | None = None
+        self._req_ids = itertools.count(1)
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Open every group's log, bind raft_addr (that address only), start the hub thread."""
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        try:
+            for name in self.group_names:
+                self.groups[name] = Group(
+                    name, node_id=self.node_id, raft_addr=self.raft_addr, peers=self.peers, data_dir=self.data_dir,
+                    fsync=self.fsync, link=self, on_commit=self.on_commit, on_durable=self._on_durable,
+                    propose_timeout_s=self.propose_timeout_s, proposals_pending_max=self.proposals_pending_max,
+                    joining=self.joining, settings=self.raft_settings)
+            self.hub.listen()
+        except BaseException:
+            for g in self.groups.values():
+                g.close()
+            self.hub.close()
+            self._stopped = True
+            raise
+        if not self.fsync:
+            log.warning("replication node %s runs with fsync=False: confirms are NOT durable (benchmarks only)",
+                        self.node_id)
+        self._thread = threading.Thread(target=self._run, name=f"raft-hub:{self.node_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Answer everything pending with "stopped", close the groups (journals flushed) and the
+        port. Bounded: returns after at most STOP_JOIN_S_MAX even if the hub thread hangs."""
+        if self._thread is None:
+            if not self._stopped:
+                self._stopped = True
+                self.hub.close()
+            return
+        self._stopping = True
+        self.hub.wake()
+        if threading.current_thread() is self._thread:
+            return  # called from a callback: the hub thread stops when the callback returns
+        self._thread.join(STOP_JOIN_S_MAX)
+        if self._thread.is_alive():
+            log.error("replication node %s: hub thread did not stop within %.0f s", self.node_id, STOP_JOIN_S_MAX)
+
+    # ----------------------------------------------------------------------------- API
+
+    def propose(self, group: str, payload: bytes, callback: Callable[[int | None, str | None], None]) -> None:
+        g = self.groups.get(group) if self._thread is not None else None
+        if group not in self.group_names:
+            raise ValueError(f"unknown group {group!r}")
+        if len(payload) > PAYLOAD_BYTES_MAX:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds PAYLOAD_BYTES_MAX ({PAYLOAD_BYTES_MAX})")
+        if g is None or self._stopping or self._stopped:
+            callback(None, "stopped")
+            return
+        g.inbox.append((bytes(payload), callback, time.monotonic() + self.propose_timeout_s))
+        self._proposed.append(g)
+        self._wake()
+        if self._stopped:  # raced with the hub thread's exit: it may not have seen this one
+            self._drain_after_stop()
+
+    def leader(self, group: str) -> str | None:
+        return self._group(group).leader_id
+
+    def is_leader(self, group: str) -> bool:
+        return self._group(group).is_leader
+
+    def status(self) -> dict:
+        return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
+
+    def add_member(self, node_id: str, addr: tuple[str, int], callback: Callable[[str | None], None]) -> None:
+        """Add node_id (reachable at addr, started with joining=True and the current members as
+        peers) to every group; callback(None) once committed everywhere."""
+        self._member(("add", node_id, (addr[0], int(addr[1]))), callback)
+
+    def remove_member(self, node_id: str, callback: Callable[[str | None], None]) -> None:
+        """Remove node_id from every group (leadership moves off it first); stop it afterwards."""
+        self._member(("rem", node_id, None), callback)
+
+    def transfer_leadership(self, group: str, node_id: str,
+                            callback: Callable[[str | None], None] | None = None) -> None:
+        """Move leadership of group to node_id (pysyncobj's TimeoutNow, retried until node_id has
+        caught up; new proposals wait meanwhile, at most 3 s). callback(None) once it leads."""
+        g = self._group(group)
+        self._post(lambda: g.start_transfer(node_id, callback, time.monotonic()))
+
+    # -------------------------------------------------------------------------- plumbing
+
+    def _group(self, group: str) -> Group:
+        g = self.groups.get(group)
+        if g is None:
+            raise ValueError(f"unknown group {group!r} (or node not started)")
+        return g
+
+    def _wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.hub.wake()
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        self._calls.append(fn)
+        self._wake()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn in the hub thread and return its result (bounded wait)."""
+        if self._thread is None or not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return fn()
+        box: list = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed back to the caller
+                box.append((False, exc))
+            done.set()
+
+        self._post(run)
+        if not done.wait(CALL_WAIT_S_MAX):
+            raise TimeoutError(f"replication hub did not answer within {CALL_WAIT_S_MAX} s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _member(self, change: tuple, callback: Callable[[str | None], None]) -> None:
+        if self._thread is None or self._stopping:
+            callback("stopped")
+            return
+        self._post(lambda: self._member_start(change, callback))
+
+    # ---------------------------------------------------------------- link (for groups)
+
+    def peer_is_up(self, node_id: str) -> bool:
+        return self.hub.is_up(node_id)
+
+    def send_raft(self, node_id: str, body: bytes) -> bool:
+        return self.hub.send(node_id, wire.KIND_RAFT, body)
+
+    def add_peer(self, group: str, node_id: str, addr: tuple[str, int] | None) -> None:
+        if node_id == self.node_id:
+            return
+        if addr is not None:
+            self.hub.set_address(node_id, addr)
+        elif node_id in self.peers:
+            self.hub.set_address(node_id, self.peers[node_id])
+        self._peer_groups[node_id].add(group)
+        self._unwant_at.pop(node_id, None)
+        self.hub.want(node_id)
+
+    def drop_peer(self, group: str, node_id: str) -> None:
+        gs = self._peer_groups.get(node_id)
+        if gs is not None:
+            gs.discard(group)
+            if not gs:  # keep the link a little longer: the "removed" notice goes over it
+                self._unwant_at[node_id] = time.monotonic() + UNWANT_GRACE_S
+
+    # ------------------------------------------------------------------ hub callbacks
+
+    def _on_durable(self, g: Group) -> None:  # a Journal writer thread
+        self._durable.append(g)
+        self._wake()
+
+    def _on_peer_up(self, peer: str) -> None:
+        for g in self.groups.values():
+            g.transport.peer_up(peer)
+            self._touched.add(g)
+
+    def _on_peer_down(self, peer: str) -> None:
+        for g in self.groups.values():
+            g.transport.peer_down(peer)
+            self._touched.add(g)
+
+    def _on_frame(self, peer: str, kind: int, body: bytes) -> None:
+        if kind == wire.KIND_RAFT:
+            try:
+                name, msg = wire.decode_raft(body)
+            except wire.WireError as exc:
+                self.stats["bad_raft_frames"] += 1
+                if self.stats["bad_raft_frames"] <= 10 or self.stats["bad_raft_frames"] % 1000 == 0:
+                    log.warning("dropping a raft frame from %s: %s", peer, exc)
+                return
+            g = self.groups.get(name)
+            if g is None or g.failed is not None:
+                self.stats["frames_for_unknown_group"] += 1
+                return
+            g.transport.receive(peer, msg)
+            self._touched.add(g)
+        elif kind == wire.KIND_CONTROL:
+            try:
+                self._on_control(peer, wire.decode_control(body))
+            except wire.WireError as exc:
+                self.stats["bad_control_frames"] += 1
+                log.warning("dropping a control frame from %s: %s", peer, exc)
+        else:
+            self.stats["unknown_frames"] += 1
+
+    def _on_control(self, peer: str, m: dict) -> None:
+        op = m["op"]
+        if op == "member":
+            req, name, action, nid = m.get("req"), m.get("group"), m.get("action"), m.get("node")
+            host, port = m.get("host"), m.get("port")
+            if (type(req) is not int or type(name) is not str or action not in ("add", "rem") or type(nid) is not str
+                    or (action == "add" and (type(host) is not str or type(port) is not int))):
+                raise wire.WireError(f"bad member request {m!r}")
+
+            def reply(err: str | None) -> None:
+                self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(
+                    {"op": "member_reply", "req": req, "group": name, "error": err}))
+
+            g = self.groups.get(name)
+            if g is None:
+                reply("no such group")
+                return
+            g.member_request(action, nid, (host, port) if action == "add" else None, reply, time.monotonic())
+            self._touched.add(g)
+        elif op == "removed":
+            names = m.get("groups")
+            if type(names) is not list:
+                raise wire.WireError(f"bad removed notice {m!r}")
+            for name in names:
+                g = self.groups.get(name) if type(name) is str else None
+                if g is not None and not g.removed:
+                    log.warning("node %s: %s says this node was removed from group %s; it goes silent there",
+                                self.node_id, peer, name)
+                    g.mark_removed()
+        elif op == "member_reply":
+            req, name, err = m.get("req"), m.get("group"), m.get("error")
+            if type(req) is int and type(name) is str and (err is None or type(err) is str):
+                self._member_reply(name, req, err)
+
+    # ------------------------------------------------------------- membership changes
+
+    def _member_start(self, change: tuple, callback: Callable[[str | None], None]) -> None:
+        if self._member_change is not None:
+            callback("busy: another membership change is in progress")
+            return
+        action, nid, addr = change
+        now = time.monotonic()
+        if nid == self.node_id and action == "add":
+            callback(None)
+            return
+        self._member_change = {
+            "action": action, "node": nid, "addr": addr, "callback": callback,
+            "deadline": now + self.member_change_timeout_s, "probe_until": None,
+            "groups": {name: {"state": "todo", "retry_at": now, "req": 0, "sent_at": 0.0, "error": None}
+                       for name in self.groups},
+        }
+        if action == "add":
+            # pysyncobj adds a node that never starts without a word, and the group then needs a
+            # bigger majority of the rest: only add a node that answers the handshake now.
+            self.hub.set_address(nid, addr)
+            self.hub.want(nid)
+            self._member_change["probe_until"] = now + MEMBER_PROBE_S
+        self._member_step(now)
+
+    def _member_reply(self, name: str, req: int, err: str | None) -> None:
+        mc = self._member_change
+        if mc is None:
+            return
+        st = mc["groups"].get(name)
+        if st is None or st["req"] != req or st["state"] != "wait":
+            return
+        if err is None:
+            st["state"] = "done"
+        else:
+            st.update(state="todo", retry_at=time.monotonic() + MEMBER_RETRY_S, error=err)
+
+    def _member_step(self, now: float) -> None:
+        mc = self._member_change
+        if mc is None:
+            return
+        if mc["probe_until"] is not None:
+            if not self.hub.is_up(mc["node"]):
+                if now > mc["probe_until"]:
+                    self._member_change = None
+                    if not self._peer_groups.get(mc["node"]):
+                        self._unwant_at[mc["node"]] = now
+                    _safe(mc["callback"], f"unreachable: {mc['node']} did not complete the handshake at {mc['addr']} "
+                                          f"within {MEMBER_PROBE_S:.0f} s (start it, with the cluster secret, first)")
+                return
+            mc["probe_until"] = None
+        for name, st in mc["groups"].items():
+            if st["state"] == "wait" and now - st["sent_at"] > MEMBER_ATTEMPT_S:
+                st.update(state="todo", error="no answer")
+            if st["state"] != "todo" or now < st["retry_at"]:
+                continue
+            g = self.groups[name]
+            leader = g.leader_id
+            if leader is None:
+                st["error"] = "no leader"
+                continue
+            req = next(self._req_ids)
+            st.update(state="wait", req=req, sent_at=now)
+            if leader == self.node_id:
+                g.member_request(mc["action"], mc["node"], mc["addr"],
+                                 lambda err, name=name, req=req: self._member_reply(name, req, err), now)
+                self._touched.add(g)
+            else:
+                host, port = mc["addr"] if mc["addr"] is not None else (None, None)
+                body = wire.encode_control({"op": "member", "req": req, "group": name, "action": mc["action"],
+                                            "node": mc["node"], "host": host, "port": port})
+                if not self.hub.send(leader, wire.KIND_CONTROL, body):
+                    st.update(state="todo", retry_at=now + MEMBER_RETRY_S, error=f"leader {leader} unreachable")
+        if all(st["state"] == "done" for st in mc["groups"].values()):
+            self._member_change = None
+            if mc["action"] == "rem":
+                # pysyncobj never tells a removed node (its leader stops replicating to it before
+                # the removal reaches it): say so, so that it stops campaigning (best effort).
+                self.hub.send(mc["node"], wire.KIND_CONTROL, wire.encode_control(
+                    {"op": "removed", "groups": list(self.groups)}))
+            _safe(mc["callback"], None)
+        elif now > mc["deadline"]:
+            self._member_change = None
+            left = {n: st["error"] for n, st in mc["groups"].items() if st["state"] != "done"}
+            _safe(mc["callback"], f"timeout: not done in {left}")
+
+    # --------------------------------------------------------------------- the hub thread
+
+    def _run(self) -> None:
+        hub = self.hub
+        next_tick = 0.0
+        more = False
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                hub.poll(0.0 if more else max(0.0, next_tick - now))
+                self._wake_pending = False  # before draining: a producer after this wakes us again
+                more = False
+                for _ in range(len(self._calls)):
+                    fn = self._calls.popleft()
+                    try:
+                        fn()
+                    except Exception:
+                        log.exception("replication hub call raised")
+                touched = self._touched
+                while self._proposed:
+                    touched.add(self._proposed.popleft())
+                seen: set[Group] = set()
+                while self._durable:
+                    g = self._durable.popleft()
+                    if g not in seen:
+                        seen.add(g)
+                        more |= g.durable_advanced()
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + self.tick_interval_s
+                    hub.maintain(now)
+                    for g in self.groups.values():
+                        g.sweep(now)
+                        touched.add(g)
+                    self._member_step(now)
+                    for nid, at in list(self._unwant_at.items()):
+                        if now >= at:
+                            del self._unwant_at[nid]
+                            hub.unwant(nid)
+                self._touched = set()
+                for g in touched:
+                    more |= g.tick(now)
+                hub.flush()
+        except BaseException:
+            log.critical("replication hub thread of %s crashed", self.node_id, exc_info=True)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._stopped = True
+        mc, self._member_change = self._member_change, None
+        if mc is not None:
+            _safe(mc["callback"], "stopped")
+        for g in self.groups.values():
+            g.close()  # answers pending proposals with "stopped", flushes and closes the journal
+        while self._calls:
+            try:
+                self._calls.popleft()()
+            except Exception:
+                log.exception("replication hub call raised during shutdown")
+        self.hub.close()
+
+    def _drain_after_stop(self) -> None:
+        for g in self.groups.values():
+            while g.inbox:
+                try:
+                    _, cb, _ = g.inbox.popleft()
+                except IndexError:
+                    break
+                _safe(cb, None, "stopped")
+
+
+def _safe(cb: Callable | None, *args: Any) -> None:
+    if cb is None:
+        return
+    try:
+        cb(*args)
+    except Exception:
+        log.exception("replication callback raised")

@@ -1,0 +1,436 @@
+"""One Raft group on one node: a pysyncobj SyncObj, its durable log, its transport, its proposals.
+
+Theory of operation
+-------------------
+The group never uses pysyncobj's replicated methods (which pickle calls into the log and
+unpickle them when applying). A proposal enters pysyncobj's command queue as an entry of our
+own kind (wire.CMD_PAYLOAD): pysyncobj stores and replicates it like any command and skips it
+when it applies the log, so nothing the state machine sees is ever pickled.
+
+Everything here runs in the engine's hub thread, which calls `tick` (doTick(0), autoTick off):
+
+* `submit` moves proposals queued by any thread into pysyncobj if this node leads the group,
+  and answers "not leader" / "busy" at once otherwise.
+* pysyncobj's success callback runs while it applies index i, when raftLastApplied == i - 1:
+  that is how a proposal learns its index (asserted again when it is confirmed).
+* `deliver` hands committed entries to on_commit, in order, each once per process lifetime:
+  up to min(pysyncobj's lastApplied, the Journal's durable_index), read from the RAM tail or
+  the Journal, in bounded chunks. Confirms (callback(index, None)) follow on_commit for their
+  index. After a restart, pysyncobj starts at the saved commit index, so the retained log is
+  replayed from index 1 before anything new.
+* A proposal is answered exactly once: committed, "not leader" (pysyncobj reported it was
+  not or no longer leader, or the entry was overwritten), "timeout" (outcome unknown: it may
+  still commit), "busy" (too many pending, or the disk is behind) or "stopped".
+
+Settings (DESIGN.md §3, measured cliffs): `RAFT_SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.node import Node
+
+from . import wire
+from .group_transport import HELD_BYTES_MAX, GroupTransport
+from .journal import JournalError
+from .raft_journal import RaftLog, install_journal_hook, register_log, unregister_log
+
+__all__ = ["Group", "RAFT_SETTINGS", "PAYLOAD_BYTES_MAX", "raft_conf", "Proposal"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+# An entry of one command >= appendEntriesBatchSizeBytes goes down pysyncobj's chunked path
+# (1-4 commands/s, and it pickles); proposals are capped well below the batch size.
+PAYLOAD_BYTES_MAX = 1 * MiB
+RAFT_SETTINGS: dict[str, Any] = dict(
+    autoTick=False,  # the engine's one hub thread ticks every group
+    appendEntriesUseBatch=False,  # True waits for the 100 ms tick: 10 commits/s at one in flight
+    raftMinTimeout=0.4,  # below ~0.3 s starved Python threads cause spurious elections
+    raftMaxTimeout=0.8,
+    appendEntriesPeriod=0.05,
+    leaderFallbackTimeout=2.0,  # a leader that hears from no majority for 2 s steps down
+    connectionTimeout=3.5,  # unused by our transport; pysyncobj checks it against raftMaxTimeout
+    appendEntriesBatchSizeBytes=2 * MiB,
+    logCompactionMinEntries=1 << 62,  # compaction off: it pickles the object in the tick thread
+    logCompactionMinTime=1 << 62,
+    dynamicMembershipChange=True,
+    commandsWaitLeader=False,
+    commandsQueueSize=100_000,
+    useFork=False,
+    tcp_keepalive=None,
+)
+DELIVER_ENTRIES_PER_TICK = 4096
+DELIVER_BYTES_PER_TICK = 8 * MiB
+DELIVER_CHUNK_ENTRIES = 1024  # one on_commit call carries at most this many entries ...
+DELIVER_CHUNK_BYTES = 2 * MiB  # ... or about this many bytes
+DISK_BEHIND_BYTES_MAX = HELD_BYTES_MAX // 2
+
+_ERRORS = {
+    FAIL_REASON.QUEUE_FULL: "busy",
+    FAIL_REASON.MISSING_LEADER: "not leader",
+    FAIL_REASON.DISCARDED: "not leader",
+    FAIL_REASON.NOT_LEADER: "not leader",
+    FAIL_REASON.LEADER_CHANGED: "not leader",
+    FAIL_REASON.REQUEST_DENIED: "denied",
+    FAIL_REASON.UNKNOWN_OUTCOME: "timeout",
+}
+_STATE = {0: "follower", 1: "candidate", 2: "leader"}
+
+
+def raft_conf(journal_token: str | None = None, **overrides: Any) -> SyncObjConf:
+    kw = dict(RAFT_SETTINGS)
+    kw.update(overrides)
+    if journal_token is not None:
+        kw["journalFile"] = journal_token
+    return SyncObjConf(**kw)
+
+
+class Proposal:
+    __slots__ = ("callback", "deadline", "done", "index")
+
+    def __init__(self, callback: Callable[[int | None, str | None], None], deadline: float) -> None:
+        self.callback, self.deadline, self.done, self.index = callback, deadline, False, None
+
+
+class Group:
+    def __init__(self, name: str, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
+                 data_dir: Path, fsync: bool, link: Any, on_commit: Callable[[str, list[tuple[int, bytes]]], None],
+                 on_durable: Callable[["Group"], None], propose_timeout_s: float, proposals_pending_max: int,
+                 joining: bool = False, settings: dict[str, Any] | None = None, seams: bool = True,
+                 journal_factory: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.node_id = node_id
+        self.on_commit = on_commit
+        self.propose_timeout_s = propose_timeout_s
+        self.proposals_pending_max = proposals_pending_max
+        self.clock = clock
+        self.folder = Path(data_dir) / "raft" / name
+        self.failed: str | None = None
+        self.removed = False
+        self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends
+        self.outstanding: collections.deque[Proposal] = collections.deque()  # submission (= deadline) order
+        self.n_pending = 0
+        self.confirms: collections.deque[tuple[int, Proposal]] = collections.deque()
+        self.applied = 0  # delivered to on_commit through this index
+        self.leader_id: str | None = None
+        self.is_leader = False
+        self.term = 0
+        self.transfer: dict | None = None
+        self.stats: collections.Counter[str] = collections.Counter()
+        conf_kw = dict(settings or {})
+        self.raft_log = RaftLog(self.folder, fsync=fsync, on_durable=lambda _i: on_durable(self),
+                                journal_factory=journal_factory)
+        install_journal_hook()
+        token = register_log(self.raft_log)
+        box: dict[str, GroupTransport] = {}
+
+        def make_transport(so, self_node, other_nodes):
+            t = GroupTransport(so, self_node, other_nodes, group=name, link=link, raft_log=self.raft_log,
+                               joining=joining, heartbeat_s=conf_kw.get("appendEntriesPeriod",
+                                                                          RAFT_SETTINGS["appendEntriesPeriod"]),
+                               seams=seams, clock=clock)
+            box["t"] = t
+            return t
+
+        try:
+            self_node = wire.RaftNode(node_id, raft_addr)
+            others = [wire.RaftNode(pid, addr) for pid, addr in sorted(peers.items()) if pid != node_id]
+            self.so = SyncObj(self_node, others, raft_conf(token, **conf_kw), nodeClass=Node,
+                              transportClass=make_transport)
+        except BaseException:
+            unregister_log(token)
+            self.raft_log.close()
+            raise
+        self.transport = box["t"]
+        self.transport.sync_connections()
+        self._orig_on_truncate = self.raft_log.on_truncate
+        self.raft_log.on_truncate = self._on_truncate
+
+    # ------------------------------------------------------------------ log and membership
+
+    def _on_truncate(self, first_index: int, count: int) -> None:
+        self._orig_on_truncate(first_index, count)
+        if first_index <= self.applied:
+            self.stats["applied_entries_truncated"] += self.applied - first_index + 1
+            log.critical("group %s: truncating entries from %d, already delivered through %d", self.name,
+                         first_index, self.applied)
+
+    def mark_removed(self) -> None:
+        """This node is no longer a member: stop sending (no more campaigns), fail proposals."""
+        self.removed = True
+        self.transport.silent = True
+        self.fail_all("not leader")
+
+    def membership_change_pending(self) -> bool:
+        mi = self.raft_log.membership_indexes
+        return bool(mi) and mi[-1] > self.so.raftCommitIndex
+
+    # --------------------------------------------------------------------------- proposals
+
+    def _finish(self, p: Proposal, index: int | None, error: str | None) -> None:
+        if p.done:
+            return
+        p.done = True
+        self.n_pending -= 1
+        try:
+            p.callback(index, error)
+        except Exception:
+            log.exception("group %s: proposal callback raised", self.name)
+
+    def _result(self, p: Proposal, err: int) -> None:
+        """pysyncobj's callback (inside doTick)."""
+        if p.done:
+            return
+        if err == FAIL_REASON.SUCCESS:
+            p.index = self.so.raftLastApplied + 1  # pysyncobj calls back before it counts the entry applied
+            self.confirms.append((p.index, p))
+        else:
+            self._finish(p, None, _ERRORS.get(err, f"error {err}"))
+
+    def _track(self, callback: Callable, deadline: float) -> Proposal:
+        p = Proposal(callback, deadline)
+        self.outstanding.append(p)
+        self.n_pending += 1
+        return p
+
+    def submit(self, now: float) -> None:
+        inbox = self.inbox
+        if not inbox:
+            return
+        if self.failed is not None:
+            while inbox:
+                _, cb, _ = inbox.popleft()
+                _call(cb, None, "stopped")
+            return
+        if self.transfer is not None and now < self.transfer["deadline"]:
+            return  # hold proposals while leadership moves (bounded by the transfer deadline)
+        leader = self.so._isLeader()
+        disk_behind = leader and self.raft_log.undurable_bytes > DISK_BEHIND_BYTES_MAX
+        for _ in range(len(inbox)):  # bounded: what is queued now
+            payload, cb, deadline = inbox.popleft()
+            if not leader:
+                _call(cb, None, "not leader")
+            elif self.n_pending >= self.proposals_pending_max or disk_behind:
+                self.stats["busy"] += 1
+                _call(cb, None, "busy")
+            elif deadline <= now:
+                _call(cb, None, "timeout")
+            else:
+                p = self._track(cb, deadline)
+                self.so._applyCommand(payload, lambda _r, err, p=p: self._result(p, err), wire.CMD_PAYLOAD)
+
+    def sweep(self, now: float) -> None:
+        q = self.outstanding
+        while q and (q[0].done or q[0].deadline <= now):
+            p = q.popleft()
+            if not p.done:
+                self.stats["timeouts"] += 1
+                self._finish(p, None, "timeout")
+
+    def fail_all(self, error: str) -> None:
+        while self.inbox:
+            _, cb, _ = self.inbox.popleft()
+            _call(cb, None, error)
+        while self.outstanding:
+            self._finish(self.outstanding.popleft(), None, error)
+        self.confirms.clear()
+        if self.transfer is not None:
+            t, self.transfer = self.transfer, None
+            _call(t["callback"], error)
+
+    # -------------------------------------------------------------------------------- tick
+
+    def tick(self, now: float) -> bool:
+        """One round; True if committed entries are still waiting to be delivered."""
+        if self.failed is not None or self.removed:
+            return False  # a removed member stays silent (it would only campaign) until it is stopped
+        self.submit(now)
+        try:
+            self.so.doTick(0)
+            self.transport.after_tick()
+        except JournalError as exc:
+            self._fail(f"journal: {exc}")
+            return False
+        except Exception:
+            self.stats["tick_errors"] += 1
+            log.exception("group %s: pysyncobj tick raised", self.name)
+        so = self.so
+        self.is_leader = so._isLeader()
+        leader = so._getLeader()
+        self.leader_id = leader.id if leader is not None else None
+        self.term = so._getTerm()
+        if self.transport.held:
+            self.transport.release()
+        more = self.deliver()
+        if self.transfer is not None:
+            self._transfer_step(now)
+        return more
+
+    def _fail(self, why: str) -> None:
+        log.critical("group %s failed and stops (fail-stop): %s", self.name, why)
+        self.failed = why
+        self.is_leader = False
+        self.fail_all("stopped")
+
+    def durable_advanced(self) -> bool:
+        """The Journal made more entries durable (hub thread)."""
+        if self.failed is not None:
+            return False
+        self.transport.release()
+        return self.deliver()
+
+    def deliver(self) -> bool:
+        target = min(self.so.raftLastApplied, self.raft_log.durable_index)
+        budget_entries, budget_bytes = DELIVER_ENTRIES_PER_TICK, DELIVER_BYTES_PER_TICK
+        while self.applied < target and budget_entries > 0 and budget_bytes > 0:
+            hi = min(target, self.applied + min(budget_entries, DELIVER_CHUNK_ENTRIES))
+            batch = []
+            last, size = self.applied, 0
+            for cmd, idx, _term in self.raft_log.entries(self.applied + 1, hi):
+                kind = cmd[0]
+                if kind == wire.CMD_PAYLOAD:
+                    batch.append((idx, cmd[1:]))
+                elif kind == wire.CMD_MEMBERSHIP:
+                    action, nid, _addr = wire.membership_of(cmd)
+                    if action == "rem" and nid == self.node_id and not self.removed:
+                        log.warning("group %s: this node was removed from the group at index %d", self.name, idx)
+                        self.mark_removed()
+                last = idx
+                size += len(cmd)
+                if size >= DELIVER_CHUNK_BYTES:
+                    break
+            budget_entries -= last - self.applied
+            budget_bytes -= size
+            self.applied = last
+            if batch:
+                try:
+                    self.on_commit(self.name, batch)
+                except Exception:
+                    log.exception("group %s: on_commit raised (entries %d..%d count as applied)", self.name,
+                                  batch[0][0], batch[-1][0])
+        confirms = self.confirms
+        while confirms and confirms[0][0] <= self.applied:
+            idx, p = confirms.popleft()
+            assert self.raft_log.term_at(idx) is not None, (self.name, idx)
+            self._finish(p, idx, None)
+        return self.applied < target
+
+    # ----------------------------------------------------------------------- leadership
+
+    def start_transfer(self, target: str, callback: Callable[[str | None], None] | None, now: float,
+                       timeout_s: float = 3.0) -> None:
+        if self.transfer is not None:
+            _call(callback, "busy")
+            return
+        if not self.so._isLeader():
+            _call(callback, "not leader")
+            return
+        if target == self.node_id:
+            _call(callback, None)
+            return
+        if target not in {n.id for n in self.so.otherNodes}:
+            _call(callback, "not a member")
+            return
+        self.transfer = {"target": target, "callback": callback, "deadline": now + timeout_s, "sent": False}
+
+    def _transfer_step(self, now: float) -> None:
+        t = self.transfer
+        done: str | None | bool = False
+        if self.leader_id == t["target"]:
+            done = None
+        elif now > t["deadline"]:
+            done = "timeout"
+        elif self.is_leader and not t["sent"]:
+            res: list[int] = []
+            self.so.transferLeadership(t["target"], callback=lambda _r, err: res.append(err))
+            if res and res[0] == FAIL_REASON.SUCCESS:
+                t["sent"] = True  # TimeoutNow is on its way; wait to see the target lead
+            elif res and res[0] == FAIL_REASON.NOT_LEADER:
+                done = "not leader"
+            # REQUEST_DENIED: the target is not caught up yet; proposals are held, try again
+        elif not self.is_leader and not t["sent"]:
+            done = "not leader"
+        if done is not False:
+            self.transfer = None
+            _call(t["callback"], done)
+
+    def member_request(self, action: str, node_id: str, addr: tuple[str, int] | None,
+                       reply: Callable[[str | None], None], now: float) -> None:
+        """Leader side of add_member/remove_member for this group; reply(None) once committed."""
+        so = self.so
+        if self.failed is not None or not so._isLeader():
+            reply("not leader")
+            return
+        if self.membership_change_pending():
+            reply("pending")
+            return
+        members = {n.id for n in so.otherNodes}
+        if action == "add":
+            if node_id in members or node_id == self.node_id:
+                reply(None)
+                return
+            p = self._track(lambda _i, err: reply(err), now + self.propose_timeout_s)
+            so.addNodeToCluster(wire.RaftNode(node_id, addr), callback=lambda _r, err, p=p: self._result(p, err))
+        else:
+            if node_id == self.node_id:
+                so.transferLeadership(None, callback=lambda _r, _e: None)
+                reply("leader is the node to remove; moving leadership")
+                return
+            if node_id not in members:
+                reply(None)
+                return
+            p = self._track(lambda _i, err: reply(err), now + self.propose_timeout_s)
+            so.removeNodeFromCluster(wire.RaftNode(node_id), callback=lambda _r, err, p=p: self._result(p, err))
+
+    # ------------------------------------------------------------------------------ status
+
+    def status(self) -> dict:
+        so = self.so
+        rl = self.raft_log
+        match = getattr(so, "_SyncObj__raftMatchIndex", {})
+        nxt = getattr(so, "_SyncObj__raftNextIndex", {})
+        leader = so._isLeader()
+        members: dict[str, dict] = {self.node_id: {"self": True, "match_index": rl.durable_index,
+                                                   "lag": rl.last_index - rl.durable_index}}
+        for n in so.otherNodes:
+            m = match.get(n) if leader else None
+            members[n.id] = {"self": False, "connected": n.id in self.transport.connected,
+                             "match_index": m, "next_index": nxt.get(n) if leader else None,
+                             "lag": (rl.last_index - m) if m is not None else None}
+        return {
+            "role": _STATE.get(so._SyncObj__raftState, "?"), "leader": self.leader_id, "term": so._getTerm(),
+            "commit_index": so.raftCommitIndex, "applied_index": self.applied, "last_index": rl.last_index,
+            "durable_index": rl.durable_index, "members": members, "pending_proposals": self.n_pending,
+            "held_messages": self.transport.held_count(), "failed": self.failed, "removed": self.removed,
+            "membership_change_pending": self.membership_change_pending(),
+            "seams": dict(self.transport.stats), "log": dict(rl.stats), "group": dict(self.stats),
+            "journal": rl.journal.stats() if not rl.journal.closed else {},
+        }
+
+    def close(self) -> None:
+        self.fail_all("stopped")
+        try:
+            self.so.destroy()  # autoTick off: transport.destroy() and raft_log._destroy() (journal close)
+        except Exception:
+            log.exception("group %s: closing pysyncobj failed", self.name)
+            try:
+                self.raft_log.close()
+            except Exception:
+                log.exception("group %s: closing the journal failed", self.name)
+
+
+def _call(cb: Callable | None, *args: Any) -> None:
+    if cb is None:
+        return
+    try:
+        cb(*args)
+    except Exception:
+        log.exception("replication callback raised")

@@ -1,0 +1,454 @@
+"""The seams between pysyncobj and the network, for one Raft group (DESIGN.md §3).
+
+Theory of operation
+-------------------
+pysyncobj talks to a `Transport`: it calls `send(node, message)` with plain dicts and expects
+`_onMessageReceived(node, message)` back. `GroupTransport` is that transport for one group. It
+does not own sockets: it encodes messages (wire.py) and hands them to a `link` (the engine's
+hub, which multiplexes every group over one authenticated TCP port per node). On the way it
+repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
+
+1. hold (durability): a message that carries entries (leader: append_entries) or claims them
+   (follower: a successful next_node_idx) waits in a per-peer FIFO until the local Journal
+   reports those entries durable; everything sent to that peer later waits behind it, so order
+   is kept. On release a held message whose entry was truncated or replaced meanwhile (its
+   (index, term) is gone) is dropped, and so is one made in a past term.
+   Consecutive acks released together are coalesced into the last one.
+2. guard (follower, stale appends): pysyncobj truncates after prevLogIdx whenever its log is
+   longer, without comparing terms, and its leader rewinds nextIndex after every ack, so
+   re-sent old appends are routine and used to cut acknowledged entries. Before pysyncobj sees
+   an append_entries, entries the log already holds with the same term are removed from it
+   (prevLogIdx moves past them); a real term conflict is passed on, so pysyncobj truncates
+   from the first conflicting index as Raft requires. If every entry matches and the log is
+   longer: when the last local entry has the leader's term, prevLogIdx moves to it (that entry
+   came from this leader, so by Log Matching the whole prefix is the leader's); otherwise the
+   message loses its entries and prevLogIdx (pysyncobj then records only leader and commit,
+   with commit capped at the verified index) and we ack the verified index ourselves.
+   Ack floor: a follower never acks less than it already acked to the same leader in the same
+   term while that entry is still in the log.
+3. conflict clamp (follower): after a prevLogTerm mismatch at p, pysyncobj answers the
+   leader's other pipelined appends with "send from my end", undoing the back-up (a livelock
+   measured in probes/results/guard.txt). Until the first entry of the conflicting term is
+   gone, every "reset" reply points at it (which is also Raft's fast back-up).
+4. dedup (leader): entries already put on the current connection are not sent again when
+   pysyncobj rewinds nextIndex; an all-duplicate message becomes a heartbeat (or is dropped
+   if a message went out less than a heartbeat ago and it carries no new commit index). A
+   reset reply, a reconnect or a new term forgets what was sent.
+5. terms on acks: next_node_idx carries no term in pysyncobj; we add the follower's term on
+   the wire and the leader drops acks and rejections from any other term.
+Also: forwarded commands (apply_command) are never sent: pysyncobj's follower-side forwarding
+is answered locally with NOT_LEADER (the broker forwards itself); messages from nodes that are
+not members of the group are dropped; a node started with `joining=True` tells pysyncobj about
+its peers only after a leader has replicated to it, so it does not campaign before it is added.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.node import Node
+from pysyncobj.transport import Transport
+
+from . import wire
+
+__all__ = ["GroupTransport", "Link", "HELD_BYTES_MAX"]
+
+log = logging.getLogger(__name__)
+
+HELD_BYTES_MAX = 64 * 1024 * 1024  # per peer; beyond it messages are dropped (Raft re-sends)
+
+
+class Link(Protocol):
+    """What the transport needs from the engine's hub."""
+
+    def peer_is_up(self, node_id: str) -> bool: ...
+
+    def send_raft(self, node_id: str, body: bytes) -> bool: ...
+
+    def add_peer(self, group: str, node_id: str, addr: tuple[str, int] | None) -> None: ...
+
+    def drop_peer(self, group: str, node_id: str) -> None: ...
+
+
+class _Held:
+    __slots__ = ("need", "check_idx", "check_term", "body", "is_ack", "term", "ack_idx")
+
+    def __init__(self, need: int, check_idx: int, check_term: int | None, body: bytes, is_ack: bool,
+                 term: int | None, ack_idx: int) -> None:
+        self.need, self.check_idx, self.check_term = need, check_idx, check_term
+        self.body, self.is_ack, self.term, self.ack_idx = body, is_ack, term, ack_idx
+
+
+class GroupTransport(Transport):
+    def __init__(self, syncObj, selfNode, otherNodes, *, group: str, link: Link, raft_log: Any,  # noqa: N803
+                 joining: bool = False, heartbeat_s: float = 0.05, seams: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.so = syncObj
+        self.group = group
+        self.link = link
+        self.log = raft_log
+        self.self_node = selfNode
+        self.seams = seams  # False only in tests that show stock pysyncobj's behaviour
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self.nodes: dict[str, Node] = {}
+        self.connected: set[str] = set()  # what pysyncobj was told
+        self.joined = not joining
+        self.held: dict[str, collections.deque[_Held]] = {}
+        self.held_bytes: dict[str, int] = {}
+        self.sent_hi: dict[str, tuple[int, int]] = {}  # leader: node -> (term, highest entry index sent)
+        self.commit_sent: dict[str, int] = {}
+        self.last_wire: dict[str, float] = {}
+        self.hint: tuple[int, int] | None = None  # follower: (first index, term) of a conflicting run
+        self.floor: dict[str, tuple[int, int, int]] = {}  # follower: leader -> (term, acked index, its term)
+        self.last_ack: dict[str, tuple[int, int]] = {}  # follower: leader -> (term, index) last ack on the wire
+        self.acked: tuple[int, int] = (-1, 0)  # follower: (term, highest index acked on the wire in it)
+        self.rejected_requests: list[int] = []
+        self.silent = False  # set once this node learns it was removed from the group
+        self.membership_cache: dict[bytes, bytes] = {}
+        self.stats: collections.Counter[str] = collections.Counter()
+        raft_log.on_truncate = self._on_truncate
+        for node in otherNodes:
+            self.addNode(node)
+
+    # ------------------------------------------------------------------ pysyncobj Transport
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def tryGetReady(self) -> None:  # noqa: N802
+        pass
+
+    def waitReady(self) -> None:  # noqa: N802
+        pass
+
+    def addNode(self, node: Node) -> None:  # noqa: N802
+        self.nodes[node.id] = node
+        self.link.add_peer(self.group, node.id, getattr(node, "raft_addr", None))
+        if self.joined and self.link.peer_is_up(node.id):
+            self._tell_connected(node.id)
+
+    def dropNode(self, node: Node) -> None:  # noqa: N802
+        nid = node.id
+        self._forget(nid)
+        self.held.pop(nid, None)
+        self.held_bytes.pop(nid, None)
+        if nid in self.connected:
+            self.connected.discard(nid)
+            self._onNodeDisconnected(self.nodes.get(nid, node))
+        self.nodes.pop(nid, None)
+        self.link.drop_peer(self.group, nid)
+
+    def destroy(self) -> None:
+        self.held.clear()
+        self.setOnMessageReceivedCallback(None)
+        self.setOnNodeConnectedCallback(None)
+        self.setOnNodeDisconnectedCallback(None)
+
+    # --------------------------------------------------------------------- peer up / down
+
+    def _tell_connected(self, nid: str) -> None:
+        if self._onNodeConnectedCallback is None:
+            return  # pysyncobj is still building (it sets callbacks after us): sync_connections tells it
+        if nid not in self.connected:
+            self.connected.add(nid)
+            self._onNodeConnected(self.nodes[nid])
+
+    def peer_up(self, nid: str) -> None:
+        if nid not in self.nodes:
+            return
+        self._forget(nid)
+        if self.joined:
+            self._tell_connected(nid)
+
+    def peer_down(self, nid: str) -> None:
+        if nid not in self.nodes:
+            return
+        q = self.held.pop(nid, None)
+        self.held_bytes.pop(nid, None)
+        if q:
+            self.stats["held_dropped_disconnect"] += len(q)
+        self._forget(nid)
+        if nid in self.connected:
+            self.connected.discard(nid)
+            self._onNodeDisconnected(self.nodes[nid])
+
+    def sync_connections(self) -> None:
+        """Tell pysyncobj about peers already up (after it has set its callbacks)."""
+        if self.joined:
+            for nid in self.nodes:
+                if self.link.peer_is_up(nid):
+                    self._tell_connected(nid)
+
+    def _forget(self, nid: str, upto: int | None = None) -> None:
+        if upto is None:
+            self.sent_hi.pop(nid, None)
+            self.commit_sent.pop(nid, None)
+        else:
+            st = self.sent_hi.get(nid)
+            if st is not None and st[1] > upto:
+                self.sent_hi[nid] = (st[0], upto)
+
+    # ------------------------------------------------------------------------- outgoing
+
+    def send(self, node: Node, message: dict) -> bool:
+        nid = node.id
+        t = message.get("type")
+        if t == "apply_command":
+            # pysyncobj forwards a command queued on a node that lost leadership: answer it here.
+            if "request_id" in message:
+                self.rejected_requests.append(message["request_id"])
+            self.stats["forward_refused"] += 1
+            return True
+        if t == "apply_command_response":
+            self.stats["forward_refused"] += 1
+            return True
+        if nid not in self.nodes or not self.link.peer_is_up(nid) or self.silent:
+            return False
+        seams = self.seams
+        need, check_idx, check_term, is_ack, msg_term, ack_idx = 0, 0, None, False, None, 0
+        if t == "next_node_idx":
+            message = dict(message)
+            message["term"] = msg_term = self.so._getTerm()
+            if seams:
+                if message["reset"] and not message["success"]:
+                    message = self._clamp(message)
+                elif message["success"]:
+                    if self.hint is not None and message["next_node_idx"] > self.hint[0]:
+                        self.hint = None  # the leader verified the prefix through the hint
+                    message = self._ack_floor(nid, message)
+            if message["success"]:
+                ack_idx = message["next_node_idx"] - 1
+                is_ack = True
+                need, check_idx, check_term = ack_idx, ack_idx, self.log.term_at(ack_idx)
+        elif t == "append_entries":
+            if "transmission" in message or "serialized" in message:
+                self.stats["refused_snapshot_or_chunk"] += 1
+                log.error("group %s: pysyncobj tried to send a chunked/snapshot append_entries to %s; refused",
+                          self.group, nid)
+                return False
+            entries = message.get("entries")
+            if entries:
+                message = dict(message, entries=list(entries))  # copy now: the log may change while held
+                if seams:
+                    message = self._dedup(nid, message)
+                    if message is None:
+                        return True
+                entries = message["entries"]
+            if entries:
+                last = entries[-1]
+                need, check_idx, check_term = last[1], last[1], last[2]
+                msg_term = message["term"]
+                if seams:
+                    st = self.sent_hi.get(nid)
+                    hi = st[1] if st is not None and st[0] == msg_term else 0
+                    self.sent_hi[nid] = (msg_term, max(hi, last[1]))
+            if message["commit_index"] > self.commit_sent.get(nid, 0):
+                self.commit_sent[nid] = message["commit_index"]
+        try:
+            body = wire.encode_raft(self.group, message, self.membership_cache)
+        except wire.WireError as exc:
+            self.stats["refused_unencodable"] += 1
+            log.error("group %s: not sending %s to %s: %s", self.group, t, nid, exc)
+            return False
+        q = self.held.get(nid)
+        if not seams or (not q and need <= self.log.durable_index):
+            return self._wire(nid, body, is_ack, ack_idx, msg_term)
+        if q is None:
+            q = self.held[nid] = collections.deque()
+        size = self.held_bytes.get(nid, 0)
+        if size + len(body) > HELD_BYTES_MAX:
+            self.stats["held_dropped_full"] += 1
+            return True
+        self.held_bytes[nid] = size + len(body)
+        q.append(_Held(need, check_idx, check_term, body, is_ack, msg_term, ack_idx))
+        self.stats["held"] += 1
+        return True
+
+    def _wire(self, nid: str, body: bytes, is_ack: bool, ack_idx: int, term: int | None) -> bool:
+        ok = self.link.send_raft(nid, body)
+        if not ok:
+            self.stats["dropped_by_link"] += 1
+            return False
+        self.last_wire[nid] = self.clock()
+        if is_ack:
+            self.stats["acks"] += 1
+            prev = self.last_ack.get(nid)
+            if prev is not None and prev[0] == term and ack_idx < prev[1]:
+                self.stats["ack_regressions"] += 1  # should stay 0 with the seams
+            self.last_ack[nid] = (term, ack_idx)
+            if self.acked[0] != term:
+                self.acked = (term, ack_idx)
+            elif ack_idx > self.acked[1]:
+                self.acked = (term, ack_idx)
+        return True
+
+    def release(self) -> None:
+        """Send held messages whose entries are now durable (hub thread, after durable advanced)."""
+        if not self.held:
+            return
+        durable = self.log.durable_index
+        term_now = self.so._getTerm()
+        for nid in list(self.held):
+            q = self.held.get(nid)
+            while q and q[0].need <= durable:
+                h = q.popleft()
+                self.held_bytes[nid] -= len(h.body)
+                if h.check_term is not None and self.log.term_at(h.check_idx) != h.check_term:
+                    self.stats["held_dropped_stale"] += 1
+                    continue
+                if h.term is not None and h.term != term_now:
+                    self.stats["held_dropped_stale"] += 1  # from a past term: the leader would drop it
+                    continue
+                if h.is_ack and q and q[0].is_ack and q[0].need <= durable and q[0].ack_idx >= h.ack_idx \
+                        and self.log.term_at(q[0].check_idx) == q[0].check_term:
+                    self.stats["acks_coalesced"] += 1
+                    continue
+                if not self._wire(nid, h.body, h.is_ack, h.ack_idx, h.term):
+                    break
+            if not q:
+                self.held.pop(nid, None)
+                self.held_bytes.pop(nid, None)
+
+    def held_count(self) -> int:
+        return sum(len(q) for q in self.held.values())
+
+    def _dedup(self, nid: str, message: dict) -> dict | None:
+        ents = message["entries"]
+        st = self.sent_hi.get(nid)
+        hi = st[1] if st is not None and st[0] == message["term"] else 0
+        if ents[0][1] > hi:
+            return message
+        k = min(len(ents), hi - ents[0][1] + 1)
+        self.stats["dedup_entries"] += k
+        if k < len(ents):
+            return dict(message, prevLogIdx=ents[k - 1][1], prevLogTerm=ents[k - 1][2], entries=ents[k:])
+        if message["commit_index"] <= self.commit_sent.get(nid, 0) \
+                and self.clock() - self.last_wire.get(nid, 0.0) < self.heartbeat_s:
+            self.stats["dedup_msgs_dropped"] += 1
+            return None
+        return dict(message, prevLogIdx=ents[-1][1], prevLogTerm=ents[-1][2], entries=[])
+
+    def _clamp(self, message: dict) -> dict:
+        if self.hint is None:
+            return message
+        f, t = self.hint
+        if self.log.term_at(f) != t:
+            self.hint = None  # the conflicting run was truncated: resolved
+            return message
+        if message["next_node_idx"] > f:
+            self.stats["hint_clamps"] += 1
+            message["next_node_idx"] = f
+        return message
+
+    def _ack_floor(self, nid: str, message: dict) -> dict:
+        term = message["term"]
+        idx = message["next_node_idx"] - 1
+        fl = self.floor.get(nid)
+        if fl is not None and fl[0] == term and fl[1] > idx and self.log.term_at(fl[1]) == fl[2]:
+            self.stats["ack_floor_raised"] += 1
+            message["next_node_idx"] = fl[1] + 1
+            return message
+        t = self.log.term_at(idx)
+        if t is not None:
+            self.floor[nid] = (term, idx, t)
+        return message
+
+    def _on_truncate(self, first_index: int, count: int) -> None:
+        term, idx = self.acked
+        if term == self.so._getTerm() and first_index <= idx:
+            n = idx - first_index + 1
+            self.stats["acked_entries_truncated"] += n  # a Raft safety violation: must stay 0
+            log.critical("group %s: truncating %d entries already acknowledged in term %d (from index %d)",
+                         self.group, n, term, first_index)
+
+    # ------------------------------------------------------------------------- incoming
+
+    def receive(self, nid: str, message: dict) -> None:
+        """A decoded message from peer nid (hub thread)."""
+        node = self.nodes.get(nid)
+        if node is None:
+            self.stats["dropped_non_member"] += 1
+            return
+        t = message["type"]
+        if t == "next_node_idx" and self.seams:
+            if self.so._isLeader() and message["term"] != self.so._getTerm():
+                self.stats["acks_other_term_dropped"] += 1
+                return
+            if not 2 <= message["next_node_idx"] <= self.log.last_index + 1:
+                # index 1 would send pysyncobj down its snapshot path; beyond our log would count
+                # entries nobody has: no correct follower says either
+                self.stats["acks_out_of_range_dropped"] += 1
+                return
+            if message["reset"]:
+                self._forget(nid, message["next_node_idx"] - 1)  # the follower asks for a re-send
+        elif t == "append_entries":
+            if not self.joined:
+                self.joined = True  # a leader replicates to us: we are a member now
+                self.sync_connections()
+            if self.seams and message["term"] >= self.so._getTerm():
+                if message["entries"] and self.log.undurable_bytes > HELD_BYTES_MAX // 2:
+                    self.stats["appends_dropped_disk_behind"] += 1  # the leader re-sends after a reset
+                    return
+                message, ack = self._guard(message)
+                self._onMessageReceived(node, message)
+                if ack is not None:
+                    self.send(node, {"type": "next_node_idx", "next_node_idx": ack + 1, "reset": False,
+                                     "success": True})
+                return
+        self._onMessageReceived(node, message)
+
+    def _guard(self, msg: dict) -> tuple[dict, int | None]:
+        """(message for pysyncobj, index to ack ourselves or None)."""
+        rl = self.log
+        p, pt = msg["prevLogIdx"], msg["prevLogTerm"]
+        tp = rl.term_at(p)
+        if tp is None:
+            return msg, None  # a gap: pysyncobj answers reset (clamped)
+        if tp != pt:
+            f = rl.run_start(p)
+            if self.hint is None or f < self.hint[0]:
+                self.hint = (f, tp)
+            self.stats["guard_prev_mismatch"] += 1
+            return msg, None
+        ents = msg["entries"]
+        last = rl.last_index
+        k = 0
+        n = len(ents)
+        while k < n and ents[k][1] <= last and rl.term_at(ents[k][1]) == ents[k][2]:
+            k += 1
+        if k:
+            self.stats["guard_skipped_entries"] += k
+        if k < n:
+            if ents[k][1] <= last:
+                self.stats["guard_conflicts"] += 1  # a real term conflict: pysyncobj truncates from here
+            if k == 0:
+                return msg, None
+            return dict(msg, prevLogIdx=ents[k - 1][1], prevLogTerm=ents[k - 1][2], entries=ents[k:]), None
+        verified = ents[-1][1] if ents else p
+        if verified == last:
+            if not ents:
+                return msg, None
+            return dict(msg, prevLogIdx=verified, prevLogTerm=ents[-1][2], entries=[]), None
+        if rl.last_term == msg["term"]:
+            self.stats["guard_extended"] += 1
+            return dict(msg, prevLogIdx=last, prevLogTerm=rl.last_term, entries=[]), None
+        # A longer tail from an older term: neither truncate it nor claim it.
+        self.stats["guard_stripped"] += 1
+        m2 = {k2: v for k2, v in msg.items() if k2 not in ("prevLogIdx", "prevLogTerm", "entries")}
+        m2["commit_index"] = min(msg["commit_index"], verified)
+        return m2, verified
+
+    def after_tick(self) -> None:
+        """Answer commands pysyncobj tried to forward to another leader (hub thread)."""
+        if self.rejected_requests:
+            ids, self.rejected_requests = self.rejected_requests, []
+            for rid in ids:
+                self._onMessageReceived(self.self_node, {"type": "apply_command_response", "request_id": rid,
+                                                         "error": FAIL_REASON.NOT_LEADER})

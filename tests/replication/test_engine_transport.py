@@ -1,0 +1,252 @@
+"""The replication port: msgpack only, HMAC-authenticated peers, the configured address only.
+
+Codec tests run on bytes; port tests run a real ReplicationNode in this process and talk to
+its port with a raw socket (handshake built from wire.py's helpers, or deliberately wrong).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from maxq_raft.replication import wire
+from maxq_raft.replication.engine import ReplicationNode
+
+pytestmark = pytest.mark.timeout(30)
+
+SECRET = b"the-cluster-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Evil:
+    """Unpickling this creates a file: proof that network bytes reached pickle.loads."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+# -------------------------------------------------------------------------------- codec
+
+def roundtrip(msg: dict) -> dict:
+    return wire.decode_raft(wire.encode_raft("g", msg, {}))[1]
+
+
+def test_every_message_type_roundtrips():
+    msgs = [
+        {"type": "request_vote", "term": 3, "last_log_index": 10, "last_log_term": 2},
+        {"type": "response_vote", "term": 3},
+        {"type": "timeout_now", "term": 3},
+        {"type": "next_node_idx", "next_node_idx": 11, "reset": False, "success": True, "term": 3},
+        {"type": "append_entries", "term": 3, "commit_index": 5, "prevLogIdx": 4, "prevLogTerm": 2,
+         "entries": [[b"\x04abc", 5, 3], [b"\x01", 6, 3]]},
+    ]
+    for m in msgs:
+        assert roundtrip(m) == m
+
+
+def test_membership_entries_travel_as_msgpack_and_are_pickled_again_locally():
+    cmd = wire.membership_command("add", "n4", ("127.0.0.1", 7000))
+    msg = {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
+           "entries": [(cmd, 2, 2)]}
+    body = wire.encode_raft("g", msg, {})
+    assert b"pysyncobj" not in body and b"RaftNode" not in body  # no pickle on the wire
+    got = wire.decode_raft(body)[1]["entries"][0][0]
+    assert wire.membership_of(got) == ("add", "n4", ("127.0.0.1", 7000))
+
+
+@pytest.mark.parametrize("kind", [wire.CMD_REGULAR, wire.CMD_VERSION, wire.CMD_MEMBERSHIP, 9])
+def test_pickles_in_entries_are_refused(tmp_path, kind):
+    evil = bytes([kind]) + pickle.dumps(Evil(tmp_path / "pwned"))
+    body = msgpack.packb(["g", 3, 1, 1, 1, 0, [[evil, 2, 1]]])
+    with pytest.raises(wire.WireError):
+        wire.decode_raft(body)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("body", [
+    pickle.dumps({"type": "append_entries", "term": 1}),  # what stock pysyncobj sends
+    b"\xc1garbage",
+    msgpack.packb(["g", 3, True, 1, 1, 0, []]),  # a bool is not a term
+    msgpack.packb(["g", 3, -1, 1, 1, 0, []]),
+    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x01x", 2, 1]]]),  # a no-op with a body
+    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 3, 1]]]),  # not consecutive after prevLogIdx
+    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 2]]]),  # entry term above the message term
+    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 1], [b"\x04b", 3, 0]]]),  # terms falling
+    msgpack.packb(["g", 99, 1]),
+    msgpack.packb({"type": "append_entries"}),
+    msgpack.packb(["g", 4, 5, False, True]),  # next_node_idx without a term
+])
+def test_malformed_frames_are_refused(body):
+    with pytest.raises(wire.WireError):
+        wire.decode_raft(body)
+
+
+@pytest.mark.parametrize("msg", [
+    {"type": "apply_command", "command": b"x", "request_id": 1},
+    {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
+     "transmission": "start", "data": b"x"},
+    {"type": "append_entries", "term": 1, "commit_index": 1, "serialized": b"x"},
+    {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
+     "entries": [(b"\x00" + pickle.dumps((0, ())), 2, 1)]},
+])
+def test_messages_that_would_need_pickle_are_never_encoded(msg):
+    with pytest.raises(wire.WireError):
+        wire.encode_raft("g", msg, {})
+
+
+def test_handshake_helpers():
+    hello, nonce_a = wire.server_hello()
+    assert wire.parse_server_hello(hello) == nonce_a
+    auth, nonce_c = wire.client_auth(SECRET, nonce_a, "n1")
+    assert wire.parse_client_auth(auth[:-1], SECRET, nonce_a) is None  # incomplete
+    assert wire.parse_client_auth(auth, SECRET, nonce_a) == ("n1", nonce_c, len(auth))
+    with pytest.raises(wire.WireError, match="bad HMAC"):
+        wire.parse_client_auth(auth, b"wrong", nonce_a)
+    with pytest.raises(wire.WireError, match="bad HMAC"):
+        wire.parse_client_auth(auth, SECRET, wire.server_hello()[1])  # a replay against a new nonce
+    proof = wire.server_proof(SECRET, nonce_a, nonce_c, "n2")
+    assert wire.parse_server_proof(proof, SECRET, nonce_a, nonce_c) == ("n2", len(proof))
+
+
+# ---------------------------------------------------------------------------------- port
+
+@pytest.fixture
+def node(tmp_path):
+    port = free_port()
+    commits: list = []
+    n = ReplicationNode(node_id="n1", raft_addr=("127.0.0.1", port), peers={"n2": ("127.0.0.1", free_port())},
+                        cluster_secret=SECRET, data_dir=tmp_path / "n1", groups=["g"],
+                        on_commit=lambda g, es: commits.extend(es))
+    n.start()
+    try:
+        yield n, port
+    finally:
+        n.stop()
+
+
+def connect(port: int, host: str = "127.0.0.1") -> socket.socket:
+    s = socket.create_connection((host, port), timeout=3)
+    s.settimeout(3)
+    return s
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def closed_by_peer(s: socket.socket, within_s: float = 3.0) -> bool:
+    s.settimeout(within_s)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def handshake(port: int, secret: bytes, node_id: str = "n2") -> socket.socket:
+    s = connect(port)
+    nonce_a = wire.parse_server_hello(recv_exact(s, wire.SERVER_HELLO_BYTES))
+    auth, nonce_c = wire.client_auth(secret, nonce_a, node_id)
+    s.sendall(auth)
+    if secret == SECRET:
+        n = recv_exact(s, 1)[0]
+        proof = bytes([n]) + recv_exact(s, n + 32)
+        assert wire.parse_server_proof(proof, SECRET, nonce_a, nonce_c)[0] == "n1"
+    return s
+
+
+def wait_for(pred, timeout_s: float = 3.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def test_a_peer_with_a_wrong_hmac_is_dropped_and_logged(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s = handshake(port, b"not-the-secret")
+    try:
+        s.sendall(wire.frame(wire.KIND_RAFT, msgpack.packb(["g", 2, 1])))  # never parsed
+        assert closed_by_peer(s)
+    finally:
+        s.close()
+    assert n.hub.stats["auth_rejected"] == 1 and n.hub.stats["frames_in"] == 0
+    assert any("bad HMAC" in r.getMessage() for r in caplog.records)
+
+
+def test_garbage_instead_of_a_handshake_is_dropped(node):
+    n, port = node
+    s = connect(port)
+    try:
+        recv_exact(s, wire.SERVER_HELLO_BYTES)
+        s.sendall(pickle.dumps({"type": "request_vote"}) * 10)
+        assert closed_by_peer(s)
+    finally:
+        s.close()
+    assert n.hub.stats["frames_in"] == 0
+
+
+def test_pickles_from_an_authenticated_peer_never_reach_pickle(node, tmp_path):
+    n, port = node
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps(Evil(marker))
+    s = handshake(port, SECRET)
+    try:
+        for body in (msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x00" + evil, 2, 1]]]),
+                     msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x02" + evil, 2, 1]]]),
+                     msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x03" + evil, 2, 1]]]),
+                     evil):
+            s.sendall(wire.frame(wire.KIND_RAFT, body))
+        assert wait_for(lambda: n.stats["bad_raft_frames"] == 4)
+    finally:
+        s.close()
+    assert not marker.exists()
+    assert n.status()["g"]["last_index"] == 1  # nothing reached the log
+
+
+def test_the_port_is_bound_to_the_configured_address_only(node):
+    n, port = node
+    assert n.hub.listen_addr == ("127.0.0.1", port)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", port), timeout=1).close()
+
+
+def test_nodes_with_different_secrets_never_connect(tmp_path):
+    ports = {"a": free_port(), "b": free_port()}
+    nodes = {k: ReplicationNode(node_id=k, raft_addr=("127.0.0.1", ports[k]),
+                                peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
+                                cluster_secret=b"secret-" + k.encode(), data_dir=tmp_path / k, groups=["g"],
+                                on_commit=lambda g, es: None) for k in ports}
+    for x in nodes.values():
+        x.start()
+    try:
+        assert wait_for(lambda: all(x.hub.stats["auth_rejected"] > 0 for x in nodes.values()), 5)
+        assert not nodes["a"].hub.is_up("b") and not nodes["b"].hub.is_up("a")
+        assert nodes["a"].leader("g") is None and nodes["b"].leader("g") is None
+    finally:
+        for x in nodes.values():
+            x.stop()
