@@ -105,6 +105,8 @@ class ReplicationNode:
         self._stopped = False
         self._member_change: dict | None = None
         self._req_ids = itertools.count(1)
+        # proposals this node forwarded to a leader: request id -> (leader, callback, deadline)
+        self._forwards: dict[int, tuple[str, Callable, float]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------------- lifecycle
@@ -120,6 +122,7 @@ class ReplicationNode:
                     fsync=self.fsync, link=self, on_commit=self.on_commit, on_durable=self._on_durable,
                     propose_timeout_s=self.propose_timeout_s, proposals_pending_max=self.proposals_pending_max,
                     joining=self.joining, settings=self.raft_settings)
+                self.groups[name].forward = self._forward
             self.hub.listen()
         except BaseException:
             for g in self.groups.values():
@@ -273,7 +276,59 @@ class ReplicationNode:
             g.transport.peer_up(peer)
             self._touched.add(g)
 
+    # --------------------------------------------------------------- forwarded proposals
+
+    def _forward(self, g: Group, payload: bytes, callback: Callable, deadline: float) -> bool:
+        """Carry a proposal made here to the group's leader (hub thread). False: no leader to ask."""
+        leader = g.leader_id
+        if leader is None or leader == self.node_id or not self.hub.is_up(leader):
+            return False
+        req = next(self._req_ids)
+        body = wire.encode_control({"op": "propose", "req": req, "group": g.name, "payload": payload,
+                                    "ttl_s": max(0.0, deadline - time.monotonic())})
+        if not self.hub.send(leader, wire.KIND_CONTROL, body):
+            return False
+        self._forwards[req] = (leader, callback, deadline)
+        self.stats["proposals_forwarded"] += 1
+        return True
+
+    def _on_forwarded_proposal(self, peer: str, m: dict) -> None:
+        req, name, payload, ttl_s = m.get("req"), m.get("group"), m.get("payload"), m.get("ttl_s")
+        if (type(req) is not int or type(name) is not str or type(payload) is not bytes
+                or type(ttl_s) not in (int, float) or len(payload) > PAYLOAD_BYTES_MAX):
+            raise wire.WireError(f"bad forwarded proposal from {peer}")
+        hub = self.hub
+
+        def reply(index: int | None, error: str | None) -> None:
+            hub.send(peer, wire.KIND_CONTROL, wire.encode_control(
+                {"op": "propose_reply", "req": req, "index": index, "error": error}))
+
+        reply.forwarded = True  # a proposal answered here, never sent on to another node
+        g = self.groups.get(name)
+        if g is None:
+            reply(None, "stopped")
+            return
+        g.inbox.append((payload, reply, time.monotonic() + min(float(ttl_s), self.propose_timeout_s)))
+        self._touched.add(g)
+
+    def _on_proposal_reply(self, m: dict) -> None:
+        entry = self._forwards.pop(m.get("req"), None)
+        if entry is None:
+            return  # timed out here already
+        index, error = m.get("index"), m.get("error")
+        if not ((type(index) is int and error is None) or (index is None and type(error) is str)):
+            index, error = None, "timeout"  # a malformed answer: the outcome is unknown
+        _safe(entry[1], index, error)
+
+    def _expire_forwards(self, now: float, peer_down: str | None = None) -> None:
+        for req, (leader, callback, deadline) in list(self._forwards.items()):
+            if deadline <= now or leader == peer_down:
+                del self._forwards[req]
+                # The leader may have committed it: the outcome is unknown, as with any timeout.
+                _safe(callback, None, "timeout")
+
     def _on_peer_down(self, peer: str) -> None:
+        self._expire_forwards(time.monotonic(), peer_down=peer)
         for g in self.groups.values():
             g.transport.peer_down(peer)
             self._touched.add(g)
@@ -321,6 +376,10 @@ class ReplicationNode:
                 return
             g.member_request(action, nid, (host, port) if action == "add" else None, reply, time.monotonic())
             self._touched.add(g)
+        elif op == "propose":
+            self._on_forwarded_proposal(peer, m)
+        elif op == "propose_reply":
+            self._on_proposal_reply(m)
         elif op == "removed":
             names = m.get("groups")
             if type(names) is not list:
@@ -456,6 +515,8 @@ class ReplicationNode:
                     for g in self.groups.values():
                         g.sweep(now)
                         touched.add(g)
+                    if self._forwards:
+                        self._expire_forwards(now)
                     self._member_step(now)
                     for nid, at in list(self._unwant_at.items()):
                         if now >= at:
@@ -475,6 +536,9 @@ class ReplicationNode:
         mc, self._member_change = self._member_change, None
         if mc is not None:
             _safe(mc["callback"], "stopped")
+        forwards, self._forwards = self._forwards, {}
+        for _leader, callback, _deadline in forwards.values():
+            _safe(callback, None, "stopped")  # the leader may still commit it: unknown, as any stop
         for g in self.groups.values():
             g.close()  # answers pending proposals with "stopped", flushes and closes the journal
         while self._calls:

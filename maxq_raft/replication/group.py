@@ -121,6 +121,8 @@ class Group:
         self.confirms: collections.deque[tuple[int, Proposal]] = collections.deque()
         self.applied = 0  # delivered to on_commit through this index
         self.leader_id: str | None = None
+        # set by the engine: forward(group, payload, callback, deadline) -> bool (False: cannot)
+        self.forward: Callable | None = None
         self.is_leader = False
         self.term = 0
         self.transfer: dict | None = None
@@ -217,7 +219,10 @@ class Group:
         for _ in range(len(inbox)):  # bounded: what is queued now
             payload, cb, deadline = inbox.popleft()
             if not leader:
-                _call(cb, None, "not leader")
+                # One hop to the leader we know of; a proposal that was already forwarded here is
+                # not sent on again (leadership moving under it would make it bounce).
+                if getattr(cb, "forwarded", False) or self.forward is None or not self.forward(self, payload, cb, deadline):
+                    _call(cb, None, "not leader")
             elif self.n_pending >= self.proposals_pending_max or disk_behind:
                 self.stats["busy"] += 1
                 _call(cb, None, "busy")
