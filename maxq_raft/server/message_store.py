@@ -22,7 +22,8 @@ import struct
 import threading
 from typing import Callable
 
-from ..machines.queue import Message
+from ..machines.queue import WINDOW_BYTES_MAX, Message
+from ..storage.errors import StorageError
 
 log = logging.getLogger("maxq.store")
 
@@ -31,6 +32,12 @@ _PROPS_LEN = struct.Struct(">I")
 FLAG_PERSISTENT = 1
 FLAG_DURABLE = 2  # written through the WAL: survives a restart
 _U64 = struct.Struct(">Q")
+# A load (one refill of a queue's window) brings in at most this much body: the queue machine's
+# own window bound, which it applies to enqueues but not to the count it asks `load` for.
+LOAD_BYTES_MAX = WINDOW_BYTES_MAX
+LOAD_SCAN_BYTES = 4 << 20  # per store scan, so a load's transient copies stay small
+LOAD_SCAN_RECORDS_FIRST = 256  # before the record size is known
+LOAD_SCAN_RECORDS_MAX = 8192
 
 
 def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
@@ -84,6 +91,7 @@ class QueueBacking:
         self.next_seq = 0
         self.delivered_upto = -1
         self.recovered_epoch_floor = epoch  # records older than this epoch that are not durable are stale
+        self.damage_logged = False
 
     def _counters(self) -> dict:
         return {counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto)}
@@ -122,17 +130,52 @@ class QueueBacking:
             self.store.write((), (), self._counters(), wal=True)
 
     def load(self, seq_from: int, limit: int) -> list:
+        """Up to `limit` messages from `seq_from`, and no more than LOAD_BYTES_MAX of bodies.
+
+        The machine asks for a window's worth of messages (`window_max`) whatever their size, and
+        takes fewer as fine; so the byte bound of the window holds here too. The store is read in
+        scans of about LOAD_SCAN_BYTES, so the copies a scan makes (RocksDB's value, the record,
+        the body) exist for one scan at a time, not for the whole load.
+        """
         out = []
-        stale = []
-        for seq, record in self.store.scan(self.queue_id, seq_from, limit):
-            message, flags, epoch = decode_record(seq, record)
-            if epoch != self.epoch and not flags & FLAG_DURABLE:
-                stale.append((self.queue_id, seq))  # a transient message of an earlier run
-                continue
-            message.redelivered = seq <= self.delivered_upto and epoch != self.epoch
-            out.append(message)
-        if stale:
-            self.store.write((), stale, None, wal=False)
+        body_bytes = 0
+        scan_records = LOAD_SCAN_RECORDS_FIRST
+        while len(out) < limit and body_bytes < LOAD_BYTES_MAX:
+            want = min(scan_records, limit - len(out))
+            stale = []
+            try:
+                records = self.store.scan(self.queue_id, seq_from, want)
+            except StorageError as exc:
+                # The queue machine turns this into a 541 for the client; the operator must hear
+                # of it too (once per queue: every later read of the queue meets it again).
+                if not self.damage_logged:
+                    self.damage_logged = True
+                    log.critical("queue %d cannot be read from seq %d: %s (maxq-server --check lists the damage)",
+                                 self.queue_id, seq_from, exc)
+                if out:
+                    return out  # what comes before the damage can still be delivered
+                raise
+            record_bytes = 0
+            for seq, record in records:
+                record_bytes += len(record)
+                seq_from = seq + 1
+                message, flags, epoch = decode_record(seq, record)
+                if epoch != self.epoch and not flags & FLAG_DURABLE:
+                    stale.append((self.queue_id, seq))  # a transient message of an earlier run
+                    continue
+                message.redelivered = seq <= self.delivered_upto and epoch != self.epoch
+                out.append(message)
+                body_bytes += len(message.body)
+                if body_bytes >= LOAD_BYTES_MAX:
+                    break
+            if stale:
+                self.store.write((), stale, None, wal=False)
+            # Stale records are skipped, never a reason to stop: the machine takes an empty answer
+            # for "nothing more is stored", so stopping at a run of them (transient messages that
+            # RocksDB had flushed before a restart) would hide the persistent messages after it.
+            if len(records) < want:
+                break
+            scan_records = max(1, min(LOAD_SCAN_RECORDS_MAX, LOAD_SCAN_BYTES * len(records) // max(1, record_bytes)))
         return out
 
     def delivered(self, seq: int) -> None:
