@@ -219,10 +219,12 @@ def _is_empty(db: Rdict) -> bool:
 class RocksSegmentStore:
     """SegmentStore on a RocksDB folder; see the module docstring for the durability modes."""
 
-    def __init__(self, path: str | os.PathLike, *, sync_writes: bool = False, wal: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, sync_writes: bool = False, wal: bool = True,
+                 read_only: bool = False) -> None:
         if sync_writes and not wal:
             raise ValueError("sync_writes=True needs wal=True: without a WAL there is nothing to sync per write")
         self.path = os.fspath(path)
+        self.read_only = read_only
         self.sync_writes = sync_writes
         self.wal = wal
         self.iterator_moves = 0  # seeks + steps made by this object's own iterators
@@ -235,8 +237,14 @@ class RocksSegmentStore:
         fresh = _check_folder(self.path)
         self._db: Rdict | None = None
         self._meta: Rdict | None = None
-        self._db, self._meta = _open_rdict(self.path, self._cache, fresh=fresh, read_only=False)
+        self._db, self._meta = _open_rdict(self.path, self._cache, fresh=fresh, read_only=read_only)
         try:
+            if read_only:
+                # For offline checks (`maxq-server --check`): look, never write, take no LOCK.
+                problem = _format_problem(self._meta)
+                if problem is not None:
+                    raise StoreCorruption(self.path, problem)
+                return
             self._adopt_or_check_format(fresh)
             self._db.set_options({"ttl": str(COMPACTION_TTL_S)})
         except BaseException:
@@ -532,7 +540,8 @@ class RocksSegmentStore:
         if self._db is None:
             return
         try:
-            self.flush()
+            if not self.read_only:
+                self.flush()
         finally:
             self._release()
 

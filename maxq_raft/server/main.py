@@ -90,7 +90,7 @@ def check_data_dir(settings: Settings) -> int:
     problems = verify_store(path)
     if not problems:
         try:
-            with RocksSegmentStore(path) as store:
+            with RocksSegmentStore(path, read_only=True) as store:
                 persistence.MetadataLog(store).entries()
         except (StorageError, persistence.MetadataCorruption) as exc:
             problems.append(str(exc))
