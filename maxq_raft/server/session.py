@@ -176,12 +176,13 @@ class Session:
             reason = "low on memory" if alarms.memory_alarm else "low on disk"
             self.conn.send_method(0, spec.ConnectionBlocked(reason=reason))
             self.wake()
-        while alarms.active and not self.finished:
+        # Stop waiting when we close the connection ourselves (shutdown): its close-ok must be read.
+        while alarms.active and not self.finished and self.conn.state is State.OPEN:
             # Unread heartbeats must not count against the client while we are the ones not reading.
             self.conn.note_peer_alive(trio.current_time())
             with trio.move_on_after(1.0):
                 await alarms.cleared.wait()
-        if notify:
+        if notify and not alarms.active:
             self.conn.send_method(0, spec.ConnectionUnblocked())
             self.wake()
 
