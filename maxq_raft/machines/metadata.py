@@ -360,7 +360,7 @@ class MetadataMachine:
 
     def _check_binding(self, v: VHost, cmd) -> Rejected | ExchangeRecord:
         if cmd.source == "" or (cmd.to_exchange and cmd.destination == ""):
-            return Rejected(403, f"operation not permitted on the default exchange")
+            return Rejected(403, "operation not permitted on the default exchange")
         source = v.exchanges.get(cmd.source)
         if cmd.to_exchange:
             if cmd.destination not in v.exchanges:

@@ -75,8 +75,6 @@ class Broker:
         self.messages_published = 0
         self.messages_delivered = 0
 
-    # --------------------------------------------------------------- apply
-
     # ------------------------------------------------------------- storage
 
     def recover(self, call_soon) -> None:
@@ -88,10 +86,7 @@ class Broker:
         self.next_queue_id = int.from_bytes(store.get_meta(persistence.NEXT_QUEUE_ID_KEY) or b"\0\0\0\0\0\0\0\1", "big")
         self.syncer = WalSyncer(store, self._durable_from_thread, fsync=self._fsync)
         self.metadata_log = persistence.MetadataLog(store)
-        recovering: dict[tuple, int] = {}
         for command, queue_id in self.metadata_log.entries():
-            if type(command) is md.DeclareQueue:
-                recovering[(command.vhost, command.name)] = queue_id
             self.apply_meta(command, replaying=True, queue_id=queue_id)
         # What is not durable does not survive a restart (RabbitMQ): queues, then exchanges.
         for vhost in list(self.meta.vhosts.values()):
