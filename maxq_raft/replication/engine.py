@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import wire
-from .group import PAYLOAD_BYTES_MAX, Group
+from .group import PAYLOAD_BYTES_MAX, Group, call_safely
 from .transport import Hub
 
 __all__ = ["ReplicationNode", "PAYLOAD_BYTES_MAX"]
@@ -318,14 +318,14 @@ class ReplicationNode:
         index, error = m.get("index"), m.get("error")
         if not ((type(index) is int and error is None) or (index is None and type(error) is str)):
             index, error = None, "timeout"  # a malformed answer: the outcome is unknown
-        _safe(entry[1], index, error)
+        call_safely(entry[1], index, error)
 
     def _expire_forwards(self, now: float, peer_down: str | None = None) -> None:
         for req, (leader, callback, deadline) in list(self._forwards.items()):
             if deadline <= now or leader == peer_down:
                 del self._forwards[req]
                 # The leader may have committed it: the outcome is unknown, as with any timeout.
-                _safe(callback, None, "timeout")
+                call_safely(callback, None, "timeout")
 
     def _on_peer_down(self, peer: str) -> None:
         self._expire_forwards(time.monotonic(), peer_down=peer)
@@ -442,7 +442,7 @@ class ReplicationNode:
                     self._member_change = None
                     if not self._peer_groups.get(mc["node"]):
                         self._unwant_at[mc["node"]] = now
-                    _safe(mc["callback"], f"unreachable: {mc['node']} did not complete the handshake at {mc['addr']} "
+                    call_safely(mc["callback"], f"unreachable: {mc['node']} did not complete the handshake at {mc['addr']} "
                                           f"within {MEMBER_PROBE_S:.0f} s (start it, with the cluster secret, first)")
                 return
             mc["probe_until"] = None
@@ -475,11 +475,11 @@ class ReplicationNode:
                 # the removal reaches it): say so, so that it stops campaigning (best effort).
                 self.hub.send(mc["node"], wire.KIND_CONTROL, wire.encode_control(
                     {"op": "removed", "groups": list(self.groups)}))
-            _safe(mc["callback"], None)
+            call_safely(mc["callback"], None)
         elif now > mc["deadline"]:
             self._member_change = None
             left = {n: st["error"] for n, st in mc["groups"].items() if st["state"] != "done"}
-            _safe(mc["callback"], f"timeout: not done in {left}")
+            call_safely(mc["callback"], f"timeout: not done in {left}")
 
     # --------------------------------------------------------------------- the hub thread
 
@@ -535,10 +535,10 @@ class ReplicationNode:
         self._stopped = True
         mc, self._member_change = self._member_change, None
         if mc is not None:
-            _safe(mc["callback"], "stopped")
+            call_safely(mc["callback"], "stopped")
         forwards, self._forwards = self._forwards, {}
         for _leader, callback, _deadline in forwards.values():
-            _safe(callback, None, "stopped")  # the leader may still commit it: unknown, as any stop
+            call_safely(callback, None, "stopped")  # the leader may still commit it: unknown, as any stop
         for g in self.groups.values():
             g.close()  # answers pending proposals with "stopped", flushes and closes the journal
         while self._calls:
@@ -555,13 +555,5 @@ class ReplicationNode:
                     _, cb, _ = g.inbox.popleft()
                 except IndexError:
                     break
-                _safe(cb, None, "stopped")
+                call_safely(cb, None, "stopped")
 
-
-def _safe(cb: Callable | None, *args: Any) -> None:
-    if cb is None:
-        return
-    try:
-        cb(*args)
-    except Exception:
-        log.exception("replication callback raised")

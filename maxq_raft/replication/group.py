@@ -210,7 +210,7 @@ class Group:
         if self.failed is not None:
             while inbox:
                 _, cb, _ = inbox.popleft()
-                _call(cb, None, "stopped")
+                call_safely(cb, None, "stopped")
             return
         if self.transfer is not None and now < self.transfer["deadline"]:
             return  # hold proposals while leadership moves (bounded by the transfer deadline)
@@ -222,12 +222,12 @@ class Group:
                 # One hop to the leader we know of; a proposal that was already forwarded here is
                 # not sent on again (leadership moving under it would make it bounce).
                 if getattr(cb, "forwarded", False) or self.forward is None or not self.forward(self, payload, cb, deadline):
-                    _call(cb, None, "not leader")
+                    call_safely(cb, None, "not leader")
             elif self.n_pending >= self.proposals_pending_max or disk_behind:
                 self.stats["busy"] += 1
-                _call(cb, None, "busy")
+                call_safely(cb, None, "busy")
             elif deadline <= now:
-                _call(cb, None, "timeout")
+                call_safely(cb, None, "timeout")
             else:
                 p = self._track(cb, deadline)
                 self.so._applyCommand(payload, lambda _r, err, p=p: self._result(p, err), wire.CMD_PAYLOAD)
@@ -243,13 +243,13 @@ class Group:
     def fail_all(self, error: str) -> None:
         while self.inbox:
             _, cb, _ = self.inbox.popleft()
-            _call(cb, None, error)
+            call_safely(cb, None, error)
         while self.outstanding:
             self._finish(self.outstanding.popleft(), None, error)
         self.confirms.clear()
         if self.transfer is not None:
             t, self.transfer = self.transfer, None
-            _call(t["callback"], error)
+            call_safely(t["callback"], error)
 
     # -------------------------------------------------------------------------------- tick
 
@@ -333,16 +333,16 @@ class Group:
     def start_transfer(self, target: str, callback: Callable[[str | None], None] | None, now: float,
                        timeout_s: float = 3.0) -> None:
         if self.transfer is not None:
-            _call(callback, "busy")
+            call_safely(callback, "busy")
             return
         if not self.so._isLeader():
-            _call(callback, "not leader")
+            call_safely(callback, "not leader")
             return
         if target == self.node_id:
-            _call(callback, None)
+            call_safely(callback, None)
             return
         if target not in {n.id for n in self.so.otherNodes}:
-            _call(callback, "not a member")
+            call_safely(callback, "not a member")
             return
         self.transfer = {"target": target, "callback": callback, "deadline": now + timeout_s, "sent": False}
 
@@ -365,7 +365,7 @@ class Group:
             done = "not leader"
         if done is not False:
             self.transfer = None
-            _call(t["callback"], done)
+            call_safely(t["callback"], done)
 
     def member_request(self, action: str, node_id: str, addr: tuple[str, int] | None,
                        reply: Callable[[str | None], None], now: float) -> None:
@@ -432,7 +432,8 @@ class Group:
                 log.exception("group %s: closing the journal failed", self.name)
 
 
-def _call(cb: Callable | None, *args: Any) -> None:
+def call_safely(cb: Callable | None, *args: Any) -> None:
+    """Call a user callback; its exception is logged, never raised into the hub thread."""
     if cb is None:
         return
     try:
