@@ -35,6 +35,7 @@ CLIENT_PROPERTIES = {
         "consumer_cancel_notify": True,
         "connection.blocked": True,
         "exchange_exchange_bindings": True,
+        "authentication_failure_close": True,  # a bad login gets a 403 close, not a bare disconnect
     },
 }
 
@@ -88,7 +89,8 @@ class AmqpClient:
         self.sock.sendall(PROTOCOL_HEADER)
         start = self.wait_method(0, (spec.ConnectionStart,))
         self.server_properties = start.server_properties
-        mechanisms = start.mechanisms.split() if isinstance(start.mechanisms, bytes) else start.mechanisms.encode().split()
+        mechanisms = start.mechanisms if isinstance(start.mechanisms, bytes) else start.mechanisms.encode()
+        mechanisms = mechanisms.split()
         if b"PLAIN" not in mechanisms:
             raise BrokerClosed("connection", 0, f"broker offers no PLAIN login ({start.mechanisms!r})")
         response = b"\x00" + self.user.encode() + b"\x00" + self.password.encode()

@@ -171,7 +171,8 @@ class Fleet:
                         except EOFError:
                             self.results[(role, i)] = {"error": f"{role} {i} exited (code {proc.exitcode})"}
                     else:
-                        self.results[(role, i)] = {"error": f"{role} {i} sent no result within {COLLECT_TIMEOUT_S:.0f} s"}
+                        late = f"{role} {i} sent no result within {COLLECT_TIMEOUT_S:.0f} s"
+                        self.results[(role, i)] = {"error": late}
                 result = self.results[(role, i)]
                 if result.get("error"):
                     raise RunFailed(result["error"] + ("\n" + result["traceback"] if result.get("traceback") else ""))

@@ -1,9 +1,11 @@
 """A worker's socket after set-up: large non-blocking reads parsed in place, whole-batch writes.
 
 Theory of operation: one receive buffer of `RECV_BUFFER_BYTES` plus room for two maximum
-frames; `read_available()` reads until the socket has nothing more (or `READ_BATCH_BYTES_MAX`,
-so acks get written in between) and after every read hands the new bytes to a parser
-(`DeliveryParser` / `ConfirmParser`) that consumes whole frames by offset. The time passed to
+frames; `read_available()` reads until a read comes back short (the socket had no more), the
+socket would block, or `READ_BATCH_BYTES_MAX` was read (so acks get written in between), and
+after every read hands the new bytes to a parser (`DeliveryParser` / `ConfirmParser`) that
+consumes whole frames by offset. Waiting is poll() on a registered descriptor (select() for
+waits under a few milliseconds, which poll() cannot express). The time passed to
 the parser is taken once per read, just after it returns: the moment those bytes were seen.
 A partial frame at the end stays; it is moved to the front only when the free room at the end
 could not hold a maximum frame. `write_all()` writes with `send()` and, while the kernel
@@ -21,6 +23,7 @@ import time
 RECV_BUFFER_BYTES = 1 << 20
 READ_BATCH_BYTES_MAX = 4 << 20
 WRITE_WAIT_S = 0.2
+POLL_PRECISION_S = 0.005
 
 
 class StreamClosed(ConnectionError):
@@ -42,12 +45,14 @@ class RawStream:
         self.bytes_in = 0
         self.reads = 0  # recv calls that returned data
         self.writes = 0  # send calls
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
 
     def wait_readable(self, timeout_s: float) -> bool:
-        if timeout_s < 0:
-            timeout_s = 0
-        readable, _, _ = select.select((self.fd,), (), (), timeout_s)
-        return bool(readable)
+        if timeout_s < POLL_PRECISION_S:  # poll() counts whole milliseconds; rate schedules need less
+            readable, _, _ = select.select((self.fd,), (), (), max(timeout_s, 0.0))
+            return bool(readable)
+        return bool(self.poller.poll(int(timeout_s * 1000)))
 
     def read_available(self, parser) -> int:
         """Read and parse whatever has arrived, without blocking; returns bytes read."""
@@ -57,6 +62,7 @@ class RawStream:
         while total < READ_BATCH_BYTES_MAX:
             if self.capacity - self.end < self.frame_room:
                 self._compact()
+            room = self.capacity - self.end
             try:
                 n = recv_into(view[self.end :])
             except (BlockingIOError, InterruptedError):
@@ -70,6 +76,8 @@ class RawStream:
             self.start = parser.parse(self.buffer, self.start, self.end, now_ns)
             if self.start == self.end:
                 self.start = self.end = 0
+            if n < room:
+                break  # a short read: the socket had no more; the next poll tells when it has
         self.bytes_in += total
         return total
 

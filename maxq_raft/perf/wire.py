@@ -37,8 +37,6 @@ _U64 = Struct(">Q")
 _CONTENT_HEAD = Struct(">BHIHHQ")  # frame header + class id, weight, body size
 _STAMP_TS = Struct("<Q")
 _STAMP_TS_SEQ = Struct("<QQ")
-_ACK = Struct(">BHIHHQBB")
-_ACK_FIELDS = (FRAME_METHOD, 13, 60, 80)
 _CONFIRM_FIELDS = Struct(">QB")
 
 DELIVER = spec.BasicDeliver.INDEX
@@ -88,11 +86,30 @@ class PublishBatch:
         return self.view[: count * self.message_bytes]
 
 
+_ACK_FRAME_FIELDS = 8  # type, channel, size, class, method, delivery tag, bits, end octet
+_ACK_TAG_FIELD = 5
+_ACK_STRUCTS_MAX = 4096  # frames per pack call; longer lists go in chunks
+_ack_structs: dict[int, Struct] = {}
+
+
+def _ack_struct(count: int) -> Struct:
+    s = _ack_structs.get(count)
+    if s is None:
+        s = _ack_structs[count] = Struct(">" + "BHIHHQBB" * count)
+    return s
+
+
 def encode_acks(channel: int, tags: list[int], multiple: bool) -> bytes:
-    """basic.ack frames for `tags`, one write's worth."""
-    pack = _ACK.pack
+    """basic.ack frames for `tags`, one write's worth, packed by one C call per chunk: the
+    argument list is a template whose tag slots are filled by a slice assignment."""
     bits = 1 if multiple else 0
-    return b"".join([pack(FRAME_METHOD, channel, 13, 60, 80, tag, bits, FRAME_END) for tag in tags])
+    parts = []
+    for start in range(0, len(tags), _ACK_STRUCTS_MAX):
+        chunk = tags[start : start + _ACK_STRUCTS_MAX]
+        fields = [FRAME_METHOD, channel, 13, 60, 80, 0, bits, FRAME_END] * len(chunk)
+        fields[_ACK_TAG_FIELD::_ACK_FRAME_FIELDS] = chunk
+        parts.append(_ack_struct(len(chunk)).pack(*fields))
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def acks_for(tags: list[int], multi_ack: int) -> tuple[list[int], bool]:
