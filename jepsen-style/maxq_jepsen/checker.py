@@ -1,0 +1,309 @@
+"""The checker: a history in, verdicts out. Pure: no I/O, no clock, no randomness.
+
+Theory of operation: Jepsen's total-queue check plus what AMQP adds (RELIABILITY.md, "Verdict").
+One pass over the records builds, per message id, its publish (invoke time, outcome, node,
+publisher session, CRC) and its deliveries (consumer session, redelivered flag, CRC), plus the
+fault windows the nemesis and runner recorded. Then every message falls in one class:
+
+    fatal (the broker broke a promise)
+      lost               confirmed (publish ok) but never delivered, not even in the final drain
+      unexpected         delivered but not published, not even invoked, at the time of delivery
+                         (one clock under one lock: a delivery is always recorded after the invoke
+                         of its publish; if it is published later anyway and never delivered
+                         again, it is lost as well)
+      nacked_delivered   nacked or returned (publish fail: "not enqueued") yet delivered
+      corrupt            delivered with a body whose CRC differs from the published one
+      fifo_violations    within one consumer session, first deliveries (redelivered=false, the
+                         first time the id is seen at all) of one publisher session arrive out
+                         of publish order; AMQP orders a channel's messages and a queue delivers
+                         in order, and a requeued message always comes back redelivered=true
+      minority_confirmed a publish invoked and confirmed while its node was cut off in a
+                         minority (nemesis records say which nodes, from when to the next heal)
+    reported (benign, or a matter of degree)
+      recovered          indeterminate (info, or no completion at all) but delivered: fine
+      unknown            indeterminate and never delivered: fine (it may never have arrived)
+      duplicates         deliveries beyond the first of an id, split by the redelivered flag:
+                         `duplicates_unflagged` counts repeats that came with redelivered=false
+                         (legal, AMQP calls the flag a hint, but worth a look)
+      availability       the share of time with confirms, and confirmed / attempted publishes,
+                         overall and per phase (quiet/fault/heal/recover)
+      recovery_s         after each heal: seconds to the first confirm; after the final heal:
+                         seconds until the runner's probe got a confirm from every node
+
+The verdict is FAIL when any fatal count is non-zero, UNKNOWN when the run cannot vouch for its
+counts (no message was ever confirmed, or the final drain did not empty the queue), else PASS.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .history import FAIL, INFO, INVOKE, META, OK
+
+FATAL_KINDS = ("lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations", "minority_confirmed")
+PASS, FAILED, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
+EXAMPLES_MAX = 50  # ids listed per kind in the result (counts are always exact)
+HEAL_VERBS = ("heal",)  # the nemesis verb that ends every fault window (see nemesis.py)
+
+
+@dataclass
+class _Publish:
+    process: str
+    session: int | None
+    seq: int | None
+    node: str | None
+    invoke_time: float
+    crc: int | None
+    outcome: str | None = None  # ok | fail | info | None (no completion)
+    outcome_time: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Delivery:
+    time: float
+    process: str
+    session: int | None
+    redelivered: bool
+    crc: int | None
+    node: str | None
+
+
+@dataclass
+class CheckResult:
+    counts: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)
+    availability: dict = field(default_factory=dict)
+    recovery_s: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    drain_complete: bool | None = None
+
+    @property
+    def fatal(self) -> dict:
+        return {kind: self.counts.get(kind, 0) for kind in FATAL_KINDS if self.counts.get(kind, 0)}
+
+    @property
+    def verdict(self) -> str:
+        if self.fatal:
+            return FAILED
+        if self.counts.get("confirmed", 0) == 0 or self.drain_complete is False:
+            return UNKNOWN
+        return PASS
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "fatal": self.fatal, "counts": self.counts, "examples": self.examples,
+                "availability": self.availability, "recovery_s": self.recovery_s, "notes": self.notes,
+                "drain_complete": self.drain_complete}
+
+
+def check(records: Iterable[dict]) -> CheckResult:
+    publishes: dict[str, _Publish] = {}
+    deliveries: dict[str, list[_Delivery]] = {}
+    unexpected: list[str] = []
+    corrupt: list[str] = []
+    fifo: list[dict] = []
+    acks = {"ok": 0, "fail": 0, "info": 0}
+    phases: list[tuple[float, str]] = []
+    heals: list[float] = []
+    probes: list[dict] = []
+    minority_windows: list[list] = []  # [start, end or None, frozenset(nodes)]
+    confirm_times: list[float] = []
+    drain_complete: bool | None = None
+    notes: list[str] = []
+    reused_ids: list[str] = []
+    # FIFO: per consumer session, per publisher session, the last seq among first deliveries.
+    fifo_last: dict[tuple, dict[tuple, tuple[int, str]]] = {}
+
+    for r in records:
+        kind, f, t = r.get("type"), r.get("f"), float(r.get("time", 0.0))
+        if kind == META:
+            continue
+        if f == "publish":
+            mid = r.get("id")
+            if mid is None:
+                notes.append(f"publish record without id at t={t}")
+                continue
+            if kind == INVOKE:
+                if mid in publishes:
+                    reused_ids.append(mid)
+                    continue
+                publishes[mid] = _Publish(r.get("process", "?"), r.get("session"), r.get("seq"), r.get("node"), t,
+                                          r.get("crc"))
+            else:
+                p = publishes.get(mid)
+                if p is None:
+                    notes.append(f"completion of {mid} without an invoke")
+                    continue
+                if p.outcome is not None:
+                    continue  # the first completion wins (a late ack after info is not news)
+                p.outcome, p.outcome_time, p.error = kind, t, r.get("error")
+                if kind == OK:
+                    confirm_times.append(t)
+        elif f == "deliver" and kind == OK:
+            mid = r.get("id")
+            d = _Delivery(t, r.get("process", "?"), r.get("session"), bool(r.get("redelivered", False)), r.get("crc"),
+                          r.get("node"))
+            p = publishes.get(mid) if mid is not None else None
+            if p is None:
+                unexpected.append(str(mid))
+                continue
+            first = mid not in deliveries
+            deliveries.setdefault(mid, []).append(d)
+            if p.crc is not None and d.crc is not None and p.crc != d.crc:
+                corrupt.append(mid)
+            if first and not d.redelivered and p.seq is not None:
+                per_consumer = fifo_last.setdefault((d.process, d.session), {})
+                publisher = (p.process, p.session)
+                last = per_consumer.get(publisher)
+                if last is not None and p.seq < last[0]:
+                    fifo.append({"consumer": d.process, "consumer_session": d.session, "publisher": p.process,
+                                 "publisher_session": p.session, "id": mid, "after": last[1], "time": t})
+                else:
+                    per_consumer[publisher] = (p.seq, mid)
+        elif f == "ack":
+            if kind in acks:
+                acks[kind] += 1
+        elif f == "phase" and kind == OK:
+            name = (r.get("value") or {}).get("phase", "?")
+            phases.append((t, name))
+            if name == "heal":
+                heals.append(t)
+        elif f == "recover" and r.get("process") == "probe" and kind in (OK, INFO):
+            # After the final heal the runner probes every node; its record says how long that took.
+            seconds = (r.get("value") or {}).get("seconds")
+            probes.append({"heal_time": round(t - (seconds or 0.0), 6), "recovery_s": seconds if kind == OK else None,
+                           "via": "probe"})
+        elif f == "drain" and kind in (OK, INFO, FAIL):
+            remaining = (r.get("value") or {}).get("remaining")
+            complete = kind == OK and remaining == 0
+            drain_complete = complete if drain_complete is None else (drain_complete and complete)
+        elif r.get("process") == "nemesis":
+            if kind == INVOKE and f in HEAL_VERBS:
+                for window in minority_windows:
+                    if window[1] is None:
+                        window[1] = t
+            elif kind == OK:
+                minority = (r.get("value") or {}).get("minority") or []
+                if minority:
+                    minority_windows.append([t, None, frozenset(minority)])
+
+    lost, nacked_delivered, recovered, unknown, minority_confirmed = [], [], [], [], []
+    outcomes = {"ok": 0, "fail": 0, "info": 0, "pending": 0}
+    returned = 0
+    for mid, p in publishes.items():
+        delivered = mid in deliveries
+        outcomes[p.outcome or "pending"] += 1
+        if p.outcome == OK:
+            if not delivered:
+                lost.append(mid)
+            for start, end, nodes in minority_windows:
+                if p.node in nodes and p.invoke_time >= start and (end is None or p.outcome_time <= end):
+                    minority_confirmed.append(mid)
+                    break
+        elif p.outcome == FAIL:
+            if p.error == "returned":
+                returned += 1
+            if delivered:
+                nacked_delivered.append(mid)
+        elif delivered:
+            recovered.append(mid)
+        else:
+            unknown.append(mid)
+
+    deliveries_total = sum(len(ds) for ds in deliveries.values())
+    duplicates = deliveries_total - len(deliveries)
+    dup_flagged = sum(1 for ds in deliveries.values() for d in ds[1:] if d.redelivered)
+    dup_ids = [mid for mid, ds in deliveries.items() if len(ds) > 1]
+    dup_unflagged_ids = [mid for mid, ds in deliveries.items() if any(not d.redelivered for d in ds[1:])]
+    if reused_ids:
+        notes.append(f"{len(reused_ids)} message ids published twice (a harness bug): {reused_ids[:5]}")
+    if unexpected:
+        unexpected = list(dict.fromkeys(unexpected))
+
+    counts = {
+        "published": len(publishes), "confirmed": outcomes["ok"], "failed": outcomes["fail"], "returned": returned,
+        "indeterminate": outcomes["info"] + outcomes["pending"], "delivered": len(deliveries),
+        "deliveries": deliveries_total, "acks": acks["ok"], "acks_failed": acks["fail"] + acks["info"],
+        "lost": len(lost), "unexpected": len(unexpected), "nacked_delivered": len(nacked_delivered),
+        "corrupt": len(corrupt), "fifo_violations": len(fifo), "minority_confirmed": len(minority_confirmed),
+        "recovered": len(recovered), "unknown": len(unknown), "duplicates": duplicates,
+        "duplicates_flagged": dup_flagged, "duplicates_unflagged": duplicates - dup_flagged, "duplicate_ids": len(dup_ids),
+    }
+    examples = {
+        "lost": sorted(lost, key=_id_key)[:EXAMPLES_MAX], "unexpected": unexpected[:EXAMPLES_MAX],
+        "nacked_delivered": nacked_delivered[:EXAMPLES_MAX], "corrupt": corrupt[:EXAMPLES_MAX],
+        "fifo_violations": fifo[:EXAMPLES_MAX], "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
+        "recovered": recovered[:EXAMPLES_MAX], "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
+    }
+    return CheckResult(counts=counts, examples={k: v for k, v in examples.items() if v},
+                       availability=_availability(publishes, phases, confirm_times),
+                       recovery_s=_recovery(heals, phases, confirm_times) + probes,
+                       notes=notes, drain_complete=drain_complete)
+
+
+def _id_key(mid: str) -> tuple:
+    head, _, tail = mid.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (mid, 0)
+
+
+def _phase_at(phases: list[tuple[float, str]], times: list[float], t: float) -> str:
+    i = bisect.bisect_right(times, t) - 1
+    return phases[i][1] if i >= 0 else "start"
+
+
+def _availability(publishes: dict[str, _Publish], phases: list[tuple[float, str]], confirm_times: list[float]) -> dict:
+    """Per phase kind and for the whole workload (first phase up to the drain):
+    `ratio`  the share of the time with a confirm in every second (a client that cannot even
+             connect attempts nothing, so counting attempts alone would hide an outage), and
+    `confirm_ratio`  confirmed / attempted publishes, by the phase the publish began in."""
+    times = [t for t, _ in phases]
+    confirm_times = sorted(confirm_times)
+    tally: dict[str, dict] = {}
+
+    def bucket(key: str) -> dict:
+        return tally.setdefault(key, {"confirmed": 0, "attempted": 0, "seconds": 0.0, "seconds_available": 0.0})
+
+    for p in publishes.values():
+        for key in ("all", _phase_at(phases, times, p.invoke_time)):
+            entry = bucket(key)
+            entry["confirmed"] += p.outcome == OK
+            entry["attempted"] += 1
+    for i, (start, name) in enumerate(phases):
+        if name in ("recover", "drain", "end"):
+            break  # the workload's time ends at the final heal; what follows is the harness's
+        end = phases[i + 1][0] if i + 1 < len(phases) else (confirm_times[-1] if confirm_times else start)
+        t = start
+        while t < end:
+            slice_end = min(end, t + 1.0)
+            j = bisect.bisect_left(confirm_times, t)
+            up = j < len(confirm_times) and confirm_times[j] < slice_end
+            for key in ("all", name):
+                entry = bucket(key)
+                entry["seconds"] += slice_end - t
+                entry["seconds_available"] += (slice_end - t) if up else 0.0
+            t = slice_end
+    out = {}
+    for key, e in sorted(tally.items()):
+        out[key] = {"confirmed": e["confirmed"], "attempted": e["attempted"],
+                    "confirm_ratio": round(e["confirmed"] / e["attempted"], 4) if e["attempted"] else None,
+                    "seconds": round(e["seconds"], 3),
+                    "ratio": round(e["seconds_available"] / e["seconds"], 4) if e["seconds"] else None}
+    return out
+
+
+def _recovery(heals: list[float], phases: list[tuple[float, str]], confirm_times: list[float]) -> list:
+    """Seconds from each heal to the first confirm after it (None: none before the next phase change
+    that is not a quiet one, i.e. the next fault or the drain)."""
+    confirm_times = sorted(confirm_times)
+    out = []
+    for heal_time in heals:
+        limit = min((t for t, name in phases if t > heal_time and name not in ("quiet", "heal", "recover")), default=None)
+        i = bisect.bisect_right(confirm_times, heal_time)
+        first = confirm_times[i] if i < len(confirm_times) else None
+        if first is not None and (limit is None or first <= limit):
+            out.append({"heal_time": heal_time, "recovery_s": round(first - heal_time, 3)})
+        else:
+            out.append({"heal_time": heal_time, "recovery_s": None})
+    return out

@@ -1,0 +1,205 @@
+"""`jepsen-style/run`: run a profile (or re-check histories) and print the verdicts.
+
+Theory of operation: build the list of RunSpecs from the profile and the overrides, run them one
+after another into a fresh folder under the store (`jepsen-style/store/<time>-<profile>/`,
+git-ignored; `store/latest` points at it), write the report, and print the summary table, the
+details and, as the very last line, the one-line summary. Exit 0 on PASS, 1 on FAIL (a fatal
+verdict), 3 on UNKNOWN (the run cannot vouch for its counts), 2 on bad options.
+
+`--check HISTORY...` re-runs the checker (and redraws the timelines) on existing histories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .checker import FAILED, PASS, check
+from .history import read_history, run_meta
+from .nemesis import NemesisError, parse_nemeses
+from .profiles import PROFILES, RunSpec, get_profile, workload_for
+from .report import overall_verdict, run_details, summary_line, summary_table, write_run_report, write_summary
+from .runner import Run, discard_data
+
+HERE = Path(__file__).resolve().parent.parent  # jepsen-style/
+DEFAULT_STORE = HERE / "store"
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="jepsen-style/run", description="Jepsen-style fault tests of MaxQ-Raft.")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
+                   help="ci (default): 2 fixed runs of ~30 s; long: 10 runs of 300 s")
+    p.add_argument("--seed", type=int, help="seed of the first run (the next runs take seed+1, ...)")
+    p.add_argument("--runs", type=int, help="number of runs (default: the profile's)")
+    p.add_argument("--nemesis", help="comma list: kill, pause; 'none' or 'all' (default: the profile's)")
+    p.add_argument("--time", type=float, dest="time_s", help="seconds of workload per run (default: the profile's)")
+    p.add_argument("--quiet-s", type=_range, metavar="MIN:MAX",
+                   help="quiet seconds before each fault (default: the profile's)")
+    p.add_argument("--fault-s", type=_range, metavar="MIN:MAX", help="seconds each fault lasts (default: the profile's)")
+    p.add_argument("--workload", choices=("queue", "fifo"), help="queue: several publishers/consumers; fifo: one of each")
+    p.add_argument("--rate", type=float, help="publishes per second per publisher")
+    p.add_argument("--publishers", type=int)
+    p.add_argument("--consumers", type=int)
+    p.add_argument("--nodes", type=int, help="nodes in the lab (1 until the cluster exists)")
+    p.add_argument("--lab", choices=("local", "netns"), help="local: loopback processes (today); netns: with the cluster")
+    p.add_argument("--server-arg", action="append", default=[], help="extra maxq-server argument (repeatable)")
+    p.add_argument("--unsafe-confirm-early", action="store_true",
+                   help="DELIBERATELY WRONG client: count a publish as confirmed when sent "
+                        "(to see the checker catch losses)")
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="output folder (default jepsen-style/store)")
+    p.add_argument("--keep-data", action="store_true", help="keep node data folders of passing runs too")
+    p.add_argument("--check", nargs="+", type=Path, metavar="HISTORY", help="only check these history files")
+    args = p.parse_args(argv)
+    if args.runs is not None and not 1 <= args.runs <= 1000:
+        p.error("--runs must be 1..1000")
+    if args.time_s is not None and not 1 <= args.time_s <= 86400:
+        p.error("--time must be 1..86400 seconds")
+    return args
+
+
+def _range(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(":")
+    try:
+        pair = (float(low), float(high if sep else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX seconds") from None
+    if not 0 < pair[0] <= pair[1] <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < MIN <= MAX <= 3600")
+    return pair
+
+
+def build_specs(args: argparse.Namespace) -> list[RunSpec]:
+    profile = get_profile(args.profile)
+    base = list(profile.runs)
+    count = args.runs or len(base)
+    specs = []
+    for i in range(count):
+        spec = base[i % len(base)]
+        changes: dict = {}
+        if args.seed is not None:
+            changes["seed"] = args.seed + i
+        elif i >= len(base):
+            changes["seed"] = spec.seed + 1000 * (i // len(base))
+        if args.nemesis is not None:
+            changes["nemeses"] = tuple(parse_nemeses(args.nemesis))
+        if args.time_s is not None:
+            changes["time_s"] = args.time_s
+            changes["tail_s"] = min(spec.tail_s, args.time_s / 4)
+        if args.quiet_s is not None:
+            changes["quiet_s"] = args.quiet_s
+        if args.fault_s is not None:
+            changes["fault_s"] = args.fault_s
+        workload = spec.workload
+        kind = args.workload or spec.workload_kind
+        if args.workload and args.workload != spec.workload_kind:
+            workload = workload_for(kind, profile.runs[0].workload)
+        overrides = {k: v for k, v in (("rate_per_publisher_hz", args.rate), ("publishers", args.publishers),
+                                        ("consumers", args.consumers)) if v is not None}
+        if args.unsafe_confirm_early:
+            overrides["unsafe_confirm_early"] = True
+        changes["workload"] = replace(workload, **overrides)
+        changes["workload_kind"] = kind
+        if args.nodes is not None:
+            changes["nodes"] = args.nodes
+        if args.lab is not None:
+            changes["lab"] = args.lab
+        if args.server_arg:
+            changes["server_args"] = tuple(args.server_arg)
+        specs.append(replace(spec, **changes))
+    return specs
+
+
+def exit_code(verdict: str) -> int:
+    return {PASS: EXIT_PASS, FAILED: EXIT_FAIL}.get(verdict, EXIT_UNKNOWN)
+
+
+def check_only(paths: list[Path]) -> int:
+    results = []
+    for path in paths:
+        records = read_history(path)
+        meta = run_meta(records)
+        spec = meta.get("spec", {})
+        result = {"seed": spec.get("seed"), "workload": spec.get("workload_kind"), "nemeses": spec.get("nemeses", []),
+                  "faults": len(meta.get("schedule", [])), "history": str(path), **check(records).to_dict()}
+        write_run_report(result, records, path.parent)
+        results.append(result)
+    print(summary_table(results))
+    for line in (line for r in results for line in run_details(r)):
+        print(line)
+    print(summary_line(results))
+    return exit_code(overall_verdict(results))
+
+
+def _terminate(signum, _frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, through the runner's finally blocks that stop the nodes.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    if args.check:
+        return check_only(args.check)
+    try:
+        specs = build_specs(args)
+    except (NemesisError, ValueError) as exc:
+        print(f"jepsen-style/run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if any(s.nodes != 1 or s.lab != "local" for s in specs):
+        print("jepsen-style/run: the broker has no cluster yet; only --nodes 1 --lab local runs today", file=sys.stderr)
+        return EXIT_USAGE
+    profile = get_profile(args.profile)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = args.store / f"{stamp}-{args.profile}{'-unsafe' if args.unsafe_confirm_early else ''}"
+    suffix = 1
+    while out_dir.exists():  # two runs in the same second
+        suffix += 1
+        out_dir = out_dir.with_name(f"{stamp}-{args.profile}-{suffix}")
+    out_dir.mkdir(parents=True)
+    _point_latest(args.store, out_dir)
+    print(f"profile {args.profile}: {len(specs)} run(s), {specs[0].nodes} node ({specs[0].lab} lab); output {out_dir}")
+    for note in profile.notes:
+        print(f"note: {note}")
+    if args.unsafe_confirm_early:
+        print("WARNING: --unsafe-confirm-early: the client counts publishes as confirmed when sent; losses are expected")
+    sys.stdout.flush()
+    results, svgs = [], []
+    for i, spec in enumerate(specs, 1):
+        run_dir = out_dir / f"run-{i}-seed-{spec.seed}"
+        print(f"run {i}/{len(specs)}: seed {spec.seed}, {spec.workload_kind} workload, nemeses "
+              f"{'+'.join(spec.nemeses) or 'none'}, {spec.time_s:g} s ...", flush=True)
+        result = Run(spec, run_dir, profile=args.profile).execute()
+        records = read_history(result["history"])
+        svgs.append(write_run_report(result, records, run_dir))
+        c = result["counts"]
+        print(f"run {i}/{len(specs)}: {result['verdict']} published={c['published']} confirmed={c['confirmed']} "
+              f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} "
+              f"elapsed={result['elapsed_s']}s", flush=True)
+        if result["verdict"] == PASS and not args.keep_data:
+            discard_data(run_dir, spec.nodes)
+        results.append(result)
+    header = {"profile": args.profile, "store": str(out_dir), "specs": [s.to_dict() for s in specs]}
+    write_summary(results, svgs, out_dir, header)
+    print()
+    print(summary_table(results))
+    for line in (line for r in results for line in run_details(r)):
+        print(line)
+    print(f"report: {out_dir / 'report.html'}  results: {out_dir / 'results.json'}")
+    print(summary_line(results))
+    return exit_code(overall_verdict(results))
+
+
+def _point_latest(store: Path, out_dir: Path) -> None:
+    link = store / "latest"
+    try:
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(out_dir.name, link)
+    except OSError:
+        pass  # a convenience only
