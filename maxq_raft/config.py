@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -35,12 +36,37 @@ class Settings:
     memory_high_watermark_mb: int = 0  # 0: 40 % of the machine's memory, RabbitMQ's default ratio
     disk_free_limit_mb: int = 50  # RabbitMQ's default disk_free_limit
     log_level: str = "info"
+    raft_addr: str = ""  # HOST:PORT for Raft traffic; set (or peers given) = a cluster member
+    peer: str = ""  # the other members, NAME@HOST:PORT, comma-separated (--peer once per member)
+    cluster_secret: str = ""  # shared by the members; authenticates every Raft connection
+    shards: int = 0  # data shard groups; 0: two per core
+    join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
     version: str = __version__
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.raft_addr or self.peer)
+
+    def peers(self) -> dict[str, tuple[str, int]]:
+        out = {}
+        for item in filter(None, (p.strip() for p in self.peer.split(","))):
+            name, _, addr = item.partition("@")
+            out[name] = parse_addr(addr, f"peer {item!r}")
+        return out
+
+
+def parse_addr(text: str, what: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise SettingsError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 CLI_SETTINGS = ("data_dir", "amqp_host", "amqp_port", "http_host", "http_port", "node_id",
                 "frame_max", "channel_max", "heartbeat_s", "handshake_timeout_s", "fsync",
-                "memory_high_watermark_mb", "disk_free_limit_mb", "log_level")
+                "memory_high_watermark_mb", "disk_free_limit_mb", "log_level",
+                "raft_addr", "peer", "cluster_secret", "shards", "join")
+NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def _convert(name: str, raw, source: str):
@@ -87,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-high-watermark-mb", help="block publishers above this RSS (default 0: 40%% of RAM)")
     parser.add_argument("--disk-free-limit-mb", help="block publishers when the data disk has less free (default 50)")
     parser.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    parser.add_argument("--raft-addr", help="HOST:PORT this node serves Raft on (a cluster member; default: none, a single node)")
+    parser.add_argument("--peer", action="append", metavar="NAME@HOST:PORT",
+                        help="another cluster member (repeat for each); MAXQ_PEER takes them comma-separated")
+    parser.add_argument("--cluster-secret", help="secret shared by the members (or MAXQ_CLUSTER_SECRET)")
+    parser.add_argument("--shards", help="data shard groups (default 0: two per core); the same on every member")
+    parser.add_argument("--join", help="on: start as a new member and wait to be added (maxqctl add-node)")
     parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
     return parser
 
@@ -116,8 +148,23 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
             setattr(settings, name, _convert(name, environ[env_name], f"environment {env_name}"))
     for name in CLI_SETTINGS:
         raw = getattr(args, name)
+        if isinstance(raw, list):
+            raw = ",".join(raw)
         if raw is not None:
             setattr(settings, name, _convert(name, raw, "--" + name.replace("_", "-")))
+    if not NODE_ID.match(settings.node_id):
+        raise SettingsError(f"node_id must be 1-64 of letters, digits, '_', '.', '-', got {settings.node_id!r}")
+    if settings.join not in ("on", "off"):
+        raise SettingsError(f"join must be on or off, got {settings.join!r}")
+    if settings.clustered:
+        if not settings.raft_addr:
+            raise SettingsError("a cluster member needs --raft-addr HOST:PORT")
+        parse_addr(settings.raft_addr, "raft_addr")
+        for name in settings.peers():
+            if not NODE_ID.match(name):
+                raise SettingsError(f"peer name {name!r}: use 1-64 of letters, digits, '_', '.', '-'")
+        if not settings.cluster_secret:
+            raise SettingsError("a cluster member needs --cluster-secret (or MAXQ_CLUSTER_SECRET)")
     if settings.fsync not in ("on", "off"):
         raise SettingsError(f"fsync must be on or off, got {settings.fsync!r}")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):

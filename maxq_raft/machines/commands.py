@@ -10,6 +10,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
+class Create(NamedTuple):
+    """A queue starts in its shard's log (cluster mode): replicas create its machine here, so a
+    shard's log alone decides what each of its queues holds, whatever the metadata group's pace."""
+
+    durable: bool
+    arguments: dict
+
+
 class Enqueue(NamedTuple):
     messages: list  # of queue.Message, in publish order
 
@@ -69,7 +77,9 @@ class Purge(NamedTuple):
 
 
 class Down(NamedTuple):
-    """A connection is gone: its consumers go, their unacked messages come back."""
+    """A channel, connection or node is gone: its consumers go, their unacked messages come back.
+    Owners are "node@connection/channel"; one ending in "/" or "@" names all that start with it
+    ("n1@7/" every channel of a connection, "n1@" every connection of a node)."""
 
     owner: str
 

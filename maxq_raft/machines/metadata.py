@@ -349,9 +349,12 @@ class MetadataMachine:
         return True, [QueueDeleted(cmd.vhost, cmd.name)]
 
     def _owner_down(self, cmd: OwnerDown):
+        owner = cmd.owner
+        whole_node = owner.endswith("@")  # every connection of a node: "n1@" matches "n1@3/17"
         effects = []
         for v in self.vhosts.values():
-            for name in [q.name for q in v.queues.values() if q.exclusive_owner == cmd.owner]:
+            for name in [q.name for q in v.queues.values()
+                         if q.exclusive_owner == owner or whole_node and (q.exclusive_owner or "").startswith(owner)]:
                 _, deleted = self._delete_queue(DeleteQueueRecord(v.name, name))
                 effects.extend(deleted)
         return len(effects), effects

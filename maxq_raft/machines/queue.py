@@ -132,7 +132,7 @@ WINDOW_BYTES_MAX = 32 << 20
 @dataclass
 class Consumer:
     consumer_id: str
-    owner: str  # the connection that holds it; `Down(owner)` releases it
+    owner: str  # the channel that holds it ("node@connection/channel"); `Down(owner)` releases it
     prefetch: int  # 0 = unlimited (manual ack only)
     no_ack: bool
     priority: int
@@ -423,11 +423,15 @@ class QueueMachine:
         return n, []
 
     def _down(self, meta: Meta, cmd: Down):
-        """The owner's connection is gone: drop its consumers, return their unacked messages."""
+        """The owner (a channel, or all of a connection's or node's) is gone: drop its consumers,
+        return their unacked messages."""
         if type(cmd.owner) is not str:
             return _malformed(cmd), []
         returned = 0
-        for consumer in [c for c in self.consumers.values() if c.owner == cmd.owner]:
+        owner = cmd.owner
+        prefix = owner.endswith(("@", "/"))
+        for consumer in [c for c in self.consumers.values()
+                         if c.owner == owner or prefix and c.owner.startswith(owner)]:
             self._deactivate(consumer)
             returned += self._return(consumer, list(consumer.checked_out))
             del self.consumers[consumer.consumer_id]

@@ -106,7 +106,7 @@ class ReplicationNode:
         self._member_change: dict | None = None
         self._req_ids = itertools.count(1)
         # proposals this node forwarded to a leader: request id -> (leader, callback, deadline)
-        self._forwards: dict[int, tuple[str, Callable, float]] = {}
+        self._forwards: dict[int, tuple[str, Callable, float, Group]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------------- lifecycle
@@ -288,7 +288,7 @@ class ReplicationNode:
                                     "ttl_s": max(0.0, deadline - time.monotonic())})
         if not self.hub.send(leader, wire.KIND_CONTROL, body):
             return False
-        self._forwards[req] = (leader, callback, deadline)
+        self._forwards[req] = (leader, callback, deadline, g)
         self.stats["proposals_forwarded"] += 1
         return True
 
@@ -318,10 +318,16 @@ class ReplicationNode:
         index, error = m.get("index"), m.get("error")
         if not ((type(index) is int and error is None) or (index is None and type(error) is str)):
             index, error = None, "timeout"  # a malformed answer: the outcome is unknown
-        call_safely(entry[1], index, error)
+        if error is None:
+            # Committed; answered once it is applied here too, as a proposal made here is, so the
+            # proposer finds its effects in its own machines.
+            entry[3].answer_when_applied(index, entry[1])
+            self._touched.add(entry[3])
+        else:
+            call_safely(entry[1], index, error)
 
     def _expire_forwards(self, now: float, peer_down: str | None = None) -> None:
-        for req, (leader, callback, deadline) in list(self._forwards.items()):
+        for req, (leader, callback, deadline, _g) in list(self._forwards.items()):
             if deadline <= now or leader == peer_down:
                 del self._forwards[req]
                 # The leader may have committed it: the outcome is unknown, as with any timeout.
@@ -537,7 +543,7 @@ class ReplicationNode:
         if mc is not None:
             call_safely(mc["callback"], "stopped")
         forwards, self._forwards = self._forwards, {}
-        for _leader, callback, _deadline in forwards.values():
+        for _leader, callback, _deadline, _g in forwards.values():
             call_safely(callback, None, "stopped")  # the leader may still commit it: unknown, as any stop
         for g in self.groups.values():
             g.close()  # answers pending proposals with "stopped", flushes and closes the journal

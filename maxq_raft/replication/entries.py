@@ -1,10 +1,13 @@
 """Log entries: the machines' commands as bytes, for a replicated log.
 
-Theory of operation: an entry is a msgpack list `[version, time_ms, [[target, command], ...]]`:
-one proposer stamps the time once for the whole batch (the machines take time only from the
-entry), and one entry carries many commands (the publishes of every connection of a node for
-one shard, say), so Raft sees one entry where AMQP saw hundreds of frames. `target` is "" for
-the metadata machine or [vhost, queue] for a queue machine.
+Theory of operation: an entry is a msgpack list
+`[version, time_ms, [[target, command, request], ...], origin]`: one proposer stamps the time
+once for the whole batch (the machines take time only from the entry), and one entry carries
+many commands (the publishes of every connection of a node for one shard, say), so Raft sees one
+entry where AMQP saw hundreds of frames. `target` is "" for the metadata machine, [vhost, queue]
+for a queue machine, or "*" for every queue of the shard (a node's consumers going down).
+`origin` names the proposing node and `request` (0 for none) one of its waiting callers: every
+replica applies the command, only the origin hands the machine's reply to the caller.
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
 `[exchange, routing_key, props_raw, body, persistent]`; AMQP field tables (arguments) are kept
@@ -15,7 +18,7 @@ instead of a stalled group.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -27,7 +30,8 @@ from ..machines.queue import Message
 ENTRY_VERSION = 1
 
 QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
-                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue)}
+                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create)}
+ALL_QUEUES = "*"
 METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
                                                    md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown)}
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)
@@ -65,22 +69,45 @@ def decode_command(raw: list, metadata: bool):
     return cls(*(_unfield(v) for v in fields))
 
 
-def encode_entry(time_ms: int, items: list[tuple[tuple[str, str] | None, Any]]) -> bytes:
-    """`items`: (queue key, or None for the metadata machine, command) in apply order."""
-    body = [["" if target is None else list(target), encode_command(command)] for target, command in items]
-    return msgpack.packb([ENTRY_VERSION, time_ms, body], use_bin_type=True)
+class Entry(NamedTuple):
+    time_ms: int
+    origin: str
+    items: list  # of (target, command, request): target None (metadata), (vhost, name) or ALL_QUEUES
 
 
-def decode_entry(payload: bytes) -> tuple[int, list[tuple[tuple[str, str] | None, Any]]]:
+def encode_entry(time_ms: int, items: list, origin: str = "") -> bytes:
+    """`items`: (target, command) or (target, command, request) in apply order; target None is
+    the metadata machine."""
+    body = []
+    for item in items:
+        target = item[0]
+        body.append(["" if target is None else target if target == ALL_QUEUES else list(target),
+                     encode_command(item[1]), item[2] if len(item) > 2 else 0])
+    return msgpack.packb([ENTRY_VERSION, time_ms, body, origin], use_bin_type=True)
+
+
+def decode_entry(payload: bytes) -> Entry:
     try:
-        version, time_ms, body = msgpack.unpackb(payload, raw=False, use_list=True)
+        version, time_ms, body, origin = msgpack.unpackb(payload, raw=False, use_list=True)
         if version != ENTRY_VERSION:
             raise EntryError(f"entry version {version} is not {ENTRY_VERSION}")
+        if type(time_ms) is not int or type(origin) is not str:
+            raise EntryError("malformed log entry header")
         items = []
-        for target, command in body:
+        for target, command, request in body:
             metadata = target == ""
-            items.append((None if metadata else (target[0], target[1]), decode_command(command, metadata)))
-        return time_ms, items
+            if type(request) is not int:
+                raise EntryError("malformed request id")
+            if metadata:
+                key = None
+            elif target == ALL_QUEUES:
+                key = ALL_QUEUES
+            else:
+                key = (target[0], target[1])
+                if type(key[0]) is not str or type(key[1]) is not str:
+                    raise EntryError("malformed queue target")
+            items.append((key, decode_command(command, metadata), request))
+        return Entry(time_ms, origin, items)
     except EntryError:
         raise
     except Exception as exc:  # msgpack, shape or field errors: all the same to the applier

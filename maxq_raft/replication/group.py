@@ -28,6 +28,7 @@ Settings (DESIGN.md §3, measured cliffs): `RAFT_SETTINGS`.
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import time
 from pathlib import Path
@@ -119,6 +120,8 @@ class Group:
         self.outstanding: collections.deque[Proposal] = collections.deque()  # submission (= deadline) order
         self.n_pending = 0
         self.confirms: collections.deque[tuple[int, Proposal]] = collections.deque()
+        self.applied_waiters: list[tuple[int, int, Callable]] = []  # heap: forwarded proposals' answers
+        self._waiter_seq = 0
         self.applied = 0  # delivered to on_commit through this index
         self.leader_id: str | None = None
         # set by the engine: forward(group, payload, callback, deadline) -> bool (False: cannot)
@@ -247,6 +250,9 @@ class Group:
         while self.outstanding:
             self._finish(self.outstanding.popleft(), None, error)
         self.confirms.clear()
+        waiters, self.applied_waiters = self.applied_waiters, []
+        for _index, _seq, cb in waiters:
+            call_safely(cb, None, error)  # committed, not yet applied here: "stopped" means unknown here
         if self.transfer is not None:
             t, self.transfer = self.transfer, None
             call_safely(t["callback"], error)
@@ -326,7 +332,16 @@ class Group:
             idx, p = confirms.popleft()
             assert self.raft_log.term_at(idx) is not None, (self.name, idx)
             self._finish(p, idx, None)
+        waiters = self.applied_waiters
+        while waiters and waiters[0][0] <= self.applied:
+            idx, _seq, cb = heapq.heappop(waiters)
+            call_safely(cb, idx, None)
         return self.applied < target
+
+    def answer_when_applied(self, index: int, callback: Callable) -> None:
+        """A forwarded proposal committed at `index`: answer it once this node has applied it."""
+        self._waiter_seq += 1
+        heapq.heappush(self.applied_waiters, (index, self._waiter_seq, callback))
 
     # ----------------------------------------------------------------------- leadership
 
@@ -396,6 +411,10 @@ class Group:
             so.removeNodeFromCluster(wire.RaftNode(node_id), callback=lambda _r, err, p=p: self._result(p, err))
 
     # ------------------------------------------------------------------------------ status
+
+    def member_ids(self) -> list[str]:
+        """This node and the others of the group's current configuration (any thread: a copy)."""
+        return [self.node_id, *(n.id for n in list(self.so.otherNodes))]
 
     def status(self) -> dict:
         so = self.so

@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..amqp import spec
 from ..amqp.frames import encode_shortstr_field
@@ -50,10 +50,21 @@ class ConsumerHandle:
         self.no_ack = no_ack
 
 
+def _ignore(_reply) -> None:
+    pass
+
+
+class Unavailable(NamedTuple):
+    """Stands in for a machine's reply when the command could not be committed: `reason` is the
+    engine's ("not leader", "timeout": the outcome is unknown, "busy", "stopped")."""
+
+    reason: str
+
+
 class Broker:
     def __init__(self, node_id: str, store=None, fsync: bool = True) -> None:
         self.node_id = node_id
-        self.log = LocalLog(lambda: int(time.time() * 1000))
+        self.log = LocalLog(self.clock_ms)
         self.meta = md.MetadataMachine()
         self.queues: dict[tuple[str, str], QueueMachine] = {}
         self.queue_ids: dict[tuple[str, str], int] = {}
@@ -67,6 +78,7 @@ class Broker:
         self._call_soon = None  # trio's run_sync_soon, set by the shell
         self._fsync = fsync
         self.alarms = None  # ResourceAlarms, set by the shell
+        self.cluster = None  # ClusterLog when this node is a member of a Raft cluster
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
@@ -74,6 +86,10 @@ class Broker:
         self.started_at = time.time()
         self.messages_published = 0
         self.messages_delivered = 0
+
+    @staticmethod
+    def clock_ms() -> int:
+        return int(time.time() * 1000)
 
     # ------------------------------------------------------------- storage
 
@@ -133,6 +149,15 @@ class Broker:
         log.info("recovered %d durable queues (%d messages), %d exchanges", len(self.queues),
                  sum(q.ready_count for q in self.queues.values()),
                  sum(len(v.exchanges) for v in self.meta.vhosts.values()))
+
+    def open_for_cluster(self) -> None:
+        """A cluster member's store holds only what overflowed memory in an earlier life: the
+        Raft log is replayed into fresh machines, so whatever is here goes."""
+        store = self.store
+        self.epoch = int.from_bytes(store.get_meta(persistence.EPOCH_KEY) or b"\0", "big") + 1
+        store.write((), (), {persistence.EPOCH_KEY: self.epoch.to_bytes(8, "big")}, wal=True)
+        for queue_id in store.queue_ids():
+            store.drop_queue(queue_id)
 
     def _new_queue(self, vhost: str, name: str, queue_id: int | None) -> None:
         record = self.meta.queue(vhost, name)
@@ -200,6 +225,7 @@ class Broker:
         for effect in effects:
             if type(effect) is md.QueueCreated:
                 self._new_queue(effect.vhost, effect.name, queue_id)
+            # (a cluster member creates queue machines from its shards' logs: cluster.py)
             elif type(effect) is md.QueueDeleted:
                 self._queue_deleted((effect.vhost, effect.name))
         if type(reply) is Rejected:
@@ -255,16 +281,61 @@ class Broker:
                 if handle is not None:
                     handle.channel.deliver(handle, effect.message, effect.redelivered)
                     self.messages_delivered += 1
-                else:
+                elif self.cluster is None:
                     log.warning("delivery for unknown consumer %s dropped by this node", effect.consumer_id)
+                # In a cluster every replica decides every delivery; only the consumer's node sends it.
+
+    # ------------------------------------------------- calls and casts
+    #
+    # What channels use. `then(reply)` gets the machine's reply: at once on a single node, after
+    # the command has committed and been applied here in a cluster (the cluster log calls it, and
+    # `Unavailable` stands in for the reply when the command could not be committed). A cast
+    # wants no reply. The same channel code runs either way.
+
+    def meta_call(self, command, then) -> None:
+        if self.cluster is not None:
+            self.cluster.submit(None, command, then)
+        else:
+            then(self.apply_meta(command))
+
+    def queue_call(self, queue_key: tuple, command, then) -> None:
+        if self.cluster is not None:
+            self.cluster.submit(queue_key, command, then)
+            return
+        queue = self.queues.get(queue_key)
+        if queue is None:
+            then(Rejected(404, f"no queue '{queue_key[1]}' in vhost '{queue_key[0]}'"))
+            return
+        reply, effects = queue.apply(self.log.stamp(), command)
+        try:
+            then(reply)  # before the effects: consume-ok goes out ahead of the first delivery
+        finally:
+            if effects:
+                self.perform(effects)
+
+    def queue_cast(self, queue_key: tuple, command) -> None:
+        if self.cluster is not None:
+            self.cluster.submit(queue_key, command, None)
+        else:
+            self.apply_queue(queue_key, command)
+
+    def declare_queue(self, command: md.DeclareQueue, then) -> None:
+        if self.cluster is not None:
+            self.cluster.declare_queue(command, then)
+        else:
+            then(self.apply_meta(command))
 
     # --------------------------------------------------------------- queues
 
-    def delete_queue(self, queue_key: tuple) -> int:
-        """Delete a queue: its messages, its record and bindings; its consumers are told."""
-        reply = self.apply_queue(queue_key, qc.DeleteQueue())
-        self.apply_meta(md.DeleteQueueRecord(*queue_key))
-        return reply if isinstance(reply, int) else 0
+    def delete_queue(self, queue_key: tuple, then=None) -> None:
+        """Delete a queue: its messages, its record and bindings; its consumers are told.
+        `then(message count)`."""
+        def record_gone(count) -> None:
+            def done(reply) -> None:
+                if then is not None:
+                    then(count if isinstance(count, int) and not isinstance(count, bool) else 0)
+            self.meta_call(md.DeleteQueueRecord(*queue_key), done)
+        self.queue_call(queue_key, qc.DeleteQueue(), record_gone)
 
     def _queue_deleted(self, queue_key: tuple) -> None:
         queue = self.queues.pop(queue_key, None)
@@ -284,14 +355,15 @@ class Broker:
         if queue.ever_had_consumer and queue.active_consumer_count == 0:
             self.delete_queue(queue_key)
 
-    def owner_down(self, owner: str, queue_keys: list) -> None:
-        """A connection closed: release its consumers everywhere, then drop its exclusive queues."""
+    def owner_down(self, owner: str, queue_keys: list, connection_id: str | None = None) -> None:
+        """A channel or connection closed: release its consumers everywhere (their unacked
+        messages come back), drop the auto-delete queues it leaves without consumers, and for a
+        connection its exclusive queues."""
         for queue_key in queue_keys:
-            if queue_key in self.queues:
-                self.apply_queue(queue_key, qc.Down(owner))
-        for queue_key in queue_keys:
-            self.maybe_auto_delete(queue_key)
-        self.apply_meta(md.OwnerDown(owner))
+            if queue_key in self.queues or self.cluster is not None:
+                self.queue_call(queue_key, qc.Down(owner), lambda _reply, key=queue_key: self.maybe_auto_delete(key))
+        if connection_id is not None:
+            self.meta_call(md.OwnerDown(connection_id), _ignore)
 
     @staticmethod
     def generate_name(prefix: str) -> str:

@@ -23,7 +23,7 @@ from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Rejected
-from .broker import ConsumerHandle
+from .broker import ConsumerHandle, Unavailable
 from .errors import ChannelError, HardError
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class Channel:
         self.next_delivery_tag = 1
         self.unacked: dict[int, tuple] = {}  # delivery tag -> (queue key, consumer id, seq)
         self.consumers: dict[str, ConsumerHandle] = {}  # consumer tag -> handle
-        self.get_consumer_id = f"get:{session.id}/{number}"
+        self.owner = f"{session.id}/{number}"  # consumers' owner: Down(owner) when the channel goes
+        self.get_consumer_id = f"get:{self.owner}"
         self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
         self.global_prefetch = 0  # channel-wide limit, basic.qos(global=true)
         self.confirm = False
@@ -62,6 +63,9 @@ class Channel:
         self.reply_key: str | None = None
         self.reply_tag: str | None = None
         self.queues_touched: dict[tuple, None] = {}
+        self.waiting = 0  # methods waiting for a commit (cluster); `backlog` holds the frames behind them
+        self.waiting_method = None
+        self.backlog: list = []
 
     # ----------------------------------------------------------- dispatch
 
@@ -74,6 +78,21 @@ class Channel:
 
     def _reply(self, method) -> None:
         self.conn.send_method(self.number, method)
+
+    def _then(self, fn):
+        """The continuation of a method that waits for a machine's reply. In a cluster the reply
+        comes after a commit: the session holds this channel's later frames until it has run
+        (AMQP orders a channel's methods), and an `Unavailable` reply closes the connection."""
+        if self.broker.cluster is None:
+            return fn
+        return self.session.continuation(self, fn)
+
+    def _meta(self, command, then) -> None:
+        def checked(reply) -> None:
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            then(reply)
+        self.broker.meta_call(command, self._then(checked))
 
     def _queue_key(self, name: str) -> tuple:
         return (self.session.vhost, name)
@@ -103,25 +122,21 @@ class Channel:
         # rabbit_channel: check_not_default_exchange runs for passive declares too.
         if m.exchange == "":
             raise ChannelError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        self.broker.apply_meta(md.DeclareExchange(self.session.vhost, m.exchange, m.type, m.passive, m.durable,
-                                                  m.auto_delete, m.internal, m.arguments or {}))
-        if not m.no_wait:
-            self._reply(spec.ExchangeDeclareOk())
+        self._meta(md.DeclareExchange(self.session.vhost, m.exchange, m.type, m.passive, m.durable,
+                                      m.auto_delete, m.internal, m.arguments or {}),
+                   lambda _: m.no_wait or self._reply(spec.ExchangeDeclareOk()))
 
     def exchange_delete(self, m) -> None:
-        self.broker.apply_meta(md.DeleteExchange(self.session.vhost, m.exchange, m.if_unused))
-        if not m.no_wait:
-            self._reply(spec.ExchangeDeleteOk())
+        self._meta(md.DeleteExchange(self.session.vhost, m.exchange, m.if_unused),
+                   lambda _: m.no_wait or self._reply(spec.ExchangeDeleteOk()))
 
     def exchange_bind(self, m) -> None:
-        self.broker.apply_meta(md.Bind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id))
-        if not m.no_wait:
-            self._reply(spec.ExchangeBindOk())
+        self._meta(md.Bind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id),
+                   lambda _: m.no_wait or self._reply(spec.ExchangeBindOk()))
 
     def exchange_unbind(self, m) -> None:
-        self.broker.apply_meta(md.Unbind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id))
-        if not m.no_wait:
-            self._reply(spec.ExchangeUnbindOk())
+        self._meta(md.Unbind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id),
+                   lambda _: m.no_wait or self._reply(spec.ExchangeUnbindOk()))
 
     # -------------------------------------------------------------- queue
 
@@ -151,31 +166,35 @@ class Channel:
             raise ChannelError(spec.PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
                                f"'{_str(queue_type)}' is not supported (use classic or quorum)")
-        self.broker.apply_meta(md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                               arguments, self.session.id))
-        self.last_queue = name
-        queue = self.broker.queues[(vhost, name)]
-        if not m.no_wait:
-            self._reply(spec.QueueDeclareOk(queue=name, message_count=queue.ready_count,
-                                            consumer_count=queue.active_consumer_count))
+        def declared(reply) -> None:
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            self.last_queue = name
+            if not m.no_wait:
+                # In a cluster the counts are this replica's, which may trail the leader's a little.
+                queue = self.broker.queues.get((vhost, name))
+                self._reply(spec.QueueDeclareOk(queue=name, message_count=queue.ready_count if queue else 0,
+                                                consumer_count=queue.active_consumer_count if queue else 0))
+        self.broker.declare_queue(md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
+                                                  arguments, self.session.id), self._then(declared))
 
     def queue_bind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
-        self.broker.apply_meta(md.Bind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id))
-        if not m.no_wait:
-            self._reply(spec.QueueBindOk())
+        self._meta(md.Bind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
+                   lambda _: m.no_wait or self._reply(spec.QueueBindOk()))
 
     def queue_unbind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
-        self.broker.apply_meta(md.Unbind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id))
-        self._reply(spec.QueueUnbindOk())
+        self._meta(md.Unbind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
+                   lambda _: self._reply(spec.QueueUnbindOk()))
 
     def queue_purge(self, m) -> None:
         name = self._expand_queue_name(m.queue)
         self._existing_queue(name)
-        count = self.broker.apply_queue(self._queue_key(name), qc.Purge())
-        if not m.no_wait:
-            self._reply(spec.QueuePurgeOk(message_count=count if isinstance(count, int) else 0))
+        def purged(count) -> None:
+            if not m.no_wait:
+                self._reply(spec.QueuePurgeOk(message_count=count if isinstance(count, int) else 0))
+        self.broker.queue_call(self._queue_key(name), qc.Purge(), self._then(purged))
 
     def queue_delete(self, m) -> None:
         name = self._expand_queue_name(m.queue)
@@ -191,9 +210,7 @@ class Channel:
             raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
         if m.if_empty and queue.ready_count:
             raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
-        count = self.broker.delete_queue((vhost, name))
-        if not m.no_wait:
-            self._reply(spec.QueueDeleteOk(message_count=count))
+        self.broker.delete_queue((vhost, name), self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))))
 
     # -------------------------------------------------------------- basic
 
@@ -217,7 +234,7 @@ class Channel:
         name = self._expand_queue_name(m.queue)
         self._existing_queue(name)
         queue_key = self._queue_key(name)
-        consumer_id = f"{self.session.id}/{self.number}/{tag}"
+        consumer_id = f"{self.owner}/{tag}"
         arguments = m.arguments or {}
         priority = arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -228,15 +245,18 @@ class Channel:
         # Register before checkout: the checkout may deliver at once.
         self.consumers[tag] = handle
         self.broker.consumers[consumer_id] = handle
-        if not m.no_wait:
-            self._reply(spec.BasicConsumeOk(consumer_tag=tag))
-        reply = self.broker.apply_queue(queue_key, qc.Checkout(consumer_id, self.session.id, prefetch, m.no_ack,
-                                                                priority, m.exclusive, FLOW_CREDIT))
-        if type(reply) is Rejected:
-            del self.consumers[tag]
-            del self.broker.consumers[consumer_id]
-            raise ChannelError(reply.reply_code, reply.reply_text)
         self.queues_touched[queue_key] = None
+
+        def checked_out(reply) -> None:
+            if type(reply) is Rejected or type(reply) is Unavailable:
+                self.consumers.pop(tag, None)
+                self.broker.consumers.pop(consumer_id, None)
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            if not m.no_wait and type(reply) is not Unavailable:
+                self._reply(spec.BasicConsumeOk(consumer_tag=tag))  # before the first delivery
+        self.broker.queue_call(queue_key, qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack,
+                                                       priority, m.exclusive, FLOW_CREDIT), self._then(checked_out))
 
     def _consume_reply_to(self, m, tag: str) -> None:
         if not m.no_ack:
@@ -254,13 +274,21 @@ class Channel:
         if tag == self.reply_tag and tag is not None:
             self._drop_reply_to()
         else:
-            handle = self.consumers.pop(tag, None)
+            handle = self.consumers.get(tag)
             if handle is not None:
-                self.broker.consumers.pop(handle.consumer_id, None)
-                self.broker.apply_queue(handle.queue_key, qc.Cancel(handle.consumer_id))
-                if self.held:
-                    self._return_held(handle)
-                self.broker.maybe_auto_delete(handle.queue_key)
+                # The consumer stays registered until the machine has it cancelled: what it is
+                # handed until then still goes to the client, which may ack it.
+                def cancelled(_reply) -> None:
+                    if self.consumers.get(tag) is handle:
+                        del self.consumers[tag]
+                    self.broker.consumers.pop(handle.consumer_id, None)
+                    if self.held:
+                        self._return_held(handle)
+                    self.broker.maybe_auto_delete(handle.queue_key)
+                    if not m.no_wait:
+                        self._reply(spec.BasicCancelOk(consumer_tag=tag))
+                self.broker.queue_call(handle.queue_key, qc.Cancel(handle.consumer_id), self._then(cancelled))
+                return
         if not m.no_wait:
             self._reply(spec.BasicCancelOk(consumer_tag=tag))
 
@@ -273,20 +301,21 @@ class Channel:
         self._existing_queue(name)
         queue_key = self._queue_key(name)
         self.queues_touched[queue_key] = None
-        reply = self.broker.apply_queue(queue_key, qc.Get(self.get_consumer_id, self.session.id, m.no_ack))
-        if type(reply) is Rejected:
-            raise ChannelError(reply.reply_code, reply.reply_text)
-        if reply is None:
-            self._reply(spec.BasicGetEmpty())
-            return
-        message, redelivered, remaining = reply
-        tag = self.next_delivery_tag
-        self.next_delivery_tag += 1
-        if not m.no_ack:
-            self.unacked[tag] = (queue_key, self.get_consumer_id, message.seq)
-        self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
-                                                            routing_key=message.routing_key, message_count=remaining),
-                               message.props_raw, message.body)
+        def got(reply) -> None:
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            if reply is None:
+                self._reply(spec.BasicGetEmpty())
+                return
+            message, redelivered, remaining = reply
+            tag = self.next_delivery_tag
+            self.next_delivery_tag += 1
+            if not m.no_ack:
+                self.unacked[tag] = (queue_key, self.get_consumer_id, message.seq)
+            self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
+                                                                routing_key=message.routing_key, message_count=remaining),
+                                   message.props_raw, message.body)
+        self.broker.queue_call(queue_key, qc.Get(self.get_consumer_id, self.owner, m.no_ack), self._then(got))
 
     def basic_ack(self, m) -> None:
         self._acknowledge(qc.Settle, m.delivery_tag, m.multiple)
@@ -477,24 +506,20 @@ class Channel:
     # ------------------------------------------------------------- close
 
     def close(self) -> None:
-        """The channel is gone: cancel its consumers and requeue what it had not acked (in order)."""
+        """The channel is gone: its consumers go and what it had not acked returns to the queues
+        (in order), held deliveries too: one `Down` per queue it consumed from."""
         self.tx_publishes = []
-        self._restore_tx_settles()  # uncommitted acks never happened: those messages come back too
-        for handle in self.consumers.values():
-            self.broker.consumers.pop(handle.consumer_id, None)
-            self.broker.apply_queue(handle.queue_key, qc.Cancel(handle.consumer_id))
-        # Only now, with its consumers inactive, can nothing requeued come back to this channel.
-        self._return_held()
-        self.requeue_all()
-        self.session.flush_settles()
-        for handle in self.consumers.values():
-            self.broker.maybe_auto_delete(handle.queue_key)
-        self.consumers.clear()
-        if self.reply_key is not None:
-            self._drop_reply_to()
+        self.tx_settles = []  # uncommitted acks never happened: those messages come back too
+        self.session.flush_settles()  # acks it made before closing stand
+        self._unregister()
+        self.unacked.clear()
+        self.broker.owner_down(self.owner, list(self.queues_touched))
 
     def forget(self) -> None:
-        """Connection-wide cleanup does the queue side (`Down`); only unregister here."""
+        """Connection-wide cleanup does the queue side (`Down` of the connection); only unregister here."""
+        self._unregister()
+
+    def _unregister(self) -> None:
         for handle in self.consumers.values():
             self.broker.consumers.pop(handle.consumer_id, None)
         self.consumers.clear()

@@ -27,7 +27,10 @@ from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
 from . import persistence
 from .alarms import ResourceAlarms
+from ..config import parse_addr
+from ..replication.engine import ReplicationNode
 from .broker import Broker
+from .cluster import META_GROUP, ClusterLog, default_shards
 from .session import Session, tick_sessions
 
 log = logging.getLogger("maxq.server")
@@ -102,6 +105,12 @@ def check_data_dir(settings: Settings) -> int:
 
 async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
+    if settings.clustered:
+        try:
+            await _serve_clustered(broker, settings, task_status)
+        finally:
+            broker.close()
+        return
     try:
         if store is not None:
             if settings.fsync == "off":
@@ -113,6 +122,41 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
         await _serve(broker, settings, task_status)
     finally:
         broker.close()
+
+
+async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> None:
+    """A cluster member: the machines are applied from the Raft groups; the store only takes
+    what overflows memory, so it starts empty (the retained Raft log rebuilds everything)."""
+    if settings.fsync == "off":
+        log.warning("fsync is OFF: confirmed messages can be lost if the machines crash (benchmarks only)")
+    if broker.store is not None:
+        broker.open_for_cluster()
+    shard_count = settings.shards or default_shards()
+    cluster = ClusterLog(broker, None, shard_count)
+    try:
+        node = ReplicationNode(
+            node_id=settings.node_id, raft_addr=parse_addr(settings.raft_addr, "raft_addr"), peers=settings.peers(),
+            cluster_secret=settings.cluster_secret.encode(), data_dir=Path(settings.data_dir) / "raft",
+            groups=[META_GROUP, *cluster.shards], fsync=settings.fsync == "on", on_commit=cluster.on_commit,
+            joining=settings.join == "on")
+        node.start()
+    except OSError as exc:
+        raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
+    cluster.node = node
+    broker.cluster = cluster
+    log.info("node %s: Raft on %s, %d shard groups, peers %s%s", settings.node_id, settings.raft_addr, shard_count,
+             ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
+             " (joining: waiting to be added)" if settings.join == "on" else "")
+    try:
+        await cluster.barrier()
+        log.info("node %s: caught up with the cluster", settings.node_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster.watch_members)
+            await _serve(broker, settings, task_status)
+            nursery.cancel_scope.cancel()
+    finally:
+        broker.cluster = None
+        await trio.to_thread.run_sync(node.stop)
 
 
 async def _serve(broker: Broker, settings: Settings, task_status) -> None:

@@ -36,7 +36,7 @@ from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.queue import Message
-from .broker import Broker
+from .broker import Broker, Unavailable
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
 
@@ -82,7 +82,7 @@ class Session:
         self.stream = stream
         self.peer_host = peer_host
         self.settings = settings
-        self.id = f"{broker.node_id}/{next(_session_numbers)}"
+        self.id = f"{broker.node_id}@{next(_session_numbers)}"  # "node@n": Down("node@") is the whole node
         self.vhost = ""
         self.user = ""
         self.conn = ServerConnection(
@@ -235,6 +235,12 @@ class Session:
         channels = self.channels
         for event in events:
             kind = type(event)
+            number = getattr(event, "channel", None)
+            if number:
+                channel = channels.get(number)
+                if channel is not None and (channel.waiting or channel.backlog):
+                    channel.backlog.append(event)  # behind a method that waits for a commit
+                    continue
             if kind is ContentReceived:
                 channel = channels.get(event.channel)
                 if channel is None:
@@ -259,6 +265,7 @@ class Session:
                 if channel is None:
                     continue
                 try:
+                    channel.waiting_method = event.method
                     channel.handle(event.method)
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
@@ -379,9 +386,9 @@ class Session:
 
     def flush_settles(self) -> None:
         settles, self.pending_settles = self.pending_settles, {}
-        apply_queue = self.broker.apply_queue
+        queue_cast = self.broker.queue_cast
         for (kind, queue_key, consumer_id), seqs in settles.items():
-            apply_queue(queue_key, kind(consumer_id, seqs))
+            queue_cast(queue_key, kind(consumer_id, seqs))
 
     def flush_publishes(self) -> None:
         """Apply what this read gathered: acks first (they free prefetch room), then one Enqueue
@@ -390,6 +397,9 @@ class Session:
             self.flush_settles()
         pending, self.pending = self.pending, {}
         broker = self.broker
+        if broker.cluster is not None:
+            self._flush_to_cluster(pending)
+            return
         for queue_key, messages in pending.items():
             broker.apply_queue(queue_key, qc.Enqueue(messages))
             broker.messages_published += len(messages)
@@ -405,6 +415,49 @@ class Session:
                     broker.defer_confirms(channel, ticket, seqs[-1])
                 else:
                     send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
+
+    def _flush_to_cluster(self, pending: dict) -> None:
+        """Cluster: one Enqueue per queue into its shard's next entry; this read's confirms are
+        sent once every entry carrying its messages has committed (a nack if one could not)."""
+        cluster = self.broker.cluster
+        entries = {}
+        for queue_key, messages in pending.items():
+            entry = cluster.submit(queue_key, qc.Enqueue(messages), None)
+            entries[id(entry)] = entry
+            self.broker.messages_published += len(messages)
+        if self.pending_confirms:
+            confirms, self.pending_confirms = self.pending_confirms, {}
+            cluster.confirm_after(list(entries.values()), [(channel, seqs[-1]) for channel, seqs in confirms.items()])
+
+    def continuation(self, channel: Channel, fn):
+        """Wrap the rest of a channel method that waits for a commit: until it has run, the
+        channel's later frames wait in its backlog, in order."""
+        channel.waiting += 1
+
+        def resume(reply) -> None:
+            channel.waiting -= 1
+            if self.finished or self.channels.get(channel.number) is not channel:
+                return  # the channel or connection went meanwhile; its cleanup released everything
+            method = channel.waiting_method
+            try:
+                if type(reply) is Unavailable:
+                    raise HardError(spec.CONNECTION_FORCED,
+                                    f"cluster unavailable ({reply.reason}): this node cannot commit; reconnect to another node")
+                fn(reply)
+            except ChannelError as err:
+                self._fail(channel, err, method)
+            except AMQPError as err:
+                self._fail(channel, HardError(err.reply_code, err.reply_text), method)
+            except Exception:
+                log.exception("connection %s: internal error completing %s", self.id, method.NAME)
+                self._fail(channel, HardError(spec.INTERNAL_ERROR, f"internal error performing {method.NAME}"), method)
+            if not channel.waiting and channel.backlog and not self.finished:
+                backlog, channel.backlog = channel.backlog, []
+                self.handle_events(backlog)
+            elif self.pending or self.pending_confirms or self.pending_settles:
+                self.flush_publishes()
+            self.wake()
+        return resume
 
     # -------------------------------------------------------- deliveries
 
@@ -428,7 +481,7 @@ class Session:
         broker = self.broker
         for consumer_id, (handle, written) in pending.items():
             if consumer_id in broker.consumers:
-                broker.apply_queue(handle.queue_key, qc.Credit(consumer_id, written))
+                broker.queue_cast(handle.queue_key, qc.Credit(consumer_id, written))
 
     # ----------------------------------------------------------- cleanup
 
@@ -451,7 +504,7 @@ class Session:
             channel.forget()
         self.channels.clear()
         try:
-            self.broker.owner_down(self.id, list(queue_keys))
+            self.broker.owner_down(self.id + "/", list(queue_keys), connection_id=self.id)
         except ChannelError as err:  # a refusal here must not take the node down
             log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
 

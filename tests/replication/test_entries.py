@@ -27,6 +27,7 @@ queue_commands = st.one_of(
     st.builds(qc.Credit, names, st.integers(0, 10**6)),
     st.builds(qc.Get, names, names, st.booleans()),
     st.just(qc.Purge()), st.builds(qc.Down, names), st.just(qc.DeleteQueue()),
+    st.builds(qc.Create, st.booleans(), tables),
 )
 metadata_commands = st.one_of(
     st.builds(md.DeclareExchange, names, names, st.sampled_from(["direct", "topic"]), st.booleans(), st.booleans(),
@@ -38,7 +39,10 @@ metadata_commands = st.one_of(
     st.builds(md.Unbind, names, names, names, st.booleans(), names, tables, names),
     st.builds(md.OwnerDown, names),
 )
-items = st.lists(st.one_of(st.tuples(st.none(), metadata_commands), st.tuples(st.tuples(names, names), queue_commands)),
+requests = st.integers(0, 2**40)
+items = st.lists(st.one_of(st.tuples(st.none(), metadata_commands, requests),
+                           st.tuples(st.tuples(names, names), queue_commands, requests),
+                           st.tuples(st.just("*"), st.builds(qc.Down, names), requests)),
                  max_size=6)
 
 
@@ -49,12 +53,12 @@ def comparable(command):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**62), items)
-def test_entries_round_trip(time_ms, batch):
-    decoded_time, decoded = decode_entry(encode_entry(time_ms, batch))
-    assert decoded_time == time_ms
-    assert [(t, comparable(c)) for t, c in decoded] == [(t, comparable(c)) for t, c in batch]
-    for _, command in decoded:
+@given(st.integers(0, 2**62), items, names)
+def test_entries_round_trip(time_ms, batch, origin):
+    decoded_time, decoded_origin, decoded = decode_entry(encode_entry(time_ms, batch, origin))
+    assert decoded_time == time_ms and decoded_origin == origin
+    assert [(t, comparable(c), r) for t, c, r in decoded] == [(t, comparable(c), r) for t, c, r in batch]
+    for _, command, _ in decoded:
         if type(command) is qc.Enqueue:
             assert all(m.seq == -1 for m in command.messages), "decoded messages are new, for the machine to number"
 
@@ -73,4 +77,4 @@ def test_unknown_command_is_an_entry_error():
     import pytest
 
     with pytest.raises(EntryError, match="unknown queue command"):
-        decode_entry(msgpack.packb([1, 0, [[["/", "q"], ["Explode"]]]]))
+        decode_entry(msgpack.packb([1, 0, [[["/", "q"], ["Explode"], 0]], "n1"]))

@@ -1,0 +1,401 @@
+"""The broker on Raft: channel commands proposed to their group, applied on every replica.
+
+Theory of operation: a cluster member runs one metadata group ("meta": vhosts, exchanges, queue
+records, bindings) and S shard groups ("shard-0" ...); a queue lives in the shard its name hashes
+to. Channels do not apply commands here: `submit` adds each to the open entry of its group, and
+at the end of the current scheduler pass (`run_sync_soon`) each open entry is proposed, so the
+publishes of every connection of this node for one shard ride in one Raft entry. Entries larger
+than ENTRY_BYTES_TARGET are proposed at once and the next one opened; many are in flight.
+
+Every replica applies every committed entry in log order (`_apply`, on the trio thread): the
+machines decide alike everywhere, and each node performs only the effects that are its own (a
+`Deliver` to a consumer whose connection it holds; others find no handle and skip it). An entry
+names its origin node and, per command, the origin's request id: the origin hands the machine's
+reply to the waiting channel (consume-ok, get-ok, declare-ok ...) before the command's effects
+are performed, so consume-ok precedes the first delivery. A proposal that fails ("not leader",
+"timeout", "busy") answers its requests with `Unavailable` and nacks the confirms that waited on
+it; a publish is confirmed only once every entry carrying it has committed (on a majority,
+fsynced on each: replication/engine.py).
+
+A queue is created in its shard (`Create`) before its record is committed in the metadata group,
+so by the time any node can route to it, the shard's log already has it: a shard's log alone
+decides what its queues hold, whatever pace the metadata group keeps on a replica.
+
+Nodes that go: consumers are owned by "node@connection/channel". A node that starts commits
+`Down("node@")` in every shard before it serves (its consumers of an earlier life go, their
+unacked messages come back redelivered); the metadata leader commits the same for a member it
+has not heard from for NODE_DOWN_AFTER_S. A node that finds its own name downed by another (it was
+cut off, and the others moved on) closes its client connections: they reconnect and start over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from collections import deque
+from typing import Any, Callable
+
+import trio
+
+from ..amqp import spec
+from ..machines import commands as qc
+from ..machines import metadata as md
+from ..machines.queue import Meta, QueueMachine, Rejected
+from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
+from .broker import Unavailable
+from .message_store import QueueBacking
+
+log = logging.getLogger("maxq.cluster")
+
+META_GROUP = "meta"
+ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
+MESSAGE_OVERHEAD_BYTES = 48
+NODE_DOWN_AFTER_S = 3.0
+WATCH_INTERVAL_S = 0.5
+BARRIER_RETRY_S = 0.5
+
+
+def default_shards() -> int:
+    return 2 * (os.cpu_count() or 1)
+
+
+def shard_groups(count: int) -> list[str]:
+    return [f"shard-{i}" for i in range(count)]
+
+
+class OpenEntry:
+    """Commands gathered for one group, proposed together."""
+
+    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error")
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.items: list = []
+        self.requests: list[int] = []
+        self.confirms: list = []  # ConfirmBatch objects waiting on this entry
+        self.size = 0
+        self.done = False
+        self.error: str | None = None
+
+
+class ConfirmBatch:
+    """The confirms of one read of one connection: sent when all its entries are done."""
+
+    __slots__ = ("remaining", "failed")
+
+    def __init__(self, remaining: int) -> None:
+        self.remaining = remaining
+        self.failed = False
+
+
+class ClusterLog:
+    def __init__(self, broker, node, shard_count: int) -> None:
+        self.broker = broker
+        self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
+        self.node_id = broker.node_id
+        self.shards = shard_groups(shard_count)
+        self.open: dict[str, OpenEntry] = {}
+        self.requests: dict[int, Callable[[Any], None]] = {}
+        self.next_request = 1
+        self._flush_scheduled = False
+        self._token = trio.lowlevel.current_trio_token()
+        self.confirm_waits: dict = {}  # channel -> deque of [ConfirmBatch, last seq]
+        self._down_since: dict[str, float] = {}
+        self._declared_down: dict[str, None] = {}
+        self.entries_applied = 0
+        self.entries_proposed = 0
+        self.entries_failed = 0
+
+    # ------------------------------------------------------------ placement
+
+    def group_of(self, target) -> str:
+        if target is None:
+            return META_GROUP
+        vhost, name = target
+        return self.shards[zlib.crc32(f"{vhost}\x00{name}".encode()) % len(self.shards)]
+
+    # -------------------------------------------------------------- submit
+
+    def submit(self, target, command, then: Callable[[Any], None] | None, group: str | None = None) -> OpenEntry:
+        """Add a command to its group's open entry; `then(reply)` runs once it is applied here
+        (or with `Unavailable`). Returns the entry, for confirms to wait on."""
+        group = group or self.group_of(target)
+        entry = self.open.get(group)
+        if entry is None:
+            entry = self.open[group] = OpenEntry(group)
+        request = 0
+        if then is not None:
+            request = self.next_request
+            self.next_request += 1
+            self.requests[request] = then
+            entry.requests.append(request)
+        entry.items.append((target, command, request))
+        if type(command) is qc.Enqueue:
+            entry.size += sum(len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES
+                              for m in command.messages)
+        else:
+            entry.size += 256
+        if entry.size >= ENTRY_BYTES_TARGET:
+            del self.open[group]
+            self._propose(entry)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._token.run_sync_soon(self.flush)
+        return entry
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        entries, self.open = self.open, {}
+        for entry in entries.values():
+            self._propose(entry)
+
+    def _propose(self, entry: OpenEntry) -> None:
+        payload = encode_entry(self.broker.clock_ms(), entry.items, self.node_id)
+        self.entries_proposed += 1
+        token = self._token
+
+        def proposed(index, error) -> None:  # the hub thread
+            try:
+                token.run_sync_soon(self._proposed, entry, error)
+            except trio.RunFinishedError:
+                pass
+        try:
+            self.node.propose(entry.group, payload, proposed)
+        except ValueError as exc:  # a payload over the engine's cap: a bug of ours, not the client's
+            log.error("cannot propose to %s: %s", entry.group, exc)
+            self._proposed(entry, "too large")
+
+    def _proposed(self, entry: OpenEntry, error: str | None) -> None:
+        entry.done = True
+        if error is not None:
+            entry.error = error
+            self.entries_failed += 1
+            log.warning("%s: %d commands not committed (%s)", entry.group, len(entry.items), error)
+            for request in entry.requests:
+                then = self.requests.pop(request, None)
+                if then is not None:
+                    self._call(then, Unavailable(error))
+        else:
+            # Applied already (on_commit's hop ran first); a request still here had its command
+            # skipped (a malformed entry): answer it rather than leave a channel waiting.
+            for request in entry.requests:
+                then = self.requests.pop(request, None)
+                if then is not None:
+                    self._call(then, Rejected(541, "command was not applied"))
+        for batch in entry.confirms:
+            batch.remaining -= 1
+            if error is not None:
+                batch.failed = True
+            if batch.remaining == 0:
+                self._confirms_ready()
+
+    @staticmethod
+    def _call(then, reply) -> None:
+        try:
+            then(reply)
+        except Exception:  # the channel continuations handle their own errors; this is the backstop
+            log.exception("continuation failed")
+
+    # ------------------------------------------------------------- confirms
+
+    def confirm_after(self, entries: list, channel_seqs: list) -> None:
+        batch = ConfirmBatch(sum(1 for e in entries if not e.done))
+        for entry in entries:
+            if not entry.done:
+                entry.confirms.append(batch)
+            elif entry.error is not None:
+                batch.failed = True
+        for channel, last_seq in channel_seqs:
+            waits = self.confirm_waits.get(channel)
+            if waits is None:
+                waits = self.confirm_waits[channel] = deque()
+            waits.append((batch, last_seq))
+        if batch.remaining == 0:
+            self._confirms_ready()
+
+    def _confirms_ready(self) -> None:
+        for channel, waits in list(self.confirm_waits.items()):
+            session = channel.session
+            alive = session.channels.get(channel.number) is channel and not session.finished
+            sent = False
+            while waits and waits[0][0].remaining == 0:
+                batch, last_seq = waits.popleft()
+                if alive:
+                    # In order, multiple=true: a nack covers what is not yet confirmed up to it.
+                    kind = spec.BasicNack(delivery_tag=last_seq, multiple=True) if batch.failed else \
+                        spec.BasicAck(delivery_tag=last_seq, multiple=True)
+                    session.conn.send_method(channel.number, kind)
+                    sent = True
+            if not waits:
+                del self.confirm_waits[channel]
+            if sent:
+                session.wake()
+
+    # -------------------------------------------------------------- declare
+
+    def declare_queue(self, command: md.DeclareQueue, then) -> None:
+        """Create the queue in its shard first, then commit its record (see the module notes)."""
+        key = (command.vhost, command.name)
+        if command.passive or self.broker.meta.queue(*key) is not None:
+            self.submit(None, command, then)
+            return
+        durable = command.durable and not command.exclusive
+
+        def created(reply) -> None:
+            if type(reply) is Unavailable:
+                then(reply)
+            else:
+                self.submit(None, command, then)
+        self.submit(key, qc.Create(durable, command.arguments), created)
+
+    # ---------------------------------------------------------------- apply
+
+    def on_commit(self, group: str, entries: list) -> None:
+        """The engine's callback (hub thread): hop to the trio thread, in order."""
+        try:
+            self._token.run_sync_soon(self._apply, group, entries)
+        except trio.RunFinishedError:
+            pass
+
+    def _apply(self, group: str, entries: list) -> None:
+        broker = self.broker
+        requests = self.requests
+        for index, payload in entries:
+            try:
+                entry = decode_entry(payload)
+            except EntryError as exc:
+                log.error("%s: entry %d skipped: %s", group, index, exc)
+                continue
+            self.entries_applied += 1
+            meta = Meta(index, entry.time_ms)
+            mine = entry.origin == self.node_id
+            for target, command, request in entry.items:
+                then = requests.pop(request, None) if mine and request else None
+                effects = None
+                if target is None:
+                    reply = self._apply_meta(meta, command, mine)
+                elif target == ALL_QUEUES:
+                    reply = self._apply_all(group, meta, command, entry.origin)
+                else:
+                    reply, effects = self._apply_queue(meta, target, command)
+                if then is not None:
+                    self._call(then, reply)
+                if effects:
+                    broker.perform(effects)
+
+    def _apply_meta(self, meta: Meta, command, mine: bool) -> Any:
+        reply, effects = self.broker.meta.apply(meta, command)
+        for effect in effects:
+            # A queue whose record went as a side effect (its exclusive owner's connection
+            # closed): its origin deletes it from its shard too.
+            if type(effect) is md.QueueDeleted and mine and type(command) is not md.DeleteQueueRecord:
+                self.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
+        return reply
+
+    def _apply_queue(self, meta: Meta, key: tuple, command) -> tuple[Any, list]:
+        broker = self.broker
+        if type(command) is qc.Create:
+            if key not in broker.queues:
+                self._create(key, command)
+            return None, []
+        queue = broker.queues.get(key)
+        if queue is None:
+            return Rejected(404, f"no queue '{key[1]}' in vhost '{key[0]}'"), []
+        reply, effects = queue.apply(meta, command)
+        if type(command) is qc.DeleteQueue:
+            broker._queue_deleted(key)
+        return reply, effects
+
+    def _create(self, key: tuple, command: qc.Create) -> None:
+        broker = self.broker
+        queue_id = broker.next_queue_id
+        broker.next_queue_id += 1
+        broker.queue_ids[key] = queue_id
+        # The store only holds what overflows the in-memory window: the Raft log is what is durable.
+        backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None) if broker.store is not None else None
+        broker.queues[key] = QueueMachine(key[0], key[1], backing=backing, durable=False)
+
+    def _apply_all(self, group: str, meta: Meta, command, origin: str) -> Any:
+        """A command for every queue of the shard (a node's consumers going down)."""
+        broker = self.broker
+        if type(command) is not qc.Down:
+            return Rejected(541, f"{type(command).__name__} is not a shard-wide command")
+        returned = 0
+        for key, queue in list(broker.queues.items()):
+            if self.group_of(key) != group:
+                continue
+            reply, effects = queue.apply(meta, command)
+            if isinstance(reply, int):
+                returned += reply
+            if effects:
+                broker.perform(effects)
+        if command.owner == self.node_id + "@" and origin != self.node_id and group == self.shards[0]:
+            self._cut_off()
+        return returned
+
+    def _cut_off(self) -> None:
+        """The others declared this node gone (it was cut off): its consumers no longer exist
+        in the machines, so its clients must reconnect and start over."""
+        sessions = list(self.broker.sessions.values())
+        if sessions:
+            log.warning("this node was declared down by the cluster; closing %d client connections", len(sessions))
+        for session in sessions:
+            session.conn.close(spec.CONNECTION_FORCED, "node was cut off from the cluster; reconnect",
+                               now=trio.current_time())
+            session.wake()
+
+    # -------------------------------------------------------------- start-up
+
+    async def barrier(self) -> None:
+        """Commit this node's `Down` in every group: once applied here, the log before it is too
+        (the retained log replays first), and nothing of an earlier life holds messages."""
+        pending = {META_GROUP: md.OwnerDown(self.node_id + "@"), **{g: qc.Down(self.node_id + "@") for g in self.shards}}
+        announced = False
+        while pending:
+            results: dict[str, Any] = {}
+            done = trio.Event()
+            for group, command in pending.items():
+                def answered(reply, group=group) -> None:
+                    results[group] = reply
+                    if len(results) == len(pending):
+                        done.set()
+                self.submit(None if group == META_GROUP else ALL_QUEUES, command, answered, group=group)
+            await done.wait()
+            pending = {g: c for g, c in pending.items() if type(results[g]) is Unavailable}
+            if pending:
+                if not announced:
+                    log.info("waiting for a quorum of the cluster (%s: %s)", ", ".join(sorted(pending)),
+                             results[next(iter(pending))].reason)
+                    announced = True
+                await trio.sleep(BARRIER_RETRY_S)
+
+    # ------------------------------------------------------------ watchdog
+
+    async def watch_members(self) -> None:
+        """On the metadata leader: a member silent for NODE_DOWN_AFTER_S is declared down."""
+        while True:
+            await trio.sleep(WATCH_INTERVAL_S)
+            now = trio.current_time()
+            try:
+                leading = self.node.is_leader(META_GROUP)
+                members = [m for m in self.members() if m != self.node_id]
+            except Exception:
+                log.exception("watchdog: cannot read the membership")
+                continue
+            for member in members:
+                if self.node.peer_is_up(member):
+                    self._down_since.pop(member, None)
+                    self._declared_down.pop(member, None)
+                    continue
+                since = self._down_since.setdefault(member, now)
+                if leading and member not in self._declared_down and now - since >= NODE_DOWN_AFTER_S:
+                    self._declared_down[member] = None
+                    log.warning("member %s silent for %.1f s: releasing its consumers and exclusive queues",
+                                member, now - since)
+                    self.submit(None, md.OwnerDown(member + "@"), None)
+                    for group in self.shards:
+                        self.submit(ALL_QUEUES, qc.Down(member + "@"), None, group=group)
+
+    def members(self) -> list[str]:
+        return self.node.groups[META_GROUP].member_ids()
