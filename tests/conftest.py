@@ -40,23 +40,30 @@ class BrokerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "BrokerProcess":
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (cluster members wait for each other)."""
         args = [sys.executable, "-m", "maxq_raft", "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
                 "--http-port", str(self.http_port), *self.extra_args]
         env = dict(os.environ if self.env is None else self.env)
         self._log = open(self.log_path, "ab")
         # A restart appends to the same log: only a ready line written after this point counts.
-        log_offset = self.log_path.stat().st_size
+        self._log_offset = self.log_path.stat().st_size
         # cwd outside the repo: the repo root must not be on sys.path (our amqp/ would shadow py-amqp).
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.data_dir.parent))
-        deadline = time.monotonic() + READY_TIMEOUT_S
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> "BrokerProcess":
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"maxq-server exited with {self.proc.returncode}:\n{self.log_text()}")
-            if b"maxq-server ready" in self.log_path.read_bytes()[log_offset:]:
+            if b"maxq-server ready" in self.log_path.read_bytes()[self._log_offset:]:
                 return self
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"maxq-server not ready after {READY_TIMEOUT_S}s:\n{self.log_text()}")
+        raise RuntimeError(f"maxq-server not ready after {timeout_s}s:\n{self.log_text()}")
 
     def log_text(self) -> str:
         try:

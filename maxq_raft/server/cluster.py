@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import zlib
 from collections import deque
 from typing import Any, Callable
@@ -52,6 +53,7 @@ META_GROUP = "meta"
 ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
 NODE_DOWN_AFTER_S = 3.0
+QUORUM_LOST_AFTER_S = 1.5
 WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
 
@@ -62,6 +64,13 @@ def default_shards() -> int:
 
 def shard_groups(count: int) -> list[str]:
     return [f"shard-{i}" for i in range(count)]
+
+
+def shard_of(queue_key: tuple[str, str], count: int) -> str:
+    """The shard group a queue lives in: a hash of vhost and name (every member computes the same)."""
+    vhost, name = queue_key
+    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
+    return f"shard-{digest % count}"
 
 
 class OpenEntry:
@@ -103,6 +112,8 @@ class ClusterLog:
         self.confirm_waits: dict = {}  # channel -> deque of [ConfirmBatch, last seq]
         self._down_since: dict[str, float] = {}
         self._declared_down: dict[str, None] = {}
+        self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
+        self._quorum_lost_at: float | None = None
         self.entries_applied = 0
         self.entries_proposed = 0
         self.entries_failed = 0
@@ -112,8 +123,7 @@ class ClusterLog:
     def group_of(self, target) -> str:
         if target is None:
             return META_GROUP
-        vhost, name = target
-        return self.shards[zlib.crc32(f"{vhost}\x00{name}".encode()) % len(self.shards)]
+        return shard_of(target, len(self.shards))
 
     # -------------------------------------------------------------- submit
 
@@ -337,12 +347,13 @@ class ClusterLog:
     def _cut_off(self) -> None:
         """The others declared this node gone (it was cut off): its consumers no longer exist
         in the machines, so its clients must reconnect and start over."""
-        sessions = list(self.broker.sessions.values())
-        if sessions:
-            log.warning("this node was declared down by the cluster; closing %d client connections", len(sessions))
-        for session in sessions:
-            session.conn.close(spec.CONNECTION_FORCED, "node was cut off from the cluster; reconnect",
-                               now=trio.current_time())
+        if self.broker.sessions:
+            log.warning("this node was declared down by the cluster; closing %d client connections", len(self.broker.sessions))
+        self._close_sessions("node was cut off from the cluster; reconnect")
+
+    def _close_sessions(self, reason: str) -> None:
+        for session in list(self.broker.sessions.values()):
+            session.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
             session.wake()
 
     # -------------------------------------------------------------- start-up
@@ -373,16 +384,38 @@ class ClusterLog:
     # ------------------------------------------------------------ watchdog
 
     async def watch_members(self) -> None:
-        """On the metadata leader: a member silent for NODE_DOWN_AFTER_S is declared down."""
+        """On the metadata leader: a member silent for NODE_DOWN_AFTER_S is declared down. On
+        every member: cut off from a majority for QUORUM_LOST_AFTER_S, it closes its clients'
+        connections (they should go to a node that can commit) and refuses new ones until it
+        is back; removed from the cluster, it stops."""
         while True:
             await trio.sleep(WATCH_INTERVAL_S)
             now = trio.current_time()
             try:
                 leading = self.node.is_leader(META_GROUP)
                 members = [m for m in self.members() if m != self.node_id]
+                removed = self.node.groups[META_GROUP].removed
             except Exception:
                 log.exception("watchdog: cannot read the membership")
                 continue
+            if removed:
+                log.warning("this node was removed from the cluster: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            connected = 1 + sum(1 for m in members if self.node.peer_is_up(m))
+            if connected * 2 > len(members) + 1:
+                if not self.quorum_ok:
+                    log.info("a majority of the cluster is reachable again: serving clients")
+                self.quorum_ok = True
+                self._quorum_lost_at = None
+            elif self.quorum_ok:
+                if self._quorum_lost_at is None:
+                    self._quorum_lost_at = now
+                elif now - self._quorum_lost_at >= QUORUM_LOST_AFTER_S:
+                    self.quorum_ok = False
+                    log.warning("cut off from the majority (%d of %d members reachable): closing client connections",
+                                connected, len(members) + 1)
+                    self._close_sessions("this node is cut off from the cluster majority; reconnect to another node")
             for member in members:
                 if self.node.peer_is_up(member):
                     self._down_since.pop(member, None)

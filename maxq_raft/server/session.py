@@ -291,6 +291,10 @@ class Session:
                 self.user = event.user
                 self.client_properties = event.client_properties
                 self.broker.sessions[self.id] = self
+                cluster = self.broker.cluster
+                if cluster is not None and not cluster.quorum_ok:
+                    self.conn.close(spec.CONNECTION_FORCED, "this node is cut off from the cluster majority; "
+                                    "connect to another node", now=trio.current_time())
                 log.debug("connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost)
             elif kind is ConnectionClosed:
                 self.finished = True

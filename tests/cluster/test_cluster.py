@@ -1,0 +1,276 @@
+"""A 3-node cluster of real processes: any node serves any queue, a leader's death loses no
+confirmed message, a dead node's deliveries come back, a cut-off node stops confirming."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+from maxq_raft.server.cluster import shard_of
+
+from .conftest import wait_until
+
+SHARDS = 2
+
+
+def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) -> list[tuple[bytes, bool]]:
+    """Consume (and ack) until nothing came for quiet_s: [(body, redelivered)]."""
+    conn = member.connect()
+    try:
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=500)
+        got = []
+        deadline = time.monotonic() + limit_s
+        for method, _props, body in channel.consume(queue, inactivity_timeout=quiet_s):
+            if method is None or time.monotonic() > deadline:
+                break
+            got.append((body, method.redelivered))
+            channel.basic_ack(method.delivery_tag)
+        channel.cancel()
+        return got
+    finally:
+        conn.close()
+
+
+def test_any_node_serves_any_queue(cluster):
+    n1, n2, n3 = cluster["n1"], cluster["n2"], cluster["n3"]
+    c1 = n1.connect()
+    ch1 = c1.channel()
+    ch1.exchange_declare("orders", "topic", durable=True)
+    ch1.queue_declare("eu-orders", durable=True)
+    ch1.queue_bind("eu-orders", "orders", "eu.#")
+    c2 = n2.connect()
+    ch2 = c2.channel()
+    ch2.confirm_delivery()
+    for i in range(300):
+        ch2.basic_publish("orders", f"eu.{i % 3}", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch2.basic_publish("orders", "us.1", b"nowhere", mandatory=True)
+    c3 = n3.connect()
+    ch3 = c3.channel()
+    # The declare, the binding and the messages are on every node.
+    assert ch3.queue_declare("eu-orders", passive=True).method.message_count == 300
+    ch3.exchange_declare("orders", "topic", passive=True)
+    got = drain(n3, "eu-orders")
+    assert [int(body) for body, _ in got] == list(range(300))
+    assert not any(redelivered for _, redelivered in got)
+    # basic.get and queue.delete from yet another node.
+    ch2.basic_publish("", "eu-orders", b"last")
+    method, _props, body = ch1.basic_get("eu-orders", auto_ack=True)
+    assert body == b"last" and method.message_count == 0
+    assert ch1.queue_delete("eu-orders").method.message_count == 0
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch3.queue_declare("eu-orders", passive=True)
+    assert info.value.reply_code == 404
+    for conn in (c1, c2, c3):
+        conn.close()
+
+
+def test_a_deleted_queues_consumers_are_told_on_every_node(cluster):
+    conn = cluster["n3"].connect()
+    channel = conn.channel()
+    channel.queue_declare("doomed")
+    cancelled = []
+    channel.basic_consume("doomed", lambda *a: None)
+    channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    other = cluster["n1"].connect()
+    other.channel().queue_delete("doomed")
+    other.close()
+    deadline = time.monotonic() + 10
+    while not cancelled and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.2)
+    assert cancelled, "consumer on another node got no basic.cancel"
+    conn.close()
+
+
+class ConfirmingPublisher(threading.Thread):
+    """Publishes numbered persistent messages with confirms, one at a time, to the given nodes
+    in turn: a connection that fails (the node died, or cannot commit) moves it to the next.
+    Only what was confirmed is promised."""
+
+    def __init__(self, members, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.members = members
+        self.queue = queue
+        self.confirmed: list[tuple[int, float]] = []
+        self.failed = 0
+        self.stop_flag = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        n = 0
+        turn = 0
+        while not self.stop_flag.is_set():
+            member = self.members[turn % len(self.members)]
+            turn += 1
+            if not member.alive():
+                continue
+            try:
+                conn = member.connect(socket_timeout=5, blocked_connection_timeout=10)
+            except Exception as exc:
+                self.errors.append(f"connect {member.name}: {exc!r}")
+                time.sleep(0.2)
+                continue
+            try:
+                channel = conn.channel()
+                channel.confirm_delivery()
+                while not self.stop_flag.is_set():
+                    n += 1
+                    try:
+                        channel.basic_publish("", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2))
+                    except pika.exceptions.NackError:
+                        self.failed += 1
+                        continue
+                    self.confirmed.append((n, time.monotonic()))
+            except Exception as exc:  # the node went away or closed us: in doubt, not confirmed
+                self.failed += 1
+                self.errors.append(f"{member.name}: {exc!r}")
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+
+def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster):
+    queue = "killed-leader"
+    conn = cluster["n1"].connect()
+    conn.channel().queue_declare(queue, durable=True)
+    conn.close()
+    group = shard_of(("/", queue), SHARDS)
+    leader = cluster.leader_of(group)
+    survivors = [m for m in cluster.members.values() if m.name != leader]
+    publisher = ConfirmingPublisher(survivors, queue)
+    publisher.start()
+    try:
+        wait_until(lambda: len(publisher.confirmed) >= 200, 30, "confirms before the kill")
+        killed_at = time.monotonic()
+        cluster[leader].kill()
+        before = len(publisher.confirmed)
+        wait_until(lambda: len(publisher.confirmed) >= before + 200, 60, "confirms after the kill")
+    finally:
+        publisher.stop_flag.set()
+        publisher.join(30)
+    times = [t for _, t in publisher.confirmed]
+    gaps = [b - a for a, b in zip(times, times[1:]) if b >= killed_at]
+    print(f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
+          f"{len(publisher.confirmed)} confirmed, {publisher.failed} in doubt")
+    new_leader = wait_until(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
+    assert new_leader != leader
+    got = drain(survivors[1], queue)
+    bodies = {int(body) for body, _ in got}
+    lost = [n for n, _ in publisher.confirmed if n not in bodies]
+    assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:10]}"
+
+
+def test_a_dead_nodes_unacked_deliveries_come_back_redelivered(cluster):
+    queue = "dead-consumer"
+    n1 = cluster["n1"]
+    conn = n1.connect()
+    channel = conn.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.confirm_delivery()
+    for i in range(20):
+        channel.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    victim = cluster["n3"]
+    held = victim.connect()
+    held_channel = held.channel()
+    held_channel.basic_qos(prefetch_count=5)
+    taken = []
+    for method, _props, body in held_channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        taken.append(int(body))
+        if len(taken) == 5:
+            break
+    assert taken == [0, 1, 2, 3, 4]
+    victim.kill()
+    got = drain(cluster["n2"], queue, quiet_s=8.0)
+    by_body = {int(body): redelivered for body, redelivered in got}
+    assert sorted(by_body) == list(range(20)), "every message, the dead node's unacked ones too"
+    assert all(by_body[i] for i in taken), "the dead consumer's deliveries come back redelivered"
+    assert not any(by_body[i] for i in range(5, 20))
+
+
+def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
+    queue = "minority"
+    lone = cluster["n1"]
+    conn = lone.connect()
+    conn.channel().queue_declare(queue, durable=True)
+    conn.close()
+    others = [cluster["n2"], cluster["n3"]]
+    # Paused processes hold their sockets but answer nothing: a partition as n1 sees it.
+    for member in others:
+        os.kill(member.pid, signal.SIGSTOP)
+    try:
+        conn = lone.connect(socket_timeout=5)
+        channel = conn.channel()
+        channel.confirm_delivery()
+        started = time.monotonic()
+        outcome = None
+        try:
+            for i in range(100):
+                channel.basic_publish("", queue, b"in the minority", pika.BasicProperties(delivery_mode=2))
+                if time.monotonic() - started > 30:
+                    break
+            outcome = "confirmed"
+        except pika.exceptions.NackError:
+            outcome = "nack"
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.ChannelClosedByBroker,
+                pika.exceptions.StreamLostError) as exc:
+            outcome = f"closed: {exc!r}"
+        elapsed = time.monotonic() - started
+        print(f"\ncut-off node answered a publish with {outcome} after {elapsed:.2f} s")
+        assert outcome != "confirmed", "a minority must never confirm"
+        assert elapsed < 30
+        try:
+            conn.close()
+        except Exception:
+            pass
+    finally:
+        for member in others:
+            os.kill(member.pid, signal.SIGCONT)
+    # Back together: n1 serves again and what the majority has is on it.
+    def publishes_on_lone() -> bool:
+        try:
+            c = lone.connect(socket_timeout=5)
+        except pika.exceptions.AMQPConnectionError:
+            return False
+        try:
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", queue, b"after", pika.BasicProperties(delivery_mode=2))
+            return True
+        except (pika.exceptions.AMQPError, pika.exceptions.NackError):
+            return False
+        finally:
+            try:
+                c.close()
+            except Exception:
+                pass
+    wait_until(publishes_on_lone, 60, "the healed node to confirm again", interval_s=0.5)
+    bodies = [body for body, _ in drain(cluster["n2"], queue)]
+    assert b"after" in bodies
+
+
+def test_a_restarted_member_catches_up_from_the_log(cluster):
+    queue = "catch-up"
+    n3 = cluster["n3"]
+    n3.stop()
+    conn = cluster["n1"].connect()
+    channel = conn.channel()
+    channel.queue_declare(queue, durable=True)
+    channel.confirm_delivery()
+    for i in range(100):
+        channel.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    cluster.restart("n3")
+    got = drain(n3, queue)
+    assert [int(body) for body, _ in got] == list(range(100))
