@@ -54,6 +54,8 @@ ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
 NODE_DOWN_AFTER_S = 3.0
 QUORUM_LOST_AFTER_S = 1.5
+NOT_LEADER_RETRY_S = 3.0  # an entry no leader took is proposed again for this long (elections take < 1 s)
+NOT_LEADER_RETRY_EVERY_S = 0.05
 WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
 
@@ -76,7 +78,7 @@ def shard_of(queue_key: tuple[str, str], count: int) -> str:
 class OpenEntry:
     """Commands gathered for one group, proposed together."""
 
-    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error")
+    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error", "payload", "first_proposed")
 
     def __init__(self, group: str) -> None:
         self.group = group
@@ -86,6 +88,8 @@ class OpenEntry:
         self.size = 0
         self.done = False
         self.error: str | None = None
+        self.payload: bytes | None = None
+        self.first_proposed = 0.0
 
 
 class ConfirmBatch:
@@ -112,6 +116,8 @@ class ClusterLog:
         self.confirm_waits: dict = {}  # channel -> deque of [ConfirmBatch, last seq]
         self._down_since: dict[str, float] = {}
         self._declared_down: dict[str, None] = {}
+        self._retries: list[OpenEntry] = []
+        self._retry_wanted = trio.Event()
         self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
         self._quorum_lost_at: float | None = None
         self.entries_applied = 0
@@ -161,8 +167,11 @@ class ClusterLog:
             self._propose(entry)
 
     def _propose(self, entry: OpenEntry) -> None:
-        payload = encode_entry(self.broker.clock_ms(), entry.items, self.node_id)
-        self.entries_proposed += 1
+        if entry.payload is None:
+            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, self.node_id)
+            entry.first_proposed = trio.current_time()
+            self.entries_proposed += 1
+        payload = entry.payload
         token = self._token
 
         def proposed(index, error) -> None:  # the hub thread
@@ -177,6 +186,13 @@ class ClusterLog:
             self._proposed(entry, "too large")
 
     def _proposed(self, entry: OpenEntry, error: str | None) -> None:
+        if error == "not leader" and trio.current_time() - entry.first_proposed < NOT_LEADER_RETRY_S:
+            # Nothing was appended anywhere (no leader took it), so proposing again cannot
+            # duplicate it: an election is a pause, not a nack.
+            self._retries.append(entry)
+            if len(self._retries) == 1:
+                self._retry_wanted.set()
+            return
         entry.done = True
         if error is not None:
             entry.error = error
@@ -380,6 +396,15 @@ class ClusterLog:
                              results[next(iter(pending))].reason)
                     announced = True
                 await trio.sleep(BARRIER_RETRY_S)
+
+    async def retry_proposals(self) -> None:
+        while True:
+            await self._retry_wanted.wait()
+            self._retry_wanted = trio.Event()
+            await trio.sleep(NOT_LEADER_RETRY_EVERY_S)
+            retries, self._retries = self._retries, []
+            for entry in retries:
+                self._propose(entry)
 
     # ------------------------------------------------------------ watchdog
 

@@ -148,9 +148,10 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> N
              ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
              " (joining: waiting to be added)" if settings.join == "on" else "")
     try:
-        await cluster.barrier()
-        log.info("node %s: caught up with the cluster", settings.node_id)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster.retry_proposals)
+            await cluster.barrier()
+            log.info("node %s: caught up with the cluster", settings.node_id)
             nursery.start_soon(cluster.watch_members)
             await _serve(broker, settings, task_status)
             nursery.cancel_scope.cancel()
