@@ -10,7 +10,7 @@ than ENTRY_BYTES_TARGET are proposed at once and the next one opened; many are i
 Every replica applies every committed entry in log order (`_apply`, on the trio thread): the
 machines decide alike everywhere, and each node performs only the effects that are its own (a
 `Deliver` to a consumer whose connection it holds; others find no handle and skip it). An entry
-names its origin node and, per command, the origin's request id: the origin hands the machine's
+names its origin (node and process life) and, per command, the origin's request id: the origin hands the machine's
 reply to the waiting channel (consume-ok, get-ok, declare-ok ...) before the command's effects
 are performed, so consume-ok precedes the first delivery. A proposal that fails ("not leader",
 "timeout", "busy") answers its requests with `Unavailable` and nacks the confirms that waited on
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import zlib
 from collections import deque
@@ -107,6 +108,9 @@ class ClusterLog:
         self.broker = broker
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.node_id = broker.node_id
+        # Request ids restart with the process while the log keeps old entries: an entry is this
+        # life's only if its origin names this life, or a replayed entry would answer a new request.
+        self.origin = f"{broker.node_id}@{secrets.token_hex(6)}"
         self.shards = shard_groups(shard_count)
         self.open: dict[str, OpenEntry] = {}
         self.requests: dict[int, Callable[[Any], None]] = {}
@@ -168,7 +172,7 @@ class ClusterLog:
 
     def _propose(self, entry: OpenEntry) -> None:
         if entry.payload is None:
-            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, self.node_id)
+            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, self.origin)
             entry.first_proposed = trio.current_time()
             self.entries_proposed += 1
         payload = entry.payload
@@ -295,7 +299,7 @@ class ClusterLog:
                 continue
             self.entries_applied += 1
             meta = Meta(index, entry.time_ms)
-            mine = entry.origin == self.node_id
+            mine = entry.origin == self.origin
             for target, command, request in entry.items:
                 then = requests.pop(request, None) if mine and request else None
                 effects = None
@@ -356,7 +360,7 @@ class ClusterLog:
                 returned += reply
             if effects:
                 broker.perform(effects)
-        if command.owner == self.node_id + "@" and origin != self.node_id and group == self.shards[0]:
+        if command.owner == self.node_id + "@" and not origin.startswith(self.node_id + "@") and group == self.shards[0]:
             self._cut_off()
         return returned
 
