@@ -1,7 +1,17 @@
-"""`maxqctl`: look at a node through its HTTP admin API.
+"""`maxqctl`: look at a node, and change the cluster's membership, through its HTTP admin API.
 
-Every failure prints what was wrong on stderr and exits non-zero: 2 for a bad command line,
-3 when the node cannot be reached, 4 when the node answers with an error.
+Every failure prints what was wrong on stderr and exits non-zero:
+
+    2  a bad command line (unknown command, bad NAME, HOST:PORT or number)
+    3  the node cannot be reached (or is not a MaxQ-Raft admin API)
+    4  the node refused the request: unknown node or group, a membership change already in
+       progress, a removal that would lose quorum (without --force), this node does not lead the
+       group, the node is not a cluster member, ...
+    5  the cluster could not carry out the change: timeout, new node unreachable, no leader
+
+Membership changes may be asked of any member: the engine carries them to each group's leader.
+A leadership transfer must be asked of the group's current leader; elsewhere the answer names
+it. With --json, an error's JSON body is printed on stdout too.
 """
 
 from __future__ import annotations
@@ -9,8 +19,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 LISTS = {
@@ -20,12 +32,17 @@ LISTS = {
     "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
 }
+NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
+READ_TIMEOUT_S = 5.0
+MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
+TRANSFER_TIMEOUT_S = 20.0  # the node gives up after 10 s
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, body: dict | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.body = body
 
 
 # The node is named explicitly: never route admin requests through an http_proxy from the
@@ -33,19 +50,28 @@ class CtlError(Exception):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch(node: str, path: str, timeout_s: float):
+def fetch(node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None):
     url = f"http://{node}{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data is not None else {})
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
-            detail = json.loads(exc.read()).get("error", "")
+            answer = json.loads(exc.read())
+            detail = answer.get("error", "") if isinstance(answer, dict) else ""
         except ValueError:
-            detail = ""
-        raise CtlError(f"node {node} answered {exc.code}: {detail or exc.reason}", 4) from None
+            answer, detail = None, ""
+        code = 5 if exc.code >= 500 else 4
+        raise CtlError(f"node {node} answered {exc.code}: {detail or exc.reason}", code,
+                       answer if isinstance(answer, dict) else None) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            raise CtlError(f"node {node} did not answer within {timeout_s:g} s (a change may still complete: "
+                           "check `maxqctl status`)", 3) from None
         raise CtlError(f"cannot reach node {node}: {reason}", 3) from None
     except (http.client.HTTPException, ValueError) as exc:
         # Something answered, but not our admin API (e.g. the AMQP port).
@@ -53,23 +79,54 @@ def fetch(node: str, path: str, timeout_s: float):
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    cells = [[_cell(row.get(c, "")) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _node_name(text: str) -> str:
+    if not NODE_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"a node name is 1-64 of letters, digits, '_', '.', '-', got {text!r}")
+    return text
+
+
+def _host_port(text: str) -> str:
+    if not _valid_node(text) or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port 1-65535, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maxqctl", description="Inspect and manage MaxQ-Raft nodes.")
+    parser = argparse.ArgumentParser(prog="maxqctl", description="Inspect and manage MaxQ-Raft nodes.",
+                                     epilog="exit codes: 2 bad command line, 3 node unreachable, 4 refused by the node, "
+                                            "5 the cluster could not do it")
     parser.add_argument("--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the node (default 5)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds to wait for the node (default {READ_TIMEOUT_S:g}; {MEMBER_CHANGE_TIMEOUT_S:g} for "
+                             f"membership changes, {TRANSFER_TIMEOUT_S:g} for transfers)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
     listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
     listing.add_argument("what", choices=sorted(LISTS))
-    for command in (status, listing):
+    add = sub.add_parser("add-node", help="add a started node (maxq-server --join on) to every group")
+    add.add_argument("name", type=_node_name, metavar="NAME", help="the new node's --node-id")
+    add.add_argument("--raft-addr", type=_host_port, required=True, metavar="HOST:PORT", help="the new node's --raft-addr")
+    remove = sub.add_parser("remove-node", help="remove a member from every group (then stop it)")
+    remove.add_argument("name", type=_node_name, metavar="NAME")
+    remove.add_argument("--force", action="store_true", help="remove it even if a group would be left without a quorum")
+    transfer = sub.add_parser("transfer-leadership",
+                              help="move a group's leadership to a member (ask the group's leader; "
+                                   "GROUP 'all': every group the asked node leads)")
+    transfer.add_argument("group", metavar="GROUP", help="meta, shard-N or all")
+    transfer.add_argument("target", type=_node_name, metavar="NODE")
+    for command in (status, listing, add, remove, transfer):
         # --json may also follow the command (`maxqctl list queues --json`).
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
     return parser
@@ -80,17 +137,55 @@ def _valid_node(node: str) -> bool:
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
-def run(args) -> str:
-    if args.command == "status":
-        status = fetch(args.node, "/api/cluster/status", args.timeout)
-        if args.json:
-            return json.dumps(status, indent=1)
+def render_status(status: dict) -> str:
+    if not status.get("clustered"):
+        members = table(status["members"], ["node", "state", "role"])
         rows = [{"group": g["group"], "leader": g["leader"], "commit_index": g["commit_index"], "applied_index": g["applied_index"],
                  "lag": ", ".join(f"{m['node']}={m['lag']}" for m in g["members"])} for g in status["groups"]]
-        members = table(status["members"], ["node", "state", "role"])
-        return f"node {status['node']}\n\nmembers\n{members}\n\ngroups\n" + table(rows, ["group", "leader", "commit_index", "applied_index", "lag"])
+        return (f"node {status['node']}\n\nmembers\n{members}\n\ngroups\n"
+                + table(rows, ["group", "leader", "commit_index", "applied_index", "lag"]))
+    members = table(status["members"], ["node", "state", "role", "leads", "groups"])
+    rows = [{"group": g["group"], "leader": g["leader"], "term": g["term"], "commit_index": g["commit_index"],
+             "applied_index": g["applied_index"], "here": g["role"] + (" removed" if g.get("removed") else ""),
+             "change": "pending" if g["membership_change_pending"] else "",
+             "lag": ", ".join(f"{m['node']}={_cell(m['lag']) if m['lag'] is not None else '?'}"
+                              + ("" if m["connected"] else "(down)") for m in g["members"])} for g in status["groups"]]
+    head = f"node {status['node']}"
+    if status.get("removed"):
+        head += " (REMOVED from the cluster: stop it)"
+    notes = ["lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)"]
+    if status.get("membership_change_pending"):
+        notes.append("a membership change is in progress")
+    return (f"{head}\n\nmembers\n{members}\n\ngroups\n"
+            + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "here", "change", "lag"])
+            + "\n\n" + "\n".join(notes))
+
+
+def run(args) -> str:
+    timeout = args.timeout
+    if args.command == "status":
+        status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
+        return json.dumps(status, indent=1) if args.json else render_status(status)
+    if args.command == "add-node":
+        answer = fetch(args.node, "/api/cluster/members", timeout or MEMBER_CHANGE_TIMEOUT_S, "POST",
+                       {"node": args.name, "raft_addr": args.raft_addr})
+        return json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
+    if args.command == "remove-node":
+        path = "/api/cluster/members/" + urllib.parse.quote(args.name) + ("?force=1" if args.force else "")
+        answer = fetch(args.node, path, timeout or MEMBER_CHANGE_TIMEOUT_S, "DELETE")
+        if args.json:
+            return json.dumps(answer, indent=1)
+        return f"node {args.name} removed from every group" + (" (forced: a group may have lost its quorum)"
+                                                              if answer.get("forced") else "") + "; stop it now"
+    if args.command == "transfer-leadership":
+        answer = fetch(args.node, "/api/cluster/transfer-leadership", timeout or TRANSFER_TIMEOUT_S, "POST",
+                       {"group": args.group, "node": args.target})
+        if args.json:
+            return json.dumps(answer, indent=1)
+        rows = [{"group": g, "result": r} for g, r in answer["results"].items()]
+        return f"leadership to {args.target}\n" + table(rows, ["group", "result"])
     path, columns = LISTS[args.what]
-    rows = fetch(args.node, path, args.timeout)
+    rows = fetch(args.node, path, timeout or READ_TIMEOUT_S)
     return json.dumps(rows, indent=1) if args.json else table(rows, columns)
 
 
@@ -100,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     if not _valid_node(args.node):
         print(f"maxqctl: --node must be HOST:PORT with a port 1-65535, got {args.node!r}", file=sys.stderr)
         return 2
-    if not args.timeout > 0:
+    if args.timeout is not None and not args.timeout > 0:
         print(f"maxqctl: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
         return 2
     try:
         print(run(args))
     except CtlError as exc:
+        if args.json and exc.body is not None:
+            print(json.dumps(exc.body, indent=1))
         print(f"maxqctl: {exc}", file=sys.stderr)
         return exc.code
     return 0

@@ -3,6 +3,7 @@ and as JSON; bad command lines and unreachable nodes fail with a clear message."
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -146,3 +147,45 @@ def test_a_node_that_is_not_the_admin_api(broker):
     assert result.returncode == 3, result
     assert "did not answer as a MaxQ-Raft admin API" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def http_request(broker, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_the_admin_api_takes_bounded_json_bodies(broker):
+    # Bodies are read and checked before anything else: a malformed one is 400 on any node.
+    status, answer = http_request(broker, "POST", "/api/cluster/members", b"{not json")
+    assert status == 400 and answer["error"].startswith("malformed JSON body"), answer
+    status, answer = http_request(broker, "POST", "/api/cluster/members", b"[1, 2]")
+    assert status == 400 and answer["error"] == "the JSON body must be an object"
+    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "x"}).encode())
+    assert status == 400 and "raft_addr must be HOST:PORT" in answer["error"]
+    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n 2", "raft_addr": "h:1"}).encode())
+    assert status == 400 and "node must be 1-64 of letters" in answer["error"]
+    status, answer = http_request(broker, "POST", "/api/cluster/members", b"x" * 20000)
+    assert status == 413 and "16384" in answer["error"]
+    # A well-formed change on a single node: not a cluster member.
+    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "h:1"}).encode())
+    assert status == 409 and answer["error"] == "this node is not a cluster member (started without --raft-addr/--peer)"
+    status, answer = http_request(broker, "DELETE", "/api/cluster/members/n2?force=1")
+    assert status == 409 and answer["reason"] == "not clustered"
+
+
+def test_the_admin_api_answers_404_and_405(broker):
+    status, answer = http_request(broker, "GET", "/api/nothing")
+    assert status == 404 and "POST /api/cluster/members" in answer["endpoints"]
+    status, answer = http_request(broker, "DELETE", "/api/queues")
+    assert status == 405 and answer["allowed"] == ["GET"]
+    status, answer = http_request(broker, "GET", "/api/cluster/members")
+    assert status == 405 and answer["allowed"] == ["POST"]
+    status, answer = http_request(broker, "PUT", "/api/queues", b"{}")
+    assert status == 405
+    status, answer = http_request(broker, "GET", "/api/cluster/status")
+    assert status == 200 and answer["clustered"] is False
