@@ -479,8 +479,12 @@ class ReplicationNode:
             if mc["action"] == "rem":
                 # pysyncobj never tells a removed node (its leader stops replicating to it before
                 # the removal reaches it): say so, so that it stops campaigning (best effort).
-                self.hub.send(mc["node"], wire.KIND_CONTROL, wire.encode_control(
-                    {"op": "removed", "groups": list(self.groups)}))
+                if mc["node"] == self.node_id:  # this node removed itself: no message to itself
+                    for g in self.groups.values():
+                        g.mark_removed()
+                else:
+                    self.hub.send(mc["node"], wire.KIND_CONTROL, wire.encode_control(
+                        {"op": "removed", "groups": list(self.groups)}))
             call_safely(mc["callback"], None)
         elif now > mc["deadline"]:
             self._member_change = None
