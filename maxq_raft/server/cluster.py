@@ -24,7 +24,8 @@ decides what its queues hold, whatever pace the metadata group keeps on a replic
 Nodes that go: consumers are owned by "node@connection/channel". A node that starts commits
 `Down("node@")` in every shard before it serves (its consumers of an earlier life go, their
 unacked messages come back redelivered); the metadata leader commits the same for a member it
-has not heard from for NODE_DOWN_AFTER_S. A node that finds its own name downed by another (it was
+has not heard from for NODE_DOWN_AFTER_S. Shard leaders are spread over the members (a member
+leading more than its share hands one over every BALANCE_EVERY_S), so the leaders' work is too. A node that finds its own name downed by another (it was
 cut off, and the others moved on) closes its client connections: they reconnect and start over.
 """
 
@@ -54,6 +55,7 @@ META_GROUP = "meta"
 ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
 NODE_DOWN_AFTER_S = 3.0
+BALANCE_EVERY_S = 5.0
 QUORUM_LOST_AFTER_S = 1.5
 NOT_LEADER_RETRY_S = 3.0  # an entry no leader took is proposed again for this long (elections take < 1 s)
 NOT_LEADER_RETRY_EVERY_S = 0.05
@@ -124,6 +126,7 @@ class ClusterLog:
         self._retry_wanted = trio.Event()
         self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
         self._quorum_lost_at: float | None = None
+        self._next_balance_at = 0.0
         self.entries_applied = 0
         self.entries_proposed = 0
         self.entries_failed = 0
@@ -427,6 +430,9 @@ class ClusterLog:
             except Exception:
                 log.exception("watchdog: cannot read the membership")
                 continue
+            if now >= self._next_balance_at:
+                self._next_balance_at = now + BALANCE_EVERY_S
+                self._balance_leaders(members)
             if removed:
                 log.warning("this node was removed from the cluster: stopping")
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -458,6 +464,24 @@ class ClusterLog:
                     self.submit(None, md.OwnerDown(member + "@"), None)
                     for group in self.shards:
                         self.submit(ALL_QUEUES, qc.Down(member + "@"), None, group=group)
+
+    def _balance_leaders(self, others: list[str]) -> None:
+        """Spread group leaders over the members: a member leading two groups more than another
+        hands one of its shards to the member leading fewest (one move per round, all up)."""
+        if not others or not all(self.node.peer_is_up(m) for m in others):
+            return
+        leads: dict[str, list[str]] = {m: [] for m in [self.node_id, *others]}
+        for group in [META_GROUP, *self.shards]:
+            leader = self.node.leader(group)
+            if leader is None:
+                return  # an election is on: wait for the next round
+            leads.setdefault(leader, []).append(group)
+        mine = [g for g in leads.get(self.node_id, []) if g != META_GROUP]
+        target = min(others, key=lambda m: len(leads.get(m, [])))
+        if mine and len(leads[self.node_id]) - len(leads.get(target, [])) >= 2:
+            log.info("moving the leadership of %s to %s (this node leads %d of %d groups)",
+                     mine[-1], target, len(leads[self.node_id]), len(self.shards) + 1)
+            self.node.transfer_leadership(mine[-1], target)
 
     def members(self) -> list[str]:
         return self.node.groups[META_GROUP].member_ids()
