@@ -99,19 +99,41 @@ class BrokerProcess:
         return self.proc.returncode
 
 
+def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
+    args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[name]}", "--cluster-secret", "test", "--shards", "2"]
+    for peer, port in raft_ports.items():
+        if peer != name:
+            args += ["--peer", f"{peer}@127.0.0.1:{port}"]
+    return args
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """One broker shared by the tests that do not restart or break it."""
+    """One broker shared by the tests that do not restart or break it.
+
+    MAXQ_TEST_CLUSTER=1 makes it a one-member Raft cluster and MAXQ_TEST_CLUSTER=3 the first
+    member of a 3-node cluster: every command then goes through the replicated path (proposed,
+    forwarded to its group's leader, committed, applied from the log on every member)."""
     root = tmp_path_factory.mktemp("broker")
-    process = BrokerProcess(root / "data", root / "server.log")
+    size = int(os.environ.get("MAXQ_TEST_CLUSTER") or 0)
+    names = [f"n{i + 1}" for i in range(size)] or ["maxq1"]
+    raft_ports = {name: free_port() for name in names}
+    processes = [BrokerProcess(root / name, root / f"{name}.log", cluster_args(name, raft_ports) if size else [])
+                 for name in names]
     try:
-        process.start()
-        yield process
+        for process in processes:
+            process.launch()
+        for process in processes:
+            process.wait_ready(60.0)
+        yield processes[0]
     finally:
-        process.stop()
-        if "Traceback" in process.log_text():
-            # A server-side bug the tests did not catch by name: show it in the CI output.
-            print(f"\n--- shared broker log ({process.log_path}) has a traceback ---\n{process.log_text()[-20000:]}")
+        for process in processes:
+            if process.proc is not None:
+                process.stop()
+        for process in processes:
+            if "Traceback" in process.log_text():
+                # A server-side bug the tests did not catch by name: show it in the CI output.
+                print(f"\n--- shared broker log ({process.log_path}) has a traceback ---\n{process.log_text()[-20000:]}")
 
 
 @pytest.fixture

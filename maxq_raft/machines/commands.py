@@ -18,6 +18,11 @@ class Create(NamedTuple):
     arguments: dict
 
 
+class Sync(NamedTuple):
+    """Changes nothing (cluster mode): its reply comes once the shard has applied everything this
+    node proposed to it before, so a reply that reads the queue (declare-ok's counts) sees them."""
+
+
 class Enqueue(NamedTuple):
     messages: list  # of queue.Message, in publish order
 

@@ -306,6 +306,9 @@ class Broker:
         if queue is None:
             then(Rejected(404, f"no queue '{queue_key[1]}' in vhost '{queue_key[0]}'"))
             return
+        if type(command) is qc.Sync:  # a single node's machines are always up to date
+            then(None)
+            return
         reply, effects = queue.apply(self.log.stamp(), command)
         try:
             then(reply)  # before the effects: consume-ok goes out ahead of the first delivery
@@ -346,14 +349,16 @@ class Broker:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)
 
-    def maybe_auto_delete(self, queue_key: tuple) -> None:
-        """RabbitMQ: an auto-delete queue goes when its last consumer is cancelled or gone."""
+    def maybe_auto_delete(self, queue_key: tuple, then=None) -> None:
+        """RabbitMQ: an auto-delete queue goes when its last consumer is cancelled or gone.
+        `then(deleted)` once it has gone (or at once, False, when it stays)."""
         queue = self.queues.get(queue_key)
         record = self.meta.queue(*queue_key)
-        if queue is None or record is None or not record.auto_delete:
-            return
-        if queue.ever_had_consumer and queue.active_consumer_count == 0:
-            self.delete_queue(queue_key)
+        if queue is not None and record is not None and record.auto_delete and queue.ever_had_consumer \
+                and queue.active_consumer_count == 0:
+            self.delete_queue(queue_key, None if then is None else lambda _count: then(True))
+        elif then is not None:
+            then(False)
 
     def owner_down(self, owner: str, queue_keys: list, connection_id: str | None = None) -> None:
         """A channel or connection closed: release its consumers everywhere (their unacked

@@ -54,6 +54,7 @@ class Channel:
         self.global_prefetch = 0  # channel-wide limit, basic.qos(global=true)
         self.confirm = False
         self.publish_seq = 0
+        self.confirmed_upto = 0  # cluster: the last publish seq acked or nacked
         self.tx = False
         self.tx_publishes: list = []
         self.tx_settles: list = []  # (kind, [(delivery tag, unacked entry)]) taken by acks inside a tx
@@ -205,12 +206,16 @@ class Channel:
                 self._reply(spec.QueueDeleteOk(message_count=0))
             return
         self._existing_queue(name)
-        queue = self.broker.queues[(vhost, name)]
-        if m.if_unused and queue.active_consumer_count:
-            raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
-        if m.if_empty and queue.ready_count:
-            raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
-        self.broker.delete_queue((vhost, name), self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))))
+
+        def delete(_synced) -> None:
+            queue = self.broker.queues.get((vhost, name))
+            if m.if_unused and queue is not None and queue.active_consumer_count:
+                raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
+            if m.if_empty and queue is not None and queue.ready_count:
+                raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
+            self.broker.delete_queue((vhost, name), self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))))
+        # The checks read the queue: in a cluster, once its shard has what this node sent before.
+        self.broker.queue_call((vhost, name), qc.Sync(), self._then(delete))
 
     # -------------------------------------------------------------- basic
 
@@ -284,9 +289,9 @@ class Channel:
                     self.broker.consumers.pop(handle.consumer_id, None)
                     if self.held:
                         self._return_held(handle)
-                    self.broker.maybe_auto_delete(handle.queue_key)
-                    if not m.no_wait:
-                        self._reply(spec.BasicCancelOk(consumer_tag=tag))
+                    # An auto-delete queue is gone by the time cancel-ok is sent.
+                    self.broker.maybe_auto_delete(handle.queue_key, self._then(
+                        lambda _deleted: m.no_wait or self._reply(spec.BasicCancelOk(consumer_tag=tag))))
                 self.broker.queue_call(handle.queue_key, qc.Cancel(handle.consumer_id), self._then(cancelled))
                 return
         if not m.no_wait:

@@ -255,11 +255,13 @@ class ClusterLog:
             while waits and waits[0][0].remaining == 0:
                 batch, last_seq = waits.popleft()
                 if alive:
-                    # In order, multiple=true: a nack covers what is not yet confirmed up to it.
-                    kind = spec.BasicNack(delivery_tag=last_seq, multiple=True) if batch.failed else \
-                        spec.BasicAck(delivery_tag=last_seq, multiple=True)
+                    # In order; multiple=true when it covers more than one publish, as RabbitMQ.
+                    multiple = last_seq - channel.confirmed_upto > 1
+                    kind = spec.BasicNack(delivery_tag=last_seq, multiple=multiple) if batch.failed else \
+                        spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
                     session.conn.send_method(channel.number, kind)
                     sent = True
+                channel.confirmed_upto = last_seq
             if not waits:
                 del self.confirm_waits[channel]
             if sent:
@@ -270,8 +272,16 @@ class ClusterLog:
     def declare_queue(self, command: md.DeclareQueue, then) -> None:
         """Create the queue in its shard first, then commit its record (see the module notes)."""
         key = (command.vhost, command.name)
+
+        def synced(reply) -> None:
+            # declare-ok reports the queue's counts: read them once the shard has applied what
+            # this node sent it before (a closed channel's requeues, this channel's publishes).
+            if type(reply) is Rejected or type(reply) is Unavailable:
+                then(reply)
+            else:
+                self.submit(key, qc.Sync(), lambda _r: then(reply))
         if command.passive or self.broker.meta.queue(*key) is not None:
-            self.submit(None, command, then)
+            self.submit(None, command, synced)
             return
         durable = command.durable and not command.exclusive
 
@@ -331,6 +341,8 @@ class ClusterLog:
         if type(command) is qc.Create:
             if key not in broker.queues:
                 self._create(key, command)
+            return None, []
+        if type(command) is qc.Sync:
             return None, []
         queue = broker.queues.get(key)
         if queue is None:
