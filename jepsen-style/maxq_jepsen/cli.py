@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .checker import FAILED, PASS, check
 from .history import read_history, run_meta
-from .nemesis import NemesisError, parse_nemeses
+from .lab import netns_available
+from .nemesis import NemesisError, parse_nemeses, unsupported
 from .profiles import PROFILES, RunSpec, get_profile, workload_for
 from .report import overall_verdict, run_details, summary_line, summary_table, write_run_report, write_summary
 from .runner import Run, discard_data
@@ -34,10 +35,12 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jepsen-style/run", description="Jepsen-style fault tests of MaxQ-Raft.")
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
-                   help="ci (default): 2 fixed runs of ~30 s; long: 10 runs of 300 s")
+                   help="ci (default): 2 single-node runs of ~30 s + one 3-node cluster run of ~60 s; "
+                        "cluster: that cluster run alone; long: 10 single-node + 10 five-node runs of 300 s")
     p.add_argument("--seed", type=int, help="seed of the first run (the next runs take seed+1, ...)")
     p.add_argument("--runs", type=int, help="number of runs (default: the profile's)")
-    p.add_argument("--nemesis", help="comma list: kill, pause; 'none' or 'all' (default: the profile's)")
+    p.add_argument("--nemesis", help="comma list: kill, kill-leader, pause, pause-leader, partition-one, "
+                                     "partition-leader, partition-halves, one-way; 'none' or 'all' (default: the profile's)")
     p.add_argument("--time", type=float, dest="time_s", help="seconds of workload per run (default: the profile's)")
     p.add_argument("--quiet-s", type=_range, metavar="MIN:MAX",
                    help="quiet seconds before each fault (default: the profile's)")
@@ -46,8 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="publishes per second per publisher")
     p.add_argument("--publishers", type=int)
     p.add_argument("--consumers", type=int)
-    p.add_argument("--nodes", type=int, help="nodes in the lab (1 until the cluster exists)")
-    p.add_argument("--lab", choices=("local", "netns"), help="local: loopback processes (today); netns: with the cluster")
+    p.add_argument("--nodes", type=int, help="nodes in the lab: 1 (a plain node) or 3..9 (a cluster)")
+    p.add_argument("--shards", type=int, help="shard groups of a cluster (default 2)")
+    p.add_argument("--lab", choices=("local", "netns"),
+                   help="local: processes on 127.0.0.1; netns: one network namespace per node (root; partitions)")
     p.add_argument("--server-arg", action="append", default=[], help="extra maxq-server argument (repeatable)")
     p.add_argument("--unsafe-confirm-early", action="store_true",
                    help="DELIBERATELY WRONG client: count a publish as confirmed when sent "
@@ -60,6 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--runs must be 1..1000")
     if args.time_s is not None and not 1 <= args.time_s <= 86400:
         p.error("--time must be 1..86400 seconds")
+    if args.nodes is not None and not (args.nodes == 1 or 3 <= args.nodes <= 9):
+        p.error("--nodes must be 1 or 3..9")
+    if args.shards is not None and not 1 <= args.shards <= 64:
+        p.error("--shards must be 1..64")
     return args
 
 
@@ -109,10 +118,38 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
             changes["nodes"] = args.nodes
         if args.lab is not None:
             changes["lab"] = args.lab
+        if args.shards is not None:
+            changes["shards"] = args.shards
         if args.server_arg:
             changes["server_args"] = tuple(args.server_arg)
-        specs.append(replace(spec, **changes))
+        spec = replace(spec, **changes)
+        refused = unsupported(list(spec.nemeses), spec.nodes, spec.lab)
+        if refused and args.nemesis is not None and args.nemesis.strip() != "all":
+            raise NemesisError("; ".join(f"{name}: {why}" for name, why in refused.items()))
+        if refused:
+            print(f"note: run {i + 1} ({spec.nodes} node(s), {spec.lab} lab) leaves out "
+                  + "; ".join(f"{name} ({why})" for name, why in refused.items()), file=sys.stderr)
+        spec = replace(spec, nemeses=tuple(n for n in spec.nemeses if n not in refused))
+        specs.append(spec)
     return specs
+
+
+def fall_back_from_netns(specs: list[RunSpec]) -> tuple[list[RunSpec], str | None]:
+    """RELIABILITY.md: when namespaces do not work, say so loudly and use the loopback lab (without
+    the nemeses that cut links), never a silent pass."""
+    if not any(s.lab == "netns" for s in specs):
+        return specs, None
+    ok, why = netns_available()
+    if ok:
+        return specs, None
+    out = []
+    for spec in specs:
+        if spec.lab == "netns":
+            dropped = unsupported(list(spec.nemeses), spec.nodes, "local")
+            spec = replace(spec, lab="local", nemeses=tuple(n for n in spec.nemeses if n not in dropped))
+        out.append(spec)
+    return out, (f"WARNING: network namespaces are not available here ({why}): the cluster runs use the loopback "
+                 f"lab WITHOUT partitions (kills and pauses only)")
 
 
 def exit_code(verdict: str) -> int:
@@ -151,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except (NemesisError, ValueError) as exc:
         print(f"jepsen-style/run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if any(s.nodes != 1 or s.lab != "local" for s in specs):
-        print("jepsen-style/run: the broker has no cluster yet; only --nodes 1 --lab local runs today", file=sys.stderr)
-        return EXIT_USAGE
+    specs, fallback = fall_back_from_netns(specs)
     profile = get_profile(args.profile)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.store / f"{stamp}-{args.profile}{'-unsafe' if args.unsafe_confirm_early else ''}"
@@ -163,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = out_dir.with_name(f"{stamp}-{args.profile}-{suffix}")
     out_dir.mkdir(parents=True)
     _point_latest(args.store, out_dir)
-    print(f"profile {args.profile}: {len(specs)} run(s), {specs[0].nodes} node ({specs[0].lab} lab); output {out_dir}")
+    shapes = sorted({f"{s.nodes} node{'s' if s.nodes > 1 else ''} ({s.lab} lab)" for s in specs})
+    print(f"profile {args.profile}: {len(specs)} run(s), {', '.join(shapes)}; output {out_dir}")
+    if fallback:
+        print(fallback)
     for note in profile.notes:
         print(f"note: {note}")
     if args.unsafe_confirm_early:
@@ -172,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     results, svgs = [], []
     for i, spec in enumerate(specs, 1):
         run_dir = out_dir / f"run-{i}-seed-{spec.seed}"
-        print(f"run {i}/{len(specs)}: seed {spec.seed}, {spec.workload_kind} workload, nemeses "
-              f"{'+'.join(spec.nemeses) or 'none'}, {spec.time_s:g} s ...", flush=True)
+        print(f"run {i}/{len(specs)}: seed {spec.seed}, {spec.nodes} node(s) {spec.lab} lab, {spec.workload_kind} "
+              f"workload, nemeses {'+'.join(spec.nemeses) or 'none'}, {spec.time_s:g} s ...", flush=True)
         result = Run(spec, run_dir, profile=args.profile).execute()
         records = read_history(result["history"])
         svgs.append(write_run_report(result, records, run_dir))

@@ -6,12 +6,25 @@ and the same address, paused (SIGSTOP) and resumed (SIGCONT). Clients only ever 
 node's AMQP address, so they do not care where the node lives.
 
 Backends:
-  LocalLab   processes on 127.0.0.1 (today: the single node; the broker has no cluster yet).
-  NetnsLab   (with the cluster) one network namespace per host, 10.77.0.i/24 on a bridge that
-             lives in its own "switch" namespace, clients in one more namespace; it adds the
-             network faults (partitions as one atomic `nft -f` in the switch namespace, loss,
-             delay through NFQUEUE). RELIABILITY.md, "A lab that worked", has the commands. It
-             implements the same methods, plus `partition(groups)` / `heal_network()`.
+  LocalLab   processes on 127.0.0.1: one node (no cluster flags), or N cluster members, each
+             with its own AMQP, HTTP (admin) and Raft port and `--peer` flags naming the others.
+  NetnsLab   one network namespace per host, 10.77.0.i/24 on a bridge that lives in its own
+             "switch" namespace, so the machine's network is never touched. Raft runs between
+             the 10.77.0.i addresses; it adds `partition(cuts)` / `heal_network()`: every cut is
+             an `ip saddr A ip daddr B drop` rule, all applied in one atomic `nft -f` in the
+             switch namespace (RELIABILITY.md, "A lab that worked" and "Faults"). Established
+             TCP flows are cut too.
+             Clients reach a node over the loopback of the node's own namespace: the broker
+             has only the `guest` user, and guest may only log in from loopback (RabbitMQ's
+             loopback_users), so a client thread enters the node's namespace (setns(2) is per
+             thread) for the moment it opens its socket (`Lab.enter(node)`), then returns. A
+             partition cuts the nodes from each other, never a client from its node: the
+             clients are co-located with the nodes, as in Jepsen's own setup.
+
+A cluster's members wait for each other at start (`launch` all, then `wait_ready` all); a
+member restarted later prints its ready line once it has caught up with the majority. The
+lab also reads the cluster's status (`/api/cluster/status` on any live member) to find the
+leader of a group, e.g. the shard that holds the workload's queue (`shard_of`).
 
 A restart reuses the node's port: the clients' reconnect loops must find the node where it was.
 Ports come from below the kernel's ephemeral range, so that a client's own ephemeral port can
@@ -22,6 +35,9 @@ SIGKILL) and is safe to call twice.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
 import random
 import shutil
@@ -31,9 +47,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+import zlib
 from pathlib import Path
 
 READY_TIMEOUT_S = 30.0
+CLUSTER_READY_TIMEOUT_S = 90.0  # two cores shared with other work: a cold cluster start is slow
+STATUS_TIMEOUT_S = 3.0
+CLUSTER_SECRET = "maxq-jepsen-secret"
 STOP_TIMEOUT_S = 10.0
 PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
 PORT_TRIES_MAX = 200
@@ -77,10 +98,18 @@ def server_command() -> list[str]:
 class Node:
     """One maxq-server process; its data folder and port outlive the process."""
 
-    def __init__(self, name: str, host: str, amqp_port: int, data_dir: Path, log_path: Path, extra_args: list[str]) -> None:
+    def __init__(self, name: str, host: str, amqp_port: int, data_dir: Path, log_path: Path, extra_args: list[str],
+                 http_port: int = 0, raft_port: int | None = None, prefix: list[str] | None = None,
+                 netns: str | None = None) -> None:
         self.name = name
         self.host = host
+        self.netns = netns  # the namespace the node runs in (None: the harness's own)
         self.amqp_port = amqp_port
+        self.http_port = http_port  # 0: no admin API (the single node does not need it)
+        self.raft_port = raft_port  # None: not a cluster member
+        self.peers: dict[str, str] = {}  # name -> "host:raft_port" of the other members
+        self.shards = 0
+        self.prefix = list(prefix or [])  # e.g. ["ip", "netns", "exec", ns]: where the process runs
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra_args = list(extra_args)
@@ -88,6 +117,7 @@ class Node:
         self.paused = False
         self.starts = 0
         self._log = None
+        self._log_offset = 0
 
     def __repr__(self) -> str:
         return f"Node({self.name} {self.host}:{self.amqp_port} pid={self.pid})"
@@ -99,32 +129,72 @@ class Node:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+    @property
+    def clustered(self) -> bool:
+        return self.raft_port is not None
+
+    def command(self) -> list[str]:
+        # In a namespace the listeners take every address of the host: the node's peers use
+        # 10.77.0.i, its clients 127.0.0.1 (see the module docstring).
+        bind = "0.0.0.0" if self.netns else self.host
+        cmd = [*self.prefix, *server_command(), "--data-dir", str(self.data_dir), "--amqp-host", bind,
+               "--amqp-port", str(self.amqp_port), "--http-host", bind, "--http-port", str(self.http_port),
+               "--node-id", self.name]
+        if self.clustered:
+            cmd += ["--raft-addr", f"{self.host}:{self.raft_port}", "--cluster-secret", CLUSTER_SECRET]
+            if self.shards:
+                cmd += ["--shards", str(self.shards)]
+            for peer, address in sorted(self.peers.items()):
+                cmd += ["--peer", f"{peer}@{address}"]
+        return [*cmd, *self.extra_args]
+
+    def start(self, timeout_s: float | None = None) -> None:
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (cluster members wait for each other to be ready).
+        `ip netns exec` and `setpriv` both exec: the Popen pid is the broker's own pid."""
         assert not self.alive(), f"{self.name} is already running"
         assert threading.current_thread() is threading.main_thread(), "see server_command: pdeathsig"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [*server_command(), "--data-dir", str(self.data_dir), "--amqp-host", self.host,
-               "--amqp-port", str(self.amqp_port), "--http-port", "0", "--node-id", self.name, *self.extra_args]
         if self._log is None:
             self._log = open(self.log_path, "ab")
-        offset = self.log_path.stat().st_size  # only a ready line written by this start counts
+        self._log_offset = self.log_path.stat().st_size  # only a ready line written by this start counts
         # cwd is the data folder's parent, never the repo root: our amqp/ must not shadow py-amqp.
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.data_dir.parent),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=str(self.data_dir.parent), start_new_session=True)
         self.paused = False
         self.starts += 1
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            timeout_s = CLUSTER_READY_TIMEOUT_S if self.clustered else READY_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise LabError(f"{self.name} exited with {self.proc.returncode} while starting; log {self.log_path}:\n"
                                f"{self.log_tail()}")
             with open(self.log_path, "rb") as f:
-                f.seek(offset)
+                f.seek(self._log_offset)
                 if b"maxq-server ready" in f.read():
                     return
             time.sleep(0.05)
         self.kill()
         raise LabError(f"{self.name} not ready after {timeout_s}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
+        """This member's view of the cluster (the admin API's /api/cluster/status), None if it does not answer."""
+        if not self.http_port or not self.alive() or self.paused:
+            return None
+        try:
+            with in_netns(self.netns):
+                host = "127.0.0.1" if self.netns else self.host
+                url = f"http://{host}:{self.http_port}/api/cluster/status"
+                with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                    return json.load(response)
+        except (OSError, ValueError):
+            return None
 
     def kill(self) -> None:
         """SIGKILL, as a crash (also of a paused process)."""
@@ -196,37 +266,76 @@ class Lab:
         raise KeyError(name)
 
     def address(self, node: Node) -> tuple[str, int]:
-        """Where a client reaches `node`'s AMQP listener."""
-        return node.host, node.amqp_port
+        """Where a client reaches `node`'s AMQP listener (from inside `enter(node)`)."""
+        return ("127.0.0.1" if node.netns else node.host), node.amqp_port
+
+    def enter(self, name: str):
+        """A context in which the calling thread's new sockets reach node `name` at `address`."""
+        return in_netns(self.node(name).netns)
 
     def describe(self) -> dict:
-        return {"backend": self.backend, "nodes": {n.name: f"{n.host}:{n.amqp_port}" for n in self.nodes}}
+        return {"backend": self.backend, "nodes": {n.name: f"{n.host}:{n.amqp_port}" for n in self.nodes},
+                "raft": {n.name: f"{n.host}:{n.raft_port}" for n in self.nodes if n.clustered}}
+
+    @property
+    def clustered(self) -> bool:
+        return any(n.clustered for n in self.nodes)
+
+    def shards(self) -> int:
+        return self.nodes[0].shards
+
+    def leader_of(self, group: str) -> Node | None:
+        """The leader of a Raft group as the live members see it: the answer with the highest term
+        wins (a deposed leader cut off in a minority may still believe it leads). None: no leader."""
+        best: tuple[int, str] | None = None
+        for node in self.nodes:
+            status = node.status()
+            if status is None:
+                continue
+            for g in status.get("groups", []):
+                if g.get("group") == group and g.get("leader") is not None:
+                    term = g.get("term") or 0
+                    if best is None or term > best[0]:
+                        best = (term, g["leader"])
+        if best is None:
+            return None
+        try:
+            return self.node(best[1])
+        except KeyError:
+            return None
+
+    def partition(self, cuts: list[tuple[str, str]]) -> None:
+        raise LabError(f"the {self.backend} lab cannot cut links (partitions need --lab netns)")
+
+    def heal_network(self) -> None:
+        pass  # nothing to heal where nothing can be cut
+
+
+def shard_of(queue_key: tuple[str, str], count: int) -> str:
+    """The shard group a queue lives in; a copy of maxq_raft.server.cluster.shard_of (the harness
+    never imports the broker: it only talks to it). `Lab.leader_of` finds the group by this name
+    in the status, so a drift between the two shows up as "no such group", never silently."""
+    vhost, name = queue_key
+    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
+    return f"shard-{digest % count}"
 
 
 class LocalLab(Lab):
-    """Nodes as processes on loopback. One node until the broker is a cluster."""
+    """Nodes as processes on loopback: one plain node, or a cluster of `node_count` members."""
 
     backend = "local"
 
-    def __init__(self, root: Path, node_count: int = 1, server_args: list[str] | None = None) -> None:
-        if node_count != 1:
-            raise LabError("the broker has no cluster yet: the local lab runs one node "
-                           "(the namespace lab with 3 or 5 hosts arrives with the cluster)")
+    def __init__(self, root: Path, node_count: int = 1, server_args: list[str] | None = None, shards: int = 2) -> None:
+        if not 1 <= node_count <= 9:
+            raise LabError(f"the local lab runs 1 to 9 nodes, not {node_count}")
         self.root = Path(root)
-        taken: set[int] = set()
-        self.nodes = []
-        for i in range(1, node_count + 1):
-            port = pick_port(taken)
-            taken.add(port)
-            name = f"n{i}"
-            self.nodes.append(Node(name, "127.0.0.1", port, self.root / name / "data", self.root / f"{name}.log",
-                                   server_args or []))
+        self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: "127.0.0.1",
+                                prefix_of=lambda i: [])
 
     def setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            for node in self.nodes:
-                node.start()
+            start_all(self.nodes)
         except BaseException:
             self.teardown()
             raise
@@ -242,19 +351,147 @@ class LocalLab(Lab):
             raise LabError("teardown: " + "; ".join(errors))
 
 
+NS_PREFIX = "mxqj-"  # every namespace this harness makes starts with it (stale ones are deleted at setup)
+NS_SWITCH = NS_PREFIX + "sw"
+SUBNET = "10.77.0"
+NFT_TABLE = "mxqj"
+CMD_TIMEOUT_S = 15.0
+CLONE_NEWNET = 0x40000000
+
+
+def _sh(*cmd: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+    if check and done.returncode != 0:
+        raise LabError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()[:500]}")
+    return done
+
+
+def _setns(fd: int) -> None:
+    """setns(2) for the calling thread (os.setns is Python 3.12+; we run on 3.11)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise LabError(f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def in_netns(ns: str | None):
+    """Run the body with the calling thread in network namespace `ns` (None: stay), then go back.
+    Sockets keep the namespace they were made in, so a connection opened inside lives on after."""
+    if ns is None:
+        yield
+        return
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(home)
+
+
 class NetnsLab(Lab):
-    """One network namespace per host (with the cluster). Placeholder: refuses loudly, never passes."""
+    """One network namespace per host on a bridge in a switch namespace; clients in their own.
+
+    Nodes run under `ip netns exec`; clients enter a node's namespace to connect (`enter`)."""
 
     backend = "netns"
 
-    def __init__(self, *args, **kwargs) -> None:
-        raise LabError("the namespace lab arrives with the cluster (RELIABILITY.md, 'A lab that worked'); "
-                       "use the local lab")
+    def __init__(self, root: Path, node_count: int = 3, server_args: list[str] | None = None, shards: int = 2) -> None:
+        if not 1 <= node_count <= 9:
+            raise LabError(f"the namespace lab runs 1 to 9 nodes, not {node_count}")
+        self.root = Path(root)
+        self.ns = {f"n{i}": f"{NS_PREFIX}n{i}" for i in range(1, node_count + 1)}
+        self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: f"{SUBNET}.{i}",
+                                prefix_of=lambda i: ["ip", "netns", "exec", f"{NS_PREFIX}n{i}"],
+                                ports_fixed=True, netns_of=lambda i: f"{NS_PREFIX}n{i}")
+        self.cuts: list[tuple[str, str]] = []
+
+    def describe(self) -> dict:
+        return {**super().describe(), "namespaces": dict(self.ns)}
+
+    def setup(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        ok, why = netns_available()
+        if not ok:
+            raise LabError(f"network namespaces do not work here: {why}")
+        if shutil.which("nft") is None:
+            raise LabError("nft is missing (apt-get install -y nftables): the namespace lab cuts links with it")
+        try:
+            delete_stale_namespaces()
+            _sh("ip", "netns", "add", NS_SWITCH)
+            _sh("ip", "-n", NS_SWITCH, "link", "set", "lo", "up")
+            _sh("ip", "-n", NS_SWITCH, "link", "add", "br0", "type", "bridge")
+            _sh("ip", "-n", NS_SWITCH, "link", "set", "br0", "up")
+            hosts = [(ns, f"{SUBNET}.{i}") for i, ns in enumerate(self.ns.values(), 1)]
+            for j, (ns, address) in enumerate(hosts, 1):
+                veth, peer = f"mxqj{j}", f"mxqj{j}s"
+                _sh("ip", "netns", "add", ns)
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "link", "add", veth, "netns", ns, "type", "veth", "peer", "name", peer, "netns", NS_SWITCH)
+                _sh("ip", "-n", NS_SWITCH, "link", "set", peer, "master", "br0")
+                _sh("ip", "-n", NS_SWITCH, "link", "set", peer, "up")
+                _sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", veth)
+                _sh("ip", "-n", ns, "link", "set", veth, "up")
+            self._apply([])  # the (empty) table exists from the start: a cut is then one replace
+            start_all(self.nodes)
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _apply(self, cuts: list[tuple[str, str]]) -> None:
+        """One atomic nft transaction: the table is flushed and refilled with exactly `cuts`."""
+        rules = "".join(f"    ip saddr {self.node(a).host} ip daddr {self.node(b).host} drop\n" for a, b in cuts)
+        script = (f"table bridge {NFT_TABLE}\ndelete table bridge {NFT_TABLE}\n"
+                  f"table bridge {NFT_TABLE} {{\n  chain cut {{\n    type filter hook forward priority 0; policy accept;\n"
+                  f"{rules}  }}\n}}\n")
+        _sh("ip", "netns", "exec", NS_SWITCH, "nft", "-f", "-", stdin=script)
+
+    def partition(self, cuts: list[tuple[str, str]]) -> None:
+        """Drop every packet from node a to node b for each (a, b) in `cuts` (directed links)."""
+        self._apply(sorted(set(cuts)))
+        self.cuts = sorted(set(cuts))
+
+    def heal_network(self) -> None:
+        if self.cuts:
+            self._apply([])
+            self.cuts = []
+
+    def teardown(self) -> None:
+        errors = []
+        for node in self.nodes:
+            try:
+                node.stop()
+            except Exception as exc:
+                errors.append(f"{node.name}: {exc!r}")
+        try:
+            delete_stale_namespaces()
+        except Exception as exc:
+            errors.append(f"delete namespaces: {exc!r}")
+        if errors:
+            raise LabError("teardown: " + "; ".join(errors))
+
+
+def delete_stale_namespaces() -> list[str]:
+    """Delete every namespace with our prefix (a crashed run's leftovers; its veths go with them)."""
+    listed = _sh("ip", "netns", "list", check=False).stdout
+    names = [line.split()[0] for line in listed.splitlines() if line.split() and line.split()[0].startswith(NS_PREFIX)]
+    for name in names:
+        _sh("ip", "netns", "del", name, check=False)
+    return names
 
 
 def netns_available() -> tuple[bool, str]:
-    """The preflight RELIABILITY.md asks for: can this machine make a namespace? (Not used yet.)"""
-    name = f"mxqj-preflight-{os.getpid()}"
+    """The preflight RELIABILITY.md asks for: can this machine make a namespace?"""
+    if os.geteuid() != 0:
+        return False, "not root"
+    name = f"{NS_PREFIX}preflight-{os.getpid()}"
     try:
         made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -262,12 +499,50 @@ def netns_available() -> tuple[bool, str]:
     if made.returncode != 0:
         return False, made.stderr.strip()
     subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    if shutil.which("nft") is None:
+        return False, "nft is missing (apt-get install -y nftables)"
     return True, "ok"
 
 
-def make_lab(backend: str, root: Path, node_count: int, server_args: list[str] | None = None) -> Lab:
+def make_nodes(root: Path, node_count: int, server_args: list[str], shards: int, host_of, prefix_of,
+               ports_fixed: bool = False, netns_of=lambda i: None) -> list[Node]:
+    """The nodes of a lab; with more than one, cluster members that name each other as peers.
+    Ports are chosen once: a restart finds the node where it was. In namespaces every host has
+    its own address, so fixed ports do (nothing else listens there)."""
+    taken: set[int] = set()
+
+    def port(fixed: int) -> int:
+        if ports_fixed:
+            return fixed
+        chosen = pick_port(taken)
+        taken.add(chosen)
+        return chosen
+
+    clustered = node_count > 1
+    nodes = []
+    for i in range(1, node_count + 1):
+        name = f"n{i}"
+        node = Node(name, host_of(i), port(5672), root / name / "data", root / f"{name}.log", server_args,
+                    http_port=port(15672) if clustered else 0, raft_port=port(7000) if clustered else None,
+                    prefix=prefix_of(i), netns=netns_of(i))
+        node.shards = shards if clustered else 0
+        nodes.append(node)
+    for node in nodes:
+        node.peers = {other.name: f"{other.host}:{other.raft_port}" for other in nodes if other is not node and clustered}
+    return nodes
+
+
+def start_all(nodes: list[Node]) -> None:
+    """Launch every node, then wait for each: cluster members wait for each other to be ready."""
+    for node in nodes:
+        node.launch()
+    for node in nodes:
+        node.wait_ready()
+
+
+def make_lab(backend: str, root: Path, node_count: int, server_args: list[str] | None = None, shards: int = 2) -> Lab:
     if backend == "local":
-        return LocalLab(root, node_count, server_args)
+        return LocalLab(root, node_count, server_args, shards)
     if backend == "netns":
-        return NetnsLab(root, node_count, server_args)
+        return NetnsLab(root, node_count, server_args, shards)
     raise LabError(f"unknown lab backend {backend!r}")

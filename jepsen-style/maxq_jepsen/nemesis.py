@@ -11,10 +11,21 @@ single node no nemesis does.
 The schedule is a list of cycles (quiet seconds, nemesis, fault seconds) drawn from the run's
 seed alone, and fault targets come from a seeded RNG too, so a run's faults are reproducible.
 
-Today (one node, loopback lab): `kill` (SIGKILL, restart on the same data folder at heal) and
-`pause` (SIGSTOP, SIGCONT at heal). With the cluster and the namespace lab come the names in
-CLUSTER_NEMESES (partitions of several shapes, loss, delay, disk stall, clock skew, membership
-changes); asking for one today is an error that says so, never a silent pass.
+What runs (NEMESES):
+  kill              SIGKILL a random node (on bigger clusters sometimes a minority of them);
+                    restart on the same data folder and ports at heal
+  kill-leader       SIGKILL the leader of the workload queue's shard group (cluster)
+  pause             SIGSTOP a random node (minority), SIGCONT at heal
+  pause-leader      SIGSTOP the shard's leader (cluster)
+  partition-one     isolate one random node both ways (netns lab); minority = that node
+  partition-leader  isolate the shard's leader (netns lab); minority = the leader
+  partition-halves  a random split into a minority and a majority (netns lab)
+  one-way           drop one random node's outgoing packets only (netns lab): it still hears the
+                    others; no minority is claimed (what it may confirm depends on who leads)
+The leader comes from the cluster status (`Lab.leader_of`, highest term wins); when no member
+names one, the nemesis falls back to a random node and says so (`leader: null`).
+Still to come (NOT_YET): loss, delay, disk stall, clock skew, membership changes, bridge,
+majorities ring; asking for one is an error that says so, never a silent pass.
 """
 
 from __future__ import annotations
@@ -22,17 +33,14 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from .lab import Lab
+from .lab import Lab, Node, shard_of
 
-RESTART_TIMEOUT_S = 30.0
+RESTART_TIMEOUT_S = 90.0  # a restarted member is ready once it has caught up: slow on 2 shared cores
 CYCLES_MAX = 1000
+VHOST = "/"
 
-CLUSTER_NEMESES = {
-    "partition-one": "isolate one random node",
-    "partition-halves": "split the nodes in two halves",
+NOT_YET = {
     "partition-majorities-ring": "every node sees a different majority",
-    "partition-leader": "isolate the current leader",
-    "one-way": "drop traffic in one direction only",
     "bridge": "one node sees both sides of a split",
     "loss": "random packet loss (nft numgen)",
     "delay": "delay packets (NFQUEUE delayer)",
@@ -40,6 +48,7 @@ CLUSTER_NEMESES = {
     "clock-skew": "skew clocks with faketime",
     "membership": "add and remove members through maxqctl",
 }
+CLUSTER_NEMESES = NOT_YET  # the old name (the cluster nemeses that are not built yet)
 
 
 class NemesisError(Exception):
@@ -48,6 +57,11 @@ class NemesisError(Exception):
 
 class Nemesis:
     name = "abstract"
+    needs_cluster = False  # needs more than one node
+    needs_network = False  # needs a lab that can cut links (netns)
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        self.queue = queue
 
     def start(self, lab: Lab, rng: random.Random) -> dict:
         raise NotImplementedError
@@ -69,15 +83,19 @@ class KillNemesis(Nemesis):
 
     name = "kill"
 
-    def __init__(self) -> None:
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
         self.killed: list = []
 
+    def choose(self, lab: Lab, rng: random.Random) -> tuple[list[Node], dict]:
+        return _targets(lab, rng), {}
+
     def start(self, lab: Lab, rng: random.Random) -> dict:
-        targets = _targets(lab, rng)
+        targets, extra = self.choose(lab, rng)
         for node in targets:
             node.kill()
             self.killed.append(node)
-        return {"targets": [n.name for n in targets]}
+        return {"targets": [n.name for n in targets], **extra}
 
     def heal(self, lab: Lab) -> dict:
         restarted = []
@@ -94,15 +112,20 @@ class PauseNemesis(Nemesis):
 
     name = "pause"
 
-    def __init__(self) -> None:
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
         self.paused: list = []
 
+    def choose(self, lab: Lab, rng: random.Random) -> tuple[list[Node], dict]:
+        return _targets(lab, rng), {}
+
     def start(self, lab: Lab, rng: random.Random) -> dict:
-        targets = [n for n in _targets(lab, rng) if n.alive()]
+        chosen, extra = self.choose(lab, rng)
+        targets = [n for n in chosen if n.alive()]
         for node in targets:
             node.pause()
             self.paused.append(node)
-        return {"targets": [n.name for n in targets]}
+        return {"targets": [n.name for n in targets], **extra}
 
     def heal(self, lab: Lab) -> dict:
         resumed = []
@@ -113,28 +136,144 @@ class PauseNemesis(Nemesis):
         return {"resumed": resumed}
 
 
-NEMESES = {"kill": KillNemesis, "pause": PauseNemesis}
+def queue_leader(lab: Lab, queue: str, rng: random.Random) -> tuple[Node, dict]:
+    """The leader of the queue's shard group, or a random live node when no member names one."""
+    group = shard_of((VHOST, queue), lab.shards())
+    leader = lab.leader_of(group)
+    if leader is None:
+        live = [n for n in lab.nodes if n.alive() and not n.paused] or list(lab.nodes)
+        return rng.choice(live), {"group": group, "leader": None}
+    return leader, {"group": group, "leader": leader.name}
+
+
+class KillLeaderNemesis(KillNemesis):
+    """SIGKILL the leader of the queue's shard (the node that orders its log), restart at heal."""
+
+    name = "kill-leader"
+    needs_cluster = True
+
+    def choose(self, lab, rng):
+        leader, extra = queue_leader(lab, self.queue, rng)
+        return [leader], extra
+
+
+class PauseLeaderNemesis(PauseNemesis):
+    """SIGSTOP the leader of the queue's shard for the fault window (longer than the 3 s down timeout)."""
+
+    name = "pause-leader"
+    needs_cluster = True
+
+    def choose(self, lab, rng):
+        leader, extra = queue_leader(lab, self.queue, rng)
+        return [leader], extra
+
+
+class PartitionNemesis(Nemesis):
+    """Cut links (nft drop rules in the switch namespace); heal removes them all at once.
+
+    `minority` in the description names the nodes cut off from any majority: from this record
+    to the next heal, a confirm they give for a publish invoked in the window is fatal."""
+
+    name = "partition"
+    needs_cluster = True
+    needs_network = True
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.active = False
+
+    def plan(self, lab: Lab, rng: random.Random) -> tuple[list[tuple[str, str]], list[str], dict]:
+        raise NotImplementedError
+
+    def start(self, lab: Lab, rng: random.Random) -> dict:
+        cuts, minority, extra = self.plan(lab, rng)
+        lab.partition(cuts)
+        self.active = True
+        return {"cuts": [f"{a}->{b}" for a, b in cuts], "minority": sorted(minority), **extra}
+
+    def heal(self, lab: Lab) -> dict:
+        was = self.active
+        lab.heal_network()
+        self.active = False
+        return {"healed": was}
+
+
+def _isolate(lab: Lab, side: list[str]) -> list[tuple[str, str]]:
+    """Both directions between `side` and every other node."""
+    others = [n.name for n in lab.nodes if n.name not in side]
+    return [(a, b) for a in side for b in others] + [(b, a) for a in side for b in others]
+
+
+class PartitionOneNemesis(PartitionNemesis):
+    name = "partition-one"
+
+    def plan(self, lab, rng):
+        node = rng.choice(lab.nodes).name
+        return _isolate(lab, [node]), [node], {}
+
+
+class PartitionLeaderNemesis(PartitionNemesis):
+    name = "partition-leader"
+
+    def plan(self, lab, rng):
+        leader, extra = queue_leader(lab, self.queue, rng)
+        return _isolate(lab, [leader.name]), [leader.name], extra
+
+
+class PartitionHalvesNemesis(PartitionNemesis):
+    name = "partition-halves"
+
+    def plan(self, lab, rng):
+        names = [n.name for n in lab.nodes]
+        rng.shuffle(names)
+        minority = sorted(names[:(len(names) - 1) // 2] or names[:1])
+        return _isolate(lab, minority), minority, {"majority": sorted(set(names) - set(minority))}
+
+
+class OneWayNemesis(PartitionNemesis):
+    name = "one-way"
+
+    def plan(self, lab, rng):
+        node = rng.choice(lab.nodes).name
+        return [(node, other.name) for other in lab.nodes if other.name != node], [], {"silenced": node}
+
+
+NEMESES = {cls.name: cls for cls in (KillNemesis, KillLeaderNemesis, PauseNemesis, PauseLeaderNemesis,
+                                      PartitionOneNemesis, PartitionLeaderNemesis, PartitionHalvesNemesis, OneWayNemesis)}
 
 
 def parse_nemeses(spec: str) -> list[str]:
-    """'kill,pause' -> ['kill', 'pause']; 'none' -> []; 'all' -> every one that runs today."""
+    """'kill,pause' -> ['kill', 'pause']; 'none' -> []; 'all' -> every one that exists (the runner
+    then keeps those the lab supports, see `supported`)."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["none"]:
         return []
     if names == ["all"]:
         return list(NEMESES)
     for name in names:
-        if name in CLUSTER_NEMESES:
-            raise NemesisError(f"nemesis {name!r} ({CLUSTER_NEMESES[name]}) arrives with the cluster; "
+        if name in NOT_YET:
+            raise NemesisError(f"nemesis {name!r} ({NOT_YET[name]}) is not built yet; "
                                f"today: {', '.join(NEMESES)}")
         if name not in NEMESES:
             raise NemesisError(f"unknown nemesis {name!r}; today: {', '.join(NEMESES)} "
-                               f"(with the cluster: {', '.join(CLUSTER_NEMESES)})")
+                               f"(not built yet: {', '.join(NOT_YET)})")
     return list(dict.fromkeys(names))
 
 
-def make_nemeses(names: list[str]) -> dict[str, Nemesis]:
-    return {name: NEMESES[name]() for name in names}
+def unsupported(names: list[str], nodes: int, lab: str) -> dict[str, str]:
+    """The nemeses a lab of this shape cannot run, each with the reason."""
+    out = {}
+    for name in names:
+        cls = NEMESES[name]
+        if cls.needs_cluster and nodes < 3:
+            out[name] = f"needs a cluster (--nodes 3 or more), not {nodes} node(s)"
+        elif cls.needs_network and lab != "netns":
+            out[name] = "cuts links: needs the namespace lab (--lab netns, root, nftables)"
+    return out
+
+
+def make_nemeses(names: list[str], queue: str = "jepsen") -> dict[str, Nemesis]:
+    return {name: NEMESES[name](queue) for name in names}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ SERIES = (  # key, label, colour
     ("deliver_redelivered", "redelivered/s", "#6a1b9a"),
     ("publish_bad", "nacked+indeterminate/s", "#e65100"),
 )
-FAULT_COLOURS = {"kill": "#ef5350", "pause": "#ffb300"}
+FAULT_COLOURS = {"kill": "#ef5350", "kill-leader": "#c62828", "pause": "#ffb300", "pause-leader": "#ff8f00",
+                 "partition-one": "#42a5f5", "partition-leader": "#1565c0", "partition-halves": "#7e57c2",
+                 "one-way": "#26a69a"}
 
 
 def overall_verdict(results: list[dict]) -> str:

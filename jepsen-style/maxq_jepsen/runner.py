@@ -90,8 +90,8 @@ class Run:
         if spec.nemeses and not schedule:
             self.notes.append(f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s")
         self.history = HistoryWriter(self.history_path)
-        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args))
-        nemeses = make_nemeses(list(spec.nemeses))
+        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards)
+        nemeses = make_nemeses(list(spec.nemeses), spec.workload.queue)
         self.history.meta(profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule],
                           lab=self.lab.describe())
         pub_stop, con_stop = threading.Event(), threading.Event()

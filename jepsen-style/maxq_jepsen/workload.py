@@ -16,6 +16,10 @@ and `info` for whatever is in flight when the connection dies or a confirm takes
 With `unsafe_confirm_early` it records `ok` at send time instead: a deliberately wrong client
 whose "confirmed" messages a crash can lose, to prove the checker sees losses.
 
+Every session connects to a node of the lab chosen by the worker's seeded RNG; after a session
+ends (the node died, was paused or cut off, or closed us with 320 CONNECTION_FORCED) the next
+one goes to a different node. Sessions are bounded (SESSIONS_MAX) and so is the time.
+
 Consumer: manual ack, prefetch, a seeded small delay before each ack (so that a crash finds
 messages delivered but unacked). Every delivery is recorded with its `redelivered` flag and the
 body's CRC, then the ack.
@@ -26,6 +30,7 @@ queue (recorded like deliveries), and check that a node confirms publishes again
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -83,7 +88,7 @@ def message_body(message_id: str, seed: int, size_bytes: int) -> bytes:
 
 
 def queue_arguments() -> dict:
-    # The queue kind the cluster will replicate; a single node accepts it today.
+    # RabbitMQ's name for a replicated queue; MaxQ-Raft replicates every durable queue anyway.
     return {"x-queue-type": "quorum"}
 
 
@@ -93,11 +98,19 @@ def connection_parameters(host: str, port: int, config: WorkloadConfig) -> pika.
                                      stack_timeout=config.connect_timeout_s + 2, blocked_connection_timeout=30)
 
 
+def no_enter(_node: str):
+    """Where the harness's own network reaches every node (the loopback lab)."""
+    return contextlib.nullcontext()
+
+
 class Worker(threading.Thread):
-    """One client process of the history: sessions one after another until stopped."""
+    """One client process of the history: sessions one after another until stopped.
+
+    `enter(node)` is the lab's context for opening a socket to that node (Lab.enter: the netns lab
+    moves the thread into the node's namespace for the connect, see lab.py)."""
 
     def __init__(self, process: str, history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig,
-                 seed: int, stop: threading.Event, hard_deadline: float) -> None:
+                 seed: int, stop: threading.Event, hard_deadline: float, enter=no_enter) -> None:
         super().__init__(name=f"jepsen-{process}", daemon=True)
         self.process = process
         self.history = history
@@ -107,15 +120,22 @@ class Worker(threading.Thread):
         self.stop_event = stop
         self.hard_deadline = hard_deadline
         self.rng = random.Random(f"{seed}:{process}")
+        self.enter = enter
         self.session = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
+            last = None
             while not self.stop_event.is_set() and time.monotonic() < self.hard_deadline and self.session < SESSIONS_MAX:
                 self.session += 1
-                name, host, port = self.rng.choice(self.nodes)
-                self.make_session(name, host, port).run()
+                # Any node serves any queue: after a failure go to another one (the one that failed
+                # may be down, paused or cut off); the choice is seeded like everything else.
+                choices = [n for n in self.nodes if n[0] != last] or self.nodes
+                name, host, port = self.rng.choice(choices)
+                session = self.make_session(name, host, port)
+                session.run()
+                last = name
                 self.stop_event.wait(self.rng.uniform(*self.config.reconnect_delay_s))
         except BaseException as exc:  # a harness bug: keep it for the runner, do not kill the run
             self.error = exc
@@ -146,9 +166,14 @@ class _Session:
 
     def run(self) -> None:
         self.record(INVOKE, "connect")
-        self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
-                                          on_open_error_callback=self._on_open_error, on_close_callback=self._on_closed)
-        self.conn.ioloop.call_later(TICK_S, self._tick)
+        with self.w.enter(self.node):
+            # pika makes the socket on the first ioloop turns: stay in the node's namespace until
+            # it exists (a poll of the ioloop until the connection leaves its "init" state).
+            self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
+                                              on_open_error_callback=self._on_open_error, on_close_callback=self._on_closed)
+            self.conn.ioloop.call_later(TICK_S, self._tick)
+            self._connect_phase = True
+            self.conn.ioloop.call_later(0, self._leave_connect_phase)
         try:
             self.conn.ioloop.start()
         finally:

@@ -417,10 +417,26 @@ class Channel:
         settles, self.tx_settles = self.tx_settles, []
         for method, props_raw, body in publishes:
             self.session.route_publish(self, None, method, props_raw, body)
+        queue_keys = list(self.session.pending)
         self.session.flush_publishes()
         for kind, taken in settles:
             self._settle(kind, [entry for _tag, entry in taken])
-        self._reply(spec.TxCommitOk())
+        if not queue_keys:
+            self._reply(spec.TxCommitOk())
+            return
+        # commit-ok once every queue has the messages: in a cluster, once their entries have
+        # committed (a Sync through each shard answers after them).
+        committed = self._then(lambda _reply: self._reply(spec.TxCommitOk()))
+        state = {"left": len(queue_keys), "failure": None}
+
+        def synced(reply) -> None:
+            if type(reply) is Unavailable:
+                state["failure"] = reply
+            state["left"] -= 1
+            if state["left"] == 0:
+                committed(state["failure"])
+        for queue_key in queue_keys:
+            self.broker.queue_call(queue_key, qc.Sync(), synced)
 
     def tx_rollback(self, m) -> None:
         if not self.tx:
