@@ -23,6 +23,17 @@ class Sync(NamedTuple):
     node proposed to it before, so a reply that reads the queue (declare-ok's counts) sees them."""
 
 
+class Reply(NamedTuple):
+    """A direct reply-to reply for a requester on another member (cluster mode): carried through
+    a shard's log, delivered by the member whose key it is, ignored by the others."""
+
+    key: str
+    exchange: str
+    routing_key: str
+    props_raw: bytes
+    body: bytes
+
+
 class Enqueue(NamedTuple):
     messages: list  # of queue.Message, in publish order
 

@@ -30,7 +30,7 @@ from ..machines.queue import Message
 ENTRY_VERSION = 1
 
 QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
-                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync)}
+                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply)}
 ALL_QUEUES = "*"
 METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
                                                    md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown)}

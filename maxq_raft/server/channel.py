@@ -269,7 +269,8 @@ class Channel:
         if self.reply_tag is not None:
             raise ChannelError(spec.PRECONDITION_FAILED, "reply consumer already set")
         self.reply_tag = tag
-        self.reply_key = self.broker.generate_name("")
+        # The key names this node ("n1~..."), so a reply published on another member finds it.
+        self.reply_key = self.broker.generate_name(self.broker.node_id + "~")
         self.broker.reply_to[self.reply_key] = self
         if not m.no_wait:
             self._reply(spec.BasicConsumeOk(consumer_tag=tag))

@@ -361,9 +361,25 @@ class ClusterLog:
         backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None) if broker.store is not None else None
         broker.queues[key] = QueueMachine(key[0], key[1], backing=backing, durable=False)
 
+    def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:
+        """A direct reply-to reply whose requester is on another member: send it there through
+        a shard (False: the key names no other member)."""
+        node, sep, _ = key.partition("~")
+        if not sep or node == self.node_id or node not in self.members():
+            return False
+        group = self.shards[zlib.crc32(key.encode()) % len(self.shards)]
+        self.submit(ALL_QUEUES, qc.Reply(key, exchange, routing_key, props_raw, body), None, group=group)
+        return True
+
     def _apply_all(self, group: str, meta: Meta, command, origin: str) -> Any:
-        """A command for every queue of the shard (a node's consumers going down)."""
+        """A command for every queue of the shard (a node's consumers going down), or for none
+        (a reply to a requester on some member)."""
         broker = self.broker
+        if type(command) is qc.Reply:
+            channel = broker.reply_to.get(command.key)
+            if channel is not None:
+                channel.deliver_reply(command.exchange, command.routing_key, command.props_raw, command.body)
+            return None
         if type(command) is not qc.Down:
             return Rejected(541, f"{type(command).__name__} is not a shard-wide command")
         returned = 0

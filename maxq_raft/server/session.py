@@ -344,9 +344,12 @@ class Session:
             if flags & REPLY_TO_FLAG and REPLY_TO_QUEUE.encode() in props_raw:
                 props_raw = channel.rewrite_reply_to(props_raw)
         if not exchange and routing_key.startswith(REPLY_TO_PREFIX):
-            target = broker.reply_to.get(routing_key[len(REPLY_TO_PREFIX):])
+            key = routing_key[len(REPLY_TO_PREFIX):]
+            target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
+            elif broker.cluster is not None and broker.cluster.reply_elsewhere(key, exchange, routing_key, props_raw, body):
+                pass  # the requester is connected to another member: the reply travels through a shard
             elif method.mandatory:
                 self._return(channel, method, props_raw, body)
             if seq is not None:

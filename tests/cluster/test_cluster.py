@@ -274,3 +274,29 @@ def test_a_restarted_member_catches_up_from_the_log(cluster):
     cluster.restart("n3")
     got = drain(n3, queue)
     assert [int(body) for body, _ in got] == list(range(100))
+
+
+def test_direct_reply_to_across_members(cluster):
+    """An RPC client on n1 (amq.rabbitmq.reply-to) and its server on n2: the reply finds it."""
+    server_conn = cluster["n2"].connect()
+    server = server_conn.channel()
+    server.queue_declare("rpc")
+    client_conn = cluster["n1"].connect()
+    client = client_conn.channel()
+    replies = []
+    client.basic_consume("amq.rabbitmq.reply-to", lambda ch, m, p, body: replies.append(body), auto_ack=True)
+    client.basic_publish("", "rpc", b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    request = None
+    deadline = time.monotonic() + 10
+    while request is None and time.monotonic() < deadline:
+        request = server.basic_get("rpc", auto_ack=True)[1]
+        if request is None:
+            time.sleep(0.05)
+    assert request is not None and request.reply_to.startswith("amq.rabbitmq.reply-to.n1~")
+    server.basic_publish("", request.reply_to, b"pong")
+    deadline = time.monotonic() + 10
+    while not replies and time.monotonic() < deadline:
+        client_conn.process_data_events(time_limit=0.1)
+    assert replies == [b"pong"]
+    client_conn.close()
+    server_conn.close()

@@ -27,7 +27,8 @@ queue_commands = st.one_of(
     st.builds(qc.Credit, names, st.integers(0, 10**6)),
     st.builds(qc.Get, names, names, st.booleans()),
     st.just(qc.Purge()), st.builds(qc.Down, names), st.just(qc.DeleteQueue()),
-    st.builds(qc.Create, st.booleans(), tables),
+    st.builds(qc.Create, st.booleans(), tables), st.just(qc.Sync()),
+    st.builds(qc.Reply, names, names, names, st.binary(max_size=10), st.binary(max_size=10)),
 )
 metadata_commands = st.one_of(
     st.builds(md.DeclareExchange, names, names, st.sampled_from(["direct", "topic"]), st.booleans(), st.booleans(),
