@@ -101,13 +101,14 @@ class Run:
         try:
             self.lab.setup()
             nodes = [(n.name, *self.lab.address(n)) for n in self.lab.nodes]
-            declare_queue(nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0)
+            declare_queue(nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0,
+                          enter=lambda: self.lab.enter(nodes[0][0]))
             hard_deadline = (time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s
                              + spec.drain_timeout_s + 60.0)
-            consumers = [Consumer(f"con{i}", self.history, nodes, spec.workload, spec.seed, con_stop, hard_deadline)
-                         for i in range(spec.workload.consumers)]
-            publishers = [Publisher(f"pub{i}", self.history, nodes, spec.workload, spec.seed, pub_stop, hard_deadline)
-                          for i in range(spec.workload.publishers)]
+            consumers = [Consumer(f"con{i}", self.history, nodes, spec.workload, spec.seed, con_stop, hard_deadline,
+                                  enter=self.lab.enter) for i in range(spec.workload.consumers)]
+            publishers = [Publisher(f"pub{i}", self.history, nodes, spec.workload, spec.seed, pub_stop, hard_deadline,
+                                    enter=self.lab.enter) for i in range(spec.workload.publishers)]
             workers = consumers + publishers
             self.phase("quiet")
             t0 = time.monotonic()
@@ -140,7 +141,7 @@ class Run:
             con_stop.set()
             self.join(consumers, 10.0)
             self.phase("drain")
-            drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s)
+            drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s, enter=self.lab.enter)
             self.restart_dead_nodes("at the end")
             self.phase("end")
         except LabError as exc:
@@ -189,7 +190,7 @@ class Run:
         why: dict[str, str] = {}
         while pending and time.monotonic() < deadline:
             for name, (host, port) in list(pending.items()):
-                problem = probe(host, port, self.spec.workload)
+                problem = probe(host, port, self.spec.workload, enter=lambda name=name: self.lab.enter(name))
                 if problem is None:
                     del pending[name]
                 else:
@@ -213,8 +214,9 @@ class Run:
         while time.monotonic() < deadline and zeros < 2:
             ready = 0
             try:
-                for _name, host, port in nodes:
-                    conn = blocking_connection(host, port, self.spec.workload)
+                for name, host, port in nodes:
+                    with self.lab.enter(name):
+                        conn = blocking_connection(host, port, self.spec.workload)
                     try:
                         ready += conn.channel().queue_declare(self.spec.workload.queue, passive=True).method.message_count
                     finally:

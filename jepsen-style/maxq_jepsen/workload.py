@@ -133,8 +133,10 @@ class Worker(threading.Thread):
                 # may be down, paused or cut off); the choice is seeded like everything else.
                 choices = [n for n in self.nodes if n[0] != last] or self.nodes
                 name, host, port = self.rng.choice(choices)
-                session = self.make_session(name, host, port)
-                session.run()
+                # The whole session runs in the lab's context for that node: pika makes its socket
+                # inside the ioloop (after an address lookup), so the thread stays there until the end.
+                with self.enter(name):
+                    self.make_session(name, host, port).run()
                 last = name
                 self.stop_event.wait(self.rng.uniform(*self.config.reconnect_delay_s))
         except BaseException as exc:  # a harness bug: keep it for the runner, do not kill the run
@@ -166,14 +168,9 @@ class _Session:
 
     def run(self) -> None:
         self.record(INVOKE, "connect")
-        with self.w.enter(self.node):
-            # pika makes the socket on the first ioloop turns: stay in the node's namespace until
-            # it exists (a poll of the ioloop until the connection leaves its "init" state).
-            self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
-                                              on_open_error_callback=self._on_open_error, on_close_callback=self._on_closed)
-            self.conn.ioloop.call_later(TICK_S, self._tick)
-            self._connect_phase = True
-            self.conn.ioloop.call_later(0, self._leave_connect_phase)
+        self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
+                                          on_open_error_callback=self._on_open_error, on_close_callback=self._on_closed)
+        self.conn.ioloop.call_later(TICK_S, self._tick)
         try:
             self.conn.ioloop.start()
         finally:
@@ -452,13 +449,15 @@ def blocking_connection(host: str, port: int, config: WorkloadConfig) -> pika.Bl
     return pika.BlockingConnection(connection_parameters(host, port, config))
 
 
-def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float) -> None:
-    """Declare the durable queue (retrying until `timeout_s`); raises the last error."""
+def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float, enter=contextlib.nullcontext) -> None:
+    """Declare the durable queue (retrying until `timeout_s`); raises the last error.
+    `enter()`: the context in which a socket reaches the node (see Worker)."""
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
     while time.monotonic() < deadline:
         try:
-            conn = blocking_connection(host, port, config)
+            with enter():
+                conn = blocking_connection(host, port, config)
             try:
                 conn.channel().queue_declare(config.queue, durable=True, arguments=queue_arguments())
                 return
@@ -470,10 +469,11 @@ def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float
     raise RuntimeError(f"could not declare {config.queue} in {timeout_s}s: {last!r}")
 
 
-def probe(host: str, port: int, config: WorkloadConfig) -> str | None:
+def probe(host: str, port: int, config: WorkloadConfig, enter=contextlib.nullcontext) -> str | None:
     """Publish one confirmed message to a side queue and get it back; None if the node works, else why."""
     try:
-        conn = blocking_connection(host, port, config)
+        with enter():
+            conn = blocking_connection(host, port, config)
     except AMQPError as exc:
         return f"connect: {_text(exc)}"
     try:
@@ -489,7 +489,8 @@ def probe(host: str, port: int, config: WorkloadConfig) -> str | None:
         _close_quietly(conn)
 
 
-def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig, timeout_s: float) -> dict:
+def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig, timeout_s: float,
+          enter=no_enter) -> dict:
     """Take every message left in the queue from every node (basic.get, manual ack), recording each.
 
     Done when every node reports the queue empty `DRAIN_EMPTY_POLLS` times in a row. Records
@@ -507,7 +508,8 @@ def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: Wor
         while time.monotonic() < deadline and empty_polls < DRAIN_EMPTY_POLLS and got < DRAIN_GETS_MAX:
             session += 1
             try:
-                conn = blocking_connection(host, port, config)
+                with enter(name):
+                    conn = blocking_connection(host, port, config)
             except AMQPError as exc:
                 last_error = _text(exc)
                 time.sleep(DRAIN_POLL_S)

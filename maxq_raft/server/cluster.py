@@ -316,16 +316,26 @@ class ClusterLog:
             for target, command, request in entry.items:
                 then = requests.pop(request, None) if mine and request else None
                 effects = None
-                if target is None:
-                    reply = self._apply_meta(meta, command, mine)
-                elif target == ALL_QUEUES:
-                    reply = self._apply_all(group, meta, command, entry.origin)
-                else:
-                    reply, effects = self._apply_queue(meta, target, command)
+                try:
+                    if target is None:
+                        reply = self._apply_meta(meta, command, mine)
+                    elif target == ALL_QUEUES:
+                        reply = self._apply_all(group, meta, command, entry.origin)
+                    else:
+                        reply, effects = self._apply_queue(meta, target, command)
+                except Exception:
+                    # The machines never raise; this is our glue. Going on keeps this member
+                    # applying the log (stopping would stall it for good).
+                    log.exception("%s: entry %d: applying %s failed", group, index, type(command).__name__)
+                    reply = Rejected(541, f"internal error applying {type(command).__name__}")
                 if then is not None:
                     self._call(then, reply)
                 if effects:
-                    broker.perform(effects)
+                    try:
+                        broker.perform(effects)
+                    except Exception:
+                        log.exception("%s: entry %d: performing the effects of %s failed", group, index,
+                                      type(command).__name__)
 
     def _apply_meta(self, meta: Meta, command, mine: bool) -> Any:
         reply, effects = self.broker.meta.apply(meta, command)

@@ -24,7 +24,7 @@ if str(JEPSEN_DIR) not in sys.path:
 
 from maxq_jepsen.checker import FAILED, PASS, UNKNOWN, check  # noqa: E402
 from maxq_jepsen.history import HistoryWriter, read_history, write_history  # noqa: E402
-from maxq_jepsen.nemesis import NemesisError, make_schedule, parse_nemeses  # noqa: E402
+from maxq_jepsen.nemesis import NemesisError, make_schedule, parse_nemeses, unsupported  # noqa: E402
 from maxq_jepsen.report import summary_line, timeline_data, timeline_svg  # noqa: E402
 
 SUMMARY_RE = re.compile(r"^runs=\d+ confirmed=\d+ lost=\d+ unexpected=\d+ duplicates=\d+ verdict=(PASS|FAIL|UNKNOWN)$")
@@ -526,28 +526,61 @@ def test_schedule_is_a_function_of_the_seed():
 
 def test_nemesis_names():
     assert parse_nemeses("kill,pause,kill") == ["kill", "pause"]
-    assert parse_nemeses("none") == [] and parse_nemeses("all") == ["kill", "pause"]
-    with pytest.raises(NemesisError, match="arrives with the cluster"):
-        parse_nemeses("kill,partition-halves")
+    assert parse_nemeses("none") == []
+    assert parse_nemeses("all") == ["kill", "kill-leader", "pause", "pause-leader", "partition-one",
+                                    "partition-leader", "partition-halves", "one-way"]
+    with pytest.raises(NemesisError, match="not built yet"):
+        parse_nemeses("kill,disk-stall")
     with pytest.raises(NemesisError, match="unknown nemesis"):
         parse_nemeses("meteor")
+    # What a lab of a given shape cannot run, with the reason (the CLI refuses or leaves them out).
+    assert unsupported(["kill", "pause"], 1, "local") == {}
+    assert set(unsupported(["kill-leader", "partition-one"], 1, "local")) == {"kill-leader", "partition-one"}
+    assert set(unsupported(["kill-leader", "partition-one", "one-way"], 3, "local")) == {"partition-one", "one-way"}
+    assert unsupported(list(parse_nemeses("all")), 3, "netns") == {}
 
 
-def test_summary_line_and_timeline():
-    h = clean(3)
-    h.deliver("pub0-1", redelivered=True)
-    result = {"seed": 1, **check(h.records).to_dict()}
-    line = summary_line([result, result])
-    assert SUMMARY_RE.match(line) and line == "runs=2 confirmed=6 lost=0 unexpected=0 duplicates=2 verdict=PASS"
-    one_lost = H()
-    one_lost.publish("pub0-1")
-    lost = {"seed": 2, **check(one_lost.records).to_dict()}
-    assert summary_line([result, lost]).endswith("lost=1 unexpected=0 duplicates=1 verdict=FAIL")
-    h.phase("fault", nemesis="kill")
-    h.add("ok", "kill", "nemesis", value={"targets": ["n1"]})
-    h.phase("heal")
-    data = timeline_data(h.records)
-    assert data["windows"] and data["windows"][0]["nemesis"] == "kill"
-    svg = timeline_svg(data, "t")
-    assert svg.startswith("<svg") and "polyline" in svg and "kill" in svg
-    json.dumps(data)
+def test_partition_nemeses_name_their_minority():
+    """The checker's minority rule depends on these descriptions (no lab needed: a fake one)."""
+    import random
+
+    from maxq_jepsen.nemesis import make_nemeses
+
+    class FakeNode:
+        def __init__(self, name):
+            self.name = name
+
+    class FakeLab:
+        def __init__(self, count):
+            self.nodes = [FakeNode(f"n{i}") for i in range(1, count + 1)]
+            self.cuts = None
+
+        def partition(self, cuts):
+            self.cuts = cuts
+
+        def heal_network(self):
+            self.cuts = []
+
+    for count in (3, 5):
+        lab = FakeLab(count)
+        nemeses = make_nemeses(["partition-one", "partition-halves", "one-way"])
+        one = nemeses["partition-one"].start(lab, random.Random(1))
+        (isolated,) = one["minority"]
+        assert len(lab.cuts) == 2 * (count - 1) and all(isolated in cut for cut in lab.cuts)
+        halves = nemeses["partition-halves"].start(lab, random.Random(2))
+        assert 1 <= len(halves["minority"]) <= (count - 1) // 2
+        assert len(halves["minority"]) + len(halves["majority"]) == count
+        one_way = nemeses["one-way"].start(lab, random.Random(3))
+        assert one_way["minority"] == [] and all(a == one_way["silenced"] for a, _ in lab.cuts)
+        assert nemeses["one-way"].heal(lab) == {"healed": True} and lab.cuts == []
+        assert nemeses["one-way"].heal(lab) == {"healed": False}  # idempotent
+
+
+def test_shard_of_matches_the_broker():
+    """The harness keeps a copy of the broker's shard_of (it never imports the broker at run time)."""
+    from maxq_jepsen.lab import shard_of
+    from maxq_raft.server.cluster import shard_of as broker_shard_of
+
+    for name in ("jepsen", "jepsen-probe", "q", "ü"):
+        for count in (1, 2, 4, 7):
+            assert shard_of(("/", name), count) == broker_shard_of(("/", name), count)

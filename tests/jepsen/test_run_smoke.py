@@ -4,7 +4,9 @@ A safe run must pass with lost=0. A run whose client is deliberately wrong (it c
 as confirmed when it sends it, `--unsafe-confirm-early`) while the broker is killed under load
 must be caught: lost > 0, verdict FAIL, non-zero exit. (`--fsync off` would not do: a process
 kill leaves the page cache, so nothing is lost.) Plus the cheap paths: a cluster-only nemesis is
-refused with a reason, and `--check` re-judges a history file offline.
+refused with a reason (a nemesis not built yet; a cluster or network nemesis on a lab that
+cannot run it), and `--check` re-judges a history file offline. The cluster runs are in
+test_cluster_run.py.
 
 Each run goes through the real entry point (`jepsen-style/run`, as CI would call it) into
 pytest's tmp_path; the harness stops every broker it starts, and each subprocess has a timeout.
@@ -76,10 +78,19 @@ def test_an_unsafe_client_under_kills_is_caught_losing_messages(tmp_path):
     assert "lost=" in done.stdout and "e.g." in done.stdout  # the details name lost ids
 
 
-def test_a_cluster_nemesis_is_refused_with_a_reason(tmp_path):
-    done, _ = run(tmp_path, "--nemesis", "partition-halves", timeout_s=60)
+def test_a_nemesis_not_built_yet_is_refused_with_a_reason(tmp_path):
+    done, _ = run(tmp_path, "--nemesis", "disk-stall", timeout_s=60)
     assert done.returncode == 2
-    assert "arrives with the cluster" in done.stderr
+    assert "not built yet" in done.stderr
+
+
+def test_a_cluster_nemesis_on_one_node_is_refused_with_a_reason(tmp_path):
+    done, _ = run(tmp_path, "--nemesis", "kill-leader", "--runs", "1", timeout_s=60)
+    assert done.returncode == 2
+    assert "needs a cluster" in done.stderr
+    done, _ = run(tmp_path, "--profile", "cluster", "--nemesis", "partition-one", "--lab", "local", timeout_s=60)
+    assert done.returncode == 2
+    assert "needs the namespace lab" in done.stderr
 
 
 def test_check_judges_a_history_file_offline(tmp_path):
