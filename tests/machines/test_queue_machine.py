@@ -449,7 +449,7 @@ class DictBacking:
     def write(self, messages: list) -> None:
         for m in messages:
             assert m.seq not in self.records, "a message is written once"
-            self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent)
+            self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.expires_at_ms)
 
     def remove(self, messages: list) -> None:
         for m in messages:
@@ -464,9 +464,10 @@ class DictBacking:
     def load(self, seq_from: int, limit: int) -> list:
         out = []
         for seq in sorted(s for s in self.records if s >= seq_from)[:limit]:
-            exchange, routing_key, props_raw, body, persistent = self.records[seq]
+            exchange, routing_key, props_raw, body, persistent, expires_at_ms = self.records[seq]
             m = Message(exchange, routing_key, props_raw, body, persistent)
             m.seq = seq
+            m.expires_at_ms = expires_at_ms
             m.redelivered = seq <= self.delivered_upto
             out.append(m)
         return out
