@@ -177,7 +177,7 @@ def parse_expiration(expiration: str) -> int:
 
     Raises ValueError with RabbitMQ's reason (`no_integer`, `{value_negative,-1}`,
     `{leftover_string,"x"}`) for a value the channel must refuse with 406."""
-    text = expiration.lstrip()
+    text = expiration
     digits = 0
     if text[:1] in ("+", "-"):
         digits = 1

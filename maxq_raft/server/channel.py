@@ -23,6 +23,7 @@ from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Rejected
+from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from .broker import ConsumerHandle
 from .errors import ChannelError, HardError
 
@@ -151,10 +152,17 @@ class Channel:
             raise ChannelError(spec.PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
                                f"'{_str(queue_type)}' is not supported (use classic or quorum)")
+        if arguments and not m.passive:
+            try:
+                validate_queue_arguments(vhost, name, arguments)
+            except QueueArgumentError as err:
+                raise ChannelError(spec.PRECONDITION_FAILED, err.reply_text) from None
         self.broker.apply_meta(md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
                                                arguments, self.session.id))
         self.last_queue = name
         queue = self.broker.queues[(vhost, name)]
+        if queue.settings.expires_ms is not None:
+            self.broker.apply_queue((vhost, name), qc.Touch())  # a redeclare restarts x-expires
         if not m.no_wait:
             self._reply(spec.QueueDeclareOk(queue=name, message_count=queue.ready_count,
                                             consumer_count=queue.active_consumer_count))

@@ -31,6 +31,7 @@ _HEADER = struct.Struct(">BIBB")  # flags, epoch, exchange length, routing-key l
 _PROPS_LEN = struct.Struct(">I")
 FLAG_PERSISTENT = 1
 FLAG_DURABLE = 2  # written through the WAL: survives a restart
+FLAG_EXPIRES = 4  # an 8-byte deadline (ms, TTL) follows the header
 _U64 = struct.Struct(">Q")
 # A load (one refill of a queue's window) brings in at most this much body: the queue machine's
 # own window bound, which it applies to enqueues but not to the count it asks `load` for.
@@ -44,6 +45,11 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
     exchange = message.exchange.encode()
     routing_key = message.routing_key.encode()
     flags = (FLAG_PERSISTENT if message.persistent else 0) | (FLAG_DURABLE if durable else 0)
+    expires_at = message.expires_at_ms
+    if expires_at is not None:
+        return b"".join((_HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
+                         _U64.pack(expires_at), exchange, routing_key,
+                         _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
     return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), exchange, routing_key,
                      _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
 
@@ -51,6 +57,10 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
 def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     flags, epoch, exchange_len, routing_key_len = _HEADER.unpack_from(record, 0)
     offset = _HEADER.size
+    expires_at = None
+    if flags & FLAG_EXPIRES:
+        (expires_at,) = _U64.unpack_from(record, offset)
+        offset += 8
     exchange = record[offset:offset + exchange_len].decode()
     offset += exchange_len
     routing_key = record[offset:offset + routing_key_len].decode()
@@ -61,6 +71,7 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     body = record[offset + props_len:]
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
+    message.expires_at_ms = expires_at
     return message, flags, epoch
 
 

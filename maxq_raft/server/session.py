@@ -35,10 +35,11 @@ from ..amqp.events import (
 from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
-from ..machines.queue import Message
+from ..machines.queue import Message, Overflowed
 from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
+from .publish_extras import EXPIRATION_FLAG, note_refused, publish_ttl_ms, send_confirms
 
 log = logging.getLogger("maxq.session")
 
@@ -341,18 +342,22 @@ class Session:
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
+        ttl_ms = publish_ttl_ms(props_raw) if flags & EXPIRATION_FLAG else None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
             pending = self.pending
             persistent = delivery_mode_of(props_raw) == 2
+            ref = None if seq is None else (channel, seq)
             for name in queues:
                 key = (vhost, name)
+                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms)
+                message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:
-                    pending[key] = [Message(exchange, routing_key, props_raw, body, persistent)]
+                    pending[key] = [message]
                 else:
-                    batch.append(Message(exchange, routing_key, props_raw, body, persistent))
+                    batch.append(message)
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         if seq is not None:
@@ -390,9 +395,12 @@ class Session:
             self.flush_settles()
         pending, self.pending = self.pending, {}
         broker = self.broker
+        refused = None  # channel -> confirm seqs that a reject-publish queue refused
         for queue_key, messages in pending.items():
-            broker.apply_queue(queue_key, qc.Enqueue(messages))
+            reply = broker.apply_queue(queue_key, qc.Enqueue(messages))
             broker.messages_published += len(messages)
+            if type(reply) is Overflowed:
+                refused = note_refused(refused, reply.rejected)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
             # A confirm means "fsynced": if this batch wrote durable messages, its confirms wait
@@ -401,7 +409,9 @@ class Session:
             ticket = syncer.request() if syncer is not None and syncer.dirty else None
             send_method = self.conn.send_method
             for channel, seqs in confirms.items():
-                if ticket is not None or channel in broker.confirm_waiters:
+                if refused and channel in refused:
+                    send_confirms(broker, self, channel, seqs, ticket, refused[channel])
+                elif ticket is not None or channel in broker.confirm_waiters:
                     broker.defer_confirms(channel, ticket, seqs[-1])
                 else:
                     send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
