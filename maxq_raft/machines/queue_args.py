@@ -53,7 +53,8 @@ def _type_name(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "long"
+        # The width is lost in decoding; clients (pika) send 32-bit values as 'I' (signedint).
+        return "signedint" if -(1 << 31) <= value < (1 << 31) else "long"
     if isinstance(value, (str, bytes)):
         return "longstr"
     if isinstance(value, float):
