@@ -356,8 +356,8 @@ class QueueMachine:
                 return reply, effects
             if self._timed:
                 self._expire_heads()
-            if self.settings.limited and self.settings.overflow == "drop-head":
-                self._drop_over_limit()
+            if self.settings.limited and self.settings.overflow == "drop-head" and self._drop_over_limit() and self._timed:
+                self._expire_heads()  # the new head may be due too (RabbitMQ: drop_expired, drop_head)
             if self._dying or self._unstore:
                 effects = self._flush_dying(effects)
             return reply, effects
@@ -723,7 +723,7 @@ class QueueMachine:
         if not budget:
             self._more_due = True
 
-    def _drop_over_limit(self) -> None:
+    def _drop_over_limit(self) -> bool:
         """drop-head: remove from the head until the ready count and bytes are within the limits."""
         settings = self.settings
         max_length = settings.max_length if settings.max_length is not None else 1 << 62
@@ -732,12 +732,13 @@ class QueueMachine:
         while self.ready_count > max_length or self.ready_bytes > max_bytes:
             if not budget:
                 self._more_due = True
-                return
+                break
             message = self._pop_next()
             if message is None:
-                return
+                break
             self._die(message, "maxlen")
             budget -= 1
+        return budget < DROP_BATCH_MAX
 
     def _expired(self, message: Message) -> bool:
         """Met while serving: past its deadline (a message may go out up to its deadline)."""

@@ -251,3 +251,17 @@ def test_malformed_feature_commands_are_refused():
     assert type(q.at(0, Enqueue([Message("", "", b"", b"", ttl_ms="5")]))[0]) is Rejected
     assert q.machine.ready_count == 0
     assert type(q.machine.apply(Meta(99, None), Tick())[0]) is Rejected
+
+
+# ----------------------------------------------------------------------- regressions
+
+
+def test_regression_drop_head_exposed_an_expired_head():
+    """Shrunk by test_queue_features_model: max-length 1 (drop-head), enqueue m0 (no TTL), then
+    m1 with TTL 0 and no consumer. Expiry ran before the length limit, so dropping m0 left m1 at
+    the head past its deadline: queued, although TTL 0 with nobody waiting must drop it."""
+    q = Clocked(max_length=1)
+    q.publish(1000, b"m0")
+    q.publish(1000, b"m1", ttl_ms=0)
+    assert q.machine.ready_count == 0
+    assert q.machine.dropped == {"rejected": 0, "expired": 1, "maxlen": 1}
