@@ -85,10 +85,10 @@ class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref")
+                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
-                 ttl_ms: int | None = None) -> None:
+                 ttl_ms: int | None = None, priority: int = 0) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
         self.exchange = exchange
         self.routing_key = routing_key
@@ -102,6 +102,7 @@ class Message:
         self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
         self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
         self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
+        self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -163,12 +164,12 @@ class Backing(Protocol):
     def remove(self, messages: list) -> None:
         """These stored messages left the queue (acked, discarded, purged, delivered without ack)."""
 
-    def remove_from(self, seq_from: int, persistent: int) -> None:
-        """Every stored message with seq >= seq_from left the queue (purge of the spilled tail);
-        `persistent` of them were persistent."""
+    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
+        """Every stored message with seq >= seq_from (and < seq_below) left the queue (purge of the
+        spilled tail); `persistent` of them were persistent."""
 
-    def load(self, seq_from: int, limit: int) -> list:
-        """Up to `limit` stored messages with seq >= seq_from, in seq order."""
+    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
+        """Up to `limit` stored messages with seq >= seq_from (and < seq_below), in seq order."""
 
     def delivered(self, seq: int) -> None:
         """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
@@ -180,6 +181,9 @@ class Backing(Protocol):
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
 # briefly behind its publisher never touches the disk, small enough that a deep queue costs a
 # bounded amount of memory (many deep queues together are the memory alarm's business).
+# Seqs are below 2**48; a priority queue puts the priority lane above them (priority_queue.py).
+SEQ_BITS = 48
+SEQ_MASK = (1 << SEQ_BITS) - 1
 WINDOW_MAX = 65536
 WINDOW_BYTES_MAX = 32 << 20
 # Messages one command may expire or drop for length; the rest go at the next Tick (bounded work
@@ -245,6 +249,7 @@ class QueueMachine:
         # True once any message has a deadline: only then do heads need looking at
         self._timed = settings.message_ttl_ms is not None
         self._more_due = False  # a command hit DROP_BATCH_MAX: tick again at once
+        self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
@@ -297,6 +302,8 @@ class QueueMachine:
         The bytes of the recovered messages are not known until they are loaded (start-up reads
         no message), so x-max-length-bytes counts them from then on."""
         self._recovered_below = next_seq
+        # The watermark goes on from the backing's: delivering an old message must not lower it.
+        self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
         self.next_seq = next_seq
         self.spilled_count = spilled_count
         self.spilled_persistent = spilled_count
@@ -781,20 +788,19 @@ class QueueMachine:
 
     def _pop_next(self) -> Message | None:
         """The next ready message (expired ones met on the way are dead-lettered or dropped)."""
-        while True:
-            if self.returned:
-                message = heapq.heappop(self.returned)[1]
-            else:
-                if not self.ready and self.spilled_count:
-                    self._refill()
-                    continue
-                if not self.ready:
-                    return None
-                message = self.ready.popleft()
-                self.window_bytes -= len(message.body)
-            self.ready_bytes -= len(message.body)
+        while self._head() is not None:
+            message = self._pop_next_raw()
             if not self._timed or not self._expired(message):
                 return message
+        return None
+
+    def _head(self) -> Message | None:
+        """The next ready message, loaded into memory if it was spilled; None if there is none."""
+        if self.returned:
+            return self.returned[0][1]
+        if not self.ready and self.spilled_count:
+            self._refill()
+        return self.ready[0] if self.ready else None
 
     def _pop_next_raw(self) -> Message:
         """Take the head, which the caller knows is in memory (returned, or the window)."""
@@ -850,10 +856,10 @@ class QueueMachine:
         """Hand ready messages to consumers with room, as far as both allow."""
         returned = self.returned
         ready = self.ready
-        if not self._priorities or not (returned or ready or self.spilled_count):
+        if not self._priorities or not self.ready_count:
             return []
         effects: list = []
-        if len(self._priorities) == 1:
+        if self._fifo and len(self._priorities) == 1:
             ring = self._rings[self._priorities[0]]
             if len(ring) == 1:
                 # One consumer, the common case: its room is known up front, so each message
@@ -902,13 +908,12 @@ class QueueMachine:
                 return effects
         # Pick only while a message waits: a consumer picked for nothing would lose its turn.
         stored = None
-        while returned or ready or self.spilled_count:
-            if not returned and not ready:
-                self._refill()
-                continue
+        while True:
+            head = self._head()
+            if head is None:
+                break
             if self._timed:
                 # Drop an expired head before picking: a consumer picked for it would lose its turn.
-                head = returned[0][1] if returned else ready[0]
                 expires_at = head.expires_at_ms
                 if expires_at is not None and expires_at < self.now_ms:
                     self._pop_next_raw()
@@ -935,32 +940,40 @@ class QueueMachine:
         if stored_no_ack:
             self.backing.remove(stored_no_ack)
         # Returned messages go first and were delivered before, so the last effect has the top seq.
-        top = effects[-1].message.seq
+        top = effects[-1].message.seq if self._fifo else max(e.message.seq for e in effects)
         if top > self.delivered_upto:
             self._note_delivered(top)
+
+    def _ready_in_memory(self):
+        """The ready messages held in memory other than returned ones, in delivery order."""
+        return self.ready
+
+    def _spilled_total(self) -> int:
+        return self.spilled_count
 
     def check_invariants(self) -> None:
         """For tests and simulation: every message is in exactly one place, the indexes agree."""
         seen = set()
         previous = -1
-        for m in self.ready:
-            assert previous < m.seq < self.next_seq, "ready is in sequence order"
+        for m in self._ready_in_memory():
+            assert previous < m.seq and m.seq & SEQ_MASK < self.next_seq, "ready is in sequence order"
             # (redelivered may be set on a message loaded after a restart: delivered before it)
             assert m.delivery_count == 0 and (m.stored or self.backing is None or not self.durable or not m.persistent)
             previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:
-            assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+            assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():
-            assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+            assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             assert self.settings.dead_letter_exchange is not None
             seen.add(seq)
         assert not self._dying and not self._unstore, "flushed at the end of every command"
-        if not self.spilled_count:
+        if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)
-            assert self.ready_bytes == sum(len(m.body) for m in self.ready) + sum(len(m.body) for _, m in self.returned)
+            assert self.ready_bytes == (sum(len(m.body) for m in self._ready_in_memory())
+                                        + sum(len(m.body) for _, m in self.returned))
         active = 0
         for consumer_id, c in self.consumers.items():
             assert c.consumer_id == consumer_id
@@ -969,12 +982,12 @@ class QueueMachine:
             assert c.active or c.checked_out
             active += c.active
             for seq, m in c.checked_out.items():
-                assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+                assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
                 assert m.delivery_count > 0
                 seen.add(seq)
         assert active == self._active_count
         assert self.spilled_count >= 0 and (not self.spilled_count or self.backing is not None)
-        assert self.window_bytes == sum(len(m.body) for m in self.ready)
+        assert self.window_bytes == sum(len(m.body) for m in self._ready_in_memory())
         if self.spilled_count and self.ready:
             assert self.ready[-1].seq < self.spill_cursor, "the window comes before the spilled tail"
         in_rings = 0

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 # rabbit_misc:check_expiry: TTLs and expiries are bounded by Erlang's timer (2^32 - 1 ms).
 EXPIRY_MS_MAX = 4294967295
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+MAX_SUPPORTED_PRIORITY = 255  # rabbit_amqqueue: ?MAX_SUPPORTED_PRIORITY
 
 
 class QueueSettings(NamedTuple):
@@ -32,6 +33,7 @@ class QueueSettings(NamedTuple):
     overflow: str = "drop-head"  # x-overflow
     dead_letter_exchange: str | None = None  # x-dead-letter-exchange ("" is the default exchange)
     dead_letter_routing_key: str | None = None  # x-dead-letter-routing-key
+    max_priority: int | None = None  # x-max-priority: a priority queue with levels 0..max_priority
 
     @property
     def limited(self) -> bool:
@@ -120,6 +122,13 @@ def _check_dlrk(value: Any, arguments: dict) -> str | None:
     return None
 
 
+def _check_max_priority(value: Any, arguments: dict) -> str | None:
+    error = _check_non_neg_int(value)
+    if error is None and value > MAX_SUPPORTED_PRIORITY:
+        return f"{{max_value_exceeded,{value}}}"
+    return error
+
+
 def _check_overflow(value: Any, arguments: dict) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
@@ -134,6 +143,7 @@ _VALIDATORS = (
     ("x-dead-letter-routing-key", _check_dlrk),
     ("x-max-length", lambda v, a: _check_non_neg_int(v)),
     ("x-max-length-bytes", lambda v, a: _check_non_neg_int(v)),
+    ("x-max-priority", _check_max_priority),
     ("x-overflow", _check_overflow),
 )
 
@@ -162,6 +172,7 @@ def parse_queue_arguments(vhost: str, name: str, arguments: dict | None) -> Queu
         overflow=_text(arguments.get("x-overflow", "drop-head")),
         dead_letter_exchange=None if dlx is None else _text(dlx),
         dead_letter_routing_key=None if dlrk is None else _text(dlrk),
+        max_priority=arguments.get("x-max-priority"),
     )
 
 

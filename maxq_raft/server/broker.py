@@ -27,7 +27,8 @@ from ..amqp import spec
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Deliver, QueueMachine, Rejected
+from ..machines.priority_queue import make_queue_machine
+from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
 from ..replication.local_log import LocalLog
 from . import dead_letter, persistence
@@ -107,7 +108,7 @@ class Broker:
             # Seqs are never reused, not even those of transient messages that are gone: a new
             # message at or below the delivered watermark would come back redelivered=true.
             # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
-            next_seq = max(next_seq, delivered + 1, bounds[1] + 1 if bounds else 0)
+            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds else 0)
             if bounds and not persistent:
                 # Nothing durable is stored, so whatever is there is transient records of an
                 # earlier run that RocksDB had flushed: one range tombstone frees them, where
@@ -148,7 +149,7 @@ class Broker:
         self.queue_ids[(vhost, name)] = queue_id
         backing = QueueBacking(self.store, queue_id, durable, self.epoch, self.syncer) if self.store is not None else None
         settings = settings_or_default(vhost, name, record.arguments if record is not None else None)
-        self.queues[(vhost, name)] = QueueMachine(vhost, name, backing=backing, durable=durable, settings=settings)
+        self.queues[(vhost, name)] = make_queue_machine(vhost, name, backing=backing, durable=durable, settings=settings)
 
     def _durable_from_thread(self, ticket: int) -> None:
         # Called by the syncer thread: hop to the trio loop (one hop per fsync, not per message).

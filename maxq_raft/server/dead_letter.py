@@ -153,7 +153,8 @@ def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, target
             log.warning("message dropped: dead-letter cycle through queue '%s' in vhost '%s'", name, effect.vhost)
             continue
         batch = targets.get(name)
-        copy = Message(effect.exchange, routing_keys[0], props_raw, message.body, message.persistent)
+        copy = Message(effect.exchange, routing_keys[0], props_raw, message.body, message.persistent,
+                       priority=props.priority or 0)
         if batch is None:
             targets[name] = [copy]
         else:

@@ -22,7 +22,7 @@ import struct
 import threading
 from typing import Callable
 
-from ..machines.queue import WINDOW_BYTES_MAX, Message
+from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX, Message
 from ..storage.errors import StorageError
 
 log = logging.getLogger("maxq.store")
@@ -117,7 +117,8 @@ class QueueBacking:
             else:
                 volatile_puts.append((queue_id, m.seq, encode_record(m, False, epoch)))
         if messages:
-            self.next_seq = max(self.next_seq, messages[-1].seq + 1)
+            # (a priority queue's seqs carry the priority above SEQ_MASK: the counter is below)
+            self.next_seq = max(self.next_seq, (messages[-1].seq & SEQ_MASK) + 1)
         if volatile_puts:
             self.store.write(volatile_puts, (), None, wal=False)
         if durable_puts:
@@ -134,13 +135,13 @@ class QueueBacking:
         else:
             self.store.write((), [(self.queue_id, seq) for seq in seqs], None, wal=False)
 
-    def remove_from(self, seq_from: int, persistent: int) -> None:
-        self.store.delete_range(self.queue_id, seq_from, 1 << 64)
+    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
+        self.store.delete_range(self.queue_id, seq_from, 1 << 64 if seq_below is None else seq_below)
         if self.durable:
             self.persistent = max(0, self.persistent - persistent)
             self.store.write((), (), self._counters(), wal=True)
 
-    def load(self, seq_from: int, limit: int) -> list:
+    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         """Up to `limit` messages from `seq_from`, and no more than LOAD_BYTES_MAX of bodies.
 
         The machine asks for a window's worth of messages (`window_max`) whatever their size, and
@@ -168,13 +169,15 @@ class QueueBacking:
                 raise
             record_bytes = 0
             for seq, record in records:
+                if seq_below is not None and seq >= seq_below:
+                    return out  # the end of a priority lane
                 record_bytes += len(record)
                 seq_from = seq + 1
                 message, flags, epoch = decode_record(seq, record)
                 if epoch != self.epoch and not flags & FLAG_DURABLE:
                     stale.append((self.queue_id, seq))  # a transient message of an earlier run
                     continue
-                message.redelivered = seq <= self.delivered_upto and epoch != self.epoch
+                message.redelivered = seq & SEQ_MASK <= self.delivered_upto and epoch != self.epoch
                 out.append(message)
                 body_bytes += len(message.body)
                 if body_bytes >= LOAD_BYTES_MAX:

@@ -1,9 +1,9 @@
 """What a publish needs for the queue features: its TTL, and confirms when a queue refused it.
 
-Theory of operation: the session calls `publish_ttl_ms` only when the `expiration` property
-flag is set, so publishes without it pay one bit test; the value is checked as rabbit_channel's
-check_expiration_header does (406 on a bad one) and carried on each `Message` for the queue
-machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed`;
+Theory of operation: the session calls `publish_extras` only when the `expiration` or `priority`
+property flag is set, so publishes without them pay one bit test; the expiration is checked as
+rabbit_channel's check_expiration_header does (406 on a bad one); both are carried on each
+`Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed`;
 `send_confirms` then sends a basic.nack for every publish a queue refused (as RabbitMQ: a publish
 routed to several queues is nacked if any refused it) and never an ack with `multiple` that
 would cover one.
@@ -16,17 +16,22 @@ from ..amqp.properties import decode_properties
 from ..machines.queue_args import parse_expiration
 from .errors import ChannelError
 
-EXPIRATION_FLAG = 1 << 8  # property flag bit of `expiration` (basic class, spec order)
+EXPIRATION_FLAG = 1 << 8  # property flag bits (basic class, spec order)
+PRIORITY_FLAG = 1 << 11
+EXTRAS_FLAGS = EXPIRATION_FLAG | PRIORITY_FLAG
 
 
-def publish_ttl_ms(props_raw: bytes) -> int | None:
-    expiration = decode_properties(props_raw).expiration
-    if expiration is None:
-        return None
-    try:
-        return parse_expiration(expiration)
-    except ValueError as exc:
-        raise ChannelError(spec.PRECONDITION_FAILED, f"invalid expiration '{expiration}': {exc}") from None
+def publish_extras(props_raw: bytes) -> tuple[int | None, int]:
+    """(TTL in ms or None, priority) of a publish whose `expiration` or `priority` is set."""
+    props = decode_properties(props_raw)
+    expiration = props.expiration
+    ttl_ms = None
+    if expiration is not None:
+        try:
+            ttl_ms = parse_expiration(expiration)
+        except ValueError as exc:
+            raise ChannelError(spec.PRECONDITION_FAILED, f"invalid expiration '{expiration}': {exc}") from None
+    return ttl_ms, props.priority or 0
 
 
 def note_refused(refused: dict | None, messages: list) -> dict:

@@ -39,7 +39,7 @@ from ..machines.queue import Message, Overflowed
 from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
-from .publish_extras import EXPIRATION_FLAG, note_refused, publish_ttl_ms, send_confirms
+from .publish_extras import EXTRAS_FLAGS, note_refused, publish_extras, send_confirms
 
 log = logging.getLogger("maxq.session")
 
@@ -342,7 +342,7 @@ class Session:
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
-        ttl_ms = publish_ttl_ms(props_raw) if flags & EXPIRATION_FLAG else None
+        ttl_ms, priority = publish_extras(props_raw) if flags & EXTRAS_FLAGS else (None, 0)
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
@@ -351,7 +351,7 @@ class Session:
             ref = None if seq is None else (channel, seq)
             for name in queues:
                 key = (vhost, name)
-                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms)
+                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority)
                 message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:
