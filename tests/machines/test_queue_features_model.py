@@ -37,6 +37,7 @@ from maxq_raft.machines.commands import (
     Settle,
     Tick,
 )
+from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
 from maxq_raft.machines.queue import DeadLetter, Deliver, Message, Meta, Overflowed, QueueMachine, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 
@@ -75,14 +76,15 @@ class FeaturesModel(RuleBasedStateMachine):
     @initialize(ttl=st.sampled_from([None, None, 0, 5, 30]), max_length=st.sampled_from([None, None, 0, 1, 3]),
                 max_bytes=st.sampled_from([None, None, 12]),
                 overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
-                dlx=st.booleans())
-    def setup(self, ttl, max_length, max_bytes, overflow, dlx) -> None:
+                dlx=st.booleans(), max_priority=st.sampled_from([None, None, 2]))
+    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority) -> None:
         self.settings = QueueSettings(message_ttl_ms=ttl, max_length=max_length, max_length_bytes=max_bytes,
-                                      overflow=overflow, dead_letter_exchange="dlx" if dlx else None)
-        self.machine = QueueMachine("/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12,
-                                    settings=self.settings)
-        self.twin = QueueMachine("/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12,
-                                 settings=self.settings)
+                                      overflow=overflow, dead_letter_exchange="dlx" if dlx else None,
+                                      max_priority=max_priority)
+        self.machine = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
+                                          window_bytes_max=12, settings=self.settings)
+        self.twin = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
+                                       window_bytes_max=12, settings=self.settings)
 
     # ------------------------------------------------------------------ applying
 
@@ -138,8 +140,8 @@ class FeaturesModel(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self.now += ms
 
-    @rule(n=st.integers(1, 4), ttl=st.sampled_from([None, None, 0, 3, 50]))
-    def enqueue(self, n: int, ttl) -> None:
+    @rule(n=st.integers(1, 4), ttl=st.sampled_from([None, None, 0, 3, 50]), priority=st.sampled_from([0, 1, 5]))
+    def enqueue(self, n: int, ttl, priority) -> None:
         bodies = []
         for _ in range(n):
             self.body_counter += 1
@@ -148,7 +150,7 @@ class FeaturesModel(RuleBasedStateMachine):
         before = (self.machine.ready_count, self.machine.ready_bytes)
 
         def make():
-            batch = [Message("ex", "rk", b"", body, persistent=True, ttl_ms=ttl) for body in bodies]
+            batch = [Message("ex", "rk", b"", body, persistent=True, ttl_ms=ttl, priority=priority) for body in bodies]
             made.append(batch)
             return Enqueue(batch)
 
@@ -247,9 +249,24 @@ class FeaturesModel(RuleBasedStateMachine):
 
     def ready(self) -> list[int]:
         m = self.machine
+        if type(m) is PriorityQueueMachine:
+            out = [s for s, _ in m.returned]
+            for lane in m.lanes.values():
+                out += [x.seq for x in lane.ready]
+                if lane.may_load():
+                    out += sorted(s for s in m.backing.records if lane.spill_cursor <= s < lane.end
+                                  and s not in m.dead_lettering)
+            return out
         spilled = sorted(s for s in m.backing.records if m.spilled_count and s >= m.spill_cursor
                          and s not in m.dead_lettering)
         return [s for s, _ in m.returned] + [x.seq for x in m.ready] + spilled
+
+    def heads(self) -> list[Message]:
+        m = self.machine
+        heads = [m.returned[0][1]] if m.returned else []
+        if type(m) is PriorityQueueMachine:
+            return heads + [lane.ready[0] for lane in m.lanes.values() if lane.ready]
+        return heads + ([m.ready[0]] if m.ready else [])
 
     def within_limits(self) -> None:
         m = self.machine
@@ -296,11 +313,11 @@ class FeaturesModel(RuleBasedStateMachine):
         assert m.next_deadline_ms is None or m.next_deadline_ms >= m.now_ms or m._more_due or self.last_refused_or_due()
         # After a command: no expired head, limits kept (unless more is due at once).
         if not m._more_due and not getattr(self, "last_refused", False):
-            for head in ([m.returned[0][1]] if m.returned else []) + ([m.ready[0]] if m.ready else []):
+            for head in self.heads():
                 assert head.expires_at_ms is None or head.expires_at_ms > m.now_ms
             if self.settings.limited and self.settings.overflow == "drop-head":
                 self.within_limits()
-        if m.backing is not None and m.spilled_count == 0:
+        if m.backing is not None and m._spilled_total() == 0:
             assert m.ready_bytes == sum(self.size[s] for s in ready)
 
 
