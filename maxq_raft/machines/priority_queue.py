@@ -117,6 +117,8 @@ class PriorityQueueMachine(QueueMachine):
             unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
             if deadline is None or unused < deadline:
                 deadline = unused
+        if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
+            deadline = self.backoff[0][0]
         return deadline
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:

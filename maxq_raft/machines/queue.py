@@ -85,7 +85,7 @@ class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority")
+                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
                  ttl_ms: int | None = None, priority: int = 0) -> None:
@@ -103,6 +103,7 @@ class Message:
         self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
         self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
         self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
+        self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -189,7 +190,7 @@ WINDOW_BYTES_MAX = 32 << 20
 # Messages one command may expire or drop for length; the rest go at the next Tick (bounded work
 # per log entry, so a deep queue whose whole backlog expired does not stall its group).
 DROP_BATCH_MAX = 4096
-REASONS = ("rejected", "expired", "maxlen")
+REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 
 
 @dataclass
@@ -250,6 +251,10 @@ class QueueMachine:
         self._timed = settings.message_ttl_ms is not None
         self._more_due = False  # a command hit DROP_BATCH_MAX: tick again at once
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
+        # Returned messages waiting out their retry back-off: a heap of (due ms, seq, message).
+        # Not ready (not counted, not delivered) until due, when they join `returned`.
+        self.backoff: list[tuple[int, int, Message]] = []
+        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
@@ -339,6 +344,8 @@ class QueueMachine:
             unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
             if deadline is None or unused < deadline:
                 deadline = unused
+        if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
+            deadline = self.backoff[0][0]
         return deadline
 
     # --------------------------------------------------------------- apply
@@ -358,6 +365,8 @@ class QueueMachine:
             if handler is None:
                 return Rejected(541, f"unknown queue command {type(command).__name__}"), []
             self.now_ms = meta.time_ms
+            if self.backoff and self.backoff[0][0] <= self.now_ms:
+                self._release_backoff()
             reply, effects = handler(meta, command)
             if type(reply) is Rejected:
                 return reply, effects
@@ -631,6 +640,7 @@ class QueueMachine:
         self.window_bytes = 0
         self.ready_bytes = 0
         self.returned.clear()
+        self.backoff.clear()
         self.dead_lettering.clear()
         self._dying.clear()
         self._unstore.clear()
@@ -644,14 +654,15 @@ class QueueMachine:
     def _tick(self, meta: Meta, cmd: Tick):
         # Expiry of messages happens after every command (in `apply`); a Tick adds x-expires.
         self._more_due = False
+        effects = self._service()  # messages whose back-off ended (released in `apply`)
         if self.last_used_ms is None:
             self.last_used_ms = self.now_ms  # a recovered queue: its unused time starts now
         expires_ms = self.settings.expires_ms
         if (expires_ms is not None and not self._active_count and not self.expired
                 and self.last_used_ms + expires_ms <= self.now_ms):
             self.expired = True
-            return True, [QueueExpired(self.vhost, self.name)]
-        return False, []
+            return True, [*effects, QueueExpired(self.vhost, self.name)]
+        return False, effects
 
     def _touch(self, meta: Meta, cmd: Touch):
         self.last_used_ms = self.now_ms
@@ -777,14 +788,42 @@ class QueueMachine:
     def _return(self, consumer: Consumer, seqs) -> int:
         n = 0
         checked_out = consumer.checked_out
+        counts_returns = self._counts_returns
         for seq in seqs:
             message = checked_out.pop(seq, None)
             if message is not None:
                 message.redelivered = True
+                n += 1
+                if counts_returns and self._return_counted(message):
+                    continue
                 heapq.heappush(self.returned, (message.seq, message))
                 self.ready_bytes += len(message.body)
-                n += 1
         return n
+
+    def _return_counted(self, message: Message) -> bool:
+        """x-delivery-limit and retry back-off: True if the message does not go back now.
+
+        Every delivery but the last ended in a return, so this is return number
+        `delivery_count` (rabbit_fifo counts returns the same way: requeues and lost consumers)."""
+        settings = self.settings
+        returns = message.delivery_count
+        message.count_header = True
+        if settings.delivery_limit is not None and returns > settings.delivery_limit:
+            self._die(message, "delivery_limit")
+            return True
+        if settings.retry_backoff_ms is not None:
+            heapq.heappush(self.backoff, (self.now_ms + settings.retry_delay_ms(returns), message.seq, message))
+            return True
+        return False
+
+    def _release_backoff(self) -> None:
+        """Messages whose back-off is over become ready again (at the front, as returned ones)."""
+        backoff = self.backoff
+        now = self.now_ms
+        while backoff and backoff[0][0] <= now:
+            message = heapq.heappop(backoff)[2]
+            heapq.heappush(self.returned, (message.seq, message))
+            self.ready_bytes += len(message.body)
 
     def _pop_next(self) -> Message | None:
         """The next ready message (expired ones met on the way are dead-lettered or dropped)."""
@@ -964,6 +1003,9 @@ class QueueMachine:
         for seq, m in self.returned:
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             assert m.redelivered and m.delivery_count > 0
+            seen.add(seq)
+        for due, seq, m in self.backoff:
+            assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq

@@ -34,6 +34,20 @@ class QueueSettings(NamedTuple):
     dead_letter_exchange: str | None = None  # x-dead-letter-exchange ("" is the default exchange)
     dead_letter_routing_key: str | None = None  # x-dead-letter-routing-key
     max_priority: int | None = None  # x-max-priority: a priority queue with levels 0..max_priority
+    delivery_limit: int | None = None  # x-delivery-limit: returns allowed before dead lettering
+    retry_backoff_ms: int | None = None  # x-retry-backoff-ms: a returned message waits this long...
+    retry_backoff_multiplier: float = 2  # x-retry-backoff-multiplier: ... times this per earlier return
+    retry_backoff_max_ms: int = 3_600_000  # x-retry-backoff-max-ms: ... at most this long
+
+    def retry_delay_ms(self, returns: int) -> int:
+        """The back-off of a message returned for the `returns`-th time (1 = the first)."""
+        delay = self.retry_backoff_ms
+        cap = self.retry_backoff_max_ms
+        for _ in range(returns - 1):
+            if delay >= cap:
+                break
+            delay = delay * self.retry_backoff_multiplier
+        return min(int(delay), cap)
 
     @property
     def limited(self) -> bool:
@@ -129,6 +143,18 @@ def _check_max_priority(value: Any, arguments: dict) -> str | None:
     return error
 
 
+def _check_multiplier(value: Any, arguments: dict) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        return f"{{unacceptable_type,{_type_name(value)}}}"
+    if not 1 <= value <= 1000:
+        return f"{{value_out_of_range,{value},1,1000}}"
+    return None
+
+
+def _check_backoff(value: Any, arguments: dict) -> str | None:
+    return _check_non_neg_int(value) or _check_expiry(value)
+
+
 def _check_overflow(value: Any, arguments: dict) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
@@ -144,6 +170,10 @@ _VALIDATORS = (
     ("x-max-length", lambda v, a: _check_non_neg_int(v)),
     ("x-max-length-bytes", lambda v, a: _check_non_neg_int(v)),
     ("x-max-priority", _check_max_priority),
+    ("x-delivery-limit", lambda v, a: _check_non_neg_int(v)),
+    ("x-retry-backoff-ms", _check_backoff),
+    ("x-retry-backoff-multiplier", _check_multiplier),
+    ("x-retry-backoff-max-ms", _check_backoff),
     ("x-overflow", _check_overflow),
 )
 
@@ -173,6 +203,10 @@ def parse_queue_arguments(vhost: str, name: str, arguments: dict | None) -> Queu
         dead_letter_exchange=None if dlx is None else _text(dlx),
         dead_letter_routing_key=None if dlrk is None else _text(dlrk),
         max_priority=arguments.get("x-max-priority"),
+        delivery_limit=arguments.get("x-delivery-limit"),
+        retry_backoff_ms=arguments.get("x-retry-backoff-ms") or None,
+        retry_backoff_multiplier=float(arguments.get("x-retry-backoff-multiplier", 2)),
+        retry_backoff_max_ms=arguments.get("x-retry-backoff-max-ms", 3_600_000),
     )
 
 

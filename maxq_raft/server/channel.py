@@ -26,6 +26,7 @@ from ..machines.queue import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from .broker import ConsumerHandle
 from .errors import ChannelError, HardError
+from .publish_extras import delivery_props
 
 if TYPE_CHECKING:
     from .session import Session
@@ -294,7 +295,7 @@ class Channel:
             self.unacked[tag] = (queue_key, self.get_consumer_id, message.seq)
         self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
                                                             routing_key=message.routing_key, message_count=remaining),
-                               message.props_raw, message.body)
+                               delivery_props(message), message.body)
 
     def basic_ack(self, m) -> None:
         self._acknowledge(qc.Settle, m.delivery_tag, m.multiple)

@@ -12,7 +12,7 @@ would cover one.
 from __future__ import annotations
 
 from ..amqp import spec
-from ..amqp.properties import decode_properties
+from ..amqp.properties import decode_properties, encode_properties
 from ..machines.queue_args import parse_expiration
 from .errors import ChannelError
 
@@ -32,6 +32,18 @@ def publish_extras(props_raw: bytes) -> tuple[int | None, int]:
         except ValueError as exc:
             raise ChannelError(spec.PRECONDITION_FAILED, f"invalid expiration '{expiration}': {exc}") from None
     return ttl_ms, props.priority or 0
+
+
+def delivery_props(message) -> bytes:
+    """The properties to deliver: with `x-delivery-count` (its earlier returns) when the queue
+    counts them (x-delivery-limit, retry back-off) and the message was returned, as quorum queues do."""
+    if not message.count_header:
+        return message.props_raw
+    props = decode_properties(message.props_raw)
+    headers = dict(props.headers) if isinstance(props.headers, dict) else {}
+    headers["x-delivery-count"] = message.delivery_count - 1
+    props.headers = headers
+    return encode_properties(props)
 
 
 def note_refused(refused: dict | None, messages: list) -> dict:

@@ -39,7 +39,7 @@ from ..machines.queue import Message, Overflowed
 from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
-from .publish_extras import EXTRAS_FLAGS, note_refused, publish_extras, send_confirms
+from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, send_confirms
 
 log = logging.getLogger("maxq.session")
 
@@ -424,7 +424,8 @@ class Session:
             # Once per message (a fanout to ten queues shares it), not once per delivery.
             wire_routing = message.wire_routing = encode_shortstr_field(message.exchange) + encode_shortstr_field(message.routing_key)
         self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
-                                           message.props_raw, message.body, self.conn.frame_max))
+                                           message.props_raw if not message.count_header else delivery_props(message),
+                                           message.body, self.conn.frame_max))
         self.messages_out += 1
         entry = self.credit_pending.get(handle.consumer_id)
         if entry is None:

@@ -11,6 +11,7 @@ from maxq_raft.machines.commands import (
     Checkout,
     DeadLettered,
     Discard,
+    Down,
     Enqueue,
     Get,
     Requeue,
@@ -233,7 +234,7 @@ def test_rejected_expired_and_maxlen_are_dead_lettered_and_held_until_done():
     _, effects = q.at(5000, Tick())
     (effect,) = [e for e in effects if type(e) is DeadLetter]
     assert effect.reason == "expired" and [m.seq for m in effect.messages] == [3, 4]  # c holds 2
-    assert q.machine.dead_lettered == {"rejected": 1, "expired": 2, "maxlen": 1}
+    assert q.machine.dead_lettered == {"rejected": 1, "expired": 2, "maxlen": 1, "delivery_limit": 0}
 
 
 def test_discard_without_dlx_drops():
@@ -264,4 +265,57 @@ def test_regression_drop_head_exposed_an_expired_head():
     q.publish(1000, b"m0")
     q.publish(1000, b"m1", ttl_ms=0)
     assert q.machine.ready_count == 0
-    assert q.machine.dropped == {"rejected": 0, "expired": 1, "maxlen": 1}
+    assert q.machine.dropped == {"rejected": 0, "expired": 1, "maxlen": 1, "delivery_limit": 0}
+
+
+# ------------------------------------------------------------ delivery limit, back-off
+
+
+def test_delivery_limit_dead_letters_after_limit_returns():
+    q = Clocked(delivery_limit=2, dead_letter_exchange="dlx")
+    q.publish(0, b"poison")
+    for attempt in range(1, 4):
+        reply, _ = q.at(attempt, Get("g", "o", False))
+        message = reply[0]
+        assert message.delivery_count == attempt
+        _, effects = q.at(attempt, Requeue("g", [message.seq]))
+        if attempt < 3:
+            assert effects == [] and q.machine.ready_count == 1 and message.count_header
+    (effect,) = effects
+    assert effect.reason == "delivery_limit" and [m.body for m in effect.messages] == [b"poison"]
+    assert q.machine.ready_count == 0 and q.machine.dead_lettered["delivery_limit"] == 1
+
+
+def test_delivery_limit_zero_without_dlx_drops_on_the_first_return():
+    q = Clocked(delivery_limit=0)
+    q.at(0, Checkout("c", "o-1", 0, False, 0, False, 10))
+    q.publish(0, b"m")
+    q.at(1, Down("o-1"))  # a lost consumer counts as a return, as in rabbit_fifo
+    assert q.machine.ready_count == 0 and q.machine.dropped["delivery_limit"] == 1
+
+
+def test_retry_backoff_delays_a_returned_message():
+    q = Clocked(retry_backoff_ms=100, retry_backoff_multiplier=3, retry_backoff_max_ms=500)
+    q.publish(0, b"m")
+    delays = []
+    now = 0
+    for _ in range(4):
+        reply, _ = q.at(now, Get("g", "o", False))
+        q.at(now, Requeue("g", [reply[0].seq]))
+        due = q.machine.next_deadline_ms
+        delays.append(due - now)
+        assert q.at(due - 1, Get("g", "o", True))[0] is None  # not visible before its back-off ends
+        assert q.machine.ready_count == 0
+        q.at(due, Tick())
+        assert q.machine.ready_count == 1
+        now = due
+    assert delays == [100, 300, 500, 500]  # 100 * 3^n, at most 500
+
+
+def test_backoff_release_delivers_to_a_waiting_consumer_on_tick():
+    q = Clocked(retry_backoff_ms=50)
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    _, effects = q.publish(0, b"m")
+    q.at(1, Requeue("c", [effects[0].message.seq]))
+    _, effects = q.at(51, Tick())
+    assert [(e.message.body, e.redelivered) for e in effects if type(e) is Deliver] == [(b"m", True)]

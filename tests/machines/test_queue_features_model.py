@@ -70,17 +70,19 @@ class FeaturesModel(RuleBasedStateMachine):
         self.dl_done: set[int] = set()
         self.purged: set[int] = set()
         self.discarded_no_dlx = 0
-        self.dl_counts = {"rejected": 0, "expired": 0, "maxlen": 0}
+        self.dl_counts = {"rejected": 0, "expired": 0, "maxlen": 0, "delivery_limit": 0}
         self.refused = 0
 
     @initialize(ttl=st.sampled_from([None, None, 0, 5, 30]), max_length=st.sampled_from([None, None, 0, 1, 3]),
                 max_bytes=st.sampled_from([None, None, 12]),
                 overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
-                dlx=st.booleans(), max_priority=st.sampled_from([None, None, 2]))
-    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority) -> None:
+                dlx=st.booleans(), max_priority=st.sampled_from([None, None, 2]),
+                delivery_limit=st.sampled_from([None, None, 0, 1]), backoff=st.sampled_from([None, None, 5]))
+    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff) -> None:
         self.settings = QueueSettings(message_ttl_ms=ttl, max_length=max_length, max_length_bytes=max_bytes,
                                       overflow=overflow, dead_letter_exchange="dlx" if dlx else None,
-                                      max_priority=max_priority)
+                                      max_priority=max_priority, delivery_limit=delivery_limit,
+                                      retry_backoff_ms=backoff, retry_backoff_max_ms=20)
         self.machine = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
                                           window_bytes_max=12, settings=self.settings)
         self.twin = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
@@ -119,6 +121,8 @@ class FeaturesModel(RuleBasedStateMachine):
                         assert self.deadline[seq] is not None and self.deadline[seq] <= self.now
                     elif effect.reason == "maxlen":
                         assert self.settings.limited and self.settings.overflow == "drop-head"
+                    elif effect.reason == "delivery_limit":
+                        assert message.delivery_count > self.settings.delivery_limit
 
     def no_ack_ids(self) -> list:
         return [cid for cid, c in self.machine.consumers.items() if c.no_ack]
@@ -292,8 +296,14 @@ class FeaturesModel(RuleBasedStateMachine):
         assert dict(sorted(m.dead_lettering.items())).keys() == dict(sorted(self.pending_dl.items())).keys()
         ready = self.ready()
         assert len(ready) == m.ready_count
+        waiting = [seq for _, seq, _ in m.backoff]
+        assert len(set(waiting)) == len(waiting)
+        for due, _, message in m.backoff:
+            # waiting out its back-off (released by the first command at or after `due`)
+            assert due > m.now_ms and due - m.now_ms <= self.settings.retry_backoff_max_ms
+            assert self.settings.retry_backoff_ms is not None
         places = [set(ready), {s for held in self.held.values() for s in held}, set(self.pending_dl), self.acked,
-                  self.noack, self.dl_done, self.purged]
+                  self.noack, self.dl_done, self.purged, set(waiting)]
         seen = set()
         for place in places:
             assert not (place & seen), "a message in two places"
@@ -302,10 +312,10 @@ class FeaturesModel(RuleBasedStateMachine):
         dropped = self.accepted - seen
         assert len(dropped) == sum(m.dropped.values()), (len(dropped), m.dropped)
         if self.settings.dead_letter_exchange is None:
-            assert m.dead_lettered == {"rejected": 0, "expired": 0, "maxlen": 0}
+            assert m.dead_lettered == {"rejected": 0, "expired": 0, "maxlen": 0, "delivery_limit": 0}
             assert m.dropped["rejected"] == self.discarded_no_dlx
         else:
-            assert m.dropped == {"rejected": 0, "expired": 0, "maxlen": 0}
+            assert m.dropped == {"rejected": 0, "expired": 0, "maxlen": 0, "delivery_limit": 0}
             assert m.dead_lettered == self.dl_counts
         if not self.settings.limited or self.settings.overflow == "drop-head":
             assert m.dropped["maxlen"] + m.dead_lettered["maxlen"] == 0 or self.settings.limited
