@@ -65,6 +65,11 @@ class BrokerProcess:
         self.stop()
         raise RuntimeError(f"maxq-server not ready after {timeout_s}s:\n{self.log_text()}")
 
+    def logs_text(self) -> str:
+        """This server's log, or every member's when it is the first member of a test cluster
+        (effects such as dead-letter cycles are logged by the member leading the queue's shard)."""
+        return "".join(member.log_text() for member in getattr(self, "members", [self]))
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -125,6 +130,7 @@ def broker(tmp_path_factory):
             process.launch()
         for process in processes:
             process.wait_ready(60.0)
+        processes[0].members = processes  # for tests that read every member's log
         yield processes[0]
     finally:
         for process in processes:

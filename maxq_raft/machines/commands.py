@@ -102,3 +102,19 @@ class Down(NamedTuple):
 
 class DeleteQueue(NamedTuple):
     pass
+
+
+class Tick(NamedTuple):
+    """Time passed: expire what is due (message TTL, x-expires). The shell applies it to a queue
+    whose `next_deadline_ms` has come, so expiry needs no traffic; the time is the entry's."""
+
+
+class Touch(NamedTuple):
+    """The queue was redeclared: it counts as used (x-expires restarts), as in RabbitMQ."""
+
+
+class DeadLettered(NamedTuple):
+    """The shell has enqueued these dead-lettered messages to their targets (or found none):
+    the source may now forget them (at-least-once dead lettering)."""
+
+    seqs: list

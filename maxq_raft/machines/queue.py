@@ -27,6 +27,25 @@ are a function of the applied commands, so reading it back keeps replicas determ
 `apply` never raises: a command that cannot be performed gets a `Rejected` reply, because an
 exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
 negative counts) is refused before it changes anything, so replicas stay identical.
+
+Queue features (the queue's arguments, parsed into `QueueSettings` by queue_args.py):
+
+- TTL (x-message-ttl, a message's `expiration`): a message's deadline is fixed at enqueue from
+  the entry's time. As in RabbitMQ, a message can be delivered up to its deadline, so TTL 0
+  reaches a consumer that is waiting; an expired message met while serving is never delivered;
+  and after every command the expired messages at the head (of the returned heap and of the
+  ready window, loading spilled ones) are removed, at most `DROP_BATCH_MAX` per command, more
+  at the next `Tick`. An expired message behind an unexpired head waits until it is the head.
+- x-expires: unused (no consumer, no basic.get, no redeclare `Touch`) for that long, the queue
+  says `QueueExpired`; the shell deletes it. Its messages are not dead-lettered (RabbitMQ).
+- Length limits (x-max-length, x-max-length-bytes, ready messages only): `drop-head` removes
+  from the head after delivering what it can; `reject-publish(-dlx)` refuses a message that
+  would go over (the reply `Overflowed` names them, for the publisher's basic.nack).
+- Dead lettering: with x-dead-letter-exchange, a message rejected without requeue, expired or
+  dropped for length leaves the queue into `dead_lettering` (still in the backing) and a
+  `DeadLetter` effect asks the shell to republish it; only `DeadLettered` removes it, so a
+  crash in between dead-letters it again rather than losing it (at-least-once).
+`next_deadline_ms` says when the queue next needs a `Tick`; the shell ticks only those queues.
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ from .commands import (
     Cancel,
     Checkout,
     Credit,
+    DeadLettered,
     DeleteQueue,
     Discard,
     Down,
@@ -48,7 +68,10 @@ from .commands import (
     Purge,
     Requeue,
     Settle,
+    Tick,
+    Touch,
 )
+from .queue_args import DEFAULT_SETTINGS, QueueSettings
 
 
 class Meta(NamedTuple):
@@ -62,9 +85,10 @@ class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing")
+                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header")
 
-    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False) -> None:
+    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
+                 ttl_ms: int | None = None, priority: int = 0) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
         self.exchange = exchange
         self.routing_key = routing_key
@@ -75,6 +99,11 @@ class Message:
         self.persistent = persistent  # delivery_mode 2: survives a restart on a durable queue
         self.stored = False  # the backing holds it: delete it there when it leaves the queue
         self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
+        self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
+        self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
+        self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
+        self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
+        self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -86,6 +115,34 @@ class Deliver(NamedTuple):
     consumer_id: str
     message: Message
     redelivered: bool
+
+
+class DeadLetter(NamedTuple):
+    """Effect: republish `messages` to `exchange` (with `routing_key`, or their own when None),
+    adding x-death for `reason` (rejected, expired, maxlen), then apply `DeadLettered` with the
+    seqs of those that have one (a publish refused by reject-publish-dlx was never queued)."""
+
+    vhost: str
+    queue: str
+    reason: str
+    messages: list
+    time_ms: int
+    exchange: str
+    routing_key: str | None
+
+
+class QueueExpired(NamedTuple):
+    """Effect: x-expires has passed with the queue unused; the shell deletes it."""
+
+    vhost: str
+    name: str
+
+
+class Overflowed(NamedTuple):
+    """Reply to an Enqueue into a full reject-publish queue: `rejected` were not queued."""
+
+    accepted: int
+    rejected: list
 
 
 class Rejected(NamedTuple):
@@ -108,12 +165,12 @@ class Backing(Protocol):
     def remove(self, messages: list) -> None:
         """These stored messages left the queue (acked, discarded, purged, delivered without ack)."""
 
-    def remove_from(self, seq_from: int, persistent: int) -> None:
-        """Every stored message with seq >= seq_from left the queue (purge of the spilled tail);
-        `persistent` of them were persistent."""
+    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
+        """Every stored message with seq >= seq_from (and < seq_below) left the queue (purge of the
+        spilled tail); `persistent` of them were persistent."""
 
-    def load(self, seq_from: int, limit: int) -> list:
-        """Up to `limit` stored messages with seq >= seq_from, in seq order."""
+    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
+        """Up to `limit` stored messages with seq >= seq_from (and < seq_below), in seq order."""
 
     def delivered(self, seq: int) -> None:
         """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
@@ -125,8 +182,15 @@ class Backing(Protocol):
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
 # briefly behind its publisher never touches the disk, small enough that a deep queue costs a
 # bounded amount of memory (many deep queues together are the memory alarm's business).
+# Seqs are below 2**48; a priority queue puts the priority lane above them (priority_queue.py).
+SEQ_BITS = 48
+SEQ_MASK = (1 << SEQ_BITS) - 1
 WINDOW_MAX = 65536
 WINDOW_BYTES_MAX = 32 << 20
+# Messages one command may expire or drop for length; the rest go at the next Tick (bounded work
+# per log entry, so a deep queue whose whole backlog expired does not stall its group).
+DROP_BATCH_MAX = 4096
+REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 
 
 @dataclass
@@ -166,8 +230,31 @@ def _bad_seqs(seqs: Any) -> bool:
 
 class QueueMachine:
     def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
-                 window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX) -> None:
+                 window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX,
+                 settings: QueueSettings = DEFAULT_SETTINGS) -> None:
         self.vhost = vhost
+        self.settings = settings
+        self.now_ms = 0  # the time of the entry being applied (of the last one, between entries)
+        self.ready_bytes = 0  # body bytes of all ready messages (window, returned, spilled)
+        self._recovered_below = 0  # seqs below this were recovered: their bytes count once loaded
+        # seq -> Message: left the queue for a dead-letter exchange, kept (and stored) until the
+        # shell says the targets have it (DeadLettered)
+        self.dead_lettering: dict[int, Message] = {}
+        self._dying: dict[str, list] = {}  # reason -> messages leaving in this command
+        self._unstore: list = []  # stored messages dropped in this command
+        self.dropped = {reason: 0 for reason in REASONS}  # left with no dead-letter exchange
+        self.dead_lettered = {reason: 0 for reason in REASONS}
+        self.rejected_publishes = 0
+        self.last_used_ms: int | None = None  # x-expires: the last consume/get/declare
+        self.expired = False
+        # True once any message has a deadline: only then do heads need looking at
+        self._timed = settings.message_ttl_ms is not None
+        self._more_due = False  # a command hit DROP_BATCH_MAX: tick again at once
+        self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
+        # Returned messages waiting out their retry back-off: a heap of (due ms, seq, message).
+        # Not ready (not counted, not delivered) until due, when they join `returned`.
+        self.backoff: list[tuple[int, int, Message]] = []
+        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
@@ -203,6 +290,9 @@ class QueueMachine:
             Purge: self._purge,
             Down: self._down,
             DeleteQueue: self._delete,
+            Tick: self._tick,
+            Touch: self._touch,
+            DeadLettered: self._dead_lettered,
         }
 
     # ------------------------------------------------------------- queries
@@ -212,7 +302,13 @@ class QueueMachine:
         return len(self.ready) + len(self.returned) + self.spilled_count
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:
-        """Start from what a restarted node's backing holds: everything is spilled, nothing delivered."""
+        """Start from what a restarted node's backing holds: everything is spilled, nothing delivered.
+
+        The bytes of the recovered messages are not known until they are loaded (start-up reads
+        no message), so x-max-length-bytes counts them from then on."""
+        self._recovered_below = next_seq
+        # The watermark goes on from the backing's: delivering an old message must not lower it.
+        self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
         self.next_seq = next_seq
         self.spilled_count = spilled_count
         self.spilled_persistent = spilled_count
@@ -226,6 +322,32 @@ class QueueMachine:
     def active_consumer_count(self) -> int:
         return self._active_count
 
+    @property
+    def next_deadline_ms(self) -> int | None:
+        """When this queue next needs a `Tick` (an entry time), or None: nothing is due without traffic."""
+        if self.deleted or self.expired:
+            return None
+        if self._more_due:
+            return self.now_ms
+        deadline = None
+        if self._timed:
+            if self.returned:
+                deadline = self.returned[0][1].expires_at_ms
+            if self.ready:
+                head = self.ready[0].expires_at_ms
+                if head is not None and (deadline is None or head < deadline):
+                    deadline = head
+            elif self.spilled_count:
+                return self.now_ms  # the head is on disk: a Tick loads it
+        expires_ms = self.settings.expires_ms
+        if expires_ms is not None and not self._active_count:
+            unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
+            if deadline is None or unused < deadline:
+                deadline = unused
+        if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
+            deadline = self.backoff[0][0]
+        return deadline
+
     # --------------------------------------------------------------- apply
 
     def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
@@ -234,7 +356,7 @@ class QueueMachine:
         # the log moving, but cannot undo a half-applied command.
         try:
             log_index = meta.log_index
-            if type(log_index) is not int:
+            if type(log_index) is not int or type(meta.time_ms) is not int:
                 return Rejected(541, f"malformed log entry meta {meta!r}"), []
             self.last_index = log_index
             if self.deleted:
@@ -242,7 +364,19 @@ class QueueMachine:
             handler = self._handlers.get(type(command))
             if handler is None:
                 return Rejected(541, f"unknown queue command {type(command).__name__}"), []
-            return handler(meta, command)
+            self.now_ms = meta.time_ms
+            if self.backoff and self.backoff[0][0] <= self.now_ms:
+                self._release_backoff()
+            reply, effects = handler(meta, command)
+            if type(reply) is Rejected:
+                return reply, effects
+            if self._timed:
+                self._expire_heads()
+            if self.settings.limited and self.settings.overflow == "drop-head" and self._drop_over_limit() and self._timed:
+                self._expire_heads()  # the new head may be due too (RabbitMQ: drop_expired, drop_head)
+            if self._dying or self._unstore:
+                effects = self._flush_dying(effects)
+            return reply, effects
         except Exception as exc:  # never let one bad command stall the log
             return Rejected(541, f"internal error applying {type(command).__name__}: {exc!r}"), []
 
@@ -257,8 +391,51 @@ class QueueMachine:
             # mutates it, so the same object enqueued twice would sit in two places.
             if type(message) is not Message or message.seq != -1:
                 return _malformed(cmd, f"not a new Message: {message!r}"), []
+            ttl = message.ttl_ms
+            if ttl is not None and (type(ttl) is not int or ttl < 0):
+                return _malformed(cmd, f"bad ttl_ms {ttl!r}"), []
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
             return _malformed(cmd, "the same Message twice in one batch"), []
+        settings = self.settings
+        queue_ttl = settings.message_ttl_ms
+        now = self.now_ms
+        for message in messages:
+            # The shorter of the queue's and the message's TTL (RabbitMQ), from the entry's time.
+            ttl = message.ttl_ms
+            if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
+                ttl = queue_ttl
+            if ttl is not None:
+                message.expires_at_ms = now + ttl
+                self._timed = True
+        if settings.limited and settings.overflow != "drop-head":
+            return self._enqueue_or_reject(messages)
+        self._append(messages)
+        return len(messages), self._service()
+
+    def _enqueue_or_reject(self, messages: list):
+        """reject-publish(-dlx): as rabbit_amqqueue_process, a message that would take the ready
+        count or bytes over the limit is refused; each accepted one is offered to the consumers
+        before the next is judged, as RabbitMQ delivers each publish before the next."""
+        settings = self.settings
+        max_length, max_bytes = settings.max_length, settings.max_length_bytes
+        effects: list = []
+        rejected = []
+        for message in messages:
+            if ((max_length is not None and self.ready_count + 1 > max_length)
+                    or (max_bytes is not None and self.ready_bytes + len(message.body) > max_bytes)):
+                rejected.append(message)
+                self.rejected_publishes += 1
+                if settings.overflow == "reject-publish-dlx" and settings.dead_letter_exchange is not None:
+                    self._dying.setdefault("maxlen", []).append(message)
+                    self.dead_lettered["maxlen"] += 1
+                continue
+            self._append([message])
+            effects.extend(self._service())
+        accepted = len(messages) - len(rejected)
+        return (Overflowed(accepted, rejected) if rejected else accepted), effects
+
+    def _append(self, messages: list) -> None:
+        """Give the messages their seqs and put them at the tail (the window, or the backing)."""
         seq = self.next_seq
         ready = self.ready
         append = ready.append
@@ -293,7 +470,7 @@ class QueueMachine:
             if to_write:
                 backing.write(to_write)
         self.next_seq = seq
-        return len(messages), self._service()
+        self.ready_bytes += sum(len(m.body) for m in messages)
 
     def _checkout(self, meta: Meta, cmd: Checkout):
         consumer_id, prefetch, credit = cmd.consumer_id, cmd.prefetch, cmd.credit
@@ -322,6 +499,7 @@ class QueueMachine:
             consumer.active = True
         self._active_count += 1
         self.ever_had_consumer = True
+        self.last_used_ms = self.now_ms
         if cmd.exclusive:
             self.exclusive_consumer = consumer_id
         ring = self._rings.get(cmd.priority)
@@ -376,8 +554,25 @@ class QueueMachine:
         return n, self._service() if n else []
 
     def _discard(self, meta: Meta, cmd: Discard):
-        # Reject without requeue: the message leaves the queue (dead lettering comes later).
-        return self._settle(meta, cmd)
+        # Reject without requeue: the message leaves the queue, to the dead-letter exchange if any.
+        if self.settings.dead_letter_exchange is None:
+            settled, effects = self._settle(meta, cmd)
+            if type(settled) is int:
+                self.dropped["rejected"] += settled
+            return settled, effects
+        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
+            return _malformed(cmd), []
+        consumer = self.consumers.get(cmd.consumer_id)
+        if consumer is None:
+            return 0, []
+        n = 0
+        for seq in cmd.seqs:
+            message = consumer.checked_out.pop(seq, None)
+            if message is not None:
+                self._die(message, "rejected")
+                n += 1
+        self._forget_if_idle(consumer)
+        return n, self._service() if n else []
 
     def _credit(self, meta: Meta, cmd: Credit):
         if type(cmd.consumer_id) is not str or type(cmd.messages) is not int or cmd.messages < 0:
@@ -391,6 +586,7 @@ class QueueMachine:
     def _get(self, meta: Meta, cmd: Get):
         if type(cmd.consumer_id) is not str or type(cmd.owner) is not str or type(cmd.no_ack) is not bool:
             return _malformed(cmd), []
+        self.last_used_ms = self.now_ms
         message = self._pop_next()
         if message is None:
             return None, []
@@ -419,6 +615,7 @@ class QueueMachine:
             self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
+        self.ready_bytes = 0
         self.returned.clear()
         return n, []
 
@@ -445,7 +642,12 @@ class QueueMachine:
         self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
+        self.ready_bytes = 0
         self.returned.clear()
+        self.backoff.clear()
+        self.dead_lettering.clear()
+        self._dying.clear()
+        self._unstore.clear()
         self.consumers.clear()
         self._rings.clear()
         self._priorities = []
@@ -453,13 +655,127 @@ class QueueMachine:
         self.exclusive_consumer = None
         return n, []
 
+    def _tick(self, meta: Meta, cmd: Tick):
+        # Expiry of messages happens after every command (in `apply`); a Tick adds x-expires.
+        self._more_due = False
+        effects = self._service()  # messages whose back-off ended (released in `apply`)
+        if self.last_used_ms is None:
+            self.last_used_ms = self.now_ms  # a recovered queue: its unused time starts now
+        expires_ms = self.settings.expires_ms
+        if (expires_ms is not None and not self._active_count and not self.expired
+                and self.last_used_ms + expires_ms <= self.now_ms):
+            self.expired = True
+            return True, [*effects, QueueExpired(self.vhost, self.name)]
+        return False, effects
+
+    def _touch(self, meta: Meta, cmd: Touch):
+        self.last_used_ms = self.now_ms
+        return True, []
+
+    def _dead_lettered(self, meta: Meta, cmd: DeadLettered):
+        if _bad_seqs(cmd.seqs):
+            return _malformed(cmd), []
+        n = 0
+        for seq in cmd.seqs:  # unknown seqs (already done, -1 for refused publishes) are ignored
+            message = self.dead_lettering.pop(seq, None)
+            if message is not None:
+                n += 1
+                if message.stored:
+                    self._unstore.append(message)
+        return n, []
+
     # ------------------------------------------------------------- helpers
+
+    def _die(self, message: Message, reason: str) -> None:
+        """`message` has left the ready or unacked state for `reason`: dead-letter or drop it."""
+        if self.settings.dead_letter_exchange is not None:
+            self.dead_lettering[message.seq] = message
+            self.dead_lettered[reason] += 1
+            dying = self._dying.get(reason)
+            if dying is None:
+                self._dying[reason] = [message]
+            else:
+                dying.append(message)
+        else:
+            self.dropped[reason] += 1
+            if message.stored:
+                self._unstore.append(message)
+
+    def _flush_dying(self, effects: list) -> list:
+        if self._unstore:
+            self.backing.remove(self._unstore)
+            self._unstore = []
+        if self._dying:
+            settings = self.settings
+            for reason, messages in self._dying.items():
+                effects.append(DeadLetter(self.vhost, self.name, reason, messages, self.now_ms,
+                                          settings.dead_letter_exchange, settings.dead_letter_routing_key))
+            self._dying = {}
+        return effects
+
+    def _expire_heads(self) -> None:
+        """Remove the expired messages at the heads (returned, then the window, loading spilled
+        ones), at most DROP_BATCH_MAX; `_more_due` asks for a Tick if that was not all."""
+        now = self.now_ms
+        budget = DROP_BATCH_MAX
+        returned = self.returned
+        while returned and budget:
+            message = returned[0][1]
+            if message.expires_at_ms is None or message.expires_at_ms > now:
+                break
+            heapq.heappop(returned)
+            self.ready_bytes -= len(message.body)
+            self._die(message, "expired")
+            budget -= 1
+        ready = self.ready
+        while budget:
+            if not ready:
+                if not self.spilled_count:
+                    break
+                self._refill()
+                continue
+            message = ready[0]
+            if message.expires_at_ms is None or message.expires_at_ms > now:
+                break
+            ready.popleft()
+            self.window_bytes -= len(message.body)
+            self.ready_bytes -= len(message.body)
+            self._die(message, "expired")
+            budget -= 1
+        if not budget:
+            self._more_due = True
+
+    def _drop_over_limit(self) -> bool:
+        """drop-head: remove from the head until the ready count and bytes are within the limits."""
+        settings = self.settings
+        max_length = settings.max_length if settings.max_length is not None else 1 << 62
+        max_bytes = settings.max_length_bytes if settings.max_length_bytes is not None else 1 << 62
+        budget = DROP_BATCH_MAX
+        while self.ready_count > max_length or self.ready_bytes > max_bytes:
+            if not budget:
+                self._more_due = True
+                break
+            message = self._pop_next()
+            if message is None:
+                break
+            self._die(message, "maxlen")
+            budget -= 1
+        return budget < DROP_BATCH_MAX
+
+    def _expired(self, message: Message) -> bool:
+        """Met while serving: past its deadline (a message may go out up to its deadline)."""
+        expires_at = message.expires_at_ms
+        if expires_at is not None and expires_at < self.now_ms:
+            self._die(message, "expired")
+            return True
+        return False
 
     def _deactivate(self, consumer: Consumer) -> None:
         if not consumer.active:
             return
         consumer.active = False
         self._active_count -= 1
+        self.last_used_ms = self.now_ms
         ring = self._rings.get(consumer.priority)
         if ring is not None:
             ring.remove(consumer.consumer_id)
@@ -476,24 +792,68 @@ class QueueMachine:
     def _return(self, consumer: Consumer, seqs) -> int:
         n = 0
         checked_out = consumer.checked_out
+        counts_returns = self._counts_returns
         for seq in seqs:
             message = checked_out.pop(seq, None)
             if message is not None:
                 message.redelivered = True
-                heapq.heappush(self.returned, (message.seq, message))
                 n += 1
+                if counts_returns and self._return_counted(message):
+                    continue
+                heapq.heappush(self.returned, (message.seq, message))
+                self.ready_bytes += len(message.body)
         return n
 
+    def _return_counted(self, message: Message) -> bool:
+        """x-delivery-limit and retry back-off: True if the message does not go back now.
+
+        Every delivery but the last ended in a return, so this is return number
+        `delivery_count` (rabbit_fifo counts returns the same way: requeues and lost consumers)."""
+        settings = self.settings
+        returns = message.delivery_count
+        message.count_header = True
+        if settings.delivery_limit is not None and returns > settings.delivery_limit:
+            self._die(message, "delivery_limit")
+            return True
+        if settings.retry_backoff_ms is not None:
+            heapq.heappush(self.backoff, (self.now_ms + settings.retry_delay_ms(returns), message.seq, message))
+            return True
+        return False
+
+    def _release_backoff(self) -> None:
+        """Messages whose back-off is over become ready again (at the front, as returned ones)."""
+        backoff = self.backoff
+        now = self.now_ms
+        while backoff and backoff[0][0] <= now:
+            message = heapq.heappop(backoff)[2]
+            heapq.heappush(self.returned, (message.seq, message))
+            self.ready_bytes += len(message.body)
+
     def _pop_next(self) -> Message | None:
+        """The next ready message (expired ones met on the way are dead-lettered or dropped)."""
+        while self._head() is not None:
+            message = self._pop_next_raw()
+            if not self._timed or not self._expired(message):
+                return message
+        return None
+
+    def _head(self) -> Message | None:
+        """The next ready message, loaded into memory if it was spilled; None if there is none."""
         if self.returned:
-            return heapq.heappop(self.returned)[1]
+            return self.returned[0][1]
         if not self.ready and self.spilled_count:
             self._refill()
-        if self.ready:
+        return self.ready[0] if self.ready else None
+
+    def _pop_next_raw(self) -> Message:
+        """Take the head, which the caller knows is in memory (returned, or the window)."""
+        if self.returned:
+            message = heapq.heappop(self.returned)[1]
+        else:
             message = self.ready.popleft()
             self.window_bytes -= len(message.body)
-            return message
-        return None
+        self.ready_bytes -= len(message.body)
+        return message
 
     def _refill(self) -> None:
         """Load the next spilled messages into the (empty) window."""
@@ -505,6 +865,10 @@ class QueueMachine:
             return
         for message in loaded:
             message.stored = True
+            if message.seq < self._recovered_below:
+                self.ready_bytes += len(message.body)  # unknown until now (see `recover`)
+            if message.expires_at_ms is not None:
+                self._timed = True
         self.ready.extend(loaded)
         self.window_bytes += sum(len(m.body) for m in loaded)
         self.spilled_count = max(0, self.spilled_count - len(loaded))
@@ -535,10 +899,10 @@ class QueueMachine:
         """Hand ready messages to consumers with room, as far as both allow."""
         returned = self.returned
         ready = self.ready
-        if not self._priorities or not (returned or ready or self.spilled_count):
+        if not self._priorities or not self.ready_count:
             return []
         effects: list = []
-        if len(self._priorities) == 1:
+        if self._fifo and len(self._priorities) == 1:
             ring = self._rings[self._priorities[0]]
             if len(ring) == 1:
                 # One consumer, the common case: its room is known up front, so each message
@@ -556,6 +920,7 @@ class QueueMachine:
                 popleft = ready.popleft
                 n = 0
                 stored = None
+                timed = self._timed
                 while n < room:
                     if returned:
                         message = heappop(returned)[1]
@@ -564,9 +929,13 @@ class QueueMachine:
                         self.window_bytes -= len(message.body)
                     elif self.spilled_count:
                         self._refill()
+                        timed = self._timed
                         continue
                     else:
                         break
+                    self.ready_bytes -= len(message.body)
+                    if timed and self._expired(message):
+                        continue
                     message.delivery_count += 1
                     if checked_out is not None:
                         checked_out[message.seq] = message
@@ -582,18 +951,21 @@ class QueueMachine:
                 return effects
         # Pick only while a message waits: a consumer picked for nothing would lose its turn.
         stored = None
-        while returned or ready or self.spilled_count:
-            if not returned and not ready:
-                self._refill()
-                continue
+        while True:
+            head = self._head()
+            if head is None:
+                break
+            if self._timed:
+                # Drop an expired head before picking: a consumer picked for it would lose its turn.
+                expires_at = head.expires_at_ms
+                if expires_at is not None and expires_at < self.now_ms:
+                    self._pop_next_raw()
+                    self._die(head, "expired")
+                    continue
             consumer = self._pick_consumer()
             if consumer is None:
                 break
-            if returned:
-                message = heapq.heappop(returned)[1]
-            else:
-                message = ready.popleft()
-                self.window_bytes -= len(message.body)
+            message = self._pop_next_raw()
             message.delivery_count += 1
             consumer.credit -= 1
             if not consumer.no_ack:
@@ -611,24 +983,43 @@ class QueueMachine:
         if stored_no_ack:
             self.backing.remove(stored_no_ack)
         # Returned messages go first and were delivered before, so the last effect has the top seq.
-        top = effects[-1].message.seq
+        top = effects[-1].message.seq if self._fifo else max(e.message.seq for e in effects)
         if top > self.delivered_upto:
             self._note_delivered(top)
+
+    def _ready_in_memory(self):
+        """The ready messages held in memory other than returned ones, in delivery order."""
+        return self.ready
+
+    def _spilled_total(self) -> int:
+        return self.spilled_count
 
     def check_invariants(self) -> None:
         """For tests and simulation: every message is in exactly one place, the indexes agree."""
         seen = set()
         previous = -1
-        for m in self.ready:
-            assert previous < m.seq < self.next_seq, "ready is in sequence order"
+        for m in self._ready_in_memory():
+            assert previous < m.seq and m.seq & SEQ_MASK < self.next_seq, "ready is in sequence order"
             # (redelivered may be set on a message loaded after a restart: delivered before it)
             assert m.delivery_count == 0 and (m.stored or self.backing is None or not self.durable or not m.persistent)
             previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:
-            assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+            assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
+        for due, seq, m in self.backoff:
+            assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
+            seen.add(seq)
+        for seq, m in self.dead_lettering.items():
+            assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
+            assert self.settings.dead_letter_exchange is not None
+            seen.add(seq)
+        assert not self._dying and not self._unstore, "flushed at the end of every command"
+        if not self._spilled_total():
+            # (with spilled messages, the test that knows the backing checks the sum)
+            assert self.ready_bytes == (sum(len(m.body) for m in self._ready_in_memory())
+                                        + sum(len(m.body) for _, m in self.returned))
         active = 0
         for consumer_id, c in self.consumers.items():
             assert c.consumer_id == consumer_id
@@ -637,12 +1028,12 @@ class QueueMachine:
             assert c.active or c.checked_out
             active += c.active
             for seq, m in c.checked_out.items():
-                assert seq == m.seq and seq not in seen and 0 <= seq < self.next_seq
+                assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
                 assert m.delivery_count > 0
                 seen.add(seq)
         assert active == self._active_count
         assert self.spilled_count >= 0 and (not self.spilled_count or self.backing is not None)
-        assert self.window_bytes == sum(len(m.body) for m in self.ready)
+        assert self.window_bytes == sum(len(m.body) for m in self._ready_in_memory())
         if self.spilled_count and self.ready:
             assert self.ready[-1].seq < self.spill_cursor, "the window comes before the spilled tail"
         in_rings = 0

@@ -10,7 +10,7 @@ for a queue machine, or "*" for every queue of the shard (a node's consumers goi
 replica applies the command, only the origin hands the machine's reply to the caller.
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
-`[exchange, routing_key, props_raw, body, persistent]`; AMQP field tables (arguments) are kept
+`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority]`; AMQP field tables (arguments) are kept
 in AMQP's own table encoding so every value type round-trips exactly. Decoding never trusts
 its input: anything malformed raises EntryError, which the applier turns into a skipped entry
 instead of a stalled group.
@@ -30,7 +30,7 @@ from ..machines.queue import Message
 ENTRY_VERSION = 1
 
 QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
-                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply)}
+                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply, qc.Tick, qc.Touch, qc.DeadLettered)}
 ALL_QUEUES = "*"
 METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
                                                    md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown)}
@@ -55,14 +55,16 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        return ["Enqueue", [[m.exchange, m.routing_key, m.props_raw, m.body, m.persistent] for m in command.messages]]
+        return ["Enqueue", [[m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority]
+                            for m in command.messages]]
     return [type(command).__name__, *(_field(v) for v in command)]
 
 
 def decode_command(raw: list, metadata: bool):
     name, *fields = raw
     if name == "Enqueue" and not metadata:
-        return qc.Enqueue([Message(e, rk, props, body, persistent) for e, rk, props, body, persistent in fields[0]])
+        return qc.Enqueue([Message(e, rk, props, body, persistent, ttl_ms, priority)
+                           for e, rk, props, body, persistent, ttl_ms, priority in fields[0]])
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
     if cls is None:
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")

@@ -27,9 +27,11 @@ from ..amqp import spec
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Deliver, QueueMachine, Rejected
+from ..machines.priority_queue import make_queue_machine
+from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
+from ..machines.queue_args import settings_or_default
 from ..replication.local_log import LocalLog
-from . import persistence
+from . import dead_letter, persistence
 from .errors import ChannelError
 from .message_store import QueueBacking, WalSyncer, counters_key, decode_counters
 
@@ -122,7 +124,7 @@ class Broker:
             # Seqs are never reused, not even those of transient messages that are gone: a new
             # message at or below the delivered watermark would come back redelivered=true.
             # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
-            next_seq = max(next_seq, delivered + 1, bounds[1] + 1 if bounds else 0)
+            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds else 0)
             if bounds and not persistent:
                 # Nothing durable is stored, so whatever is there is transient records of an
                 # earlier run that RocksDB had flushed: one range tombstone frees them, where
@@ -171,7 +173,8 @@ class Broker:
             self.next_queue_id = max(self.next_queue_id, queue_id + 1)
         self.queue_ids[(vhost, name)] = queue_id
         backing = QueueBacking(self.store, queue_id, durable, self.epoch, self.syncer) if self.store is not None else None
-        self.queues[(vhost, name)] = QueueMachine(vhost, name, backing=backing, durable=durable)
+        settings = settings_or_default(vhost, name, record.arguments if record is not None else None)
+        self.queues[(vhost, name)] = make_queue_machine(vhost, name, backing=backing, durable=durable, settings=settings)
 
     def _durable_from_thread(self, ticket: int) -> None:
         # Called by the syncer thread: hop to the trio loop (one hop per fsync, not per message).
@@ -180,25 +183,38 @@ class Broker:
         except RuntimeError:
             pass  # the loop is closing
 
-    def defer_confirms(self, channel, ticket: int | None, last_seq: int) -> None:
-        """Hold a channel's confirms up to `last_seq` until `ticket` is durable (None: behind the last one)."""
+    def defer_confirms(self, channel, ticket: int | None, last_seq: int, outcomes: list | None = None) -> None:
+        """Hold a channel's confirms up to `last_seq` until `ticket` is durable (None: behind the last one).
+        `outcomes`, [(seq, acked)], when some were refused (reject-publish): each is sent alone."""
         waiting = self.confirm_waiters.get(channel)
         if waiting is None:
             waiting = self.confirm_waiters[channel] = deque()
         if ticket is None:
             ticket = waiting[-1][0] if waiting else 0
-        waiting.append((ticket, last_seq))
+        waiting.append((ticket, last_seq, outcomes))
 
     def on_durable(self, ticket: int) -> None:
         for channel, waiting in list(self.confirm_waiters.items()):
             last_seq = None
-            while waiting and waiting[0][0] <= ticket:
-                last_seq = waiting.popleft()[1]
-            if not waiting:
-                del self.confirm_waiters[channel]
             session = channel.session
             # The channel may have closed (and its number been reused) while the sync ran.
-            if last_seq is not None and session.channels.get(channel.number) is channel:
+            live = session.channels.get(channel.number) is channel
+            while waiting and waiting[0][0] <= ticket:
+                _, seq, outcomes = waiting.popleft()
+                if outcomes is None:
+                    last_seq = seq
+                elif live:
+                    # Some were nacked: no `multiple` ack may cover them.
+                    if last_seq is not None:
+                        session.conn.send_method(channel.number, spec.BasicAck(delivery_tag=last_seq, multiple=True))
+                        last_seq = None
+                    for one, acked in outcomes:
+                        method = spec.BasicAck if acked else spec.BasicNack
+                        session.conn.send_method(channel.number, method(delivery_tag=one, multiple=False))
+                    session.wake()
+            if not waiting:
+                del self.confirm_waiters[channel]
+            if last_seq is not None and live:
                 session.conn.send_method(channel.number, spec.BasicAck(delivery_tag=last_seq, multiple=True))
                 session.wake()
 
@@ -284,6 +300,8 @@ class Broker:
                 elif self.cluster is None:
                     log.warning("delivery for unknown consumer %s dropped by this node", effect.consumer_id)
                 # In a cluster every replica decides every delivery; only the consumer's node sends it.
+            else:
+                dead_letter.perform_effect(self, effect)
 
     # ------------------------------------------------- calls and casts
     #

@@ -23,8 +23,10 @@ from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Rejected
+from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from .broker import ConsumerHandle, Unavailable
 from .errors import ChannelError, HardError
+from .publish_extras import delivery_props
 
 if TYPE_CHECKING:
     from .session import Session
@@ -167,13 +169,21 @@ class Channel:
             raise ChannelError(spec.PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
                                f"'{_str(queue_type)}' is not supported (use classic or quorum)")
+        if arguments and not m.passive:
+            try:
+                validate_queue_arguments(vhost, name, arguments)
+            except QueueArgumentError as err:
+                raise ChannelError(spec.PRECONDITION_FAILED, err.reply_text) from None
+
         def declared(reply) -> None:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             self.last_queue = name
+            queue = self.broker.queues.get((vhost, name))
+            if queue is not None and queue.settings.expires_ms is not None:
+                self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
             if not m.no_wait:
                 # In a cluster the counts are this replica's, which may trail the leader's a little.
-                queue = self.broker.queues.get((vhost, name))
                 self._reply(spec.QueueDeclareOk(queue=name, message_count=queue.ready_count if queue else 0,
                                                 consumer_count=queue.active_consumer_count if queue else 0))
         self.broker.declare_queue(md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
@@ -320,7 +330,7 @@ class Channel:
                 self.unacked[tag] = (queue_key, self.get_consumer_id, message.seq)
             self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
                                                                 routing_key=message.routing_key, message_count=remaining),
-                                   message.props_raw, message.body)
+                                   delivery_props(message), message.body)
         self.broker.queue_call(queue_key, qc.Get(self.get_consumer_id, self.owner, m.no_ack), self._then(got))
 
     def basic_ack(self, m) -> None:

@@ -44,7 +44,9 @@ import trio
 from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Meta, QueueMachine, Rejected
+from ..machines.priority_queue import make_queue_machine
+from ..machines.queue import Meta, Overflowed, Rejected
+from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable
 from .message_store import QueueBacking
@@ -56,6 +58,7 @@ ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
 NODE_DOWN_AFTER_S = 3.0
 BALANCE_EVERY_S = 5.0
+TICK_INTERVAL_S = 0.05  # as the single node's ticker: the lateness bound of a TTL with no traffic
 QUORUM_LOST_AFTER_S = 1.5
 NOT_LEADER_RETRY_S = 3.0  # an entry no leader took is proposed again for this long (elections take < 1 s)
 NOT_LEADER_RETRY_EVERY_S = 0.05
@@ -98,11 +101,13 @@ class OpenEntry:
 class ConfirmBatch:
     """The confirms of one read of one connection: sent when all its entries are done."""
 
-    __slots__ = ("remaining", "failed")
+    __slots__ = ("remaining", "failed", "refused", "then")
 
     def __init__(self, remaining: int) -> None:
         self.remaining = remaining
         self.failed = False
+        self.refused: dict | None = None  # channel -> confirm seqs a reject-publish queue refused
+        self.then = None  # for `when_committed`: then(ok)
 
 
 class ClusterLog:
@@ -221,7 +226,10 @@ class ClusterLog:
             if error is not None:
                 batch.failed = True
             if batch.remaining == 0:
-                self._confirms_ready()
+                if batch.then is not None:
+                    self._call(batch.then, not batch.failed)
+                else:
+                    self._confirms_ready()
 
     @staticmethod
     def _call(then, reply) -> None:
@@ -232,18 +240,20 @@ class ClusterLog:
 
     # ------------------------------------------------------------- confirms
 
-    def confirm_after(self, entries: list, channel_seqs: list) -> None:
-        batch = ConfirmBatch(sum(1 for e in entries if not e.done))
+    def confirm_after(self, entries: list, channel_seqs: list, batch: "ConfirmBatch | None" = None) -> None:
+        if batch is None:
+            batch = ConfirmBatch(0)
+        batch.remaining = sum(1 for e in entries if not e.done)
         for entry in entries:
             if not entry.done:
                 entry.confirms.append(batch)
             elif entry.error is not None:
                 batch.failed = True
-        for channel, last_seq in channel_seqs:
+        for channel, seqs in channel_seqs:
             waits = self.confirm_waits.get(channel)
             if waits is None:
                 waits = self.confirm_waits[channel] = deque()
-            waits.append((batch, last_seq))
+            waits.append((batch, seqs))  # the channel's confirm seqs of this read, in order
         if batch.remaining == 0:
             self._confirms_ready()
 
@@ -253,8 +263,16 @@ class ClusterLog:
             alive = session.channels.get(channel.number) is channel and not session.finished
             sent = False
             while waits and waits[0][0].remaining == 0:
-                batch, last_seq = waits.popleft()
-                if alive:
+                batch, seqs = waits.popleft()
+                last_seq = seqs[-1]
+                refused = batch.refused.get(channel) if batch.refused else None
+                if alive and refused and not batch.failed:
+                    # Some were refused (reject-publish): one by one, no `multiple` covering a nack.
+                    for seq in seqs:
+                        method = spec.BasicNack if seq in refused else spec.BasicAck
+                        session.conn.send_method(channel.number, method(delivery_tag=seq, multiple=False))
+                    sent = True
+                elif alive:
                     # In order; multiple=true when it covers more than one publish, as RabbitMQ.
                     multiple = last_seq - channel.confirmed_upto > 1
                     kind = spec.BasicNack(delivery_tag=last_seq, multiple=multiple) if batch.failed else \
@@ -323,6 +341,10 @@ class ClusterLog:
                         reply = self._apply_all(group, meta, command, entry.origin)
                     else:
                         reply, effects = self._apply_queue(meta, target, command)
+                        if type(reply) is Overflowed and then is not None:
+                            # The origin's messages are not these decoded copies: name them by position.
+                            positions = {id(m): i for i, m in enumerate(command.messages)}
+                            reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
                 except Exception:
                     # The machines never raise; this is our glue. Going on keeps this member
                     # applying the log (stopping would stall it for good).
@@ -369,7 +391,8 @@ class ClusterLog:
         broker.queue_ids[key] = queue_id
         # The store only holds what overflows the in-memory window: the Raft log is what is durable.
         backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None) if broker.store is not None else None
-        broker.queues[key] = QueueMachine(key[0], key[1], backing=backing, durable=False)
+        settings = settings_or_default(key[0], key[1], command.arguments)
+        broker.queues[key] = make_queue_machine(key[0], key[1], backing=backing, durable=False, settings=settings)
 
     def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:
         """A direct reply-to reply whose requester is on another member: send it there through
@@ -416,6 +439,42 @@ class ClusterLog:
         for session in list(self.broker.sessions.values()):
             session.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
             session.wake()
+
+    # ------------------------------------------------------------ leadership
+
+    def leads_queue(self, key: tuple) -> bool:
+        """Whether this member leads the queue's shard: it alone performs the effects every
+        member's machine returns that act on other queues (dead letters, expiry)."""
+        return self.node.is_leader(self.group_of(key))
+
+    def when_committed(self, entries: list, then) -> None:
+        """then(ok) once every entry has been answered (ok: all committed)."""
+        batch = ConfirmBatch(sum(1 for e in entries if not e.done))
+        batch.then = then
+        for entry in entries:
+            if not entry.done:
+                entry.confirms.append(batch)
+            elif entry.error is not None:
+                batch.failed = True
+        if batch.remaining == 0:
+            then(not batch.failed)
+
+    async def tick_led_queues(self) -> None:
+        """Time passes for the queues whose shards this member leads: a Tick when a queue's next
+        deadline (TTL, x-expires) has come, one in flight per queue."""
+        in_flight: dict[tuple, None] = {}
+        while True:
+            await trio.sleep(TICK_INTERVAL_S)
+            now_ms = self.broker.clock_ms()
+            led = {g for g in self.shards if self.node.is_leader(g)}
+            if not led:
+                continue
+            for key, queue in list(self.broker.queues.items()):
+                deadline = queue.next_deadline_ms
+                if deadline is None or deadline > now_ms or key in in_flight or self.group_of(key) not in led:
+                    continue
+                in_flight[key] = None
+                self.submit(key, qc.Tick(), lambda _reply, key=key: in_flight.pop(key, None))
 
     # -------------------------------------------------------------- start-up
 

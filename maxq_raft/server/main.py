@@ -31,6 +31,7 @@ from ..config import parse_addr
 from ..replication.engine import ReplicationNode
 from .broker import Broker
 from .cluster import META_GROUP, ClusterLog, default_shards
+from .dead_letter import tick_queues
 from .session import Session, tick_sessions
 
 log = logging.getLogger("maxq.server")
@@ -173,6 +174,7 @@ async def _serve(broker: Broker, settings: Settings, task_status) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
             nursery.start_soon(tick_sessions, broker)
+            nursery.start_soon(tick_queues, broker)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None

@@ -22,7 +22,7 @@ import struct
 import threading
 from typing import Callable
 
-from ..machines.queue import WINDOW_BYTES_MAX, Message
+from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX, Message
 from ..storage.errors import StorageError
 
 log = logging.getLogger("maxq.store")
@@ -31,6 +31,7 @@ _HEADER = struct.Struct(">BIBB")  # flags, epoch, exchange length, routing-key l
 _PROPS_LEN = struct.Struct(">I")
 FLAG_PERSISTENT = 1
 FLAG_DURABLE = 2  # written through the WAL: survives a restart
+FLAG_EXPIRES = 4  # an 8-byte deadline (ms, TTL) follows the header
 _U64 = struct.Struct(">Q")
 # A load (one refill of a queue's window) brings in at most this much body: the queue machine's
 # own window bound, which it applies to enqueues but not to the count it asks `load` for.
@@ -44,6 +45,11 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
     exchange = message.exchange.encode()
     routing_key = message.routing_key.encode()
     flags = (FLAG_PERSISTENT if message.persistent else 0) | (FLAG_DURABLE if durable else 0)
+    expires_at = message.expires_at_ms
+    if expires_at is not None:
+        return b"".join((_HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
+                         _U64.pack(expires_at), exchange, routing_key,
+                         _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
     return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), exchange, routing_key,
                      _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
 
@@ -51,6 +57,10 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
 def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     flags, epoch, exchange_len, routing_key_len = _HEADER.unpack_from(record, 0)
     offset = _HEADER.size
+    expires_at = None
+    if flags & FLAG_EXPIRES:
+        (expires_at,) = _U64.unpack_from(record, offset)
+        offset += 8
     exchange = record[offset:offset + exchange_len].decode()
     offset += exchange_len
     routing_key = record[offset:offset + routing_key_len].decode()
@@ -61,6 +71,7 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     body = record[offset + props_len:]
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
+    message.expires_at_ms = expires_at
     return message, flags, epoch
 
 
@@ -106,7 +117,8 @@ class QueueBacking:
             else:
                 volatile_puts.append((queue_id, m.seq, encode_record(m, False, epoch)))
         if messages:
-            self.next_seq = max(self.next_seq, messages[-1].seq + 1)
+            # (a priority queue's seqs carry the priority above SEQ_MASK: the counter is below)
+            self.next_seq = max(self.next_seq, (messages[-1].seq & SEQ_MASK) + 1)
         if volatile_puts:
             self.store.write(volatile_puts, (), None, wal=False)
         if durable_puts:
@@ -123,13 +135,13 @@ class QueueBacking:
         else:
             self.store.write((), [(self.queue_id, seq) for seq in seqs], None, wal=False)
 
-    def remove_from(self, seq_from: int, persistent: int) -> None:
-        self.store.delete_range(self.queue_id, seq_from, 1 << 64)
+    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
+        self.store.delete_range(self.queue_id, seq_from, 1 << 64 if seq_below is None else seq_below)
         if self.durable:
             self.persistent = max(0, self.persistent - persistent)
             self.store.write((), (), self._counters(), wal=True)
 
-    def load(self, seq_from: int, limit: int) -> list:
+    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         """Up to `limit` messages from `seq_from`, and no more than LOAD_BYTES_MAX of bodies.
 
         The machine asks for a window's worth of messages (`window_max`) whatever their size, and
@@ -157,13 +169,15 @@ class QueueBacking:
                 raise
             record_bytes = 0
             for seq, record in records:
+                if seq_below is not None and seq >= seq_below:
+                    return out  # the end of a priority lane
                 record_bytes += len(record)
                 seq_from = seq + 1
                 message, flags, epoch = decode_record(seq, record)
                 if epoch != self.epoch and not flags & FLAG_DURABLE:
                     stale.append((self.queue_id, seq))  # a transient message of an earlier run
                     continue
-                message.redelivered = seq <= self.delivered_upto and epoch != self.epoch
+                message.redelivered = seq & SEQ_MASK <= self.delivered_upto and epoch != self.epoch
                 out.append(message)
                 body_bytes += len(message.body)
                 if body_bytes >= LOAD_BYTES_MAX:

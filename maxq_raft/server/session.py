@@ -35,10 +35,12 @@ from ..amqp.events import (
 from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
-from ..machines.queue import Message
+from ..machines.queue import Message, Overflowed
 from .broker import Broker, Unavailable
+from .cluster import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
+from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, send_confirms
 
 log = logging.getLogger("maxq.session")
 
@@ -355,18 +357,22 @@ class Session:
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
+        ttl_ms, priority = publish_extras(props_raw) if flags & EXTRAS_FLAGS else (None, 0)
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
             pending = self.pending
             persistent = delivery_mode_of(props_raw) == 2
+            ref = None if seq is None else (channel, seq)
             for name in queues:
                 key = (vhost, name)
+                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority)
+                message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:
-                    pending[key] = [Message(exchange, routing_key, props_raw, body, persistent)]
+                    pending[key] = [message]
                 else:
-                    batch.append(Message(exchange, routing_key, props_raw, body, persistent))
+                    batch.append(message)
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         if seq is not None:
@@ -407,9 +413,12 @@ class Session:
         if broker.cluster is not None:
             self._flush_to_cluster(pending)
             return
+        refused = None  # channel -> confirm seqs that a reject-publish queue refused
         for queue_key, messages in pending.items():
-            broker.apply_queue(queue_key, qc.Enqueue(messages))
+            reply = broker.apply_queue(queue_key, qc.Enqueue(messages))
             broker.messages_published += len(messages)
+            if type(reply) is Overflowed:
+                refused = note_refused(refused, reply.rejected)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
             # A confirm means "fsynced": if this batch wrote durable messages, its confirms wait
@@ -418,7 +427,9 @@ class Session:
             ticket = syncer.request() if syncer is not None and syncer.dirty else None
             send_method = self.conn.send_method
             for channel, seqs in confirms.items():
-                if ticket is not None or channel in broker.confirm_waiters:
+                if refused and channel in refused:
+                    send_confirms(broker, self, channel, seqs, ticket, refused[channel])
+                elif ticket is not None or channel in broker.confirm_waiters:
                     broker.defer_confirms(channel, ticket, seqs[-1])
                 else:
                     send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
@@ -428,13 +439,20 @@ class Session:
         sent once every entry carrying its messages has committed (a nack if one could not)."""
         cluster = self.broker.cluster
         entries = {}
+        batch = ConfirmBatch(0)
         for queue_key, messages in pending.items():
-            entry = cluster.submit(queue_key, qc.Enqueue(messages), None)
+            overflow = None
+            if self.pending_confirms and self.broker.queues.get(queue_key) is not None \
+                    and self.broker.queues[queue_key].settings.overflow != "drop-head":
+                def overflow(reply, messages=messages) -> None:  # a reject-publish queue refused some
+                    if type(reply) is Overflowed:
+                        batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
+            entry = cluster.submit(queue_key, qc.Enqueue(messages), overflow)
             entries[id(entry)] = entry
             self.broker.messages_published += len(messages)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
-            cluster.confirm_after(list(entries.values()), [(channel, seqs[-1]) for channel, seqs in confirms.items()])
+            cluster.confirm_after(list(entries.values()), list(confirms.items()), batch)
 
     def continuation(self, channel: Channel, fn):
         """Wrap the rest of a channel method that waits for a commit: until it has run, the
@@ -474,7 +492,8 @@ class Session:
             # Once per message (a fanout to ten queues shares it), not once per delivery.
             wire_routing = message.wire_routing = encode_shortstr_field(message.exchange) + encode_shortstr_field(message.routing_key)
         self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
-                                           message.props_raw, message.body, self.conn.frame_max))
+                                           message.props_raw if not message.count_header else delivery_props(message),
+                                           message.body, self.conn.frame_max))
         self.messages_out += 1
         entry = self.credit_pending.get(handle.consumer_id)
         if entry is None:

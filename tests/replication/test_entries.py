@@ -16,7 +16,8 @@ seqs = st.lists(st.integers(0, 2**63), max_size=5)
 tables = st.dictionaries(st.text(min_size=1, max_size=8),
                          st.one_of(st.integers(-2**31, 2**31 - 1), st.text(max_size=8), st.booleans(), st.none(),
                                    st.just(Decimal("1.5")), st.just(Timestamp(1700000000))), max_size=3)
-messages = st.builds(Message, names, names, st.binary(max_size=20), st.binary(max_size=50), st.booleans())
+messages = st.builds(Message, names, names, st.binary(max_size=20), st.binary(max_size=50), st.booleans(),
+                     st.one_of(st.none(), st.integers(0, 2**32)), st.integers(0, 255))
 
 queue_commands = st.one_of(
     st.builds(qc.Enqueue, st.lists(messages, max_size=4)),
@@ -27,7 +28,8 @@ queue_commands = st.one_of(
     st.builds(qc.Credit, names, st.integers(0, 10**6)),
     st.builds(qc.Get, names, names, st.booleans()),
     st.just(qc.Purge()), st.builds(qc.Down, names), st.just(qc.DeleteQueue()),
-    st.builds(qc.Create, st.booleans(), tables), st.just(qc.Sync()),
+    st.builds(qc.Create, st.booleans(), tables), st.just(qc.Sync()), st.just(qc.Tick()), st.just(qc.Touch()),
+    st.builds(qc.DeadLettered, seqs),
     st.builds(qc.Reply, names, names, names, st.binary(max_size=10), st.binary(max_size=10)),
 )
 metadata_commands = st.one_of(
@@ -49,7 +51,8 @@ items = st.lists(st.one_of(st.tuples(st.none(), metadata_commands, requests),
 
 def comparable(command):
     if type(command) is qc.Enqueue:
-        return ("Enqueue", [(m.exchange, m.routing_key, m.props_raw, m.body, m.persistent) for m in command.messages])
+        return ("Enqueue", [(m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority)
+                            for m in command.messages])
     return (type(command).__name__, tuple(command))
 
 

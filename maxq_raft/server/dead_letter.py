@@ -1,0 +1,197 @@
+"""Performing the queue machine's feature effects: dead letters, expired queues, and the ticker.
+
+Theory of operation: a queue machine that drops a message for a dead-letter exchange returns a
+`DeadLetter` effect and keeps the message (and its stored copy) in `dead_lettering`. Here each
+message is rewritten as RabbitMQ's rabbit_dead_letter does (the x-death history, the
+x-first-death-* and x-last-death-* headers, `expiration` removed and kept as
+`original-expiration`), routed through the dead-letter exchange by the metadata machine (with the
+dead-letter routing key, or the message's own routing keys: the publish key and its CC keys),
+enqueued to every target not in a fully automatic cycle, and only then confirmed to the source
+with `DeadLettered`, so the source forgets (and deletes from its store) only what the targets
+have: at-least-once. A missing dead-letter exchange or no target drops the message, as
+RabbitMQ does.
+
+`QueueExpired` (x-expires) deletes the queue. `tick_queues` is the trio task that applies
+`Tick` to the queues whose `next_deadline_ms` has come, so expiry happens without traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from ..amqp.properties import decode_properties, encode_properties
+from ..amqp.values import Timestamp
+from ..machines import commands as qc
+from ..machines.queue import DeadLetter, Message, QueueExpired
+
+log = logging.getLogger("maxq.dead_letter")
+
+TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
+
+
+def perform_effect(broker, effect) -> None:
+    """The broker's `perform` hands every effect that is not a `Deliver` here."""
+    kind = type(effect)
+    cluster = broker.cluster
+    if kind is DeadLetter:
+        # In a cluster every member's machine returns it; the source shard's leader acts on it.
+        if cluster is None or cluster.leads_queue((effect.vhost, effect.queue)):
+            dead_letter(broker, effect)
+    elif kind is QueueExpired:
+        key = (effect.vhost, effect.name)
+        if key in broker.queues and (cluster is None or cluster.leads_queue(key)):
+            log.info("queue '%s' in vhost '%s' expired (x-expires): deleted", effect.name, effect.vhost)
+            broker.delete_queue(key)
+    else:
+        log.warning("unknown queue effect %s ignored", kind.__name__)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _cc_keys(headers: dict) -> list[str]:
+    cc = headers.get("CC")
+    if isinstance(cc, (list, tuple)):
+        return [_text(key) for key in cc if isinstance(key, (str, bytes))]
+    return []
+
+
+def update_x_death(headers: dict, reason: str, queue: str, time_s: int, exchange: str, routing_keys: list,
+                   expiration: str | None) -> None:
+    """Record one death in `headers`, as rabbit_dead_letter / mc do.
+
+    x-death is an array of tables, most recent death first, one per (queue, reason): a repeated
+    death increments that entry's `count` and moves it to the front. x-first-death-* are set
+    once, x-last-death-* every time (RabbitMQ 3.13 and later)."""
+    info = {"count": 1, "reason": reason, "queue": queue, "time": Timestamp(time_s), "exchange": exchange,
+            "routing-keys": list(routing_keys)}
+    if expiration is not None:
+        info["original-expiration"] = expiration
+    deaths = headers.get("x-death")
+    if deaths is None:
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-queue"] = queue
+        headers["x-first-death-exchange"] = exchange
+        headers["x-death"] = [info]
+    elif isinstance(deaths, list):
+        others = []
+        match = None
+        for entry in deaths:
+            if (match is None and isinstance(entry, dict) and _text(entry.get("queue", "")) == queue
+                    and _text(entry.get("reason", "")) == reason):
+                match = entry
+            else:
+                others.append(entry)
+        if match is None:
+            headers["x-death"] = [info, *others]
+        else:
+            count = match.get("count", 0)
+            updated = dict(match)
+            updated["count"] = (count if isinstance(count, int) else 0) + 1
+            headers["x-death"] = [dict(sorted(updated.items())), *others]
+    else:
+        # Not an array (a client re-published it converted): RabbitMQ resets it.
+        headers["x-death"] = [info]
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-queue"] = queue
+    headers["x-last-death-exchange"] = exchange
+
+
+def is_cycle(queue: str, deaths) -> bool:
+    """rabbit_dead_letter:is_cycle: `queue` is in the history and every death since its own
+    (inclusive) was automatic (not `rejected`): delivering there again would loop forever."""
+    if not isinstance(deaths, list):
+        return False
+    for entry in deaths:
+        if not isinstance(entry, dict):
+            return False  # something a client put there: not fully automatic
+        if _text(entry.get("reason", "")) == "rejected":
+            return False
+        if _text(entry.get("queue", "")) == queue:
+            return True
+    return False
+
+
+def dead_letter(broker, effect: DeadLetter) -> None:
+    vhost = effect.vhost
+    source_key = (vhost, effect.queue)
+    exchange = effect.exchange
+    targets: dict[str, list] = {}
+    if broker.meta.exchange(vhost, exchange) is None:
+        log.debug("dead-letter exchange '%s' of queue '%s' does not exist: %d messages dropped", exchange,
+                  effect.queue, len(effect.messages))
+    else:
+        time_s = effect.time_ms // 1000
+        for message in effect.messages:
+            _route_one(broker, effect, message, time_s, targets)
+    seqs = [m.seq for m in effect.messages if m.seq >= 0]
+    cluster = broker.cluster
+    if cluster is not None:
+        # At-least-once here too: the source forgets them once the targets' entries committed.
+        entries = [cluster.submit((vhost, name), qc.Enqueue(messages), None) for name, messages in targets.items()]
+
+        def committed(ok: bool) -> None:
+            if ok and seqs:
+                cluster.submit(source_key, qc.DeadLettered(seqs), None)
+            elif not ok:
+                log.warning("dead letters of queue '%s' not committed; they stay held in it", effect.queue)
+        cluster.when_committed(entries, committed)
+        return
+    for name, messages in targets.items():
+        broker.apply_queue((vhost, name), qc.Enqueue(messages))
+    if seqs and source_key in broker.queues:
+        broker.apply_queue(source_key, qc.DeadLettered(seqs))
+
+
+def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, targets: dict) -> None:
+    props = decode_properties(message.props_raw)
+    headers = dict(props.headers) if isinstance(props.headers, dict) else {}
+    routing_keys = [message.routing_key, *_cc_keys(headers)]
+    update_x_death(headers, effect.reason, effect.queue, time_s, message.exchange, routing_keys, props.expiration)
+    if effect.routing_key is not None:
+        routing_keys = [effect.routing_key]
+        headers.pop("CC", None)
+    props.headers = headers
+    props.expiration = None
+    props_raw = encode_properties(props)
+    queues: dict[str, None] = {}
+    for key in routing_keys:
+        for name in broker.meta.route(effect.vhost, effect.exchange, key, headers):
+            queues[name] = None
+    deaths = headers["x-death"]
+    for name in queues:
+        if effect.reason != "rejected" and is_cycle(name, deaths):
+            log.warning("message dropped: dead-letter cycle through queue '%s' in vhost '%s'", name, effect.vhost)
+            continue
+        batch = targets.get(name)
+        copy = Message(effect.exchange, routing_keys[0], props_raw, message.body, message.persistent,
+                       priority=props.priority or 0)
+        if batch is None:
+            targets[name] = [copy]
+        else:
+            batch.append(copy)
+
+
+async def tick_queues(broker) -> None:
+    """Apply `Tick` to every queue whose next deadline has come (TTL, x-expires, backlogs)."""
+    if broker.cluster is not None:
+        await broker.cluster.tick_led_queues()
+        return
+    while True:
+        await trio.sleep(TICK_INTERVAL_S)
+        now_ms = int(time.time() * 1000)
+        due = []
+        for key, queue in broker.queues.items():
+            deadline = queue.next_deadline_ms
+            if deadline is not None and deadline <= now_ms:
+                due.append(key)
+        for key in due:
+            if key in broker.queues:
+                try:
+                    broker.apply_queue(key, qc.Tick())
+                except Exception:  # one queue's trouble must not stop expiry everywhere
+                    log.exception("tick of queue %s failed", key)

@@ -1,0 +1,68 @@
+"""What a publish needs for the queue features: its TTL, and confirms when a queue refused it.
+
+Theory of operation: the session calls `publish_extras` only when the `expiration` or `priority`
+property flag is set, so publishes without them pay one bit test; the expiration is checked as
+rabbit_channel's check_expiration_header does (406 on a bad one); both are carried on each
+`Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed`;
+`send_confirms` then sends a basic.nack for every publish a queue refused (as RabbitMQ: a publish
+routed to several queues is nacked if any refused it) and never an ack with `multiple` that
+would cover one.
+"""
+
+from __future__ import annotations
+
+from ..amqp import spec
+from ..amqp.properties import decode_properties, encode_properties
+from ..machines.queue_args import parse_expiration
+from .errors import ChannelError
+
+EXPIRATION_FLAG = 1 << 8  # property flag bits (basic class, spec order)
+PRIORITY_FLAG = 1 << 11
+EXTRAS_FLAGS = EXPIRATION_FLAG | PRIORITY_FLAG
+
+
+def publish_extras(props_raw: bytes) -> tuple[int | None, int]:
+    """(TTL in ms or None, priority) of a publish whose `expiration` or `priority` is set."""
+    props = decode_properties(props_raw)
+    expiration = props.expiration
+    ttl_ms = None
+    if expiration is not None:
+        try:
+            ttl_ms = parse_expiration(expiration)
+        except ValueError as exc:
+            raise ChannelError(spec.PRECONDITION_FAILED, f"invalid expiration '{expiration}': {exc}") from None
+    return ttl_ms, props.priority or 0
+
+
+def delivery_props(message) -> bytes:
+    """The properties to deliver: with `x-delivery-count` (its earlier returns) when the queue
+    counts them (x-delivery-limit, retry back-off) and the message was returned, as quorum queues do."""
+    if not message.count_header:
+        return message.props_raw
+    props = decode_properties(message.props_raw)
+    headers = dict(props.headers) if isinstance(props.headers, dict) else {}
+    headers["x-delivery-count"] = message.delivery_count - 1
+    props.headers = headers
+    return encode_properties(props)
+
+
+def note_refused(refused: dict | None, messages: list) -> dict:
+    """Collect channel -> {confirm seq} of the refused messages that await a confirm."""
+    if refused is None:
+        refused = {}
+    for message in messages:
+        ref = message.publish_ref
+        if ref is not None:
+            refused.setdefault(ref[0], set()).add(ref[1])
+    return refused
+
+
+def send_confirms(broker, session, channel, seqs: list, ticket, refused: set) -> None:
+    """Confirm `seqs` of a channel where `refused` of them are to be nacked, one by one."""
+    outcomes = [(seq, seq not in refused) for seq in seqs]
+    if ticket is not None or channel in broker.confirm_waiters:
+        broker.defer_confirms(channel, ticket, seqs[-1], outcomes)
+        return
+    for seq, acked in outcomes:
+        method = spec.BasicAck if acked else spec.BasicNack
+        session.conn.send_method(channel.number, method(delivery_tag=seq, multiple=False))

@@ -1,0 +1,321 @@
+"""The queue machine's features, by example: TTL, x-expires, length limits, dead lettering.
+
+Time is the entry's `time_ms`, given explicitly here, so nothing depends on a clock.
+RabbitMQ's documented behaviour is the reference (ttl.md, maxlength.md, dlx.md).
+"""
+
+from __future__ import annotations
+
+from maxq_raft.machines.commands import (
+    Cancel,
+    Checkout,
+    DeadLettered,
+    Discard,
+    Down,
+    Enqueue,
+    Get,
+    Requeue,
+    Tick,
+    Touch,
+)
+from maxq_raft.machines.queue import (
+    DROP_BATCH_MAX,
+    DeadLetter,
+    Deliver,
+    Message,
+    Meta,
+    Overflowed,
+    QueueExpired,
+    QueueMachine,
+    Rejected,
+)
+from maxq_raft.machines.queue_args import QueueSettings
+
+
+class Clocked:
+    """A machine driven with explicit entry times."""
+
+    def __init__(self, backing=None, **settings) -> None:
+        self.machine = QueueMachine("/", "q", settings=QueueSettings(**settings), backing=backing,
+                                    durable=backing is not None, window_max=3 if backing else 1 << 20)
+        self.index = 0
+
+    def at(self, time_ms: int, command):
+        self.index += 1
+        reply, effects = self.machine.apply(Meta(self.index, time_ms), command)
+        self.machine.check_invariants()
+        return reply, effects
+
+    def publish(self, time_ms: int, *bodies: bytes, ttl_ms: int | None = None):
+        return self.at(time_ms, Enqueue([Message("ex", "rk", b"", body, ttl_ms=ttl_ms) for body in bodies]))
+
+
+def bodies(effects, kind=Deliver) -> list:
+    out = []
+    for effect in effects:
+        if type(effect) is kind:
+            out.extend([effect.message.body] if kind is Deliver else [m.body for m in effect.messages])
+    return out
+
+
+# ------------------------------------------------------------------------------ TTL
+
+
+def test_queue_ttl_expires_at_the_deadline_without_traffic():
+    q = Clocked(message_ttl_ms=100)
+    q.publish(1000, b"a", b"b")
+    q.publish(1050, b"c")
+    assert q.machine.next_deadline_ms == 1100
+    q.at(1099, Tick())
+    assert q.machine.ready_count == 3
+    q.at(1100, Tick())
+    assert q.machine.ready_count == 1 and q.machine.dropped["expired"] == 2
+    assert q.machine.next_deadline_ms == 1150
+    q.at(1150, Tick())
+    assert q.machine.ready_count == 0 and q.machine.next_deadline_ms is None
+
+
+def test_ttl_zero_delivers_to_a_waiting_consumer_and_is_dropped_otherwise():
+    q = Clocked(message_ttl_ms=0)
+    q.publish(1000, b"nobody-waits")
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == 1
+    q.at(1001, Checkout("c", "o", 0, True, 0, False, 10))
+    _, effects = q.publish(1002, b"delivered")
+    assert bodies(effects) == [b"delivered"]
+
+
+def test_expired_message_at_the_head_is_never_delivered():
+    q = Clocked()
+    q.publish(1000, b"short", ttl_ms=10)
+    q.publish(1000, b"long", ttl_ms=10_000)
+    _, effects = q.at(1500, Checkout("c", "o", 0, False, 0, False, 10))
+    assert bodies(effects) == [b"long"]
+    assert q.machine.dropped["expired"] == 1
+    reply, _ = q.at(1501, Get("g", "o", True))
+    assert reply is None
+
+
+def test_per_message_ttl_and_queue_ttl_take_the_lower():
+    q = Clocked(message_ttl_ms=1000)
+    q.publish(0, b"m", ttl_ms=5000)
+    q.publish(0, b"n", ttl_ms=10)
+    assert q.machine.ready[0].expires_at_ms == 1000 and q.machine.ready[1].expires_at_ms == 10
+
+
+def test_expired_behind_an_unexpired_head_waits_for_the_head_as_in_rabbitmq():
+    q = Clocked()
+    q.publish(0, b"long", ttl_ms=1000)
+    q.publish(0, b"short", ttl_ms=10)
+    q.at(500, Tick())
+    assert q.machine.ready_count == 2  # RabbitMQ expires at the head only
+    reply, _ = q.at(501, Get("g", "o", True))
+    assert reply[0].body == b"long"
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == 1  # now at the head: gone
+
+
+def test_requeued_message_keeps_its_deadline():
+    q = Clocked(message_ttl_ms=100)
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    _, effects = q.publish(0, b"a")
+    seq = effects[0].message.seq
+    q.at(10, Cancel("c"))
+    q.at(200, Requeue("c", [seq]))
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == 1
+
+
+def test_expiry_reaches_into_spilled_messages_in_bounded_batches():
+    from tests.machines.test_queue_machine import DictBacking
+
+    backing = DictBacking()
+    q = Clocked(backing=backing, message_ttl_ms=5)
+    n = DROP_BATCH_MAX + 10
+    q.at(0, Enqueue([Message("ex", "rk", b"", b"x%d" % i) for i in range(n)]))
+    assert q.machine.spilled_count == n - 3
+    q.at(10, Tick())
+    assert q.machine.ready_count == 10 and q.machine.next_deadline_ms == 10  # more due at once
+    q.at(11, Tick())
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == n
+    assert backing.records == {}
+
+
+# ------------------------------------------------------------------------ x-expires
+
+
+def test_unused_queue_expires_and_use_postpones_it():
+    q = Clocked(expires_ms=1000)
+    q.at(0, Touch())
+    assert q.machine.next_deadline_ms == 1000
+    q.at(900, Get("g", "o", True))
+    assert q.at(1000, Tick()) == (False, [])
+    q.at(1100, Checkout("c", "o", 0, True, 0, False, 10))
+    assert q.machine.next_deadline_ms is None  # a consumer: in use
+    q.at(5000, Cancel("c"))
+    assert q.machine.next_deadline_ms == 6000
+    assert q.at(5999, Tick())[1] == []
+    assert q.at(6000, Tick()) == (True, [QueueExpired("/", "q")])
+    assert q.machine.next_deadline_ms is None
+
+
+# ----------------------------------------------------------------------- length limits
+
+
+def test_drop_head_keeps_the_newest():
+    q = Clocked(max_length=2)
+    q.publish(0, b"1", b"2", b"3")
+    q.publish(0, b"4")
+    assert [m.body for m in q.machine.ready] == [b"3", b"4"]
+    assert q.machine.dropped["maxlen"] == 2
+
+
+def test_drop_head_by_bytes():
+    q = Clocked(max_length_bytes=5)
+    q.publish(0, b"aaa", b"bb", b"c")
+    assert [m.body for m in q.machine.ready] == [b"bb", b"c"] and q.machine.ready_bytes == 3
+
+
+def test_max_length_counts_ready_messages_only():
+    q = Clocked(max_length=1)
+    q.at(0, Checkout("c", "o", 2, False, 0, False, 10))
+    _, effects = q.publish(0, b"1", b"2", b"3", b"4")
+    assert bodies(effects) == [b"1", b"2"]
+    assert [m.body for m in q.machine.ready] == [b"4"]  # 3 dropped, 2 unacked do not count
+
+
+def test_reject_publish_refuses_what_would_go_over():
+    q = Clocked(max_length=2, overflow="reject-publish")
+    messages = [Message("ex", "rk", b"", b"%d" % i) for i in range(4)]
+    reply, effects = q.at(0, Enqueue(messages))
+    assert reply == Overflowed(2, messages[2:]) and effects == []
+    assert q.machine.rejected_publishes == 2 and q.machine.ready_count == 2
+
+
+def test_reject_publish_delivers_each_before_judging_the_next():
+    q = Clocked(max_length=0, overflow="reject-publish")
+    q.at(0, Checkout("c", "o", 0, True, 0, False, 2))
+    reply, effects = q.publish(0, b"1", b"2", b"3")
+    # RabbitMQ checks the limit before delivery: with max-length 0 every publish is refused.
+    assert type(reply) is Overflowed and reply.accepted == 0 and effects == []
+
+
+def test_reject_publish_dlx_dead_letters_the_refused():
+    q = Clocked(max_length=1, overflow="reject-publish-dlx", dead_letter_exchange="dlx")
+    reply, effects = q.publish(0, b"1", b"2")
+    assert type(reply) is Overflowed and reply.accepted == 1
+    (effect,) = effects
+    assert effect.reason == "maxlen" and [m.body for m in effect.messages] == [b"2"]
+    assert effect.messages[0].seq == -1 and q.machine.dead_lettering == {}
+
+
+# --------------------------------------------------------------------- dead lettering
+
+
+def test_rejected_expired_and_maxlen_are_dead_lettered_and_held_until_done():
+    from tests.machines.test_queue_machine import DictBacking
+
+    backing = DictBacking()
+    q = Clocked(backing=backing, dead_letter_exchange="dlx", dead_letter_routing_key="dead", max_length=3,
+                message_ttl_ms=1000)
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    for i in range(5):
+        q.at(0, Enqueue([Message("ex", "rk", b"", b"%d" % i, persistent=True)]))
+    # c holds 0; 1..4 ready, max 3: 1 dropped (maxlen)
+    assert list(q.machine.dead_lettering) == [1]
+    reply, effects = q.at(1, Discard("c", [0]))
+    assert reply == 1
+    kinds = [(e.reason, [m.seq for m in e.messages]) for e in effects if type(e) is DeadLetter]
+    assert kinds == [("rejected", [0])]
+    assert bodies(effects) == [b"2"]  # the prefetch slot freed by the reject
+    (dead,) = [e for e in effects if type(e) is DeadLetter]
+    assert (dead.vhost, dead.queue, dead.exchange, dead.routing_key, dead.time_ms) == ("/", "q", "dlx", "dead", 1)
+    assert sorted(q.machine.dead_lettering) == [0, 1]
+    assert 0 in backing.records and 1 in backing.records  # still stored: at-least-once
+    q.at(2, DeadLettered([0, 1, -1, 99]))
+    assert q.machine.dead_lettering == {} and 0 not in backing.records and 1 not in backing.records
+    _, effects = q.at(5000, Tick())
+    (effect,) = [e for e in effects if type(e) is DeadLetter]
+    assert effect.reason == "expired" and [m.seq for m in effect.messages] == [3, 4]  # c holds 2
+    assert q.machine.dead_lettered == {"rejected": 1, "expired": 2, "maxlen": 1, "delivery_limit": 0}
+
+
+def test_discard_without_dlx_drops():
+    q = Clocked()
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    _, effects = q.publish(0, b"a")
+    assert q.at(0, Discard("c", [effects[0].message.seq])) == (1, [])
+    assert q.machine.dropped["rejected"] == 1
+
+
+def test_malformed_feature_commands_are_refused():
+    q = Clocked()
+    assert type(q.at(0, DeadLettered("x"))[0]) is Rejected
+    assert type(q.publish(0, b"x", ttl_ms=-1)[0]) is Rejected
+    assert type(q.at(0, Enqueue([Message("", "", b"", b"", ttl_ms="5")]))[0]) is Rejected
+    assert q.machine.ready_count == 0
+    assert type(q.machine.apply(Meta(99, None), Tick())[0]) is Rejected
+
+
+# ----------------------------------------------------------------------- regressions
+
+
+def test_regression_drop_head_exposed_an_expired_head():
+    """Shrunk by test_queue_features_model: max-length 1 (drop-head), enqueue m0 (no TTL), then
+    m1 with TTL 0 and no consumer. Expiry ran before the length limit, so dropping m0 left m1 at
+    the head past its deadline: queued, although TTL 0 with nobody waiting must drop it."""
+    q = Clocked(max_length=1)
+    q.publish(1000, b"m0")
+    q.publish(1000, b"m1", ttl_ms=0)
+    assert q.machine.ready_count == 0
+    assert q.machine.dropped == {"rejected": 0, "expired": 1, "maxlen": 1, "delivery_limit": 0}
+
+
+# ------------------------------------------------------------ delivery limit, back-off
+
+
+def test_delivery_limit_dead_letters_after_limit_returns():
+    q = Clocked(delivery_limit=2, dead_letter_exchange="dlx")
+    q.publish(0, b"poison")
+    for attempt in range(1, 4):
+        reply, _ = q.at(attempt, Get("g", "o", False))
+        message = reply[0]
+        assert message.delivery_count == attempt
+        _, effects = q.at(attempt, Requeue("g", [message.seq]))
+        if attempt < 3:
+            assert effects == [] and q.machine.ready_count == 1 and message.count_header
+    (effect,) = effects
+    assert effect.reason == "delivery_limit" and [m.body for m in effect.messages] == [b"poison"]
+    assert q.machine.ready_count == 0 and q.machine.dead_lettered["delivery_limit"] == 1
+
+
+def test_delivery_limit_zero_without_dlx_drops_on_the_first_return():
+    q = Clocked(delivery_limit=0)
+    q.at(0, Checkout("c", "o-1", 0, False, 0, False, 10))
+    q.publish(0, b"m")
+    q.at(1, Down("o-1"))  # a lost consumer counts as a return, as in rabbit_fifo
+    assert q.machine.ready_count == 0 and q.machine.dropped["delivery_limit"] == 1
+
+
+def test_retry_backoff_delays_a_returned_message():
+    q = Clocked(retry_backoff_ms=100, retry_backoff_multiplier=3, retry_backoff_max_ms=500)
+    q.publish(0, b"m")
+    delays = []
+    now = 0
+    for _ in range(4):
+        reply, _ = q.at(now, Get("g", "o", False))
+        q.at(now, Requeue("g", [reply[0].seq]))
+        due = q.machine.next_deadline_ms
+        delays.append(due - now)
+        assert q.at(due - 1, Get("g", "o", True))[0] is None  # not visible before its back-off ends
+        assert q.machine.ready_count == 0
+        q.at(due, Tick())
+        assert q.machine.ready_count == 1
+        now = due
+    assert delays == [100, 300, 500, 500]  # 100 * 3^n, at most 500
+
+
+def test_backoff_release_delivers_to_a_waiting_consumer_on_tick():
+    q = Clocked(retry_backoff_ms=50)
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    _, effects = q.publish(0, b"m")
+    q.at(1, Requeue("c", [effects[0].message.seq]))
+    _, effects = q.at(51, Tick())
+    assert [(e.message.body, e.redelivered) for e in effects if type(e) is Deliver] == [(b"m", True)]
