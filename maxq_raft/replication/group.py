@@ -242,6 +242,14 @@ class Group:
             if not p.done:
                 self.stats["timeouts"] += 1
                 self._finish(p, None, "timeout")
+        waiters = self.applied_waiters
+        if waiters and self.is_leader is False and self.leader_id is None:
+            # Committed elsewhere but this node cannot apply it (cut off): the outcome is known
+            # to the cluster, not here; say "timeout" rather than keep the proposer waiting.
+            self.stats["applied_waiters_abandoned"] += len(waiters)
+            self.applied_waiters = []
+            for _index, _seq, cb in waiters:
+                call_safely(cb, None, "timeout")
 
     def fail_all(self, error: str) -> None:
         while self.inbox:
