@@ -1,13 +1,15 @@
 """Log entries: the machines' commands as bytes, for a replicated log.
 
 Theory of operation: an entry is a msgpack list
-`[version, time_ms, [[target, command, request], ...], origin]`: one proposer stamps the time
+`[version, time_ms, [[target, command, request], ...], origin, seq]`: one proposer stamps the time
 once for the whole batch (the machines take time only from the entry), and one entry carries
 many commands (the publishes of every connection of a node for one shard, say), so Raft sees one
 entry where AMQP saw hundreds of frames. `target` is "" for the metadata machine, [vhost, queue]
 for a queue machine, or "*" for every queue of the shard (a node's consumers going down).
 `origin` names the proposing node and `request` (0 for none) one of its waiting callers: every
-replica applies the command, only the origin hands the machine's reply to the caller.
+replica applies the command, only the origin hands the machine's reply to the caller. `seq`
+numbers the origin's entries in one group (1, 2, ...), so that replicas apply them in that order
+exactly once even when a proposal is repeated after a leader change (server/cluster.py).
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
 `[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority]`; AMQP field tables (arguments) are kept
@@ -75,9 +77,10 @@ class Entry(NamedTuple):
     time_ms: int
     origin: str
     items: list  # of (target, command, request): target None (metadata), (vhost, name) or ALL_QUEUES
+    seq: int = 0  # the origin's sequence number of this entry in its group (0: none)
 
 
-def encode_entry(time_ms: int, items: list, origin: str = "") -> bytes:
+def encode_entry(time_ms: int, items: list, origin: str = "", seq: int = 0) -> bytes:
     """`items`: (target, command) or (target, command, request) in apply order; target None is
     the metadata machine."""
     body = []
@@ -85,15 +88,15 @@ def encode_entry(time_ms: int, items: list, origin: str = "") -> bytes:
         target = item[0]
         body.append(["" if target is None else target if target == ALL_QUEUES else list(target),
                      encode_command(item[1]), item[2] if len(item) > 2 else 0])
-    return msgpack.packb([ENTRY_VERSION, time_ms, body, origin], use_bin_type=True)
+    return msgpack.packb([ENTRY_VERSION, time_ms, body, origin, seq], use_bin_type=True)
 
 
 def decode_entry(payload: bytes) -> Entry:
     try:
-        version, time_ms, body, origin = msgpack.unpackb(payload, raw=False, use_list=True)
+        version, time_ms, body, origin, seq = msgpack.unpackb(payload, raw=False, use_list=True)
         if version != ENTRY_VERSION:
             raise EntryError(f"entry version {version} is not {ENTRY_VERSION}")
-        if type(time_ms) is not int or type(origin) is not str:
+        if type(time_ms) is not int or type(origin) is not str or type(seq) is not int:
             raise EntryError("malformed log entry header")
         items = []
         for target, command, request in body:
@@ -109,7 +112,7 @@ def decode_entry(payload: bytes) -> Entry:
                 if type(key[0]) is not str or type(key[1]) is not str:
                     raise EntryError("malformed queue target")
             items.append((key, decode_command(command, metadata), request))
-        return Entry(time_ms, origin, items)
+        return Entry(time_ms, origin, items, seq)
     except EntryError:
         raise
     except Exception as exc:  # msgpack, shape or field errors: all the same to the applier

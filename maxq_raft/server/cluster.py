@@ -60,7 +60,9 @@ NODE_DOWN_AFTER_S = 3.0
 BALANCE_EVERY_S = 5.0
 TICK_INTERVAL_S = 0.05  # as the single node's ticker: the lateness bound of a TTL with no traffic
 QUORUM_LOST_AFTER_S = 1.5
-NOT_LEADER_RETRY_S = 3.0  # an entry no leader took is proposed again for this long (elections take < 1 s)
+OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
+RETRYABLE = ("not leader", "timeout", "busy")
+UNKNOWN_OUTCOME = ("timeout", "stopped")
 NOT_LEADER_RETRY_EVERY_S = 0.05
 WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
@@ -84,7 +86,8 @@ def shard_of(queue_key: tuple[str, str], count: int) -> str:
 class OpenEntry:
     """Commands gathered for one group, proposed together."""
 
-    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error", "payload", "first_proposed")
+    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error", "payload", "first_proposed",
+                 "seq", "origin", "committed", "maybe_appended", "tombstone")
 
     def __init__(self, group: str) -> None:
         self.group = group
@@ -96,16 +99,22 @@ class OpenEntry:
         self.error: str | None = None
         self.payload: bytes | None = None
         self.first_proposed = 0.0
+        self.seq = 0  # this life's sequence number of the entry in its group
+        self.origin = ""
+        self.committed = False  # an attempt committed: it completes when applied here
+        self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
+        self.tombstone = False  # fills the seq of an entry given up on (no commands)
 
 
 class ConfirmBatch:
     """The confirms of one read of one connection: sent when all its entries are done."""
 
-    __slots__ = ("remaining", "failed", "refused", "then")
+    __slots__ = ("remaining", "failed", "unknown", "refused", "then")
 
     def __init__(self, remaining: int) -> None:
         self.remaining = remaining
         self.failed = False
+        self.unknown = False  # an entry's outcome is unknown: neither ack nor nack (close instead)
         self.refused: dict | None = None  # channel -> confirm seqs a reject-publish queue refused
         self.then = None  # for `when_committed`: then(ok)
 
@@ -128,6 +137,13 @@ class ClusterLog:
         self._down_since: dict[str, float] = {}
         self._declared_down: dict[str, None] = {}
         self._retries: list[OpenEntry] = []
+        self.entry_seq: dict[str, int] = {}  # group -> last seq this life gave an entry
+        self.in_flight: dict[tuple[str, int], OpenEntry] = {}  # (group, seq) -> entry, until done
+        # Applying in each origin's order (see _apply): group -> origin -> next seq; entries
+        # that came early; lives of nodes declared down, whose entries are skipped.
+        self.expected: dict[str, dict[str, int]] = {}
+        self.held: dict[str, dict[str, dict[int, Any]]] = {}
+        self.dead: dict[str, set[str]] = {}
         self._retry_wanted = trio.Event()
         self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
         self._quorum_lost_at: float | None = None
@@ -135,6 +151,8 @@ class ClusterLog:
         self.entries_applied = 0
         self.entries_proposed = 0
         self.entries_failed = 0
+        self.entries_duplicate = 0
+        self.entries_held = 0
 
     # ------------------------------------------------------------ placement
 
@@ -180,7 +198,13 @@ class ClusterLog:
 
     def _propose(self, entry: OpenEntry) -> None:
         if entry.payload is None:
-            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, self.origin)
+            seq = entry.seq
+            if not seq:
+                seq = entry.seq = self.entry_seq.get(entry.group, 0) + 1
+                self.entry_seq[entry.group] = seq
+                entry.origin = self.origin
+                self.in_flight[(entry.group, seq)] = entry
+            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, entry.origin, seq)
             entry.first_proposed = trio.current_time()
             self.entries_proposed += 1
         payload = entry.payload
@@ -198,12 +222,37 @@ class ClusterLog:
             self._proposed(entry, "too large")
 
     def _proposed(self, entry: OpenEntry, error: str | None) -> None:
-        if error == "not leader" and trio.current_time() - entry.first_proposed < NOT_LEADER_RETRY_S:
-            # Nothing was appended anywhere (no leader took it), so proposing again cannot
-            # duplicate it: an election is a pause, not a nack.
+        """The engine's answer to one attempt. A commit completes the entry when it is applied
+        here (in its origin's order); a failure is tried again while OUTCOME_WAIT_S lasts: the
+        appliers apply each (origin, seq) once, so a repeat cannot duplicate nor reorder."""
+        if entry.done or entry.origin != self.origin:
+            return
+        if error is None:
+            entry.committed = True
+            return
+        if error == "timeout":
+            entry.maybe_appended = True
+        if entry.committed:
+            return
+        if error in RETRYABLE and (entry.tombstone or trio.current_time() - entry.first_proposed < OUTCOME_WAIT_S):
             self._retries.append(entry)
             if len(self._retries) == 1:
                 self._retry_wanted.set()
+            return
+        if entry.tombstone:
+            return
+        # Given up: nack only what no attempt may have appended; otherwise the outcome is unknown.
+        self._complete(entry, "timeout" if entry.maybe_appended else error)
+        # Later entries of this life wait for this seq on every member: fill it with nothing
+        # (if the original commits after all, whichever comes first counts, the other is a copy).
+        filler = OpenEntry(entry.group)
+        filler.tombstone = True
+        filler.seq, filler.origin = entry.seq, entry.origin
+        self._propose(filler)
+
+    def _complete(self, entry: OpenEntry, error: str | None) -> None:
+        self.in_flight.pop((entry.group, entry.seq), None)
+        if entry.done:
             return
         entry.done = True
         if error is not None:
@@ -225,6 +274,8 @@ class ClusterLog:
             batch.remaining -= 1
             if error is not None:
                 batch.failed = True
+                if error in UNKNOWN_OUTCOME:
+                    batch.unknown = True
             if batch.remaining == 0:
                 if batch.then is not None:
                     self._call(batch.then, not batch.failed)
@@ -266,7 +317,13 @@ class ClusterLog:
                 batch, seqs = waits.popleft()
                 last_seq = seqs[-1]
                 refused = batch.refused.get(channel) if batch.refused else None
-                if alive and refused and not batch.failed:
+                if alive and batch.unknown:
+                    # Neither ack nor nack is true: the publisher must treat them as in doubt.
+                    session.conn.close(spec.CONNECTION_FORCED, "publish outcome unknown after a leader change; "
+                                       "reconnect and republish what was not confirmed", now=trio.current_time())
+                    alive = False
+                    sent = True
+                elif alive and refused and not batch.failed:
                     # Some were refused (reject-publish): one by one, no `multiple` covering a nack.
                     for seq in seqs:
                         method = spec.BasicNack if seq in refused else spec.BasicAck
@@ -320,44 +377,96 @@ class ClusterLog:
             pass
 
     def _apply(self, group: str, entries: list) -> None:
-        broker = self.broker
-        requests = self.requests
+        """Apply committed entries in each origin's own order, each (origin, seq) once: a copy
+        (a repeated proposal) is skipped, an entry that overtook an earlier one of its origin
+        waits for it. Every member sees the same log, so every member decides alike."""
+        expected = self.expected.setdefault(group, {})
+        held = self.held.setdefault(group, {})
+        dead = self.dead.setdefault(group, set())
         for index, payload in entries:
             try:
                 entry = decode_entry(payload)
             except EntryError as exc:
                 log.error("%s: entry %d skipped: %s", group, index, exc)
                 continue
-            self.entries_applied += 1
-            meta = Meta(index, entry.time_ms)
-            mine = entry.origin == self.origin
-            for target, command, request in entry.items:
-                then = requests.pop(request, None) if mine and request else None
-                effects = None
+            origin, seq = entry.origin, entry.seq
+            if not seq:  # not sequenced (nothing of ours proposes these): as it comes
+                self._apply_entry(group, index, entry)
+                continue
+            if origin in dead:
+                continue
+            next_seq = expected.get(origin, 1)
+            if seq < next_seq:
+                self.entries_duplicate += 1
+                continue
+            if seq > next_seq:
+                held.setdefault(origin, {})[seq] = entry
+                self.entries_held += 1
+                continue
+            self._apply_entry(group, index, entry)
+            next_seq += 1
+            waiting = held.get(origin)
+            while waiting and next_seq in waiting and origin not in dead:
+                self._apply_entry(group, index, waiting.pop(next_seq))
+                next_seq += 1
+            if waiting is not None and not waiting:
+                del held[origin]
+            if origin not in dead:
+                expected[origin] = next_seq
+
+    def _apply_entry(self, group: str, index: int, entry) -> None:
+        broker = self.broker
+        requests = self.requests
+        self.entries_applied += 1
+        meta = Meta(index, entry.time_ms)
+        mine = entry.origin == self.origin
+        for target, command, request in entry.items:
+            then = requests.pop(request, None) if mine and request else None
+            effects = None
+            try:
+                if target is None:
+                    reply = self._apply_meta(meta, command, mine)
+                    if type(command) is md.OwnerDown and command.owner.endswith("@"):
+                        self._node_down(group, command.owner, entry.origin)
+                elif target == ALL_QUEUES:
+                    reply = self._apply_all(group, meta, command, entry.origin)
+                else:
+                    reply, effects = self._apply_queue(meta, target, command)
+                    if type(reply) is Overflowed and then is not None:
+                        # The origin's messages are not these decoded copies: name them by position.
+                        positions = {id(m): i for i, m in enumerate(command.messages)}
+                        reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
+            except Exception:
+                # The machines never raise; this is our glue. Going on keeps this member
+                # applying the log (stopping would stall it for good).
+                log.exception("%s: entry %d: applying %s failed", group, index, type(command).__name__)
+                reply = Rejected(541, f"internal error applying {type(command).__name__}")
+            if then is not None:
+                self._call(then, reply)
+            if effects:
                 try:
-                    if target is None:
-                        reply = self._apply_meta(meta, command, mine)
-                    elif target == ALL_QUEUES:
-                        reply = self._apply_all(group, meta, command, entry.origin)
-                    else:
-                        reply, effects = self._apply_queue(meta, target, command)
-                        if type(reply) is Overflowed and then is not None:
-                            # The origin's messages are not these decoded copies: name them by position.
-                            positions = {id(m): i for i, m in enumerate(command.messages)}
-                            reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
+                    broker.perform(effects)
                 except Exception:
-                    # The machines never raise; this is our glue. Going on keeps this member
-                    # applying the log (stopping would stall it for good).
-                    log.exception("%s: entry %d: applying %s failed", group, index, type(command).__name__)
-                    reply = Rejected(541, f"internal error applying {type(command).__name__}")
-                if then is not None:
-                    self._call(then, reply)
-                if effects:
-                    try:
-                        broker.perform(effects)
-                    except Exception:
-                        log.exception("%s: entry %d: performing the effects of %s failed", group, index,
-                                      type(command).__name__)
+                    log.exception("%s: entry %d: performing the effects of %s failed", group, index,
+                                  type(command).__name__)
+        if mine:
+            own = self.in_flight.get((group, entry.seq))
+            if own is not None:
+                self._complete(own, None)
+
+    def _node_down(self, group: str, prefix: str, origin: str) -> None:
+        """A node was declared down (or restarted, its new life's barrier): in this group its
+        earlier lives' entries are skipped from here on, and those waiting for a gap dropped
+        (never applied here, so never confirmed to anyone)."""
+        dead = self.dead.setdefault(group, set())
+        expected = self.expected.setdefault(group, {})
+        held = self.held.setdefault(group, {})
+        for life in [o for o in (*expected, *held) if o.startswith(prefix) and o != origin]:
+            dead.add(life)
+            expected.pop(life, None)
+            dropped = held.pop(life, None)
+            if dropped:
+                log.info("%s: %d entries of %s dropped (its node was declared down)", group, len(dropped), life)
 
     def _apply_meta(self, meta: Meta, command, mine: bool) -> Any:
         reply, effects = self.broker.meta.apply(meta, command)
@@ -424,16 +533,29 @@ class ClusterLog:
                 returned += reply
             if effects:
                 broker.perform(effects)
+        if command.owner.endswith("@"):
+            self._node_down(group, command.owner, origin)
         if command.owner == self.node_id + "@" and not origin.startswith(self.node_id + "@") and group == self.shards[0]:
             self._cut_off()
         return returned
 
+    def _auto_delete_idle(self, group: str) -> None:
+        """After a member's consumers went: its auto-delete queues left without one go too."""
+        for key in [k for k in self.broker.queues if self.group_of(k) == group]:
+            self.broker.maybe_auto_delete(key)
+
     def _cut_off(self) -> None:
         """The others declared this node gone (it was cut off): its consumers no longer exist
-        in the machines, so its clients must reconnect and start over."""
+        in the machines and its life's entries are skipped from here on, so it starts a new life
+        and its clients reconnect and start over."""
         if self.broker.sessions:
             log.warning("this node was declared down by the cluster; closing %d client connections", len(self.broker.sessions))
         self._close_sessions("node was cut off from the cluster; reconnect")
+        self.origin = f"{self.node_id}@{secrets.token_hex(6)}"
+        self.entry_seq = {}
+        in_flight, self.in_flight = self.in_flight, {}
+        for entry in in_flight.values():
+            self._complete(entry, "timeout")
 
     def _close_sessions(self, reason: str) -> None:
         for session in list(self.broker.sessions.values()):
@@ -560,7 +682,8 @@ class ClusterLog:
                                 member, now - since)
                     self.submit(None, md.OwnerDown(member + "@"), None)
                     for group in self.shards:
-                        self.submit(ALL_QUEUES, qc.Down(member + "@"), None, group=group)
+                        self.submit(ALL_QUEUES, qc.Down(member + "@"), lambda _r, g=group: self._auto_delete_idle(g),
+                                    group=group)
 
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another

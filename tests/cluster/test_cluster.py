@@ -300,3 +300,25 @@ def test_direct_reply_to_across_members(cluster):
     assert replies == [b"pong"]
     client_conn.close()
     server_conn.close()
+
+
+def test_an_auto_delete_queue_goes_when_its_consumers_node_dies(cluster):
+    victim = cluster["n3"]
+    conn = victim.connect()
+    channel = conn.channel()
+    channel.queue_declare("ephemeral", auto_delete=True)
+    channel.basic_consume("ephemeral", lambda *a: None)
+    observer = cluster["n1"].connect()
+    assert observer.channel().queue_declare("ephemeral", passive=True).method.consumer_count == 1
+    victim.kill()
+
+    def gone() -> bool:
+        probe = observer.channel()
+        try:
+            probe.queue_declare("ephemeral", passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return exc.reply_code == 404
+        probe.close()
+        return False
+    wait_until(gone, 30, "the auto-delete queue to go with its consumer's node", interval_s=0.5)
+    observer.close()

@@ -57,10 +57,10 @@ def comparable(command):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**62), items, names)
-def test_entries_round_trip(time_ms, batch, origin):
-    decoded_time, decoded_origin, decoded = decode_entry(encode_entry(time_ms, batch, origin))
-    assert decoded_time == time_ms and decoded_origin == origin
+@given(st.integers(0, 2**62), items, names, st.integers(0, 2**40))
+def test_entries_round_trip(time_ms, batch, origin, seq):
+    decoded_time, decoded_origin, decoded, decoded_seq = decode_entry(encode_entry(time_ms, batch, origin, seq))
+    assert decoded_time == time_ms and decoded_origin == origin and decoded_seq == seq
     assert [(t, comparable(c), r) for t, c, r in decoded] == [(t, comparable(c), r) for t, c, r in batch]
     for _, command, _ in decoded:
         if type(command) is qc.Enqueue:
@@ -81,4 +81,4 @@ def test_unknown_command_is_an_entry_error():
     import pytest
 
     with pytest.raises(EntryError, match="unknown queue command"):
-        decode_entry(msgpack.packb([1, 0, [[["/", "q"], ["Explode"], 0]], "n1"]))
+        decode_entry(msgpack.packb([1, 0, [[["/", "q"], ["Explode"], 0]], "n1", 1]))
