@@ -1,7 +1,7 @@
 """maxq_jepsen: a Jepsen-style harness for MaxQ-Raft (real brokers, real faults, an offline checker).
 
-Theory of operation: a *lab* runs real `maxq-server` processes (today: on loopback; later: one
-network namespace per host); a *nemesis* injects faults into it on a seeded schedule of
+Theory of operation: a *lab* runs real `maxq-server` processes (one node or a cluster, on loopback
+or one network namespace per member); a *nemesis* injects faults into it on a seeded schedule of
 quiet/fault/heal cycles; a *workload* of pika publishers and consumers records every operation
 to a JSON-lines *history*; after the final heal, a bounded recovery wait and a drain, the pure
 *checker* turns the history into verdicts (RELIABILITY.md) and the *report* writes a summary

@@ -40,6 +40,7 @@ import ctypes
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import threading
@@ -55,6 +56,7 @@ READY_TIMEOUT_S = 30.0
 CLUSTER_READY_TIMEOUT_S = 90.0  # two cores shared with other work: a cold cluster start is slow
 STATUS_TIMEOUT_S = 3.0
 CLUSTER_SECRET = "maxq-jepsen-secret"
+SERVER_ENV = "MAXQ_JEPSEN_SERVER"
 STOP_TIMEOUT_S = 10.0
 PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
 PORT_TRIES_MAX = 200
@@ -86,9 +88,16 @@ def server_command() -> list[str]:
     Wrapped in `setpriv --pdeathsig KILL` when there is one (util-linux): if the harness itself is
     SIGKILLed (a CI timeout), its brokers die with it instead of holding ports and data folders.
     The death signal fires when the *thread* that started the node exits, so nodes are only ever
-    started from the runner's main thread."""
+    started from the runner's main thread.
+
+    $MAXQ_JEPSEN_SERVER (a shell-quoted command) replaces maxq-server, to test another build, e.g.
+    `env PYTHONPATH=/tmp/build .venv/bin/python -P -m maxq_raft` for a `git archive` of a commit."""
+    override = os.environ.get(SERVER_ENV)
     script = Path(sys.executable).parent / "maxq-server"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "maxq_raft"]
+    if override:
+        command = shlex.split(override)
+    else:
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "maxq_raft"]
     setpriv = shutil.which("setpriv")
     if setpriv is not None and sys.platform.startswith("linux"):
         return [setpriv, "--pdeathsig", "KILL", "--", *command]
@@ -351,7 +360,10 @@ class LocalLab(Lab):
             raise LabError("teardown: " + "; ".join(errors))
 
 
-NS_PREFIX = "mxqj-"  # every namespace this harness makes starts with it (stale ones are deleted at setup)
+NS_BASE = "mxqj-"  # every namespace this harness makes is named mxqj-<pid>-<host>
+# The harness process's pid in the names: two harnesses at once (CI and a person) keep apart, and a
+# namespace whose harness is dead is stale (deleted at the next setup).
+NS_PREFIX = f"{NS_BASE}{os.getpid()}-"
 NS_SWITCH = NS_PREFIX + "sw"
 SUBNET = "10.77.0"
 NFT_TABLE = "mxqj"
@@ -478,10 +490,28 @@ class NetnsLab(Lab):
             raise LabError("teardown: " + "; ".join(errors))
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def delete_stale_namespaces() -> list[str]:
-    """Delete every namespace with our prefix (a crashed run's leftovers; its veths go with them)."""
+    """Delete this harness's namespaces and those of dead harnesses (a crashed run's leftovers;
+    their veths go with them). Another live harness's namespaces are left alone."""
     listed = _sh("ip", "netns", "list", check=False).stdout
-    names = [line.split()[0] for line in listed.splitlines() if line.split() and line.split()[0].startswith(NS_PREFIX)]
+    names = []
+    for line in listed.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(NS_BASE):
+            continue
+        owner = name[len(NS_BASE):].split("-", 1)[0]
+        if name.startswith(NS_PREFIX) or not owner.isdigit() or not _pid_alive(int(owner)):
+            names.append(name)
     for name in names:
         _sh("ip", "netns", "del", name, check=False)
     return names
@@ -491,7 +521,7 @@ def netns_available() -> tuple[bool, str]:
     """The preflight RELIABILITY.md asks for: can this machine make a namespace?"""
     if os.geteuid() != 0:
         return False, "not root"
-    name = f"{NS_PREFIX}preflight-{os.getpid()}"
+    name = f"{NS_PREFIX}preflight"
     try:
         made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
