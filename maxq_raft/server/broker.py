@@ -27,6 +27,7 @@ from ..amqp import spec
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.delayed import DELAYED_BASE
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
@@ -108,7 +109,7 @@ class Broker:
             # Seqs are never reused, not even those of transient messages that are gone: a new
             # message at or below the delivered watermark would come back redelivered=true.
             # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
-            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds else 0)
+            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds and bounds[1] < DELAYED_BASE else 0)
             if bounds and not persistent:
                 # Nothing durable is stored, so whatever is there is transient records of an
                 # earlier run that RocksDB had flushed: one range tombstone frees them, where

@@ -151,7 +151,9 @@ class FeaturesModel(RuleBasedStateMachine):
             self.body_counter += 1
             bodies.append(b"b%d" % self.body_counter)
         made = []
-        before = (self.machine.ready_count, self.machine.ready_bytes)
+        # (back-offs that are over are released first: they count as there before the publish)
+        due = [m for when, _, m in self.machine.backoff if when <= self.now]
+        before = (self.machine.ready_count + len(due), self.machine.ready_bytes + sum(len(m.body) for m in due))
 
         def make():
             batch = [Message("ex", "rk", b"", body, persistent=True, ttl_ms=ttl, priority=priority) for body in bodies]
@@ -244,7 +246,8 @@ class FeaturesModel(RuleBasedStateMachine):
 
     @rule()
     def purge(self) -> None:
-        ready = self.ready()
+        # (back-offs that are over are released at the start of the command, then purged)
+        ready = self.ready() + [seq for due, seq, _ in self.machine.backoff if due <= self.now]
         reply, _ = self.apply(Purge)
         assert reply == len(ready)
         self.purged.update(ready)
