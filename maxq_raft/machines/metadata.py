@@ -29,7 +29,8 @@ QUEUE_EQUIVALENCE_ARGS = (
     "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-type", "x-queue-mode",
     "x-single-active-consumer", "x-delivery-limit",
 )
-EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange",)
+EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
+DELAYED_EXCHANGE_TYPE = "x-delayed-message"
 
 BUILTIN_EXCHANGES = (
     ("", "direct"),
@@ -51,6 +52,11 @@ class ExchangeRecord:
     arguments: dict
     router: Any
     builtin: bool = False
+    routing_type: str = ""  # how it routes: its type, or the x-delayed-type of an x-delayed-message
+
+    def __post_init__(self) -> None:
+        if not self.routing_type:
+            self.routing_type = self.type
 
 
 @dataclass
@@ -228,7 +234,7 @@ class MetadataMachine:
             record = v.exchanges.get(name)
             if record is None:
                 continue
-            if record.type == "headers" and callable(headers):
+            if record.routing_type == "headers" and callable(headers):
                 headers = headers()  # decoded once, for the first headers exchange on the route
             destinations = record.router.route(routing_key, None if callable(headers) else headers)
             if not destinations:
@@ -260,13 +266,24 @@ class MetadataMachine:
         # rabbit_exchange:check_type runs before the lookup, so it also answers a redeclare.
         # Since rabbitmq-server#11214 (3.12.x, 3.13.x, 4.x) it is a channel error, 406
         # PRECONDITION_FAILED, no longer 503 COMMAND_INVALID on the whole connection.
-        if cmd.type not in EXCHANGE_TYPES:
+        routing_type = cmd.type
+        if cmd.type == DELAYED_EXCHANGE_TYPE:
+            # As rabbitmq-delayed-message-exchange: it routes as its x-delayed-type; the delay itself
+            # (the x-delay header) is the queues' business here, so the exchange is an ordinary one.
+            delayed_type = (cmd.arguments or {}).get("x-delayed-type")
+            if isinstance(delayed_type, bytes):
+                delayed_type = delayed_type.decode("utf-8", "replace")
+            if delayed_type not in EXCHANGE_TYPES:
+                return Rejected(406, "Invalid argument, 'x-delayed-type' must be an existing exchange type"), []
+            routing_type = delayed_type
+        elif cmd.type not in EXCHANGE_TYPES:
             return Rejected(406, f"unknown exchange type '{cmd.type}'"), []
         if existing is None:
             if cmd.name.startswith("amq."):
                 return Rejected(403, f"exchange name '{cmd.name}' contains reserved prefix 'amq.*'"), []
-            router = make_router(cmd.type)
-            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}), router)
+            router = make_router(routing_type)
+            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}),
+                                    router, routing_type=routing_type)
             v.exchanges[cmd.name] = record
             return record, []
         where = f"for exchange '{cmd.name}' in vhost '{cmd.vhost}'"
@@ -382,7 +399,7 @@ class MetadataMachine:
         source = self._check_binding(v, cmd)
         if isinstance(source, Rejected):
             return source, []
-        error = validate_binding_arguments(source.type, cmd.arguments or {})
+        error = validate_binding_arguments(source.routing_type, cmd.arguments or {})
         if error:
             return Rejected(406, error), []
         dest = ("e:" if cmd.to_exchange else "q:") + cmd.destination
