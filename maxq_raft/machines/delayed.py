@@ -58,8 +58,14 @@ class DelayedMessages:
         self.keys: list[int] = []  # their keys, ascending (the last is evicted first)
         self.heap: list[tuple[int, int]] = []  # (due ms, key); entries of evicted keys are skipped
 
-    def add(self, message, due_ms: int) -> None:
-        """Hold `message` until `due_ms` (the caller writes nothing: this does)."""
+    def add_all(self, messages: list, now_ms: int) -> None:
+        """Hold each message until `now_ms` + its delay, writing them to the backing in one batch."""
+        for message in messages:
+            self._add(message, now_ms + message.delay_ms)
+        if self.backing is not None:
+            self.backing.write(messages)
+
+    def _add(self, message, due_ms: int) -> None:
         key = delayed_key(due_ms, self.counter)
         message.delay_counter = self.counter
         self.counter += 1
@@ -69,7 +75,6 @@ class DelayedMessages:
         backing = self.backing
         if backing is not None:
             message.stored = True
-            backing.write([message])
             if key >= self.cursor or (len(self.window) >= self.window_max and key > self.keys[-1]):
                 # Due after everything in memory: it waits in the store only.
                 self.spilled += 1

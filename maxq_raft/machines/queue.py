@@ -423,10 +423,7 @@ class QueueMachine:
         now = self.now_ms
         if any(message.delay_ms for message in messages):
             # x-delay: held until due, then enqueued as if published then (delayed.py)
-            add = self.delayed.add
-            for message in messages:
-                if message.delay_ms:
-                    add(message, now + message.delay_ms)
+            self.delayed.add_all([message for message in messages if message.delay_ms], now)
             messages = [message for message in messages if not message.delay_ms]
             if not messages:
                 return len(cmd.messages), []

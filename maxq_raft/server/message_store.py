@@ -147,7 +147,7 @@ class QueueBacking:
             # (a priority queue's seqs carry the priority above SEQ_MASK: the counter is below)
             self.next_seq = max(self.next_seq, (messages[-1].seq & SEQ_MASK) + 1)
         elif messages:
-            self.delayed_next = max(self.delayed_next, max(m.delay_counter for m in messages) + 1)
+            self.delayed_next = max(self.delayed_next, messages[-1].delay_counter + 1)
             if self.durable:
                 self.delayed_stored += sum(1 for m in messages if m.persistent)
         if volatile_puts:
