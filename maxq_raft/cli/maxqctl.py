@@ -19,6 +19,7 @@ LISTS = {
     "bindings": ("/api/bindings", ["vhost", "source", "destination_type", "destination", "routing_key"]),
     "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
+    "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
 }
 
 
@@ -33,10 +34,12 @@ class CtlError(Exception):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch(node: str, path: str, timeout_s: float):
+def fetch(node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None):
     url = f"http://{node}{path}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -69,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
     listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
     listing.add_argument("what", choices=sorted(LISTS))
+    set_policy = sub.add_parser("set-policy", help="set a policy: queues whose name matches PATTERN get DEFINITION")
+    set_policy.add_argument("name")
+    set_policy.add_argument("pattern", help="a regular expression matched against queue names")
+    set_policy.add_argument("definition", help='JSON, RabbitMQ\'s keys: \'{"max-length": 1000, "dead-letter-exchange": "dlx"}\'')
+    set_policy.add_argument("--priority", type=int, default=0)
+    set_policy.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
+    set_policy.add_argument("--vhost", default="/")
+    clear_policy = sub.add_parser("clear-policy", help="remove a policy")
+    clear_policy.add_argument("name")
+    clear_policy.add_argument("--vhost", default="/")
     for command in (status, listing):
         # --json may also follow the command (`maxqctl list queues --json`).
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
@@ -80,7 +93,24 @@ def _valid_node(node: str) -> bool:
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
+def _policy_path(vhost: str, name: str) -> str:
+    from urllib.parse import quote
+
+    return f"/api/policies/{quote(vhost, safe='')}/{quote(name, safe='')}"
+
+
 def run(args) -> str:
+    if args.command == "set-policy":
+        try:
+            definition = json.loads(args.definition)
+        except ValueError as exc:
+            raise CtlError(f"the definition must be JSON: {exc}", 2) from None
+        fetch(args.node, _policy_path(args.vhost, args.name), args.timeout, "PUT",
+              {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to})
+        return f"policy '{args.name}' set in vhost '{args.vhost}'"
+    if args.command == "clear-policy":
+        fetch(args.node, _policy_path(args.vhost, args.name), args.timeout, "DELETE")
+        return f"policy '{args.name}' cleared in vhost '{args.vhost}'"
     if args.command == "status":
         status = fetch(args.node, "/api/cluster/status", args.timeout)
         if args.json:

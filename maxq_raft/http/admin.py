@@ -1,7 +1,8 @@
 """The HTTP admin API every node serves (`maxqctl` talks to it).
 
 Theory of operation: a deliberately small HTTP/1.1 server on trio: one request per connection,
-GET only for now, JSON out. Each endpoint is a pure function from the broker's state to a
+GET for the views, PUT/DELETE for policies (`/api/policies/{vhost}/{name}`, RabbitMQ's path and
+body: pattern, definition, priority, apply-to), JSON out. Each endpoint is a pure function from the broker's state to a
 JSON-able value, so the same views serve `maxqctl` and scripts. Requests are bounded in size
 and time so a bad client cannot hold the node.
 """
@@ -11,9 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+import urllib.parse
 from functools import partial
 
 import trio
+
+from ..machines import metadata as md
+from ..server.errors import ChannelError
 
 log = logging.getLogger("maxq.http")
 
@@ -87,7 +92,37 @@ def view_consumers(broker) -> list:
              "connection": h.channel.session.id, "ack_required": not h.no_ack} for h in broker.consumers.values()]
 
 
+def view_policies(broker) -> list:
+    return [{"vhost": vhost_name, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": _text(p.definition), "priority": p.priority}
+            for vhost_name, vhost in broker.meta.vhosts.items() for p in vhost.policies.values()]
+
+
+def change_policy(broker, method: str, path: str, body: bytes) -> tuple[str, dict]:
+    """PUT or DELETE /api/policies/{vhost}/{name}: (HTTP status, JSON body)."""
+    parts = path.split("/")
+    if len(parts) != 5 or parts[:3] != ["", "api", "policies"]:
+        return "404 Not Found", {"error": "use /api/policies/{vhost}/{name} (the vhost URL-encoded: %2F is /)"}
+    vhost, name = urllib.parse.unquote(parts[3]), urllib.parse.unquote(parts[4])
+    if method == "DELETE":
+        command = md.ClearPolicy(vhost, name)
+    else:
+        try:
+            spec = json.loads(body or b"{}")
+            command = md.SetPolicy(vhost, name, spec["pattern"], spec["definition"], spec.get("priority", 0),
+                                   spec.get("apply-to", "all"))
+        except (ValueError, KeyError, TypeError) as exc:
+            return "400 Bad Request", {"error": f"a policy is JSON with pattern and definition: {exc!r}"}
+    try:
+        broker.apply_meta(command)
+    except ChannelError as err:
+        status = "404 Not Found" if err.reply_code == 404 else "400 Bad Request"
+        return status, {"error": err.reply_text}
+    return "200 OK", {"ok": True}
+
+
 ROUTES = {
+    "/api/policies": view_policies,
     "/api/overview": view_overview,
     "/api/cluster/status": view_status,
     "/api/queues": view_queues,
@@ -115,8 +150,21 @@ async def _handle(broker, stream: trio.SocketStream) -> None:
                 data += chunk
             line = data.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = 0
+            for header in head.split(b"\r\n")[1:]:
+                key, _, value = header.partition(b":")
+                if key.strip().lower() == b"content-length" and value.strip().isdigit():
+                    length = int(value.strip())
+            while len(body) < min(length, REQUEST_MAX_BYTES):
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                body += chunk
             if len(parts) != 3 or not parts[2].startswith("HTTP/"):
                 reply = _response("400 Bad Request", {"error": "malformed request line"})
+            elif parts[0] in ("PUT", "DELETE"):
+                reply = _response(*change_policy(broker, parts[0], parts[1].split("?", 1)[0], body[:length]))
             elif parts[0] != "GET":
                 reply = _response("405 Method Not Allowed", {"error": f"method {parts[0]} not allowed"})
             else:

@@ -15,10 +15,12 @@ the machine stays deterministic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .queue import Meta, Rejected
+from .queue_args import QueueArgumentError, validate_queue_arguments
 from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
 
 DEFAULT_VHOST = "/"
@@ -68,9 +70,41 @@ class QueueRecord:
     arguments: dict
 
 
+# Policy keys (RabbitMQ's names) and the queue arguments they stand for. x-max-priority and
+# x-single-active-consumer are queue arguments only (as in RabbitMQ): they fix the queue's kind.
+POLICY_KEYS = {
+    "message-ttl": "x-message-ttl",
+    "expires": "x-expires",
+    "max-length": "x-max-length",
+    "max-length-bytes": "x-max-length-bytes",
+    "overflow": "x-overflow",
+    "dead-letter-exchange": "x-dead-letter-exchange",
+    "dead-letter-routing-key": "x-dead-letter-routing-key",
+    "delivery-limit": "x-delivery-limit",
+    "retry-backoff-ms": "x-retry-backoff-ms",
+    "retry-backoff-multiplier": "x-retry-backoff-multiplier",
+    "retry-backoff-max-ms": "x-retry-backoff-max-ms",
+}
+POLICY_APPLY_TO = ("queues", "all", "exchanges")
+
+
+@dataclass
+class PolicyRecord:
+    name: str
+    pattern: str
+    definition: dict  # policy keys -> values
+    priority: int
+    apply_to: str
+    regex: Any = None  # compiled `pattern`
+
+    def arguments(self) -> dict:
+        return {POLICY_KEYS[key]: value for key, value in self.definition.items()}
+
+
 @dataclass
 class VHost:
     name: str
+    policies: dict = field(default_factory=dict)  # name -> PolicyRecord
     exchanges: dict = field(default_factory=dict)  # name -> ExchangeRecord
     queues: dict = field(default_factory=dict)  # name -> QueueRecord
     # destination ("q:x"/"e:x") -> list of (source exchange, routing key, arguments)
@@ -139,6 +173,23 @@ class OwnerDown(NamedTuple):
     owner: str
 
 
+class SetPolicy(NamedTuple):
+    """A policy (rabbitmqctl set_policy): queues whose name matches `pattern` get `definition`'s
+    arguments unless they were declared with their own; of several matching, the highest priority."""
+
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict
+    priority: int
+    apply_to: str
+
+
+class ClearPolicy(NamedTuple):
+    vhost: str
+    name: str
+
+
 # ------------------------------------------------------------------- effects
 
 
@@ -150,6 +201,12 @@ class QueueCreated(NamedTuple):
 class QueueDeleted(NamedTuple):
     vhost: str
     name: str
+
+
+class PolicyChanged(NamedTuple):
+    """The policies of a vhost changed: its queues' effective arguments may have."""
+
+    vhost: str
 
 
 def _bool_text(value: bool) -> str:
@@ -183,6 +240,8 @@ class MetadataMachine:
             Bind: self._bind,
             Unbind: self._unbind,
             OwnerDown: self._owner_down,
+            SetPolicy: self._set_policy,
+            ClearPolicy: self._clear_policy,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -372,6 +431,69 @@ class MetadataMachine:
                 _, deleted = self._delete_queue(DeleteQueueRecord(v.name, name))
                 effects.extend(deleted)
         return len(effects), effects
+
+    # ------------------------------------------------------------- policies
+
+    def _set_policy(self, cmd: SetPolicy):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        if type(cmd.name) is not str or not cmd.name or type(cmd.pattern) is not str:
+            return Rejected(406, "Validation failed\n\na policy needs a name and a pattern"), []
+        if type(cmd.priority) is not int or isinstance(cmd.priority, bool):
+            return Rejected(406, f"Validation failed\n\npriority {cmd.priority!r} is not an integer"), []
+        if cmd.apply_to not in POLICY_APPLY_TO:
+            return Rejected(406, f"Validation failed\n\n'{cmd.apply_to}' is not a valid apply-to value"), []
+        try:
+            regex = re.compile(cmd.pattern)
+        except re.error as exc:
+            return Rejected(406, f"Validation failed\n\n{cmd.pattern!r} is not a valid regular expression: {exc}"), []
+        definition = cmd.definition
+        if not isinstance(definition, dict) or not definition:
+            return Rejected(406, "Validation failed\n\na policy needs a non-empty definition"), []
+        unknown = sorted(key for key in definition if key not in POLICY_KEYS)
+        if unknown:
+            return Rejected(406, f"Validation failed\n\n{unknown} are not recognised policy settings"), []
+        record = PolicyRecord(cmd.name, cmd.pattern, dict(definition), cmd.priority, cmd.apply_to, regex)
+        try:
+            validate_queue_arguments(cmd.vhost, cmd.name, record.arguments())
+        except QueueArgumentError as exc:
+            return Rejected(406, f"Validation failed\n\n{exc.reply_text}"), []
+        v.policies[cmd.name] = record
+        return True, [PolicyChanged(cmd.vhost)]
+
+    def _clear_policy(self, cmd: ClearPolicy):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None or cmd.name not in v.policies:
+            return Rejected(404, f"no policy '{cmd.name}' in vhost '{cmd.vhost}'"), []
+        del v.policies[cmd.name]
+        return True, [PolicyChanged(cmd.vhost)]
+
+    def policy_for(self, vhost: str, queue: str) -> PolicyRecord | None:
+        """The policy that applies to a queue: of those whose pattern matches its name (anywhere,
+        as RabbitMQ's re:run), the highest priority; ties go to the first name in order."""
+        v = self.vhosts.get(vhost)
+        if v is None or not v.policies:
+            return None
+        best = None
+        for name in sorted(v.policies):
+            policy = v.policies[name]
+            if policy.apply_to == "exchanges" or policy.regex.search(queue) is None:
+                continue
+            if best is None or policy.priority > best.priority:
+                best = policy
+        return best
+
+    def effective_arguments(self, vhost: str, queue: str) -> dict:
+        """A queue's arguments with its policy's beneath them: the queue's own win."""
+        record = self.queue(vhost, queue)
+        arguments = dict(record.arguments) if record is not None else {}
+        policy = self.policy_for(vhost, queue)
+        if policy is None:
+            return arguments
+        merged = policy.arguments()
+        merged.update(arguments)
+        return merged
 
     # ------------------------------------------------------------- bindings
 

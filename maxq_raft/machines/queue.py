@@ -70,6 +70,7 @@ from .commands import (
     Settle,
     Tick,
     Touch,
+    UpdateSettings,
 )
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
@@ -262,6 +263,8 @@ class QueueMachine:
         self.backoff: list[tuple[int, int, Message]] = []
         self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
+        # x-single-active-consumer: attached consumer ids in the order they came; the first is served
+        self._sac_order: list[str] = []
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
@@ -300,6 +303,7 @@ class QueueMachine:
             Tick: self._tick,
             Touch: self._touch,
             DeadLettered: self._dead_lettered,
+            UpdateSettings: self._update_settings,
         }
 
     # ------------------------------------------------------------- queries
@@ -554,6 +558,8 @@ class QueueMachine:
         self.last_used_ms = self.now_ms
         if cmd.exclusive:
             self.exclusive_consumer = consumer_id
+        if self.settings.single_active_consumer:
+            self._sac_order.append(consumer_id)
         ring = self._rings.get(cmd.priority)
         if ring is None:
             ring = self._rings[cmd.priority] = deque()
@@ -698,6 +704,7 @@ class QueueMachine:
         self._dying.clear()
         self._unstore.clear()
         self.consumers.clear()
+        self._sac_order.clear()
         self._rings.clear()
         self._priorities = []
         self._active_count = 0
@@ -716,6 +723,19 @@ class QueueMachine:
             self.expired = True
             return True, [*effects, QueueExpired(self.vhost, self.name)]
         return False, effects
+
+    def _update_settings(self, meta: Meta, cmd: UpdateSettings):
+        settings = cmd.settings
+        if type(settings) is not QueueSettings:
+            return _malformed(cmd), []
+        if (settings.max_priority != self.settings.max_priority
+                or settings.single_active_consumer != self.settings.single_active_consumer):
+            return Rejected(406, "x-max-priority and x-single-active-consumer cannot change"), []
+        self.settings = settings
+        if settings.message_ttl_ms is not None:
+            self._timed = True
+        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
+        return True, self._service()
 
     def _touch(self, meta: Meta, cmd: Touch):
         self.last_used_ms = self.now_ms
@@ -825,6 +845,9 @@ class QueueMachine:
         consumer.active = False
         self._active_count -= 1
         self.last_used_ms = self.now_ms
+        if self._sac_order:
+            # The next attached consumer, in the order they came, becomes the active one.
+            self._sac_order.remove(consumer.consumer_id)
         ring = self._rings.get(consumer.priority)
         if ring is not None:
             ring.remove(consumer.consumer_id)
@@ -935,6 +958,10 @@ class QueueMachine:
         Call it only when there is a message to give: the consumer it returns has had its turn.
         """
         consumers = self.consumers
+        if self._sac_order:
+            # x-single-active-consumer: only the first attached consumer gets messages.
+            consumer = consumers[self._sac_order[0]]
+            return consumer if consumer.has_room() else None
         for priority in self._priorities:
             ring = self._rings[priority]
             for _ in range(len(ring)):
@@ -1062,8 +1089,8 @@ class QueueMachine:
             assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():
+            # (a policy may have removed the dead-letter exchange since: these are still on their way)
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
-            assert self.settings.dead_letter_exchange is not None
             seen.add(seq)
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
@@ -1096,3 +1123,7 @@ class QueueMachine:
         assert self._priorities == sorted(self._rings, reverse=True)
         if self.exclusive_consumer is not None:
             assert self.consumers[self.exclusive_consumer].active
+        if self.settings.single_active_consumer:
+            assert sorted(self._sac_order) == sorted(cid for cid, c in self.consumers.items() if c.active)
+        else:
+            assert not self._sac_order

@@ -30,9 +30,8 @@ from ..machines import metadata as md
 from ..machines.delayed import DELAYED_BASE
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
-from ..machines.queue_args import settings_or_default
 from ..replication.local_log import LocalLog
-from . import dead_letter, persistence
+from . import dead_letter, persistence, policies
 from .errors import ChannelError
 from .message_store import QueueBacking, WalSyncer, counters_key, decode_counters
 
@@ -149,7 +148,7 @@ class Broker:
             self.next_queue_id = max(self.next_queue_id, queue_id + 1)
         self.queue_ids[(vhost, name)] = queue_id
         backing = QueueBacking(self.store, queue_id, durable, self.epoch, self.syncer) if self.store is not None else None
-        settings = settings_or_default(vhost, name, record.arguments if record is not None else None)
+        settings = policies.queue_settings(self, vhost, name)
         self.queues[(vhost, name)] = make_queue_machine(vhost, name, backing=backing, durable=durable, settings=settings)
 
     def _durable_from_thread(self, ticket: int) -> None:
@@ -219,6 +218,8 @@ class Broker:
                 self._new_queue(effect.vhost, effect.name, queue_id)
             elif type(effect) is md.QueueDeleted:
                 self._queue_deleted((effect.vhost, effect.name))
+            elif type(effect) is md.PolicyChanged:
+                policies.apply_policies(self, effect.vhost)
         if type(reply) is Rejected:
             raise ChannelError(reply.reply_code, reply.reply_text)
         if not replaying and self.metadata_log is not None:
