@@ -364,5 +364,7 @@ def test_update_settings_applies_limits_at_once_and_cannot_change_the_kind():
     assert type(q.at(2, UpdateSettings({"max_length": 1}))[0]) is Rejected
     q.at(3, UpdateSettings(QueueSettings(message_ttl_ms=10)))
     q.publish(3, b"4")
-    q.at(20, Tick())
-    assert [m.body for m in q.machine.ready] == [b"3"]  # TTL applies to messages enqueued after it
+    assert q.machine.ready[0].expires_at_ms is None  # enqueued before the TTL: none
+    reply, _ = q.at(20, Get("g", "o", True))
+    assert reply[0].body == b"3" and q.machine.ready_count == 0  # "4", now the head, had expired
+    assert q.machine.dropped["expired"] == 1
