@@ -3,23 +3,26 @@
 Theory of operation: a delayed message is not in the queue yet: at its due time (the entry time
 of its Enqueue plus its delay) it is enqueued as if published then, so its TTL, its place in the
 queue and the length limits apply from then on, as with RabbitMQ's delayed-message exchange.
-Until then it lives in the queue's backing under a key of its own range:
-`DELAYED_BASE | due_slot << 24 | counter` (a slot is 10 ms), so stored delayed messages are
-ordered by due slot (then publish order) and a load from a cursor returns the next ones to fall
-due; two keys collide only if 2**24 delayed messages apart fall due in the same 10 ms, and a
-slot lasts until the year 2140. Only the earliest
-ones are in memory (`window`): every delayed key below `cursor` is in memory, every stored one
-from `cursor` on is not. Arrivals keep the window within WINDOW_MAX; a load, when the cursor's slot
-has come, may take it up to one load (`load_max`) beyond, so that a slot fuller than the window is
-still released on time (memory stays bounded by `window_max + load_max`). A new message due before the window's last is kept in
-memory and the window's last key is evicted (it is stored already) when the window is full.
-Releases pop a heap ordered by the exact due millisecond; a message whose slot has come but
-whose millisecond has not stays until it has.
 
-Every delayed message is written to the backing when it arrives (persistent ones of a durable
-queue through the WAL, so they survive a restart), and deleted from it when released. The queue
-machine calls `release(now_ms, limit)` at the start of each command and enqueues what it returns;
-`next_due_ms` tells the shell's ticker when to come back.
+Until then it lives in the queue's backing under a key of its own range,
+`DELAYED_BASE | due_slot << 24 | counter` (a slot is 10 ms; slots last until the year 2140), so
+stored delayed messages are ordered by due slot, then publish order, and a load from a cursor
+returns the next ones to fall due. (Two keys would collide only if 2**24 delayed messages apart
+fell due in the same 10 ms: a limit, not checked.) Every delayed message is written to the
+backing when it arrives, persistent ones of a durable queue through the WAL so they survive a
+restart, and deleted from it when released.
+
+Only the earliest are in memory (`window`): every delayed key below `cursor` is in memory, every
+stored one from `cursor` on is not. Arrivals keep the window within `window_max` (a new message
+due before the window's last takes its place; the last is evicted, it is stored already). A load
+happens when the cursor's slot has come and may take the window one load (`load_max`) beyond.
+Within a slot, key order is publish order, not due order: when the window is full of messages of
+slots that have come but none of them is due yet, the rest of the cursor's slot is loaded anyway,
+since a message due earlier may be among them; that goes beyond the bound only by messages due
+within the next 10 ms, for as long. Releases pop a heap ordered by the exact due millisecond.
+
+The queue machine calls `release(now_ms, limit)` at the start of each command and enqueues what
+it returns; `next_due_ms` tells the shell's ticker when to come back.
 """
 
 from __future__ import annotations
@@ -111,12 +114,14 @@ class DelayedMessages:
         out = []
         heap = self.heap
         while len(out) < limit:
-            if (self.spilled and len(self.window) < self.window_max + self.load_max
-                    and slot_start_ms(self.cursor) <= now_ms):
-                self._load()
-            while heap and heap[0][1] not in self.window:
-                heapq.heappop(heap)
-            if not heap or heap[0][0] > now_ms:
+            while self.spilled and slot_start_ms(self.cursor) <= now_ms:
+                top = self._top_due()
+                full = len(self.window) >= self.window_max + self.load_max
+                if full and top is not None and top <= now_ms:
+                    break  # something in memory is due: release it first
+                self._load(forced=full)
+            top = self._top_due()
+            if top is None or top > now_ms:
                 break
             _, key = heapq.heappop(heap)
             message = self.window.pop(key)
@@ -132,14 +137,29 @@ class DelayedMessages:
         due = self.next_due_ms
         return out, due is not None and due <= now_ms and len(out) >= limit
 
+    def _top_due(self) -> int | None:
+        heap = self.heap
+        while heap and heap[0][1] not in self.window:
+            heapq.heappop(heap)  # evicted: it is found again when loaded
+        return heap[0][0] if heap else None
+
     def _index(self, key: int) -> int:
         from bisect import bisect_left
 
         return bisect_left(self.keys, key)
 
-    def _load(self) -> None:
-        want = min(self.load_max, self.window_max + self.load_max - len(self.window))
-        loaded = self.backing.load(self.cursor, want)
+    def _load(self, forced: bool = False) -> None:
+        if forced:
+            # Beyond the window: only the rest of the cursor's slot (it has come).
+            slot_end = ((self.cursor >> DUE_SHIFT) + 1) << DUE_SHIFT
+            loaded = self.backing.load(self.cursor, self.load_max, slot_end)
+            if not loaded:
+                # The slot is exhausted: the next stored key is in a later slot.
+                self.cursor = slot_end
+                return
+        else:
+            want = min(self.load_max, self.window_max + self.load_max - len(self.window))
+            loaded = self.backing.load(self.cursor, want)
         if not loaded:
             # Transient delayed messages do not survive a restart: nothing more is stored.
             self.count -= self.spilled
@@ -172,7 +192,7 @@ class DelayedMessages:
         self.cursor = 1 << 64
 
     def check_invariants(self) -> None:
-        assert len(self.window) == len(self.keys) <= self.window_max + self.load_max
+        assert len(self.window) == len(self.keys)
         assert self.keys == sorted(self.keys)
         assert all(key < self.cursor for key in self.keys)
         assert self.count == len(self.window) + self.spilled
