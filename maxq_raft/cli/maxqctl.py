@@ -31,6 +31,7 @@ LISTS = {
     "bindings": ("/api/bindings", ["vhost", "source", "destination_type", "destination", "routing_key"]),
     "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
+    "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
 }
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
@@ -126,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "GROUP 'all': every group the asked node leads)")
     transfer.add_argument("group", metavar="GROUP", help="meta, shard-N or all")
     transfer.add_argument("target", type=_node_name, metavar="NODE")
+    set_policy = sub.add_parser("set-policy", help="set a policy: queues whose name matches PATTERN get DEFINITION")
+    set_policy.add_argument("name")
+    set_policy.add_argument("pattern", help="a regular expression matched against queue names")
+    set_policy.add_argument("definition", help='JSON, RabbitMQ\'s keys: \'{"max-length": 1000, "dead-letter-exchange": "dlx"}\'')
+    set_policy.add_argument("--priority", type=int, default=0)
+    set_policy.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
+    set_policy.add_argument("--vhost", default="/")
+    clear_policy = sub.add_parser("clear-policy", help="remove a policy")
+    clear_policy.add_argument("name")
+    clear_policy.add_argument("--vhost", default="/")
     for command in (status, listing, add, remove, transfer):
         # --json may also follow the command (`maxqctl list queues --json`).
         command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
@@ -161,8 +172,23 @@ def render_status(status: dict) -> str:
             + "\n\n" + "\n".join(notes))
 
 
+def _policy_path(vhost: str, name: str) -> str:
+    return f"/api/policies/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(name, safe='')}"
+
+
 def run(args) -> str:
     timeout = args.timeout
+    if args.command == "set-policy":
+        try:
+            definition = json.loads(args.definition)
+        except ValueError as exc:
+            raise CtlError(f"the definition must be JSON: {exc}", 2) from None
+        fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "PUT",
+              {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to})
+        return f"policy '{args.name}' set in vhost '{args.vhost}'"
+    if args.command == "clear-policy":
+        fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "DELETE")
+        return f"policy '{args.name}' cleared in vhost '{args.vhost}'"
     if args.command == "status":
         status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
         return json.dumps(status, indent=1) if args.json else render_status(status)

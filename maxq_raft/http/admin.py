@@ -9,6 +9,9 @@ trio with `run_sync_soon`. Reading a request is bounded in bytes (head and body,
 time; every change is bounded by its own deadline, so a bad client or a stuck change cannot
 hold the node.
 
+PUT and DELETE /api/policies/{vhost}/{name} set and clear a policy (RabbitMQ's path and body:
+pattern, definition, priority, apply-to), committed like any metadata change.
+
 A single node (started without --raft-addr/--peer, `broker.cluster is None`) reports itself as
 a one-member cluster and refuses membership commands with 409.
 """
@@ -26,6 +29,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
+from ..machines import metadata as md
+from ..machines.queue import Rejected
+from ..server.errors import ChannelError
+
 log = logging.getLogger("maxq.http")
 
 REQUEST_MAX_BYTES = 16384  # request line + headers + body
@@ -38,6 +45,7 @@ DRAIN_BYTES_MAX = 1 << 20  # ... up to this much
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as config.NODE_ID
 META_GROUP = "meta"
 NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/--peer)"
+POLICY_TIMEOUT_S = 15.0
 
 
 class HttpError(Exception):
@@ -200,7 +208,52 @@ def view_consumers(broker) -> list:
              "connection": h.channel.session.id, "ack_required": not h.no_ack} for h in broker.consumers.values()]
 
 
-# ------------------------------------------------------------------- changes (POST, DELETE)
+# ------------------------------------------------------------------- changes (POST, PUT, DELETE)
+
+def view_policies(broker) -> list:
+    return [{"vhost": vhost_name, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "definition": _text(p.definition), "priority": p.priority}
+            for vhost_name, vhost in broker.meta.vhosts.items() for p in vhost.policies.values()]
+
+
+async def _meta_change(broker, command) -> dict:
+    """Commit a metadata command (through the metadata group in a cluster) and wait, bounded."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    box: list = []
+
+    def then(reply) -> None:
+        box.append(reply)
+        done.set()
+    try:
+        broker.meta_call(command, lambda reply: token.run_sync_soon(then, reply))
+    except ChannelError as err:  # a single node refuses at once
+        box.append(Rejected(err.reply_code, err.reply_text))
+        done.set()
+    with trio.move_on_after(POLICY_TIMEOUT_S):
+        await done.wait()
+    if not box:
+        raise HttpError("504 Gateway Timeout", f"no answer within {POLICY_TIMEOUT_S:.0f} s (the change may still happen)")
+    reply = box[0]
+    if type(reply).__name__ == "Unavailable":
+        raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
+    if type(reply) is Rejected:
+        raise HttpError("404 Not Found" if reply.reply_code == 404 else "400 Bad Request", reply.reply_text)
+    return {"ok": True}
+
+
+async def put_policy(broker, request: Request) -> dict:
+    spec = request.json()
+    if "pattern" not in spec or "definition" not in spec:
+        raise HttpError("400 Bad Request", "a policy is a JSON object with pattern and definition")
+    command = md.SetPolicy(request.params["vhost"], request.params["name"], spec["pattern"], spec["definition"],
+                           spec.get("priority", 0), spec.get("apply-to", "all"))
+    return await _meta_change(broker, command)
+
+
+async def delete_policy(broker, request: Request) -> dict:
+    return await _meta_change(broker, md.ClearPolicy(request.params["vhost"], request.params["name"]))
+
 
 async def _engine_answer(start: Callable[[Callable[[str | None], None]], None], timeout_s: float) -> str | None:
     """Start an engine change whose callback(error) comes once from the hub thread (or at once,
@@ -406,8 +459,10 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/api/bindings": {"GET": _view(view_bindings)},
     "/api/connections": {"GET": _view(view_connections)},
     "/api/consumers": {"GET": _view(view_consumers)},
+    "/api/policies": {"GET": _view(view_policies)},
+    "/api/policies/{vhost}/{name}": {"PUT": put_policy, "DELETE": delete_policy},
 }
-METHODS = ("GET", "POST", "DELETE")
+METHODS = ("GET", "POST", "PUT", "DELETE")
 
 
 def route(path: str) -> tuple[dict[str, Handler] | None, dict[str, str]]:
@@ -418,6 +473,10 @@ def route(path: str) -> tuple[dict[str, Handler] | None, dict[str, str]]:
     methods = ROUTES.get(head + "/{name}")
     if methods is not None and last:
         return methods, {"name": unquote(last)}
+    top, _, vhost = head.rpartition("/")
+    methods = ROUTES.get(top + "/{vhost}/{name}")
+    if methods is not None and vhost and last:
+        return methods, {"vhost": unquote(vhost), "name": unquote(last)}
     return None, {}
 
 

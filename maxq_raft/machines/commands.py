@@ -118,3 +118,11 @@ class DeadLettered(NamedTuple):
     the source may now forget them (at-least-once dead lettering)."""
 
     seqs: list
+
+
+class UpdateSettings(NamedTuple):
+    """The queue's effective arguments changed (a policy was set or cleared): new `QueueSettings`.
+    They apply from now on: to messages enqueued, returned or dead-lettered after it; the length
+    limits at once. A priority queue's x-max-priority, and single active consumer, cannot change."""
+
+    settings: object

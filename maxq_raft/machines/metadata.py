@@ -15,10 +15,12 @@ the machine stays deterministic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .queue import Meta, Rejected
+from .queue_args import QueueArgumentError, validate_queue_arguments
 from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
 
 DEFAULT_VHOST = "/"
@@ -29,7 +31,8 @@ QUEUE_EQUIVALENCE_ARGS = (
     "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-type", "x-queue-mode",
     "x-single-active-consumer", "x-delivery-limit",
 )
-EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange",)
+EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
+DELAYED_EXCHANGE_TYPE = "x-delayed-message"
 
 BUILTIN_EXCHANGES = (
     ("", "direct"),
@@ -51,6 +54,11 @@ class ExchangeRecord:
     arguments: dict
     router: Any
     builtin: bool = False
+    routing_type: str = ""  # how it routes: its type, or the x-delayed-type of an x-delayed-message
+
+    def __post_init__(self) -> None:
+        if not self.routing_type:
+            self.routing_type = self.type
 
 
 @dataclass
@@ -62,9 +70,41 @@ class QueueRecord:
     arguments: dict
 
 
+# Policy keys (RabbitMQ's names) and the queue arguments they stand for. x-max-priority and
+# x-single-active-consumer are queue arguments only (as in RabbitMQ): they fix the queue's kind.
+POLICY_KEYS = {
+    "message-ttl": "x-message-ttl",
+    "expires": "x-expires",
+    "max-length": "x-max-length",
+    "max-length-bytes": "x-max-length-bytes",
+    "overflow": "x-overflow",
+    "dead-letter-exchange": "x-dead-letter-exchange",
+    "dead-letter-routing-key": "x-dead-letter-routing-key",
+    "delivery-limit": "x-delivery-limit",
+    "retry-backoff-ms": "x-retry-backoff-ms",
+    "retry-backoff-multiplier": "x-retry-backoff-multiplier",
+    "retry-backoff-max-ms": "x-retry-backoff-max-ms",
+}
+POLICY_APPLY_TO = ("queues", "all", "exchanges")
+
+
+@dataclass
+class PolicyRecord:
+    name: str
+    pattern: str
+    definition: dict  # policy keys -> values
+    priority: int
+    apply_to: str
+    regex: Any = None  # compiled `pattern`
+
+    def arguments(self) -> dict:
+        return {POLICY_KEYS[key]: value for key, value in self.definition.items()}
+
+
 @dataclass
 class VHost:
     name: str
+    policies: dict = field(default_factory=dict)  # name -> PolicyRecord
     exchanges: dict = field(default_factory=dict)  # name -> ExchangeRecord
     queues: dict = field(default_factory=dict)  # name -> QueueRecord
     # destination ("q:x"/"e:x") -> list of (source exchange, routing key, arguments)
@@ -133,6 +173,23 @@ class OwnerDown(NamedTuple):
     owner: str
 
 
+class SetPolicy(NamedTuple):
+    """A policy (rabbitmqctl set_policy): queues whose name matches `pattern` get `definition`'s
+    arguments unless they were declared with their own; of several matching, the highest priority."""
+
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict
+    priority: int
+    apply_to: str
+
+
+class ClearPolicy(NamedTuple):
+    vhost: str
+    name: str
+
+
 # ------------------------------------------------------------------- effects
 
 
@@ -144,6 +201,12 @@ class QueueCreated(NamedTuple):
 class QueueDeleted(NamedTuple):
     vhost: str
     name: str
+
+
+class PolicyChanged(NamedTuple):
+    """The policies of a vhost changed: its queues' effective arguments may have."""
+
+    vhost: str
 
 
 def _bool_text(value: bool) -> str:
@@ -177,6 +240,8 @@ class MetadataMachine:
             Bind: self._bind,
             Unbind: self._unbind,
             OwnerDown: self._owner_down,
+            SetPolicy: self._set_policy,
+            ClearPolicy: self._clear_policy,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -228,7 +293,7 @@ class MetadataMachine:
             record = v.exchanges.get(name)
             if record is None:
                 continue
-            if record.type == "headers" and callable(headers):
+            if record.routing_type == "headers" and callable(headers):
                 headers = headers()  # decoded once, for the first headers exchange on the route
             destinations = record.router.route(routing_key, None if callable(headers) else headers)
             if not destinations:
@@ -260,13 +325,24 @@ class MetadataMachine:
         # rabbit_exchange:check_type runs before the lookup, so it also answers a redeclare.
         # Since rabbitmq-server#11214 (3.12.x, 3.13.x, 4.x) it is a channel error, 406
         # PRECONDITION_FAILED, no longer 503 COMMAND_INVALID on the whole connection.
-        if cmd.type not in EXCHANGE_TYPES:
+        routing_type = cmd.type
+        if cmd.type == DELAYED_EXCHANGE_TYPE:
+            # As rabbitmq-delayed-message-exchange: it routes as its x-delayed-type; the delay itself
+            # (the x-delay header) is the queues' business here, so the exchange is an ordinary one.
+            delayed_type = (cmd.arguments or {}).get("x-delayed-type")
+            if isinstance(delayed_type, bytes):
+                delayed_type = delayed_type.decode("utf-8", "replace")
+            if delayed_type not in EXCHANGE_TYPES:
+                return Rejected(406, "Invalid argument, 'x-delayed-type' must be an existing exchange type"), []
+            routing_type = delayed_type
+        elif cmd.type not in EXCHANGE_TYPES:
             return Rejected(406, f"unknown exchange type '{cmd.type}'"), []
         if existing is None:
             if cmd.name.startswith("amq."):
                 return Rejected(403, f"exchange name '{cmd.name}' contains reserved prefix 'amq.*'"), []
-            router = make_router(cmd.type)
-            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}), router)
+            router = make_router(routing_type)
+            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}),
+                                    router, routing_type=routing_type)
             v.exchanges[cmd.name] = record
             return record, []
         where = f"for exchange '{cmd.name}' in vhost '{cmd.vhost}'"
@@ -359,6 +435,69 @@ class MetadataMachine:
                 effects.extend(deleted)
         return len(effects), effects
 
+    # ------------------------------------------------------------- policies
+
+    def _set_policy(self, cmd: SetPolicy):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        if type(cmd.name) is not str or not cmd.name or type(cmd.pattern) is not str:
+            return Rejected(406, "Validation failed\n\na policy needs a name and a pattern"), []
+        if type(cmd.priority) is not int or isinstance(cmd.priority, bool):
+            return Rejected(406, f"Validation failed\n\npriority {cmd.priority!r} is not an integer"), []
+        if cmd.apply_to not in POLICY_APPLY_TO:
+            return Rejected(406, f"Validation failed\n\n'{cmd.apply_to}' is not a valid apply-to value"), []
+        try:
+            regex = re.compile(cmd.pattern)
+        except re.error as exc:
+            return Rejected(406, f"Validation failed\n\n{cmd.pattern!r} is not a valid regular expression: {exc}"), []
+        definition = cmd.definition
+        if not isinstance(definition, dict) or not definition:
+            return Rejected(406, "Validation failed\n\na policy needs a non-empty definition"), []
+        unknown = sorted(key for key in definition if key not in POLICY_KEYS)
+        if unknown:
+            return Rejected(406, f"Validation failed\n\n{unknown} are not recognised policy settings"), []
+        record = PolicyRecord(cmd.name, cmd.pattern, dict(definition), cmd.priority, cmd.apply_to, regex)
+        try:
+            validate_queue_arguments(cmd.vhost, cmd.name, record.arguments())
+        except QueueArgumentError as exc:
+            return Rejected(406, f"Validation failed\n\n{exc.reply_text}"), []
+        v.policies[cmd.name] = record
+        return True, [PolicyChanged(cmd.vhost)]
+
+    def _clear_policy(self, cmd: ClearPolicy):
+        v = self.vhosts.get(cmd.vhost)
+        if v is None or cmd.name not in v.policies:
+            return Rejected(404, f"no policy '{cmd.name}' in vhost '{cmd.vhost}'"), []
+        del v.policies[cmd.name]
+        return True, [PolicyChanged(cmd.vhost)]
+
+    def policy_for(self, vhost: str, queue: str) -> PolicyRecord | None:
+        """The policy that applies to a queue: of those whose pattern matches its name (anywhere,
+        as RabbitMQ's re:run), the highest priority; ties go to the first name in order."""
+        v = self.vhosts.get(vhost)
+        if v is None or not v.policies:
+            return None
+        best = None
+        for name in sorted(v.policies):
+            policy = v.policies[name]
+            if policy.apply_to == "exchanges" or policy.regex.search(queue) is None:
+                continue
+            if best is None or policy.priority > best.priority:
+                best = policy
+        return best
+
+    def effective_arguments(self, vhost: str, queue: str) -> dict:
+        """A queue's arguments with its policy's beneath them: the queue's own win."""
+        record = self.queue(vhost, queue)
+        arguments = dict(record.arguments) if record is not None else {}
+        policy = self.policy_for(vhost, queue)
+        if policy is None:
+            return arguments
+        merged = policy.arguments()
+        merged.update(arguments)
+        return merged
+
     # ------------------------------------------------------------- bindings
 
     def _check_binding(self, v: VHost, cmd) -> Rejected | ExchangeRecord:
@@ -385,7 +524,7 @@ class MetadataMachine:
         source = self._check_binding(v, cmd)
         if isinstance(source, Rejected):
             return source, []
-        error = validate_binding_arguments(source.type, cmd.arguments or {})
+        error = validate_binding_arguments(source.routing_type, cmd.arguments or {})
         if error:
             return Rejected(406, error), []
         dest = ("e:" if cmd.to_exchange else "q:") + cmd.destination

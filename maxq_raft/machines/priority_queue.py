@@ -119,10 +119,17 @@ class PriorityQueueMachine(QueueMachine):
                 deadline = unused
         if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
             deadline = self.backoff[0][0]
+        if self.delayed.count:
+            due = self.delayed.next_due_ms
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
         return deadline
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:
         self._recovered_below = next_seq
+        delayed = getattr(self.backing, "delayed_stored", 0)
+        self.delayed.recover(delayed, getattr(self.backing, "delayed_next", 0))
+        spilled_count = max(0, spilled_count - delayed)
         self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
         self.next_seq = next_seq
         self._recovered_spilled = spilled_count

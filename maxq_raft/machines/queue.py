@@ -70,7 +70,10 @@ from .commands import (
     Settle,
     Tick,
     Touch,
+    UpdateSettings,
 )
+from .delayed import DELAYED_BASE, DelayedMessages
+from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 
 
@@ -85,10 +88,11 @@ class Message:
     """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header")
+                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header",
+                 "delay_ms", "due_ms", "delay_counter")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
-                 ttl_ms: int | None = None, priority: int = 0) -> None:
+                 ttl_ms: int | None = None, priority: int = 0, delay_ms: int | None = None) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
         self.exchange = exchange
         self.routing_key = routing_key
@@ -104,6 +108,9 @@ class Message:
         self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
         self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
         self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
+        self.delay_ms = delay_ms  # the `x-delay` header, parsed by the shell: held this long first
+        self.due_ms: int | None = None  # a delayed message's release time (delayed.py)
+        self.delay_counter = 0  # its number among the queue's delayed messages (in its key)
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -231,7 +238,7 @@ def _bad_seqs(seqs: Any) -> bool:
 class QueueMachine:
     def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
                  window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX,
-                 settings: QueueSettings = DEFAULT_SETTINGS) -> None:
+                 settings: QueueSettings = DEFAULT_SETTINGS, delayed_window_max: int | None = None) -> None:
         self.vhost = vhost
         self.settings = settings
         self.now_ms = 0  # the time of the entry being applied (of the last one, between entries)
@@ -255,6 +262,9 @@ class QueueMachine:
         # Not ready (not counted, not delivered) until due, when they join `returned`.
         self.backoff: list[tuple[int, int, Message]] = []
         self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
+        self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
+        # x-single-active-consumer: attached consumer ids in the order they came; the first is served
+        self._sac_order: list[str] = []
         self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
@@ -293,6 +303,7 @@ class QueueMachine:
             Tick: self._tick,
             Touch: self._touch,
             DeadLettered: self._dead_lettered,
+            UpdateSettings: self._update_settings,
         }
 
     # ------------------------------------------------------------- queries
@@ -307,6 +318,9 @@ class QueueMachine:
         The bytes of the recovered messages are not known until they are loaded (start-up reads
         no message), so x-max-length-bytes counts them from then on."""
         self._recovered_below = next_seq
+        delayed = getattr(self.backing, "delayed_stored", 0)
+        self.delayed.recover(delayed, getattr(self.backing, "delayed_next", 0))
+        spilled_count = max(0, spilled_count - delayed)
         # The watermark goes on from the backing's: delivering an old message must not lower it.
         self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
         self.next_seq = next_seq
@@ -346,6 +360,10 @@ class QueueMachine:
                 deadline = unused
         if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
             deadline = self.backoff[0][0]
+        if self.delayed.count:
+            due = self.delayed.next_due_ms
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
         return deadline
 
     # --------------------------------------------------------------- apply
@@ -367,7 +385,14 @@ class QueueMachine:
             self.now_ms = meta.time_ms
             if self.backoff and self.backoff[0][0] <= self.now_ms:
                 self._release_backoff()
+            released = None
+            if self.delayed.count:
+                due = self.delayed.next_due_ms
+                if due is not None and due <= self.now_ms:
+                    released = self._release_delayed()
             reply, effects = handler(meta, command)
+            if released:
+                effects = released + effects
             if type(reply) is Rejected:
                 return reply, effects
             if self._timed:
@@ -394,8 +419,39 @@ class QueueMachine:
             ttl = message.ttl_ms
             if ttl is not None and (type(ttl) is not int or ttl < 0):
                 return _malformed(cmd, f"bad ttl_ms {ttl!r}"), []
+            delay = message.delay_ms
+            if delay is not None and (type(delay) is not int or delay < 0):
+                return _malformed(cmd, f"bad delay_ms {delay!r}"), []
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
             return _malformed(cmd, "the same Message twice in one batch"), []
+        now = self.now_ms
+        if any(message.delay_ms for message in messages):
+            # x-delay: held until due, then enqueued as if published then (delayed.py)
+            self.delayed.add_all([message for message in messages if message.delay_ms], now)
+            messages = [message for message in messages if not message.delay_ms]
+            if not messages:
+                return len(cmd.messages), []
+            reply, effects = self._accept(messages)
+            if type(reply) is Overflowed:
+                return Overflowed(reply.accepted + len(cmd.messages) - len(messages), reply.rejected), effects
+            return len(cmd.messages), effects
+        return self._accept(messages)
+
+    def _release_delayed(self) -> list:
+        """Enqueue the delayed messages that are due (at most DROP_BATCH_MAX per command)."""
+        released, more = self.delayed.release(self.now_ms, DROP_BATCH_MAX)
+        if more:
+            self._more_due = True
+        if not released:
+            return []
+        for message in released:
+            message.delay_ms = None
+            message.expires_at_ms = None
+        reply, effects = self._accept(released)
+        return effects
+
+    def _accept(self, messages: list):
+        """Enqueue new messages (published now, or delayed ones falling due now)."""
         settings = self.settings
         queue_ttl = settings.message_ttl_ms
         now = self.now_ms
@@ -502,6 +558,8 @@ class QueueMachine:
         self.last_used_ms = self.now_ms
         if cmd.exclusive:
             self.exclusive_consumer = consumer_id
+        if self.settings.single_active_consumer:
+            self._sac_order.append(consumer_id)
         ring = self._rings.get(cmd.priority)
         if ring is None:
             ring = self._rings[cmd.priority] = deque()
@@ -611,7 +669,7 @@ class QueueMachine:
         if stored:
             self.backing.remove(stored)
         if self.spilled_count:
-            self.backing.remove_from(self.spill_cursor, self.spilled_persistent)
+            self.backing.remove_from(self.spill_cursor, self.spilled_persistent, DELAYED_BASE)
             self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
@@ -645,10 +703,12 @@ class QueueMachine:
         self.ready_bytes = 0
         self.returned.clear()
         self.backoff.clear()
+        self.delayed.clear()
         self.dead_lettering.clear()
         self._dying.clear()
         self._unstore.clear()
         self.consumers.clear()
+        self._sac_order.clear()
         self._rings.clear()
         self._priorities = []
         self._active_count = 0
@@ -667,6 +727,19 @@ class QueueMachine:
             self.expired = True
             return True, [*effects, QueueExpired(self.vhost, self.name)]
         return False, effects
+
+    def _update_settings(self, meta: Meta, cmd: UpdateSettings):
+        settings = cmd.settings
+        if type(settings) is not QueueSettings:
+            return _malformed(cmd), []
+        if (settings.max_priority != self.settings.max_priority
+                or settings.single_active_consumer != self.settings.single_active_consumer):
+            return Rejected(406, "x-max-priority and x-single-active-consumer cannot change"), []
+        self.settings = settings
+        if settings.message_ttl_ms is not None:
+            self._timed = True
+        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
+        return True, self._service()
 
     def _touch(self, meta: Meta, cmd: Touch):
         self.last_used_ms = self.now_ms
@@ -776,6 +849,9 @@ class QueueMachine:
         consumer.active = False
         self._active_count -= 1
         self.last_used_ms = self.now_ms
+        if self._sac_order:
+            # The next attached consumer, in the order they came, becomes the active one.
+            self._sac_order.remove(consumer.consumer_id)
         ring = self._rings.get(consumer.priority)
         if ring is not None:
             ring.remove(consumer.consumer_id)
@@ -857,7 +933,7 @@ class QueueMachine:
 
     def _refill(self) -> None:
         """Load the next spilled messages into the (empty) window."""
-        loaded = self.backing.load(self.spill_cursor, self.window_max)
+        loaded = self.backing.load(self.spill_cursor, self.window_max, DELAYED_BASE)
         if not loaded:
             # The backing holds fewer than counted: transient messages of a durable queue do
             # not survive a restart. Nothing more is spilled.
@@ -886,6 +962,10 @@ class QueueMachine:
         Call it only when there is a message to give: the consumer it returns has had its turn.
         """
         consumers = self.consumers
+        if self._sac_order:
+            # x-single-active-consumer: only the first attached consumer gets messages.
+            consumer = consumers[self._sac_order[0]]
+            return consumer if consumer.has_room() else None
         for priority in self._priorities:
             ring = self._rings[priority]
             for _ in range(len(ring)):
@@ -1008,12 +1088,13 @@ class QueueMachine:
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
+        self.delayed.check_invariants()
         for due, seq, m in self.backoff:
             assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():
+            # (a policy may have removed the dead-letter exchange since: these are still on their way)
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
-            assert self.settings.dead_letter_exchange is not None
             seen.add(seq)
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
@@ -1046,3 +1127,7 @@ class QueueMachine:
         assert self._priorities == sorted(self._rings, reverse=True)
         if self.exclusive_consumer is not None:
             assert self.consumers[self.exclusive_consumer].active
+        if self.settings.single_active_consumer:
+            assert sorted(self._sac_order) == sorted(cid for cid, c in self.consumers.items() if c.active)
+        else:
+            assert not self._sac_order

@@ -38,6 +38,7 @@ class QueueSettings(NamedTuple):
     retry_backoff_ms: int | None = None  # x-retry-backoff-ms: a returned message waits this long...
     retry_backoff_multiplier: float = 2  # x-retry-backoff-multiplier: ... times this per earlier return
     retry_backoff_max_ms: int = 3_600_000  # x-retry-backoff-max-ms: ... at most this long
+    single_active_consumer: bool = False  # x-single-active-consumer
 
     def retry_delay_ms(self, returns: int) -> int:
         """The back-off of a message returned for the `returns`-th time (1 = the first)."""
@@ -155,6 +156,10 @@ def _check_backoff(value: Any, arguments: dict) -> str | None:
     return _check_non_neg_int(value) or _check_expiry(value)
 
 
+def _check_bool(value: Any, arguments: dict) -> str | None:
+    return None if isinstance(value, bool) else f"{{unacceptable_type,{_type_name(value)}}}"
+
+
 def _check_overflow(value: Any, arguments: dict) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
@@ -175,6 +180,7 @@ _VALIDATORS = (
     ("x-retry-backoff-multiplier", _check_multiplier),
     ("x-retry-backoff-max-ms", _check_backoff),
     ("x-overflow", _check_overflow),
+    ("x-single-active-consumer", _check_bool),
 )
 
 
@@ -207,6 +213,7 @@ def parse_queue_arguments(vhost: str, name: str, arguments: dict | None) -> Queu
         retry_backoff_ms=arguments.get("x-retry-backoff-ms") or None,
         retry_backoff_multiplier=float(arguments.get("x-retry-backoff-multiplier", 2)),
         retry_backoff_max_ms=arguments.get("x-retry-backoff-max-ms", 3_600_000),
+        single_active_consumer=arguments.get("x-single-active-consumer") is True,
     )
 
 

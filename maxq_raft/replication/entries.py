@@ -12,7 +12,8 @@ numbers the origin's entries in one group (1, 2, ...), so that replicas apply th
 exactly once even when a proposal is repeated after a leader change (server/cluster.py).
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
-`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority]`; AMQP field tables (arguments) are kept
+`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`; UpdateSettings
+carries its `QueueSettings` as a list of its fields; AMQP field tables (arguments) are kept
 in AMQP's own table encoding so every value type round-trips exactly. Decoding never trusts
 its input: anything malformed raises EntryError, which the applier turns into a skipped entry
 instead of a stalled group.
@@ -28,14 +29,17 @@ from ..amqp.values import decode_table, encode_table
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Message
+from ..machines.queue_args import QueueSettings
 
 ENTRY_VERSION = 1
 
 QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
-                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply, qc.Tick, qc.Touch, qc.DeadLettered)}
+                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply, qc.Tick, qc.Touch, qc.DeadLettered,
+                                                qc.UpdateSettings)}
 ALL_QUEUES = "*"
 METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
-                                                   md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown)}
+                                                   md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown,
+                                                   md.SetPolicy, md.ClearPolicy)}
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)
 
 
@@ -57,16 +61,20 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        return ["Enqueue", [[m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority]
+        return ["Enqueue", [[m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
                             for m in command.messages]]
+    if type(command) is qc.UpdateSettings:
+        return ["UpdateSettings", list(command.settings)]
     return [type(command).__name__, *(_field(v) for v in command)]
 
 
 def decode_command(raw: list, metadata: bool):
     name, *fields = raw
     if name == "Enqueue" and not metadata:
-        return qc.Enqueue([Message(e, rk, props, body, persistent, ttl_ms, priority)
-                           for e, rk, props, body, persistent, ttl_ms, priority in fields[0]])
+        return qc.Enqueue([Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
+                           for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]])
+    if name == "UpdateSettings" and not metadata:
+        return qc.UpdateSettings(QueueSettings(*fields[0]))
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
     if cls is None:
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")

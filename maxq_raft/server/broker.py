@@ -27,11 +27,11 @@ from ..amqp import spec
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.delayed import DELAYED_BASE
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
-from ..machines.queue_args import settings_or_default
 from ..replication.local_log import LocalLog
-from . import dead_letter, persistence
+from . import dead_letter, persistence, policies
 from .errors import ChannelError
 from .message_store import QueueBacking, WalSyncer, counters_key, decode_counters
 
@@ -124,7 +124,7 @@ class Broker:
             # Seqs are never reused, not even those of transient messages that are gone: a new
             # message at or below the delivered watermark would come back redelivered=true.
             # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
-            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds else 0)
+            next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds and bounds[1] < DELAYED_BASE else 0)
             if bounds and not persistent:
                 # Nothing durable is stored, so whatever is there is transient records of an
                 # earlier run that RocksDB had flushed: one range tombstone frees them, where
@@ -173,7 +173,7 @@ class Broker:
             self.next_queue_id = max(self.next_queue_id, queue_id + 1)
         self.queue_ids[(vhost, name)] = queue_id
         backing = QueueBacking(self.store, queue_id, durable, self.epoch, self.syncer) if self.store is not None else None
-        settings = settings_or_default(vhost, name, record.arguments if record is not None else None)
+        settings = policies.queue_settings(self, vhost, name)
         self.queues[(vhost, name)] = make_queue_machine(vhost, name, backing=backing, durable=durable, settings=settings)
 
     def _durable_from_thread(self, ticket: int) -> None:
@@ -244,6 +244,8 @@ class Broker:
             # (a cluster member creates queue machines from its shards' logs: cluster.py)
             elif type(effect) is md.QueueDeleted:
                 self._queue_deleted((effect.vhost, effect.name))
+            elif type(effect) is md.PolicyChanged:
+                policies.apply_policies(self, effect.vhost)
         if type(reply) is Rejected:
             raise ChannelError(reply.reply_code, reply.reply_text)
         if not replaying and self.metadata_log is not None:

@@ -49,6 +49,7 @@ from ..machines.queue import Meta, Overflowed, Rejected
 from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable
+from . import policies
 from .message_store import QueueBacking
 
 log = logging.getLogger("maxq.cluster")
@@ -359,13 +360,17 @@ class ClusterLog:
             self.submit(None, command, synced)
             return
         durable = command.durable and not command.exclusive
+        arguments = dict(command.arguments)
+        policy = self.broker.meta.policy_for(*key)
+        if policy is not None:  # the queue's own arguments win over its policy's
+            arguments = {**policy.arguments(), **arguments}
 
         def created(reply) -> None:
             if type(reply) is Unavailable:
                 then(reply)
             else:
                 self.submit(None, command, then)
-        self.submit(key, qc.Create(durable, command.arguments), created)
+        self.submit(key, qc.Create(durable, arguments), created)
 
     # ---------------------------------------------------------------- apply
 
@@ -475,6 +480,9 @@ class ClusterLog:
             # closed): its origin deletes it from its shard too.
             if type(effect) is md.QueueDeleted and mine and type(command) is not md.DeleteQueueRecord:
                 self.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
+            # A policy changed: its origin sends the queues whose settings change their new ones.
+            elif type(effect) is md.PolicyChanged and mine:
+                policies.apply_policies(self.broker, effect.vhost)
         return reply
 
     def _apply_queue(self, meta: Meta, key: tuple, command) -> tuple[Any, list]:

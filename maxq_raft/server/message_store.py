@@ -22,6 +22,7 @@ import struct
 import threading
 from typing import Callable
 
+from ..machines.delayed import DELAYED_BASE
 from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX, Message
 from ..storage.errors import StorageError
 
@@ -32,6 +33,9 @@ _PROPS_LEN = struct.Struct(">I")
 FLAG_PERSISTENT = 1
 FLAG_DURABLE = 2  # written through the WAL: survives a restart
 FLAG_EXPIRES = 4  # an 8-byte deadline (ms, TTL) follows the header
+FLAG_DELAYED = 8  # a delayed message (x-delay): due ms, TTL ms (-1: none), priority follow
+_DELAYED = struct.Struct(">QqB")
+_DELAYED_COUNTERS = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 # A load (one refill of a queue's window) brings in at most this much body: the queue machine's
 # own window bound, which it applies to enqueues but not to the count it asks `load` for.
@@ -46,6 +50,13 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
     routing_key = message.routing_key.encode()
     flags = (FLAG_PERSISTENT if message.persistent else 0) | (FLAG_DURABLE if durable else 0)
     expires_at = message.expires_at_ms
+    if message.seq >= DELAYED_BASE:
+        # Not enqueued yet: its TTL and priority apply when it falls due.
+        ttl = -1 if message.ttl_ms is None else message.ttl_ms
+        priority = message.priority if type(message.priority) is int and 0 <= message.priority <= 255 else 0
+        return b"".join((_HEADER.pack(flags | FLAG_DELAYED, epoch, len(exchange), len(routing_key)),
+                         _DELAYED.pack(message.due_ms, ttl, priority), exchange, routing_key,
+                         _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
     if expires_at is not None:
         return b"".join((_HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
                          _U64.pack(expires_at), exchange, routing_key,
@@ -58,9 +69,13 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     flags, epoch, exchange_len, routing_key_len = _HEADER.unpack_from(record, 0)
     offset = _HEADER.size
     expires_at = None
+    delayed = None
     if flags & FLAG_EXPIRES:
         (expires_at,) = _U64.unpack_from(record, offset)
         offset += 8
+    elif flags & FLAG_DELAYED:
+        delayed = _DELAYED.unpack_from(record, offset)
+        offset += _DELAYED.size
     exchange = record[offset:offset + exchange_len].decode()
     offset += exchange_len
     routing_key = record[offset:offset + routing_key_len].decode()
@@ -72,11 +87,19 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
     message.expires_at_ms = expires_at
+    if delayed is not None:
+        message.due_ms, ttl, message.priority = delayed
+        message.ttl_ms = None if ttl < 0 else ttl
     return message, flags, epoch
 
 
 def counters_key(queue_id: int) -> str:
     return f"queue-counters/{queue_id}"
+
+
+def delayed_key(queue_id: int) -> str:
+    """The count of a durable queue's persistent delayed messages (also counted in `persistent`)."""
+    return f"queue-delayed/{queue_id}"
 
 
 def encode_counters(persistent: int, next_seq: int, delivered: int) -> bytes:
@@ -103,9 +126,13 @@ class QueueBacking:
         self.delivered_upto = -1
         self.recovered_epoch_floor = epoch  # records older than this epoch that are not durable are stale
         self.damage_logged = False
+        raw = store.get_meta(delayed_key(queue_id)) if durable else None
+        # (count of persistent delayed messages stored, next delayed counter)
+        self.delayed_stored, self.delayed_next = _DELAYED_COUNTERS.unpack(raw) if raw else (0, 0)
 
     def _counters(self) -> dict:
-        return {counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto)}
+        return {counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto),
+                delayed_key(self.queue_id): _DELAYED_COUNTERS.pack(self.delayed_stored, self.delayed_next)}
 
     def write(self, messages: list) -> None:
         durable_puts = []
@@ -116,9 +143,13 @@ class QueueBacking:
                 durable_puts.append((queue_id, m.seq, encode_record(m, True, epoch)))
             else:
                 volatile_puts.append((queue_id, m.seq, encode_record(m, False, epoch)))
-        if messages:
+        if messages and messages[-1].seq < DELAYED_BASE:
             # (a priority queue's seqs carry the priority above SEQ_MASK: the counter is below)
             self.next_seq = max(self.next_seq, (messages[-1].seq & SEQ_MASK) + 1)
+        elif messages:
+            self.delayed_next = max(self.delayed_next, messages[-1].delay_counter + 1)
+            if self.durable:
+                self.delayed_stored += sum(1 for m in messages if m.persistent)
         if volatile_puts:
             self.store.write(volatile_puts, (), None, wal=False)
         if durable_puts:
@@ -130,6 +161,7 @@ class QueueBacking:
         seqs = [m.seq for m in messages]
         gone = sum(1 for m in messages if m.persistent) if self.durable else 0
         if gone:
+            self.delayed_stored -= sum(1 for m in messages if m.persistent and m.seq >= DELAYED_BASE)
             self.persistent -= gone
             self.store.write((), [(self.queue_id, seq) for seq in seqs], self._counters(), wal=True)
         else:
@@ -201,7 +233,7 @@ class QueueBacking:
     def drop(self) -> None:
         self.store.drop_queue(self.queue_id)
         if self.durable:
-            self.store.write((), (), {counters_key(self.queue_id): None}, wal=True)
+            self.store.write((), (), {counters_key(self.queue_id): None, delayed_key(self.queue_id): None}, wal=True)
 
 
 class WalSyncer:

@@ -34,7 +34,8 @@ NEXT_QUEUE_ID_KEY = "metadata/next-queue-id"
 EPOCH_KEY = "node/epoch"
 
 COMMAND_TYPES = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
-                                               md.DeleteQueueRecord, md.Bind, md.Unbind)}
+                                               md.DeleteQueueRecord, md.Bind, md.Unbind, md.SetPolicy,
+                                               md.ClearPolicy)}
 
 
 class MetadataCorruption(Exception):
@@ -130,6 +131,8 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         dest_durable = (durable_exchange(machine, command.vhost, command.destination) if command.to_exchange
                         else durable_queue(machine, command.vhost, command.destination))
         return source_durable and dest_durable
+    if kind is md.SetPolicy or kind is md.ClearPolicy:
+        return True  # policies are always durable (RabbitMQ's runtime parameters)
     return False
 
 
@@ -150,4 +153,7 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
             bind = md.Bind(vhost_name, source, dest, to_exchange, key, args, "")
             if concerns_durable(machine, bind, before=False):
                 entries.append(encode_entry(bind, None))
+        for policy in vhost.policies.values():
+            entries.append(encode_entry(md.SetPolicy(vhost_name, policy.name, policy.pattern, policy.definition,
+                                                     policy.priority, policy.apply_to), None))
     return entries

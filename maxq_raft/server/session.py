@@ -40,7 +40,7 @@ from .broker import Broker, Unavailable
 from .cluster import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
-from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, send_confirms
+from .publish_extras import delivery_props, note_refused, publish_extras, send_confirms, wants_extras
 
 log = logging.getLogger("maxq.session")
 
@@ -357,7 +357,7 @@ class Session:
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
-        ttl_ms, priority = publish_extras(props_raw) if flags & EXTRAS_FLAGS else (None, 0)
+        ttl_ms, priority, delay_ms = publish_extras(props_raw) if wants_extras(flags, props_raw) else (None, 0, None)
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
@@ -366,7 +366,7 @@ class Session:
             ref = None if seq is None else (channel, seq)
             for name in queues:
                 key = (vhost, name)
-                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority)
+                message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
                 message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:

@@ -319,3 +319,52 @@ def test_backoff_release_delivers_to_a_waiting_consumer_on_tick():
     q.at(1, Requeue("c", [effects[0].message.seq]))
     _, effects = q.at(51, Tick())
     assert [(e.message.body, e.redelivered) for e in effects if type(e) is Deliver] == [(b"m", True)]
+
+
+# ------------------------------------------------------------ single active consumer
+
+
+def test_single_active_consumer_serves_the_first_and_hands_over_in_order():
+    q = Clocked(single_active_consumer=True)
+    for consumer, owner in (("a", "o-a"), ("b", "o-b"), ("c", "o-c")):
+        q.at(0, Checkout(consumer, owner, 0, True, 0, False, 100))
+    _, effects = q.publish(0, b"1", b"2", b"3")
+    assert [(e.consumer_id, e.message.body) for e in effects] == [("a", b"1"), ("a", b"2"), ("a", b"3")]
+    q.at(1, Cancel("a"))
+    _, effects = q.publish(1, b"4")
+    assert [e.consumer_id for e in effects] == ["b"]
+    q.at(2, Down("o-b"))
+    _, effects = q.publish(2, b"5")
+    assert [e.consumer_id for e in effects] == ["c"]
+    assert q.machine.active_consumer_count == 1
+
+
+def test_single_active_consumer_waiting_ones_get_nothing_while_the_active_one_is_full():
+    q = Clocked(single_active_consumer=True)
+    q.at(0, Checkout("a", "o-a", 1, False, 0, False, 100))
+    q.at(0, Checkout("b", "o-b", 1, False, 0, False, 100))
+    _, effects = q.publish(0, b"1", b"2")
+    assert [e.consumer_id for e in effects] == ["a"] and q.machine.ready_count == 1
+    # a's connection goes: its unacked message comes back, and b gets both, in order
+    _, effects = q.at(1, Down("o-a"))
+    assert [(e.consumer_id, e.message.body, e.redelivered) for e in effects] == [("b", b"1", True)]
+
+
+# ------------------------------------------------------------------ settings updates
+
+
+def test_update_settings_applies_limits_at_once_and_cannot_change_the_kind():
+    from maxq_raft.machines.commands import UpdateSettings
+
+    q = Clocked()
+    q.publish(0, b"1", b"2", b"3")
+    reply, _ = q.at(1, UpdateSettings(QueueSettings(max_length=1, dead_letter_exchange="dlx")))
+    assert reply is True and q.machine.ready_count == 1 and q.machine.dead_lettered["maxlen"] == 2
+    assert type(q.at(2, UpdateSettings(QueueSettings(max_priority=5)))[0]) is Rejected
+    assert type(q.at(2, UpdateSettings({"max_length": 1}))[0]) is Rejected
+    q.at(3, UpdateSettings(QueueSettings(message_ttl_ms=10)))
+    q.publish(3, b"4")
+    assert q.machine.ready[0].expires_at_ms is None  # enqueued before the TTL: none
+    reply, _ = q.at(20, Get("g", "o", True))
+    assert reply[0].body == b"3" and q.machine.ready_count == 0  # "4", now the head, had expired
+    assert q.machine.dropped["expired"] == 1

@@ -77,12 +77,13 @@ class FeaturesModel(RuleBasedStateMachine):
                 max_bytes=st.sampled_from([None, None, 12]),
                 overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
                 dlx=st.booleans(), max_priority=st.sampled_from([None, None, 2]),
-                delivery_limit=st.sampled_from([None, None, 0, 1]), backoff=st.sampled_from([None, None, 5]))
-    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff) -> None:
+                delivery_limit=st.sampled_from([None, None, 0, 1]), backoff=st.sampled_from([None, None, 5]),
+                sac=st.booleans())
+    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff, sac) -> None:
         self.settings = QueueSettings(message_ttl_ms=ttl, max_length=max_length, max_length_bytes=max_bytes,
                                       overflow=overflow, dead_letter_exchange="dlx" if dlx else None,
                                       max_priority=max_priority, delivery_limit=delivery_limit,
-                                      retry_backoff_ms=backoff, retry_backoff_max_ms=20)
+                                      retry_backoff_ms=backoff, retry_backoff_max_ms=20, single_active_consumer=sac)
         self.machine = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
                                           window_bytes_max=12, settings=self.settings)
         self.twin = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
@@ -105,6 +106,9 @@ class FeaturesModel(RuleBasedStateMachine):
     def observe(self, effects: list) -> None:
         for effect in effects:
             if type(effect) is Deliver:
+                if self.settings.single_active_consumer:
+                    # only the first attached consumer is served
+                    assert effect.consumer_id == self.machine._sac_order[0]
                 self.delivered(effect.consumer_id, effect.message, no_ack=effect.consumer_id in self.no_ack_ids())
             else:
                 assert type(effect) is DeadLetter, effect
@@ -151,7 +155,9 @@ class FeaturesModel(RuleBasedStateMachine):
             self.body_counter += 1
             bodies.append(b"b%d" % self.body_counter)
         made = []
-        before = (self.machine.ready_count, self.machine.ready_bytes)
+        # (back-offs that are over are released first: they count as there before the publish)
+        due = [m for when, _, m in self.machine.backoff if when <= self.now]
+        before = (self.machine.ready_count + len(due), self.machine.ready_bytes + sum(len(m.body) for m in due))
 
         def make():
             batch = [Message("ex", "rk", b"", body, persistent=True, ttl_ms=ttl, priority=priority) for body in bodies]
@@ -244,7 +250,8 @@ class FeaturesModel(RuleBasedStateMachine):
 
     @rule()
     def purge(self) -> None:
-        ready = self.ready()
+        # (back-offs that are over are released at the start of the command, then purged)
+        ready = self.ready() + [seq for due, seq, _ in self.machine.backoff if due <= self.now]
         reply, _ = self.apply(Purge)
         assert reply == len(ready)
         self.purged.update(ready)

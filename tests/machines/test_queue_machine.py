@@ -444,13 +444,17 @@ class DictBacking:
     def __init__(self) -> None:
         self.records: dict[int, tuple] = {}
         self.range_claimed = self.range_removed = 0
+        self.delayed_next = 0
         self.delivered_upto = -1
         self.dropped = False
 
     def write(self, messages: list) -> None:
         for m in messages:
             assert m.seq not in self.records, "a message is written once"
-            self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.expires_at_ms)
+            if m.seq >= 1 << 63:
+                self.delayed_next = max(self.delayed_next, m.delay_counter + 1)
+            self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.expires_at_ms,
+                                   m.due_ms, m.ttl_ms, m.priority)
 
     def remove(self, messages: list) -> None:
         for m in messages:
@@ -471,13 +475,19 @@ class DictBacking:
     def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         out = []
         for seq in sorted(s for s in self.records if s >= seq_from and (seq_below is None or s < seq_below))[:limit]:
-            exchange, routing_key, props_raw, body, persistent, expires_at_ms = self.records[seq]
+            exchange, routing_key, props_raw, body, persistent, expires_at_ms, due_ms, ttl_ms, priority = self.records[seq]
             m = Message(exchange, routing_key, props_raw, body, persistent)
             m.seq = seq
             m.expires_at_ms = expires_at_ms
+            if due_ms is not None:  # a delayed one: its TTL and priority are kept for its release
+                m.due_ms, m.ttl_ms, m.priority = due_ms, ttl_ms, priority
             m.redelivered = seq & ((1 << 48) - 1) <= self.delivered_upto
             out.append(m)
         return out
+
+    @property
+    def delayed_stored(self) -> int:
+        return sum(1 for seq, record in self.records.items() if seq >= 1 << 63 and record[4])
 
     def delivered(self, seq: int) -> None:
         assert seq > self.delivered_upto

@@ -1,0 +1,157 @@
+"""Policies through maxqctl and pika: `maxqctl set-policy` / `clear-policy` and the admin API.
+
+References: RabbitMQ's parameters.md "Policies": a policy matches queue names by a regular
+expression and applies its definition (message-ttl, max-length, dead-letter-exchange, ...) to
+every matching queue, existing or future; of several matching, the highest priority applies; a
+queue's own arguments win over its policy; policies survive restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pika
+import pytest
+
+pytestmark = pytest.mark.timeout(90)
+
+MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
+
+
+def maxqctl(broker, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def drain(channel, name: str) -> list[bytes]:
+    out = []
+    for _ in range(1000):
+        method, _, body = channel.basic_get(name, auto_ack=True)
+        if method is None:
+            return out
+        out.append(body)
+    raise AssertionError("did not drain")
+
+
+def fill(channel, name: str, n: int) -> None:
+    for i in range(n):
+        channel.basic_publish("", name, b"%d" % i)
+
+
+@pytest.fixture
+def prefix(broker):
+    """A pattern of this test's own, and its policies cleared afterwards."""
+    tag = uuid.uuid4().hex[:8]
+    names = []
+    yield tag, names
+    for name in names:
+        maxqctl(broker, "clear-policy", name)
+
+
+def test_policy_applies_to_matching_queues_new_and_existing(env, broker, prefix):
+    tag, names = prefix
+    channel = env.channel()
+    existing, other = env.queue_name(f"pol-{tag}"), env.queue_name(f"none-{tag}")
+    channel.queue_declare(existing)
+    channel.queue_declare(other)
+    fill(channel, existing, 5)
+    names.append(f"limit-{tag}")
+    result = maxqctl(broker, "set-policy", f"limit-{tag}", f"^pol-{tag}", '{"max-length": 2}', "--apply-to", "queues")
+    assert result.returncode == 0, result.stderr
+    assert channel.queue_declare(existing, passive=True).method.message_count == 2  # dropped at once
+    later = env.queue_name(f"pol-{tag}")
+    channel.queue_declare(later)
+    fill(channel, later, 5)
+    fill(channel, other, 5)
+    assert drain(channel, later) == [b"3", b"4"]
+    assert len(drain(channel, other)) == 5  # does not match
+    listed = json.loads(maxqctl(broker, "--json", "list", "policies").stdout)
+    assert {"name": f"limit-{tag}", "pattern": f"^pol-{tag}", "definition": {"max-length": 2}, "priority": 0,
+            "apply-to": "queues", "vhost": "/"} in listed
+
+
+def test_queue_arguments_win_over_the_policy(env, broker, prefix):
+    tag, names = prefix
+    names.append(f"limit-{tag}")
+    assert maxqctl(broker, "set-policy", f"limit-{tag}", f"^arg-{tag}", '{"max-length": 1}').returncode == 0
+    channel = env.channel()
+    name = env.queue_name(f"arg-{tag}")
+    channel.queue_declare(name, arguments={"x-max-length": 3})
+    fill(channel, name, 5)
+    assert drain(channel, name) == [b"2", b"3", b"4"]
+
+
+def test_highest_priority_policy_applies_and_clearing_restores(env, broker, prefix):
+    tag, names = prefix
+    names += [f"low-{tag}", f"high-{tag}"]
+    assert maxqctl(broker, "set-policy", f"low-{tag}", f"^prio-{tag}", '{"max-length": 1}', "--priority", "1").returncode == 0
+    assert maxqctl(broker, "set-policy", f"high-{tag}", f"prio-{tag}", '{"max-length": 2}', "--priority", "5").returncode == 0
+    channel = env.channel()
+    name = env.queue_name(f"prio-{tag}")
+    channel.queue_declare(name)
+    fill(channel, name, 4)
+    assert channel.queue_declare(name, passive=True).method.message_count == 2
+    assert maxqctl(broker, "clear-policy", f"high-{tag}").returncode == 0
+    assert channel.queue_declare(name, passive=True).method.message_count == 1  # the low one now
+    assert maxqctl(broker, "clear-policy", f"low-{tag}").returncode == 0
+    fill(channel, name, 4)
+    assert channel.queue_declare(name, passive=True).method.message_count == 5  # no limit any more
+
+
+def test_policy_dead_letter_and_ttl(env, broker, prefix):
+    tag, names = prefix
+    channel = env.channel()
+    dead = env.queue_name(f"dead-{tag}")
+    channel.queue_declare(dead)
+    names.append(f"dlx-{tag}")
+    definition = json.dumps({"message-ttl": 50, "dead-letter-exchange": "", "dead-letter-routing-key": dead})
+    assert maxqctl(broker, "set-policy", f"dlx-{tag}", f"^ttl-{tag}", definition).returncode == 0
+    name = env.queue_name(f"ttl-{tag}")
+    channel.queue_declare(name)
+    channel.basic_publish("", name, b"m")
+    deadline = time.monotonic() + 10
+    while True:
+        method, props, body = channel.basic_get(dead, auto_ack=True)
+        if method is not None:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert props.headers["x-death"][0]["reason"] == "expired" and props.headers["x-death"][0]["queue"] == name
+
+
+@pytest.mark.parametrize("definition, error", [
+    ('{"max-length": -1}', "{value_negative,-1}"),
+    ('{"no-such-key": 1}', "are not recognised policy settings"),
+    ('{"max-priority": 5}', "are not recognised policy settings"),
+])
+def test_bad_policies_are_refused(broker, definition, error):
+    result = maxqctl(broker, "set-policy", "bad", ".*", definition)
+    assert result.returncode == 4 and error in result.stderr
+    result = maxqctl(broker, "set-policy", "bad", "(", '{"max-length": 1}')
+    assert result.returncode == 4 and "not a valid regular expression" in result.stderr
+
+
+def test_clearing_a_missing_policy_is_404(broker):
+    result = maxqctl(broker, "clear-policy", "no-such-policy")
+    assert result.returncode == 4 and "404" in result.stderr
+
+
+def test_policies_survive_a_restart(start_broker):
+    broker = start_broker()
+    assert maxqctl(broker, "set-policy", "keep", "^kept", '{"max-length": 1}').returncode == 0
+    broker.stop()
+    broker = start_broker(data_dir=broker.data_dir)
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+        assert [p["name"] for p in json.load(response)] == ["keep"]
+    connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
+    channel = connection.channel()
+    channel.queue_declare("kept-q")
+    fill(channel, "kept-q", 3)
+    assert drain(channel, "kept-q") == [b"2"]
+    connection.close()
