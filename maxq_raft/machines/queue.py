@@ -105,7 +105,7 @@ class Message:
         self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
         self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
         self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
-        self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
+        self.publish_ref = None  # the shell's (channel number, confirm seq), to nack a refused publish
         self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
         self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
         self.delay_ms = delay_ms  # the `x-delay` header, parsed by the shell: held this long first
