@@ -54,6 +54,16 @@ class Timestamp(int):
         return f"Timestamp({int(self)})"
 
 
+class Long(int):
+    """An integer to encode as 'l' (signed 64-bit) whatever its size, where a peer expects that
+    type: RabbitMQ writes x-death `count` as long, and clients cast it so (Java: Long)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Long({int(self)})"
+
+
 # ---------------------------------------------------------------------------------------
 # decoding: each function takes (buf, offset) and returns (value, new offset)
 
@@ -332,6 +342,8 @@ def encode_value(value, depth: int = 0) -> bytes:
         return b"t\x01" if value else b"t\x00"
     if isinstance(value, Timestamp):
         return _encode_timestamp(value)
+    if isinstance(value, Long):
+        return _TAG_I64.pack(b"l", value)
     if isinstance(value, int):
         return _encode_int(int(value))
     if isinstance(value, float):

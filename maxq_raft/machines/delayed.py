@@ -16,10 +16,10 @@ Only the earliest are in memory (`window`): every delayed key below `cursor` is 
 stored one from `cursor` on is not. Arrivals keep the window within `window_max` (a new message
 due before the window's last takes its place; the last is evicted, it is stored already). A load
 happens when the cursor's slot has come and may take the window one load (`load_max`) beyond.
-Within a slot, key order is publish order, not due order: when the window is full of messages of
-slots that have come but none of them is due yet, the rest of the cursor's slot is loaded anyway,
-since a message due earlier may be among them; that goes beyond the bound only by messages due
-within the next 10 ms, for as long. Releases pop a heap ordered by the exact due millisecond.
+Within a slot, key order is publish order, not due order, so nothing of the cursor's slot is
+released before the rest of that slot is loaded (a message due earlier may be among them), even
+beyond the window: that goes beyond the bound only by messages due within the same 10 ms, for as
+long. Releases pop a heap ordered by the exact due millisecond, then publish order.
 
 The queue machine calls `release(now_ms, limit)` at the start of each command and enqueues what
 it returns; `next_due_ms` tells the shell's ticker when to come back.
@@ -116,10 +116,12 @@ class DelayedMessages:
         while len(out) < limit:
             while self.spilled and slot_start_ms(self.cursor) <= now_ms:
                 top = self._top_due()
-                full = len(self.window) >= self.window_max + self.load_max
-                if full and top is not None and top <= now_ms:
-                    break  # something in memory is due: release it first
-                self._load(forced=full)
+                if top is not None and self.heap[0][1] >> DUE_SHIFT < self.cursor >> DUE_SHIFT:
+                    # In a slot before every stored one (so due already): it goes first.
+                    break
+                # The cursor's slot has come and holds stored messages that may be due before
+                # everything in memory: load them first.
+                self._load(forced=len(self.window) >= self.window_max + self.load_max)
             top = self._top_due()
             if top is None or top > now_ms:
                 break

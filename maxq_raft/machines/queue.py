@@ -105,7 +105,7 @@ class Message:
         self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
         self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
         self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
-        self.publish_ref = None  # the shell's (channel, confirm seq), to nack a rejected publish
+        self.publish_ref = None  # the shell's (channel number, confirm seq), to nack a refused publish
         self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
         self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
         self.delay_ms = delay_ms  # the `x-delay` header, parsed by the shell: held this long first
@@ -178,6 +178,9 @@ class Backing(Protocol):
 
     def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         """Up to `limit` stored messages with seq >= seq_from (and < seq_below), in seq order."""
+
+    def rewrite(self, messages: list) -> None:
+        """These stored messages changed (their delivery count): store them again, in place."""
 
     def delivered(self, seq: int) -> None:
         """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
@@ -869,16 +872,29 @@ class QueueMachine:
         n = 0
         checked_out = consumer.checked_out
         counts_returns = self._counts_returns
+        recount = None
         for seq in seqs:
             message = checked_out.pop(seq, None)
             if message is not None:
                 message.redelivered = True
                 n += 1
-                if counts_returns and self._return_counted(message):
-                    continue
+                if counts_returns:
+                    if message.stored and self.durable and message.persistent and not self._over_limit(message):
+                        # The count survives a restart with the message (rabbit_fifo keeps it in its log).
+                        if recount is None:
+                            recount = []
+                        recount.append(message)
+                    if self._return_counted(message):
+                        continue
                 heapq.heappush(self.returned, (message.seq, message))
                 self.ready_bytes += len(message.body)
+        if recount:
+            self.backing.rewrite(recount)
         return n
+
+    def _over_limit(self, message: Message) -> bool:
+        limit = self.settings.delivery_limit
+        return limit is not None and message.delivery_count > limit
 
     def _return_counted(self, message: Message) -> bool:
         """x-delivery-limit and retry back-off: True if the message does not go back now.
@@ -1081,7 +1097,9 @@ class QueueMachine:
         for m in self._ready_in_memory():
             assert previous < m.seq and m.seq & SEQ_MASK < self.next_seq, "ready is in sequence order"
             # (redelivered may be set on a message loaded after a restart: delivered before it)
-            assert m.delivery_count == 0 and (m.stored or self.backing is None or not self.durable or not m.persistent)
+            # (a message returned before a restart comes back with its count, in a counting queue)
+            assert (m.delivery_count == 0 or m.count_header) and (
+                m.stored or self.backing is None or not self.durable or not m.persistent)
             previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:

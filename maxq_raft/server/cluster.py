@@ -116,7 +116,7 @@ class ConfirmBatch:
         self.remaining = remaining
         self.failed = False
         self.unknown = False  # an entry's outcome is unknown: neither ack nor nack (close instead)
-        self.refused: dict | None = None  # channel -> confirm seqs a reject-publish queue refused
+        self.refused: dict | None = None  # channel number -> confirm seqs a reject-publish queue refused
         self.then = None  # for `when_committed`: then(ok)
 
 
@@ -317,7 +317,7 @@ class ClusterLog:
             while waits and waits[0][0].remaining == 0:
                 batch, seqs = waits.popleft()
                 last_seq = seqs[-1]
-                refused = batch.refused.get(channel) if batch.refused else None
+                refused = batch.refused.get(channel.number) if batch.refused else None
                 if alive and batch.unknown:
                     # Neither ack nor nack is true: the publisher must treat them as in doubt.
                     session.conn.close(spec.CONNECTION_FORCED, "publish outcome unknown after a leader change; "

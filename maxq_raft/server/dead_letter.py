@@ -23,7 +23,7 @@ import time
 import trio
 
 from ..amqp.properties import decode_properties, encode_properties
-from ..amqp.values import Timestamp
+from ..amqp.values import Long, Timestamp
 from ..machines import commands as qc
 from ..machines.queue import DeadLetter, Message, QueueExpired
 
@@ -67,7 +67,7 @@ def update_x_death(headers: dict, reason: str, queue: str, time_s: int, exchange
     x-death is an array of tables, most recent death first, one per (queue, reason): a repeated
     death increments that entry's `count` and moves it to the front. x-first-death-* are set
     once, x-last-death-* every time (RabbitMQ 3.13 and later)."""
-    info = {"count": 1, "reason": reason, "queue": queue, "time": Timestamp(time_s), "exchange": exchange,
+    info = {"count": Long(1), "reason": reason, "queue": queue, "time": Timestamp(time_s), "exchange": exchange,
             "routing-keys": list(routing_keys)}
     if expiration is not None:
         info["original-expiration"] = expiration
@@ -93,6 +93,10 @@ def update_x_death(headers: dict, reason: str, queue: str, time_s: int, exchange
             updated = dict(match)
             updated["count"] = (count if isinstance(count, int) else 0) + 1
             headers["x-death"] = [dict(sorted(updated.items())), *others]
+        for entry in headers["x-death"]:
+            # Decoded counts are plain ints again: RabbitMQ's type for them is long.
+            if isinstance(entry, dict) and isinstance(entry.get("count"), int) and not isinstance(entry["count"], bool):
+                entry["count"] = Long(entry["count"])
     else:
         # Not an array (a client re-published it converted): RabbitMQ resets it.
         headers["x-death"] = [info]

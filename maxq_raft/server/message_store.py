@@ -34,8 +34,10 @@ FLAG_PERSISTENT = 1
 FLAG_DURABLE = 2  # written through the WAL: survives a restart
 FLAG_EXPIRES = 4  # an 8-byte deadline (ms, TTL) follows the header
 FLAG_DELAYED = 8  # a delayed message (x-delay): due ms, TTL ms (-1: none), priority follow
+FLAG_RETURNS = 16  # its delivery count (returns so far, x-delivery-limit) follows: u32
 _DELAYED = struct.Struct(">QqB")
 _DELAYED_COUNTERS = struct.Struct(">QQ")
+_U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 # A load (one refill of a queue's window) brings in at most this much body: the queue machine's
 # own window bound, which it applies to enqueues but not to the count it asks `load` for.
@@ -57,11 +59,15 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
         return b"".join((_HEADER.pack(flags | FLAG_DELAYED, epoch, len(exchange), len(routing_key)),
                          _DELAYED.pack(message.due_ms, ttl, priority), exchange, routing_key,
                          _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
+    extra = b""
+    if message.count_header and message.delivery_count:
+        flags |= FLAG_RETURNS
+        extra = _U32.pack(min(message.delivery_count, 0xFFFFFFFF))
     if expires_at is not None:
         return b"".join((_HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
-                         _U64.pack(expires_at), exchange, routing_key,
+                         _U64.pack(expires_at), extra, exchange, routing_key,
                          _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
-    return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), exchange, routing_key,
+    return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), extra, exchange, routing_key,
                      _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
 
 
@@ -76,6 +82,10 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     elif flags & FLAG_DELAYED:
         delayed = _DELAYED.unpack_from(record, offset)
         offset += _DELAYED.size
+    returns = 0
+    if flags & FLAG_RETURNS:
+        (returns,) = _U32.unpack_from(record, offset)
+        offset += 4
     exchange = record[offset:offset + exchange_len].decode()
     offset += exchange_len
     routing_key = record[offset:offset + routing_key_len].decode()
@@ -87,6 +97,9 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
     message.expires_at_ms = expires_at
+    if returns:
+        message.delivery_count = returns
+        message.count_header = True
     if delayed is not None:
         message.due_ms, ttl, message.priority = delayed
         message.ttl_ms = None if ttl < 0 else ttl
@@ -156,6 +169,13 @@ class QueueBacking:
             self.persistent += len(durable_puts)
             self.store.write(durable_puts, (), self._counters(), wal=True)
             self.syncer.dirty = True
+
+    def rewrite(self, messages: list) -> None:
+        """Store these (durable, persistent) messages again with their delivery counts; the
+        counters do not change: they were stored already."""
+        puts = [(self.queue_id, m.seq, encode_record(m, True, self.epoch)) for m in messages]
+        self.store.write(puts, (), None, wal=True)
+        self.syncer.dirty = True
 
     def remove(self, messages: list) -> None:
         seqs = [m.seq for m in messages]

@@ -62,7 +62,8 @@ def delivery_props(message) -> bytes:
 
 
 def note_refused(refused: dict | None, messages: list) -> dict:
-    """Collect channel -> {confirm seq} of the refused messages that await a confirm."""
+    """Collect channel number -> {confirm seq} of the refused messages that await a confirm
+    (all from this read of one connection, so the number names the channel)."""
     if refused is None:
         refused = {}
     for message in messages:

@@ -363,7 +363,8 @@ class Session:
         if queues:
             pending = self.pending
             persistent = delivery_mode_of(props_raw) == 2
-            ref = None if seq is None else (channel, seq)
+            # (the channel's number, not the channel: a queued message must not keep it alive)
+            ref = None if seq is None else (channel.number, seq)
             for name in queues:
                 key = (vhost, name)
                 message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
@@ -427,8 +428,8 @@ class Session:
             ticket = syncer.request() if syncer is not None and syncer.dirty else None
             send_method = self.conn.send_method
             for channel, seqs in confirms.items():
-                if refused and channel in refused:
-                    send_confirms(broker, self, channel, seqs, ticket, refused[channel])
+                if refused and channel.number in refused:
+                    send_confirms(broker, self, channel, seqs, ticket, refused[channel.number])
                 elif ticket is not None or channel in broker.confirm_waiters:
                     broker.defer_confirms(channel, ticket, seqs[-1])
                 else:

@@ -311,3 +311,11 @@ def test_pamqp_agrees_on_single_values():
         theirs = pamqp.decode.field_table(encode_table({"k": value}))[1]["k"]
         assert ours == theirs == value
         assert encode_value(value)[:1] in b"tIlSVAFxD"
+
+
+def test_long_is_always_encoded_as_a_64_bit_integer():
+    from maxq_raft.amqp.values import Long, decode_table, encode_table
+
+    raw = encode_table({"small": Long(1), "plain": 1})
+    assert b"\x05smalll\x00\x00\x00\x00\x00\x00\x00\x01" in raw and b"\x05plainI\x00\x00\x00\x01" in raw
+    assert decode_table(raw, 0)[0] == {"small": 1, "plain": 1}

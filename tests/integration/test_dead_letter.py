@@ -224,3 +224,21 @@ def test_dead_lettered_persistent_message_survives_a_restart(start_broker):
     _, props, body = get_one(channel, "dl-target")
     assert body == b"keep" and props.delivery_mode == 2 and props.headers["x-death"][0]["reason"] == "rejected"
     connection.close()
+
+
+def test_x_death_count_is_encoded_as_long_as_rabbitmq_does():
+    """Clients cast it (Spring AMQP: `(Long) death.get("count")`), so the type matters: 'l'."""
+    from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
+    from maxq_raft.server.dead_letter import update_x_death
+
+    headers = {}
+    update_x_death(headers, "expired", "q1", 1_700_000_000, "", ["q1"], None)
+    raw = encode_properties(BasicProperties(headers=headers))
+    assert b"\x05countl\x00\x00\x00\x00\x00\x00\x00\x01" in raw
+    again = dict(decode_properties(raw).headers)
+    update_x_death(again, "expired", "q1", 1_700_000_001, "", ["q1"], None)  # decoded: plain ints
+    update_x_death(again, "rejected", "q2", 1_700_000_002, "", ["q2"], None)
+    raw = encode_properties(BasicProperties(headers=again))
+    assert raw.count(b"\x05countl") == 2 and b"\x05countI" not in raw
+    deaths = decode_properties(raw).headers["x-death"]
+    assert [(d["queue"], d["reason"], d["count"]) for d in deaths] == [("q2", "rejected", 1), ("q1", "expired", 2)]

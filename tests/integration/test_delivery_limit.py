@@ -134,3 +134,30 @@ def test_bad_arguments_are_406(env, arguments, error):
         channel.queue_declare(name, arguments=arguments)
     assert exc.value.reply_code == 406
     assert exc.value.reply_text == "PRECONDITION_FAILED - invalid arg " + error.format(q=name)
+
+
+def test_delivery_counts_survive_a_restart(start_broker):
+    broker = start_broker()
+    connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
+    channel = connection.channel()
+    channel.queue_declare("poison-dead", durable=True)
+    channel.queue_declare("poison", durable=True, arguments={"x-delivery-limit": 2, "x-dead-letter-exchange": "",
+                                                             "x-dead-letter-routing-key": "poison-dead"})
+    channel.confirm_delivery()
+    channel.basic_publish("", "poison", b"p", pika.BasicProperties(delivery_mode=2))
+    for _ in range(2):
+        method, _, _ = get_one(channel, "poison")
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    channel.basic_publish("", "poison-dead", b"sync", pika.BasicProperties(delivery_mode=2))  # confirmed: synced
+    connection.close()
+    broker.stop()
+    broker = start_broker(data_dir=broker.data_dir)
+    connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
+    channel = connection.channel()
+    method, props, _ = get_one(channel, "poison")
+    assert props.headers["x-delivery-count"] == 2 and method.redelivered
+    channel.basic_nack(method.delivery_tag, requeue=True)  # the third return: over the limit
+    assert get_one(channel, "poison-dead")[2] == b"sync"
+    _, props, body = get_one(channel, "poison-dead")
+    assert body == b"p" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+    connection.close()

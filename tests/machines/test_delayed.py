@@ -173,7 +173,7 @@ class DelayedModel(RuleBasedStateMachine):
         assert len(delayed_keys) == len(self.pending), "every delayed message is stored, once"
 
 
-DelayedModel.TestCase.settings = settings(max_examples=1000, stateful_step_count=60, deadline=None)
+DelayedModel.TestCase.settings = settings(max_examples=1500, stateful_step_count=60, deadline=None)
 test_delayed_against_model = DelayedModel.TestCase
 
 
@@ -188,4 +188,18 @@ def test_regression_an_earlier_due_message_stored_behind_a_full_window_of_its_sl
                                 + [Message("", "q", b"", b"early", delay_ms=5)]))
     q.apply(Meta(3, 10), Tick())
     assert q.ready_count == 1 and q.ready[0].body == b"early"
+    q.check_invariants()
+
+
+def test_regression_due_order_across_memory_and_store_in_one_slot():
+    """Shrunk by test_delayed_against_model (window 3): at t=5, four messages due at 15, then two
+    due at 15 and one due at 10, all in the slot 10-19 ms; one command at t=15. The first three
+    were in memory, the rest stored; the one due at 10 came out after some due at 15 because the
+    window was released before the rest of the slot was loaded."""
+    q = machine_with(DictBacking())
+    q.apply(Meta(1, 5), Enqueue([Message("", "q", b"", b"m%d" % i, delay_ms=10) for i in range(1, 5)]))
+    q.apply(Meta(2, 5), Enqueue([Message("", "q", b"", b"m5", delay_ms=10), Message("", "q", b"", b"m6", delay_ms=10),
+                                 Message("", "q", b"", b"early", delay_ms=5)]))
+    q.apply(Meta(3, 15), Tick())
+    assert [m.body for m in q.ready] == [b"early", b"m1", b"m2", b"m3", b"m4", b"m5", b"m6"]
     q.check_invariants()

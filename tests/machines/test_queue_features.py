@@ -368,3 +368,22 @@ def test_update_settings_applies_limits_at_once_and_cannot_change_the_kind():
     reply, _ = q.at(20, Get("g", "o", True))
     assert reply[0].body == b"3" and q.machine.ready_count == 0  # "4", now the head, had expired
     assert q.machine.dropped["expired"] == 1
+
+
+def test_delivery_counts_survive_a_restart_of_a_durable_queue():
+    from tests.machines.test_queue_machine import DictBacking
+
+    backing = DictBacking()
+    q = Clocked(backing=backing, delivery_limit=2)
+    q.at(0, Enqueue([Message("", "q", b"", b"poison", persistent=True)]))
+    for attempt in (1, 2):
+        reply, _ = q.at(attempt, Get("g", "o", False))
+        q.at(attempt, Requeue("g", [reply[0].seq]))
+    # A new machine on the same backing, as after a restart.
+    after = QueueMachine("/", "q", settings=QueueSettings(delivery_limit=2), backing=backing, durable=True)
+    after.recover(next_seq=q.machine.next_seq, spilled_count=1, spill_cursor=min(backing.records))
+    reply, _ = after.apply(Meta(10, 10), Get("g", "o", False))
+    assert reply[0].delivery_count == 3 and reply[0].count_header  # x-delivery-count 2 on the wire
+    after.check_invariants()
+    assert after.apply(Meta(11, 11), Requeue("g", [reply[0].seq]))[0] == 1
+    assert after.ready_count == 0 and after.dropped["delivery_limit"] == 1 and backing.records == {}

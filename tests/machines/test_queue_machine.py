@@ -454,7 +454,13 @@ class DictBacking:
             if m.seq >= 1 << 63:
                 self.delayed_next = max(self.delayed_next, m.delay_counter + 1)
             self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.expires_at_ms,
-                                   m.due_ms, m.ttl_ms, m.priority)
+                                   m.due_ms, m.ttl_ms, m.priority, m.delivery_count if m.count_header else 0)
+
+    def rewrite(self, messages: list) -> None:
+        for m in messages:
+            assert m.seq in self.records, "only a stored message is stored again"
+            record = self.records[m.seq]
+            self.records[m.seq] = record[:9] + (m.delivery_count if m.count_header else 0,)
 
     def remove(self, messages: list) -> None:
         for m in messages:
@@ -475,10 +481,12 @@ class DictBacking:
     def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         out = []
         for seq in sorted(s for s in self.records if s >= seq_from and (seq_below is None or s < seq_below))[:limit]:
-            exchange, routing_key, props_raw, body, persistent, expires_at_ms, due_ms, ttl_ms, priority = self.records[seq]
+            exchange, routing_key, props_raw, body, persistent, expires_at_ms, due_ms, ttl_ms, priority, returns = self.records[seq]
             m = Message(exchange, routing_key, props_raw, body, persistent)
             m.seq = seq
             m.expires_at_ms = expires_at_ms
+            if returns:  # returned before (x-delivery-limit): the count comes back with it
+                m.delivery_count, m.count_header = returns, True
             if due_ms is not None:  # a delayed one: its TTL and priority are kept for its release
                 m.due_ms, m.ttl_ms, m.priority = due_ms, ttl_ms, priority
             m.redelivered = seq & ((1 << 48) - 1) <= self.delivered_upto
