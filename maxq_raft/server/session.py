@@ -48,6 +48,7 @@ READ_SIZE_BYTES = 65536
 COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 TICK_INTERVAL_S = 0.25
+CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before it is cut
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
@@ -108,6 +109,7 @@ class Session:
         self._wake = trio.Event()
         self._cancel_scope: trio.CancelScope | None = None
         self._next_tick_at = 0.0
+        self._closed_seen_at: float | None = None
         self._handshake_deadline = self.started_at + getattr(settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         self._writer_done = trio.Event()
         self.messages_in = 0
@@ -221,6 +223,14 @@ class Session:
             self.finished = True
             self._cancel_scope.cancel()
             return
+        if conn.state is State.CLOSED:
+            # Closed by a close handshake that the reader saw: `run` lets the writer send the
+            # last frames (close-ok) and ends the connection. Cancelling here could cut the
+            # close-ok off (the client then sees EOF instead); only a stuck one is cut.
+            if self._closed_seen_at is None:
+                self._closed_seen_at = now
+            if now - self._closed_seen_at < CLOSED_GRACE_S:
+                return
         if not conn.tick(now):
             self.handle_events(conn.next_events())
             self.finished = True
