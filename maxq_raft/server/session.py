@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from functools import partial
 
 import trio
 
@@ -451,14 +452,16 @@ class Session:
         cluster = self.broker.cluster
         entries = {}
         batch = ConfirmBatch(0)
+
+        def note_overflow(reply, messages) -> None:  # a reject-publish queue refused some
+            if type(reply) is Overflowed:
+                batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
         for queue_key, messages in pending.items():
-            overflow = None
-            if self.pending_confirms and self.broker.queues.get(queue_key) is not None \
-                    and self.broker.queues[queue_key].settings.overflow != "drop-head":
-                def overflow(reply, messages=messages) -> None:  # a reject-publish queue refused some
-                    if type(reply) is Overflowed:
-                        batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
-            entry = cluster.submit(queue_key, qc.Enqueue(messages), overflow)
+            queue = self.broker.queues.get(queue_key)
+            then = None
+            if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
+                then = partial(note_overflow, messages=messages)
+            entry = cluster.submit(queue_key, qc.Enqueue(messages), then)
             entries[id(entry)] = entry
             self.broker.messages_published += len(messages)
         if self.pending_confirms:

@@ -7,11 +7,13 @@ also when the test fails; a test may kill, stop and restart members through it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.conftest import BrokerProcess, free_port
@@ -84,6 +86,81 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class ConfirmingPublisher(threading.Thread):
+    """Publishes numbered persistent messages with confirms, one at a time, to the given members
+    in turn: a connection that fails (the member died, or cannot commit) moves it to the next.
+    Only what was confirmed is promised; `confirmed` holds (number, time confirmed)."""
+
+    def __init__(self, members: list, queue: str, pause_s: float = 0.0) -> None:
+        super().__init__(daemon=True)
+        self.members = members
+        self.queue = queue
+        self.pause_s = pause_s  # between publishes: a little load, not a flood
+        self.confirmed: list[tuple[int, float]] = []
+        self.in_doubt = 0
+        self.errors: list[str] = []
+        self.stop_flag = threading.Event()
+
+    def confirmed_numbers(self) -> set[int]:
+        return {n for n, _ in self.confirmed}
+
+    def run(self) -> None:
+        n = 0
+        turn = 0
+        while not self.stop_flag.is_set() and len(self.errors) < 1000:
+            member = self.members[turn % len(self.members)]
+            turn += 1
+            if not member.alive():
+                time.sleep(0.05)
+                continue
+            try:
+                conn = member.connect(socket_timeout=10, blocked_connection_timeout=20)
+            except Exception as exc:
+                self.errors.append(f"connect {member.name}: {exc!r}")
+                time.sleep(0.2)
+                continue
+            try:
+                channel = conn.channel()
+                channel.confirm_delivery()
+                while not self.stop_flag.is_set():
+                    n += 1
+                    try:
+                        channel.basic_publish("", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2))
+                    except pika.exceptions.NackError:
+                        self.in_doubt += 1
+                        continue
+                    self.confirmed.append((n, time.monotonic()))
+                    if self.pause_s:
+                        time.sleep(self.pause_s)
+            except Exception as exc:  # the member went away or closed us: in doubt, not confirmed
+                self.in_doubt += 1
+                self.errors.append(f"{member.name}: {exc!r}")
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+
+def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) -> list[tuple[bytes, bool]]:
+    """Consume (and ack) until nothing came for quiet_s: [(body, redelivered)]."""
+    conn = member.connect(socket_timeout=10)
+    try:
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=500)
+        got = []
+        deadline = time.monotonic() + limit_s
+        for method, _props, body in channel.consume(queue, inactivity_timeout=quiet_s):
+            if method is None or time.monotonic() > deadline:
+                break
+            got.append((body, method.redelivered))
+            channel.basic_ack(method.delivery_tag)
+        channel.cancel()
+        return got
+    finally:
+        conn.close()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pika
@@ -14,28 +13,9 @@ import pytest
 
 from maxq_raft.server.cluster import shard_of
 
-from .conftest import wait_until
+from .conftest import ConfirmingPublisher, drain, wait_until
 
 SHARDS = 2
-
-
-def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) -> list[tuple[bytes, bool]]:
-    """Consume (and ack) until nothing came for quiet_s: [(body, redelivered)]."""
-    conn = member.connect()
-    try:
-        channel = conn.channel()
-        channel.basic_qos(prefetch_count=500)
-        got = []
-        deadline = time.monotonic() + limit_s
-        for method, _props, body in channel.consume(queue, inactivity_timeout=quiet_s):
-            if method is None or time.monotonic() > deadline:
-                break
-            got.append((body, method.redelivered))
-            channel.basic_ack(method.delivery_tag)
-        channel.cancel()
-        return got
-    finally:
-        conn.close()
 
 
 def test_any_node_serves_any_queue(cluster):
@@ -89,55 +69,6 @@ def test_a_deleted_queues_consumers_are_told_on_every_node(cluster):
     conn.close()
 
 
-class ConfirmingPublisher(threading.Thread):
-    """Publishes numbered persistent messages with confirms, one at a time, to the given nodes
-    in turn: a connection that fails (the node died, or cannot commit) moves it to the next.
-    Only what was confirmed is promised."""
-
-    def __init__(self, members, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.members = members
-        self.queue = queue
-        self.confirmed: list[tuple[int, float]] = []
-        self.failed = 0
-        self.stop_flag = threading.Event()
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        n = 0
-        turn = 0
-        while not self.stop_flag.is_set():
-            member = self.members[turn % len(self.members)]
-            turn += 1
-            if not member.alive():
-                continue
-            try:
-                conn = member.connect(socket_timeout=5, blocked_connection_timeout=10)
-            except Exception as exc:
-                self.errors.append(f"connect {member.name}: {exc!r}")
-                time.sleep(0.2)
-                continue
-            try:
-                channel = conn.channel()
-                channel.confirm_delivery()
-                while not self.stop_flag.is_set():
-                    n += 1
-                    try:
-                        channel.basic_publish("", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2))
-                    except pika.exceptions.NackError:
-                        self.failed += 1
-                        continue
-                    self.confirmed.append((n, time.monotonic()))
-            except Exception as exc:  # the node went away or closed us: in doubt, not confirmed
-                self.failed += 1
-                self.errors.append(f"{member.name}: {exc!r}")
-            finally:
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-
-
 def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster):
     queue = "killed-leader"
     conn = cluster["n1"].connect()
@@ -160,7 +91,7 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
     times = [t for _, t in publisher.confirmed]
     gaps = [b - a for a, b in zip(times, times[1:]) if b >= killed_at]
     print(f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
-          f"{len(publisher.confirmed)} confirmed, {publisher.failed} in doubt")
+          f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt")
     new_leader = wait_until(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
     assert new_leader != leader
     got = drain(survivors[1], queue)

@@ -9,17 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import pika
-import pika.exceptions
 
 from maxq_raft.http.admin import quorum_after_removal
 
 from ..conftest import free_port
-from .conftest import Member, wait_until
+from .conftest import ConfirmingPublisher, Member, drain, wait_until
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 NAMES = ("n1", "n2", "n3")
@@ -118,68 +115,6 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
     assert unknown_node.returncode == 4 and "node ghost is not a member of group meta" in unknown_node.stderr, unknown_node
 
 
-class ConfirmingPublisher(threading.Thread):
-    """Numbered persistent messages with confirms, one at a time, to one node; a message whose
-    publish failed is in doubt and promised nothing."""
-
-    def __init__(self, member, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.member, self.queue = member, queue
-        self.confirmed: list[int] = []
-        self.in_doubt = 0
-        self.errors: list[str] = []
-        self.stop_flag = threading.Event()
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop_flag.is_set() and len(self.errors) < 100:
-            try:
-                conn = self.member.connect(socket_timeout=10, blocked_connection_timeout=20)
-            except Exception as exc:
-                self.errors.append(f"connect: {exc!r}")
-                time.sleep(0.5)
-                continue
-            try:
-                channel = conn.channel()
-                channel.confirm_delivery()
-                while not self.stop_flag.is_set():
-                    n += 1
-                    try:
-                        channel.basic_publish("", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2))
-                    except pika.exceptions.NackError:
-                        self.in_doubt += 1
-                        continue
-                    self.confirmed.append(n)
-                    time.sleep(0.005)  # a little load, not a flood: the 2-core machine runs 4 nodes
-            except Exception as exc:
-                self.in_doubt += 1
-                self.errors.append(repr(exc))
-            finally:
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-
-
-def drain(member, queue: str, limit_s: float = 120.0) -> set[int]:
-    """Consume (and ack) until nothing came for 5 s."""
-    conn = member.connect(socket_timeout=10)
-    try:
-        channel = conn.channel()
-        channel.basic_qos(prefetch_count=500)
-        got: set[int] = set()
-        deadline = time.monotonic() + limit_s
-        for method, _props, body in channel.consume(queue, inactivity_timeout=5):
-            if method is None or time.monotonic() > deadline:
-                break
-            got.add(int(body))
-            channel.basic_ack(method.delivery_tag)
-        channel.cancel()
-        return got
-    finally:
-        conn.close()
-
-
 def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster, tmp_path):
     n1, n2, n3 = (cluster[n] for n in NAMES)
     wait_until(lambda: settled(n1, list(NAMES)), 30, "every group to have a leader")
@@ -187,7 +122,7 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
     setup.channel().queue_declare("ctl-load", durable=True)
     setup.close()
     new = Member("n4", tmp_path, free_port(), {n: cluster[n].raft_port for n in NAMES}, ["--join", "on"])
-    publisher = ConfirmingPublisher(n1, "ctl-load")
+    publisher = ConfirmingPublisher([n1], "ctl-load", pause_s=0.005)  # the 2-core machine runs 4 nodes
     try:
         new.launch()
         publisher.start()
@@ -217,8 +152,8 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
         publisher.join(30)
         new.stop()
     assert not publisher.is_alive()
-    confirmed = set(publisher.confirmed)
-    got = drain(n2, "ctl-load")
+    confirmed = publisher.confirmed_numbers()
+    got = {int(body) for body, _ in drain(n2, "ctl-load", quiet_s=5.0, limit_s=120.0)}
     lost = sorted(confirmed - got)
     print(f"\n{len(confirmed)} confirmed, {publisher.in_doubt} in doubt, {len(got)} consumed; errors {publisher.errors[:3]}")
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:10]}"
