@@ -116,6 +116,7 @@ class Group:
         self.folder = Path(data_dir) / "raft" / name
         self.failed: str | None = None
         self.removed = False
+        self.joining = joining  # started to be added (maxqctl add-node): see `deliver`
         self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends
         self.outstanding: collections.deque[Proposal] = collections.deque()  # submission (= deadline) order
         self.n_pending = 0
@@ -320,8 +321,21 @@ class Group:
                 elif kind == wire.CMD_MEMBERSHIP:
                     action, nid, _addr = wire.membership_of(cmd)
                     if action == "rem" and nid == self.node_id and not self.removed:
-                        log.warning("group %s: this node was removed from the group at index %d", self.name, idx)
-                        self.mark_removed()
+                        if self._added_back_after(idx):
+                            # Removed, then added back under the same name: that removal was an
+                            # earlier life's (a restart replays it before the addition).
+                            log.info("group %s: removal of %s at index %d, added back later in the log",
+                                     self.name, self.node_id, idx)
+                        elif self.joining:
+                            # A node that joined with a fresh log replays the cluster's history,
+                            # where its name may have been removed (and added back) before: those
+                            # are earlier lives'. Its own removal reaches it as the remover's
+                            # notice ("removed", engine.py), which makes it silent at once.
+                            log.info("group %s: removal of an earlier %s at index %d (this node joined later)",
+                                     self.name, self.node_id, idx)
+                        else:
+                            log.warning("group %s: this node was removed from the group at index %d", self.name, idx)
+                            self.mark_removed()
                 last = idx
                 size += len(cmd)
                 if size >= DELIVER_CHUNK_BYTES:
@@ -345,6 +359,15 @@ class Group:
             idx, _seq, cb = heapq.heappop(waiters)
             call_safely(cb, idx, None)
         return self.applied < target
+
+    def _added_back_after(self, index: int) -> bool:
+        for later in self.raft_log.membership_indexes:
+            if later > index:
+                for cmd, _idx, _term in self.raft_log.entries(later, later):
+                    action, nid, _addr = wire.membership_of(cmd)
+                    if action == "add" and nid == self.node_id:
+                        return True
+        return False
 
     def answer_when_applied(self, index: int, callback: Callable) -> None:
         """A forwarded proposal committed at `index`: answer it once this node has applied it."""
