@@ -61,6 +61,8 @@ STOP_TIMEOUT_S = 10.0
 PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
 PORT_TRIES_MAX = 200
 LOG_PROBLEM_MARKERS = ("Traceback", "CRITICAL")
+MAXQCTL_ENV = "MAXQ_JEPSEN_MAXQCTL"
+MAXQCTL_TIMEOUT_S = 60.0  # a membership change waits at most 35 s on the node
 
 
 class LabError(Exception):
@@ -124,6 +126,7 @@ class Node:
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen | None = None
         self.paused = False
+        self.join = False  # start with `--join on` (a wiped member waiting for maxqctl add-node)
         self.starts = 0
         self._log = None
         self._log_offset = 0
@@ -155,7 +158,18 @@ class Node:
                 cmd += ["--shards", str(self.shards)]
             for peer, address in sorted(self.peers.items()):
                 cmd += ["--peer", f"{peer}@{address}"]
+            if self.join:
+                cmd += ["--join", "on"]
         return [*cmd, *self.extra_args]
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+    @property
+    def admin_address(self) -> str:
+        """Where maxqctl reaches this member's HTTP admin API (from inside its namespace)."""
+        return f"{'127.0.0.1' if self.netns else self.host}:{self.http_port}"
 
     def start(self, timeout_s: float | None = None) -> None:
         self.launch()
@@ -176,7 +190,9 @@ class Node:
         self.paused = False
         self.starts += 1
 
-    def wait_ready(self, timeout_s: float | None = None) -> None:
+    def wait_ready(self, timeout_s: float | None = None, give_up_on: tuple[bytes, ...] = ()) -> None:
+        """Until this start's "maxq-server ready" line. A line of this start containing one of
+        `give_up_on` ends the wait at once with a LabError naming it (the process is left running)."""
         if timeout_s is None:
             timeout_s = CLUSTER_READY_TIMEOUT_S if self.clustered else READY_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
@@ -186,8 +202,13 @@ class Node:
                                f"{self.log_tail()}")
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_offset)
-                if b"maxq-server ready" in f.read():
-                    return
+                text = f.read()
+            if b"maxq-server ready" in text:
+                return
+            for marker in give_up_on:
+                if marker in text:
+                    line = next(l for l in text.splitlines() if marker in l).decode(errors="replace")
+                    raise LabError(f"{self.name} will not become ready: {line.strip()[:300]}")
             time.sleep(0.05)
         self.kill()
         raise LabError(f"{self.name} not ready after {timeout_s}s; log {self.log_path}:\n{self.log_tail()}")
@@ -256,6 +277,25 @@ class Node:
         return found[:lines_max]
 
 
+def maxqctl_command(asker: Node, *args: str) -> list[str]:
+    """`maxqctl --node <asker's admin API> --json ARGS`, run where the asker lives (its namespace).
+    $MAXQ_JEPSEN_MAXQCTL (shell-quoted) replaces `python -m maxq_raft.cli.maxqctl` (another build)."""
+    override = os.environ.get(MAXQCTL_ENV)
+    base = shlex.split(override) if override else [sys.executable, "-m", "maxq_raft.cli.maxqctl"]
+    return [*asker.prefix, *base, "--node", asker.admin_address, "--json", *args]
+
+
+def run_maxqctl(asker: Node, *args: str, timeout_s: float = MAXQCTL_TIMEOUT_S) -> tuple[int | None, str, str]:
+    """(exit code, stdout, stderr); exit None when it did not finish in time. cwd is the data
+    folder's parent, never the repo root (our amqp/ must not shadow py-amqp)."""
+    try:
+        done = subprocess.run(maxqctl_command(asker, *args), capture_output=True, text=True, timeout=timeout_s,
+                              cwd=str(asker.data_dir.parent.parent))
+    except subprocess.TimeoutExpired:
+        return None, "", f"maxqctl did not finish in {timeout_s:g} s"
+    return done.returncode, done.stdout, done.stderr
+
+
 class Lab:
     """The interface every backend implements (see the module docstring)."""
 
@@ -312,6 +352,18 @@ class Lab:
             return self.node(best[1])
         except KeyError:
             return None
+
+    def leaders(self) -> dict[str, str]:
+        """Every group's leader as the live members see them (highest term wins), by group name."""
+        best: dict[str, tuple[int, str]] = {}
+        for node in self.nodes:
+            status = node.status()
+            for g in (status or {}).get("groups", []):
+                if g.get("group") and g.get("leader") is not None:
+                    term = g.get("term") or 0
+                    if g["group"] not in best or term > best[g["group"]][0]:
+                        best[g["group"]] = (term, g["leader"])
+        return {group: leader for group, (_, leader) in sorted(best.items())}
 
     def partition(self, cuts: list[tuple[str, str]]) -> None:
         raise LabError(f"the {self.backend} lab cannot cut links (partitions need --lab netns)")

@@ -22,18 +22,25 @@ What runs (NEMESES):
   partition-halves  a random split into a minority and a majority (netns lab)
   one-way           drop one random node's outgoing packets only (netns lab): it still hears the
                     others; no minority is claimed (what it may confirm depends on who leads)
+  membership        remove a follower (maxqctl remove-node, asked of another member; the broker
+                    stops it); heal: wipe its data folder, start it with `--join on` (same name,
+                    address, ports), maxqctl add-node it back, wait for its ready line (caught up)
 The leader comes from the cluster status (`Lab.leader_of`, highest term wins); when no member
 names one, the nemesis falls back to a random node and says so (`leader: null`).
-Still to come (NOT_YET): loss, delay, disk stall, clock skew, membership changes, bridge,
-majorities ring; asking for one is an error that says so, never a silent pass.
+Still to come (NOT_YET): loss and delay (this kernel has no tc netem: CONFIG_NET_SCH_NETEM is
+unset and there are no modules), disk stall, clock skew, bridge, majorities ring; asking for one
+is an error that says so, never a silent pass.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import time
 from dataclasses import asdict, dataclass
 
-from .lab import Lab, Node, shard_of
+from .lab import Lab, LabError, Node, run_maxqctl, shard_of
 
 RESTART_TIMEOUT_S = 90.0  # a restarted member is ready once it has caught up: slow on 2 shared cores
 CYCLES_MAX = 1000
@@ -42,11 +49,10 @@ VHOST = "/"
 NOT_YET = {
     "partition-majorities-ring": "every node sees a different majority",
     "bridge": "one node sees both sides of a split",
-    "loss": "random packet loss (nft numgen)",
-    "delay": "delay packets (NFQUEUE delayer)",
+    "loss": "random packet loss (tc netem is not in this kernel, CONFIG_NET_SCH_NETEM unset; nft numgen would do)",
+    "delay": "delay packets (tc netem is not in this kernel; an NFQUEUE delayer would do)",
     "disk-stall": "hold write/fsync in a FUSE passthrough",
     "clock-skew": "skew clocks with faketime",
-    "membership": "add and remove members through maxqctl",
 }
 CLUSTER_NEMESES = NOT_YET  # the old name (the cluster nemeses that are not built yet)
 
@@ -238,8 +244,139 @@ class OneWayNemesis(PartitionNemesis):
         return [(node, other.name) for other in lab.nodes if other.name != node], [], {"silenced": node}
 
 
+CHANGE_TIMEOUT_S = 90.0  # one membership change, retries included
+CHANGE_TRIES_MAX = 20
+CHANGE_RETRY_S = 1.0
+SELF_STOP_TIMEOUT_S = 15.0  # a removed member stops itself (its watchdog runs every 0.5 s)
+UNSURE_STOP_WAIT_S = 3.0
+REJOIN_STUCK_MARKERS = (b"this node was removed from the group",)
+# maxqctl's exit 4/5 reasons (the admin API's error body) that mean "already done" for a verb.
+ALREADY_DONE = {"remove-node": ("unknown node",), "add-node": ("already a member",)}
+
+
+def change_reason(stdout: str, stderr: str) -> str:
+    """The admin API's `reason` from maxqctl --json's error body, or its stderr line."""
+    try:
+        body = json.loads(stdout)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("reason"):
+        return str(body["reason"])
+    return stderr.strip().splitlines()[-1][:200] if stderr.strip() else ""
+
+
+def change_outcome(verb: str, code: int | None, reason: str) -> str:
+    """What one maxqctl membership call means: "done", "retry" (refused for now: a change in
+    progress, no quorum yet, a timeout whose result is unknown, the asked node unreachable) or
+    "give-up" (a bad command line: retrying cannot help). Pure."""
+    if code == 0:
+        return "done"
+    if code == 4 and reason in ALREADY_DONE.get(verb, ()):
+        return "done"
+    if code == 4 and reason == "self removal":
+        return "retry"  # asked the target itself: ask another member
+    if code == 2:
+        return "give-up"
+    return "retry"
+
+
+def membership_change(lab: Lab, verb: str, args: list[str], askers: list[Node], deadline_s: float = CHANGE_TIMEOUT_S,
+                      sleep=time.sleep) -> dict:
+    """Run `maxqctl <verb> ARGS` against the live askers in turn until it is done, bounded in tries
+    and time. Returns {"done": bool, "attempts": [[asker, exit, reason], ...]}."""
+    deadline = time.monotonic() + deadline_s
+    attempts: list = []
+    for i in range(CHANGE_TRIES_MAX):
+        live = [n for n in askers if n.alive() and not n.paused]
+        if not live or time.monotonic() >= deadline:
+            break
+        asker = live[i % len(live)]
+        code, out, err = run_maxqctl(asker, verb, *args, timeout_s=max(5.0, min(60.0, deadline - time.monotonic())))
+        reason = change_reason(out, err) if code != 0 else "ok"
+        attempts.append([asker.name, code, reason])
+        outcome = change_outcome(verb, code, reason)
+        if outcome == "done":
+            return {"done": True, "attempts": attempts}
+        if outcome == "give-up":
+            break
+        sleep(CHANGE_RETRY_S)
+    return {"done": False, "attempts": attempts}
+
+
+class MembershipNemesis(Nemesis):
+    """Remove a follower with maxqctl remove-node (it stops itself); at heal wipe its data folder,
+    start it again with `--join on` (same name, address, ports) and maxqctl add-node it back; it is
+    back once it prints "maxq-server ready" (caught up).
+
+    "Follower": a live member that leads no group when there is one, else one that does not lead
+    the queue's shard. No minority is claimed: the removed member is stopped. Heal is safe at any
+    point: whatever state the removal reached, the member is stopped, wiped and added back (an
+    add-node of a member that is still in every group is "already a member": done)."""
+
+    name = "membership"
+    needs_cluster = True
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.out: Node | None = None  # the member being removed or removed (None: all in)
+
+    def start(self, lab: Lab, rng: random.Random) -> dict:
+        if self.out is not None:
+            return {"skipped": f"{self.out.name} is still out"}
+        live = [n for n in lab.nodes if n.alive() and not n.paused]
+        leaders = lab.leaders()
+        shard = shard_of((VHOST, self.queue), lab.shards())
+        idle = [n for n in live if n.name not in leaders.values()]
+        candidates = idle or [n for n in live if n.name != leaders.get(shard)]
+        if len(live) < 2 or not candidates:
+            return {"skipped": "no live follower to remove", "leaders": leaders}
+        target = rng.choice(candidates)
+        askers = [n for n in live if n is not target]
+        rng.shuffle(askers)
+        result = membership_change(lab, "remove-node", [target.name], askers)
+        # Not confirmed removed: a removal that committed anyway still stops the member (then it is out).
+        stopped_itself = self._wait_stopped(target, SELF_STOP_TIMEOUT_S if result["done"] else UNSURE_STOP_WAIT_S)
+        removed = result["done"] or stopped_itself
+        if removed:
+            self.out = target
+            if not stopped_itself:
+                target.stop()  # removed, yet still running: recorded (stopped_itself false), stopped here
+        # Never wipe a member that may still be in the configuration (it would forget its votes):
+        # a removal that did not happen leaves the member running, and heal has nothing to do.
+        return {"targets": [target.name] if removed else [], "asked_to_remove": target.name, "removed": removed,
+                "stopped_itself": stopped_itself, "attempts": result["attempts"], "leaders": leaders}
+
+    @staticmethod
+    def _wait_stopped(node: Node, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while node.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return not node.alive()
+
+    def heal(self, lab: Lab) -> dict:
+        node = self.out
+        if node is None:
+            return {"rejoined": []}
+        began = time.monotonic()
+        node.stop()
+        shutil.rmtree(node.data_dir, ignore_errors=True)
+        node.join = True  # until it is back: a restart by the runner must not start it as an old member
+        node.launch()
+        askers = [n for n in lab.nodes if n is not node]
+        result = membership_change(lab, "add-node", [node.name, "--raft-addr", node.raft_address], askers)
+        if not result["done"]:
+            raise LabError(f"add-node {node.name} not done: {result['attempts']}")
+        # A wiped member that replays its own old removal from the log and goes silent will never
+        # be ready: say so now instead of after RESTART_TIMEOUT_S (it is left running, as it is).
+        node.wait_ready(RESTART_TIMEOUT_S, give_up_on=REJOIN_STUCK_MARKERS)
+        node.join = False
+        self.out = None
+        return {"rejoined": [node.name], "attempts": result["attempts"], "seconds": round(time.monotonic() - began, 2)}
+
+
 NEMESES = {cls.name: cls for cls in (KillNemesis, KillLeaderNemesis, PauseNemesis, PauseLeaderNemesis,
-                                      PartitionOneNemesis, PartitionLeaderNemesis, PartitionHalvesNemesis, OneWayNemesis)}
+                                      PartitionOneNemesis, PartitionLeaderNemesis, PartitionHalvesNemesis, OneWayNemesis,
+                                      MembershipNemesis)}
 
 
 def parse_nemeses(spec: str) -> list[str]:

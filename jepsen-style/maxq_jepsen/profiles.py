@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .workload import WorkloadConfig
 
-CLUSTER_NOTICE = ("not built yet: loss, delay, disk stall, clock skew, membership changes, bridge and "
+CLUSTER_NOTICE = ("not built yet: loss and delay (no tc netem in this kernel), disk stall, clock skew, bridge and "
                   "majorities-ring partitions")
 
 

@@ -30,7 +30,7 @@ SERIES = (  # key, label, colour
 )
 FAULT_COLOURS = {"kill": "#ef5350", "kill-leader": "#c62828", "pause": "#ffb300", "pause-leader": "#ff8f00",
                  "partition-one": "#42a5f5", "partition-leader": "#1565c0", "partition-halves": "#7e57c2",
-                 "one-way": "#26a69a"}
+                 "one-way": "#26a69a", "membership": "#8d6e63"}
 
 
 def overall_verdict(results: list[dict]) -> str:

@@ -528,7 +528,9 @@ def test_nemesis_names():
     assert parse_nemeses("kill,pause,kill") == ["kill", "pause"]
     assert parse_nemeses("none") == []
     assert parse_nemeses("all") == ["kill", "kill-leader", "pause", "pause-leader", "partition-one",
-                                    "partition-leader", "partition-halves", "one-way"]
+                                    "partition-leader", "partition-halves", "one-way", "membership"]
+    with pytest.raises(NemesisError, match="netem"):
+        parse_nemeses("loss")
     with pytest.raises(NemesisError, match="not built yet"):
         parse_nemeses("kill,disk-stall")
     with pytest.raises(NemesisError, match="unknown nemesis"):
@@ -537,6 +539,8 @@ def test_nemesis_names():
     assert unsupported(["kill", "pause"], 1, "local") == {}
     assert set(unsupported(["kill-leader", "partition-one"], 1, "local")) == {"kill-leader", "partition-one"}
     assert set(unsupported(["kill-leader", "partition-one", "one-way"], 3, "local")) == {"partition-one", "one-way"}
+    assert set(unsupported(["membership"], 1, "local")) == {"membership"}
+    assert unsupported(["membership"], 3, "local") == {}
     assert unsupported(list(parse_nemeses("all")), 3, "netns") == {}
 
 
