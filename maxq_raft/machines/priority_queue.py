@@ -94,35 +94,19 @@ class PriorityQueueMachine(QueueMachine):
     def _spilled_total(self) -> int:
         return sum(lane.spilled_count for lane in self.lanes.values()) + self._recovered_spilled
 
-    @property
-    def next_deadline_ms(self) -> int | None:
-        if self.deleted or self.expired:
-            return None
-        if self._more_due:
-            return self.now_ms
+    def _head_expiry_ms(self) -> int | None:
+        """The earliest TTL deadline among the lanes' heads (None: none; -1: a head must be loaded)."""
         deadline = None
-        if self._timed:
-            heads = [self.returned[0][1]] if self.returned else []
-            for priority in self._levels:
-                lane = self.lanes[priority]
-                if lane.ready:
-                    heads.append(lane.ready[0])
-                elif lane.may_load():
-                    return self.now_ms  # a head is on disk: a Tick loads it
-            for head in heads:
-                if head.expires_at_ms is not None and (deadline is None or head.expires_at_ms < deadline):
-                    deadline = head.expires_at_ms
-        expires_ms = self.settings.expires_ms
-        if expires_ms is not None and not self._active_count:
-            unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
-            if deadline is None or unused < deadline:
-                deadline = unused
-        if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
-            deadline = self.backoff[0][0]
-        if self.delayed.count:
-            due = self.delayed.next_due_ms
-            if due is not None and (deadline is None or due < deadline):
-                deadline = due
+        heads = [self.returned[0][1]] if self.returned else []
+        for priority in self._levels:
+            lane = self.lanes[priority]
+            if lane.ready:
+                heads.append(lane.ready[0])
+            elif lane.may_load():
+                return -1
+        for head in heads:
+            if head.expires_at_ms is not None and (deadline is None or head.expires_at_ms < deadline):
+                deadline = head.expires_at_ms
         return deadline
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:

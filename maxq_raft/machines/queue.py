@@ -346,16 +346,9 @@ class QueueMachine:
             return None
         if self._more_due:
             return self.now_ms
-        deadline = None
-        if self._timed:
-            if self.returned:
-                deadline = self.returned[0][1].expires_at_ms
-            if self.ready:
-                head = self.ready[0].expires_at_ms
-                if head is not None and (deadline is None or head < deadline):
-                    deadline = head
-            elif self.spilled_count:
-                return self.now_ms  # the head is on disk: a Tick loads it
+        deadline = self._head_expiry_ms() if self._timed else None
+        if deadline == -1:
+            return self.now_ms  # a head is on disk: a Tick loads it
         expires_ms = self.settings.expires_ms
         if expires_ms is not None and not self._active_count:
             unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
@@ -367,6 +360,19 @@ class QueueMachine:
             due = self.delayed.next_due_ms
             if due is not None and (deadline is None or due < deadline):
                 deadline = due
+        return deadline
+
+    def _head_expiry_ms(self) -> int | None:
+        """The earliest TTL deadline among the heads (None: none; -1: a head must be loaded first)."""
+        deadline = None
+        if self.returned:
+            deadline = self.returned[0][1].expires_at_ms
+        if self.ready:
+            head = self.ready[0].expires_at_ms
+            if head is not None and (deadline is None or head < deadline):
+                deadline = head
+        elif self.spilled_count:
+            return -1
         return deadline
 
     # --------------------------------------------------------------- apply
