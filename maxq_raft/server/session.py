@@ -103,6 +103,7 @@ class Session:
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
+        self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
         self.started_at = trio.current_time()
         self.finished = False
@@ -246,12 +247,12 @@ class Session:
 
     def handle_events(self, events: list) -> None:
         channels = self.channels
+        holding = self.holding
         for event in events:
             kind = type(event)
-            number = getattr(event, "channel", None)
-            if number:
-                channel = channels.get(number)
-                if channel is not None and (channel.waiting or channel.backlog):
+            if holding:  # (only in a cluster; a single node answers at once)
+                channel = channels.get(getattr(event, "channel", 0))
+                if channel is not None and channel in holding:
                     channel.backlog.append(event)  # behind a method that waits for a commit
                     continue
             if kind is ContentReceived:
@@ -472,10 +473,13 @@ class Session:
         """Wrap the rest of a channel method that waits for a commit: until it has run, the
         channel's later frames wait in its backlog, in order."""
         channel.waiting += 1
+        self.holding[channel] = None
 
         def resume(reply) -> None:
             channel.waiting -= 1
             if self.finished or self.channels.get(channel.number) is not channel:
+                if not channel.waiting:
+                    self.holding.pop(channel, None)
                 return  # the channel or connection went meanwhile; its cleanup released everything
             method = channel.waiting_method
             try:
@@ -490,10 +494,12 @@ class Session:
             except Exception:
                 log.exception("connection %s: internal error completing %s", self.id, method.NAME)
                 self._fail(channel, HardError(spec.INTERNAL_ERROR, f"internal error performing {method.NAME}"), method)
-            if not channel.waiting and channel.backlog and not self.finished:
+            if not channel.waiting:
                 backlog, channel.backlog = channel.backlog, []
-                self.handle_events(backlog)
-            elif self.pending or self.pending_confirms or self.pending_settles:
+                self.holding.pop(channel, None)
+                if backlog and not self.finished:
+                    self.handle_events(backlog)  # a method in it may start waiting again
+            if self.pending or self.pending_confirms or self.pending_settles:
                 self.flush_publishes()
             self.wake()
         return resume
