@@ -230,16 +230,7 @@ class PriorityQueueMachine(QueueMachine):
         from .queue import DROP_BATCH_MAX
 
         now = self.now_ms
-        budget = DROP_BATCH_MAX
-        returned = self.returned
-        while returned and budget:
-            message = returned[0][1]
-            if message.expires_at_ms is None or message.expires_at_ms > now:
-                break
-            heapq.heappop(returned)
-            self.ready_bytes -= len(message.body)
-            self._die(message, "expired")
-            budget -= 1
+        budget = self._expire_returned(DROP_BATCH_MAX)
         for priority in self._levels:
             lane = self.lanes[priority]
             while budget:

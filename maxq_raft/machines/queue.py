@@ -795,11 +795,9 @@ class QueueMachine:
             self._dying = {}
         return effects
 
-    def _expire_heads(self) -> None:
-        """Remove the expired messages at the heads (returned, then the window, loading spilled
-        ones), at most DROP_BATCH_MAX; `_more_due` asks for a Tick if that was not all."""
+    def _expire_returned(self, budget: int) -> int:
+        """Expire returned messages (in seq order) whose deadline has passed; the budget left."""
         now = self.now_ms
-        budget = DROP_BATCH_MAX
         returned = self.returned
         while returned and budget:
             message = returned[0][1]
@@ -809,6 +807,13 @@ class QueueMachine:
             self.ready_bytes -= len(message.body)
             self._die(message, "expired")
             budget -= 1
+        return budget
+
+    def _expire_heads(self) -> None:
+        """Remove the expired messages at the heads (returned, then the window, loading spilled
+        ones), at most DROP_BATCH_MAX; `_more_due` asks for a Tick if that was not all."""
+        now = self.now_ms
+        budget = self._expire_returned(DROP_BATCH_MAX)
         ready = self.ready
         while budget:
             if not ready:
