@@ -67,6 +67,7 @@ class ReplicationNode:
     def __init__(self, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
                  cluster_secret: bytes, data_dir: Path, groups: list[str], fsync: bool = True,
                  on_commit: Callable[[str, list[tuple[int, bytes]]], None], propose_timeout_s: float = 10.0,
+                 on_snapshot: Callable[[str, Any], None] | None = None,
                  joining: bool = False, tick_interval_s: float = 0.02, proposals_pending_max: int = 10_000,
                  member_change_timeout_s: float = 30.0, peer_timeout_s: float = 3.0,
                  raft_settings: dict[str, Any] | None = None) -> None:
@@ -84,6 +85,7 @@ class ReplicationNode:
         self.group_names = list(groups)
         self.fsync = fsync
         self.on_commit = on_commit
+        self.on_snapshot = on_snapshot  # (group, SnapshotHeader): load the machines' state from it
         self.propose_timeout_s = propose_timeout_s
         self.joining = joining
         self.tick_interval_s = tick_interval_s
@@ -120,6 +122,7 @@ class ReplicationNode:
                 self.groups[name] = Group(
                     name, node_id=self.node_id, raft_addr=self.raft_addr, peers=self.peers, data_dir=self.data_dir,
                     fsync=self.fsync, link=self, on_commit=self.on_commit, on_durable=self._on_durable,
+                    on_snapshot=self.on_snapshot,
                     propose_timeout_s=self.propose_timeout_s, proposals_pending_max=self.proposals_pending_max,
                     joining=self.joining, settings=self.raft_settings)
                 self.groups[name].forward = self._forward
@@ -177,6 +180,32 @@ class ReplicationNode:
 
     def status(self) -> dict:
         return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
+
+    def take_snapshot(self, group: str, index: int, body: list[bytes],
+                      callback: Callable[[Any, str | None], None]) -> None:
+        """Save `body` (the machines' state after applying `index`) as the group's snapshot, then
+        compact its log below it. callback(header, None) once durable, or (None, why) when a
+        snapshot cannot be taken at that index now (the hub thread, or the writer thread)."""
+        g = self._group(group)
+
+        def start() -> None:
+            header = g.snapshot_header(index)
+            if header is None:
+                call_safely(callback, None, "not now")
+                return
+
+            def write() -> None:
+                try:
+                    g.write_snapshot(header, body)
+                except OSError as exc:
+                    log.error("group %s: writing the snapshot at %d failed: %s", group, index, exc)
+                    call_safely(callback, None, f"write failed: {exc}")
+                    return
+                self._post(lambda: (g.snapshot_saved(header), call_safely(callback, header, None)))
+
+            threading.Thread(target=write, name=f"snapshot:{group}", daemon=True).start()
+
+        self._post(start)
 
     def add_member(self, node_id: str, addr: tuple[str, int], callback: Callable[[str | None], None]) -> None:
         """Add node_id (reachable at addr, started with joining=True and the current members as

@@ -42,6 +42,8 @@ from . import wire
 from .group_transport import HELD_BYTES_MAX, GroupTransport
 from .journal import JournalError
 from .raft_journal import RaftLog, install_journal_hook, register_log, unregister_log
+from .snapshot_file import SnapshotError, SnapshotHeader, latest_snapshot, prune_snapshots, write_snapshot
+from .snapshot_install import NoPickleSerializer
 
 __all__ = ["Group", "RAFT_SETTINGS", "PAYLOAD_BYTES_MAX", "raft_conf", "Proposal"]
 
@@ -105,6 +107,7 @@ class Group:
     def __init__(self, name: str, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
                  data_dir: Path, fsync: bool, link: Any, on_commit: Callable[[str, list[tuple[int, bytes]]], None],
                  on_durable: Callable[["Group"], None], propose_timeout_s: float, proposals_pending_max: int,
+                 on_snapshot: Callable[[str, SnapshotHeader], None] | None = None,
                  joining: bool = False, settings: dict[str, Any] | None = None, seams: bool = True,
                  journal_factory: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
@@ -114,6 +117,11 @@ class Group:
         self.proposals_pending_max = proposals_pending_max
         self.clock = clock
         self.folder = Path(data_dir) / "raft" / name
+        self.snap_dir = self.folder / "snapshot"
+        self.on_snapshot = on_snapshot  # (group, header): the machines take the snapshot's state
+        self.snapshot: SnapshotHeader | None = None  # the latest durable snapshot of this group
+        self.pending_snapshot: SnapshotHeader | None = None  # for on_snapshot, before any later entry
+        self.install_ack: tuple[str, int, int] | None = None  # (leader, index, term): ack once durable
         self.failed: str | None = None
         self.removed = False
         self.joining = joining  # started to be added (maxqctl add-node): see `deliver`
@@ -156,9 +164,102 @@ class Group:
             self.raft_log.close()
             raise
         self.transport = box["t"]
+        self.so._SyncObj__serializer = NoPickleSerializer(self.transport.begin_install)
+        self.transport.snapshot_source = lambda: self.snapshot
+        self.transport.on_installed = self._installed
+        self.transport.snap_dir = self.snap_dir
+        try:
+            self._start_from_snapshot()
+        except BaseException:
+            self.so.destroy()
+            raise
         self.transport.sync_connections()
         self._orig_on_truncate = self.raft_log.on_truncate
         self.raft_log.on_truncate = self._on_truncate
+
+    # ------------------------------------------------------------------------ snapshots
+
+    def _start_from_snapshot(self) -> None:
+        """A restart: the latest snapshot is the state up to its index; the log goes on from there."""
+        rl = self.raft_log
+        header = latest_snapshot(self.snap_dir)
+        if header is None:
+            if rl.first_index > 1:
+                raise SnapshotError(f"group {self.name}: the log starts at {rl.first_index} and no snapshot "
+                                    f"in {self.snap_dir} covers what came before")
+            return
+        if header.index > rl.last_index or rl.term_at(header.index) != header.term:
+            # A received snapshot whose base did not reach the log before a crash: lay it now.
+            rl.install_base(header.prev, header.last)
+        elif rl.first_index > header.index:
+            raise SnapshotError(f"group {self.name}: the log starts at {rl.first_index}, after the snapshot at "
+                                f"{header.index}")
+        self._adopt(header)
+        log.info("group %s: starting from the snapshot at index %d; the log holds %d..%d", self.name, header.index,
+                 rl.first_index, rl.last_index)
+
+    def _adopt(self, header: SnapshotHeader) -> None:
+        """pysyncobj's view: everything through header.index is committed and applied, and the
+        members are the snapshot's (the entries that named them may be gone)."""
+        so = self.so
+        self.snapshot = header
+        self.pending_snapshot = header
+        if so._SyncObj__raftLastApplied < header.index:
+            so._SyncObj__raftLastApplied = header.index
+        if so._SyncObj__raftCommitIndex < header.index:
+            so._SyncObj__raftCommitIndex = header.index
+            self.raft_log.setRaftCommitIndex(header.index)
+        members = {m[0]: (m[1], m[2]) for m in header.members}
+        if self.node_id in members:
+            others = [wire.RaftNode(nid, addr) for nid, addr in sorted(members.items()) if nid != self.node_id]
+            so._SyncObj__updateClusterConfiguration(others)
+
+    def _installed(self, header: SnapshotHeader, leader: str, term: int) -> None:
+        """The transport received a whole snapshot from the leader (hub thread)."""
+        log.info("group %s: installing the snapshot at index %d from %s", self.name, header.index, leader)
+        self.raft_log.install_base(header.prev, header.last)
+        self.applied = min(self.applied, header.index)
+        self._adopt(header)
+        prune_snapshots(self.snap_dir, header.index)
+        self.install_ack = (leader, header.index, term)
+        self.stats["snapshots_installed"] += 1
+
+    def snapshot_header(self, index: int) -> SnapshotHeader | None:
+        """The header of a snapshot of the state at `index` (applied here), or None when one cannot
+        be taken there now (not applied yet, already covered, a membership change after it)."""
+        rl = self.raft_log
+        if index < 2 or index > self.applied or index <= rl.first_index or (self.snapshot and index <= self.snapshot.index):
+            return None
+        if any(i > index for i in rl.membership_indexes):
+            return None  # the members at `index` are not the current ones: wait until it is older
+        prev, last = rl.entry(index - 1), rl.entry(index)
+        nodes = [self.so.selfNode, *self.so.otherNodes]
+        members = [(n.id, *(getattr(n, "raft_addr", None) or ("", 0))) for n in nodes]
+        return SnapshotHeader(self.name, index, last[2], tuple(prev), tuple(last), members)
+
+    def snapshot_saved(self, header: SnapshotHeader) -> None:
+        """A snapshot of this group is durable: compact the log below it (hub thread)."""
+        if self.snapshot is not None and header.index <= self.snapshot.index:
+            return
+        self.snapshot = header
+        self.stats["snapshots_saved"] += 1
+        rl = self.raft_log
+        first = header.index - 1  # pysyncobj's log[0]: the entry before the snapshot's last
+        if self.so._isLeader():
+            # Keep what connected followers still need: they catch up from the log, not a snapshot.
+            match = self.so._SyncObj__raftMatchIndex
+            for node in self.so.otherNodes:
+                if node.id in self.transport.connected:
+                    first = min(first, max(match.get(node, 0), rl.first_index))
+        if first > rl.first_index:
+            rl.compact(first)
+            self.stats["compactions"] += 1
+        prune_snapshots(self.snap_dir, header.index)
+
+    def write_snapshot(self, header: SnapshotHeader, body) -> SnapshotHeader:
+        """Write the file (any thread but the hub's: it may be large)."""
+        header.path = write_snapshot(self.snap_dir, header, body)
+        return header
 
     # ------------------------------------------------------------------ log and membership
 
@@ -289,6 +390,8 @@ class Group:
         self.term = so._getTerm()
         if self.transport.held:
             self.transport.release()
+        if self.transport.installs:
+            self.transport.pump_installs()
         more = self.deliver()
         if self.transfer is not None:
             self._transfer_step(now)
@@ -308,6 +411,20 @@ class Group:
         return self.deliver()
 
     def deliver(self) -> bool:
+        if self.install_ack is not None and self.raft_log.durable_index >= self.install_ack[1]:
+            leader, index, term = self.install_ack
+            self.install_ack = None
+            self.transport._send_install_ack(leader, term, index, 0, True)
+        pending = self.pending_snapshot
+        if pending is not None:
+            self.pending_snapshot = None
+            if pending.index > self.applied:
+                self.applied = pending.index
+                if self.on_snapshot is not None:
+                    try:
+                        self.on_snapshot(self.name, pending)
+                    except Exception:
+                        log.exception("group %s: on_snapshot raised (index %d)", self.name, pending.index)
         target = min(self.so.raftLastApplied, self.raft_log.durable_index)
         budget_entries, budget_bytes = DELIVER_ENTRIES_PER_TICK, DELIVER_BYTES_PER_TICK
         while self.applied < target and budget_entries > 0 and budget_bytes > 0:
@@ -463,6 +580,7 @@ class Group:
         return {
             "role": _STATE.get(so._SyncObj__raftState, "?"), "leader": self.leader_id, "term": so._getTerm(),
             "commit_index": so.raftCommitIndex, "applied_index": self.applied, "last_index": rl.last_index,
+            "first_index": rl.first_index, "snapshot_index": self.snapshot.index if self.snapshot else 0,
             "durable_index": rl.durable_index, "members": members, "pending_proposals": self.n_pending,
             "held_messages": self.transport.held_count(), "failed": self.failed, "removed": self.removed,
             "membership_change_pending": self.membership_change_pending(),

@@ -36,6 +36,8 @@ repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
    reset reply, a reconnect or a new term forgets what was sent.
 5. terms on acks: next_node_idx carries no term in pysyncobj; we add the follower's term on
    the wire and the leader drops acks and rejections from any other term.
+6. snapshots (snapshot_install.py): a follower behind the leader's compacted log is installed
+   by our own chunked, flow-controlled transfer; pysyncobj is told it is disconnected meanwhile.
 Also: forwarded commands (apply_command) are never sent: pysyncobj's follower-side forwarding
 is answered locally with NOT_LEADER (the broker forwards itself); messages from nodes that are
 not members of the group are dropped; a node started with `joining=True` tells pysyncobj about
@@ -54,6 +56,8 @@ from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
 from . import wire
+from .snapshot_file import SnapshotError
+from .snapshot_install import InstallReceiver, InstallSender
 
 __all__ = ["GroupTransport", "Link", "HELD_BYTES_MAX"]
 
@@ -112,6 +116,12 @@ class GroupTransport(Transport):
         self.silent = False  # set once this node learns it was removed from the group
         self.membership_cache: dict[bytes, bytes] = {}
         self.stats: collections.Counter[str] = collections.Counter()
+        # snapshots: set by the group
+        self.snapshot_source: Callable[[], Any] | None = None  # the latest local snapshot header
+        self.on_installed: Callable[[Any, str, int], None] | None = None  # (header, leader id, term)
+        self.snap_dir = None
+        self.installs: dict[str, InstallSender] = {}  # leader: follower -> transfer
+        self.receiver: InstallReceiver | None = None  # follower: the snapshot coming in
         raft_log.on_truncate = self._on_truncate
         for node in otherNodes:
             self.addNode(node)
@@ -146,6 +156,12 @@ class GroupTransport(Transport):
         self.link.drop_peer(self.group, nid)
 
     def destroy(self) -> None:
+        for sender in self.installs.values():
+            sender.close()
+        self.installs.clear()
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
         self.held.clear()
         self.setOnMessageReceivedCallback(None)
         self.setOnNodeConnectedCallback(None)
@@ -156,7 +172,7 @@ class GroupTransport(Transport):
     def _tell_connected(self, nid: str) -> None:
         if self._onNodeConnectedCallback is None:
             return  # pysyncobj is still building (it sets callbacks after us): sync_connections tells it
-        if nid not in self.connected:
+        if nid not in self.connected and nid not in self.installs:
             self.connected.add(nid)
             self._onNodeConnected(self.nodes[nid])
 
@@ -170,6 +186,10 @@ class GroupTransport(Transport):
     def peer_down(self, nid: str) -> None:
         if nid not in self.nodes:
             return
+        sender = self.installs.pop(nid, None)
+        if sender is not None:
+            sender.close()
+            self.stats["installs_abandoned"] += 1
         q = self.held.pop(nid, None)
         self.held_bytes.pop(nid, None)
         if q:
@@ -228,6 +248,10 @@ class GroupTransport(Transport):
                 is_ack = True
                 need, check_idx, check_term = ack_idx, ack_idx, self.log.term_at(ack_idx)
         elif t == "append_entries":
+            if "serialized" in message and message["serialized"] is None and "transmission" not in message:
+                # pysyncobj's snapshot path: NoPickleSerializer started our install instead
+                self.stats["snapshot_path_taken"] += 1
+                return False
             if "transmission" in message or "serialized" in message:
                 self.stats["refused_snapshot_or_chunk"] += 1
                 log.error("group %s: pysyncobj tried to send a chunked/snapshot append_entries to %s; refused",
@@ -377,6 +401,18 @@ class GroupTransport(Transport):
             self.stats["dropped_non_member"] += 1
             return
         t = message["type"]
+        if t == "snapshot_chunk":
+            self._on_snapshot_chunk(nid, message)
+            return
+        if t == "snapshot_ack":
+            sender = self.installs.get(nid)
+            if sender is not None and self.so._isLeader():
+                sender.on_ack(message)
+                if sender.done:
+                    self._install_finished(nid)
+                else:
+                    self.pump_installs()
+            return
         if t == "next_node_idx" and self.seams:
             if self.so._isLeader() and message["term"] != self.so._getTerm():
                 self.stats["acks_other_term_dropped"] += 1
@@ -452,3 +488,118 @@ class GroupTransport(Transport):
             for rid in ids:
                 self._onMessageReceived(self.self_node, {"type": "apply_command_response", "request_id": rid,
                                                          "error": FAIL_REASON.NOT_LEADER})
+
+    # ------------------------------------------------------------------------ snapshots
+
+    def begin_install(self, node: Node) -> None:
+        """pysyncobj (leader) found `node` behind its compacted log: send it our snapshot."""
+        nid = node.id
+        if nid in self.installs or self.silent or nid not in self.nodes:
+            return
+        header = self.snapshot_source() if self.snapshot_source is not None else None
+        if header is None:
+            self.stats["install_without_snapshot"] += 1
+            log.error("group %s: %s needs entries this log no longer has, and there is no snapshot", self.group, nid)
+            return
+        try:
+            sender = InstallSender(nid, header, self.so._getTerm(), clock=self.clock)
+        except OSError as exc:
+            log.error("group %s: cannot open snapshot %s for %s: %s", self.group, header.path, nid, exc)
+            return
+        self.installs[nid] = sender
+        self.stats["installs_started"] += 1
+        log.info("group %s: sending snapshot at index %d (%d bytes) to %s", self.group, header.index, sender.size, nid)
+        if nid in self.connected:  # pysyncobj sends it nothing while the install runs
+            self.connected.discard(nid)
+            self._onNodeDisconnected(self.nodes[nid])
+
+    def pump_installs(self) -> None:
+        """Leader: put the next chunks of each install on the wire (hub thread, every tick)."""
+        if not self.installs:
+            return
+        leader, term = self.so._isLeader(), self.so._getTerm()
+        for nid, sender in list(self.installs.items()):
+            if not leader or sender.term != term or sender.stalled():
+                self._install_abandoned(nid, "leadership changed" if not leader or sender.term != term else "stalled")
+                continue
+            if not self.link.peer_is_up(nid):
+                continue
+            try:
+                messages = sender.next_messages()
+            except OSError as exc:
+                log.error("group %s: reading snapshot for %s: %s", self.group, nid, exc)
+                self._install_abandoned(nid, "read error")
+                continue
+            for m in messages:
+                if not self.link.send_raft(nid, wire.encode_raft(self.group, m, self.membership_cache)):
+                    sender.sent = m["offset"]  # the link is full: this chunk goes again later
+                    break
+                self.stats["install_bytes_sent"] += len(m["data"])
+
+    def _install_abandoned(self, nid: str, why: str) -> None:
+        sender = self.installs.pop(nid, None)
+        if sender is None:
+            return
+        sender.close()
+        self.stats["installs_abandoned"] += 1
+        log.warning("group %s: snapshot install to %s abandoned (%s); pysyncobj starts over", self.group, nid, why)
+        if self.joined and self.link.peer_is_up(nid):
+            self._tell_connected(nid)
+
+    def _install_finished(self, nid: str) -> None:
+        sender = self.installs.pop(nid)
+        sender.close()
+        index = sender.header.index
+        node = self.nodes.get(nid)
+        self.stats["installs_done"] += 1
+        log.info("group %s: %s installed the snapshot at index %d (%.1f s)", self.group, nid, index,
+                 self.clock() - sender.started)
+        if node is None:
+            return
+        # pysyncobj's per-follower progress: its log now ends at the snapshot's index (durably).
+        self.so._SyncObj__raftNextIndex[node] = index + 1
+        match = self.so._SyncObj__raftMatchIndex
+        if match.get(node, 0) < index:
+            match[node] = index
+        self._forget(nid)
+        if self.joined and self.link.peer_is_up(nid):
+            self._tell_connected(nid)
+
+    def _on_snapshot_chunk(self, nid: str, m: dict) -> None:
+        so = self.so
+        if m["term"] != so._getTerm() or so._isLeader() or self.snap_dir is None or self.on_installed is None:
+            self.stats["snapshot_chunks_ignored"] += 1  # another term's leader: it gives up and starts over
+            return
+        if not self.joined:
+            self.joined = True
+            self.sync_connections()
+        # The leader sends us no heartbeats meanwhile: its chunks are its sign of life.
+        so._SyncObj__raftElectionDeadline = time.monotonic() + so._SyncObj__generateRaftTimeout()
+        r = self.receiver
+        if r is None or r.index != m["index"] or r.term != m["term"]:
+            if r is not None:
+                r.close()
+                self.receiver = r = None
+            if m["offset"] != 0:
+                self._send_install_ack(nid, m["term"], m["index"], 0, False)
+                return
+            r = self.receiver = InstallReceiver(self.snap_dir, m["index"], m["term"])
+        try:
+            offset, header = r.on_chunk(m)
+        except (SnapshotError, OSError) as exc:
+            log.error("group %s: snapshot from %s dropped: %s", self.group, nid, exc)
+            r.close()
+            self.receiver = None
+            self._send_install_ack(nid, m["term"], m["index"], 0, False)
+            return
+        if header is None:
+            self._send_install_ack(nid, m["term"], m["index"], offset, False)
+            return
+        self.receiver = None
+        self.stats["installs_received"] += 1
+        self.on_installed(header, nid, m["term"])  # the group acks `done` once the new base is durable
+
+    def _send_install_ack(self, nid: str, term: int, index: int, offset: int, done: bool) -> None:
+        body = wire.encode_raft(self.group, {"type": "snapshot_ack", "term": term, "index": index, "offset": offset,
+                                             "done": done}, self.membership_cache)
+        self.link.send_raft(nid, body)

@@ -22,8 +22,12 @@ falls back to pysyncobj's own journals for anything else. pysyncobj itself is no
 * The commit index is saved once a second to `raft_commit` (temp, fsync, rename). It only
   ever names committed entries, so after a restart pysyncobj starts from it and the entries up
   to it are replayed at once (a stale value is safe: the leader re-sends the rest).
-* Compaction and snapshots are not supported (`clear`, `deleteEntriesTo` raise): the engine
-  disables pysyncobj's compaction and never lets a snapshot message in. The whole log is kept.
+* Compaction is ours, not pysyncobj's (its `clear` and `deleteEntriesTo` raise: its own
+  compaction pickles the state and stays disabled). `compact(first)` drops entries below
+  `first` once a snapshot covers them (Journal.compact_before: whole segments go), and
+  `install_base(prev, last)` empties the log for a snapshot received from the leader and starts
+  it with the snapshot's last two entries, so that pysyncobj's `log[0]` is always a real entry
+  (the one before its first live one, as after pysyncobj's own compaction).
 
 Threads: everything except `durable_index` and the Journal's on_durable callback runs in the
 engine's hub thread.
@@ -239,9 +243,7 @@ class RaftLog(ps_journal.Journal):
 
     def _load(self) -> None:
         j = self.journal
-        self._first = j.first_index
-        if self._first != 1:
-            raise JournalCorruption(self.folder, 0, f"log starts at {self._first}: compaction is not supported yet")
+        self._first = j.first_index  # > 1 after a compaction: a snapshot holds what came before
         self._last = j.last_index
         self._run_starts: list[int] = []  # first index of each run of equal terms
         self._run_terms: list[int] = []
@@ -383,6 +385,55 @@ class RaftLog(ps_journal.Journal):
         self._undurable.append((idx, n))
         self._undurable_bytes += n
         self.stats["appended"] += 1
+
+    def compact(self, first: int) -> None:
+        """Entries below `first` are covered by a durable snapshot: let them go."""
+        if first <= self._first:
+            return
+        if first > self._last:
+            raise ValueError(f"compact({first}) beyond the log's last entry {self._last}")
+        self.journal.compact_before(first)
+        self._first = first
+        tf = self._tail_first()
+        if first > tf:
+            tail, head = self._tail, self._tail_head
+            for _ in range(first - tf):
+                self._tail_bytes -= len(tail[head][0]) + ENTRY_OVERHEAD_BYTES
+                tail[head] = None  # type: ignore[call-overload]
+                head += 1
+            self._tail_head = head
+        k = bisect.bisect_right(self._run_starts, first) - 1  # the run holding `first` stays
+        if k > 0:
+            del self._run_starts[:k]
+            del self._run_terms[:k]
+        self._run_starts[0] = first
+        self.membership_indexes = [i for i in self.membership_indexes if i >= first]
+        self._first_entry = self._entry_at_tail(first) or self.entry_from_disk(first)
+        self.stats["compactions"] = self.stats.get("compactions", 0) + 1
+
+    def install_base(self, prev: tuple, last: tuple) -> None:
+        """Replace the whole log by a snapshot's last two entries (prev = index - 1, last = index):
+        what the log held is either in the snapshot or was never committed."""
+        first = prev[1]
+        j = self.journal
+        if j.last_index >= first:
+            if first < j.first_index:
+                raise ValueError(f"snapshot base {first} is below this log's first entry {j.first_index}")
+            j.truncate_after(first - 1)  # a divergent tail of an old term, or entries the snapshot covers
+        j.compact_before(first)  # the log is empty now and its next entry is `first`
+        self._first = first
+        self._last = first - 1
+        self._run_starts, self._run_terms = [], []
+        self._tail, self._tail_head, self._tail_bytes = [], 0, 0
+        self._first_entry = None
+        self._undurable.clear()
+        self._undurable_bytes = 0
+        self.membership_indexes = []
+        if self._commit > self._last:
+            self._commit = self._last
+        self.add(prev[0], prev[1], prev[2])
+        self.add(last[0], last[1], last[2])
+        self.stats["installs"] = self.stats.get("installs", 0) + 1
 
     def clear(self):
         raise RuntimeError("RaftLog.clear: snapshots are not supported (pysyncobj snapshot path reached)")

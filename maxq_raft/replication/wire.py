@@ -15,7 +15,9 @@ expects. Nothing from the network is ever unpickled:
   so the pickle that pysyncobj later loads was written by this process;
 * pysyncobj's other message kinds that would unpickle data (chunked "transmission" entries,
   "serialized" snapshots, version-switch entries, forwarded "apply_command") have no encoding
-  here: the sender refuses them and the receiver cannot express them.
+  here: the sender refuses them and the receiver cannot express them. Snapshots travel as our
+  own messages instead (snapshot_install.py): `snapshot_chunk` (bytes of our snapshot file,
+  msgpack and crc-checked, never a pickle) and `snapshot_ack`, handled by the transport.
 
 Frames: u32 length (of kind + body) | u8 kind | body. Kinds: RAFT (msgpack
 [group, type, fields...]), CONTROL (msgpack map, engine-to-engine requests), PING (empty).
@@ -75,6 +77,9 @@ _T_RESPONSE_VOTE = 2
 _T_APPEND_ENTRIES = 3
 _T_NEXT_NODE_IDX = 4
 _T_TIMEOUT_NOW = 5
+_T_SNAPSHOT_CHUNK = 6  # leader -> follower: term, snapshot index, offset, bytes, is_last
+_T_SNAPSHOT_ACK = 7  # follower -> leader: term, snapshot index, next offset wanted, installed
+SNAPSHOT_CHUNK_BYTES_MAX = 4 * 1024 * 1024
 
 MAGIC = b"MQRF"
 VERSION = 1
@@ -152,6 +157,13 @@ def encode_raft(group: str, message: dict, membership_cache: dict) -> bytes:
         entries = [_entry_to_wire(e, membership_cache) for e in message["entries"]]
         body = [group, _T_APPEND_ENTRIES, message["term"], message["commit_index"], message["prevLogIdx"],
                 message["prevLogTerm"], entries]
+    elif t == "snapshot_chunk":
+        if type(message["data"]) is not bytes or len(message["data"]) > SNAPSHOT_CHUNK_BYTES_MAX:
+            raise WireError("snapshot chunk is not bytes of a bounded size")
+        body = [group, _T_SNAPSHOT_CHUNK, message["term"], message["index"], message["offset"], message["data"],
+                bool(message["is_last"])]
+    elif t == "snapshot_ack":
+        body = [group, _T_SNAPSHOT_ACK, message["term"], message["index"], message["offset"], bool(message["done"])]
     elif t == "next_node_idx":
         body = [group, _T_NEXT_NODE_IDX, message["next_node_idx"], bool(message["reset"]), bool(message["success"]),
                 message["term"]]
@@ -229,6 +241,14 @@ def decode_raft(body: bytes) -> tuple[str, dict]:
             expect, last_term = expect + 1, e[2]
         return group, {"type": "append_entries", "term": term, "commit_index": _int(m[3], "commit_index"),
                        "prevLogIdx": prev, "prevLogTerm": prev_term, "entries": entries}
+    if t == _T_SNAPSHOT_CHUNK and len(m) == 7:
+        if type(m[5]) is not bytes or len(m[5]) > SNAPSHOT_CHUNK_BYTES_MAX:
+            raise WireError("snapshot chunk is not bytes of a bounded size")
+        return group, {"type": "snapshot_chunk", "term": _int(m[2], "term"), "index": _int(m[3], "index"),
+                       "offset": _int(m[4], "offset"), "data": m[5], "is_last": _bool(m[6], "is_last")}
+    if t == _T_SNAPSHOT_ACK and len(m) == 6:
+        return group, {"type": "snapshot_ack", "term": _int(m[2], "term"), "index": _int(m[3], "index"),
+                       "offset": _int(m[4], "offset"), "done": _bool(m[5], "done")}
     if t == _T_NEXT_NODE_IDX and len(m) == 6:
         return group, {"type": "next_node_idx", "next_node_idx": _int(m[2], "next_node_idx"),
                        "reset": _bool(m[3], "reset"), "success": _bool(m[4], "success"), "term": _int(m[5], "term")}

@@ -2,7 +2,7 @@
 
 argv[1]: JSON {node_id, raft_addr: [host, port], peers: {id: [host, port]}, secret (hex), data_dir,
                groups, fsync, joining, propose_timeout_s, out_dir, incarnation, hard_timeout_s, settings}
-stdin  : {"op": "status"} | {"op": "propose", "group", "n", "size", "wait_s"}
+stdin  : {"op": "status"} | {"op": "snapshot", "group"} | {"op": "chain"} | {"op": "propose", "group", "n", "size", "wait_s"}
          | {"op": "load", "group", "window", "size"} | {"op": "load_stop"}
          | {"op": "add_member", "node", "addr"} | {"op": "remove_member", "node"}
          | {"op": "transfer", "group", "node"} | {"op": "quit"}
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from maxq_raft.replication.engine import ReplicationNode
+from maxq_raft.replication.snapshot_file import read_body
 
 cfg = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -52,22 +53,38 @@ def digest(payload: bytes) -> str:
 
 applied_last: dict[str, int] = collections.defaultdict(int)
 order_errors = [0]
+# The state a snapshot holds here: a hash chained over every applied payload, in order.
+chain: dict[str, str] = collections.defaultdict(lambda: "0" * 16)
+state_lock = threading.Lock()
 
 
 def on_commit(group: str, entries: list[tuple[int, bytes]]) -> None:
     lines = []
-    for idx, payload in entries:
-        if idx <= applied_last[group]:
-            order_errors[0] += 1
-        applied_last[group] = idx
-        lines.append(f"{group} {idx} {digest(payload)}\n")
+    with state_lock:
+        for idx, payload in entries:
+            if idx <= applied_last[group]:
+                order_errors[0] += 1
+            applied_last[group] = idx
+            d = digest(payload)
+            chain[group] = digest((chain[group] + d).encode())
+            lines.append(f"{group} {idx} {d}\n")
     os.write(applied_fd, "".join(lines).encode())
+
+
+def on_snapshot(group: str, header) -> None:
+    st = json.loads(b"".join(read_body(header)))
+    with state_lock:
+        if header.index <= applied_last[group]:
+            order_errors[0] += 1
+        applied_last[group] = header.index
+        chain[group] = st["chain"]
+    os.write(applied_fd, f"{group} {header.index} snapshot:{st['chain']}\n".encode())
 
 
 node = ReplicationNode(
     node_id=cfg["node_id"], raft_addr=tuple(cfg["raft_addr"]), peers={k: tuple(v) for k, v in cfg["peers"].items()},
     cluster_secret=bytes.fromhex(cfg["secret"]), data_dir=Path(cfg["data_dir"]), groups=cfg["groups"],
-    fsync=cfg.get("fsync", True), on_commit=on_commit, propose_timeout_s=cfg.get("propose_timeout_s", 5.0),
+    fsync=cfg.get("fsync", True), on_commit=on_commit, on_snapshot=on_snapshot, propose_timeout_s=cfg.get("propose_timeout_s", 5.0),
     joining=cfg.get("joining", False), raft_settings=cfg.get("settings"))
 node.start()
 seq = [0]
@@ -146,6 +163,18 @@ for line in sys.stdin:
         while got < n and done.acquire(timeout=max(0.0, end - time.monotonic())):
             got += 1
         emit(op="propose", results=dict(results), record=record, answered=got)
+    elif op == "snapshot":
+        group = cmd["group"]
+        with state_lock:
+            idx, body = applied_last[group], json.dumps({"chain": chain[group]}).encode()
+        box: list = []
+        done_ev = threading.Event()
+        node.take_snapshot(group, idx, [body], lambda h, err: (box.append(err), done_ev.set()))
+        done_ev.wait(10)
+        emit(op="snapshot", index=idx, error=box[0] if box else "no answer")
+    elif op == "chain":
+        with state_lock:
+            emit(op="chain", chain={g: [applied_last[g], chain[g]] for g in applied_last})
     elif op == "load":
         loads[cmd["group"]] = Load(cmd["group"], cmd.get("window", 8), cmd.get("size", 1024))
         emit(op="load")

@@ -444,3 +444,62 @@ def test_removing_the_leader_moves_leadership_off_it_first(cluster):
         p.cmd("load_stop", 5)
     assert c.wait_confirmed_everywhere(rest, c.confirmed()) == {i: [] for i in rest}
     c.check_agreement(c.ids)
+
+
+def _chains(c: Cluster, ids) -> dict[str, list]:
+    out = {}
+    for i in ids:
+        m = c.procs[i].cmd("chain", 5)
+        out[i] = m["chain"].get("g") if m else None
+    return out
+
+
+def test_snapshots_compact_the_log_restart_from_them_and_install_a_member_that_fell_behind(cluster):
+    c = cluster(["n1", "n2", "n3"], ["g"])
+    c.start_all()
+    leader = c.leader("g")
+    assert leader is not None
+    assert c.procs[leader].cmd("propose", 20, group="g", n=200, size=2000)["results"] == {"ok": 200}
+    assert c.wait_confirmed_everywhere(c.ids, c.confirmed()) == {i: [] for i in c.ids}
+    behind = next(i for i in c.ids if i != leader)
+    c.procs[behind].kill()
+    up = [i for i in c.ids if i != behind]
+    assert c.procs[leader].cmd("propose", 20, group="g", n=200, size=2000)["results"] == {"ok": 200}
+    wait_until(lambda: len({tuple(v) for v in _chains(c, up).values()}) == 1, 10)
+    for i in up:
+        r = c.procs[i].cmd("snapshot", 15, group="g")
+        assert r["error"] is None, r
+    for i in up:
+        st = c.procs[i].status()["g"]
+        assert st["snapshot_index"] >= 400, st
+        # The member that is down needs none of it from the log: it gets the snapshot.
+        assert st["first_index"] == st["snapshot_index"] - 1, st
+    snap_index = c.procs[leader].status()["g"]["snapshot_index"]
+    assert c.procs[leader].cmd("propose", 20, group="g", n=50, size=2000)["results"] == {"ok": 50}
+
+    c.start(behind)
+    same = wait_until(lambda: (lambda ch: len({tuple(v) for v in ch.values() if v}) == 1
+                               and all(ch.values()) and ch[leader][0] >= snap_index + 50)(_chains(c, c.ids)), 30)
+    assert same, _chains(c, c.ids)
+    text = (c.root / f"applied_{behind}_2.log").read_text()
+    assert f"g {snap_index} snapshot:" in text or " snapshot:" in text  # installed, not replayed
+    seams = c.procs[leader].status()["g"]["seams"]
+    assert seams.get("installs_done", 0) >= 1, seams
+    # Entries after the snapshot arrive as log entries, in order, after it.
+    got = [x for x in c.applied(behind)["g"]]
+    assert got and got[0][0] > snap_index - 1 and [i for i, _ in got] == sorted({i for i, _ in got})
+
+    # A restart loads the snapshot and replays only what follows it.
+    c.procs[leader].kill()
+    c.start(leader)
+    assert wait_until(lambda: c.leader("g", 1) is not None, 15)
+    new = (c.root / f"applied_{leader}_2.log").read_text().split("\n")
+    assert new[0].startswith("g ") and " snapshot:" in new[0], new[:3]
+    first_replayed = [int(line.split(" ")[1]) for line in new[1:] if line]
+    assert not first_replayed or first_replayed[0] == int(new[0].split(" ")[1]) + 1
+    l2 = c.leader("g", 10)
+    assert c.procs[l2].cmd("propose", 20, group="g", n=20, size=100)["results"] == {"ok": 20}
+    same = wait_until(lambda: (lambda ch: all(ch.values()) and len({tuple(v) for v in ch.values()}) == 1)(
+        _chains(c, c.ids)), 20)
+    assert same, _chains(c, c.ids)
+    assert all(st["order_errors"] == 0 for st in [c.procs[i].cmd("status", 5) for i in c.ids])
