@@ -17,8 +17,8 @@ The records, in order (docs/replication.md, "Snapshot format"):
   messages or CHUNK_BYTES_MAX bytes of body, so a queue of millions never becomes one list.
   `place` says where they were: in memory (`ready`, `lane` with its priority as `key`,
   `returned`, `backoff`, `dead_lettering`, `checked_out` with the consumer id as `key`,
-  `delayed`, `dying` with the reason as `key`, `unstore`), or only in the backing (`spilled`, `lane_spilled`, `delayed_spilled`), read from
-  it in batches of CHUNK_MESSAGES_MAX. Within a place the order is the machine's own (a heap's
+  `delayed`, `dying` with the reason as `key`, `unstore`), or only in the backing (`spilled`,
+  `lane_spilled`, `delayed_spilled`), read from it in batches of CHUNK_MESSAGES_MAX. Within a place the order is the machine's own (a heap's
   list order, a dict's insertion order), so nothing is re-sorted on the way.
 - `["end", counts]`: how many messages each place had, checked by the loader (assert in pairs).
 
@@ -56,9 +56,7 @@ CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 NO_CURSOR = 1 << 64  # DelayedMessages' "nothing stored": above msgpack's uint64, so sent as None
 
-# Where a chunk's messages were. Those in the backing only are written there again on load.
-IN_MEMORY_PLACES = ("ready", "lane", "returned", "backoff", "dead_lettering", "checked_out", "delayed", "dying",
-                    "unstore")
+# Chunks of messages that only the backing held (written there again on load, nowhere else).
 SPILLED_PLACES = ("spilled", "lane_spilled", "delayed_spilled")
 
 

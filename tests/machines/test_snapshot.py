@@ -11,8 +11,8 @@ with room for everything, a Tick far in the future, a delete); after every comma
 and effects (messages compared field by field) and what can be observed of the queue (counts,
 deadline, counters, who holds what, the keys in the backing) must be equal.
 
-A forgotten field shows up as a difference somewhere downstream: tests/machines/test_snapshot.py
-was checked by dropping fields from the dump (docs/replication.md, "Snapshot format").
+A forgotten field shows up as a difference somewhere downstream: this test was checked by
+dropping fields from the dump and the load (docs/replication.md, "Snapshot format").
 """
 
 from __future__ import annotations
