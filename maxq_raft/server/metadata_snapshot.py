@@ -1,0 +1,142 @@
+"""Snapshot and restore of the whole metadata machine (the cluster's meta group) as plain records.
+
+Theory of operation: `persistence.snapshot_entries` recreates the *durable* topology of a single
+node, which is right for a restart (RabbitMQ drops transient entities) but not for a Raft group,
+where every entity is replicated: exclusive queues with their owners, transient and auto-delete
+queues and exchanges, bindings with a transient end, policies. `dump_metadata(machine)` yields
+all of it as records of plain data (msgpack-able; AMQP field tables kept in AMQP's own table
+encoding, as persistence.py and replication/entries.py do, so decimals, timestamps and nested
+tables round-trip exactly); `load_metadata(records)` builds the machine state directly, not by
+replaying declares, so that the order of every dict and binding list (route results follow
+binding order, auto-delete cascades follow the reverse index) is the original's.
+
+Records: `["metadata", {"version", "users"}]`; per vhost `["vhost", name]`, then
+`["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
+in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
+each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
+exclusive_owner, auto_delete, arguments]`, `["bindings_to", vhost, destination, [[source, key,
+arguments], ...]]` (the reverse index, in its order), `["policy", vhost, name, pattern,
+definition, priority, apply_to]`; last `["end", counts]`, checked by the loader.
+
+Not here: queue placement (a hash of vhost and name: cluster.shard_of, nothing to keep) and the
+node-local queue ids (the store's key prefix, given by each member as it creates the machine).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Iterator
+
+from ..amqp.values import decode_table, encode_table
+from ..machines import metadata as md
+from ..machines.routing import make_router
+from ..machines.snapshot import SnapshotError
+
+FORMAT_VERSION = 1
+CHUNK_BINDINGS_MAX = 1024
+
+
+def _table(value: dict) -> bytes:
+    return encode_table(value)
+
+
+def _untable(raw: bytes) -> dict:
+    return decode_table(raw, 0)[0]
+
+
+def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
+    """Every vhost, exchange, binding, queue and policy of `machine`, in its own order."""
+    yield ["metadata", {"version": FORMAT_VERSION, "users": dict(machine.users)}]
+    counts: dict[str, int] = {}
+
+    def count(kind: str, n: int = 1) -> None:
+        counts[kind] = counts.get(kind, 0) + n
+
+    for vhost_name, vhost in machine.vhosts.items():
+        yield ["vhost", vhost_name]
+        count("vhost")
+        for ex in vhost.exchanges.values():
+            yield ["exchange", vhost_name, ex.name, ex.type, ex.durable, ex.auto_delete, ex.internal,
+                   _table(ex.arguments), ex.builtin, ex.routing_type]
+            count("exchange")
+            bindings = ex.router.bindings()
+            for start in range(0, len(bindings), CHUNK_BINDINGS_MAX):
+                chunk = [[dest, key, _table(args)] for dest, key, args in bindings[start:start + CHUNK_BINDINGS_MAX]]
+                yield ["bindings", vhost_name, ex.name, chunk]
+                count("bindings", len(chunk))
+        for q in vhost.queues.values():
+            yield ["queue", vhost_name, q.name, q.durable, q.exclusive_owner, q.auto_delete, _table(q.arguments)]
+            count("queue")
+        for dest, entries in vhost.bindings_to.items():
+            for start in range(0, len(entries), CHUNK_BINDINGS_MAX):
+                chunk = [[source, key, _table(args)] for source, key, args in entries[start:start + CHUNK_BINDINGS_MAX]]
+                yield ["bindings_to", vhost_name, dest, chunk]
+                count("bindings_to", len(chunk))
+        for p in vhost.policies.values():
+            yield ["policy", vhost_name, p.name, p.pattern, _table(p.definition), p.priority, p.apply_to]
+            count("policy")
+    yield ["end", counts]
+
+
+def load_metadata(records: Iterable) -> md.MetadataMachine:
+    """A metadata machine rebuilt from `dump_metadata`'s records (SnapshotError if it cannot be)."""
+    it = iter(records)
+    first = next(it, None)
+    if type(first) is not list or len(first) != 2 or first[0] != "metadata" or type(first[1]) is not dict:
+        raise SnapshotError(f"metadata snapshot: the first record is not a header: {str(first)[:80]}")
+    version = first[1].get("version")
+    if version != FORMAT_VERSION:
+        raise SnapshotError(f"metadata snapshot: unknown format version {version!r} "
+                            f"(this code reads version {FORMAT_VERSION})")
+    machine = md.MetadataMachine()
+    machine.vhosts = {}  # rebuilt from the records, builtin exchanges included, in their order
+    machine.users = dict(first[1]["users"])
+    counts: dict[str, int] = {}
+    ended = None
+    for record in it:  # bounded by the records given
+        if ended is not None:
+            raise SnapshotError("metadata snapshot: records after the end record")
+        try:
+            kind = record[0]
+            if kind == "end":
+                ended = record[1]
+                continue
+            counts[kind] = counts.get(kind, 0) + (len(record[3]) if kind in ("bindings", "bindings_to") else 1)
+            _load_record(machine, kind, record)
+        except SnapshotError:
+            raise
+        except (IndexError, KeyError, TypeError, ValueError, re.error) as exc:
+            raise SnapshotError(f"metadata snapshot: malformed record {str(record)[:80]}: {exc!r}") from None
+    if ended is None:
+        raise SnapshotError("metadata snapshot: truncated: no end record")
+    if ended != counts:
+        raise SnapshotError(f"metadata snapshot: counts differ from the end record: {counts} != {ended}")
+    return machine
+
+
+def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
+    if kind == "vhost":
+        machine.vhosts[record[1]] = md.VHost(record[1])
+        return
+    vhost = machine.vhosts[record[1]]
+    if kind == "exchange":
+        _, _, name, type_, durable, auto_delete, internal, arguments, builtin, routing_type = record
+        vhost.exchanges[name] = md.ExchangeRecord(name, type_, durable, auto_delete, internal, _untable(arguments),
+                                                  make_router(routing_type), builtin, routing_type)
+    elif kind == "bindings":
+        router = vhost.exchanges[record[2]].router
+        for dest, key, arguments in record[3]:
+            if not router.add(dest, key, _untable(arguments)):
+                raise ValueError(f"binding {dest!r} {key!r} twice")
+    elif kind == "queue":
+        _, _, name, durable, exclusive_owner, auto_delete, arguments = record
+        vhost.queues[name] = md.QueueRecord(name, durable, exclusive_owner, auto_delete, _untable(arguments))
+    elif kind == "bindings_to":
+        entries = vhost.bindings_to.setdefault(record[2], [])
+        entries.extend((source, key, _untable(arguments)) for source, key, arguments in record[3])
+    elif kind == "policy":
+        _, _, name, pattern, definition, priority, apply_to = record
+        vhost.policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to,
+                                               re.compile(pattern))
+    else:
+        raise SnapshotError(f"metadata snapshot: unknown record {str(kind)[:40]!r}")
