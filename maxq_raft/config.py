@@ -41,6 +41,7 @@ class Settings:
     cluster_secret: str = ""  # shared by the members; authenticates every Raft connection
     shards: int = 0  # data shard groups; 0: two per core
     join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
+    snapshot_every_mb: float = 64.0  # a group snapshots its state (and compacts its log) after this much log
     version: str = __version__
 
     @property
@@ -65,7 +66,7 @@ def parse_addr(text: str, what: str) -> tuple[str, int]:
 CLI_SETTINGS = ("data_dir", "amqp_host", "amqp_port", "http_host", "http_port", "node_id",
                 "frame_max", "channel_max", "heartbeat_s", "handshake_timeout_s", "fsync",
                 "memory_high_watermark_mb", "disk_free_limit_mb", "log_level",
-                "raft_addr", "peer", "cluster_secret", "shards", "join")
+                "raft_addr", "peer", "cluster_secret", "shards", "join", "snapshot_every_mb")
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -118,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="another cluster member (repeat for each); MAXQ_PEER takes them comma-separated")
     parser.add_argument("--cluster-secret", help="secret shared by the members (or MAXQ_CLUSTER_SECRET)")
     parser.add_argument("--shards", help="data shard groups (default 0: two per core); the same on every member")
+    parser.add_argument("--snapshot-every-mb", help="a cluster member snapshots a group's state and compacts its log "
+                        "after this many MB of new log (default 64; fractions allowed)")
     parser.add_argument("--join", help="on: start as a new member and wait to be added (maxqctl add-node)")
     parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
     return parser

@@ -105,7 +105,9 @@ class BrokerProcess:
 
 
 def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
-    args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[name]}", "--cluster-secret", "test", "--shards", "2"]
+    # Snapshots every ~5 KB of a group's log: the AMQP suites then run across many of them.
+    args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[name]}", "--cluster-secret", "test", "--shards", "2",
+            "--snapshot-every-mb", os.environ.get("MAXQ_TEST_SNAPSHOT_MB", "0.005")]
     for peer, port in raft_ports.items():
         if peer != name:
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]

@@ -157,18 +157,21 @@ def render_status(status: dict) -> str:
                 + table(rows, ["group", "leader", "commit_index", "applied_index", "lag"]))
     members = table(status["members"], ["node", "state", "role", "leads", "groups"])
     rows = [{"group": g["group"], "leader": g["leader"], "term": g["term"], "commit_index": g["commit_index"],
-             "applied_index": g["applied_index"], "here": g["role"] + (" removed" if g.get("removed") else ""),
+             "applied_index": g["applied_index"], "snapshot": g.get("snapshot_index") or "",
+             "here": g["role"] + (" removed" if g.get("removed") else ""),
              "change": "pending" if g["membership_change_pending"] else "",
              "lag": ", ".join(f"{m['node']}={_cell(m['lag']) if m['lag'] is not None else '?'}"
                               + ("" if m["connected"] else "(down)") for m in g["members"])} for g in status["groups"]]
     head = f"node {status['node']}"
     if status.get("removed"):
         head += " (REMOVED from the cluster: stop it)"
-    notes = ["lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)"]
+    notes = ["lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)",
+             "snapshot: the index of this node's latest snapshot of the group (the log before it is compacted)"]
     if status.get("membership_change_pending"):
         notes.append("a membership change is in progress")
     return (f"{head}\n\nmembers\n{members}\n\ngroups\n"
-            + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "here", "change", "lag"])
+            + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "snapshot", "here", "change",
+                           "lag"])
             + "\n\n" + "\n".join(notes))
 
 

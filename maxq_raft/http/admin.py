@@ -141,6 +141,7 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
         out_groups.append({"group": name, "leader": leader, "role": g.get("role"), "term": g.get("term"),
                            "commit_index": g.get("commit_index"), "applied_index": g.get("applied_index"),
                            "last_index": g.get("last_index"), "durable_index": g.get("durable_index"),
+                           "first_index": g.get("first_index"), "snapshot_index": g.get("snapshot_index"),
                            "membership_change_pending": bool(g.get("membership_change_pending")),
                            "removed": bool(g.get("removed")), "failed": g.get("failed"), "members": members})
     meta = groups.get(META_GROUP, {})

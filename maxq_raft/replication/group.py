@@ -259,6 +259,7 @@ class Group:
     def write_snapshot(self, header: SnapshotHeader, body) -> SnapshotHeader:
         """Write the file (any thread but the hub's: it may be large)."""
         header.path = write_snapshot(self.snap_dir, header, body)
+        header.body_bytes = header.path.stat().st_size
         return header
 
     # ------------------------------------------------------------------ log and membership

@@ -49,7 +49,7 @@ from ..machines.queue import Meta, Overflowed, Rejected
 from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable
-from . import policies
+from . import cluster_snapshot, policies
 from .message_store import QueueBacking
 
 log = logging.getLogger("maxq.cluster")
@@ -67,6 +67,8 @@ UNKNOWN_OUTCOME = ("timeout", "stopped")
 NOT_LEADER_RETRY_EVERY_S = 0.05
 WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
+SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
+SNAPSHOT_CHECK_S = 1.0
 
 
 def default_shards() -> int:
@@ -121,7 +123,7 @@ class ConfirmBatch:
 
 
 class ClusterLog:
-    def __init__(self, broker, node, shard_count: int) -> None:
+    def __init__(self, broker, node, shard_count: int, snapshot_every_bytes: int = SNAPSHOT_EVERY_BYTES) -> None:
         self.broker = broker
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.node_id = broker.node_id
@@ -154,6 +156,16 @@ class ClusterLog:
         self.entries_failed = 0
         self.entries_duplicate = 0
         self.entries_held = 0
+        # Snapshots (cluster_snapshot.py): per group, the last index applied here, the log bytes
+        # applied since the last snapshot, and the groups whose snapshot is being written.
+        self.meta_group = META_GROUP
+        self.snapshot_every_bytes = snapshot_every_bytes
+        self.applied_index: dict[str, int] = {}
+        self.log_bytes_since: dict[str, int] = {}
+        self.snapshot_next_try: dict[str, int] = {}
+        self.snapshotting: set[str] = set()
+        self.snapshots_taken = 0
+        self.snapshots_loaded = 0
 
     # ------------------------------------------------------------ placement
 
@@ -388,6 +400,9 @@ class ClusterLog:
         expected = self.expected.setdefault(group, {})
         held = self.held.setdefault(group, {})
         dead = self.dead.setdefault(group, set())
+        if entries:
+            self.applied_index[group] = entries[-1][0]
+            self.log_bytes_since[group] = self.log_bytes_since.get(group, 0) + sum(len(p) for _i, p in entries)
         for index, payload in entries:
             try:
                 entry = decode_entry(payload)
@@ -405,19 +420,100 @@ class ClusterLog:
                 self.entries_duplicate += 1
                 continue
             if seq > next_seq:
-                held.setdefault(origin, {})[seq] = entry
+                held.setdefault(origin, {})[seq] = payload  # raw: a snapshot carries it as it came
                 self.entries_held += 1
                 continue
             self._apply_entry(group, index, entry)
             next_seq += 1
             waiting = held.get(origin)
             while waiting and next_seq in waiting and origin not in dead:
-                self._apply_entry(group, index, waiting.pop(next_seq))
+                self._apply_entry(group, index, decode_entry(waiting.pop(next_seq)))
                 next_seq += 1
             if waiting is not None and not waiting:
                 del held[origin]
             if origin not in dead:
                 expected[origin] = next_seq
+        if self.log_bytes_since.get(group, 0) >= self.snapshot_next_try.get(group, self.snapshot_every_bytes):
+            self._maybe_snapshot(group)
+
+    # ------------------------------------------------------------ snapshots
+
+    async def snapshot_when_due(self) -> None:
+        """Look again every SNAPSHOT_CHECK_S at groups whose log grew enough but whose state was
+        too big to snapshot then (their messages have been consumed since, with little log)."""
+        while True:
+            await trio.sleep(SNAPSHOT_CHECK_S)
+            for group, since in list(self.log_bytes_since.items()):
+                if since >= self.snapshot_every_bytes:
+                    self._maybe_snapshot(group)
+
+    def _maybe_snapshot(self, group: str) -> None:
+        """Snapshot the group's state and let the engine compact its log, when that pays: the
+        state (bodies of queued messages included) is well below the log it replaces."""
+        if group in self.snapshotting or self.node is None:
+            return
+        since = self.log_bytes_since.get(group, 0)
+        if group != META_GROUP:
+            live = sum(q.ready_bytes for k, q in self.broker.queues.items() if self.group_of(k) == group)
+            if live * 2 > since:
+                # Most of the log is still queued messages: try again after more log (or later,
+                # snapshot_when_due, once they are consumed).
+                self.snapshot_next_try[group] = since + self.snapshot_every_bytes // 4
+                return
+        index = self.applied_index.get(group, 0)
+        try:
+            body = cluster_snapshot.dump_group(self, group, index)
+        except Exception:
+            log.exception("%s: snapshot at %d could not be made", group, index)
+            self.snapshot_next_try[group] = since + self.snapshot_every_bytes
+            return
+        self.snapshotting.add(group)
+        token = self._token
+
+        def saved(header, error) -> None:  # the hub or the writer thread
+            try:
+                token.run_sync_soon(self._snapshot_saved, group, index, header, error)
+            except trio.RunFinishedError:
+                pass
+        self.node.take_snapshot(group, index, body, saved)
+
+    def _snapshot_saved(self, group: str, index: int, header, error: str | None) -> None:
+        self.snapshotting.discard(group)
+        if header is None:
+            log.info("%s: no snapshot at %d (%s); trying again later", group, index, error)
+            self.snapshot_next_try[group] = self.log_bytes_since.get(group, 0) + self.snapshot_every_bytes // 4
+            return
+        self.snapshots_taken += 1
+        self.log_bytes_since[group] = 0
+        self.snapshot_next_try.pop(group, None)
+        log.info("%s: snapshot at index %d saved (%d bytes); the log before it is compacted", group, index,
+                 header.body_bytes)
+
+    def on_snapshot(self, group: str, header) -> None:
+        """The engine's callback (hub thread): this member's state for `group` is the snapshot's
+        (a restart, or the leader installed it because this member fell behind its log)."""
+        try:
+            self._token.run_sync_soon(self._load_snapshot, group, header)
+        except trio.RunFinishedError:
+            pass
+
+    def _load_snapshot(self, group: str, header) -> None:
+        if self.broker.sessions:
+            # Caught up by a snapshot while serving: the clients' view of this member jumps; they
+            # reconnect and see the new state (their consumers are cancelled through the log).
+            log.warning("%s: this member fell behind the compacted log and installs a snapshot; closing %d "
+                        "client connections", group, len(self.broker.sessions))
+            self._close_sessions("this member caught up from a snapshot; reconnect")
+        try:
+            cluster_snapshot.load_group(self, group, header)
+        except Exception:
+            log.critical("%s: the snapshot at %d cannot be loaded; this member stops", group, header.index,
+                         exc_info=True)
+            raise
+        self.applied_index[group] = header.index
+        self.log_bytes_since[group] = 0
+        self.snapshots_loaded += 1
+        log.info("%s: state loaded from the snapshot at index %d", group, header.index)
 
     def _apply_entry(self, group: str, index: int, entry) -> None:
         broker = self.broker

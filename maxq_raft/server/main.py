@@ -29,6 +29,7 @@ from . import persistence
 from .alarms import ResourceAlarms
 from ..config import parse_addr
 from ..replication.engine import ReplicationNode
+from ..replication.snapshot_file import SnapshotError
 from .broker import Broker
 from .cluster import META_GROUP, ClusterLog, default_shards
 from .dead_letter import tick_queues
@@ -133,16 +134,18 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> N
     if broker.store is not None:
         broker.open_for_cluster()
     shard_count = settings.shards or default_shards()
-    cluster = ClusterLog(broker, None, shard_count)
+    cluster = ClusterLog(broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20))))
     try:
         node = ReplicationNode(
             node_id=settings.node_id, raft_addr=parse_addr(settings.raft_addr, "raft_addr"), peers=settings.peers(),
             cluster_secret=settings.cluster_secret.encode(), data_dir=Path(settings.data_dir) / "raft",
             groups=[META_GROUP, *cluster.shards], fsync=settings.fsync == "on", on_commit=cluster.on_commit,
-            joining=settings.join == "on")
+            on_snapshot=cluster.on_snapshot, joining=settings.join == "on")
         node.start()
     except OSError as exc:
         raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
+    except SnapshotError as exc:
+        raise StartupError(f"cannot start from the Raft data in {settings.data_dir}: {exc}") from None
     cluster.node = node
     broker.cluster = cluster
     log.info("node %s: Raft on %s, %d shard groups, peers %s%s", settings.node_id, settings.raft_addr, shard_count,
@@ -151,6 +154,7 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> N
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cluster.retry_proposals)
+            nursery.start_soon(cluster.snapshot_when_due)
             await cluster.barrier()
             log.info("node %s: caught up with the cluster", settings.node_id)
             nursery.start_soon(cluster.watch_members)

@@ -1,0 +1,131 @@
+"""A cluster member's snapshot of one group: what its machines hold after a given log index.
+
+Theory of operation: the engine keeps a snapshot file per group (replication/snapshot_file.py)
+whose body is ours. A group's state here is (a) the apply-order bookkeeping of server/cluster.py
+for that group (each origin's next sequence number, entries that came early, lives declared
+dead), and (b) its machines: the metadata machine for "meta" (metadata_snapshot.py), every queue
+machine of the shard for a shard (machines/snapshot.py, bodies included). The body is a msgpack
+stream of records:
+
+  ["group", {"version": 1, "group": name, "index": index}]
+  ["order", {origin: next seq}, [[origin, seq, entry payload], ...], [dead origin, ...]]
+  ["meta", [metadata records]]                      (meta group)
+  ["queue", vhost, name, n] + n queue records       (shard groups, one per queue)
+  ["end", {"queues": n}]
+
+`dump_group` runs on the trio thread between two applies, so the state is exactly the state
+after `index`; `load_group` replaces the group's state on this member (at start, or when the
+leader installs a snapshot because this member fell behind its compacted log). Queue ids and
+store keys are this member's own: a loaded queue gets a fresh id and an empty backing, into
+which load_queue writes what the original had spilled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+
+from ..machines.snapshot import SnapshotError, dump_queue, load_queue
+from ..replication.entries import decode_entry
+from ..replication.snapshot_file import read_body
+from .message_store import QueueBacking
+from .metadata_snapshot import dump_metadata, load_metadata
+
+__all__ = ["dump_group", "load_group", "FORMAT_VERSION"]
+
+log = logging.getLogger("maxq.cluster")
+
+FORMAT_VERSION = 1
+
+
+def dump_group(cluster, group: str, index: int) -> list[bytes]:
+    """The body of the group's snapshot at `index` (the last entry applied here), as chunks."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    out = [pack(["group", {"version": FORMAT_VERSION, "group": group, "index": index}])]
+    held = [[origin, seq, payload] for origin, entries in cluster.held.get(group, {}).items()
+            for seq, payload in entries.items()]
+    out.append(pack(["order", dict(cluster.expected.get(group, {})), held, sorted(cluster.dead.get(group, ()))]))
+    queues = 0
+    if group == cluster.meta_group:
+        out.append(pack(["meta", list(dump_metadata(cluster.broker.meta))]))
+    else:
+        for key, machine in cluster.broker.queues.items():
+            if cluster.group_of(key) != group:
+                continue
+            records = list(dump_queue(machine))
+            out.append(pack(["queue", key[0], key[1], len(records)]))
+            out.extend(pack(r) for r in records)
+            queues += 1
+    out.append(pack(["end", {"queues": queues}]))
+    return out
+
+
+def load_group(cluster, group: str, header) -> None:
+    """Make the group's state on this member the snapshot's (the trio thread)."""
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False, max_buffer_size=256 << 20)
+    records = _records(unpacker, header)
+    first = next(records, None)
+    if (type(first) is not list or len(first) != 2 or first[0] != "group" or type(first[1]) is not dict
+            or first[1].get("version") != FORMAT_VERSION or first[1].get("group") != group):
+        raise SnapshotError(f"snapshot of {group} at {header.index}: not a group snapshot of this version: "
+                            f"{str(first)[:80]}")
+    order = next(records, None)
+    if type(order) is not list or len(order) != 4 or order[0] != "order":
+        raise SnapshotError(f"snapshot of {group} at {header.index}: no apply-order record")
+    broker = cluster.broker
+    loaded: dict[tuple, Any] = {}
+    meta = None
+    ended = None
+    for record in records:
+        kind = record[0] if type(record) is list and record else None
+        if kind == "meta":
+            meta = load_metadata(record[1])
+        elif kind == "queue":
+            _, vhost, name, n = record
+            key = (vhost, name)
+            queue_records = [next(records) for _ in range(n)]
+            backing = None
+            if broker.store is not None:
+                queue_id = broker.next_queue_id
+                broker.next_queue_id += 1
+                broker.queue_ids[key] = queue_id
+                backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None)
+            loaded[key] = load_queue(queue_records, backing=backing)
+        elif kind == "end":
+            ended = record[1]
+            break
+        else:
+            raise SnapshotError(f"snapshot of {group} at {header.index}: unknown record {str(record)[:60]}")
+    if ended is None or ended.get("queues") != len(loaded):
+        raise SnapshotError(f"snapshot of {group} at {header.index}: truncated or miscounted")
+    # The state is read whole: now replace this member's.
+    if group == cluster.meta_group:
+        if meta is None:
+            raise SnapshotError(f"snapshot of {group} at {header.index}: no metadata record")
+        broker.meta = meta
+    else:
+        for key in [k for k in broker.queues if cluster.group_of(k) == group and k not in loaded]:
+            old = broker.queues.pop(key)
+            if old.backing is not None:
+                old.backing.drop()
+            broker.queue_ids.pop(key, None)
+        for key, machine in loaded.items():
+            old = broker.queues.get(key)
+            if old is not None and old.backing is not None and old.backing is not machine.backing:
+                old.backing.drop()
+            broker.queues[key] = machine
+    _, expected, held, dead = order
+    cluster.expected[group] = {str(o): int(s) for o, s in expected.items()}
+    cluster.held[group] = {}
+    for origin, seq, payload in held:
+        decode_entry(payload)  # checked now: a bad one fails the load, not a later apply
+        cluster.held[group].setdefault(origin, {})[seq] = payload
+    cluster.dead[group] = set(dead)
+
+
+def _records(unpacker, header):
+    for chunk in read_body(header):
+        unpacker.feed(chunk)
+        yield from unpacker
