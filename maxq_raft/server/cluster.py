@@ -63,6 +63,7 @@ TICK_INTERVAL_S = 0.05  # as the single node's ticker: the lateness bound of a T
 QUORUM_LOST_AFTER_S = 1.5
 OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
 RETRYABLE = ("not leader", "timeout", "busy")
+CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see _proposed
 UNKNOWN_OUTCOME = ("timeout", "stopped")
 NOT_LEADER_RETRY_EVERY_S = 0.05
 WATCH_INTERVAL_S = 0.5
@@ -262,6 +263,17 @@ class ClusterLog:
         filler.tombstone = True
         filler.seq, filler.origin = entry.seq, entry.origin
         self._propose(filler)
+        # A consumer or connection that went away must go from the machines even when this node
+        # could not commit that for a while, or it stays registered for good and takes its share
+        # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
+        # safe to apply late (an owner id names one connection or channel of one life), so they
+        # go again in a new entry: if the original commits after all, the copy finds nothing.
+        cleanup = [(target, command) for target, command, _request in entry.items
+                   if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")]  # not a node's lives
+        if cleanup:
+            log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
+            for target, command in cleanup:
+                self.submit(target, command, None, group=entry.group)
 
     def _complete(self, entry: OpenEntry, error: str | None) -> None:
         self.in_flight.pop((entry.group, entry.seq), None)

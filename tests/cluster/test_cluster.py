@@ -11,7 +11,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from maxq_raft.server.cluster import shard_of
+from maxq_raft.server.cluster import OUTCOME_WAIT_S, shard_of
 
 from .conftest import ConfirmingPublisher, drain, wait_until
 
@@ -189,6 +189,47 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
     wait_until(publishes_on_lone, 60, "the healed node to confirm again", interval_s=0.5)
     bodies = [body for body, _ in drain(cluster["n2"], queue)]
     assert b"after" in bodies
+
+
+def test_a_consumer_whose_release_could_not_commit_for_long_is_released_later(cluster):
+    """jepsen seed 86: a node that could not commit for longer than it retries gave up the
+    commands releasing the consumers of the connections it closed; those consumers stayed
+    registered for good and took their round-robin share of later messages, never acked."""
+    queue = "ghost"
+    lone = cluster["n1"]
+    conn = lone.connect()
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True)
+    ch.confirm_delivery()
+    ch.basic_publish("", queue, b"taken", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    consumer = lone.connect(heartbeat=0)
+    cch = consumer.channel()
+    taken = []
+    cch.basic_consume(queue, lambda c, m, p, body: taken.append(body), auto_ack=False)
+    deadline = time.monotonic() + 10
+    while not taken and time.monotonic() < deadline:
+        consumer.process_data_events(time_limit=0.2)
+    assert taken == [b"taken"]
+    others = [cluster["n2"], cluster["n3"]]
+    for member in others:
+        os.kill(member.pid, signal.SIGSTOP)
+    try:
+        # n1 is cut off: it closes its clients (this consumer too) and cannot commit their
+        # release; it retries for OUTCOME_WAIT_S and gives the commands up.
+        wait_until(lambda: "cluster majority; reconnect" in lone.log_text(), 30, "n1 to close its clients")
+        before = lone.log_text().count("commands not committed")
+        time.sleep(OUTCOME_WAIT_S + 1.5)
+        assert lone.log_text().count("commands not committed") > before, "n1 gave up the release"
+    finally:
+        for member in others:
+            os.kill(member.pid, signal.SIGCONT)
+        try:
+            consumer.close()
+        except Exception:
+            pass
+    got = drain(cluster["n2"], queue, quiet_s=3.0, limit_s=40.0)
+    assert got == [(b"taken", True)], "the closed consumer's delivery comes back, redelivered"
 
 
 def test_a_restarted_member_catches_up_from_the_log(cluster):
