@@ -12,9 +12,9 @@ from .conftest import Cluster, drain, wait_until
 BODY = b"x" * 4000
 
 
-@pytest.fixture
-def snap_cluster(tmp_path):
-    c = Cluster(tmp_path, extra=["--snapshot-every-mb", "1"])
+@pytest.fixture(params=["1"])
+def snap_cluster(tmp_path, request):
+    c = Cluster(tmp_path, extra=["--snapshot-every-mb", request.param])
     try:
         c.start()
         yield c
@@ -83,3 +83,55 @@ def test_snapshots_compact_the_log_and_a_member_that_fell_behind_is_installed(sn
     ch = conn.channel()
     assert ch.queue_declare("work", passive=True).method.message_count == 0
     conn.close()
+
+
+@pytest.mark.parametrize("snap_cluster", ["0.005"], indirect=True)
+def test_a_node_added_after_compaction_is_installed_and_serves_the_queues(snap_cluster, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ..conftest import free_port
+    from .conftest import Member
+
+    n1, n2 = snap_cluster["n1"], snap_cluster["n2"]
+    conn = n1.connect()
+    ch = conn.channel()
+    ch.exchange_declare("events", "topic", durable=True)
+    for q in ("alpha", "beta"):
+        ch.queue_declare(q, durable=True)
+        ch.queue_bind(q, "events", f"{q}.#")
+    for i in range(60):  # metadata traffic, so that the meta group's log is compacted too
+        ch.queue_declare(f"temp-{i}")
+        ch.queue_delete(f"temp-{i}")
+    conn.close()
+    publish_and_consume(n1, "churn", 400)
+    conn = n1.connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(30):
+        ch.basic_publish("events", f"{'alpha' if i % 2 else 'beta'}.x", str(i).encode(),
+                         pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    for m in (n1, n2):
+        wait_until(lambda m=m: groups(m)["meta"]["first_index"] > 1 and sum(
+            g["first_index"] > 1 for g in groups(m).values()) >= 2, 20, f"{m.name} compacts the logs")
+
+    ports = {name: snap_cluster[name].raft_port for name in ("n1", "n2", "n3")}
+    new = Member("n4", tmp_path, free_port(), ports, ["--join", "on", "--snapshot-every-mb", "1"])
+    maxqctl = str(Path(sys.executable).parent / "maxqctl")
+    try:
+        new.launch()
+        added = subprocess.run([maxqctl, "--node", f"127.0.0.1:{n2.http_port}", "add-node", "n4", "--raft-addr",
+                                f"127.0.0.1:{new.raft_port}"], capture_output=True, text=True, timeout=90)
+        assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-3000:])
+        new.wait_ready(90)
+        assert "state loaded from the snapshot" in new.log_text()
+        conn = new.connect()
+        ch = conn.channel()
+        ch.exchange_declare("events", "topic", passive=True)
+        assert ch.queue_declare("alpha", passive=True).method.message_count == 15
+        conn.close()
+        assert sorted(int(b) for b, _ in drain(new, "beta")) == list(range(0, 30, 2))
+    finally:
+        new.stop()
