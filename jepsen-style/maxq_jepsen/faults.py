@@ -137,6 +137,8 @@ def faketime_env(library: str, skew_file: str) -> dict[str, str]:
     Only the wall clock is faked: CLOCK_MONOTONIC is left alone (FAKETIME_DONT_FAKE_MONOTONIC),
     because Raft's election and heartbeat timers and trio's deadlines run on it, and a real NTP
     step moves the wall clock only; message TTLs and expiry use wall time, so they see the skew.
-    The file is re-read at most once a second (FAKETIME_CACHE_DURATION), not on every call."""
+    The file is re-read on every wall-clock call (FAKETIME_NO_CACHE): measured 5 us per time.time()
+    instead of 0.08 (monotonic calls stay 0.08); with the default cache, or FAKETIME_CACHE_DURATION=1,
+    libfaketime 0.9.10 did not see a new offset for as long as we watched."""
     return {"LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": skew_file, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_RESET": "1"}
+            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_RESET": "1"}

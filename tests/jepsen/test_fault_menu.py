@@ -117,6 +117,7 @@ def test_delay_rules_leave_loopback_alone_and_bypass_a_dead_delayer():
 def test_faketime_fakes_the_wall_clock_only():
     env = faults.faketime_env("/lib/libfaketimeMT.so.1", "/tmp/n1.skew")
     assert env["FAKETIME_DONT_FAKE_MONOTONIC"] == "1"  # Raft's and trio's timers stay real
+    assert env["FAKETIME_NO_CACHE"] == "1"  # a new skew is seen at once (the cache hid it)
     assert env["FAKETIME_TIMESTAMP_FILE"] == "/tmp/n1.skew" and env["LD_PRELOAD"] == "/lib/libfaketimeMT.so.1"
     assert faults.faketime_offset(90) == "+90" and faults.faketime_offset(-30.5) == "-30.5"
     assert faults.faketime_offset(0) == "+0"
