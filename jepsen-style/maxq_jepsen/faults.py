@@ -108,11 +108,22 @@ def nft_script(table: str, hosts: dict[str, str], cuts: list[tuple[str, str]], l
     rules = [f"    ip saddr {hosts[a]} ip daddr {hosts[b]} drop\n" for a, b in cuts]
     for name, percent in sorted(loss.items()):
         assert 0 < percent < 100, percent
-        rules.append(f"    ip saddr {hosts[name]} numgen random mod 100 < {percent} drop\n")
-        rules.append(f"    ip daddr {hosts[name]} numgen random mod 100 < {percent} drop\n")
+        # counters: the heal reads how many packets the loss really dropped (loss_counters)
+        rules.append(f"    ip saddr {hosts[name]} numgen random mod 100 < {percent} counter drop\n")
+        rules.append(f"    ip daddr {hosts[name]} numgen random mod 100 < {percent} counter drop\n")
     return (f"table bridge {table}\ndelete table bridge {table}\n"
             f"table bridge {table} {{\n  chain cut {{\n    type filter hook forward priority 0; policy accept;\n"
             f"{''.join(rules)}  }}\n}}\n")
+
+
+def loss_counters(listing: str) -> int:
+    """Packets dropped by the loss rules, from `nft list table` output (their `counter packets N`)."""
+    total = 0
+    for line in listing.splitlines():
+        if "numgen random" in line and "counter packets" in line:
+            words = line.split()
+            total += int(words[words.index("packets") + 1])
+    return total
 
 
 def delay_rules(verb: str, subnet_cidr: str, queue_num: int) -> list[list[str]]:

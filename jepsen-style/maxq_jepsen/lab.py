@@ -625,10 +625,14 @@ class NetnsLab(Lab):
         self._apply(self.cuts, dict(loss))
         self.loss = dict(loss)
 
-    def heal_loss(self) -> None:
-        if self.loss:
-            self._apply(self.cuts, {})
-            self.loss = {}
+    def heal_loss(self) -> int | None:
+        """Remove the loss rules; returns how many packets they dropped (None: nothing was lossy)."""
+        if not self.loss:
+            return None
+        listed = _sh("ip", "netns", "exec", NS_SWITCH, "nft", "list", "table", "bridge", NFT_TABLE, check=False)
+        self._apply(self.cuts, {})
+        self.loss = {}
+        return faults.loss_counters(listed.stdout) if listed.returncode == 0 else None
 
     def start_delay(self, node: Node, low_ms: float, high_ms: float, seed: str) -> None:
         """Delay `node`'s packets to and from its peers by low..high ms: a delayer bound to an NFQUEUE
@@ -660,8 +664,9 @@ class NetnsLab(Lab):
         for rule in faults.delay_rules("-A", f"{SUBNET}.0/24", queue_num):
             _sh("ip", "netns", "exec", node.netns, *rule)
 
-    def stop_delay(self, node: Node) -> bool:
-        """Remove the rules (each until it is gone, bounded), then stop the delayer. Idempotent."""
+    def stop_delay(self, node: Node) -> str | None:
+        """Remove the rules (each until it is gone, bounded), then stop the delayer. Idempotent.
+        Returns the delayer's last line ("delayer stopped: N delayed, ..."), None if none ran."""
         queue_num = DELAY_QUEUE_BASE + self.nodes.index(node)
         for rule in faults.delay_rules("-D", f"{SUBNET}.0/24", queue_num):
             for _ in range(4):
@@ -669,9 +674,10 @@ class NetnsLab(Lab):
                     break
         proc = self.helpers.pop(f"delay:{node.name}", None)
         if proc is None:
-            return False
+            return None
         stop_process(proc)
-        return True
+        lines = (self.root / f"{node.name}.delayer.log").read_text(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
 
     def teardown(self) -> None:
         errors = []

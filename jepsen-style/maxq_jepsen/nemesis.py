@@ -47,7 +47,8 @@ preflight: a nemesis whose tool is missing is refused with the reason, never sil
 
 Overlap (`make_schedule(..., overlap=("membership",))`): the membership nemesis then runs during
 other faults instead of in its own cycles: in a cycle marked `with_` the runner starts the fault,
-removes a member while it holds, heals the fault, then adds the member back.
+starts the removal in a thread of its own (maxqctl calls only), heals the fault when its window
+ends, waits for the removal to be done, then adds the member back.
 """
 
 from __future__ import annotations
@@ -340,8 +341,8 @@ class LossNemesis(Nemesis):
 
     def heal(self, lab):
         was = dict(getattr(lab, "loss", {}))
-        lab.heal_loss()
-        return {"healed": sorted(was)}
+        dropped = lab.heal_loss()
+        return {"healed": sorted(was), **({"dropped_packets": dropped} if dropped is not None else {})}
 
 
 DELAY_MS = (50.0, 200.0)
@@ -373,8 +374,7 @@ class DelayNemesis(Nemesis):
         node, self.delayed = self.delayed, None
         if node is None:
             return {"stopped": []}
-        lab.stop_delay(node)
-        return {"stopped": [node.name]}
+        return {"stopped": [node.name], "delayer": lab.stop_delay(node)}
 
 
 class DiskStallNemesis(Nemesis):

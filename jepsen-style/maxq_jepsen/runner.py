@@ -33,6 +33,8 @@ from .profiles import RunSpec
 from .workload import Consumer, Publisher, declare_queue, drain, probe
 
 JOIN_GRACE_S = 5.0
+# An overlapping membership removal: its retries (90 s) plus its wait for the member to stop, and slack.
+RIDER_JOIN_TIMEOUT_S = 130.0
 PROBE_INTERVAL_S = 0.5
 SETTLE_POLL_S = 0.5
 
@@ -118,7 +120,7 @@ class Run:
                 worker.start()
             run_end = t0 + spec.time_s
             rng = random.Random(f"{spec.seed}:nemesis")
-            for cycle in schedule:
+            for cycle_index, cycle in enumerate(schedule):
                 self.sleep_until(min(time.monotonic() + cycle.quiet_s, run_end))
                 if time.monotonic() >= run_end:
                     break
@@ -127,12 +129,26 @@ class Run:
                 fault_end = time.monotonic() + cycle.fault_s
                 self.phase("fault", nemesis=cycle.nemesis)
                 rider = nemeses[cycle.with_] if cycle.with_ else None
-                if rider is not None:  # e.g. a membership change while the fault holds
-                    self.nemesis_op(cycle.with_, lambda: rider.start(self.lab, rng))
+                rider_thread = None
+                if rider is not None:
+                    # A membership change while the fault holds. Its removal only runs maxqctl and
+                    # stops a process, so it may run beside the main thread: the fault is healed at
+                    # the end of its window even when the change is still retrying (a disk stall
+                    # or a delay is not held for the 90 s a blocked removal may take). Its own
+                    # seeded RNG keeps the run's other choices what they were.
+                    rider_rng = random.Random(f"{spec.seed}:rider:{cycle_index}")
+                    rider_thread = threading.Thread(
+                        target=self.nemesis_op, args=(cycle.with_, lambda: rider.start(self.lab, rider_rng)),
+                        name=f"nemesis-{cycle.with_}", daemon=True)
+                    rider_thread.start()
                 self.sleep_until(min(fault_end, run_end))
                 self.nemesis_op("heal", lambda: {cycle.nemesis: nemesis.heal(self.lab)})
-                if rider is not None:  # the member comes back once the fault is healed
-                    self.nemesis_op("heal", lambda: {cycle.with_: rider.heal(self.lab)})
+                if rider_thread is not None:  # the member comes back once the fault is healed
+                    rider_thread.join(RIDER_JOIN_TIMEOUT_S)
+                    if rider_thread.is_alive():
+                        self.notes.append(f"{cycle.with_} start still running after {RIDER_JOIN_TIMEOUT_S:g} s")
+                    else:
+                        self.nemesis_op("heal", lambda: {cycle.with_: rider.heal(self.lab)})
                 self.restart_dead_nodes("after heal")
                 self.phase("heal", nemesis=cycle.nemesis)
             self.sleep_until(run_end)

@@ -33,6 +33,7 @@ class Gate:
         self.open = threading.Event()
         self.open.set()
         self.stalled_since: float | None = None
+        self.held = 0  # calls that found the gate shut during the current stall (logged at its end)
         threading.Thread(target=self._watch, name="stallfs-control", daemon=True).start()
 
     def _watch(self) -> None:
@@ -44,7 +45,11 @@ class Gate:
                 stall = False
             if stall and self.stalled_since is None:
                 self.stalled_since = time.monotonic()
-            if not stall:
+                self.held = 0
+                print("stallfs: stall", flush=True)
+            if not stall and self.stalled_since is not None:
+                print(f"stallfs: run after {time.monotonic() - self.stalled_since:.1f} s, {self.held} calls held",
+                      flush=True)
                 self.stalled_since = None
             over = self.stalled_since is not None and time.monotonic() - self.stalled_since > STALL_MAX_S
             if stall and not over:
@@ -54,6 +59,8 @@ class Gate:
             time.sleep(CONTROL_POLL_S)
 
     def wait(self) -> None:
+        if not self.open.is_set():
+            self.held += 1  # a counter for the log only: a lost increment under a race does not matter
         self.open.wait(STALL_MAX_S)
 
 

@@ -97,10 +97,23 @@ def test_nft_script_states_cuts_and_loss_in_one_transaction():
     lines = [line.strip() for line in script.splitlines()]
     assert lines[:3] == ["table bridge mxqj", "delete table bridge mxqj", "table bridge mxqj {"]
     assert "ip saddr 10.77.0.1 ip daddr 10.77.0.2 drop" in lines
-    assert "ip saddr 10.77.0.3 numgen random mod 100 < 25 drop" in lines
-    assert "ip daddr 10.77.0.3 numgen random mod 100 < 25 drop" in lines
+    assert "ip saddr 10.77.0.3 numgen random mod 100 < 25 counter drop" in lines
+    assert "ip daddr 10.77.0.3 numgen random mod 100 < 25 counter drop" in lines
     empty = faults.nft_script("mxqj", hosts, [], {})
     assert "drop" not in empty and "policy accept" in empty
+
+
+def test_loss_counters_are_read_from_the_table_listing():
+    listing = """table bridge mxqj {
+	chain cut {
+		type filter hook forward priority filter; policy accept;
+		ip saddr 10.77.0.1 ip daddr 10.77.0.2 drop
+		ip saddr 10.77.0.3 numgen random mod 100 < 25 counter packets 17 bytes 2000 drop
+		ip daddr 10.77.0.3 numgen random mod 100 < 25 counter packets 5 bytes 300 drop
+	}
+}"""
+    assert faults.loss_counters(listing) == 22
+    assert faults.loss_counters("") == 0
 
 
 def test_delay_rules_leave_loopback_alone_and_bypass_a_dead_delayer():
