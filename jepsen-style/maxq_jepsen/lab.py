@@ -13,13 +13,23 @@ Backends:
              the 10.77.0.i addresses; it adds `partition(cuts)` / `heal_network()`: every cut is
              an `ip saddr A ip daddr B drop` rule, all applied in one atomic `nft -f` in the
              switch namespace (RELIABILITY.md, "A lab that worked" and "Faults"). Established
-             TCP flows are cut too.
+             TCP flows are cut too. Packet loss lives in the same table (`set_loss`: an nft
+             `numgen random` rule per lossy node), so one transaction always states the whole
+             network fault. Delay (`start_delay`) is an iptables NFQUEUE rule pair in the node's
+             own namespace plus a userspace delayer process (delayer.py) there.
              Clients reach a node over the loopback of the node's own namespace: the broker
              has only the `guest` user, and guest may only log in from loopback (RabbitMQ's
              loopback_users), so a client thread enters the node's namespace (setns(2) is per
              thread) for the moment it opens its socket (`Lab.enter(node)`), then returns. A
              partition cuts the nodes from each other, never a client from its node: the
              clients are co-located with the nodes, as in Jepsen's own setup.
+
+Features a run asks for (`features`), set up before the nodes start and undone at teardown:
+  "disk"   every node's data folder is a FUSE passthrough mount (stallfs.py) of a backing
+           folder, so `stall_disk(node)` can hold its writes and fsyncs; unmounted at teardown
+           (`fusermount -u`, lazily when busy); mounts of dead harnesses are unmounted at setup.
+  "clock"  every node runs under libfaketime with its own skew file, so `skew_clock(node, s)`
+           moves its wall clock (monotonic untouched; see faults.faketime_env).
 
 A cluster's members wait for each other at start (`launch` all, then `wait_ready` all); a
 member restarted later prints its ready line once it has caught up with the majority. The
@@ -51,6 +61,8 @@ import time
 import urllib.request
 import zlib
 from pathlib import Path
+
+from . import faults
 
 READY_TIMEOUT_S = 30.0
 CLUSTER_READY_TIMEOUT_S = 90.0  # two cores shared with other work: a cold cluster start is slow
@@ -127,6 +139,7 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.paused = False
         self.join = False  # start with `--join on` (a wiped member waiting for maxqctl add-node)
+        self.env: dict[str, str] = {}  # extra environment (e.g. libfaketime for clock skew)
         self.starts = 0
         self._log = None
         self._log_offset = 0
@@ -186,7 +199,8 @@ class Node:
         self._log_offset = self.log_path.stat().st_size  # only a ready line written by this start counts
         # cwd is the data folder's parent, never the repo root: our amqp/ must not shadow py-amqp.
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=str(self.data_dir.parent), start_new_session=True)
+                                     cwd=str(self.data_dir.parent), start_new_session=True,
+                                     env={**os.environ, **self.env} if self.env else None)
         self.paused = False
         self.starts += 1
 
@@ -301,6 +315,9 @@ class Lab:
 
     backend = "abstract"
     nodes: list[Node]
+    root: Path
+    features: frozenset = frozenset()
+    helpers: dict  # "fs:<node>" / "delay:<node>" -> Popen of a helper process the lab started
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -371,6 +388,75 @@ class Lab:
     def heal_network(self) -> None:
         pass  # nothing to heal where nothing can be cut
 
+    # -- features: disk (FUSE mounts) and clock (libfaketime), both labs -----------------------
+
+    def prepare_features(self) -> None:
+        """Before the nodes start: mount data folders through stallfs, give nodes their skew files."""
+        self.helpers = getattr(self, "helpers", {})
+        if "disk" in self.features:
+            unmount_stale()
+            for node in self.nodes:
+                self._mount(node)
+        if "clock" in self.features:
+            library = faketime_library()
+            if library is None:
+                raise LabError("libfaketime is missing (apt-get install -y faketime): clock-skew cannot run")
+            for node in self.nodes:
+                skew_file = self.root / f"{node.name}.skew"
+                skew_file.write_text("+0\n")
+                node.env = {**faults.faketime_env(library, str(skew_file)),
+                            "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+    def _mount(self, node: Node) -> None:
+        backing = node.data_dir.with_name("data.backing")
+        backing.mkdir(parents=True, exist_ok=True)
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        control = self.root / f"{node.name}.stall"
+        control.write_text("run\n")
+        log = open(self.root / f"{node.name}.stallfs.log", "ab")
+        proc = subprocess.Popen([*helper_prefix(), sys.executable, "-m", "maxq_jepsen.stallfs", str(backing),
+                                 str(node.data_dir), str(control), f"mxqjfs-{os.getpid()}"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.root), start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)})
+        log.close()
+        self.helpers[f"fs:{node.name}"] = proc
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not os.path.ismount(node.data_dir):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"stallfs for {node.name} did not mount {node.data_dir} (exit {proc.poll()}); "
+                               f"log {self.root / (node.name + '.stallfs.log')}")
+            time.sleep(0.05)
+
+    def stall_disk(self, node: Node, stall: bool = True) -> None:
+        if "disk" not in self.features:
+            raise LabError("the data folders are not FUSE mounts: the run must include disk-stall from the start")
+        (self.root / f"{node.name}.stall").write_text("stall\n" if stall else "run\n")
+
+    def skew_clock(self, node: Node, seconds: float) -> None:
+        if "clock" not in self.features:
+            raise LabError("the nodes do not run under faketime: the run must include clock-skew from the start")
+        path = self.root / f"{node.name}.skew"
+        tmp = path.with_suffix(".skew.tmp")
+        tmp.write_text(faults.faketime_offset(seconds) + "\n")
+        os.replace(tmp, path)  # a reader never sees a half-written offset
+
+    def release_features(self) -> list[str]:
+        """After the nodes stopped: stop helpers, unmount. Safe to call twice; returns the errors."""
+        errors = []
+        for key, proc in sorted(getattr(self, "helpers", {}).items()):
+            if key.startswith("fs:"):
+                node = self.node(key[3:])
+                for lazy in (False, True):
+                    if not os.path.ismount(node.data_dir):
+                        break
+                    done = subprocess.run(["fusermount", "-u", *(["-z"] if lazy else []), str(node.data_dir)],
+                                          capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+                    if done.returncode != 0 and lazy:
+                        errors.append(f"unmount {node.data_dir}: {done.stderr.strip()}")
+            stop_process(proc)
+        self.helpers = {}
+        return errors
+
 
 def shard_of(queue_key: tuple[str, str], count: int) -> str:
     """The shard group a queue lives in; a copy of maxq_raft.server.cluster.shard_of (the harness
@@ -386,16 +472,20 @@ class LocalLab(Lab):
 
     backend = "local"
 
-    def __init__(self, root: Path, node_count: int = 1, server_args: list[str] | None = None, shards: int = 2) -> None:
+    def __init__(self, root: Path, node_count: int = 1, server_args: list[str] | None = None, shards: int = 2,
+                 features: frozenset = frozenset()) -> None:
         if not 1 <= node_count <= 9:
             raise LabError(f"the local lab runs 1 to 9 nodes, not {node_count}")
         self.root = Path(root)
+        self.features = frozenset(features)
+        self.helpers = {}
         self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: "127.0.0.1",
                                 prefix_of=lambda i: [])
 
     def setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
+            self.prepare_features()
             start_all(self.nodes)
         except BaseException:
             self.teardown()
@@ -408,6 +498,7 @@ class LocalLab(Lab):
                 node.stop()
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{node.name}: {exc!r}")
+        errors += self.release_features()
         if errors:
             raise LabError("teardown: " + "; ".join(errors))
 
@@ -467,10 +558,14 @@ class NetnsLab(Lab):
 
     backend = "netns"
 
-    def __init__(self, root: Path, node_count: int = 3, server_args: list[str] | None = None, shards: int = 2) -> None:
+    def __init__(self, root: Path, node_count: int = 3, server_args: list[str] | None = None, shards: int = 2,
+                 features: frozenset = frozenset()) -> None:
         if not 1 <= node_count <= 9:
             raise LabError(f"the namespace lab runs 1 to 9 nodes, not {node_count}")
         self.root = Path(root)
+        self.features = frozenset(features)
+        self.helpers = {}
+        self.loss: dict[str, int] = {}  # node -> percent of its packets dropped (both directions)
         self.ns = {f"n{i}": f"{NS_PREFIX}n{i}" for i in range(1, node_count + 1)}
         self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: f"{SUBNET}.{i}",
                                 prefix_of=lambda i: ["ip", "netns", "exec", f"{NS_PREFIX}n{i}"],
@@ -504,42 +599,155 @@ class NetnsLab(Lab):
                 _sh("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", veth)
                 _sh("ip", "-n", ns, "link", "set", veth, "up")
             self._apply([])  # the (empty) table exists from the start: a cut is then one replace
+            self.prepare_features()
             start_all(self.nodes)
         except BaseException:
             self.teardown()
             raise
 
-    def _apply(self, cuts: list[tuple[str, str]]) -> None:
-        """One atomic nft transaction: the table is flushed and refilled with exactly `cuts`."""
-        rules = "".join(f"    ip saddr {self.node(a).host} ip daddr {self.node(b).host} drop\n" for a, b in cuts)
-        script = (f"table bridge {NFT_TABLE}\ndelete table bridge {NFT_TABLE}\n"
-                  f"table bridge {NFT_TABLE} {{\n  chain cut {{\n    type filter hook forward priority 0; policy accept;\n"
-                  f"{rules}  }}\n}}\n")
+    def _apply(self, cuts: list[tuple[str, str]], loss: dict[str, int] | None = None) -> None:
+        """One atomic nft transaction: the table is replaced with exactly `cuts` and `loss`."""
+        script = faults.nft_script(NFT_TABLE, {n.name: n.host for n in self.nodes}, cuts, loss or {})
         _sh("ip", "netns", "exec", NS_SWITCH, "nft", "-f", "-", stdin=script)
 
     def partition(self, cuts: list[tuple[str, str]]) -> None:
         """Drop every packet from node a to node b for each (a, b) in `cuts` (directed links)."""
-        self._apply(sorted(set(cuts)))
+        self._apply(sorted(set(cuts)), self.loss)
         self.cuts = sorted(set(cuts))
 
     def heal_network(self) -> None:
         if self.cuts:
-            self._apply([])
+            self._apply([], self.loss)
             self.cuts = []
+
+    def set_loss(self, loss: dict[str, int]) -> None:
+        """Drop `percent` of every packet each named node sends or is sent (its links to the others)."""
+        self._apply(self.cuts, dict(loss))
+        self.loss = dict(loss)
+
+    def heal_loss(self) -> int | None:
+        """Remove the loss rules; returns how many packets they dropped (None: nothing was lossy)."""
+        if not self.loss:
+            return None
+        listed = _sh("ip", "netns", "exec", NS_SWITCH, "nft", "list", "table", "bridge", NFT_TABLE, check=False)
+        self._apply(self.cuts, {})
+        self.loss = {}
+        return faults.loss_counters(listed.stdout) if listed.returncode == 0 else None
+
+    def start_delay(self, node: Node, low_ms: float, high_ms: float, seed: str) -> None:
+        """Delay `node`'s packets to and from its peers by low..high ms: a delayer bound to an NFQUEUE
+        in the node's namespace, then the iptables rules that feed it (the delayer first, so no
+        packet is queued with nobody there; --queue-bypass covers a delayer that dies)."""
+        key = f"delay:{node.name}"
+        if key in self.helpers and self.helpers[key].poll() is None:
+            raise LabError(f"{node.name} is already delayed")
+        queue_num = DELAY_QUEUE_BASE + self.nodes.index(node)
+        log_path = self.root / f"{node.name}.delayer.log"
+        log = open(log_path, "ab")
+        offset = log_path.stat().st_size
+        proc = subprocess.Popen([*node.prefix, *helper_prefix(), sys.executable, "-m", "maxq_jepsen.delayer",
+                                 str(queue_num), f"{low_ms:g}", f"{high_ms:g}", seed],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.root), start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)})
+        log.close()
+        self.helpers[key] = proc
+        deadline = time.monotonic() + HELPER_READY_TIMEOUT_S
+        while True:
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                if b"delayer ready" in f.read():
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop_delay(node)
+                raise LabError(f"the delayer for {node.name} did not start (exit {proc.poll()}); log {log_path}")
+            time.sleep(0.05)
+        for rule in faults.delay_rules("-A", f"{SUBNET}.0/24", queue_num):
+            _sh("ip", "netns", "exec", node.netns, *rule)
+
+    def stop_delay(self, node: Node) -> str | None:
+        """Remove the rules (each until it is gone, bounded), then stop the delayer. Idempotent.
+        Returns the delayer's last line ("delayer stopped: N delayed, ..."), None if none ran."""
+        queue_num = DELAY_QUEUE_BASE + self.nodes.index(node)
+        for rule in faults.delay_rules("-D", f"{SUBNET}.0/24", queue_num):
+            for _ in range(4):
+                if _sh("ip", "netns", "exec", node.netns, *rule, check=False).returncode != 0:
+                    break
+        proc = self.helpers.pop(f"delay:{node.name}", None)
+        if proc is None:
+            return None
+        stop_process(proc)
+        lines = (self.root / f"{node.name}.delayer.log").read_text(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
 
     def teardown(self) -> None:
         errors = []
+        for node in self.nodes:
+            if f"delay:{node.name}" in self.helpers:
+                try:
+                    self.stop_delay(node)
+                except Exception as exc:
+                    errors.append(f"delayer {node.name}: {exc!r}")
         for node in self.nodes:
             try:
                 node.stop()
             except Exception as exc:
                 errors.append(f"{node.name}: {exc!r}")
+        errors += self.release_features()
         try:
             delete_stale_namespaces()
         except Exception as exc:
             errors.append(f"delete namespaces: {exc!r}")
         if errors:
             raise LabError("teardown: " + "; ".join(errors))
+
+
+JEPSEN_DIR = Path(__file__).resolve().parent.parent  # jepsen-style/: helpers run as `-m maxq_jepsen.<x>`
+FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
+FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+                      "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/libfaketimeMT.so.1")
+MOUNT_TIMEOUT_S = 15.0
+HELPER_READY_TIMEOUT_S = 15.0
+DELAY_QUEUE_BASE = 100
+
+
+def faketime_library() -> str | None:
+    return next((p for p in FAKETIME_LIBRARIES if os.path.exists(p)), None)
+
+
+def helper_prefix() -> list[str]:
+    """setpriv --pdeathsig KILL for helper processes too (see server_command): they die with the harness."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform.startswith("linux") else []
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL when it does not go in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)
+
+
+def unmount_stale() -> list[str]:
+    """Lazily unmount stallfs mounts whose harness is dead (a crashed run's leftovers): the mount
+    source names the harness (`mxqjfs-<pid>`); a live harness's mounts are left alone."""
+    done = []
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return done
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3 or not parts[0].startswith("mxqjfs-") or not parts[2].startswith("fuse"):
+            continue
+        owner = parts[0][len("mxqjfs-"):]
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            subprocess.run(["fusermount", "-u", "-z", parts[1]], capture_output=True, timeout=CMD_TIMEOUT_S)
+            done.append(parts[1])
+    return done
 
 
 def _pid_alive(pid: int) -> bool:
@@ -622,9 +830,10 @@ def start_all(nodes: list[Node]) -> None:
         node.wait_ready()
 
 
-def make_lab(backend: str, root: Path, node_count: int, server_args: list[str] | None = None, shards: int = 2) -> Lab:
+def make_lab(backend: str, root: Path, node_count: int, server_args: list[str] | None = None, shards: int = 2,
+             features: frozenset = frozenset()) -> Lab:
     if backend == "local":
-        return LocalLab(root, node_count, server_args, shards)
+        return LocalLab(root, node_count, server_args, shards, features)
     if backend == "netns":
-        return NetnsLab(root, node_count, server_args, shards)
+        return NetnsLab(root, node_count, server_args, shards, features)
     raise LabError(f"unknown lab backend {backend!r}")

@@ -25,35 +25,49 @@ What runs (NEMESES):
   membership        remove a follower (maxqctl remove-node, asked of another member; the broker
                     stops it); heal: wipe its data folder, start it with `--join on` (same name,
                     address, ports), maxqctl add-node it back, wait for its ready line (caught up)
+  kill-majority     SIGKILL a majority of the nodes at once; minority = the survivors (with a
+                    majority dead nothing they are asked can commit); restart all at heal
+  bridge            two sides cut from each other, one node (the bridge) sees both (netns lab);
+                    no minority: every node reaches a majority through the bridge
+  partition-majorities-ring
+                    every node sees a different majority (netns lab, 5+ nodes); no minority
+  loss              drop 20-30 % (seeded) of the leader's packets to and from its peers, or of a
+                    random node's (netns lab; an nft `numgen random` rule); no minority
+  delay             hold the leader's packets to and from its peers 50-200 ms each (netns lab;
+                    iptables NFQUEUE + delayer.py in its namespace); the delayer stops at heal
+  disk-stall        hold the leader's writes and fsyncs (its data folder is a FUSE passthrough,
+                    stallfs.py, mounted for the whole run when the run includes this nemesis)
+  clock-skew        move one node's wall clock (libfaketime skew file, monotonic untouched) by
+                    30 s to 10 min, forward or back; heal sets it back to +0
 The leader comes from the cluster status (`Lab.leader_of`, highest term wins); when no member
 names one, the nemesis falls back to a random node and says so (`leader: null`).
-Still to come (NOT_YET): loss and delay (this kernel has no tc netem: CONFIG_NET_SCH_NETEM is
-unset and there are no modules), disk stall, clock skew, bridge, majorities ring; asking for one
-is an error that says so, never a silent pass.
+A partition's `minority` is `faults.minority_of(cuts)` (nodes whose connected component is below
+quorum), never a guess. Each nemesis names the tools it needs (`TOOLS`); `missing_tools` is the
+preflight: a nemesis whose tool is missing is refused with the reason, never silently skipped.
+
+Overlap (`make_schedule(..., overlap=("membership",))`): the membership nemesis then runs during
+other faults instead of in its own cycles: in a cycle marked `with_` the runner starts the fault,
+starts the removal in a thread of its own (maxqctl calls only), heals the fault when its window
+ends, waits for the removal to be done, then adds the member back.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
 
-from .lab import Lab, LabError, Node, run_maxqctl, shard_of
+from . import faults
+from .lab import Lab, LabError, Node, faketime_library, run_maxqctl, shard_of
 
 RESTART_TIMEOUT_S = 90.0  # a restarted member is ready once it has caught up: slow on 2 shared cores
 CYCLES_MAX = 1000
 VHOST = "/"
 
-NOT_YET = {
-    "partition-majorities-ring": "every node sees a different majority",
-    "bridge": "one node sees both sides of a split",
-    "loss": "random packet loss (tc netem is not in this kernel, CONFIG_NET_SCH_NETEM unset; nft numgen would do)",
-    "delay": "delay packets (tc netem is not in this kernel; an NFQUEUE delayer would do)",
-    "disk-stall": "hold write/fsync in a FUSE passthrough",
-    "clock-skew": "skew clocks with faketime",
-}
+NOT_YET: dict[str, str] = {}  # every fault on the issue's menu is built
 CLUSTER_NEMESES = NOT_YET  # the old name (the cluster nemeses that are not built yet)
 
 
@@ -65,6 +79,8 @@ class Nemesis:
     name = "abstract"
     needs_cluster = False  # needs more than one node
     needs_network = False  # needs a lab that can cut links (netns)
+    nodes_min = 1
+    feature = None  # a lab feature that must be set up before the nodes start ("disk", "clock")
 
     def __init__(self, queue: str = "jepsen") -> None:
         self.queue = queue
@@ -152,6 +168,35 @@ def queue_leader(lab: Lab, queue: str, rng: random.Random) -> tuple[Node, dict]:
     return leader, {"group": group, "leader": leader.name}
 
 
+class KillMajorityNemesis(KillNemesis):
+    """SIGKILL a majority at once (`kill` takes one node or a minority); all restart at heal,
+    launched together (a lone restarted member could not reach a quorum to catch up with).
+
+    minority = the survivors: with a majority dead, nothing invoked on them from now to the heal
+    can commit, so a confirm from them in that window is fatal (the checker's rule)."""
+
+    name = "kill-majority"
+    needs_cluster = True
+
+    def start(self, lab: Lab, rng: random.Random) -> dict:
+        names = [n.name for n in lab.nodes]
+        targets = [lab.node(n) for n in sorted(rng.sample(names, faults.quorum(len(names))))]
+        for node in targets:
+            node.kill()
+            self.killed.append(node)
+        survivors = sorted(n for n in names if n not in {t.name for t in targets})
+        return {"targets": [n.name for n in targets], "minority": survivors}
+
+    def heal(self, lab: Lab) -> dict:
+        down = [n for n in self.killed if not n.alive()]
+        for node in down:
+            node.launch()
+        for node in down:
+            node.wait_ready(RESTART_TIMEOUT_S)
+        self.killed.clear()
+        return {"restarted": [n.name for n in down]}
+
+
 class KillLeaderNemesis(KillNemesis):
     """SIGKILL the leader of the queue's shard (the node that orders its log), restart at heal."""
 
@@ -193,6 +238,8 @@ class PartitionNemesis(Nemesis):
 
     def start(self, lab: Lab, rng: random.Random) -> dict:
         cuts, minority, extra = self.plan(lab, rng)
+        # A claim is only ever as strong as the cuts: never more than minority_of says.
+        assert set(minority) <= set(faults.minority_of([n.name for n in lab.nodes], cuts)), (minority, cuts)
         lab.partition(cuts)
         self.active = True
         return {"cuts": [f"{a}->{b}" for a, b in cuts], "minority": sorted(minority), **extra}
@@ -242,6 +289,150 @@ class OneWayNemesis(PartitionNemesis):
     def plan(self, lab, rng):
         node = rng.choice(lab.nodes).name
         return [(node, other.name) for other in lab.nodes if other.name != node], [], {"silenced": node}
+
+
+class BridgeNemesis(PartitionNemesis):
+    """Two sides that cannot talk, one node that talks to both (Jepsen's bridge)."""
+
+    name = "bridge"
+
+    def plan(self, lab, rng):
+        names = [n.name for n in lab.nodes]
+        cuts, extra = faults.bridge_plan(names, rng)
+        return cuts, faults.minority_of(names, cuts), extra
+
+
+class MajoritiesRingNemesis(PartitionNemesis):
+    """Each node sees itself and its nearest neighbours on a random ring: a different majority each."""
+
+    name = "partition-majorities-ring"
+    nodes_min = faults.RING_NODES_MIN
+
+    def plan(self, lab, rng):
+        names = [n.name for n in lab.nodes]
+        try:
+            cuts, extra = faults.ring_plan(names, rng)
+        except ValueError as exc:
+            raise NemesisError(str(exc)) from None
+        return cuts, faults.minority_of(names, cuts), extra
+
+
+def _leader_or_random(lab: Lab, queue: str, rng: random.Random) -> tuple[Node, dict]:
+    """The queue's shard leader most of the time, a random node otherwise (seeded): a fault on the
+    leader's links hurts the most, one on a follower's tests the other side of the same code."""
+    if rng.random() < 0.75:
+        return queue_leader(lab, queue, rng)
+    return rng.choice(lab.nodes), {"random": True}
+
+
+class LossNemesis(Nemesis):
+    """Random loss on one node's links (both directions) with an nft `numgen random` rule in the
+    switch. Raft retransmits over TCP; no minority is claimed (a lossy link still delivers)."""
+
+    name = "loss"
+    needs_cluster = True
+    needs_network = True
+
+    def start(self, lab, rng):
+        node, extra = _leader_or_random(lab, self.queue, rng)
+        percent = rng.randint(*faults.LOSS_PERCENT_RANGE)
+        lab.set_loss({node.name: percent})
+        return {"targets": [node.name], "percent": percent, "minority": [], **extra}
+
+    def heal(self, lab):
+        was = dict(getattr(lab, "loss", {}))
+        dropped = lab.heal_loss()
+        return {"healed": sorted(was), **({"dropped_packets": dropped} if dropped is not None else {})}
+
+
+DELAY_MS = (50.0, 200.0)
+
+
+class DelayNemesis(Nemesis):
+    """Delay the leader's packets to and from its peers (50-200 ms each way, per packet), through
+    an NFQUEUE delayer in its namespace. No minority claimed. Heal removes the rules and stops the
+    delayer (it lets what it holds go first); teardown does the same if a heal never ran."""
+
+    name = "delay"
+    needs_cluster = True
+    needs_network = True
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.delayed: Node | None = None
+
+    def start(self, lab, rng):
+        if self.delayed is not None:
+            return {"skipped": f"{self.delayed.name} is still delayed"}
+        node, extra = queue_leader(lab, self.queue, rng)
+        seed = str(rng.randrange(2 ** 32))
+        self.delayed = node
+        lab.start_delay(node, *DELAY_MS, seed)
+        return {"targets": [node.name], "delay_ms": list(DELAY_MS), "minority": [], **extra}
+
+    def heal(self, lab):
+        node, self.delayed = self.delayed, None
+        if node is None:
+            return {"stopped": []}
+        return {"stopped": [node.name], "delayer": lab.stop_delay(node)}
+
+
+class DiskStallNemesis(Nemesis):
+    """Hold every write and fsync of the leader's data folder (stallfs) for the fault window."""
+
+    name = "disk-stall"
+    feature = "disk"
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.stalled: list[Node] = []
+
+    def start(self, lab, rng):
+        if lab.clustered:
+            node, extra = queue_leader(lab, self.queue, rng)
+        else:
+            node, extra = lab.nodes[0], {}
+        lab.stall_disk(node, True)
+        self.stalled.append(node)
+        return {"targets": [node.name], **extra}
+
+    def heal(self, lab):
+        released = []
+        for node in list(self.stalled):
+            lab.stall_disk(node, False)
+            released.append(node.name)
+            self.stalled.remove(node)
+        return {"released": released}
+
+
+SKEW_S = (30.0, 600.0)
+
+
+class ClockSkewNemesis(Nemesis):
+    """Step one node's wall clock by 30 s to 10 min, forward or back (libfaketime skew file; the
+    monotonic clock that Raft's timers use is left alone, as a real NTP step would). Heal: +0."""
+
+    name = "clock-skew"
+    feature = "clock"
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.skewed: list[Node] = []
+
+    def start(self, lab, rng):
+        node = rng.choice(lab.nodes)
+        seconds = round(rng.uniform(*SKEW_S), 1) * rng.choice((1, -1))
+        lab.skew_clock(node, seconds)
+        self.skewed.append(node)
+        return {"targets": [node.name], "skew_s": seconds}
+
+    def heal(self, lab):
+        reset = []
+        for node in list(self.skewed):
+            lab.skew_clock(node, 0.0)
+            reset.append(node.name)
+            self.skewed.remove(node)
+        return {"reset": reset}
 
 
 CHANGE_TIMEOUT_S = 90.0  # one membership change, retries included
@@ -374,9 +565,53 @@ class MembershipNemesis(Nemesis):
         return {"rejoined": [node.name], "attempts": result["attempts"], "seconds": round(time.monotonic() - began, 2)}
 
 
-NEMESES = {cls.name: cls for cls in (KillNemesis, KillLeaderNemesis, PauseNemesis, PauseLeaderNemesis,
-                                      PartitionOneNemesis, PartitionLeaderNemesis, PartitionHalvesNemesis, OneWayNemesis,
+NEMESES = {cls.name: cls for cls in (KillNemesis, KillLeaderNemesis, KillMajorityNemesis, PauseNemesis,
+                                      PauseLeaderNemesis, PartitionOneNemesis, PartitionLeaderNemesis,
+                                      PartitionHalvesNemesis, OneWayNemesis, BridgeNemesis, MajoritiesRingNemesis,
+                                      LossNemesis, DelayNemesis, DiskStallNemesis, ClockSkewNemesis,
                                       MembershipNemesis)}
+
+# What each nemesis needs on the machine beyond the lab: (kind, name, how to get it). Kinds:
+# "cmd" a program on PATH, "py" a module importable by the harness's interpreter, "file" a path
+# (None: found by a lookup function), "dev" a device node.
+TOOLS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "loss": (("cmd", "nft", "apt-get install -y nftables"),),
+    "delay": (("cmd", "iptables", "apt-get install -y iptables"),
+              ("py", "netfilterqueue", "apt-get install -y libnetfilter-queue-dev gcc; .venv/bin/pip install NetfilterQueue")),
+    "disk-stall": (("cmd", "fusermount", "apt-get install -y fuse3 libfuse2"), ("dev", "/dev/fuse", "modprobe fuse"),
+                   ("lib", "libfuse.so.2", "apt-get install -y libfuse2"),
+                   ("py", "fuse", ".venv/bin/pip install fusepy")),
+    "clock-skew": (("faketime", "libfaketimeMT.so.1", "apt-get install -y faketime"),),
+}
+
+
+def _lib_present(name: str) -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library(name.removeprefix("lib").split(".so")[0]) is not None
+
+
+def missing_tools(names: list[str]) -> dict[str, str]:
+    """The preflight: for each named nemesis whose tools are not all here, what is missing and how to get it."""
+    out = {}
+    for name in names:
+        lacking = []
+        for kind, what, how in TOOLS.get(name, ()):
+            present = {"cmd": lambda: shutil.which(what) is not None,
+                       "py": lambda: importlib.util.find_spec(what) is not None,
+                       "dev": lambda: __import__("os").path.exists(what),
+                       "lib": lambda: _lib_present(what),
+                       "faketime": lambda: faketime_library() is not None}[kind]()
+            if not present:
+                lacking.append(f"{what} ({how})")
+        if lacking:
+            out[name] = "MISSING " + ", ".join(lacking)
+    return out
+
+
+def lab_features(names: list[str]) -> frozenset:
+    """What the lab must set up before the nodes start for these nemeses."""
+    return frozenset(NEMESES[n].feature for n in names if n in NEMESES and NEMESES[n].feature)
 
 
 def parse_nemeses(spec: str) -> list[str]:
@@ -400,12 +635,18 @@ def parse_nemeses(spec: str) -> list[str]:
 def unsupported(names: list[str], nodes: int, lab: str) -> dict[str, str]:
     """The nemeses a lab of this shape cannot run, each with the reason."""
     out = {}
+    missing = missing_tools(names)
     for name in names:
         cls = NEMESES[name]
         if cls.needs_cluster and nodes < 3:
             out[name] = f"needs a cluster (--nodes 3 or more), not {nodes} node(s)"
+        elif nodes < cls.nodes_min:
+            out[name] = (f"needs {cls.nodes_min} or more nodes, not {nodes}: on 3 every majority of one member is "
+                         f"also another's (use --nodes 5)")
         elif cls.needs_network and lab != "netns":
             out[name] = "cuts links: needs the namespace lab (--lab netns, root, nftables)"
+        elif name in missing:
+            out[name] = missing[name]
     return out
 
 
@@ -418,27 +659,52 @@ class Cycle:
     quiet_s: float
     nemesis: str
     fault_s: float
+    with_: str | None = None  # a nemesis that overlaps this cycle's fault (membership)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["with_"] is None:
+            del d["with_"]  # histories of runs without overlap look as they always did
+        return d
+
+
+OVERLAP_CHANCE = 0.5
+OVERLAPPABLE = ("membership",)
+# A membership change needs a quorum: during kill-majority it could only time out (90 s), and a
+# removal left pending might commit after the heal and stop a member nobody holds down.
+NO_OVERLAP_WITH = ("kill-majority",)
 
 
 def make_schedule(seed: int, nemeses: list[str], time_s: float, quiet_s: tuple[float, float],
-                  fault_s: tuple[float, float], tail_s: float) -> list[Cycle]:
+                  fault_s: tuple[float, float], tail_s: float, overlap: tuple[str, ...] = ()) -> list[Cycle]:
     """Cycles of quiet then fault that fit in `time_s` minus a quiet tail; a pure function of its
-    arguments (the seed picks durations and the order of nemeses)."""
+    arguments (the seed picks durations and the order of nemeses).
+
+    `overlap` names nemeses (membership) that, when also in `nemeses`, run *during* the others'
+    faults instead of in cycles of their own: each cycle carries one with OVERLAP_CHANCE, drawn
+    from a stream of its own, so a schedule without overlap is the one it always was."""
     assert quiet_s[0] <= quiet_s[1] and fault_s[0] <= fault_s[1] and time_s > 0
+    assert all(o in OVERLAPPABLE for o in overlap), overlap
     rng = random.Random(f"{seed}:schedule")
     cycles: list[Cycle] = []
     used = 0.0
     budget = time_s - tail_s
+    riders = [n for n in nemeses if n in overlap]
+    primary = [n for n in nemeses if n not in riders] if riders else list(nemeses)
+    if not primary:  # only overlapping nemeses: nothing to overlap with, they run in cycles of their own
+        primary, riders = list(nemeses), []
     if not nemeses:
         return cycles
+    ride = random.Random(f"{seed}:overlap")
     for _ in range(CYCLES_MAX):
         quiet = round(rng.uniform(*quiet_s), 2)
         fault = round(rng.uniform(*fault_s), 2)
         if used + quiet + fault > budget:
             break
-        cycles.append(Cycle(quiet, rng.choice(nemeses), fault))
+        nemesis = rng.choice(primary)
+        with_ = ride.choice(riders) if riders and ride.random() < OVERLAP_CHANCE else None
+        if nemesis in NO_OVERLAP_WITH:
+            with_ = None
+        cycles.append(Cycle(quiet, nemesis, fault, with_))
         used += quiet + fault
     return cycles

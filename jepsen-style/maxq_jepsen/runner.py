@@ -28,11 +28,13 @@ from pathlib import Path
 from .checker import check
 from .history import INFO, INVOKE, OK, HistoryWriter, read_history
 from .lab import Lab, LabError, make_lab
-from .nemesis import RESTART_TIMEOUT_S, make_nemeses, make_schedule
+from .nemesis import OVERLAPPABLE, RESTART_TIMEOUT_S, lab_features, make_nemeses, make_schedule
 from .profiles import RunSpec
 from .workload import Consumer, Publisher, declare_queue, drain, probe
 
 JOIN_GRACE_S = 5.0
+# An overlapping membership removal: its retries (90 s) plus its wait for the member to stop, and slack.
+RIDER_JOIN_TIMEOUT_S = 130.0
 PROBE_INTERVAL_S = 0.5
 SETTLE_POLL_S = 0.5
 
@@ -86,11 +88,13 @@ class Run:
     def execute(self) -> dict:
         spec = self.spec
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        schedule = make_schedule(spec.seed, list(spec.nemeses), spec.time_s, spec.quiet_s, spec.fault_s, spec.tail_s)
+        schedule = make_schedule(spec.seed, list(spec.nemeses), spec.time_s, spec.quiet_s, spec.fault_s, spec.tail_s,
+                                 tuple(spec.overlap))
         if spec.nemeses and not schedule:
             self.notes.append(f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s")
         self.history = HistoryWriter(self.history_path)
-        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards)
+        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards,
+                                 lab_features(list(spec.nemeses)))
         nemeses = make_nemeses(list(spec.nemeses), spec.workload.queue)
         self.history.meta(profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule],
                           lab=self.lab.describe())
@@ -116,21 +120,43 @@ class Run:
                 worker.start()
             run_end = t0 + spec.time_s
             rng = random.Random(f"{spec.seed}:nemesis")
-            for cycle in schedule:
+            for cycle_index, cycle in enumerate(schedule):
                 self.sleep_until(min(time.monotonic() + cycle.quiet_s, run_end))
                 if time.monotonic() >= run_end:
                     break
                 nemesis = nemeses[cycle.nemesis]
                 self.nemesis_op(cycle.nemesis, lambda: nemesis.start(self.lab, rng))
+                fault_end = time.monotonic() + cycle.fault_s
                 self.phase("fault", nemesis=cycle.nemesis)
-                self.sleep_until(min(time.monotonic() + cycle.fault_s, run_end))
+                rider = nemeses[cycle.with_] if cycle.with_ else None
+                rider_thread = None
+                if rider is not None:
+                    # A membership change while the fault holds. Its removal only runs maxqctl and
+                    # stops a process, so it may run beside the main thread: the fault is healed at
+                    # the end of its window even when the change is still retrying (a disk stall
+                    # or a delay is not held for the 90 s a blocked removal may take). Its own
+                    # seeded RNG keeps the run's other choices what they were.
+                    rider_rng = random.Random(f"{spec.seed}:rider:{cycle_index}")
+                    rider_thread = threading.Thread(
+                        target=self.nemesis_op, args=(cycle.with_, lambda: rider.start(self.lab, rider_rng)),
+                        name=f"nemesis-{cycle.with_}", daemon=True)
+                    rider_thread.start()
+                self.sleep_until(min(fault_end, run_end))
                 self.nemesis_op("heal", lambda: {cycle.nemesis: nemesis.heal(self.lab)})
+                if rider_thread is not None:  # the member comes back once the fault is healed
+                    rider_thread.join(RIDER_JOIN_TIMEOUT_S)
+                    if rider_thread.is_alive():
+                        self.notes.append(f"{cycle.with_} start still running after {RIDER_JOIN_TIMEOUT_S:g} s")
+                    else:
+                        self.nemesis_op("heal", lambda: {cycle.with_: rider.heal(self.lab)})
                 self.restart_dead_nodes("after heal")
                 self.phase("heal", nemesis=cycle.nemesis)
             self.sleep_until(run_end)
 
             # Final heal: every nemesis, whether or not it is active (heal is idempotent).
-            self.nemesis_op("heal", lambda: {name: n.heal(self.lab) for name, n in nemeses.items()})
+            # Overlapping nemeses (membership) last: a member is added back once the other faults are gone.
+            order = sorted(nemeses, key=lambda name: name in OVERLAPPABLE)
+            self.nemesis_op("heal", lambda: {name: nemeses[name].heal(self.lab) for name in order})
             self.restart_dead_nodes("at the final heal")
             self.phase("recover")
             self.wait_for_recovery(nodes)
@@ -231,3 +257,4 @@ def discard_data(run_dir: Path, lab_nodes: int) -> None:
     """Data folders of a passing run are not kept (the history and logs are)."""
     for i in range(1, lab_nodes + 1):
         shutil.rmtree(run_dir / f"n{i}" / "data", ignore_errors=True)
+        shutil.rmtree(run_dir / f"n{i}" / "data.backing", ignore_errors=True)  # disk-stall's FUSE backing folder

@@ -527,12 +527,11 @@ def test_schedule_is_a_function_of_the_seed():
 def test_nemesis_names():
     assert parse_nemeses("kill,pause,kill") == ["kill", "pause"]
     assert parse_nemeses("none") == []
-    assert parse_nemeses("all") == ["kill", "kill-leader", "pause", "pause-leader", "partition-one",
-                                    "partition-leader", "partition-halves", "one-way", "membership"]
-    with pytest.raises(NemesisError, match="netem"):
-        parse_nemeses("loss")
-    with pytest.raises(NemesisError, match="not built yet"):
-        parse_nemeses("kill,disk-stall")
+    assert parse_nemeses("all") == ["kill", "kill-leader", "kill-majority", "pause", "pause-leader", "partition-one",
+                                    "partition-leader", "partition-halves", "one-way", "bridge",
+                                    "partition-majorities-ring", "loss", "delay", "disk-stall", "clock-skew",
+                                    "membership"]
+    assert parse_nemeses("kill,disk-stall") == ["kill", "disk-stall"]  # the whole menu is built
     with pytest.raises(NemesisError, match="unknown nemesis"):
         parse_nemeses("meteor")
     # What a lab of a given shape cannot run, with the reason (the CLI refuses or leaves them out).
@@ -541,7 +540,9 @@ def test_nemesis_names():
     assert set(unsupported(["kill-leader", "partition-one", "one-way"], 3, "local")) == {"partition-one", "one-way"}
     assert set(unsupported(["membership"], 1, "local")) == {"membership"}
     assert unsupported(["membership"], 3, "local") == {}
-    assert unsupported(list(parse_nemeses("all")), 3, "netns") == {}
+    # On 3 members only the ring is refused for its shape (a tool missing on this machine is refused too, loudly).
+    shape = {k: v for k, v in unsupported(list(parse_nemeses("all")), 3, "netns").items() if not v.startswith("MISSING")}
+    assert set(shape) == {"partition-majorities-ring"}
 
 
 def test_partition_nemeses_name_their_minority():

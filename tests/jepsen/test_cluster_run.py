@@ -64,3 +64,27 @@ def test_a_short_cluster_run_with_leader_faults_passes(tmp_path):
     leader_faults = [json.loads(line) for line in history if '"process":"nemesis"' in line and '"leader":' in line]
     assert leader_faults and all(f["value"]["leader"] in ("n1", "n2", "n3") for f in leader_faults)
     assert not (Path(r["run_dir"]) / "n1" / "data").exists()  # a passing run keeps history and logs, not data
+
+
+def test_a_short_run_of_the_new_network_faults_passes(tmp_path):
+    """bridge, loss and kill-majority for real (nft only, which scripts/test installs): PASS, and the
+    records say what was done (a bridge claims no minority, kill-majority the survivors)."""
+    if not _netns_ok():
+        pytest.skip("needs network namespaces and nft (root): bridge and loss cut links")
+    # Seed 10 with these ranges: loss, bridge, kill-majority (~20 s of workload).
+    done = subprocess.run([str(RUN), "--store", str(tmp_path / "store"), "--profile", "cluster", "--runs", "1",
+                           "--seed", "10", "--nemesis", "loss,bridge,kill-majority", "--time", "22",
+                           "--quiet-s", "1.5:2.5", "--fault-s", "4:5"], capture_output=True, text=True, timeout=200)
+    match = SUMMARY_RE.match(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
+    assert match, done.stdout + done.stderr
+    (results_path,) = [p for p in (tmp_path / "store").glob("*/results.json") if p.parent.name != "latest"]
+    (r,) = json.loads(results_path.read_text())["runs"]
+    assert r["fatal"] == {}, (r.get("examples"), done.stdout + done.stderr)
+    assert match.group(6) == "PASS" and done.returncode == 0, done.stdout + done.stderr
+    history = [json.loads(line) for line in (Path(r["run_dir"]) / "history.jsonl").read_text().splitlines()]
+    faults = {rec["f"]: rec["value"] for rec in history
+              if rec.get("process") == "nemesis" and rec.get("type") == "ok" and rec["f"] != "heal"}
+    assert set(faults) == {"loss", "bridge", "kill-majority"}, faults
+    assert faults["bridge"]["minority"] == [] and faults["bridge"]["bridge"] in ("n1", "n2", "n3")
+    assert len(faults["kill-majority"]["targets"]) == 2 and len(faults["kill-majority"]["minority"]) == 1
+    assert 20 <= faults["loss"]["percent"] <= 30

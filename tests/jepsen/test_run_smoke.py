@@ -4,8 +4,8 @@ A safe run must pass with lost=0. A run whose client is deliberately wrong (it c
 as confirmed when it sends it, `--unsafe-confirm-early`) while the broker is killed under load
 must be caught: lost > 0, verdict FAIL, non-zero exit. (`--fsync off` would not do: a process
 kill leaves the page cache, so nothing is lost.) Plus the cheap paths: a cluster-only nemesis is
-refused with a reason (a nemesis not built yet; a cluster or network nemesis on a lab that
-cannot run it), and `--check` re-judges a history file offline. The cluster runs are in
+refused with a reason (a majorities ring on 3 members; a cluster or network nemesis on a lab
+that cannot run it), and `--check` re-judges a history file offline. The cluster runs are in
 test_cluster_run.py.
 
 Each run goes through the real entry point (`jepsen-style/run`, as CI would call it) into
@@ -78,10 +78,10 @@ def test_an_unsafe_client_under_kills_is_caught_losing_messages(tmp_path):
     assert "lost=" in done.stdout and "e.g." in done.stdout  # the details name lost ids
 
 
-def test_a_nemesis_not_built_yet_is_refused_with_a_reason(tmp_path):
-    done, _ = run(tmp_path, "--nemesis", "disk-stall", timeout_s=60)
+def test_a_nemesis_the_lab_shape_cannot_run_is_refused_with_a_reason(tmp_path):
+    done, _ = run(tmp_path, "--profile", "cluster", "--nemesis", "partition-majorities-ring", timeout_s=60)
     assert done.returncode == 2
-    assert "not built yet" in done.stderr
+    assert "needs 5 or more nodes" in done.stderr
 
 
 def test_a_cluster_nemesis_on_one_node_is_refused_with_a_reason(tmp_path):
