@@ -79,6 +79,9 @@ LONG_WORKLOAD = WorkloadConfig(publishers=5, consumers=3, rate_per_publisher_hz=
 CI_CLUSTER_WORKLOAD = WorkloadConfig(publishers=3, consumers=2, rate_per_publisher_hz=15.0, confirm_window=16,
                                      prefetch=10, confirm_timeout_s=5.0)
 CI_CLUSTER_NEMESES = ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
+# Cluster runs snapshot every ~100 KB of a group's log (the default is 64 MB), so that restarts
+# start from snapshots and members that fall behind are installed by one, under the faults.
+CLUSTER_SERVER_ARGS = ("--snapshot-every-mb", "0.1")
 CLUSTER_NEMESES_ALL = ("kill", "kill-leader", "kill-majority", "pause", "pause-leader", "partition-one",
                        "partition-leader", "partition-halves", "one-way", "bridge", "partition-majorities-ring",
                        "loss", "delay", "disk-stall", "clock-skew", "membership")
@@ -89,7 +92,7 @@ def ci_cluster_run() -> RunSpec:
     # Seed 54: kill-leader, pause-leader, partition-one, partition-leader (4 faults).
     return RunSpec(seed=54, nemeses=CI_CLUSTER_NEMESES, workload_kind="queue", workload=CI_CLUSTER_WORKLOAD,
                    time_s=35.0, quiet_s=(2.0, 4.0), fault_s=(4.0, 6.0), tail_s=3.0, nodes=3, lab="netns",
-                   recovery_timeout_s=45.0, settle_s=10.0, drain_timeout_s=30.0)
+                   recovery_timeout_s=45.0, settle_s=10.0, drain_timeout_s=30.0, server_args=CLUSTER_SERVER_ARGS)
 
 
 def _ci() -> Profile:
@@ -121,7 +124,7 @@ def _long() -> Profile:
         runs.append(RunSpec(seed=2001 + i, nemeses=CLUSTER_NEMESES_ALL, workload_kind=kind,
                             workload=workload_for(kind, cluster_workload), time_s=300.0, quiet_s=(8.0, 15.0),
                             fault_s=(5.0, 15.0), tail_s=10.0, nodes=5, lab="netns", recovery_timeout_s=90.0,
-                            drain_timeout_s=120.0, overlap=("membership",)))
+                            drain_timeout_s=120.0, overlap=("membership",), server_args=CLUSTER_SERVER_ARGS))
     for i in range(10):
         kind = "fifo" if i % 3 == 2 else "queue"
         runs.append(RunSpec(seed=1001 + i, nemeses=("kill", "pause", "disk-stall", "clock-skew"), workload_kind=kind,
