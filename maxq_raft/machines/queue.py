@@ -89,7 +89,7 @@ class Message:
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
                  "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header",
-                 "delay_ms", "due_ms", "delay_counter")
+                 "delay_ms", "due_ms", "delay_counter", "death")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
                  ttl_ms: int | None = None, priority: int = 0, delay_ms: int | None = None) -> None:
@@ -111,6 +111,7 @@ class Message:
         self.delay_ms = delay_ms  # the `x-delay` header, parsed by the shell: held this long first
         self.due_ms: int | None = None  # a delayed message's release time (delayed.py)
         self.delay_counter = 0  # its number among the queue's delayed messages (in its key)
+        self.death: tuple[str, int] | None = None  # (reason, machine time) while in dead_lettering
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
@@ -771,6 +772,7 @@ class QueueMachine:
     def _die(self, message: Message, reason: str) -> None:
         """`message` has left the ready or unacked state for `reason`: dead-letter or drop it."""
         if self.settings.dead_letter_exchange is not None:
+            message.death = (reason, self.now_ms)  # a new leader performs it again if it stays held
             self.dead_lettering[message.seq] = message
             self.dead_lettered[reason] += 1
             dying = self._dying.get(reason)

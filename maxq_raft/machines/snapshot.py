@@ -72,12 +72,12 @@ def message_record(message: Message) -> list:
     return [message.seq, message.exchange, message.routing_key, bytes(message.props_raw), bytes(message.body),
             message.delivery_count, message.redelivered, message.persistent, message.stored, message.ttl_ms,
             message.expires_at_ms, message.priority, message.count_header, message.delay_ms, message.due_ms,
-            message.delay_counter]
+            message.delay_counter, list(message.death) if message.death is not None else None]
 
 
 def message_from_record(record: list) -> Message:
     (seq, exchange, routing_key, props_raw, body, delivery_count, redelivered, persistent, stored, ttl_ms,
-     expires_at_ms, priority, count_header, delay_ms, due_ms, delay_counter) = record
+     expires_at_ms, priority, count_header, delay_ms, due_ms, delay_counter, death) = record
     message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
     message.seq = seq
     message.delivery_count = delivery_count
@@ -87,6 +87,7 @@ def message_from_record(record: list) -> Message:
     message.count_header = count_header
     message.due_ms = due_ms
     message.delay_counter = delay_counter
+    message.death = (death[0], death[1]) if death is not None else None
     return message
 
 

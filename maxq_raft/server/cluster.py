@@ -50,6 +50,7 @@ from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable
 from . import cluster_snapshot, policies
+from .dead_letter import dead_letter, held_dead_letters
 from .message_store import QueueBacking
 
 log = logging.getLogger("maxq.cluster")
@@ -70,6 +71,7 @@ WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
 SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
 SNAPSHOT_CHECK_S = 1.0
+DEAD_LETTER_CHECK_S = 2.0
 
 
 def default_shards() -> int:
@@ -167,6 +169,7 @@ class ClusterLog:
         self.snapshotting: set[str] = set()
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
+        self.dead_letters_in_flight: set[tuple] = set()  # (queue key, seq) this member is dead-lettering
 
     # ------------------------------------------------------------ placement
 
@@ -701,18 +704,38 @@ class ClusterLog:
         """Time passes for the queues whose shards this member leads: a Tick when a queue's next
         deadline (TTL, x-expires) has come, one in flight per queue."""
         in_flight: dict[tuple, None] = {}
+        next_dead_letter_check = 0.0
         while True:
             await trio.sleep(TICK_INTERVAL_S)
             now_ms = self.broker.clock_ms()
             led = {g for g in self.shards if self.node.is_leader(g)}
             if not led:
                 continue
+            if trio.current_time() >= next_dead_letter_check:
+                next_dead_letter_check = trio.current_time() + DEAD_LETTER_CHECK_S
+                self._perform_held_dead_letters(led, now_ms)
             for key, queue in list(self.broker.queues.items()):
                 deadline = queue.next_deadline_ms
                 if deadline is None or deadline > now_ms or key in in_flight or self.group_of(key) not in led:
                     continue
                 in_flight[key] = None
                 self.submit(key, qc.Tick(), lambda _reply, key=key: in_flight.pop(key, None))
+
+    def _perform_held_dead_letters(self, led: set, now_ms: int) -> None:
+        """Dead letters held in a queue this member's shard leads, that no one performs: the
+        leader that took them on died before the source forgot them. At-least-once: a target may
+        already have a copy."""
+        for key, queue in list(self.broker.queues.items()):
+            if not queue.dead_lettering or self.group_of(key) not in led:
+                continue
+            effects = held_dead_letters(queue, now_ms, lambda seq, key=key: (key, seq) in self.dead_letters_in_flight)
+            for effect in effects:
+                log.warning("queue '%s' in vhost '%s': performing %d held dead letters (%s) again", key[1], key[0],
+                            len(effect.messages), effect.reason)
+                if queue.settings.dead_letter_exchange is None:  # the policy took the DLX away: drop them
+                    self.submit(key, qc.DeadLettered([m.seq for m in effect.messages]), None)
+                else:
+                    dead_letter(self.broker, effect)
 
     # -------------------------------------------------------------- start-up
 

@@ -30,6 +30,7 @@ from ..machines.queue import DeadLetter, Message, QueueExpired
 log = logging.getLogger("maxq.dead_letter")
 
 TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
+DEAD_LETTER_STALE_MS = 5000  # held this long by nobody: a shard leader performs it again
 
 
 def perform_effect(broker, effect) -> None:
@@ -137,18 +138,40 @@ def dead_letter(broker, effect: DeadLetter) -> None:
     if cluster is not None:
         # At-least-once here too: the source forgets them once the targets' entries committed.
         entries = [cluster.submit((vhost, name), qc.Enqueue(messages), None) for name, messages in targets.items()]
+        in_flight = cluster.dead_letters_in_flight
+        in_flight.update((source_key, seq) for seq in seqs)
 
         def committed(ok: bool) -> None:
             if ok and seqs:
-                cluster.submit(source_key, qc.DeadLettered(seqs), None)
-            elif not ok:
-                log.warning("dead letters of queue '%s' not committed; they stay held in it", effect.queue)
+                cluster.submit(source_key, qc.DeadLettered(seqs), lambda _reply: in_flight.difference_update(
+                    (source_key, seq) for seq in seqs))
+                return
+            in_flight.difference_update((source_key, seq) for seq in seqs)
+            if not ok:
+                log.warning("dead letters of queue '%s' not committed; they stay held in it (performed again "
+                            "later by its shard's leader)", effect.queue)
         cluster.when_committed(entries, committed)
         return
     for name, messages in targets.items():
         broker.apply_queue((vhost, name), qc.Enqueue(messages))
     if seqs and source_key in broker.queues:
         broker.apply_queue(source_key, qc.DeadLettered(seqs))
+
+
+def held_dead_letters(queue, now_ms: int, skip) -> list[DeadLetter]:
+    """Dead letters `queue` still holds that nobody is performing (`skip(seq)`), for at least
+    DEAD_LETTER_STALE_MS: their performer (an earlier leader of the queue's shard) failed between
+    the targets' commit and the source's `DeadLettered`. One effect per reason, in seq order."""
+    by_reason: dict[str, list[Message]] = {}
+    for seq, message in sorted(queue.dead_lettering.items()):
+        death = message.death
+        if death is None or skip(seq) or death[1] > now_ms - DEAD_LETTER_STALE_MS:
+            continue
+        by_reason.setdefault(death[0], []).append(message)
+    settings = queue.settings
+    return [DeadLetter(queue.vhost, queue.name, reason, messages, messages[0].death[1],
+                       settings.dead_letter_exchange or "", settings.dead_letter_routing_key)
+            for reason, messages in by_reason.items()]
 
 
 def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, targets: dict) -> None:

@@ -387,3 +387,28 @@ def test_delivery_counts_survive_a_restart_of_a_durable_queue():
     after.check_invariants()
     assert after.apply(Meta(11, 11), Requeue("g", [reply[0].seq]))[0] == 1
     assert after.ready_count == 0 and after.dropped["delivery_limit"] == 1 and backing.records == {}
+
+
+def test_held_dead_letters_are_found_again_by_reason_once_stale():
+    """A shard leader performs dead letters that an earlier leader took on and never finished
+    (server/dead_letter.held_dead_letters): those held for DEAD_LETTER_STALE_MS and in flight
+    nowhere here, one effect per reason, with the death's time and the queue's current DLX."""
+    from maxq_raft.server.dead_letter import DEAD_LETTER_STALE_MS, held_dead_letters
+
+    q = Clocked(dead_letter_exchange="dlx", dead_letter_routing_key="dead", max_length=1)
+    q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
+    for i in range(3):
+        q.at(0, Enqueue([Message("ex", "rk", b"", b"%d" % i)]))  # c holds 0, 1 dropped by 2 (maxlen)
+    q.at(100, Discard("c", [0]))  # rejected at 100
+    assert sorted(q.machine.dead_lettering) == [0, 1]
+    assert q.machine.dead_lettering[1].death == ("maxlen", 0)
+    assert q.machine.dead_lettering[0].death == ("rejected", 100)
+    assert held_dead_letters(q.machine, DEAD_LETTER_STALE_MS - 1, lambda seq: False) == []
+    found = held_dead_letters(q.machine, DEAD_LETTER_STALE_MS + 100, lambda seq: False)
+    assert [(e.reason, [m.seq for m in e.messages], e.time_ms, e.exchange, e.routing_key) for e in found] == [
+        ("rejected", [0], 100, "dlx", "dead"), ("maxlen", [1], 0, "dlx", "dead")]
+    in_flight = {0}
+    found = held_dead_letters(q.machine, DEAD_LETTER_STALE_MS + 100, lambda seq: seq in in_flight)
+    assert [(e.reason, [m.seq for m in e.messages]) for e in found] == [("maxlen", [1])]
+    q.at(200, DeadLettered([0, 1]))
+    assert held_dead_letters(q.machine, 10 ** 9, lambda seq: False) == []

@@ -57,7 +57,7 @@ def full(value):
     if type(value) is Message:
         return ("Message", value.seq, value.exchange, value.routing_key, value.props_raw, value.body,
                 value.delivery_count, value.redelivered, value.persistent, value.stored, value.ttl_ms,
-                value.expires_at_ms, value.priority, value.count_header, value.delay_ms, value.due_ms)
+                value.expires_at_ms, value.priority, value.count_header, value.delay_ms, value.due_ms, value.death)
     if isinstance(value, tuple):
         return (type(value).__name__, *(full(v) for v in value))
     if isinstance(value, list):
