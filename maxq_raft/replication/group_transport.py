@@ -146,6 +146,9 @@ class GroupTransport(Transport):
 
     def dropNode(self, node: Node) -> None:  # noqa: N802
         nid = node.id
+        sender = self.installs.pop(nid, None)
+        if sender is not None:
+            sender.close()
         self._forget(nid)
         self.held.pop(nid, None)
         self.held_bytes.pop(nid, None)
