@@ -429,6 +429,11 @@ class ClusterLog:
                 self._apply_entry(group, index, entry)
                 continue
             if origin in dead:
+                if origin == self.origin:
+                    # The cluster declared this life gone, in an entry this member never applied
+                    # (it came inside a snapshot): nothing of this life will be applied again.
+                    log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
+                    self._cut_off()
                 continue
             next_seq = expected.get(origin, 1)
             if seq < next_seq:
@@ -529,6 +534,12 @@ class ClusterLog:
         self.log_bytes_since[group] = 0
         self.snapshots_loaded += 1
         log.info("%s: state loaded from the snapshot at index %d", group, header.index)
+        if self.origin in self.dead.get(group, ()):
+            # The Down that ended this life is inside the snapshot: it was never applied here, so
+            # _apply_all never saw it. Without a new life every entry of this node would be
+            # skipped by every member and its clients would wait forever.
+            log.warning("%s: the snapshot says this node's life was declared down; starting a new one", group)
+            self._cut_off()
 
     def _apply_entry(self, group: str, index: int, entry) -> None:
         broker = self.broker

@@ -9,6 +9,8 @@ import pytest
 
 from .conftest import Cluster, drain, wait_until
 
+pytestmark = pytest.mark.timeout(240)
+
 BODY = b"x" * 4000
 
 
@@ -135,3 +137,59 @@ def test_a_node_added_after_compaction_is_installed_and_serves_the_queues(snap_c
         assert sorted(int(b) for b, _ in drain(new, "beta")) == list(range(0, 30, 2))
     finally:
         new.stop()
+
+
+@pytest.mark.parametrize("snap_cluster", ["0.005"], indirect=True)
+def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serves_again(snap_cluster):
+    """jepsen long seed 2002: a member the others declared down while it was cut off caught up by
+    a snapshot that held its Down; it never applied that Down itself, kept its old life, and all
+    its commands were skipped by every member: its clients waited forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    n1, n3 = snap_cluster["n1"], snap_cluster["n3"]
+    conn = n3.connect()
+    conn.channel().queue_declare("before", durable=True)
+    conn.close()
+    os.kill(n3.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: "member n3 silent" in n1.log_text() + snap_cluster["n2"].log_text(), 30,
+                   "the others to declare n3 down")
+        # ~200 KB through each shard: both compact past the Down (shard-0's is the one a member
+        # notices its own Down by, when it applies it)
+        from maxq_raft.server.cluster import shard_of
+        for shard in ("shard-0", "shard-1"):
+            name = next(f"away-{i}" for i in range(1000) if shard_of(("/", f"away-{i}"), 2) == shard)
+            publish_and_consume(n1, name, 50)
+        for _ in range(60):  # and the metadata group too
+            c = n1.connect()
+            ch = c.channel()
+            for i in range(20):
+                ch.queue_declare(f"meta-{i}")
+                ch.queue_delete(f"meta-{i}")
+            c.close()
+            if all(g["first_index"] > 1 for g in groups(n1).values()):
+                break
+    finally:
+        os.kill(n3.pid, signal.SIGCONT)
+
+    # Each try in its own process, killed after 10 s: the bug made a declare wait forever.
+    probe = ("import pika, sys\n"
+             "c = pika.BlockingConnection(pika.ConnectionParameters('127.0.0.1', int(sys.argv[1]), socket_timeout=5))\n"
+             "ch = c.channel()\nch.confirm_delivery()\nch.queue_declare('after', durable=True)\n"
+             "ch.basic_publish('', 'after', b'back', pika.BasicProperties(delivery_mode=2))\nc.close()\n")
+
+    def declares_and_confirms_on_n3() -> bool:
+        try:
+            done = subprocess.run([sys.executable, "-c", probe, str(n3.amqp_port)], capture_output=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    started = time.monotonic()
+    wait_until(declares_and_confirms_on_n3, 60, "n3 to declare and confirm again", interval_s=0.5)
+    print(f"\nn3 served again {time.monotonic() - started:.1f} s after it was resumed")
+    assert [b for b, _ in drain(n1, "after")] == [b"back"]
