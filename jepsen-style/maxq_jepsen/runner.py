@@ -216,7 +216,8 @@ class Run:
         why: dict[str, str] = {}
         while pending and time.monotonic() < deadline:
             for name, (host, port) in list(pending.items()):
-                problem = probe(host, port, self.spec.workload, enter=lambda name=name: self.lab.enter(name))
+                problem = bounded_probe(host, port, self.spec.workload, lambda name=name: self.lab.enter(name),
+                                        max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic())))
                 if problem is None:
                     del pending[name]
                 else:
@@ -258,3 +259,20 @@ def discard_data(run_dir: Path, lab_nodes: int) -> None:
     for i in range(1, lab_nodes + 1):
         shutil.rmtree(run_dir / f"n{i}" / "data", ignore_errors=True)
         shutil.rmtree(run_dir / f"n{i}" / "data.backing", ignore_errors=True)  # disk-stall's FUSE backing folder
+
+
+PROBE_TIMEOUT_S = 15.0
+
+
+def bounded_probe(host: str, port: int, config, enter, timeout_s: float) -> str | None:
+    """`probe` in a thread, waited for at most timeout_s: a broker that never answers a command
+    (a bug, and exactly what a probe is for) must not stall the run. A probe left waiting ends
+    when its node is stopped at teardown (its socket closes)."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(probe(host, port, config, enter=enter)), daemon=True,
+                              name=f"probe-{host}:{port}")
+    thread.start()
+    thread.join(timeout_s)
+    if not box:
+        return f"no answer within {timeout_s:.0f} s (a command hangs on this node)"
+    return box[0]
