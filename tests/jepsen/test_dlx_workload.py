@@ -45,7 +45,8 @@ def test_cli_workload_dlx_and_ttl():
     (spec,) = cli.build_specs(cli.parse_args(["--profile", "cluster", "--workload", "dlx", "--nemesis", "kill-leader",
                                               "--ttl-ms", "150", "--lab", "local"]))
     assert spec.workload_kind == "dlx" and spec.workload.dead_letter_queue == DLX_QUEUE
-    assert spec.workload.message_ttl_ms == 150 and spec.workload.rate_per_publisher_hz == CI_CLUSTER_WORKLOAD.rate_per_publisher_hz
+    assert spec.workload.message_ttl_ms == 150
+    assert spec.workload.rate_per_publisher_hz == CI_CLUSTER_WORKLOAD.rate_per_publisher_hz
     assert spec.to_dict()["workload"]["dead_letter_queue"] == DLX_QUEUE  # in the history's meta, for the checker
     with pytest.raises(ValueError, match="ttl-ms"):
         cli.build_specs(cli.parse_args(["--profile", "cluster", "--ttl-ms", "150", "--lab", "local"]))
