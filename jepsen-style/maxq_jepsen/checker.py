@@ -19,6 +19,11 @@ fault windows the nemesis and runner recorded. Then every message falls in one c
                          in order, and a requeued message always comes back redelivered=true
       minority_confirmed a publish invoked and confirmed while its node was cut off in a
                          minority (nemesis records say which nodes, from when to the next heal)
+      dead_letter_without_x_death
+                         (the dlx workload) a delivery from the dead-letter queue whose most
+                         recent x-death entry does not name the work queue with reason
+                         `expired`: nothing else may put a message there (no rejects, no length
+                         limit, no delivery limit in this workload)
     reported (benign, or a matter of degree)
       recovered          indeterminate (info, or no completion at all) but delivered: fine
       unknown            indeterminate and never delivered: fine (it may never have arrived)
@@ -29,6 +34,18 @@ fault windows the nemesis and runner recorded. Then every message falls in one c
                          overall and per phase (quiet/fault/heal/recover)
       recovery_s         after each heal: seconds to the first confirm; after the final heal:
                          seconds until the runner's probe got a confirm from every node
+      routes             (the dlx workload) ids delivered from the work queue, from the
+                         dead-letter queue, and by both routes (legal: a message held unacked past
+                         its deadline by a consumer that died is requeued and dead-lettered at
+                         once; a duplicate, counted as such); x-death counts above 1 and work-queue
+                         deliveries carrying an x-death are counted too (neither should happen)
+
+With a dead-letter queue a confirmed message must arrive by one of the two routes: `lost` counts
+deliveries from either queue. The FIFO rule looks at work-queue deliveries only: the dead-letter
+queue receives messages in the order they die, and a requeued message past its deadline dies
+after later ones that expired in the queue. The queue names come from the meta record
+(spec.workload.queue and .dead_letter_queue); a delivery without a `queue` field (histories from
+before the field) counts as one from the work queue.
 
 The verdict is FAIL when any fatal count is non-zero, UNKNOWN when the run cannot vouch for its
 counts (no message was ever confirmed, or the final drain did not empty the queue), else PASS.
@@ -42,7 +59,9 @@ from dataclasses import dataclass, field
 
 from .history import FAIL, INFO, INVOKE, META, OK
 
-FATAL_KINDS = ("lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations", "minority_confirmed")
+FATAL_KINDS = ("lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations", "minority_confirmed",
+               "dead_letter_without_x_death")
+EXPIRED = "expired"  # the x-death reason of a message whose TTL ran out
 PASS, FAILED, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 EXAMPLES_MAX = 50  # ids listed per kind in the result (counts are always exact)
 HEAL_VERBS = ("heal",)  # the nemesis verb that ends every fault window (see nemesis.py)
@@ -69,6 +88,8 @@ class _Delivery:
     redelivered: bool
     crc: int | None
     node: str | None
+    queue: str | None = None
+    x_death: list | None = None
 
 
 @dataclass
@@ -115,10 +136,18 @@ def check(records: Iterable[dict]) -> CheckResult:
     reused_ids: list[str] = []
     # FIFO: per consumer session, per publisher session, the last seq among first deliveries.
     fifo_last: dict[tuple, dict[tuple, tuple[int, str]]] = {}
+    work_queue: str | None = None  # from the meta record
+    dead_letter_queue: str | None = None
+    dead_letter_bad: dict[str, dict] = {}  # id -> the first unexplained dead-letter delivery
+    x_death_count_above_one = 0
+    work_with_x_death: list[str] = []
 
     for r in records:
         kind, f, t = r.get("type"), r.get("f"), float(r.get("time", 0.0))
         if kind == META:
+            if work_queue is None:
+                workload = ((r.get("value") or {}).get("spec") or {}).get("workload") or {}
+                work_queue, dead_letter_queue = workload.get("queue"), workload.get("dead_letter_queue")
             continue
         if f == "publish":
             mid = r.get("id")
@@ -144,7 +173,18 @@ def check(records: Iterable[dict]) -> CheckResult:
         elif f == "deliver" and kind == OK:
             mid = r.get("id")
             d = _Delivery(t, r.get("process", "?"), r.get("session"), bool(r.get("redelivered", False)), r.get("crc"),
-                          r.get("node"))
+                          r.get("node"), r.get("queue"), r.get("x_death"))
+            dead_lettered = dead_letter_queue is not None and d.queue == dead_letter_queue
+            if dead_lettered:
+                deaths = d.x_death if isinstance(d.x_death, list) else []
+                last_death = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
+                if last_death.get("queue") != work_queue or last_death.get("reason") != EXPIRED:
+                    dead_letter_bad.setdefault(str(mid), {"id": mid, "time": t, "process": d.process,
+                                                          "x_death": d.x_death})
+                elif isinstance(last_death.get("count"), int) and last_death["count"] > 1:
+                    x_death_count_above_one += 1
+            elif d.x_death:
+                work_with_x_death.append(str(mid))
             p = publishes.get(mid) if mid is not None else None
             if p is None:
                 unexpected.append(str(mid))
@@ -153,7 +193,7 @@ def check(records: Iterable[dict]) -> CheckResult:
             deliveries.setdefault(mid, []).append(d)
             if p.crc is not None and d.crc is not None and p.crc != d.crc:
                 corrupt.append(mid)
-            if first and not d.redelivered and p.seq is not None:
+            if first and not d.redelivered and p.seq is not None and not dead_lettered:
                 per_consumer = fifo_last.setdefault((d.process, d.session), {})
                 publisher = (p.process, p.session)
                 last = per_consumer.get(publisher)
@@ -230,12 +270,31 @@ def check(records: Iterable[dict]) -> CheckResult:
         "corrupt": len(corrupt), "fifo_violations": len(fifo), "minority_confirmed": len(minority_confirmed),
         "recovered": len(recovered), "unknown": len(unknown), "duplicates": duplicates,
         "duplicates_flagged": dup_flagged, "duplicates_unflagged": duplicates - dup_flagged, "duplicate_ids": len(dup_ids),
+        "dead_letter_without_x_death": len(dead_letter_bad),
     }
+    if dead_letter_queue is not None:
+        def routes_of(ds: list[_Delivery]) -> tuple[bool, bool]:
+            dl = [d.queue == dead_letter_queue for d in ds]
+            return (not all(dl), any(dl))
+
+        routes = [routes_of(ds) for ds in deliveries.values()]
+        counts.update({
+            "by_work_queue_only": sum(1 for w, dl in routes if w and not dl),
+            "by_dead_letter_only": sum(1 for w, dl in routes if dl and not w),
+            "by_both_routes": sum(1 for w, dl in routes if w and dl),
+            "dead_letter_deliveries": sum(1 for ds in deliveries.values() for d in ds if d.queue == dead_letter_queue),
+            "x_death_count_above_one": x_death_count_above_one,
+            "work_queue_with_x_death": len(work_with_x_death),
+        })
+        if work_with_x_death:
+            notes.append(f"{len(work_with_x_death)} work-queue deliveries carried an x-death header: "
+                         f"{work_with_x_death[:5]}")
     examples = {
         "lost": sorted(lost, key=_id_key)[:EXAMPLES_MAX], "unexpected": unexpected[:EXAMPLES_MAX],
         "nacked_delivered": nacked_delivered[:EXAMPLES_MAX], "corrupt": corrupt[:EXAMPLES_MAX],
         "fifo_violations": fifo[:EXAMPLES_MAX], "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
         "recovered": recovered[:EXAMPLES_MAX], "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
+        "dead_letter_without_x_death": list(dead_letter_bad.values())[:EXAMPLES_MAX],
     }
     return CheckResult(counts=counts, examples={k: v for k, v in examples.items() if v},
                        availability=_availability(publishes, phases, confirm_times),

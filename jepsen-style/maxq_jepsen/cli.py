@@ -23,7 +23,7 @@ from .checker import FAILED, PASS, check
 from .history import read_history, run_meta
 from .lab import netns_available
 from .nemesis import OVERLAPPABLE, NemesisError, parse_nemeses, unsupported
-from .profiles import PROFILES, RunSpec, get_profile, workload_for
+from .profiles import PROFILES, WORKLOAD_KINDS, RunSpec, get_profile, workload_for
 from .report import overall_verdict, run_details, summary_line, summary_table, write_run_report, write_summary
 from .runner import Run, discard_data
 
@@ -36,8 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jepsen-style/run", description="Jepsen-style fault tests of MaxQ-Raft.")
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
                    help="ci (default): 2 single-node runs of ~30 s + one 3-node cluster run of ~60 s; "
-                        "cluster: that cluster run alone; long: 10 five-node runs over every nemesis, then 10 "
-                        "single-node runs, 300 s each (--runs 6: the first six five-node runs, ~35 min)")
+                        "cluster: that cluster run alone; long: 11 five-node runs over every nemesis (the 11th "
+                        "with the dlx workload), then 10 single-node runs, 300 s each (--runs 6: the first six "
+                        "five-node runs, ~35 min)")
     p.add_argument("--seed", type=int, help="seed of the first run (the next runs take seed+1, ...)")
     p.add_argument("--runs", type=int, help="number of runs (default: the profile's)")
     p.add_argument("--nemesis", help="comma list: kill, kill-leader, kill-majority, pause, pause-leader, partition-one, "
@@ -50,7 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet-s", type=_range, metavar="MIN:MAX",
                    help="quiet seconds before each fault (default: the profile's)")
     p.add_argument("--fault-s", type=_range, metavar="MIN:MAX", help="seconds each fault lasts (default: the profile's)")
-    p.add_argument("--workload", choices=("queue", "fifo"), help="queue: several publishers/consumers; fifo: one of each")
+    p.add_argument("--workload", choices=WORKLOAD_KINDS,
+                   help="queue: several publishers/consumers; fifo: one of each; dlx: a work queue with a short "
+                        "message TTL dead-lettering to a second queue, consumers on both")
+    p.add_argument("--ttl-ms", type=int, help="the dlx workload's x-message-ttl in ms (default 300)")
     p.add_argument("--rate", type=float, help="publishes per second per publisher")
     p.add_argument("--publishers", type=int)
     p.add_argument("--consumers", type=int)
@@ -74,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--nodes must be 1 or 3..9")
     if args.shards is not None and not 1 <= args.shards <= 64:
         p.error("--shards must be 1..64")
+    if args.ttl_ms is not None and not 0 <= args.ttl_ms <= 2**32 - 1:
+        p.error("--ttl-ms must be 0..4294967295")
     return args
 
 
@@ -113,6 +119,10 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
         kind = args.workload or spec.workload_kind
         if args.workload and args.workload != spec.workload_kind:
             workload = workload_for(kind, profile.runs[0].workload)
+        if args.ttl_ms is not None:
+            if kind != "dlx":
+                raise ValueError("--ttl-ms is for the dlx workload (--workload dlx)")
+            workload = replace(workload, message_ttl_ms=args.ttl_ms)
         overrides = {k: v for k, v in (("rate_per_publisher_hz", args.rate), ("publishers", args.publishers),
                                         ("consumers", args.consumers)) if v is not None}
         if args.unsafe_confirm_early:

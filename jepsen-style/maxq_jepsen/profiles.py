@@ -5,8 +5,8 @@ two single-node runs of ~30 s (kill, pause) and one 3-node cluster run of ~60 s 
 a member and of the queue's shard leader, pauses, partitions of one node and of the leader);
 `cluster` is that cluster run alone; `long` is for a human with a few hours (ten 5-node cluster
 runs of 300 s over every nemesis that exists, membership changes overlapping the other faults,
-then ten single-node runs of 300 s; the cluster runs come first so that `--runs 6` is six of
-them, about 35 minutes). The
+an eleventh with the TTL + dead-letter workload, then ten single-node runs of 300 s; the cluster
+runs come first so that `--runs 6` is six of them, about 35 minutes). The
 command line may override seeds, nemeses, duration and workload; a run is then fully described
 by its RunSpec, which goes into the history's first record, so `--seed S` with the same options
 repeats it.
@@ -31,7 +31,7 @@ CLUSTER_NOTICE = ("this profile's cluster run covers kill, kill-leader, pause-le
 class RunSpec:
     seed: int
     nemeses: tuple[str, ...]
-    workload_kind: str  # "queue" (several publishers and consumers) or "fifo" (one of each)
+    workload_kind: str  # "queue" (several publishers and consumers), "fifo" (one of each), "dlx" (TTL + dead letters)
     workload: WorkloadConfig
     time_s: float
     quiet_s: tuple[float, float]
@@ -59,13 +59,28 @@ class Profile:
     notes: tuple[str, ...] = field(default=())
 
 
-def workload_for(kind: str, base: WorkloadConfig) -> WorkloadConfig:
+WORKLOAD_KINDS = ("queue", "fifo", "dlx")
+DLX_QUEUE = "jepsen-dlq"
+DLX_TTL_MS = 300
+# The work queue's consumers consume for 1-3 s, then pause 0.5-2 s (seeded): with a 300 ms TTL about
+# a third of the messages expire and are dead-lettered, the rest are consumed from the work queue.
+DLX_CONSUME_S = (1.0, 3.0)
+DLX_PAUSE_S = (0.5, 2.0)
+
+
+def workload_for(kind: str, base: WorkloadConfig, ttl_ms: int | None = None) -> WorkloadConfig:
     if kind == "fifo":
         # One publisher, one consumer: every first delivery must come in publish order.
         return replace(base, publishers=1, consumers=1, rate_per_publisher_hz=base.rate_per_publisher_hz * 2)
     if kind == "queue":
         return base
-    raise ValueError(f"unknown workload {kind!r} (queue, fifo)")
+    if kind == "dlx":
+        # The work queue has a short TTL and dead-letters to DLX_QUEUE; even consumers take from the
+        # work queue (pausing now and then), odd ones from the dead-letter queue: at least one of each.
+        return replace(base, consumers=max(2, base.consumers), dead_letter_queue=DLX_QUEUE,
+                       message_ttl_ms=DLX_TTL_MS if ttl_ms is None else ttl_ms, consume_s=DLX_CONSUME_S,
+                       pause_s=DLX_PAUSE_S)
+    raise ValueError(f"unknown workload {kind!r} ({', '.join(WORKLOAD_KINDS)})")
 
 
 # confirm_timeout_s below the longest pause, so that some pauses end in aborted connections (info).
@@ -109,8 +124,9 @@ def _cluster() -> Profile:
     return Profile("cluster", (ci_cluster_run(),), (CLUSTER_NOTICE,))
 
 
-LONG_NOTICE = ("long: 5-node cluster runs (every nemesis; membership changes overlap the other faults) first, "
-               "then single-node runs; --runs N takes the first N, --time S shortens each")
+LONG_NOTICE = ("long: 5-node cluster runs (every nemesis; membership changes overlap the other faults; the 11th "
+               "is the TTL + dead-letter workload) first, then single-node runs; --runs N takes the first N, "
+               "--time S shortens each")
 
 
 def _long() -> Profile:
@@ -125,6 +141,13 @@ def _long() -> Profile:
                             workload=workload_for(kind, cluster_workload), time_s=300.0, quiet_s=(8.0, 15.0),
                             fault_s=(5.0, 15.0), tail_s=10.0, nodes=5, lab="netns", recovery_timeout_s=90.0,
                             drain_timeout_s=120.0, overlap=("membership",), server_args=CLUSTER_SERVER_ARGS))
+    # The TTL + dead-letter variant: the eleventh cluster run, so that the ten above keep their
+    # seeds and kinds (and `--runs 6` its meaning); every nemesis, clock skew included (expiry runs
+    # on the leader's wall clock).
+    runs.append(RunSpec(seed=2011, nemeses=CLUSTER_NEMESES_ALL, workload_kind="dlx",
+                        workload=workload_for("dlx", cluster_workload), time_s=300.0, quiet_s=(8.0, 15.0),
+                        fault_s=(5.0, 15.0), tail_s=10.0, nodes=5, lab="netns", recovery_timeout_s=90.0,
+                        drain_timeout_s=120.0, overlap=("membership",), server_args=CLUSTER_SERVER_ARGS))
     for i in range(10):
         kind = "fifo" if i % 3 == 2 else "queue"
         runs.append(RunSpec(seed=1001 + i, nemeses=("kill", "pause", "disk-stall", "clock-skew"), workload_kind=kind,

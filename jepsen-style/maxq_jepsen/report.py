@@ -26,6 +26,7 @@ SERIES = (  # key, label, colour
     ("publish_ok", "confirmed/s", "#2e7d32"),
     ("deliver", "delivered/s", "#1565c0"),  # dashed (below): it mostly covers the confirmed line
     ("deliver_redelivered", "redelivered/s", "#6a1b9a"),
+    ("deliver_dead_letter", "dead-lettered/s", "#00838f"),  # deliveries that carry an x-death (dlx workload)
     ("publish_bad", "nacked+indeterminate/s", "#e65100"),
 )
 FAULT_COLOURS = {"kill": "#ef5350", "kill-leader": "#c62828", "pause": "#ffb300", "pause-leader": "#ff8f00",
@@ -46,7 +47,8 @@ def overall_verdict(results: list[dict]) -> str:
 
 def totals(results: list[dict]) -> dict:
     keys = ("published", "confirmed", "lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations",
-            "minority_confirmed", "recovered", "unknown", "duplicates", "duplicates_unflagged", "delivered")
+            "minority_confirmed", "dead_letter_without_x_death", "recovered", "unknown", "duplicates",
+            "duplicates_unflagged", "delivered")
     return {k: sum(r.get("counts", {}).get(k, 0) for r in results) for k in keys}
 
 
@@ -65,7 +67,7 @@ def _max_recovery(result: dict) -> str:
 
 def summary_table(results: list[dict]) -> str:
     header = ("run", "seed", "workload", "faults", "published", "confirmed", "lost", "unexp", "nack+dlv", "corrupt",
-              "fifo", "minority", "recovered", "dups(unflagged)", "avail", "max recov s", "verdict")
+              "fifo", "minority", "dl-no-xdeath", "recovered", "dups(unflagged)", "avail", "max recov s", "verdict")
     rows = [header]
     for i, r in enumerate(results, 1):
         c = r.get("counts", {})
@@ -74,7 +76,8 @@ def summary_table(results: list[dict]) -> str:
                      f"{r.get('faults', 0)} {'+'.join(r.get('nemeses') or [])}", str(c.get("published", 0)),
                      str(c.get("confirmed", 0)), str(c.get("lost", 0)), str(c.get("unexpected", 0)),
                      str(c.get("nacked_delivered", 0)), str(c.get("corrupt", 0)), str(c.get("fifo_violations", 0)),
-                     str(c.get("minority_confirmed", 0)), str(c.get("recovered", 0)),
+                     str(c.get("minority_confirmed", 0)), str(c.get("dead_letter_without_x_death", 0)),
+                     str(c.get("recovered", 0)),
                      f"{c.get('duplicates', 0)}({c.get('duplicates_unflagged', 0)})",
                      "-" if avail is None else f"{avail:.2f}", _max_recovery(r), r.get("verdict", UNKNOWN)))
     rows = [tuple("-" if cell is None else str(cell) for cell in row) for row in rows]
@@ -94,6 +97,12 @@ def run_details(result: dict) -> list[str]:
             examples = result.get("examples", {}).get(kind, [])[:10]
             out.append(f"seed {seed}: {kind}={n} e.g. {json.dumps(examples)}")
     c = result.get("counts", {})
+    if "by_dead_letter_only" in c:
+        out.append(f"seed {seed}: routes: {c['by_work_queue_only']} ids from the work queue only, "
+                   f"{c['by_dead_letter_only']} dead-lettered (expired) only, {c['by_both_routes']} by both; "
+                   f"{c['dead_letter_deliveries']} deliveries from the dead-letter queue"
+                   + (f"; {c['x_death_count_above_one']} with an x-death count above 1"
+                      if c.get("x_death_count_above_one") else ""))
     if c.get("duplicates_unflagged"):
         ids = result.get("examples", {}).get("duplicates_unflagged", [])[:10]
         out.append(f"seed {seed}: {c['duplicates_unflagged']} duplicate deliveries came with redelivered=false, "
@@ -129,6 +138,8 @@ def timeline_data(records: list[dict]) -> dict:
                 series["publish_bad"][b] += 1
         elif f == "deliver" and kind == OK:
             series["deliver_redelivered" if r.get("redelivered") else "deliver"][b] += 1
+            if r.get("x_death"):
+                series["deliver_dead_letter"][b] += 1
         elif f == "phase" and kind == OK:
             value = r.get("value") or {}
             if open_fault is not None:

@@ -2,7 +2,7 @@
 
 Theory of operation (Jepsen's shape):
 
-    setup       start the nodes, declare the durable queue, start consumers then publishers
+    setup       start the nodes, declare the durable queue(s), start consumers then publishers
     schedule    for each seeded cycle: quiet, fault (nemesis start), heal (nemesis heal)
     final heal  heal every nemesis (idempotent), restart any node found dead
     recover     probe every node until it confirms a publish again (bounded)
@@ -109,8 +109,12 @@ class Run:
                           enter=lambda: self.lab.enter(nodes[0][0]))
             hard_deadline = (time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s
                              + spec.drain_timeout_s + 60.0)
+            # With a dead-letter queue, odd consumers take from it; the work queue's consumers pause now
+            # and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
             consumers = [Consumer(f"con{i}", self.history, nodes, spec.workload, spec.seed, con_stop, hard_deadline,
-                                  enter=self.lab.enter) for i in range(spec.workload.consumers)]
+                                  enter=self.lab.enter, queue=spec.workload.consumer_queue(i),
+                                  pauses=spec.workload.consumer_queue(i) == spec.workload.queue)
+                         for i in range(spec.workload.consumers)]
             publishers = [Publisher(f"pub{i}", self.history, nodes, spec.workload, spec.seed, pub_stop, hard_deadline,
                                     enter=self.lab.enter) for i in range(spec.workload.publishers)]
             workers = consumers + publishers
@@ -233,7 +237,7 @@ class Run:
             self.history.write(OK, "recover", "probe", value={"seconds": seconds})
 
     def settle(self, nodes) -> None:
-        """Consumers keep going until the queue shows no ready message twice in a row (bounded)."""
+        """Consumers keep going until the queue(s) show no ready message twice in a row (bounded)."""
         from .workload import blocking_connection  # local: only the settle step needs a blocking client
 
         deadline = time.monotonic() + self.spec.settle_s
@@ -245,7 +249,9 @@ class Run:
                     with self.lab.enter(name):
                         conn = blocking_connection(host, port, self.spec.workload)
                     try:
-                        ready += conn.channel().queue_declare(self.spec.workload.queue, passive=True).method.message_count
+                        channel = conn.channel()
+                        for queue in self.spec.workload.queues():
+                            ready += channel.queue_declare(queue, passive=True).method.message_count
                     finally:
                         conn.close()
             except Exception:

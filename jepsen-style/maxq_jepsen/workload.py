@@ -21,8 +21,17 @@ ends (the node died, was paused or cut off, or closed us with 320 CONNECTION_FOR
 one goes to a different node. Sessions are bounded (SESSIONS_MAX) and so is the time.
 
 Consumer: manual ack, prefetch, a seeded small delay before each ack (so that a crash finds
-messages delivered but unacked). Every delivery is recorded with its `redelivered` flag and the
-body's CRC, then the ack.
+messages delivered but unacked). Every delivery is recorded with its `redelivered` flag, the
+body's CRC and the queue it came from, then the ack.
+
+The dead-letter variant (`dead_letter_queue` set, workload kind "dlx"): the work queue is declared
+with `x-message-ttl` and `x-dead-letter-exchange` "" / `x-dead-letter-routing-key` naming a second
+durable queue, declared first. Even-numbered consumers take from the work queue, odd-numbered ones
+from the dead-letter queue; a work-queue consumer pauses now and then (basic.cancel for a seeded
+`pause_s`, then basic.consume again after a seeded `consume_s`), so that a real share of the
+messages expires and travels to the dead-letter queue (as do messages held unacked past their
+deadline when a consumer dies: requeued, they are dead-lettered at once). A delivery records its
+`x-death` entries (queue, reason, count) so the checker can tell a legitimate dead letter.
 
 `drain` and `probe` are blocking helpers for the end of a run: take every message left in the
 queue (recorded like deliveries), and check that a node confirms publishes again.
@@ -50,6 +59,7 @@ ABORT_GRACE_S = 2.0
 DRAIN_EMPTY_POLLS = 3
 DRAIN_POLL_S = 0.2
 DRAIN_GETS_MAX = 10_000_000
+DRAIN_ROUNDS_MAX = 3  # passes over every node and queue when there is a dead-letter queue
 PROBE_QUEUE = "jepsen-probe"
 
 logging.getLogger("pika").setLevel(logging.CRITICAL)  # pika logs every refused reconnect; the history has them
@@ -75,9 +85,23 @@ class WorkloadConfig:
     confirm_timeout_s: float = 5.0
     reconnect_delay_s: tuple[float, float] = (0.2, 0.6)
     unsafe_confirm_early: bool = False
+    # The dead-letter variant (None: off): the work queue's TTL and dead-letter target, and the
+    # work-queue consumers' duty cycle (seconds consuming, then seconds paused, both seeded).
+    dead_letter_queue: str | None = None
+    message_ttl_ms: int | None = None
+    consume_s: tuple[float, float] | None = None
+    pause_s: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def queues(self) -> list[str]:
+        """Every queue the workload uses, the work queue first (the drain takes them in this order)."""
+        return [self.queue] + ([self.dead_letter_queue] if self.dead_letter_queue else [])
+
+    def consumer_queue(self, index: int) -> str:
+        """The queue consumer number `index` takes from: with a dead-letter queue, odd ones take from it."""
+        return self.dead_letter_queue if self.dead_letter_queue and index % 2 == 1 else self.queue
 
 
 def message_body(message_id: str, seed: int, size_bytes: int) -> bytes:
@@ -87,9 +111,37 @@ def message_body(message_id: str, seed: int, size_bytes: int) -> bytes:
     return head + filler
 
 
-def queue_arguments() -> dict:
+def queue_arguments(config: WorkloadConfig | None = None, queue: str | None = None) -> dict:
     # RabbitMQ's name for a replicated queue; MaxQ-Raft replicates every durable queue anyway.
-    return {"x-queue-type": "quorum"}
+    args: dict = {"x-queue-type": "quorum"}
+    if config is not None and config.dead_letter_queue and queue == config.queue:
+        # Dead letters go through the default exchange, whose routing key is a queue's name.
+        args["x-dead-letter-exchange"] = ""
+        args["x-dead-letter-routing-key"] = config.dead_letter_queue
+        if config.message_ttl_ms is not None:
+            args["x-message-ttl"] = int(config.message_ttl_ms)
+    return args
+
+
+def x_death(properties) -> list[dict] | None:
+    """The x-death header of a delivery, reduced to (queue, reason, count) per entry, most recent
+    first (pika may hand string values over as bytes); None when there is none."""
+    headers = getattr(properties, "headers", None) or {}
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list):
+        return None if deaths is None else [{"malformed": _text(repr(deaths))}]
+    out = []
+    for entry in deaths[:8]:
+        if not isinstance(entry, dict):
+            out.append({"malformed": _text(repr(entry))})
+            continue
+        out.append({"queue": _str(entry.get("queue")), "reason": _str(entry.get("reason")),
+                    "count": entry.get("count")})
+    return out
+
+
+def _str(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def connection_parameters(host: str, port: int, config: WorkloadConfig) -> pika.ConnectionParameters:
@@ -378,6 +430,14 @@ class _PublisherSession(_Session):
 
 
 class Consumer(Worker):
+    """Takes from `queue` (default: the work queue). With `pauses`, it stops consuming now and
+    then (the config's consume_s / pause_s), so that messages in the work queue expire."""
+
+    def __init__(self, *args, queue: str | None = None, pauses: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = queue or self.config.queue
+        self.pauses = bool(pauses and self.config.consume_s and self.config.pause_s)
+
     def make_session(self, node, host, port):
         return _ConsumerSession(self, node, host, port)
 
@@ -386,17 +446,54 @@ class _ConsumerSession(_Session):
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.pending_acks: dict[int, object] = {}  # delivery tag -> ioloop timer
+        self.consumer_tag: str | None = None
+        self.paused = False
+        self.toggle_at: float | None = None  # when a pausing consumer next pauses or resumes
 
     def on_channel(self, channel) -> None:
         channel.basic_qos(prefetch_count=self.w.config.prefetch, callback=self._on_qos)
 
     def _on_qos(self, _frame) -> None:
         self.channel.add_on_cancel_callback(self._on_cancel)
-        self.channel.basic_consume(self.w.config.queue, self._on_message, auto_ack=False, callback=self._on_consume_ok)
+        self._consume()
+
+    def _consume(self) -> None:
+        self.consumer_tag = self.channel.basic_consume(self.w.queue, self._on_message, auto_ack=False,
+                                                       callback=self._on_consume_ok)
 
     def _on_consume_ok(self, _frame) -> None:
+        first = not self.ready
         self.ready = True
-        self.record(OK, "connect")
+        self.paused = False
+        if self.w.pauses:
+            self.toggle_at = time.monotonic() + self.w.rng.uniform(*self.w.config.consume_s)
+        if first:
+            self.record(OK, "connect", value={"queue": self.w.queue})
+        else:
+            self.record(OK, "resume", value={"queue": self.w.queue})
+
+    def on_tick(self, now: float) -> None:
+        if not self.w.pauses or self.closing or not self.ready or self.toggle_at is None or now < self.toggle_at:
+            return
+        if self.channel is None or not self.channel.is_open:
+            return
+        self.toggle_at = None  # set again when the broker answers
+        try:
+            if self.paused:
+                self._consume()
+            elif self.consumer_tag is not None:
+                # Messages already delivered stay ours (and are acked as usual); pika rejects with
+                # requeue any delivery that arrives after the cancel, and we never see it.
+                self.channel.basic_cancel(self.consumer_tag, callback=self._on_cancel_ok)
+        except AMQPError as exc:
+            self.record(INFO, "pause", error=_text(exc))
+            self._abort("pause/resume raised")
+
+    def _on_cancel_ok(self, _frame) -> None:
+        self.paused = True
+        pause_s = self.w.rng.uniform(*self.w.config.pause_s)
+        self.toggle_at = time.monotonic() + pause_s
+        self.record(OK, "pause", value={"queue": self.w.queue, "seconds": round(pause_s, 3)})
 
     def _on_cancel(self, _frame) -> None:
         self.record(INFO, "cancelled")  # the broker cancelled us (queue gone?): start over
@@ -404,7 +501,7 @@ class _ConsumerSession(_Session):
 
     def _on_message(self, _channel, method, properties, body) -> None:
         self.record(OK, "deliver", id=properties.message_id, redelivered=bool(method.redelivered), crc=zlib.crc32(body),
-                    value={"tag": method.delivery_tag})
+                    queue=self.w.queue, x_death=x_death(properties), value={"tag": method.delivery_tag})
         delay_s = self.w.rng.uniform(0, self.w.config.ack_delay_ms_max) / 1000.0
         tag = method.delivery_tag
         self.pending_acks[tag] = self.conn.ioloop.call_later(delay_s, lambda: self._ack(tag, properties.message_id))
@@ -450,7 +547,8 @@ def blocking_connection(host: str, port: int, config: WorkloadConfig) -> pika.Bl
 
 
 def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float, enter=contextlib.nullcontext) -> None:
-    """Declare the durable queue (retrying until `timeout_s`); raises the last error.
+    """Declare the durable queue(s) (retrying until `timeout_s`); raises the last error. The
+    dead-letter queue comes first, so that nothing can expire before it exists.
     `enter()`: the context in which a socket reaches the node (see Worker)."""
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
@@ -459,7 +557,9 @@ def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float
             with enter():
                 conn = blocking_connection(host, port, config)
             try:
-                conn.channel().queue_declare(config.queue, durable=True, arguments=queue_arguments())
+                channel = conn.channel()
+                for queue in reversed(config.queues()):
+                    channel.queue_declare(queue, durable=True, arguments=queue_arguments(config, queue))
                 return
             finally:
                 _close_quietly(conn)
@@ -491,54 +591,74 @@ def probe(host: str, port: int, config: WorkloadConfig, enter=contextlib.nullcon
 
 def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig, timeout_s: float,
           enter=no_enter) -> dict:
-    """Take every message left in the queue from every node (basic.get, manual ack), recording each.
+    """Take every message left in the queue(s) from every node (basic.get, manual ack), recording each
+    (with the queue it came from and its x-death).
 
-    Done when every node reports the queue empty `DRAIN_EMPTY_POLLS` times in a row. Records
-    f="drain" ok with value {"remaining": 0, ...}, or info with the reason when time ran out.
+    Done when every node reports every queue empty `DRAIN_EMPTY_POLLS` times in a row. With a
+    dead-letter queue the work queue is drained before it on each node, and the whole pass is
+    repeated (at most DRAIN_ROUNDS_MAX) while the last pass still found messages: a message that
+    expires while the work queue is drained reaches the dead-letter queue a little later (on
+    another shard's leader). Records f="drain" ok with value {"remaining": 0, ...}, or info with
+    the reason when time ran out.
     """
     deadline = time.monotonic() + timeout_s
     got = 0
     session = 0
-    remaining: int | None = None
+    queues = config.queues()
+    remaining_by_queue: dict[str, int | None] = {q: None for q in queues}
     last_error = None
-    nodes_empty = 0
     history.write(INVOKE, "drain", "drain")
-    for name, host, port in nodes:
-        empty_polls = 0
-        while time.monotonic() < deadline and empty_polls < DRAIN_EMPTY_POLLS and got < DRAIN_GETS_MAX:
-            session += 1
-            try:
-                with enter(name):
-                    conn = blocking_connection(host, port, config)
-            except AMQPError as exc:
-                last_error = _text(exc)
-                time.sleep(DRAIN_POLL_S)
-                continue
-            try:
-                channel = conn.channel()
-                history.write(OK, "connect", "drain", session=session, node=name)
+    rounds = 0
+    complete = False
+    while rounds < (DRAIN_ROUNDS_MAX if len(queues) > 1 else 1) and time.monotonic() < deadline:
+        rounds += 1
+        got_before = got
+        pairs_empty = 0
+        for name, host, port in nodes:
+            for queue in queues:
+                empty_polls = 0
                 while time.monotonic() < deadline and empty_polls < DRAIN_EMPTY_POLLS and got < DRAIN_GETS_MAX:
-                    method, properties, body = channel.basic_get(config.queue, auto_ack=False)
-                    if method is None:
-                        remaining = channel.queue_declare(config.queue, passive=True).method.message_count
-                        empty_polls = empty_polls + 1 if remaining == 0 else 0
+                    session += 1
+                    try:
+                        with enter(name):
+                            conn = blocking_connection(host, port, config)
+                    except AMQPError as exc:
+                        last_error = _text(exc)
                         time.sleep(DRAIN_POLL_S)
                         continue
-                    empty_polls = 0
-                    got += 1
-                    history.write(OK, "deliver", "drain", session=session, node=name, id=properties.message_id,
-                                  redelivered=bool(method.redelivered), crc=zlib.crc32(body))
-                    channel.basic_ack(method.delivery_tag)
-                    history.write(OK, "ack", "drain", session=session, node=name, id=properties.message_id)
-            except AMQPError as exc:
-                last_error = _text(exc)
-                remaining = None
-                time.sleep(DRAIN_POLL_S)
-            finally:
-                _close_quietly(conn)
-        nodes_empty += empty_polls >= DRAIN_EMPTY_POLLS
-    complete = nodes_empty == len(nodes)
-    value = {"remaining": remaining, "drained": got, **({"error": last_error} if last_error and not complete else {})}
+                    try:
+                        channel = conn.channel()
+                        history.write(OK, "connect", "drain", session=session, node=name, value={"queue": queue})
+                        while time.monotonic() < deadline and empty_polls < DRAIN_EMPTY_POLLS and got < DRAIN_GETS_MAX:
+                            method, properties, body = channel.basic_get(queue, auto_ack=False)
+                            if method is None:
+                                remaining = channel.queue_declare(queue, passive=True).method.message_count
+                                remaining_by_queue[queue] = remaining
+                                empty_polls = empty_polls + 1 if remaining == 0 else 0
+                                time.sleep(DRAIN_POLL_S)
+                                continue
+                            empty_polls = 0
+                            got += 1
+                            history.write(OK, "deliver", "drain", session=session, node=name, id=properties.message_id,
+                                          redelivered=bool(method.redelivered), crc=zlib.crc32(body),
+                                          queue=queue, x_death=x_death(properties))
+                            channel.basic_ack(method.delivery_tag)
+                            history.write(OK, "ack", "drain", session=session, node=name, id=properties.message_id)
+                    except AMQPError as exc:
+                        last_error = _text(exc)
+                        remaining_by_queue[queue] = None
+                        time.sleep(DRAIN_POLL_S)
+                    finally:
+                        _close_quietly(conn)
+                pairs_empty += empty_polls >= DRAIN_EMPTY_POLLS
+        complete = pairs_empty == len(nodes) * len(queues)
+        if not complete or got == got_before:
+            break
+    counts = list(remaining_by_queue.values())
+    remaining = None if None in counts else sum(counts)
+    value = {"remaining": remaining, "drained": got,
+             **({"remaining_by_queue": remaining_by_queue, "rounds": rounds} if len(queues) > 1 else {}),
+             **({"error": last_error} if last_error and not complete else {})}
     history.write(OK if complete else INFO, "drain", "drain", value=value)
     return value
 

@@ -53,8 +53,10 @@ class H:
                 error = "nack"
             self.add(outcome, "publish", process, id=mid, seq=seq, session=session, node=node, error=error)
 
-    def deliver(self, mid: str, redelivered: bool = False, process: str = "con0", session: int = 1, crc: int = 7) -> None:
-        self.add("ok", "deliver", process, id=mid, redelivered=redelivered, session=session, crc=crc, node="n1")
+    def deliver(self, mid: str, redelivered: bool = False, process: str = "con0", session: int = 1, crc: int = 7,
+                queue: str | None = None, x_death: list | None = None) -> None:
+        self.add("ok", "deliver", process, id=mid, redelivered=redelivered, session=session, crc=crc, node="n1",
+                 queue=queue, x_death=x_death)
         self.add("ok", "ack", process, id=mid, session=session)
 
     def phase(self, name: str, **value) -> None:
@@ -589,3 +591,218 @@ def test_shard_of_matches_the_broker():
     for name in ("jepsen", "jepsen-probe", "q", "ü"):
         for count in (1, 2, 4, 7):
             assert shard_of(("/", name), count) == broker_shard_of(("/", name), count)
+
+
+# -- the dead-letter variant (workload "dlx") ---------------------------------------------------
+
+WORK, DLQ = "jepsen", "jepsen-dlq"
+EXPIRED_DEATH = [{"queue": WORK, "reason": "expired", "count": 1}]
+
+
+def dlx_h() -> H:
+    """A history whose meta names the work queue and its dead-letter queue (as the runner's does)."""
+    h = H()
+    h.records[0]["value"] = {"spec": {"workload_kind": "dlx", "workload": {"queue": WORK, "dead_letter_queue": DLQ}}}
+    return h
+
+
+def dead_letter(h: H, mid: str, x_death: list | None = EXPIRED_DEATH, **kwargs) -> None:
+    h.deliver(mid, process=kwargs.pop("process", "con1"), queue=DLQ, x_death=x_death, **kwargs)
+
+
+def test_dlx_both_routes_pass_and_are_counted():
+    h = dlx_h()
+    for i in range(1, 7):
+        h.publish(f"pub0-{i}")
+    h.deliver("pub0-1", queue=WORK)
+    h.deliver("pub0-3", queue=WORK)
+    dead_letter(h, "pub0-2")
+    dead_letter(h, "pub0-4")
+    # Held unacked past its deadline by a consumer that died: requeued, dead-lettered at once.
+    h.add("ok", "deliver", "con0", id="pub0-5", redelivered=False, session=1, crc=7, queue=WORK)
+    dead_letter(h, "pub0-5")
+    h.deliver("pub0-6", process="drain", queue=WORK)
+    h.drain_done()
+    result = check(h.records)
+    assert result.verdict == PASS and result.fatal == {}, result.to_dict()
+    c = result.counts
+    assert (c["by_work_queue_only"], c["by_dead_letter_only"], c["by_both_routes"]) == (3, 2, 1)
+    assert c["dead_letter_deliveries"] == 3 and c["duplicates"] == 1 and c["dead_letter_without_x_death"] == 0
+
+
+def test_dlx_a_confirmed_message_delivered_by_neither_route_is_lost():
+    h = dlx_h()
+    h.publish("pub0-1")
+    h.publish("pub0-2")
+    dead_letter(h, "pub0-1")
+    h.drain_done()
+    result = check(h.records)
+    assert result.verdict == FAILED and result.fatal == {"lost": 1} and result.examples["lost"] == ["pub0-2"]
+
+
+@pytest.mark.parametrize("x_death", [
+    None,  # no header at all
+    [],  # an empty one
+    [{"queue": WORK, "reason": "rejected", "count": 1}],  # nobody rejects in this workload
+    [{"queue": WORK, "reason": "maxlen", "count": 1}],  # and the queue has no length limit
+    [{"queue": "elsewhere", "reason": "expired", "count": 1}],  # died in a queue that is not ours
+    [{"queue": DLQ, "reason": "expired", "count": 1}, *EXPIRED_DEATH],  # the latest death is not the work queue's
+    ["not a table"],
+])
+def test_dlx_a_dead_letter_without_a_matching_x_death_is_fatal(x_death):
+    h = dlx_h()
+    h.publish("pub0-1")
+    h.publish("pub0-2")
+    h.deliver("pub0-1", queue=WORK)
+    dead_letter(h, "pub0-2", x_death=x_death)
+    h.drain_done()
+    result = check(h.records)
+    assert result.verdict == FAILED and result.fatal == {"dead_letter_without_x_death": 1}, result.to_dict()
+    assert result.examples["dead_letter_without_x_death"][0]["id"] == "pub0-2"
+
+
+def test_dlx_the_other_fatal_kinds_hold_on_the_dead_letter_route():
+    h = dlx_h()
+    h.publish("pub0-1", outcome="fail")  # nacked: never enqueued, so it cannot expire either
+    dead_letter(h, "pub0-1")
+    dead_letter(h, "ghost-1")  # never published
+    h.publish("pub0-2", crc=5)
+    dead_letter(h, "pub0-2", crc=6)  # the body changed on the way through the dead-letter exchange
+    h.drain_done()
+    result = check(h.records)
+    assert result.fatal == {"nacked_delivered": 1, "unexpected": 1, "corrupt": 1}
+
+
+def test_dlx_the_dead_letter_queue_is_not_held_to_publish_order():
+    """Messages die in their own order (a requeued one past its deadline after later ones that
+    expired in the queue): the FIFO rule judges the work queue only, where it still holds."""
+    h = dlx_h()
+    for i in range(1, 5):
+        h.publish(f"pub0-{i}")
+    dead_letter(h, "pub0-2")
+    dead_letter(h, "pub0-1")  # out of publish order in one dead-letter consumer session: fine
+    h.deliver("pub0-4", queue=WORK)
+    h.deliver("pub0-3", queue=WORK)  # out of order in the work queue: still a violation
+    h.drain_done()
+    result = check(h.records)
+    assert result.fatal == {"fifo_violations": 1} and result.examples["fifo_violations"][0]["id"] == "pub0-3"
+
+
+def test_dlx_reported_oddities_are_not_fatal():
+    h = dlx_h()
+    h.publish("pub0-1")
+    h.publish("pub0-2")
+    dead_letter(h, "pub0-1", x_death=[{"queue": WORK, "reason": "expired", "count": 2}])
+    h.deliver("pub0-2", queue=WORK, x_death=EXPIRED_DEATH)  # a work-queue delivery with an x-death
+    h.drain_done()
+    result = check(h.records)
+    assert result.verdict == PASS
+    assert result.counts["x_death_count_above_one"] == 1 and result.counts["work_queue_with_x_death"] == 1
+    assert any("x-death" in note for note in result.notes)
+
+
+def test_without_a_dead_letter_queue_in_the_meta_nothing_changes():
+    """Histories of the other workloads (and from before the `queue` field) are judged as before."""
+    h = clean(3)
+    h.deliver("pub0-1", queue="jepsen-dlq")  # no dead-letter queue configured: a plain duplicate
+    result = check(h.records)
+    assert result.verdict == PASS and "by_dead_letter_only" not in result.counts and result.counts["duplicates"] == 1
+
+
+def dlx_model_history(ops: list[tuple]) -> list[dict]:
+    """A correct TTL + dead-letter broker: a work queue whose ready messages expire (op "expire":
+    the head moves to the dead-letter queue with an x-death entry), consumers on both queues, and
+    consumer crashes whose held work-queue messages are past their deadline half of the time (then
+    dead-lettered at once instead of requeued). Then a drain of both queues."""
+    h = dlx_h()
+    work: list[dict] = []
+    dlq: list[dict] = []
+    seq = 0
+    session = {"con0": 1, "con1": 1}
+    for op in ops:
+        kind = op[0]
+        if kind == "publish":
+            seq += 1
+            mid, outcome = f"pub0-{seq}", op[1]
+            h.add("invoke", "publish", "pub0", id=mid, seq=seq, session=1, crc=7)
+            if outcome in ("ok", "info"):
+                work.append({"id": mid, "held": False, "redelivered": False})
+            h.add({"ok": "ok", "fail": "fail", "info": "info"}[outcome], "publish", "pub0", id=mid, seq=seq, session=1,
+                  error="nack" if outcome == "fail" else None)
+        elif kind == "expire":
+            head = next((m for m in work if not m["held"]), None)
+            if head is not None:
+                work.remove(head)
+                dlq.append({"id": head["id"], "held": False, "redelivered": False})
+        elif kind in ("deliver", "ack", "crash"):
+            consumer = op[1]
+            queue, name = (work, WORK) if consumer == "con0" else (dlq, DLQ)
+            if kind == "deliver":
+                m = next((m for m in queue if not m["held"]), None)
+                if m is not None:
+                    m["held"] = True
+                    h.add("ok", "deliver", consumer, id=m["id"], redelivered=m["redelivered"], session=session[consumer],
+                          crc=7, queue=name, x_death=EXPIRED_DEATH if queue is dlq else None)
+            elif kind == "ack":
+                m = next((m for m in queue if m["held"]), None)
+                if m is not None:
+                    queue.remove(m)
+                    h.add("ok", "ack", consumer, id=m["id"], session=session[consumer])
+            else:
+                for m in [m for m in queue if m["held"]]:
+                    if queue is work and op[2]:  # past its deadline: dead-lettered on requeue
+                        work.remove(m)
+                        dlq.append({"id": m["id"], "held": False, "redelivered": False})
+                    else:
+                        m["held"], m["redelivered"] = False, True
+                session[consumer] += 1
+    h.phase("drain")
+    for queue, name in ((work, WORK), (dlq, DLQ)):
+        for m in list(queue):
+            h.add("ok", "deliver", "drain", id=m["id"], redelivered=m["redelivered"] or m["held"], session=1, crc=7,
+                  queue=name, x_death=EXPIRED_DEATH if queue is dlq else None)
+    h.drain_done()
+    return h.records
+
+
+dlx_op = st.one_of(
+    st.tuples(st.just("publish"), st.sampled_from(("ok", "ok", "ok", "fail", "info"))),
+    st.tuples(st.just("expire")),
+    st.tuples(st.sampled_from(("deliver", "ack")), st.sampled_from(("con0", "con1"))),
+    st.tuples(st.just("crash"), st.sampled_from(("con0", "con1")), st.booleans()),
+)
+DLX_PREFIX = [("publish", "ok"), ("publish", "ok"), ("expire",)]
+dlx_ops = st.lists(dlx_op, max_size=80).map(lambda ops: DLX_PREFIX + ops)
+
+
+@SETTINGS
+@given(dlx_ops)
+def test_a_correct_dead_letter_model_never_gives_a_fatal_verdict(ops):
+    result = check(dlx_model_history(ops))
+    assert result.fatal == {}, result.to_dict()
+    assert result.counts["by_dead_letter_only"] + result.counts["by_both_routes"] >= 1  # the prefix expired one
+
+
+@SETTINGS
+@given(dlx_ops, st.data())
+def test_one_dead_letter_stripped_of_its_x_death_is_always_fatal(ops, data):
+    records = dlx_model_history(ops)
+    candidates = [i for i, r in enumerate(records) if r["f"] == "deliver" and r.get("queue") == DLQ]
+    assert candidates  # the prefix made one
+    i = data.draw(st.sampled_from(candidates))
+    bad = data.draw(st.sampled_from([None, [{"queue": WORK, "reason": "rejected", "count": 1}]]))
+    records[i] = {k: v for k, v in records[i].items() if k != "x_death"} | ({"x_death": bad} if bad else {})
+    result = check(records)
+    assert result.verdict == FAILED and result.fatal == {"dead_letter_without_x_death": 1}
+
+
+@SETTINGS
+@given(dlx_ops, st.data())
+def test_one_confirmed_message_lost_on_either_route_is_always_fatal(ops, data):
+    records = dlx_model_history(ops)
+    candidates = _confirmed_delivered(records)
+    assert candidates
+    victim = data.draw(st.sampled_from(candidates))
+    records = [r for r in records if not (r["f"] in ("deliver", "ack") and r.get("id") == victim)]
+    result = check(records)
+    assert result.verdict == FAILED and result.examples["lost"] == [victim]

@@ -1,6 +1,7 @@
 """jepsen-style/run for real, short: one node, kill -9/restart and pause, a few seconds each.
 
-A safe run must pass with lost=0. A run whose client is deliberately wrong (it counts a publish
+A safe run must pass with lost=0, and so must a short run of the TTL + dead-letter workload
+(`--workload dlx`), by both routes. A run whose client is deliberately wrong (it counts a publish
 as confirmed when it sends it, `--unsafe-confirm-early`) while the broker is killed under load
 must be caught: lost > 0, verdict FAIL, non-zero exit. (`--fsync off` would not do: a process
 kill leaves the page cache, so nothing is lost.) Plus the cheap paths: a cluster-only nemesis is
@@ -63,6 +64,22 @@ def test_a_short_run_with_kills_and_a_pause_passes(tmp_path):
     assert not (run_dir / "n1" / "data").exists()  # a passing run keeps history and logs, not data
     kills = [line for line in (run_dir / "history.jsonl").read_text().splitlines() if '"f":"kill"' in line]
     assert len(kills) == 4  # two kills, each an invoke and an ok
+
+
+def test_a_short_dead_letter_run_with_kills_passes_by_both_routes(tmp_path):
+    """--workload dlx on one node: a 300 ms TTL on the work queue, dead letters to jepsen-dlq,
+    a pausing work consumer; kills in between. Every confirmed message arrives by one of the two
+    routes, every dead letter carries x-death (work queue, expired), and both routes are used."""
+    done, results = run(tmp_path, "--runs", "1", "--seed", "5", "--workload", "dlx", "--nemesis", "kill",
+                        "--time", "14", "--quiet-s", "1.5:2.5", "--fault-s", "1.5:2.5")
+    match = last_line(done)
+    assert done.returncode == 0 and match.group(6) == "PASS", done.stdout + done.stderr
+    (r,) = results["runs"]
+    c = r["counts"]
+    assert r["workload"] == "dlx" and r["fatal"] == {} and r["drain_complete"] is True
+    assert c["dead_letter_without_x_death"] == 0 and c["lost"] == 0
+    assert c["by_work_queue_only"] > 0 and c["by_dead_letter_only"] > 0, c
+    assert "routes:" in done.stdout
 
 
 def test_an_unsafe_client_under_kills_is_caught_losing_messages(tmp_path):
