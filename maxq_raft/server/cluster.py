@@ -534,6 +534,12 @@ class ClusterLog:
         self.log_bytes_since[group] = 0
         self.snapshots_loaded += 1
         log.info("%s: state loaded from the snapshot at index %d", group, header.index)
+        # This life's entries the snapshot already applied will never be applied here: they are
+        # done (committed); what waits on them (the start-up barrier, confirms) must hear so.
+        applied_below = self.expected.get(group, {}).get(self.origin, 1)
+        for (g, seq), entry in list(self.in_flight.items()):
+            if g == group and seq < applied_below:
+                self._complete(entry, None)
         if self.origin in self.dead.get(group, ()):
             # The Down that ended this life is inside the snapshot: it was never applied here, so
             # _apply_all never saw it. Without a new life every entry of this node would be
