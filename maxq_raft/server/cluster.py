@@ -203,8 +203,11 @@ class ClusterLog:
             del self.open[group]
             self._propose(entry)
         elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._token.run_sync_soon(self.flush)
+            try:
+                self._token.run_sync_soon(self.flush)
+                self._flush_scheduled = True
+            except trio.RunFinishedError:
+                pass  # shutting down: nothing will be proposed any more
         return entry
 
     def flush(self) -> None:
@@ -273,7 +276,7 @@ class ClusterLog:
         # go again in a new entry: if the original commits after all, the copy finds nothing.
         cleanup = [(target, command) for target, command, _request in entry.items
                    if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")]  # not a node's lives
-        if cleanup:
+        if cleanup and error != "stopped":  # stopping: the others release this node's consumers
             log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
             for target, command in cleanup:
                 self.submit(target, command, None, group=entry.group)
