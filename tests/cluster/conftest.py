@@ -6,6 +6,7 @@ also when the test fails; a test may kill, stop and restart members through it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -163,9 +164,10 @@ def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) ->
         conn.close()
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
+@contextlib.contextmanager
+def running_cluster(root: Path, extra: list[str] | None = None):
+    """A started 3-node cluster, always stopped after (a member's traceback is printed)."""
+    c = Cluster(root, extra=extra)
     try:
         c.start()
         yield c
@@ -174,3 +176,9 @@ def cluster(tmp_path):
         for member in c.members.values():
             if "Traceback" in member.log_text():
                 print(f"\n--- {member.name} log has a traceback ---\n{member.log_text()[-15000:]}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with running_cluster(tmp_path) as c:
+        yield c

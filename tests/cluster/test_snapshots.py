@@ -7,7 +7,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from .conftest import Cluster, drain, wait_until
+from .conftest import drain, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -16,15 +16,8 @@ BODY = b"x" * 4000
 
 @pytest.fixture(params=["1"])
 def snap_cluster(tmp_path, request):
-    c = Cluster(tmp_path, extra=["--snapshot-every-mb", request.param])
-    try:
-        c.start()
+    with running_cluster(tmp_path, ["--snapshot-every-mb", request.param]) as c:
         yield c
-    finally:
-        c.stop()
-        for member in c.members.values():
-            if "Traceback" in member.log_text():
-                print(f"\n--- {member.name} log has a traceback ---\n{member.log_text()[-15000:]}")
 
 
 def groups(member) -> dict[str, dict]:
