@@ -64,6 +64,10 @@ FATAL_CLOSE_GRACE_S = 1.0
 PROTOCOL_HEADER_0_9 = b"AMQP\x01\x01\x00\x09"
 # analyze_frame's pattern for a content header: class u16, weight u16, body size u64.
 CONTENT_HEADER_MIN_BYTES = 12
+_CONTENT_HEADER_MIN_WITH_FLAGS = 14  # class, weight, size and the property flags
+_UNPACK_CONTENT_HEADER = struct.Struct(">HHQ").unpack_from
+_PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
+PUBLISH_METHODS_CACHED_MAX = 256
 METHOD_MIN_BYTES = 4  # class u16, method u16
 FRAME_SIZE_FUDGE_BYTES = 8  # see _tune_ok
 CONNECTION_TUNE = (10, 30)  # RabbitMQ names connection.tune in a refused tune-ok's close
@@ -171,6 +175,7 @@ class ServerConnection:
         self._close_deadline: float | None = None  # while CLOSING: drop the peer at this time
         self._close_reason: tuple[int, str] = (spec.REPLY_SUCCESS, "")
         self._lost_sync = False  # a fatal frame error: input is discarded until we drop the peer
+        self._publish_methods: dict[bytes, spec.BasicPublish] = {}  # see _publish_fast
 
     # ------------------------------------------------------------------ input
 
@@ -217,9 +222,18 @@ class ServerConnection:
             except FrameError as err:
                 self._fatal_frame_error(err.reply_code, err.reply_text)
                 frames = []
-            for frame_type, channel, payload in frames:
+            i = 0
+            count = len(frames)
+            while i < count:
                 if self.state is State.CLOSED or self._lost_sync:
                     break
+                frame_type, channel, payload = frames[i]
+                if frame_type == 1 and channel and payload[:4] == _PUBLISH_ID and count - i > 1:
+                    taken = self._publish_fast(frames, i, channel, payload)
+                    if taken:
+                        i += taken
+                        continue
+                i += 1
                 try:
                     self._handle_frame(frame_type, channel, payload)
                 except _ConnectionError as err:
@@ -446,6 +460,49 @@ class ServerConnection:
                 self._finish_content(ch)
         else:
             raise FrameError(spec.FRAME_ERROR, f"unknown frame type {frame_type}")
+
+    def _publish_fast(self, frames: list, i: int, channel: int, payload) -> int:
+        """basic.publish + its content header + at most one body frame, all well formed, on an
+        open channel with no content pending: the event at once, and how many frames it took
+        (0: anything unusual, and `_handle_frame` takes them one by one, errors included).
+
+        Publishing is most of what a broker reads; this skips the general per-frame checks
+        that cannot fail for such a triple. The publish method is decoded once per distinct
+        exchange, routing key and flags on this connection (publishers repeat them)."""
+        if self.state is not State.OPEN:
+            return 0
+        ch = self._channels.get(channel)
+        if ch is None or ch.closing or ch.content_method is not None:
+            return 0
+        header_type, header_channel, header = frames[i + 1]
+        if header_type != 2 or header_channel != channel or len(header) < _CONTENT_HEADER_MIN_WITH_FLAGS:
+            return 0
+        class_id, _weight, body_size = _UNPACK_CONTENT_HEADER(header, 0)
+        if class_id != 60 or body_size > self.max_message_size_bytes:
+            return 0
+        if body_size:
+            if len(frames) - i < 3:
+                return 0
+            body_type, body_channel, body = frames[i + 2]
+            if body_type != 3 or body_channel != channel or len(body) != body_size:
+                return 0
+            body = bytes(body)
+            taken = 3
+        else:
+            body = b""
+            taken = 2
+        key = bytes(payload)
+        method = self._publish_methods.get(key)
+        if method is None:
+            try:
+                method = spec.decode_method(payload)
+            except DecodeError:
+                return 0
+            if len(self._publish_methods) >= PUBLISH_METHODS_CACHED_MAX:
+                self._publish_methods.clear()
+            self._publish_methods[key] = method
+        self._events.append(ContentReceived(channel, method, bytes(header[12:]), body))
+        return taken
 
     def _finish_content(self, ch: _Channel) -> None:
         parts = ch.content_parts

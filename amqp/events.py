@@ -2,8 +2,9 @@
 
 The connection handles the protocol's own bookkeeping (handshake, tuning, heartbeats,
 channel open/close, content assembly) and reports only what the broker must act on.
-Events are small immutable records; the hot ones (`ContentReceived`, `MethodReceived`)
-use `__slots__` so that creating one per publish stays cheap.
+Events are small records, never changed once made; the hot ones (`ContentReceived`,
+`MethodReceived`, one per publish or ack) are not frozen, because a frozen dataclass's
+`__init__` sets each field through `object.__setattr__` and costs three times as much.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ChannelFlow:
     active: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MethodReceived:
     """A method without content on an open channel, for the broker to perform."""
 
@@ -57,7 +58,7 @@ class MethodReceived:
     method: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContentReceived:
     """A method with content (basic.publish), assembled from its method, header and body frames.
 
