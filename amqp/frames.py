@@ -3,15 +3,17 @@
 Theory of operation: every frame is type u8, channel u16, payload size u32, payload, and the
 end octet 0xCE (spec 4.2.3). FrameReader is sans-IO: `feed()` appends received bytes and
 `read_frames()` returns every complete frame now available, parsed from one joined buffer by
-offsets; payloads are memoryview slices of that (immutable) buffer, so nothing is copied per
-frame, and only the incomplete tail is copied once per call. A frame header is validated as
+offsets; a large payload is a memoryview slice of that (immutable) buffer, not copied, a small
+one (up to COPY_PAYLOAD_BYTES_MAX) a bytes copy, which is cheaper to make than a view and is what
+the consumer of a method, header or small body wants anyway; only the incomplete tail is copied
+once per call. A frame header is validated as
 soon as its 7 bytes arrive: an unknown type or a size above frame_max fails before the body
 is buffered, so at most one frame_max of data is ever held. Until a buffered partial frame is
 complete, read_frames() returns immediately without joining, which keeps a peer that trickles
 bytes from causing quadratic copying.
 
 Payload memoryviews keep their whole receive buffer alive: copy (bytes(payload)) anything
-retained beyond handling the frame, such as a message body.
+retained beyond handling the frame, such as a message body (a no-op on a bytes payload).
 """
 
 from struct import Struct
@@ -36,6 +38,7 @@ _CONTENT_HEADER = Struct(">HHQ")
 _END = bytes((FRAME_END,))
 _FRAME_TYPES = (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT)
 
+COPY_PAYLOAD_BYTES_MAX = 16384  # read_frames: payloads up to this size are copied, not viewed
 HEARTBEAT_FRAME = _FRAME_HEADER.pack(FRAME_HEARTBEAT, 0, 0) + _END
 
 
@@ -92,6 +95,12 @@ def encode_content(channel: int, method, props_raw: bytes, body: bytes, frame_ma
 _DELIVER_PREFIX = Struct(">HH").pack(60, 60)  # basic.deliver: class 60, method 60
 _DELIVER_TAG = Struct(">QB")
 _PACK_FRAME_HEADER = _FRAME_HEADER.pack
+# encode_delivery packs each run of fixed-size fields at once: a frame's end octet with the
+# next frame's header (and the content header's fields), fewer pieces to join.
+_PACK_DELIVER_HEAD = Struct(">BHIHH").pack  # method frame header + class and method ids
+_PACK_DELIVER_TAG = _DELIVER_TAG.pack
+_PACK_END_CONTENT_HEADER = Struct(">BBHIHHQ").pack  # end, header frame header, class, weight, body size
+_PACK_END_FRAME_HEADER = Struct(">BBHI").pack  # end, next frame's header
 _PACK_CONTENT_HEADER = _CONTENT_HEADER.pack
 
 
@@ -121,15 +130,17 @@ def encode_delivery(channel: int, consumer_tag_field: bytes, delivery_tag: int, 
         routing_key = exchange_routing_key_fields[2 + exchange_len:].decode("utf-8")
         return encode_content(channel, BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag, redelivered=redelivered,
                                                     exchange=exchange, routing_key=routing_key), props_raw, body, frame_max)
-    method_size = 4 + len(consumer_tag_field) + 9 + len(exchange_routing_key_fields)
-    parts = [
-        _PACK_FRAME_HEADER(FRAME_METHOD, channel, method_size), _DELIVER_PREFIX, consumer_tag_field,
-        _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields, _END,
-        _PACK_FRAME_HEADER(FRAME_HEADER, channel, 12 + len(props_raw)), _PACK_CONTENT_HEADER(60, 0, body_size), props_raw, _END,
-    ]
+    method_size = 13 + len(consumer_tag_field) + len(exchange_routing_key_fields)
     if body_size:
-        parts += (_PACK_FRAME_HEADER(FRAME_BODY, channel, body_size), body, _END)
-    return b"".join(parts)
+        return b"".join((
+            _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60), consumer_tag_field,
+            _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields,
+            _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size), props_raw,
+            _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size), body, _END))
+    return b"".join((
+        _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60), consumer_tag_field,
+        _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields,
+        _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0), props_raw, _END))
 
 
 class FrameReader:
@@ -163,7 +174,7 @@ class FrameReader:
         """A bad frame was found after good ones: the next read_frames raises its error."""
         return self._pending_error is not None
 
-    def read_frames(self) -> list[tuple[int, int, memoryview]]:
+    def read_frames(self) -> list[tuple[int, int, bytes | memoryview]]:
         """Every complete frame buffered so far, as (type, channel, payload).
 
         A bad frame raises FrameError, but only after the good frames before it were handed out:
@@ -209,7 +220,10 @@ class FrameReader:
                     f"of payload, got 0x{data[end]:02x}",
                 )
                 break
-            append((frame_type, channel, view[off + FRAME_HEADER_SIZE : end]))
+            if payload_size <= COPY_PAYLOAD_BYTES_MAX:
+                append((frame_type, channel, data[off + FRAME_HEADER_SIZE : end]))
+            else:
+                append((frame_type, channel, view[off + FRAME_HEADER_SIZE : end]))
             off = end + 1
         if error is not None:
             # The stream is broken from here on: nothing after the bad frame is ever parsed.

@@ -54,6 +54,11 @@ CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before i
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
 USER_ID_FLAG = 1 << 4
+# Publishers repeat their properties and routing: what is derived from them is kept, boundedly.
+PROPS_CACHED_MAX = 64  # per connection: property lists -> persistent
+PROPS_CACHED_BYTES_MAX = 128
+WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their wire encoding
+_wire_routing: dict[tuple[str, str], bytes] = {}
 LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
 
 _session_numbers = itertools.count(1)
@@ -102,6 +107,7 @@ class Session:
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
+        self._persistent_props: dict[bytes, bool] = {}  # see route_publish
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
@@ -374,7 +380,13 @@ class Session:
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
             pending = self.pending
-            persistent = delivery_mode_of(props_raw) == 2
+            persistent = self._persistent_props.get(props_raw)
+            if persistent is None:
+                persistent = delivery_mode_of(props_raw) == 2
+                if len(props_raw) <= PROPS_CACHED_BYTES_MAX:
+                    if len(self._persistent_props) >= PROPS_CACHED_MAX:
+                        self._persistent_props.clear()
+                    self._persistent_props[props_raw] = persistent
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
             for name in queues:
@@ -510,7 +522,7 @@ class Session:
         wire_routing = message.wire_routing
         if wire_routing is None:
             # Once per message (a fanout to ten queues shares it), not once per delivery.
-            wire_routing = message.wire_routing = encode_shortstr_field(message.exchange) + encode_shortstr_field(message.routing_key)
+            wire_routing = message.wire_routing = wire_routing_of(message.exchange, message.routing_key)
         self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
                                            message.props_raw if not message.count_header else delivery_props(message),
                                            message.body, self.conn.frame_max))
@@ -563,3 +575,15 @@ async def tick_sessions(broker) -> None:
         now = trio.current_time()
         for session in list(broker.live_sessions):
             session.tick(now)
+
+
+def wire_routing_of(exchange: str, routing_key: str) -> bytes:
+    """basic.deliver's exchange and routing-key fields as encoded on the wire."""
+    key = (exchange, routing_key)
+    wire = _wire_routing.get(key)
+    if wire is None:
+        wire = encode_shortstr_field(exchange) + encode_shortstr_field(routing_key)
+        if len(_wire_routing) >= WIRE_ROUTING_CACHED_MAX:
+            _wire_routing.clear()
+        _wire_routing[key] = wire
+    return wire

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from maxq_raft.amqp import spec
 from maxq_raft.amqp.errors import FrameError
 from maxq_raft.amqp.frames import (
+    COPY_PAYLOAD_BYTES_MAX,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     FrameReader,
@@ -44,13 +45,16 @@ def test_split_stream_yields_the_same_frames(expected, data):
     assert read_all(FrameReader(0), [bytearray(stream[i : i + 1]) for i in range(len(stream))]) == expected
 
 
-def test_many_frames_in_one_read_are_views_of_one_buffer():
-    stream = b"".join(encode_frame(3, 1, bytes([i]) * 10) for i in range(50)) + b"\x03\x00"
-    reader = FrameReader(4096)
+def test_many_frames_in_one_read_small_ones_copied_large_ones_views_of_one_buffer():
+    big = COPY_PAYLOAD_BYTES_MAX + 1
+    sizes = [10, big, 10, big + 5]
+    stream = b"".join(encode_frame(3, 1, bytes([i]) * n) for i, n in enumerate(sizes)) + b"\x03\x00"
+    reader = FrameReader(0)
     reader.feed(stream)
     got = reader.read_frames()
-    assert [bytes(p) for _, _, p in got] == [bytes([i]) * 10 for i in range(50)]
-    assert all(isinstance(p, memoryview) and p.obj is got[0][2].obj for _, _, p in got)
+    assert [bytes(p) for _, _, p in got] == [bytes([i]) * n for i, n in enumerate(sizes)]
+    assert [type(p) for _, _, p in got] == [bytes, memoryview, bytes, memoryview]
+    assert got[1][2].obj is got[3][2].obj
     assert reader.read_frames() == []  # the two-byte partial header stays buffered
     reader.feed(b"\x01\x00\x00\x00\x01z\xce")
     assert [(t, ch, bytes(p)) for t, ch, p in reader.read_frames()] == [(3, 1, b"z")]
