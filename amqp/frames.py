@@ -192,6 +192,7 @@ class FrameReader:
         view = memoryview(data)
         size = len(data)
         frame_max = self.frame_max
+        payload_max = frame_max - FRAME_OVERHEAD if frame_max else 1 << 62
         frames = []
         append = frames.append
         off = 0
@@ -203,13 +204,14 @@ class FrameReader:
             if frame_type not in _FRAME_TYPES:
                 error = FrameError(FRAME_ERROR, f"unknown frame type {frame_type}")
                 break
-            if frame_max and payload_size + FRAME_OVERHEAD > frame_max:
+            if payload_size > payload_max:
                 error = FrameError(
                     FRAME_ERROR,
                     f"frame size {payload_size + FRAME_OVERHEAD} exceeds frame_max {frame_max}",
                 )
                 break
-            end = off + FRAME_HEADER_SIZE + payload_size
+            start = off + FRAME_HEADER_SIZE
+            end = start + payload_size
             if end >= size:
                 needed = end + 1 - off
                 break
@@ -221,9 +223,9 @@ class FrameReader:
                 )
                 break
             if payload_size <= COPY_PAYLOAD_BYTES_MAX:
-                append((frame_type, channel, data[off + FRAME_HEADER_SIZE : end]))
+                append((frame_type, channel, data[start:end]))
             else:
-                append((frame_type, channel, view[off + FRAME_HEADER_SIZE : end]))
+                append((frame_type, channel, view[start:end]))
             off = end + 1
         if error is not None:
             # The stream is broken from here on: nothing after the bad frame is ever parsed.

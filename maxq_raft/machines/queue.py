@@ -125,6 +125,9 @@ class Deliver(NamedTuple):
     redelivered: bool
 
 
+_new_tuple = tuple.__new__
+
+
 class DeadLetter(NamedTuple):
     """Effect: republish `messages` to `exchange` (with `routing_key`, or their own when None),
     adding x-death for `reason` (rejected, expired, maxlen), then apply `DeadLettered` with the
@@ -1052,7 +1055,7 @@ class QueueMachine:
                         if stored is None:
                             stored = []
                         stored.append(message)
-                    append(Deliver(consumer_id, message, message.redelivered))
+                    append(_new_tuple(Deliver, (consumer_id, message, message.redelivered)))  # Deliver(...) minus a call
                     n += 1
                 consumer.credit -= n
                 if n:

@@ -41,7 +41,7 @@ from .broker import Broker, Unavailable
 from .cluster import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
-from .publish_extras import delivery_props, note_refused, publish_extras, send_confirms, wants_extras
+from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, send_confirms, wants_extras
 
 log = logging.getLogger("maxq.session")
 
@@ -375,7 +375,10 @@ class Session:
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
-        ttl_ms, priority, delay_ms = publish_extras(props_raw) if wants_extras(flags, props_raw) else (None, 0, None)
+        if flags & EXTRAS_FLAGS or flags & HEADERS_FLAG and wants_extras(flags, props_raw):  # one bit test for most
+            ttl_ms, priority, delay_ms = publish_extras(props_raw)
+        else:
+            ttl_ms, priority, delay_ms = None, 0, None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
