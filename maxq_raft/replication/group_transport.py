@@ -324,15 +324,27 @@ class GroupTransport(Transport):
         term_now = self.so._getTerm()
         for nid in list(self.held):
             q = self.held.get(nid)
-            while q and q[0].need <= durable:
-                h = q.popleft()
-                self.held_bytes[nid] -= len(h.body)
+            while q:
+                h = q[0]
+                # Stale whether or not it is durable yet: its entry was cut from the log (it
+                # never will be), or it is from a past term. Waiting for it would hold back every
+                # later message to this peer for good, votes included: a member that lost an
+                # undurable tail with its leadership then campaigned unheard while rejecting
+                # the new leader's lower term (a shard stuck without this member, under load).
                 if h.check_term is not None and self.log.term_at(h.check_idx) != h.check_term:
+                    q.popleft()
+                    self.held_bytes[nid] -= len(h.body)
                     self.stats["held_dropped_stale"] += 1
                     continue
                 if h.term is not None and h.term != term_now:
+                    q.popleft()
+                    self.held_bytes[nid] -= len(h.body)
                     self.stats["held_dropped_stale"] += 1  # from a past term: the leader would drop it
                     continue
+                if h.need > durable:
+                    break
+                q.popleft()
+                self.held_bytes[nid] -= len(h.body)
                 if h.is_ack and q and q[0].is_ack and q[0].need <= durable and q[0].ack_idx >= h.ack_idx \
                         and self.log.term_at(q[0].check_idx) == q[0].check_term:
                     self.stats["acks_coalesced"] += 1

@@ -263,6 +263,22 @@ def test_follower_acks_only_durable_entries(harness, seams):
     assert h.link.acks() == [4]
 
 
+def test_a_held_ack_of_entries_cut_from_the_log_does_not_block_later_messages(harness):
+    # Under overload (a 3-node bench, transient publishes): a member held messages for entries
+    # that were then truncated, so they could never become durable; everything queued behind them
+    # for that peer, votes included, waited forever and the member's shard never recovered.
+    h = harness(auto_durable=False)
+    h.journal.make_durable()  # the initial no-op
+    h.feed("L", ae(1, 1, 0, run(2, 4, 1)))  # 2..4 appended, their ack held until durable
+    assert h.link.acks() == [] and h.t.held_count() == 1
+    h.feed("L", ae(2, 1, 0, run(2, 3, 2)))  # L again, in term 2, with other entries from 2 on
+    assert [h.log.term_at(i) for i in (2, 3, 4)] == [2, 2, None]
+    h.durable(3)  # the term-2 entries are durable; index 4 will never be
+    h.tick()
+    assert h.link.acks() == [3], "the ack of the term-2 entries stayed behind the one of cut entries"
+    assert h.t.held_count() == 0 and h.t.stats["held_dropped_stale"] == 1
+
+
 def become_leader(h: Harness, voter: str = "L") -> int:
     end = time.monotonic() + 5
     while time.monotonic() < end and not h.link.of(voter, "request_vote"):
