@@ -72,6 +72,9 @@ BARRIER_RETRY_S = 0.5
 SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
 SNAPSHOT_CHECK_S = 1.0
 DEAD_LETTER_CHECK_S = 2.0
+FLOW_BYTES_HIGH = 4 * 1024 * 1024  # see ClusterLog.flow_bytes
+FLOW_BYTES_LOW = 2 * 1024 * 1024
+FLOW_LOG_EVERY_S = 10.0
 
 
 def default_shards() -> int:
@@ -93,7 +96,7 @@ class OpenEntry:
     """Commands gathered for one group, proposed together."""
 
     __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error", "payload", "first_proposed",
-                 "seq", "origin", "committed", "maybe_appended", "tombstone")
+                 "seq", "origin", "committed", "maybe_appended", "tombstone", "flow_bytes")
 
     def __init__(self, group: str) -> None:
         self.group = group
@@ -110,6 +113,7 @@ class OpenEntry:
         self.committed = False  # an attempt committed: it completes when applied here
         self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
         self.tombstone = False  # fills the seq of an entry given up on (no commands)
+        self.flow_bytes = 0  # what it counts in ClusterLog.flow_bytes until it is done
 
 
 class ConfirmBatch:
@@ -170,6 +174,17 @@ class ClusterLog:
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
         self.dead_letters_in_flight: set[tuple] = set()  # (queue key, seq) this member is dead-lettering
+        # Flow control: the bytes of this life's entries proposed and not yet done. Above
+        # FLOW_BYTES_HIGH publishing connections stop being read until it is back under
+        # FLOW_BYTES_LOW (Session._reader), as RabbitMQ's credit flow blocks a channel whose
+        # queue is behind: a publisher faster than the cluster commits is slowed down rather
+        # than piling proposals into the hub until heartbeats starve and leaders are lost.
+        self.flow_bytes = 0
+        self.flow_blocked = False
+        self.flow_room = trio.Event()
+        self.flow_room.set()
+        self.flow_blocks = 0
+        self._flow_logged_at = -FLOW_LOG_EVERY_S
 
     # ------------------------------------------------------------ placement
 
@@ -219,7 +234,8 @@ class ClusterLog:
     def _propose(self, entry: OpenEntry) -> None:
         if entry.payload is None:
             seq = entry.seq
-            if not seq:
+            tracked = not seq  # a filler (tombstone) reuses a seq and is not tracked
+            if tracked:
                 seq = entry.seq = self.entry_seq.get(entry.group, 0) + 1
                 self.entry_seq[entry.group] = seq
                 entry.origin = self.origin
@@ -227,6 +243,18 @@ class ClusterLog:
             entry.payload = encode_entry(self.broker.clock_ms(), entry.items, entry.origin, seq)
             entry.first_proposed = trio.current_time()
             self.entries_proposed += 1
+            if tracked:
+                entry.flow_bytes = len(entry.payload)
+                self.flow_bytes += entry.flow_bytes
+                if not self.flow_blocked and self.flow_bytes >= FLOW_BYTES_HIGH:
+                    self.flow_blocked = True
+                    self.flow_room = trio.Event()
+                    self.flow_blocks += 1
+                    now = trio.current_time()
+                    if now - self._flow_logged_at >= FLOW_LOG_EVERY_S:
+                        self._flow_logged_at = now
+                        log.info("publishers paused: %d KiB proposed and not yet committed (%d pauses so far)",
+                                 self.flow_bytes // 1024, self.flow_blocks)
         payload = entry.payload
         token = self._token
 
@@ -283,6 +311,12 @@ class ClusterLog:
 
     def _complete(self, entry: OpenEntry, error: str | None) -> None:
         self.in_flight.pop((entry.group, entry.seq), None)
+        if entry.flow_bytes:
+            self.flow_bytes -= entry.flow_bytes
+            entry.flow_bytes = 0
+            if self.flow_blocked and self.flow_bytes <= FLOW_BYTES_LOW:
+                self.flow_blocked = False
+                self.flow_room.set()
         if entry.done:
             return
         entry.done = True

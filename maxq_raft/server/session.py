@@ -168,9 +168,12 @@ class Session:
         conn = self.conn
         receive_some = self.stream.receive_some
         alarms = self.broker.alarms
+        cluster = self.broker.cluster
         while not self.finished:
             if alarms is not None and alarms.active and self.messages_in:
                 await self._blocked(alarms)
+            if cluster is not None and cluster.flow_blocked and self.messages_in:
+                await self._flow_wait(cluster)
             try:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -180,6 +183,16 @@ class Session:
             self.wake()
             if conn.state is State.CLOSED:
                 break
+
+    async def _flow_wait(self, cluster) -> None:
+        """This node has too much proposed and not committed (ClusterLog.flow_bytes): a
+        publishing connection is not read until that drains, so TCP slows its publisher down
+        (RabbitMQ's credit flow; no connection.blocked, which is for resource alarms)."""
+        while cluster.flow_blocked and not self.finished and self.conn.state is State.OPEN:
+            # Unread heartbeats must not count against the client while we are the ones not reading.
+            self.conn.note_peer_alive(trio.current_time())
+            with trio.move_on_after(1.0):
+                await cluster.flow_room.wait()
 
     async def _blocked(self, alarms) -> None:
         """A resource alarm is on and this connection publishes: stop reading it until it clears."""
