@@ -3,9 +3,13 @@ confirmed message, a dead node's deliveries come back, a cut-off node stops conf
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pika
 import pika.exceptions
@@ -294,3 +298,29 @@ def test_an_auto_delete_queue_goes_when_its_consumers_node_dies(cluster):
         return False
     wait_until(gone, 30, "the auto-delete queue to go with its consumer's node", interval_s=0.5)
     observer.close()
+
+
+def test_a_publisher_faster_than_the_cluster_is_paused_and_nothing_is_given_up(cluster):
+    # maxq-perf publishes transient messages as fast as it can, with no confirms to hold it back:
+    # the member stops reading it while its proposals wait (flow control), every message
+    # published is consumed, and no command is given up (before flow control, minutes of this
+    # load piled proposals into the hub until heartbeats starved and commands timed out).
+    perf = Path(sys.executable).parent / "maxq-perf"
+    member = cluster["n1"]
+    done = subprocess.run([str(perf), "--port", str(member.amqp_port), "--scenario", "s1", "-P", "1", "-C", "1",
+                           "-s", "4096", "-d", "6", "--warmup", "1", "--durable", "--qarg", "x-queue-type=quorum",
+                           "--queue-prefix", "flooded", "--drain-timeout", "60"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["drained"] and result["consumed_total"] == result["published_total"] > 0, result
+    log_text = member.log_path.read_text()
+    assert "publishers paused" in log_text, f"{result['pub_rate']} msgs/s never filled the pipeline"
+    for m in cluster.members.values():
+        assert "commands not committed" not in m.log_path.read_text(), m.name
+    conn = cluster["n2"].connect()  # and the cluster serves as before
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("after-the-flood", durable=True)
+    ch.basic_publish("", "after-the-flood", b"still here", mandatory=True)
+    conn.close()
