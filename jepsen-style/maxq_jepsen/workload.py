@@ -60,6 +60,12 @@ DRAIN_EMPTY_POLLS = 3
 DRAIN_POLL_S = 0.2
 DRAIN_GETS_MAX = 10_000_000
 DRAIN_ROUNDS_MAX = 3  # passes over every node and queue when there is a dead-letter queue
+# A drain still taking messages when its time runs out goes on: each message taken leaves it at
+# least DRAIN_PROGRESS_S more, up to DRAIN_EXTEND_MAX times its timeout in all (a backlog of a
+# high --rate run takes longer to read one by one than the profile allows; stopping early would
+# count what is still queued as lost).
+DRAIN_PROGRESS_S = 10.0
+DRAIN_EXTEND_MAX = 10
 PROBE_QUEUE = "jepsen-probe"
 
 logging.getLogger("pika").setLevel(logging.CRITICAL)  # pika logs every refused reconnect; the history has them
@@ -599,9 +605,11 @@ def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: Wor
     repeated (at most DRAIN_ROUNDS_MAX) while the last pass still found messages: a message that
     expires while the work queue is drained reaches the dead-letter queue a little later (on
     another shard's leader). Records f="drain" ok with value {"remaining": 0, ...}, or info with
-    the reason when time ran out.
+    the reason when time ran out (a drain still taking messages is given more, boundedly).
     """
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    deadline_max = started + DRAIN_EXTEND_MAX * timeout_s
     got = 0
     session = 0
     queues = config.queues()
@@ -639,6 +647,9 @@ def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: Wor
                                 continue
                             empty_polls = 0
                             got += 1
+                            now = time.monotonic()
+                            if deadline - now < DRAIN_PROGRESS_S:
+                                deadline = min(deadline_max, now + DRAIN_PROGRESS_S)
                             history.write(OK, "deliver", "drain", session=session, node=name, id=properties.message_id,
                                           redelivered=bool(method.redelivered), crc=zlib.crc32(body),
                                           queue=queue, x_death=x_death(properties))
