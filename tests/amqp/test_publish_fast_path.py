@@ -32,33 +32,25 @@ def split_frames(data: bytes) -> list[bytes]:
     return [encode_frame(t, c, bytes(p)) for t, c, p in reader.read_frames()]
 
 
+def assembled(ch: int, declared_size: int, props: bytes, *after: bytes, class_id: int = 60) -> bytes:
+    """basic.publish, a content header (class, declared body size, properties), then `after`."""
+    return b"".join((encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
+                     encode_frame(spec.FRAME_HEADER, ch, encode_content_header(class_id, declared_size, props)), *after))
+
+
 # Pieces of a stream: good publishes and the ways a publish can go wrong.
 PIECES = {
     "publish": lambda ch: publish(ch, b"body"),
     "publish-empty-body": lambda ch: publish(ch, b""),
     "publish-other-key": lambda ch: publish(ch, b"x" * 10, routing_key="other", mandatory=True),
-    "publish-two-body-frames": lambda ch: b"".join((
-        encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 6, PROPS)),
-        encode_frame(spec.FRAME_BODY, ch, b"abc"), encode_frame(spec.FRAME_BODY, ch, b"def"))),
+    "publish-two-body-frames": lambda ch: assembled(ch, 6, PROPS, encode_frame(spec.FRAME_BODY, ch, b"abc"),
+                                                    encode_frame(spec.FRAME_BODY, ch, b"def")),
     "publish-too-big": lambda ch: publish(ch, b"y" * (MAX_MESSAGE + 1)),
     "publish-on-unopened-channel": lambda ch: publish(9, b"body"),
-    "header-of-other-class": lambda ch: b"".join((
-        encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(50, 4, PROPS)),
-        encode_frame(spec.FRAME_BODY, ch, b"body"))),
-    "header-without-flags": lambda ch: b"".join((
-        encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 4, b"")),
-        encode_frame(spec.FRAME_BODY, ch, b"body"))),
-    "body-longer-than-header-says": lambda ch: b"".join((
-        encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 2, PROPS)),
-        encode_frame(spec.FRAME_BODY, ch, b"body"))),
-    "method-instead-of-body": lambda ch: b"".join((
-        encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 4, PROPS)),
-        encode_method_frame(ch, spec.BasicQos(prefetch_count=1)))),
+    "header-of-other-class": lambda ch: assembled(ch, 4, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body"), class_id=50),
+    "header-without-flags": lambda ch: assembled(ch, 4, b"", encode_frame(spec.FRAME_BODY, ch, b"body")),
+    "body-longer-than-header-says": lambda ch: assembled(ch, 2, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body")),
+    "method-instead-of-body": lambda ch: assembled(ch, 4, PROPS, encode_method_frame(ch, spec.BasicQos(prefetch_count=1))),
     "malformed-publish-method": lambda ch: b"".join((
         encode_frame(spec.FRAME_METHOD, ch, b"\x00\x3c\x00\x28\x00\x00\x05ab"),
         encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 4, PROPS)),
