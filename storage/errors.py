@@ -51,3 +51,8 @@ class CorruptRecord(StoreCorruption):
         self.queue_id = queue_id
         self.seq = seq
         self.meta_key = meta_key
+
+
+class StoreFailed(StorageError):
+    """The store cannot write now (a write or an fsync failed: a full disk, an I/O error); nothing
+    written since its last good fsync may be reported durable until it has recovered."""

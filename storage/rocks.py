@@ -171,12 +171,16 @@ def _check_folder(path: str) -> bool:
     return False
 
 
+# An open that fails for these reasons says nothing about damage: the disk is full or failing.
+_DISK_TROUBLE = ("No space left on device", "Input/output error", "Disk quota exceeded")
+
+
 def _open_error(path: str, exc: Exception, *, fresh: bool) -> StorageError:
     message = str(exc)
     if message.startswith("IO error") and "lock" in message.lower():
         return StoreLocked(path, f"RocksDB: {message}")
-    if fresh:
-        return StorageError(f"cannot create store {path}: RocksDB: {message}")
+    if fresh or any(trouble in message for trouble in _DISK_TROUBLE):
+        return StorageError(f"cannot {'create' if fresh else 'open'} store {path}: RocksDB: {message}")
     return StoreCorruption(path, f"RocksDB cannot open it: {message}")
 
 
@@ -547,13 +551,23 @@ class RocksSegmentStore:
 
     def _release(self) -> None:
         # The column family handle first: while it lives, rocksdict keeps the database (and LOCK) open.
+        # A handle whose writes failed fails its close too ("Writer has previous error"): the
+        # database is still released once the last reference goes, so both are dropped anyway,
+        # and the first error is reported (as a StorageError) only after both are.
         meta, db = self._meta, self._db
         self._meta = self._db = None
         self._meta_cf_handle = None  # a live handle also keeps the database open
-        if meta is not None:
-            meta.close()
-        if db is not None:
-            db.close()
+        error: str | None = None
+        for handle in (meta, db):
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except Exception as exc:  # rocksdict raises plain Exception for RocksDB statuses
+                error = error or str(exc)
+        del meta, db, handle
+        if error is not None:
+            raise StorageError(f"store {self.path}: closing: RocksDB: {error}")
 
     def __repr__(self) -> str:
         state = "closed" if self._db is None else "open"

@@ -7,6 +7,10 @@ so nothing they send is taken in; consumers keep draining, which is what clears 
 When both readings are back under their limits (with a little hysteresis so the alarm does not
 flap) every blocked connection gets `connection.unblocked` and is read again. Nothing is lost:
 blocked publishes simply wait in the client's socket.
+
+A store that cannot write (storage/guarded.py: a write or an fsync failed) raises the disk alarm
+too, whatever the free space reads, until it writes again (`set_store_failure`): the free-space
+limit is a threshold, a failed write is a fact.
 """
 
 from __future__ import annotations
@@ -45,13 +49,33 @@ class ResourceAlarms:
             machine_memory_bytes() * DEFAULT_MEMORY_RATIO)
         self.disk_limit_bytes = disk_free_limit_mb << 20
         self.memory_alarm = False
-        self.disk_alarm = False
+        self.free_space_alarm = False
+        self.store_failure: str | None = None  # why the store cannot write, while it cannot
         self.cleared = trio.Event()
         self.cleared.set()
 
     @property
+    def disk_alarm(self) -> bool:
+        return self.free_space_alarm or self.store_failure is not None
+
+    @property
     def active(self) -> bool:
         return self.memory_alarm or self.disk_alarm
+
+    def set_store_failure(self, reason: str | None) -> None:
+        was = self.active
+        if reason is not None and self.store_failure is None:
+            log.warning("disk alarm: the message store cannot write (%s); blocking publishers", reason)
+        elif reason is None and self.store_failure is not None:
+            log.warning("disk alarm: the message store writes again")
+        self.store_failure = reason
+        self._note_change(was)
+
+    def _note_change(self, was: bool) -> None:
+        if self.active and not was:
+            self.cleared = trio.Event()
+        elif was and not self.active:
+            self.cleared.set()
 
     def sample(self) -> None:
         rss = rss_bytes()
@@ -66,17 +90,14 @@ class ResourceAlarms:
             log.warning("memory alarm cleared: RSS %d MiB", rss >> 20)
             self.memory_alarm = False
         if free < self.disk_limit_bytes:
-            if not self.disk_alarm:
+            if not self.free_space_alarm:
                 log.warning("disk alarm: %d MiB free in %s, below the limit %d MiB; blocking publishers",
                             free >> 20, self.data_dir, self.disk_limit_bytes >> 20)
-            self.disk_alarm = True
-        elif self.disk_alarm and free > self.disk_limit_bytes * 1.05:
+            self.free_space_alarm = True
+        elif self.free_space_alarm and free > self.disk_limit_bytes * 1.05:
             log.warning("disk alarm cleared: %d MiB free", free >> 20)
-            self.disk_alarm = False
-        if self.active and not was:
-            self.cleared = trio.Event()
-        elif was and not self.active:
-            self.cleared.set()
+            self.free_space_alarm = False
+        self._note_change(was)
 
     async def run(self) -> None:
         while True:

@@ -12,7 +12,9 @@ Storage: every queue machine gets a backing in the node's store (message_store.p
 topology goes to a metadata log (persistence.py). `recover` rebuilds both at start: the metadata
 by replaying its log, each durable queue from its counters and key bounds, never by reading its
 messages, so start-up does not grow with depth. Publisher confirms that depend on a write wait
-for the group-commit sync (`on_durable`).
+for the group-commit sync (`on_sync`), and are nacked if the store failed before that sync
+(`on_sync_failed`: storage/guarded.py keeps the machines whole meanwhile, and the node
+recovers by itself: store_health.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..machines.delayed import DELAYED_BASE
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
 from ..replication.local_log import LocalLog
+from ..storage.errors import StoreFailed
 from . import dead_letter, persistence, policies
 from .errors import ChannelError
 from .message_store import QueueBacking, WalSyncer, counters_key, decode_counters
@@ -102,7 +105,7 @@ class Broker:
         self.epoch = int.from_bytes(store.get_meta(persistence.EPOCH_KEY) or b"\0", "big") + 1
         store.write((), (), {persistence.EPOCH_KEY: self.epoch.to_bytes(8, "big")}, wal=True)
         self.next_queue_id = int.from_bytes(store.get_meta(persistence.NEXT_QUEUE_ID_KEY) or b"\0\0\0\0\0\0\0\1", "big")
-        self.syncer = WalSyncer(store, self._durable_from_thread, fsync=self._fsync)
+        self.syncer = WalSyncer(store, self._sync_outcome_from_thread, fsync=self._fsync)
         self.metadata_log = persistence.MetadataLog(store)
         for command, queue_id in self.metadata_log.entries():
             self.apply_meta(command, replaying=True, queue_id=queue_id)
@@ -176,12 +179,43 @@ class Broker:
         settings = policies.queue_settings(self, vhost, name)
         self.queues[(vhost, name)] = make_queue_machine(vhost, name, backing=backing, durable=durable, settings=settings)
 
-    def _durable_from_thread(self, ticket: int) -> None:
+    def _sync_outcome_from_thread(self, ticket: int, mark) -> None:
         # Called by the syncer thread: hop to the trio loop (one hop per fsync, not per message).
         try:
-            self._call_soon(self.on_durable, ticket)
+            self._call_soon(self.on_sync, ticket, mark)
         except RuntimeError:
             pass  # the loop is closing
+
+    def on_sync(self, ticket: int, mark) -> None:
+        """The syncer's outcome for `ticket`: durable up to the store's `mark`, or failed (None)."""
+        if mark is None:
+            self.on_sync_failed(ticket)
+        else:
+            self.store.synced(mark)
+            self.on_durable(ticket)
+
+    def on_sync_failed(self, ticket: int) -> None:
+        """The store failed before the writes of tickets up to `ticket` were durable: every
+        publish still waiting on one of them gets basic.nack, in order (a confirm means stored)."""
+        nacked = 0
+        for channel, waiting in list(self.confirm_waiters.items()):
+            session = channel.session
+            live = session.channels.get(channel.number) is channel
+            while waiting and waiting[0][0] <= ticket:
+                _, seq, outcomes = waiting.popleft()
+                if not live:
+                    continue
+                if outcomes is None:  # everything up to seq not confirmed yet on this channel
+                    session.conn.send_method(channel.number, spec.BasicNack(delivery_tag=seq, multiple=True))
+                else:
+                    for one, _acked in outcomes:
+                        session.conn.send_method(channel.number, spec.BasicNack(delivery_tag=one, multiple=False))
+                nacked += 1
+                session.wake()
+            if not waiting:
+                del self.confirm_waiters[channel]
+        if nacked:
+            log.warning("nacked the publishes of %d batches: the store failed before they were durable", nacked)
 
     def defer_confirms(self, channel, ticket: int | None, last_seq: int, outcomes: list | None = None) -> None:
         """Hold a channel's confirms up to `last_seq` until `ticket` is durable (None: behind the last one).
@@ -238,6 +272,16 @@ class Broker:
             elif kind is not md.DeclareQueue:
                 log_it = persistence.concerns_durable(self.meta, command, before=True)
         reply, effects = self.meta.apply(self.log.stamp(), command)
+        try:
+            self._perform_meta(command, kind, reply, effects, replaying, queue_id, log_it)
+        except StoreFailed as exc:
+            # Applied and kept in the store's redo log (storage/guarded.py), but not durable.
+            raise ChannelError(541, f"the message store cannot write ({exc}): "
+                                    f"{kind.__name__} is not stored yet") from None
+        return reply
+
+    def _perform_meta(self, command, kind, reply, effects: list, replaying: bool, queue_id: int | None,
+                      log_it: bool) -> None:
         for effect in effects:
             if type(effect) is md.QueueCreated:
                 self._new_queue(effect.vhost, effect.name, queue_id)
@@ -264,7 +308,6 @@ class Broker:
                 self._log_cascaded_exchange_deletes()
             if self.metadata_log.needs_snapshot:
                 self.metadata_log.write_snapshot(persistence.snapshot_entries(self.meta, self.queue_ids))
-        return reply
 
     def _log_cascaded_exchange_deletes(self) -> None:
         """Log the durable auto-delete exchanges that a command deleted as a side effect.
@@ -313,6 +356,10 @@ class Broker:
     # wants no reply. The same channel code runs either way.
 
     def meta_call(self, command, then) -> None:
+        refusal = persistence.unstorable(command)
+        if refusal is not None:
+            then(refusal)
+            return
         if self.cluster is not None:
             self.cluster.submit(None, command, then)
         else:
@@ -343,6 +390,10 @@ class Broker:
             self.apply_queue(queue_key, command)
 
     def declare_queue(self, command: md.DeclareQueue, then) -> None:
+        refusal = persistence.unstorable(command)
+        if refusal is not None:
+            then(refusal)
+            return
         if self.cluster is not None:
             self.cluster.declare_queue(command, then)
         else:

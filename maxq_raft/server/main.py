@@ -23,6 +23,7 @@ from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings
 from ..http.admin import open_admin_listeners, serve_admin
 from ..storage.errors import StorageError
+from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
 from . import persistence
@@ -34,6 +35,7 @@ from .broker import Broker
 from .cluster import META_GROUP, ClusterLog, default_shards
 from .dead_letter import tick_queues
 from .session import Session, tick_sessions
+from .store_health import StoreWatch
 
 log = logging.getLogger("maxq.server")
 
@@ -177,6 +179,10 @@ async def _serve(broker: Broker, settings: Settings, task_status) -> None:
             admin_listeners = await _bind("HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
+            if broker.store is not None and broker.cluster is None:
+                watch = StoreWatch(broker.store, broker.alarms, settings.data_dir)
+                broker.store.on_failure = watch.on_failure
+                nursery.start_soon(watch.run)
             nursery.start_soon(tick_sessions, broker)
             nursery.start_soon(tick_queues, broker)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
@@ -219,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         lock.close()
         return check_data_dir(settings)
+    path = store_path(settings)
     try:
-        store = RocksSegmentStore(store_path(settings))
+        store = GuardedStore(lambda read_only: RocksSegmentStore(path, read_only=read_only), redo=not settings.clustered)
     except StorageError as exc:
         lock.close()
         print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)

@@ -257,23 +257,35 @@ class QueueBacking:
 
 
 class WalSyncer:
-    """Group commit: one thread fsyncs the store's WAL and reports which ticket that covered."""
+    """Group commit: one thread fsyncs the store's WAL and reports each ticket's outcome.
 
-    def __init__(self, store, on_durable: Callable[[int], None], fsync: bool = True) -> None:
+    `on_outcome(ticket, mark)` runs in the syncer thread (the caller hops to its loop): `mark`
+    (the store's SyncMark the fsync covered) when every write made before `request()` returned
+    ticket is durable, None when it is not and never will be: the store failed (a write or an
+    fsync: storage/guarded.py), so the publishes waiting for that ticket are nacked. A failed fsync
+    is never retried for the same ticket (PostgreSQL's "fsyncgate": after a failed fsync the page
+    cache cannot be trusted); the store recovers by reopening and writing again, and later
+    tickets are synced once it has. When nothing is requested for `IDLE_SYNC_S` and writes are
+    waiting (acks, deliveries: not fsynced one by one), it syncs them anyway with the last ticket
+    again, so the store's redo log stays short.
+    """
+
+    IDLE_SYNC_S = 1.0
+
+    def __init__(self, store, on_outcome: Callable[[int, tuple[int, int] | None], None], fsync: bool = True) -> None:
         self.store = store
-        self.on_durable = on_durable
+        self.on_outcome = on_outcome
         self.fsync = fsync
         self.dirty = False  # set by writers; `request` turns it into a ticket
         self._requested = 0
         self._synced = 0
         self._cond = threading.Condition()
         self._stopping = False
-        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="maxq-wal-sync", daemon=True)
         self._thread.start()
 
     def request(self) -> int:
-        """A ticket that becomes durable once the thread has synced after this call."""
+        """A ticket whose outcome is reported once the thread has synced after this call."""
         with self._cond:
             self._requested += 1
             self.dirty = False
@@ -281,22 +293,21 @@ class WalSyncer:
             return self._requested
 
     def _run(self) -> None:
-        while True:
+        while True:  # until close; every wait is bounded
             with self._cond:
-                while self._requested == self._synced and not self._stopping:
-                    self._cond.wait(1.0)
+                if self._requested == self._synced and not self._stopping:
+                    self._cond.wait(self.IDLE_SYNC_S)
                 if self._stopping and self._requested == self._synced:
                     return
                 ticket = self._requested
+                if ticket == self._synced and not (self.store.unsynced_writes and self.store.failure is None):
+                    continue
             try:
-                if self.fsync:
-                    self.store.sync_wal()
-            except BaseException as exc:  # an fsync error: nothing written since is durable
-                log.critical("fsync of the message store failed: %s; no further publish will be confirmed", exc)
-                self.error = exc
-                return
+                mark = self.store.sync_wal() if self.fsync else (None if self.store.failure else self.store.sync_mark())
+            except StorageError:  # the store logged it and is failed until it recovers
+                mark = None
             self._synced = ticket
-            self.on_durable(ticket)
+            self.on_outcome(ticket, mark)
 
     def close(self) -> None:
         with self._cond:

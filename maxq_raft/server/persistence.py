@@ -10,6 +10,10 @@ RabbitMQ drops transient queues and exchanges on restart. A new snapshot (the de
 that recreate the durable state) then replaces the log, and so does one every
 `LOG_ENTRIES_MAX` commands, so start-up reads a bounded amount.
 
+An index is taken only once its entry is encoded and handed to the store (which keeps it for
+redo if it cannot write it now: storage/guarded.py), so a value that cannot be encoded changes
+nothing; `unstorable` refuses such a command before it is applied or proposed at all.
+
 Queue ids (the store's key prefix) are chosen by the broker and logged with the queue's declare.
 Command arguments (AMQP field tables) are stored in AMQP's own table encoding, so every value type
 (decimals, timestamps, nested tables) round-trips exactly.
@@ -23,6 +27,7 @@ import msgpack
 
 from ..amqp.values import decode_table, encode_table
 from ..machines import metadata as md
+from ..machines.queue import Rejected
 
 log = logging.getLogger("maxq.persistence")
 
@@ -45,6 +50,20 @@ class MetadataCorruption(Exception):
 def encode_entry(command, queue_id: int | None) -> bytes:
     fields = [{"t": encode_table(v)} if isinstance(v, dict) else v for v in command]
     return msgpack.packb([type(command).__name__, fields, queue_id], use_bin_type=True)
+
+
+def unstorable(command) -> Rejected | None:
+    """A refusal (406, as RabbitMQ's validation errors) for a metadata command that holds a value
+    no log can encode (an integer beyond 64 bits, a lone surrogate in a string, ...), else None.
+    Checked before a command is applied or proposed: once applied, it would have to be logged."""
+    if type(command).__name__ not in COMMAND_TYPES:
+        return None  # not a command any log keeps (OwnerDown carries only a connection id)
+    try:
+        encode_entry(command, None)
+    except Exception as exc:  # msgpack's OverflowError/TypeError, UnicodeEncodeError, AMQP table errors
+        return Rejected(406, f"Validation failed\n\na value of {type(command).__name__} "
+                             f"cannot be stored: {exc}"[:250])
+    return None
 
 
 def decode_entry(raw: bytes):
@@ -84,12 +103,16 @@ class MetadataLog:
         return out
 
     def append(self, command, queue_id: int | None = None) -> None:
-        key = f"metadata/log/{self.next:020d}"
-        self.next += 1
-        self.store.write((), (), {key: encode_entry(command, queue_id), LOG_NEXT_KEY: self.next.to_bytes(8, "big")}, wal=True)
-        self.store.sync_wal()
+        """Log one command, fsynced; StoreFailed if the store cannot write now (the entry is
+        kept for redo, so the index stays taken: no hole either way)."""
+        entry = encode_entry(command, queue_id)  # before anything changes: may raise
+        index = self.next
+        self.store.write((), (), {f"metadata/log/{index:020d}": entry, LOG_NEXT_KEY: (index + 1).to_bytes(8, "big")},
+                         wal=True)
+        self.next = index + 1
         if self.next - self.first > LOG_ENTRIES_MAX:
             self.needs_snapshot = True
+        self.store.sync_wal()
 
     needs_snapshot = False
 
@@ -100,9 +123,9 @@ class MetadataLog:
         for index in range(self.first, self.next):
             meta[f"metadata/log/{index:020d}"] = None
         self.store.write((), (), meta, wal=True)
-        self.store.sync_wal()
         self.first = self.next
         self.needs_snapshot = False
+        self.store.sync_wal()
 
 
 def durable_queue(machine: md.MetadataMachine, vhost: str, name: str) -> bool:

@@ -155,3 +155,36 @@ def test_policies_survive_a_restart(start_broker):
     fill(channel, "kept-q", 3)
     assert drain(channel, "kept-q") == [b"2"]
     connection.close()
+
+
+def put_policy(broker, name: str, raw_json: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies/%2F/{name}", data=raw_json,
+                                     method="PUT", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("raw_json", [
+    b'{"pattern": ".*", "definition": {"max-length": 1}, "priority": 1000000000000000000000000000000}',
+    b'{"pattern": ".*", "definition": {"max-length": 100000000000000000000000}}',
+    b'{"pattern": "\\ud800", "definition": {"max-length": 1}}',
+])
+def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, raw_json):
+    """Before the fix the value reached the metadata log after its index was taken: 500, and a
+    node that refused to start ("metadata log entry N missing") and failed --check."""
+    broker = start_broker()
+    status, text = put_policy(broker, "huge", raw_json)
+    assert status == 400, (status, text)
+    assert maxqctl(broker, "set-policy", "after", "^after", '{"max-length": 2}').returncode == 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+        assert [p["name"] for p in json.load(response)] == ["after"]
+    assert broker.stop() == 0
+    check = subprocess.run([sys.executable, "-m", "maxq_raft", "--check", "--data-dir", str(broker.data_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    broker = start_broker(data_dir=broker.data_dir)
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+        assert [p["name"] for p in json.load(response)] == ["after"]
