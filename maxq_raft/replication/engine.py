@@ -33,6 +33,12 @@ API
     add_member(node_id, addr, callback) / remove_member(node_id, callback): callback(None) when
         the change is committed in every group, else callback(error). One change at a time.
     transfer_leadership(group, node_id, callback=None): callback(None) once node_id leads.
+
+Fail-stop: when this node cannot keep its Raft state (a Journal's writer failed on a full disk or
+an I/O error, a group failed, the hub thread itself raised), the whole node stops: a member that
+cannot make entries durable must not vote, lead or acknowledge, and a half-working one keeps its
+clients waiting. `on_fatal(reason)` (hub thread) then tells the owner, which restarts the process
+from its files once the disk allows (server/main.py); the other members go on meanwhile.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from typing import Any, Callable
 
 from . import wire
 from .group import PAYLOAD_BYTES_MAX, Group, call_safely
+from .journal import JournalError
 from .transport import Hub
 
 __all__ = ["ReplicationNode", "PAYLOAD_BYTES_MAX"]
@@ -70,7 +77,8 @@ class ReplicationNode:
                  on_snapshot: Callable[[str, Any], None] | None = None,
                  joining: bool = False, tick_interval_s: float = 0.02, proposals_pending_max: int = 10_000,
                  member_change_timeout_s: float = 30.0, peer_timeout_s: float = 3.0,
-                 raft_settings: dict[str, Any] | None = None) -> None:
+                 raft_settings: dict[str, Any] | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
         for g in groups:
@@ -92,6 +100,8 @@ class ReplicationNode:
         self.proposals_pending_max = proposals_pending_max
         self.member_change_timeout_s = member_change_timeout_s
         self.raft_settings = dict(raft_settings or {})
+        self.on_fatal = on_fatal
+        self.fatal: str | None = None  # why the node stopped by itself (fail-stop), once it has
         self.hub = Hub(node_id, self.raft_addr, cluster_secret, on_frame=self._on_frame, on_peer_up=self._on_peer_up,
                        on_peer_down=self._on_peer_down, peer_timeout_s=peer_timeout_s)
         self.groups: dict[str, Group] = {}
@@ -125,7 +135,10 @@ class ReplicationNode:
                     on_snapshot=self.on_snapshot,
                     propose_timeout_s=self.propose_timeout_s, proposals_pending_max=self.proposals_pending_max,
                     joining=self.joining, settings=self.raft_settings)
-                self.groups[name].forward = self._forward
+                g = self.groups[name]
+                g.forward = self._forward
+                g.on_failed = self._group_failed
+                g.raft_log.journal.on_failed = lambda exc, g=g: self._post(lambda: g.fail(f"journal write failed: {exc}"))
             self.hub.listen()
         except BaseException:
             for g in self.groups.values():
@@ -235,6 +248,12 @@ class ReplicationNode:
         if not self._wake_pending:
             self._wake_pending = True
             self.hub.wake()
+
+    def _group_failed(self, group: Group, why: str) -> None:
+        """A group failed (hub thread): the whole node stops (see Fail-stop above)."""
+        if self.fatal is None:
+            self.fatal = f"group {group.name}: {why}"
+            self._wake()
 
     def _post(self, fn: Callable[[], None]) -> None:
         self._calls.append(fn)
@@ -527,7 +546,7 @@ class ReplicationNode:
         next_tick = 0.0
         more = False
         try:
-            while not self._stopping:
+            while not self._stopping and self.fatal is None:
                 now = time.monotonic()
                 hub.poll(0.0 if more else max(0.0, next_tick - now))
                 self._wake_pending = False  # before draining: a producer after this wakes us again
@@ -565,10 +584,17 @@ class ReplicationNode:
                 for g in touched:
                     more |= g.tick(now)
                 hub.flush()
-        except BaseException:
+        except (JournalError, OSError) as exc:  # the disk (a full one, an I/O error), not a bug of ours
+            self.fatal = self.fatal or f"storage failed: {exc}"
+        except BaseException as exc:
             log.critical("replication hub thread of %s crashed", self.node_id, exc_info=True)
+            self.fatal = self.fatal or f"the replication hub thread crashed: {exc!r}"
         finally:
             self._shutdown()
+            if self.fatal is not None and not self._stopping:
+                log.critical("replication node %s stopped: %s", self.node_id, self.fatal)
+                if self.on_fatal is not None:
+                    call_safely(self.on_fatal, self.fatal)
 
     def _shutdown(self) -> None:
         self._stopped = True

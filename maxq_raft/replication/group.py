@@ -123,6 +123,7 @@ class Group:
         self.pending_snapshot: SnapshotHeader | None = None  # for on_snapshot, before any later entry
         self.install_ack: tuple[str, int, int] | None = None  # (leader, index, term): ack once durable
         self.failed: str | None = None
+        self.on_failed: Callable[["Group", str], None] | None = None  # set by the engine: the node stops
         self.removed = False
         self.joining = joining  # started to be added (maxqctl add-node): see `deliver`
         self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends
@@ -379,7 +380,10 @@ class Group:
             self.so.doTick(0)
             self.transport.after_tick()
         except JournalError as exc:
-            self._fail(f"journal: {exc}")
+            self.fail(f"journal: {exc}")
+            return False
+        except OSError as exc:  # the term file (raft_term) could not be written: no vote may go out
+            self.fail(f"storage: {exc}")
             return False
         except Exception:
             self.stats["tick_errors"] += 1
@@ -398,11 +402,16 @@ class Group:
             self._transfer_step(now)
         return more
 
-    def _fail(self, why: str) -> None:
+    def fail(self, why: str) -> None:
+        """Fail-stop (hub thread): this group answers nothing more, and the node stops."""
+        if self.failed is not None:
+            return
         log.critical("group %s failed and stops (fail-stop): %s", self.name, why)
         self.failed = why
         self.is_leader = False
         self.fail_all("stopped")
+        if self.on_failed is not None:
+            self.on_failed(self, why)
 
     def durable_advanced(self) -> bool:
         """The Journal made more entries durable (hub thread)."""
@@ -593,6 +602,8 @@ class Group:
         self.fail_all("stopped")
         try:
             self.so.destroy()  # autoTick off: transport.destroy() and raft_log._destroy() (journal close)
+        except JournalError as exc:  # its writer failed (logged then): the journal released its files anyway
+            log.error("group %s: closed with its journal failed: %s", self.name, exc)
         except Exception:
             log.exception("group %s: closing pysyncobj failed", self.name)
             try:

@@ -509,6 +509,9 @@ class Journal:
         self._fsync = fsync
         self._segment_max_bytes = segment_max_bytes
         self._on_durable = on_durable
+        # Called once, in the writer thread, when the writer fails (a full disk, an I/O error):
+        # nothing after durable_index will ever be durable in this journal's life.
+        self.on_failed: Callable[[BaseException], None] | None = None
         self._queue_bytes_max = queue_bytes_max
         self._tail_cache_bytes_max = tail_cache_bytes_max
         self._append_wait_s_max = append_wait_s_max
@@ -729,10 +732,16 @@ class Journal:
                     except Exception:
                         log.exception("on_durable(%d) raised; the journal carries on", durable)
         except BaseException as exc:
-            log.exception("journal writer for %s failed; no entry after durable_index %d is durable", self.folder, self._durable_index)
+            log.critical("journal writer for %s failed (%s); no entry after durable_index %d is durable",
+                         self.folder, exc, self._durable_index)
             with self._lock:
                 self._error = exc
                 self._progress.notify_all()
+            if self.on_failed is not None:
+                try:
+                    self.on_failed(exc)
+                except Exception:
+                    log.exception("on_failed raised")
 
     def _open_segment(self, start: int) -> tuple[_Segment, int]:
         seg = _Segment(start, self.folder / segment_name(start))
@@ -1086,11 +1095,14 @@ class Journal:
         with self._lock:
             self._closed = True
             self._progress.notify_all()
-        error = self._error
+        error: BaseException | None = self._error
         try:
             if self._active_fd is not None:
                 if error is None:
-                    os.fdatasync(self._active_fd)  # also with fsync=False: a clean stop is durable
+                    try:
+                        os.fdatasync(self._active_fd)  # also with fsync=False: a clean stop is durable
+                    except OSError as exc:  # what the writer wrote is not durable after all
+                        error = exc
                 os.close(self._active_fd)
                 self._active_fd = None
         finally:
@@ -1098,7 +1110,7 @@ class Journal:
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = None
         if error is not None:
-            raise JournalError(f"journal writer failed: {error!r}; entries after {self._durable_index} were not made durable") from error
+            raise JournalError(f"journal {self.folder} failed: {error!r}; entries after {self._durable_index} were not made durable") from error
 
     def __enter__(self) -> "Journal":
         return self

@@ -503,8 +503,8 @@ class RaftLog(ps_journal.Journal):
             return
         try:
             self._save_commit()
-        except OSError:
-            log.exception("could not save the commit index of %s", self.folder)
+        except OSError as exc:  # a hint only (see the module docstring): the log is what counts
+            log.warning("could not save the commit index of %s: %s", self.folder, exc)
         self.journal.close()
 
     def setRaftCommitIndex(self, raftCommitIndex):  # noqa: N802,N803
@@ -531,8 +531,8 @@ class RaftLog(ps_journal.Journal):
         if self._commit != self._commit_saved:
             try:
                 self._save_commit()
-            except OSError:
-                log.exception("could not save the commit index of %s", self.folder)
+            except OSError as exc:
+                log.warning("could not save the commit index of %s: %s", self.folder, exc)
 
     def _save_commit(self) -> None:
         value = self._commit

@@ -100,15 +100,21 @@ def write_snapshot(folder: Path, header: SnapshotHeader, body: Iterable[bytes]) 
     raw = header.encode()
     head = _HEAD.pack(MAGIC, VERSION, len(raw)) + raw
     crc = zlib.crc32(head)
-    with open(tmp, "wb") as f:
-        f.write(head)
-        for chunk in body:
-            if chunk:
-                f.write(chunk)
-                crc = zlib.crc32(chunk, crc)
-        f.write(_CRC.pack(crc))
-        f.flush()
-        os.fdatasync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            for chunk in body:
+                if chunk:
+                    f.write(chunk)
+                    crc = zlib.crc32(chunk, crc)
+            f.write(_CRC.pack(crc))
+            f.flush()
+            os.fdatasync(f.fileno())
+    except BaseException:
+        # A full disk or a failed fdatasync: the partial file must not keep the space it took
+        # (the caller logs the error and tries again later).
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     _fsync_dir(folder)
     return path

@@ -4,6 +4,13 @@ Theory of operation: parse settings, lock the data folder so two nodes never sha
 the trio shell: an AMQP listener whose handler wraps each connection in a `Session`, the HTTP
 admin API, and a signal receiver. SIGTERM/SIGINT close every connection with 320
 CONNECTION_FORCED (as RabbitMQ does on shutdown), wait briefly for them to go, and exit 0.
+
+Fail-stop (a cluster member only): when the member cannot keep its Raft state or its store (a
+full disk, an I/O error: the engine's `on_fatal`, the store's `on_failure`), it stops the same way,
+so it no longer votes, leads or acknowledges and its clients reconnect to another member, then
+waits until its data folder has room and starts again from its files (the same process,
+re-executed), catching up from the others. A single node instead keeps serving and recovers its
+store in place (store_health.py): it has no one else to hand its clients to.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +35,7 @@ from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
 from . import persistence
-from .alarms import ResourceAlarms
+from .alarms import ResourceAlarms, disk_free_bytes
 from ..config import parse_addr
 from ..replication.engine import ReplicationNode
 from ..replication.snapshot_file import SnapshotError
@@ -40,6 +48,33 @@ from .store_health import StoreWatch
 log = logging.getLogger("maxq.server")
 
 SHUTDOWN_GRACE_S = 3.0
+RESTART_DELAY_S = 5.0  # a member that failed waits at least this long before it starts again
+RESTART_FREE_BYTES_MIN = 64 << 20  # ... and until its data folder has this much free (plus the disk limit)
+RESTART_WAIT_S_MAX = 24 * 3600.0  # then it gives up (exit 75) and leaves the rest to an operator
+RESTART_LOG_EVERY_S = 60.0
+
+
+class StopRequest:
+    """Why the node stops: a signal (reason None), or a failure it must restart after."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.failure: str | None = None
+        self._token = trio.lowlevel.current_trio_token()
+
+    def fail(self, reason: str) -> None:
+        """From any thread: stop serving because this member's storage failed."""
+        try:
+            self._token.run_sync_soon(self._fail_here, reason)
+        except trio.RunFinishedError:
+            pass
+
+    def _fail_here(self, reason: str) -> None:
+        if self.event.is_set():
+            return
+        self.failure = reason
+        log.critical("this member stops serving: %s", reason)
+        self.event.set()
 
 
 def lock_data_dir(data_dir: str):
@@ -107,14 +142,17 @@ def check_data_dir(settings: Settings) -> int:
     return 0 if not problems else 1
 
 
-async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> str | None:
+    """Run the node until a signal (returns None) or, for a cluster member, a storage failure
+    (returns its reason: the caller starts the process again once there is room)."""
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
+    stop = StopRequest()
     if settings.clustered:
         try:
-            await _serve_clustered(broker, settings, task_status)
+            await _serve_clustered(broker, settings, task_status, stop)
         finally:
             broker.close()
-        return
+        return stop.failure
     try:
         if store is not None:
             if settings.fsync == "off":
@@ -123,17 +161,19 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
                 broker.recover(trio.lowlevel.current_trio_token().run_sync_soon)
             except (StorageError, persistence.MetadataCorruption) as exc:
                 raise StartupError(f"cannot recover the data in {store.path}: {exc}") from None
-        await _serve(broker, settings, task_status)
+        await _serve(broker, settings, task_status, stop)
     finally:
         broker.close()
+    return None
 
 
-async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> None:
+async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop: StopRequest) -> None:
     """A cluster member: the machines are applied from the Raft groups; the store only takes
     what overflows memory, so it starts empty (the retained Raft log rebuilds everything)."""
     if settings.fsync == "off":
         log.warning("fsync is OFF: confirmed messages can be lost if the machines crash (benchmarks only)")
     if broker.store is not None:
+        broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
     shard_count = settings.shards or default_shards()
     cluster = ClusterLog(broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20))))
@@ -142,7 +182,7 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> N
             node_id=settings.node_id, raft_addr=parse_addr(settings.raft_addr, "raft_addr"), peers=settings.peers(),
             cluster_secret=settings.cluster_secret.encode(), data_dir=Path(settings.data_dir) / "raft",
             groups=[META_GROUP, *cluster.shards], fsync=settings.fsync == "on", on_commit=cluster.on_commit,
-            on_snapshot=cluster.on_snapshot, joining=settings.join == "on")
+            on_snapshot=cluster.on_snapshot, joining=settings.join == "on", on_fatal=stop.fail)
         node.start()
     except OSError as exc:
         raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
@@ -157,17 +197,35 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status) -> N
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cluster.retry_proposals)
             nursery.start_soon(cluster.snapshot_when_due)
-            await cluster.barrier()
+            catching_up = trio.CancelScope()
+            nursery.start_soon(_cancel_when_stopped, stop, catching_up)
+            with catching_up:
+                await cluster.barrier()
+            if stop.event.is_set():
+                nursery.cancel_scope.cancel()  # failed while catching up: no client to close yet
+                return
             log.info("node %s: caught up with the cluster", settings.node_id)
             nursery.start_soon(cluster.watch_members)
-            await _serve(broker, settings, task_status)
+            await _serve(broker, settings, task_status, stop)
             nursery.cancel_scope.cancel()
     finally:
         broker.cluster = None
         await trio.to_thread.run_sync(node.stop)
 
 
-async def _serve(broker: Broker, settings: Settings, task_status) -> None:
+async def _cancel_when_stopped(stop: StopRequest, scope: trio.CancelScope) -> None:
+    await stop.event.wait()
+    scope.cancel()  # (a no-op once the scope has been left)
+
+
+async def _stop_on_signal(signals, stop: StopRequest) -> None:
+    async for signum in signals:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.event.set()
+        return
+
+
+async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequest) -> None:
     broker.alarms = ResourceAlarms(settings.data_dir, settings.memory_high_watermark_mb, settings.disk_free_limit_mb)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         # Bind every port before serving anything: a busy port must fail the start cleanly
@@ -194,13 +252,13 @@ async def _serve(broker: Broker, settings: Settings, task_status) -> None:
                      settings.node_id, amqp_addr[0], amqp_addr[1],
                      f", HTTP admin on {http_addr[0]}:{http_addr[1]}" if http_addr else "", os.path.abspath(settings.data_dir))
             task_status.started((amqp_addr, http_addr, broker))
-            async for signum in signals:
-                log.info("received %s, shutting down", signal.Signals(signum).name)
-                break
+            nursery.start_soon(_stop_on_signal, signals, stop)
+            await stop.event.wait()
             # As RabbitMQ on shutdown: every open connection gets 320 CONNECTION_FORCED; we wait
             # (bounded) for the clients' close-ok, then cancel whatever is left.
+            reason = "shutdown" if stop.failure is None else "storage failure"
             for session in list(broker.sessions.values()):
-                session.conn.close(spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'",
+                session.conn.close(spec.CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'",
                                    now=trio.current_time())
                 session.wake()
             with trio.move_on_after(SHUTDOWN_GRACE_S):
@@ -232,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         lock.close()
         print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
         return 3
+    failure = None
     try:
-        trio.run(serve, settings, store)
+        failure = trio.run(serve, settings, store)
     except StartupError as exc:
         print(f"maxq-server: {exc}", file=sys.stderr)
         return 1
@@ -241,7 +300,42 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         lock.close()
+    if failure is not None:
+        return restart_when_room(settings, failure)
     return 0
+
+
+def restart_when_room(settings: Settings, failure: str) -> int:
+    """Fail-stop's second half: wait until the data folder has room, then start this process
+    again (exec: same pid, same arguments, every file and thread of this life gone). Returns
+    only on giving up (75, EX_TEMPFAIL) or a signal (0)."""
+    needed = RESTART_FREE_BYTES_MIN + (settings.disk_free_limit_mb << 20)
+    stopped_at = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    log.critical("node %s stopped (%s); it starts again from its files once %s has %d MiB free",
+                 settings.node_id, failure, settings.data_dir, needed >> 20)
+    logged_at = stopped_at
+    try:
+        while True:  # bounded by RESTART_WAIT_S_MAX; each turn sleeps
+            now = time.monotonic()
+            free = disk_free_bytes(settings.data_dir)
+            if free >= needed and now - stopped_at >= RESTART_DELAY_S:
+                break
+            if now - stopped_at >= RESTART_WAIT_S_MAX:
+                log.critical("node %s: no room after %.0f s; giving up", settings.node_id, now - stopped_at)
+                return 75
+            if now - logged_at >= RESTART_LOG_EVERY_S:
+                logged_at = now
+                log.warning("node %s still waits for room: %d MiB free in %s, %d MiB wanted", settings.node_id,
+                            free >> 20, settings.data_dir, needed >> 20)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 0
+    log.warning("node %s starts again (%d MiB free)", settings.node_id, disk_free_bytes(settings.data_dir) >> 20)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    return 0  # not reached
 
 
 if __name__ == "__main__":

@@ -17,46 +17,27 @@ import os
 import shutil
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pika
 import pytest
 
-from ..helpers import wait_until
+from ..helpers import build_fsync_shim, can_mount, grow_filesystem, small_filesystem, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 BODY_BYTES = 32 * 1024
 FS_SIZE = "48m"
 PUBLISH_MAX = 4000  # more than a 48 MB filesystem can take of 32 KiB messages
-FAULTS = Path(__file__).resolve().parent.parent / "faults"
-
-
-def _mounted(path: Path) -> bool:
-    return subprocess.run(["mountpoint", "-q", str(path)]).returncode == 0
 
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """A tmpfs of FS_SIZE at tmp_path/fs, unmounted after the test (servers are stopped first:
-    start_broker's teardown runs before this one's, as it is requested after it)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
+    """A tmpfs of FS_SIZE at tmp_path/fs (start_broker, requested after it, stops its servers first)."""
+    if not can_mount():
         pytest.skip("mounting a small filesystem needs root")
-    mount_point = tmp_path / "fs"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(mount_point)], check=True)
-    try:
+    with small_filesystem(tmp_path / "fs", FS_SIZE) as mount_point:
         yield mount_point
-    finally:
-        for _ in range(50):  # bounded: a server still stopping may hold it for a moment
-            if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode == 0 or not _mounted(mount_point):
-                break
-            time.sleep(0.1)
-
-
-def grow(mount_point: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,size=1g", str(mount_point)], check=True)
 
 
 def body(number: int) -> bytes:
@@ -122,7 +103,7 @@ def test_a_full_disk_confirms_nothing_it_did_not_store(small_fs, start_broker):
     assert acked and len(acked) < PUBLISH_MAX, "the filesystem never filled"
     assert wait_until(lambda: "cannot write" in server.log_text(), 10)
     server.kill()
-    grow(small_fs)
+    grow_filesystem(small_fs)
     server.start()
     stored = drain(server.amqp_port)
     assert acked <= stored, f"{len(acked - stored)} confirmed messages lost, e.g. {sorted(acked - stored)[:5]}"
@@ -133,7 +114,7 @@ def test_the_node_recovers_by_itself_when_space_returns_and_stops_cleanly(small_
     server = start_broker(["--disk-free-limit-mb", "0"], data_dir=small_fs / "data")
     acked, _nacked = publish_until_refused(server.amqp_port, 0, PUBLISH_MAX)
     assert acked and wait_until(lambda: "cannot write" in server.log_text(), 10)
-    grow(small_fs)
+    grow_filesystem(small_fs)
     assert wait_until(lambda: "writes again" in server.log_text(), 15), server.log_text()[-3000:]
     acked |= publish_all(server.amqp_port, 100_000, 200)
     stored = drain(server.amqp_port)
@@ -147,13 +128,7 @@ def test_the_node_recovers_by_itself_when_space_returns_and_stops_cleanly(small_
 
 @pytest.fixture(scope="module")
 def fsync_shim(tmp_path_factory):
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("building the fsync fault shim needs a C compiler")
-    out = tmp_path_factory.mktemp("shim") / "fsync_fail.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(FAULTS / "fsync_fail.c"), "-ldl"],
-                   check=True, capture_output=True)
-    return out
+    return build_fsync_shim(tmp_path_factory.mktemp("shim"))
 
 
 def test_a_failed_fsync_confirms_nothing_it_covered(tmp_path, fsync_shim, start_broker):
