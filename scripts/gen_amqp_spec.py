@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SPEC = REPO_ROOT / ".." / "shared" / "spec" / "amqp0-9-1-rabbitmq-extended.xml"
+DEFAULT_SPEC = REPO_ROOT / "amqp" / "spec_xml" / "amqp0-9-1-rabbitmq-extended.xml"
 DEFAULT_OUTPUT = REPO_ROOT / "amqp" / "spec.py"
 
 # RabbitMQ errata applied on top of the XML. Each entry cites where RabbitMQ differs.
