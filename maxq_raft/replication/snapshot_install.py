@@ -138,11 +138,18 @@ class InstallReceiver:
         if m["offset"] != self.size:
             return self.size, None
         data = m["data"]
-        os.write(self.fd, data)  # a local file: short writes do not happen for regular files
-        self.size += len(data)
-        if not m["is_last"]:
-            return self.size, None
-        os.fdatasync(self.fd)
+        try:
+            os.write(self.fd, data)  # a local file: short writes do not happen for regular files
+            self.size += len(data)
+            if not m["is_last"]:
+                return self.size, None
+            os.fdatasync(self.fd)
+        except OSError:
+            # A full disk or an I/O error: the partial file must not keep the space it took;
+            # the error stops this node (engine: fail-stop), which starts again when it can.
+            self.close()
+            self.tmp.unlink(missing_ok=True)
+            raise
         self.close()
         path = snapshot_path(self.folder, self.index)
         try:
