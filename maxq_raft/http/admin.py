@@ -12,8 +12,8 @@ hold the node.
 PUT and DELETE /api/policies/{vhost}/{name} set and clear a policy (RabbitMQ's path and body:
 pattern, definition, priority, apply-to), committed like any metadata change.
 
-A single node (started without --raft-addr/--peer, `broker.cluster is None`) reports itself as
-a one-member cluster and refuses membership commands with 409.
+A single node (started without --raft-addr/--peer: its log has no replication engine) reports
+itself as a one-member cluster and refuses membership commands with 409.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
 
 
 async def _engine_status(broker) -> dict[str, dict]:
-    node = broker.cluster.node
+    node = broker.log.replication_node
     try:
         with trio.fail_after(STATUS_TIMEOUT_S):
             # status() runs in the engine's hub thread and blocks (at most 5 s): never on trio's.
@@ -169,8 +169,7 @@ async def _engine_status(broker) -> dict[str, dict]:
 
 
 async def view_status(broker, request: Request) -> dict:
-    cluster = broker.cluster
-    if cluster is None:
+    if broker.log.replication_node is None:
         return view_status_single(broker)
     return status_from_engine(broker.node_id, await _engine_status(broker))
 
@@ -295,9 +294,10 @@ def _engine_error(err: str, **extra: Any) -> HttpError:
 
 
 def _cluster_node(broker):
-    if broker.cluster is None:
+    node = broker.log.replication_node
+    if node is None:
         raise HttpError("409 Conflict", NOT_A_MEMBER, reason="not clustered")
-    return broker.cluster.node
+    return node
 
 
 def _node_name(value: Any, what: str = "node") -> str:

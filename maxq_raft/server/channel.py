@@ -83,10 +83,12 @@ class Channel:
         self.conn.send_method(self.number, method)
 
     def _then(self, fn):
-        """The continuation of a method that waits for a machine's reply. In a cluster the reply
-        comes after a commit: the session holds this channel's later frames until it has run
-        (AMQP orders a channel's methods), and an `Unavailable` reply closes the connection."""
-        if self.broker.cluster is None:
+        """The continuation of a method that waits for a machine's reply. A local log replies in
+        the caller's stack (the channel error a continuation raises reaches the method's
+        handler); a cluster's reply comes after a commit: the session holds this channel's later
+        frames until it has run (AMQP orders a channel's methods), and an `Unavailable` reply
+        closes the connection."""
+        if self.broker.log.synchronous:
             return fn
         return self.session.continuation(self, fn)
 

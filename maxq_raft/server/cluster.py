@@ -45,33 +45,32 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue import Meta, Overflowed, Rejected
+from ..machines.queue import Meta, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
-from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
+from ..machines.shard import ALL_QUEUES
+from ..replication.entries import EntryError, decode_entry, encode_entry
+from . import cluster_snapshot
+from .applier import Applier
 from .broker import Unavailable
-from . import cluster_snapshot, policies
-from .dead_letter import dead_letter, held_dead_letters
+from .command_log import META_GROUP, CommandLog
+from .confirms import Pending
 from .message_store import QueueBacking
 
 log = logging.getLogger("maxq.cluster")
 
-META_GROUP = "meta"
 ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
 NODE_DOWN_AFTER_S = 3.0
 BALANCE_EVERY_S = 5.0
-TICK_INTERVAL_S = 0.05  # as the single node's ticker: the lateness bound of a TTL with no traffic
 QUORUM_LOST_AFTER_S = 1.5
 OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
 RETRYABLE = ("not leader", "timeout", "busy")
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see _proposed
-UNKNOWN_OUTCOME = ("timeout", "stopped")
 NOT_LEADER_RETRY_EVERY_S = 0.05
 WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
 SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
 SNAPSHOT_CHECK_S = 1.0
-DEAD_LETTER_CHECK_S = 2.0
 FLOW_BYTES_HIGH = 4 * 1024 * 1024  # see ClusterLog.flow_bytes
 FLOW_BYTES_LOW = 2 * 1024 * 1024
 FLOW_LOG_EVERY_S = 10.0
@@ -92,20 +91,18 @@ def shard_of(queue_key: tuple[str, str], count: int) -> str:
     return f"shard-{digest % count}"
 
 
-class OpenEntry:
-    """Commands gathered for one group, proposed together."""
+class OpenEntry(Pending):
+    """Commands gathered for one group, proposed together (done once committed and applied here)."""
 
-    __slots__ = ("group", "items", "requests", "confirms", "size", "done", "error", "payload", "first_proposed",
+    __slots__ = ("group", "items", "requests", "size", "payload", "first_proposed",
                  "seq", "origin", "committed", "maybe_appended", "tombstone", "flow_bytes")
 
     def __init__(self, group: str) -> None:
+        super().__init__()
         self.group = group
         self.items: list = []
         self.requests: list[int] = []
-        self.confirms: list = []  # ConfirmBatch objects waiting on this entry
         self.size = 0
-        self.done = False
-        self.error: str | None = None
         self.payload: bytes | None = None
         self.first_proposed = 0.0
         self.seq = 0  # this life's sequence number of the entry in its group
@@ -116,24 +113,11 @@ class OpenEntry:
         self.flow_bytes = 0  # what it counts in ClusterLog.flow_bytes until it is done
 
 
-class ConfirmBatch:
-    """The confirms of one read of one connection: sent when all its entries are done."""
-
-    __slots__ = ("remaining", "failed", "unknown", "refused", "then")
-
-    def __init__(self, remaining: int) -> None:
-        self.remaining = remaining
-        self.failed = False
-        self.unknown = False  # an entry's outcome is unknown: neither ack nor nack (close instead)
-        self.refused: dict | None = None  # channel number -> confirm seqs a reject-publish queue refused
-        self.then = None  # for `when_committed`: then(ok)
-
-
-class ClusterLog:
+class ClusterLog(CommandLog):
     def __init__(self, broker, node, shard_count: int, snapshot_every_bytes: int = SNAPSHOT_EVERY_BYTES) -> None:
-        self.broker = broker
+        super().__init__(broker)
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
-        self.node_id = broker.node_id
+        self.applier = Applier(broker, self)
         # Request ids restart with the process while the log keeps old entries: an entry is this
         # life's only if its origin names this life, or a replayed entry would answer a new request.
         self.origin = f"{broker.node_id}@{secrets.token_hex(6)}"
@@ -143,26 +127,17 @@ class ClusterLog:
         self.next_request = 1
         self._flush_scheduled = False
         self._token = trio.lowlevel.current_trio_token()
-        self.confirm_waits: dict = {}  # channel -> deque of [ConfirmBatch, last seq]
         self._down_since: dict[str, float] = {}
         self._declared_down: dict[str, None] = {}
         self._retries: list[OpenEntry] = []
         self.entry_seq: dict[str, int] = {}  # group -> last seq this life gave an entry
         self.in_flight: dict[tuple[str, int], OpenEntry] = {}  # (group, seq) -> entry, until done
-        # Applying in each origin's order (see _apply): group -> origin -> next seq; entries
-        # that came early; lives of nodes declared down, whose entries are skipped.
-        self.expected: dict[str, dict[str, int]] = {}
-        self.held: dict[str, dict[str, dict[int, Any]]] = {}
-        self.dead: dict[str, set[str]] = {}
         self._retry_wanted = trio.Event()
-        self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
         self._quorum_lost_at: float | None = None
         self._next_balance_at = 0.0
         self.entries_applied = 0
         self.entries_proposed = 0
         self.entries_failed = 0
-        self.entries_duplicate = 0
-        self.entries_held = 0
         # Snapshots (cluster_snapshot.py): per group, the last index applied here, the log bytes
         # applied since the last snapshot, and the groups whose snapshot is being written.
         self.meta_group = META_GROUP
@@ -173,16 +148,12 @@ class ClusterLog:
         self.snapshotting: set[str] = set()
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
-        self.dead_letters_in_flight: set[tuple] = set()  # (queue key, seq) this member is dead-lettering
         # Flow control: the bytes of this life's entries proposed and not yet done. Above
         # FLOW_BYTES_HIGH publishing connections stop being read until it is back under
         # FLOW_BYTES_LOW (Session._reader), as RabbitMQ's credit flow blocks a channel whose
         # queue is behind: a publisher faster than the cluster commits is slowed down rather
         # than piling proposals into the hub until heartbeats starve and leaders are lost.
         self.flow_bytes = 0
-        self.flow_blocked = False
-        self.flow_room = trio.Event()
-        self.flow_room.set()
         self.flow_blocks = 0
         self._flow_logged_at = -FLOW_LOG_EVERY_S
 
@@ -192,6 +163,24 @@ class ClusterLog:
         if target is None:
             return META_GROUP
         return shard_of(target, len(self.shards))
+
+    def leads(self, group: str) -> bool:
+        return self.node.is_leader(group)
+
+    @property
+    def replication_node(self):
+        return self.node
+
+    def make_queue(self, key: tuple[str, str], create: qc.Create) -> QueueMachine:
+        """A queue's machine on this member: its store only takes what overflows the in-memory
+        window (the Raft log is what is durable), under an id of this member's own."""
+        broker = self.broker
+        queue_id = broker.next_queue_id
+        broker.next_queue_id += 1
+        broker.queue_ids[key] = queue_id
+        backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None) if broker.store is not None else None
+        settings = settings_or_default(key[0], key[1], create.arguments)
+        return make_queue_machine(key[0], key[1], backing=backing, durable=False, settings=settings)
 
     # -------------------------------------------------------------- submit
 
@@ -319,9 +308,7 @@ class ClusterLog:
                 self.flow_room.set()
         if entry.done:
             return
-        entry.done = True
         if error is not None:
-            entry.error = error
             self.entries_failed += 1
             log.warning("%s: %d commands not committed (%s)", entry.group, len(entry.items), error)
             for request in entry.requests:
@@ -335,17 +322,7 @@ class ClusterLog:
                 then = self.requests.pop(request, None)
                 if then is not None:
                     self._call(then, Rejected(541, "command was not applied"))
-        for batch in entry.confirms:
-            batch.remaining -= 1
-            if error is not None:
-                batch.failed = True
-                if error in UNKNOWN_OUTCOME:
-                    batch.unknown = True
-            if batch.remaining == 0:
-                if batch.then is not None:
-                    self._call(batch.then, not batch.failed)
-                else:
-                    self._confirms_ready()
+        self.confirms.done(entry, error)
 
     @staticmethod
     def _call(then, reply) -> None:
@@ -353,88 +330,6 @@ class ClusterLog:
             then(reply)
         except Exception:  # the channel continuations handle their own errors; this is the backstop
             log.exception("continuation failed")
-
-    # ------------------------------------------------------------- confirms
-
-    def confirm_after(self, entries: list, channel_seqs: list, batch: "ConfirmBatch | None" = None) -> None:
-        if batch is None:
-            batch = ConfirmBatch(0)
-        batch.remaining = sum(1 for e in entries if not e.done)
-        for entry in entries:
-            if not entry.done:
-                entry.confirms.append(batch)
-            elif entry.error is not None:
-                batch.failed = True
-        for channel, seqs in channel_seqs:
-            waits = self.confirm_waits.get(channel)
-            if waits is None:
-                waits = self.confirm_waits[channel] = deque()
-            waits.append((batch, seqs))  # the channel's confirm seqs of this read, in order
-        if batch.remaining == 0:
-            self._confirms_ready()
-
-    def _confirms_ready(self) -> None:
-        for channel, waits in list(self.confirm_waits.items()):
-            session = channel.session
-            alive = session.channels.get(channel.number) is channel and not session.finished
-            sent = False
-            while waits and waits[0][0].remaining == 0:
-                batch, seqs = waits.popleft()
-                last_seq = seqs[-1]
-                refused = batch.refused.get(channel.number) if batch.refused else None
-                if alive and batch.unknown:
-                    # Neither ack nor nack is true: the publisher must treat them as in doubt.
-                    session.conn.close(spec.CONNECTION_FORCED, "publish outcome unknown after a leader change; "
-                                       "reconnect and republish what was not confirmed", now=trio.current_time())
-                    alive = False
-                    sent = True
-                elif alive and refused and not batch.failed:
-                    # Some were refused (reject-publish): one by one, no `multiple` covering a nack.
-                    for seq in seqs:
-                        method = spec.BasicNack if seq in refused else spec.BasicAck
-                        session.conn.send_method(channel.number, method(delivery_tag=seq, multiple=False))
-                    sent = True
-                elif alive:
-                    # In order; multiple=true when it covers more than one publish, as RabbitMQ.
-                    multiple = last_seq - channel.confirmed_upto > 1
-                    kind = spec.BasicNack(delivery_tag=last_seq, multiple=multiple) if batch.failed else \
-                        spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
-                    session.conn.send_method(channel.number, kind)
-                    sent = True
-                channel.confirmed_upto = last_seq
-            if not waits:
-                del self.confirm_waits[channel]
-            if sent:
-                session.wake()
-
-    # -------------------------------------------------------------- declare
-
-    def declare_queue(self, command: md.DeclareQueue, then) -> None:
-        """Create the queue in its shard first, then commit its record (see the module notes)."""
-        key = (command.vhost, command.name)
-
-        def synced(reply) -> None:
-            # declare-ok reports the queue's counts: read them once the shard has applied what
-            # this node sent it before (a closed channel's requeues, this channel's publishes).
-            if type(reply) is Rejected or type(reply) is Unavailable:
-                then(reply)
-            else:
-                self.submit(key, qc.Sync(), lambda _r: then(reply))
-        if command.passive or self.broker.meta.queue(*key) is not None:
-            self.submit(None, command, synced)
-            return
-        durable = command.durable and not command.exclusive
-        arguments = dict(command.arguments)
-        policy = self.broker.meta.policy_for(*key)
-        if policy is not None:  # the queue's own arguments win over its policy's
-            arguments = {**policy.arguments(), **arguments}
-
-        def created(reply) -> None:
-            if type(reply) is Unavailable:
-                then(reply)
-            else:
-                self.submit(None, command, then)
-        self.submit(key, qc.Create(durable, arguments), created)
 
     # ---------------------------------------------------------------- apply
 
@@ -448,10 +343,9 @@ class ClusterLog:
     def _apply(self, group: str, entries: list) -> None:
         """Apply committed entries in each origin's own order, each (origin, seq) once: a copy
         (a repeated proposal) is skipped, an entry that overtook an earlier one of its origin
-        waits for it. Every member sees the same log, so every member decides alike."""
-        expected = self.expected.setdefault(group, {})
-        held = self.held.setdefault(group, {})
-        dead = self.dead.setdefault(group, set())
+        waits for it (machines/apply_order.py). Every member sees the same log, so every member
+        decides alike."""
+        order = self.broker.groups[group].order
         if entries:
             self.applied_index[group] = entries[-1][0]
             self.log_bytes_since[group] = self.log_bytes_since.get(group, 0) + sum(len(p) for _i, p in entries)
@@ -465,31 +359,21 @@ class ClusterLog:
             if not seq:  # not sequenced (nothing of ours proposes these): as it comes
                 self._apply_entry(group, index, entry)
                 continue
-            if origin in dead:
+            if order.is_dead(origin):
                 if origin == self.origin:
                     # The cluster declared this life gone, in an entry this member never applied
                     # (it came inside a snapshot): nothing of this life will be applied again.
                     log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
                     self._cut_off()
                 continue
-            next_seq = expected.get(origin, 1)
-            if seq < next_seq:
-                self.entries_duplicate += 1
-                continue
-            if seq > next_seq:
-                held.setdefault(origin, {})[seq] = payload  # raw: a snapshot carries it as it came
-                self.entries_held += 1
+            if not order.admit(origin, seq, payload):  # raw: a snapshot carries a held one as it came
                 continue
             self._apply_entry(group, index, entry)
-            next_seq += 1
-            waiting = held.get(origin)
-            while waiting and next_seq in waiting and origin not in dead:
-                self._apply_entry(group, index, decode_entry(waiting.pop(next_seq)))
-                next_seq += 1
-            if waiting is not None and not waiting:
-                del held[origin]
-            if origin not in dead:
-                expected[origin] = next_seq
+            for _ in range(len(order.held.get(origin, ()))):  # bounded: each turn applies a held one
+                waiting = order.next_due(origin)
+                if waiting is None:
+                    break
+                self._apply_entry(group, index, decode_entry(waiting))
         if self.log_bytes_since.get(group, 0) >= self.snapshot_next_try.get(group, self.snapshot_every_bytes):
             self._maybe_snapshot(group)
 
@@ -573,11 +457,12 @@ class ClusterLog:
         log.info("%s: state loaded from the snapshot at index %d", group, header.index)
         # This life's entries the snapshot already applied will never be applied here: they are
         # done (committed); what waits on them (the start-up barrier, confirms) must hear so.
-        applied_below = self.expected.get(group, {}).get(self.origin, 1)
+        order = self.broker.groups[group].order
+        applied_below = order.applied_below(self.origin)
         for (g, seq), entry in list(self.in_flight.items()):
             if g == group and seq < applied_below:
                 self._complete(entry, None)
-        if self.origin in self.dead.get(group, ()):
+        if order.is_dead(self.origin):
             # The Down that ended this life is inside the snapshot: it was never applied here, so
             # _apply_all never saw it. Without a new life every entry of this node would be
             # skipped by every member and its clients would wait forever.
@@ -585,96 +470,34 @@ class ClusterLog:
             self._cut_off()
 
     def _apply_entry(self, group: str, index: int, entry) -> None:
-        broker = self.broker
         requests = self.requests
         self.entries_applied += 1
         meta = Meta(index, entry.time_ms)
-        mine = entry.origin == self.origin
+        origin = entry.origin
+        mine = origin == self.origin
+        machines = self.broker.groups[group]
+        apply = self.applier.apply
         for target, command, request in entry.items:
             then = requests.pop(request, None) if mine and request else None
-            effects = None
             try:
-                if target is None:
-                    reply = self._apply_meta(meta, command, mine)
-                    if type(command) is md.OwnerDown and command.owner.endswith("@"):
-                        self._node_down(group, command.owner, entry.origin)
-                elif target == ALL_QUEUES:
-                    reply = self._apply_all(group, meta, command, entry.origin)
-                else:
-                    reply, effects = self._apply_queue(meta, target, command)
-                    if type(reply) is Overflowed and then is not None:
-                        # The origin's messages are not these decoded copies: name them by position.
-                        positions = {id(m): i for i, m in enumerate(command.messages)}
-                        reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
+                apply(machines, meta, target, command, origin, mine, None if then is None else _guarded(then))
             except Exception:
                 # The machines never raise; this is our glue. Going on keeps this member
                 # applying the log (stopping would stall it for good).
                 log.exception("%s: entry %d: applying %s failed", group, index, type(command).__name__)
-                reply = Rejected(541, f"internal error applying {type(command).__name__}")
-            if then is not None:
-                self._call(then, reply)
-            if effects:
-                try:
-                    broker.perform(effects)
-                except Exception:
-                    log.exception("%s: entry %d: performing the effects of %s failed", group, index,
-                                  type(command).__name__)
+                if then is not None:
+                    self._call(then, Rejected(541, f"internal error applying {type(command).__name__}"))
         if mine:
             own = self.in_flight.get((group, entry.seq))
             if own is not None:
                 self._complete(own, None)
 
-    def _node_down(self, group: str, prefix: str, origin: str) -> None:
-        """A node was declared down (or restarted, its new life's barrier): in this group its
-        earlier lives' entries are skipped from here on, and those waiting for a gap dropped
-        (never applied here, so never confirmed to anyone)."""
-        dead = self.dead.setdefault(group, set())
-        expected = self.expected.setdefault(group, {})
-        held = self.held.setdefault(group, {})
-        for life in [o for o in (*expected, *held) if o.startswith(prefix) and o != origin]:
-            dead.add(life)
-            expected.pop(life, None)
-            dropped = held.pop(life, None)
-            if dropped:
-                log.info("%s: %d entries of %s dropped (its node was declared down)", group, len(dropped), life)
-
-    def _apply_meta(self, meta: Meta, command, mine: bool) -> Any:
-        reply, effects = self.broker.meta.apply(meta, command)
-        for effect in effects:
-            # A queue whose record went as a side effect (its exclusive owner's connection
-            # closed): its origin deletes it from its shard too.
-            if type(effect) is md.QueueDeleted and mine and type(command) is not md.DeleteQueueRecord:
-                self.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
-            # A policy changed: its origin sends the queues whose settings change their new ones.
-            elif type(effect) is md.PolicyChanged and mine:
-                policies.apply_policies(self.broker, effect.vhost)
-        return reply
-
-    def _apply_queue(self, meta: Meta, key: tuple, command) -> tuple[Any, list]:
-        broker = self.broker
-        if type(command) is qc.Create:
-            if key not in broker.queues:
-                self._create(key, command)
-            return None, []
-        if type(command) is qc.Sync:
-            return None, []
-        queue = broker.queues.get(key)
-        if queue is None:
-            return Rejected(404, f"no queue '{key[1]}' in vhost '{key[0]}'"), []
-        reply, effects = queue.apply(meta, command)
-        if type(command) is qc.DeleteQueue:
-            broker._queue_deleted(key)
-        return reply, effects
-
-    def _create(self, key: tuple, command: qc.Create) -> None:
-        broker = self.broker
-        queue_id = broker.next_queue_id
-        broker.next_queue_id += 1
-        broker.queue_ids[key] = queue_id
-        # The store only holds what overflows the in-memory window: the Raft log is what is durable.
-        backing = QueueBacking(broker.store, queue_id, False, broker.epoch, None) if broker.store is not None else None
-        settings = settings_or_default(key[0], key[1], command.arguments)
-        broker.queues[key] = make_queue_machine(key[0], key[1], backing=backing, durable=False, settings=settings)
+    def lives_down(self, effect) -> None:
+        """A node's lives were declared dead in a group: if it is this node's name and another
+        life of it did so (it was cut off and the others moved on), start a new life."""
+        if (effect.prefix == self.node_id + "@" and not effect.origin.startswith(effect.prefix)
+                and effect.group == self.shards[0]):
+            self._cut_off()
 
     def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:
         """A direct reply-to reply whose requester is on another member: send it there through
@@ -685,32 +508,6 @@ class ClusterLog:
         group = self.shards[zlib.crc32(key.encode()) % len(self.shards)]
         self.submit(ALL_QUEUES, qc.Reply(key, exchange, routing_key, props_raw, body), None, group=group)
         return True
-
-    def _apply_all(self, group: str, meta: Meta, command, origin: str) -> Any:
-        """A command for every queue of the shard (a node's consumers going down), or for none
-        (a reply to a requester on some member)."""
-        broker = self.broker
-        if type(command) is qc.Reply:
-            channel = broker.reply_to.get(command.key)
-            if channel is not None:
-                channel.deliver_reply(command.exchange, command.routing_key, command.props_raw, command.body)
-            return None
-        if type(command) is not qc.Down:
-            return Rejected(541, f"{type(command).__name__} is not a shard-wide command")
-        returned = 0
-        for key, queue in list(broker.queues.items()):
-            if self.group_of(key) != group:
-                continue
-            reply, effects = queue.apply(meta, command)
-            if isinstance(reply, int):
-                returned += reply
-            if effects:
-                broker.perform(effects)
-        if command.owner.endswith("@"):
-            self._node_down(group, command.owner, origin)
-        if command.owner == self.node_id + "@" and not origin.startswith(self.node_id + "@") and group == self.shards[0]:
-            self._cut_off()
-        return returned
 
     def _auto_delete_idle(self, group: str) -> None:
         """After a member's consumers went: its auto-delete queues left without one go too."""
@@ -736,60 +533,6 @@ class ClusterLog:
             session.wake()
 
     # ------------------------------------------------------------ leadership
-
-    def leads_queue(self, key: tuple) -> bool:
-        """Whether this member leads the queue's shard: it alone performs the effects every
-        member's machine returns that act on other queues (dead letters, expiry)."""
-        return self.node.is_leader(self.group_of(key))
-
-    def when_committed(self, entries: list, then) -> None:
-        """then(ok) once every entry has been answered (ok: all committed)."""
-        batch = ConfirmBatch(sum(1 for e in entries if not e.done))
-        batch.then = then
-        for entry in entries:
-            if not entry.done:
-                entry.confirms.append(batch)
-            elif entry.error is not None:
-                batch.failed = True
-        if batch.remaining == 0:
-            then(not batch.failed)
-
-    async def tick_led_queues(self) -> None:
-        """Time passes for the queues whose shards this member leads: a Tick when a queue's next
-        deadline (TTL, x-expires) has come, one in flight per queue."""
-        in_flight: dict[tuple, None] = {}
-        next_dead_letter_check = 0.0
-        while True:
-            await trio.sleep(TICK_INTERVAL_S)
-            now_ms = self.broker.clock_ms()
-            led = {g for g in self.shards if self.node.is_leader(g)}
-            if not led:
-                continue
-            if trio.current_time() >= next_dead_letter_check:
-                next_dead_letter_check = trio.current_time() + DEAD_LETTER_CHECK_S
-                self._perform_held_dead_letters(led, now_ms)
-            for key, queue in list(self.broker.queues.items()):
-                deadline = queue.next_deadline_ms
-                if deadline is None or deadline > now_ms or key in in_flight or self.group_of(key) not in led:
-                    continue
-                in_flight[key] = None
-                self.submit(key, qc.Tick(), lambda _reply, key=key: in_flight.pop(key, None))
-
-    def _perform_held_dead_letters(self, led: set, now_ms: int) -> None:
-        """Dead letters held in a queue this member's shard leads, that no one performs: the
-        leader that took them on died before the source forgot them. At-least-once: a target may
-        already have a copy."""
-        for key, queue in list(self.broker.queues.items()):
-            if not queue.dead_lettering or self.group_of(key) not in led:
-                continue
-            effects = held_dead_letters(queue, now_ms, lambda seq, key=key: (key, seq) in self.dead_letters_in_flight)
-            for effect in effects:
-                log.warning("queue '%s' in vhost '%s': performing %d held dead letters (%s) again", key[1], key[0],
-                            len(effect.messages), effect.reason)
-                if queue.settings.dead_letter_exchange is None:  # the policy took the DLX away: drop them
-                    self.submit(key, qc.DeadLettered([m.seq for m in effect.messages]), None)
-                else:
-                    dead_letter(self.broker, effect)
 
     # -------------------------------------------------------------- start-up
 
@@ -898,3 +641,13 @@ class ClusterLog:
 
     def members(self) -> list[str]:
         return self.node.groups[META_GROUP].member_ids()
+
+
+def _guarded(then: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A continuation whose own exceptions are logged, never raised into the apply loop."""
+    def call(reply: Any) -> None:
+        try:
+            then(reply)
+        except Exception:  # the channel continuations handle their own errors; this is the backstop
+            log.exception("continuation failed")
+    return call

@@ -1,9 +1,8 @@
 """A cluster member's snapshot of one group: what its machines hold after a given log index.
 
 Theory of operation: the engine keeps a snapshot file per group (replication/snapshot_file.py)
-whose body is ours. A group's state here is (a) the apply-order bookkeeping of server/cluster.py
-for that group (each origin's next sequence number, entries that came early, lives declared
-dead), and (b) its machines: the metadata machine for "meta" (metadata_snapshot.py), every queue
+whose body is ours. A group's state here is (a) its apply order (machines/apply_order.py: each
+origin's next sequence number, entries that came early, lives declared dead), and (b) its machines: the metadata machine for "meta" (metadata_snapshot.py), every queue
 machine of the shard for a shard (machines/snapshot.py, bodies included). The body is a msgpack
 stream of records:
 
@@ -27,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from ..machines.apply_order import ApplyOrder
 from ..machines.snapshot import SnapshotError, dump_queue, load_queue
 from ..replication.entries import decode_entry
 from ..replication.snapshot_file import read_body
@@ -44,16 +44,14 @@ def dump_group(cluster, group: str, index: int) -> list[bytes]:
     """The body of the group's snapshot at `index` (the last entry applied here), as chunks."""
     pack = msgpack.Packer(use_bin_type=True).pack
     out = [pack(["group", {"version": FORMAT_VERSION, "group": group, "index": index}])]
-    held = [[origin, seq, payload] for origin, entries in cluster.held.get(group, {}).items()
-            for seq, payload in entries.items()]
-    out.append(pack(["order", dict(cluster.expected.get(group, {})), held, sorted(cluster.dead.get(group, ()))]))
+    machines = cluster.broker.groups[group]
+    expected, held, dead = machines.order.dump()
+    out.append(pack(["order", expected, held, dead]))
     queues = 0
     if group == cluster.meta_group:
-        out.append(pack(["meta", list(dump_metadata(cluster.broker.meta))]))
+        out.append(pack(["meta", list(dump_metadata(machines.machine))]))
     else:
-        for key, machine in cluster.broker.queues.items():
-            if cluster.group_of(key) != group:
-                continue
+        for key, machine in machines.queues.items():
             records = list(dump_queue(machine))
             out.append(pack(["queue", key[0], key[1], len(records)]))
             out.extend(pack(r) for r in records)
@@ -100,29 +98,30 @@ def load_group(cluster, group: str, header) -> None:
             raise SnapshotError(f"snapshot of {group} at {header.index}: unknown record {str(record)[:60]}")
     if ended is None or ended.get("queues") != len(loaded):
         raise SnapshotError(f"snapshot of {group} at {header.index}: truncated or miscounted")
+    _, expected, held, dead = order
+    for _origin, _seq, payload in held:
+        decode_entry(payload)  # checked now: a bad one fails the load, not a later apply
     # The state is read whole: now replace this member's.
+    machines = broker.groups[group]
     if group == cluster.meta_group:
         if meta is None:
             raise SnapshotError(f"snapshot of {group} at {header.index}: no metadata record")
-        broker.meta = meta
+        machines.machine = meta
     else:
-        for key in [k for k in broker.queues if cluster.group_of(k) == group and k not in loaded]:
-            old = broker.queues.pop(key)
+        for key in [k for k in machines.queues if k not in loaded]:
+            old = machines.queues.pop(key)
             if old.backing is not None:
                 old.backing.drop()
+            if broker.queues.get(key) is old:
+                del broker.queues[key]
             broker.queue_ids.pop(key, None)
         for key, machine in loaded.items():
-            old = broker.queues.get(key)
+            old = machines.queues.get(key)
             if old is not None and old.backing is not None and old.backing is not machine.backing:
                 old.backing.drop()
+            machines.queues[key] = machine
             broker.queues[key] = machine
-    _, expected, held, dead = order
-    cluster.expected[group] = {str(o): int(s) for o, s in expected.items()}
-    cluster.held[group] = {}
-    for origin, seq, payload in held:
-        decode_entry(payload)  # checked now: a bad one fails the load, not a later apply
-        cluster.held[group].setdefault(origin, {})[seq] = payload
-    cluster.dead[group] = set(dead)
+    machines.order = ApplyOrder.load(expected, held, dead)
 
 
 def _records(unpacker, header):

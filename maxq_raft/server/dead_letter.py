@@ -11,16 +11,14 @@ with `DeadLettered`, so the source forgets (and deletes from its store) only wha
 have: at-least-once. A missing dead-letter exchange or no target drops the message, as
 RabbitMQ does.
 
-`QueueExpired` (x-expires) deletes the queue. `tick_queues` is the trio task that applies
-`Tick` to the queues whose `next_deadline_ms` has come, so expiry happens without traffic.
+`QueueExpired` (x-expires) deletes the queue. In a cluster every member's machine returns these
+effects; the member that leads the queue's shard performs them (a single node leads all).
+The ticker that makes time pass for queues without traffic is `CommandLog.tick_queues`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-
-import trio
 
 from ..amqp.properties import decode_properties, encode_properties
 from ..amqp.values import Long, Timestamp
@@ -29,21 +27,19 @@ from ..machines.queue import DeadLetter, Message, QueueExpired
 
 log = logging.getLogger("maxq.dead_letter")
 
-TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
 DEAD_LETTER_STALE_MS = 5000  # held this long by nobody: a shard leader performs it again
 
 
 def perform_effect(broker, effect) -> None:
     """The broker's `perform` hands every effect that is not a `Deliver` here."""
     kind = type(effect)
-    cluster = broker.cluster
     if kind is DeadLetter:
-        # In a cluster every member's machine returns it; the source shard's leader acts on it.
-        if cluster is None or cluster.leads_queue((effect.vhost, effect.queue)):
+        # Every member's machine returns it; the source shard's leader acts on it.
+        if broker.log.leads_queue((effect.vhost, effect.queue)):
             dead_letter(broker, effect)
     elif kind is QueueExpired:
         key = (effect.vhost, effect.name)
-        if key in broker.queues and (cluster is None or cluster.leads_queue(key)):
+        if key in broker.queues and broker.log.leads_queue(key):
             log.info("queue '%s' in vhost '%s' expired (x-expires): deleted", effect.name, effect.vhost)
             broker.delete_queue(key)
     else:
@@ -134,28 +130,22 @@ def dead_letter(broker, effect: DeadLetter) -> None:
         for message in effect.messages:
             _route_one(broker, effect, message, time_s, targets)
     seqs = [m.seq for m in effect.messages if m.seq >= 0]
-    cluster = broker.cluster
-    if cluster is not None:
-        # At-least-once here too: the source forgets them once the targets' entries committed.
-        entries = [cluster.submit((vhost, name), qc.Enqueue(messages), None) for name, messages in targets.items()]
-        in_flight = cluster.dead_letters_in_flight
-        in_flight.update((source_key, seq) for seq in seqs)
+    log_ = broker.log
+    # At-least-once: the source forgets them once the targets have them, durably.
+    entries = [log_.submit((vhost, name), qc.Enqueue(messages), None) for name, messages in targets.items()]
+    in_flight = log_.dead_letters_in_flight
+    in_flight.update((source_key, seq) for seq in seqs)
 
-        def committed(ok: bool) -> None:
-            if ok and seqs:
-                cluster.submit(source_key, qc.DeadLettered(seqs), lambda _reply: in_flight.difference_update(
-                    (source_key, seq) for seq in seqs))
-                return
-            in_flight.difference_update((source_key, seq) for seq in seqs)
-            if not ok:
-                log.warning("dead letters of queue '%s' not committed; they stay held in it (performed again "
-                            "later by its shard's leader)", effect.queue)
-        cluster.when_committed(entries, committed)
-        return
-    for name, messages in targets.items():
-        broker.apply_queue((vhost, name), qc.Enqueue(messages))
-    if seqs and source_key in broker.queues:
-        broker.apply_queue(source_key, qc.DeadLettered(seqs))
+    def committed(ok: bool) -> None:
+        if ok and seqs:
+            log_.submit(source_key, qc.DeadLettered(seqs), lambda _reply: in_flight.difference_update(
+                (source_key, seq) for seq in seqs))
+            return
+        in_flight.difference_update((source_key, seq) for seq in seqs)
+        if not ok:
+            log.warning("dead letters of queue '%s' not committed; they stay held in it (performed again "
+                        "later by its shard's leader)", effect.queue)
+    log_.when_committed(entries, committed)
 
 
 def held_dead_letters(queue, now_ms: int, skip) -> list[DeadLetter]:
@@ -201,24 +191,3 @@ def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, target
             targets[name] = [copy]
         else:
             batch.append(copy)
-
-
-async def tick_queues(broker) -> None:
-    """Apply `Tick` to every queue whose next deadline has come (TTL, x-expires, backlogs)."""
-    if broker.cluster is not None:
-        await broker.cluster.tick_led_queues()
-        return
-    while True:
-        await trio.sleep(TICK_INTERVAL_S)
-        now_ms = int(time.time() * 1000)
-        due = []
-        for key, queue in broker.queues.items():
-            deadline = queue.next_deadline_ms
-            if deadline is not None and deadline <= now_ms:
-                due.append(key)
-        for key in due:
-            if key in broker.queues:
-                try:
-                    broker.apply_queue(key, qc.Tick())
-                except Exception:  # one queue's trouble must not stop expiry everywhere
-                    log.exception("tick of queue %s failed", key)

@@ -40,8 +40,10 @@ from ..config import parse_addr
 from ..replication.engine import ReplicationNode
 from ..replication.snapshot_file import SnapshotError
 from .broker import Broker
-from .cluster import META_GROUP, ClusterLog, default_shards
-from .dead_letter import tick_queues
+from .cluster import ClusterLog, default_shards
+from .command_log import META_GROUP
+from .local_log import LocalLog
+from .recovery import recover
 from .session import Session, tick_sessions
 from .store_health import StoreWatch
 
@@ -154,14 +156,17 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
             broker.close()
         return stop.failure
     try:
+        broker.attach(LocalLog(broker))
         if store is not None:
             if settings.fsync == "off":
                 log.warning("fsync is OFF: confirmed messages can be lost if the machine crashes (benchmarks only)")
             try:
-                broker.recover(trio.lowlevel.current_trio_token().run_sync_soon)
+                recover(broker, broker.log, trio.lowlevel.current_trio_token().run_sync_soon)
             except (StorageError, persistence.MetadataCorruption) as exc:
                 raise StartupError(f"cannot recover the data in {store.path}: {exc}") from None
-        await _serve(broker, settings, task_status, stop)
+            watch = StoreWatch(store, settings.data_dir)
+            store.on_failure = watch.on_failure
+        await _serve(broker, settings, task_status, stop, watch=watch if store is not None else None)
     finally:
         broker.close()
     return None
@@ -177,6 +182,7 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
         broker.open_for_cluster()
     shard_count = settings.shards or default_shards()
     cluster = ClusterLog(broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20))))
+    broker.attach(cluster)
     try:
         node = ReplicationNode(
             node_id=settings.node_id, raft_addr=parse_addr(settings.raft_addr, "raft_addr"), peers=settings.peers(),
@@ -189,7 +195,6 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
     except SnapshotError as exc:
         raise StartupError(f"cannot start from the Raft data in {settings.data_dir}: {exc}") from None
     cluster.node = node
-    broker.cluster = cluster
     log.info("node %s: Raft on %s, %d shard groups, peers %s%s", settings.node_id, settings.raft_addr, shard_count,
              ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
              " (joining: waiting to be added)" if settings.join == "on" else "")
@@ -209,7 +214,6 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
             await _serve(broker, settings, task_status, stop)
             nursery.cancel_scope.cancel()
     finally:
-        broker.cluster = None
         await trio.to_thread.run_sync(node.stop)
 
 
@@ -225,7 +229,9 @@ async def _stop_on_signal(signals, stop: StopRequest) -> None:
         return
 
 
-async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequest) -> None:
+async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequest,
+                 watch: StoreWatch | None = None) -> None:
+    """Serve clients until `stop`; `watch` recovers a single node's store when it cannot write."""
     broker.alarms = ResourceAlarms(settings.data_dir, settings.memory_high_watermark_mb, settings.disk_free_limit_mb)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         # Bind every port before serving anything: a busy port must fail the start cleanly
@@ -237,12 +243,10 @@ async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequ
             admin_listeners = await _bind("HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
-            if broker.store is not None and broker.cluster is None:
-                watch = StoreWatch(broker.store, broker.alarms, settings.data_dir)
-                broker.store.on_failure = watch.on_failure
-                nursery.start_soon(watch.run)
+            if watch is not None:
+                nursery.start_soon(watch.run, broker.alarms)
             nursery.start_soon(tick_sessions, broker)
-            nursery.start_soon(tick_queues, broker)
+            nursery.start_soon(broker.log.tick_queues)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None

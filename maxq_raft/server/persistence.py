@@ -180,3 +180,65 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
             entries.append(encode_entry(md.SetPolicy(vhost_name, policy.name, policy.pattern, policy.definition,
                                                      policy.priority, policy.apply_to), None))
     return entries
+
+
+class DurableTopology:
+    """A single node's record of durable topology: which applied metadata commands go into the
+    metadata log (see the module docstring), with the cascades a transient command causes to
+    durable auto-delete exchanges. `Applier` calls `before` and `after` around each command."""
+
+    def __init__(self, metadata_log: MetadataLog, queue_ids: dict) -> None:
+        self.metadata_log = metadata_log
+        self.queue_ids = queue_ids  # (vhost, name) -> store id: logged with a queue's declare
+        self.durable_auto_delete: dict[tuple[str, str], None] = {}  # (vhost, name) of such exchanges
+
+    def start(self, machine: md.MetadataMachine) -> None:
+        """After a replay: which durable auto-delete exchanges exist."""
+        self.durable_auto_delete = {(vhost_name, ex.name): None for vhost_name, vhost in machine.vhosts.items()
+                                    for ex in vhost.exchanges.values() if ex.durable and ex.auto_delete}
+
+    def before(self, machine: md.MetadataMachine, command) -> bool:
+        """Whether the command is to be logged, as far as the state before it tells."""
+        kind = type(command)
+        if kind is md.DeclareExchange:
+            # Only a new exchange is logged: clients redeclare on every start.
+            return machine.exchange(command.vhost, command.name) is None and concerns_durable(machine, command, before=False)
+        if kind is md.DeclareQueue:
+            return False  # decided after: only a queue this command created
+        return concerns_durable(machine, command, before=True)
+
+    def after(self, machine: md.MetadataMachine, command, effects: list, log_it: bool) -> None:
+        """Log the applied (not refused) command if it concerns durable state; StoreFailed if the
+        store cannot write now (the entry is kept for redo)."""
+        kind = type(command)
+        queue_id = None
+        if kind is md.DeclareQueue and effects and type(effects[0]) is md.QueueCreated:
+            log_it = concerns_durable(machine, command, before=False)
+            queue_id = self.queue_ids.get((command.vhost, command.name))
+        elif kind is md.Bind or kind is md.Unbind:
+            log_it = log_it or concerns_durable(machine, command, before=False)
+        if log_it:
+            self.metadata_log.append(command, queue_id)
+        if kind is md.DeclareExchange:
+            if command.durable and command.auto_delete and not command.passive:
+                self.durable_auto_delete[(command.vhost, command.name)] = None
+        elif self.durable_auto_delete and kind is not md.DeclareQueue and kind is not md.Bind:
+            self._log_cascaded_exchange_deletes(machine)
+        if self.metadata_log.needs_snapshot:
+            self.metadata_log.write_snapshot(snapshot_entries(machine, self.queue_ids))
+
+    def _log_cascaded_exchange_deletes(self, machine: md.MetadataMachine) -> None:
+        """Log the durable auto-delete exchanges that a command deleted as a side effect.
+
+        RabbitMQ deletes an auto-delete exchange when its last binding goes, also when that
+        binding went because its (transient) queue went. Commands about transient things are not
+        logged, so their cascades would not be replayed and the exchange would come back at the
+        next start; a DeleteExchange is logged for each instead. Only durable auto-delete
+        exchanges can be concerned, so only those (usually none) are looked at.
+        """
+        for key in list(self.durable_auto_delete):
+            record = machine.exchange(*key)
+            if record is None or not (record.durable and record.auto_delete):
+                del self.durable_auto_delete[key]
+                if record is None:
+                    self.metadata_log.append(md.DeleteExchange(key[0], key[1], False))

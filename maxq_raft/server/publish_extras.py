@@ -4,9 +4,9 @@ Theory of operation: the session calls `publish_extras` only when the `expiratio
 property flag is set, so publishes without them pay one bit test; the expiration is checked as
 rabbit_channel's check_expiration_header does (406 on a bad one); both are carried on each
 `Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed`;
-`send_confirms` then sends a basic.nack for every publish a queue refused (as RabbitMQ: a publish
-routed to several queues is nacked if any refused it) and never an ack with `multiple` that
-would cover one.
+`note_refused` collects the confirm seqs of the publishes it refused, which confirms.py then
+nacks one by one (as RabbitMQ: a publish routed to several queues is nacked if any refused it),
+never covering one with an ack's `multiple`.
 """
 
 from __future__ import annotations
@@ -71,14 +71,3 @@ def note_refused(refused: dict | None, messages: list) -> dict:
         if ref is not None:
             refused.setdefault(ref[0], set()).add(ref[1])
     return refused
-
-
-def send_confirms(broker, session, channel, seqs: list, ticket, refused: set) -> None:
-    """Confirm `seqs` of a channel where `refused` of them are to be nacked, one by one."""
-    outcomes = [(seq, seq not in refused) for seq in seqs]
-    if ticket is not None or channel in broker.confirm_waiters:
-        broker.defer_confirms(channel, ticket, seqs[-1], outcomes)
-        return
-    for seq, acked in outcomes:
-        method = spec.BasicAck if acked else spec.BasicNack
-        session.conn.send_method(channel.number, method(delivery_tag=seq, multiple=False))

@@ -38,10 +38,10 @@ from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.queue import Message, Overflowed
 from .broker import Broker, Unavailable
-from .cluster import ConfirmBatch
+from .confirms import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
-from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, send_confirms, wants_extras
+from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, wants_extras
 
 log = logging.getLogger("maxq.session")
 
@@ -168,12 +168,12 @@ class Session:
         conn = self.conn
         receive_some = self.stream.receive_some
         alarms = self.broker.alarms
-        cluster = self.broker.cluster
+        log_ = self.broker.log
         while not self.finished:
             if alarms is not None and alarms.active and self.messages_in:
                 await self._blocked(alarms)
-            if cluster is not None and cluster.flow_blocked and self.messages_in:
-                await self._flow_wait(cluster)
+            if log_.flow_blocked and self.messages_in:
+                await self._flow_wait(log_)
             try:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -184,15 +184,15 @@ class Session:
             if conn.state is State.CLOSED:
                 break
 
-    async def _flow_wait(self, cluster) -> None:
+    async def _flow_wait(self, log_) -> None:
         """This node has too much proposed and not committed (ClusterLog.flow_bytes): a
         publishing connection is not read until that drains, so TCP slows its publisher down
         (RabbitMQ's credit flow; no connection.blocked, which is for resource alarms)."""
-        while cluster.flow_blocked and not self.finished and self.conn.state is State.OPEN:
+        while log_.flow_blocked and not self.finished and self.conn.state is State.OPEN:
             # Unread heartbeats must not count against the client while we are the ones not reading.
             self.conn.note_peer_alive(trio.current_time())
             with trio.move_on_after(1.0):
-                await cluster.flow_room.wait()
+                await log_.flow_room.wait()
 
     async def _blocked(self, alarms) -> None:
         """A resource alarm is on and this connection publishes: stop reading it until it clears."""
@@ -324,8 +324,7 @@ class Session:
                 self.user = event.user
                 self.client_properties = event.client_properties
                 self.broker.sessions[self.id] = self
-                cluster = self.broker.cluster
-                if cluster is not None and not cluster.quorum_ok:
+                if not self.broker.log.quorum_ok:
                     self.conn.close(spec.CONNECTION_FORCED, "this node is cut off from the cluster majority; "
                                     "connect to another node", now=trio.current_time())
                 log.debug("connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost)
@@ -381,7 +380,7 @@ class Session:
             target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
-            elif broker.cluster is not None and broker.cluster.reply_elsewhere(key, exchange, routing_key, props_raw, body):
+            elif broker.log.reply_elsewhere(key, exchange, routing_key, props_raw, body):
                 pass  # the requester is connected to another member: the reply travels through a shard
             elif method.mandatory:
                 self._return(channel, method, props_raw, body)
@@ -445,57 +444,31 @@ class Session:
             queue_cast(queue_key, kind(consumer_id, seqs))
 
     def flush_publishes(self) -> None:
-        """Apply what this read gathered: acks first (they free prefetch room), then one Enqueue
-        per queue, then one confirm per channel."""
+        """Submit what this read gathered: acks first (they free prefetch room), then one Enqueue
+        per queue; this read's confirms are sent once everything carrying its messages is durable
+        (a nack if something could not be: confirms.py)."""
         if self.pending_settles:
             self.flush_settles()
         pending, self.pending = self.pending, {}
         broker = self.broker
-        if broker.cluster is not None:
-            self._flush_to_cluster(pending)
-            return
-        refused = None  # channel -> confirm seqs that a reject-publish queue refused
-        for queue_key, messages in pending.items():
-            reply = broker.apply_queue(queue_key, qc.Enqueue(messages))
-            broker.messages_published += len(messages)
-            if type(reply) is Overflowed:
-                refused = note_refused(refused, reply.rejected)
-        if self.pending_confirms:
-            confirms, self.pending_confirms = self.pending_confirms, {}
-            # A confirm means "fsynced": if this batch wrote durable messages, its confirms wait
-            # for the group-commit sync (and so do later ones on a channel that already waits).
-            syncer = broker.syncer
-            ticket = syncer.request() if syncer is not None and syncer.dirty else None
-            send_method = self.conn.send_method
-            for channel, seqs in confirms.items():
-                if refused and channel.number in refused:
-                    send_confirms(broker, self, channel, seqs, ticket, refused[channel.number])
-                elif ticket is not None or channel in broker.confirm_waiters:
-                    broker.defer_confirms(channel, ticket, seqs[-1])
-                else:
-                    send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
-
-    def _flush_to_cluster(self, pending: dict) -> None:
-        """Cluster: one Enqueue per queue into its shard's next entry; this read's confirms are
-        sent once every entry carrying its messages has committed (a nack if one could not)."""
-        cluster = self.broker.cluster
-        entries = {}
+        log_ = broker.log
+        pendings = {}
         batch = ConfirmBatch(0)
 
         def note_overflow(reply, messages) -> None:  # a reject-publish queue refused some
             if type(reply) is Overflowed:
                 batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
         for queue_key, messages in pending.items():
-            queue = self.broker.queues.get(queue_key)
+            queue = broker.queues.get(queue_key)
             then = None
             if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
                 then = partial(note_overflow, messages=messages)
-            entry = cluster.submit(queue_key, qc.Enqueue(messages), then)
-            entries[id(entry)] = entry
-            self.broker.messages_published += len(messages)
+            entry = log_.submit(queue_key, qc.Enqueue(messages), then)
+            pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
+            broker.messages_published += len(messages)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
-            cluster.confirm_after(list(entries.values()), list(confirms.items()), batch)
+            log_.confirm_after(list(pendings.values()), list(confirms.items()), batch)
 
     def continuation(self, channel: Channel, fn):
         """Wrap the rest of a channel method that waits for a commit: until it has run, the

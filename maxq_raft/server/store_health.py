@@ -28,14 +28,12 @@ RETRY_S_MAX = 30.0
 
 
 class StoreWatch:
-    def __init__(self, store, alarms: ResourceAlarms, data_dir: str) -> None:
+    def __init__(self, store, data_dir: str) -> None:
         self.store = store
-        self.alarms = alarms
+        self.alarms: ResourceAlarms | None = None  # set by `run`
         self.data_dir = data_dir
         self._token = trio.lowlevel.current_trio_token()
         self._failed = trio.Event()
-        if store.failure is not None:
-            self._failed_here(store.failure)
 
     def on_failure(self, reason: str) -> None:
         """From the store, in any thread: hop to the loop."""
@@ -45,10 +43,14 @@ class StoreWatch:
             pass  # stopping: GuardedStore.close reports what it could not write
 
     def _failed_here(self, reason: str) -> None:
-        self.alarms.set_store_failure(reason)
+        if self.alarms is not None:
+            self.alarms.set_store_failure(reason)
         self._failed.set()
 
-    async def run(self) -> None:
+    async def run(self, alarms: ResourceAlarms) -> None:
+        self.alarms = alarms
+        if self.store.failure is not None:
+            self._failed_here(self.store.failure)
         while True:  # for the life of the node; each pass waits for a failure first
             await self._failed.wait()
             self._failed = trio.Event()
@@ -60,4 +62,4 @@ class StoreWatch:
                         break
                     wait_s, backoff_s = backoff_s, min(RETRY_S_MAX, backoff_s * 2)  # room, yet it failed
                 await trio.sleep(wait_s)
-            self.alarms.set_store_failure(None)
+            alarms.set_store_failure(None)

@@ -1,0 +1,131 @@
+"""A group's replicated state beyond one queue: a shard's queues, or the metadata; and its apply order.
+
+Theory of operation: a node's state is a few groups, each applied from its own log: the metadata
+group ("meta": vhosts, exchanges, queue records, bindings, policies) and shard groups that hold
+the queue machines (a queue lives in the shard its name hashes to). A single node has one shard;
+a cluster member as many as the cluster has. The same classes serve both, applied from a local
+log or from a Raft group.
+
+`ShardMachine.apply(meta, target, command, origin)` returns `(reply, effects)` like every machine:
+- `Create` makes the queue's machine (through `make_queue`, which the shell gives: the machine's
+  backing is the shell's store) unless it exists, `Sync` is a no-op whose reply tells the caller
+  the shard has applied everything before it, `DeleteQueue` applies to the queue and removes it;
+- a command for every queue of the shard (`ALL_QUEUES`): `Down(owner)` releases an owner's
+  consumers in each (a node's "name@" owner also declares the node's other lives dead in the
+  apply order), `Reply` carries a direct reply-to reply to whichever member holds its requester;
+- any other command goes to its queue's machine (404 when there is none).
+Effects beyond the queue machines' own tell the shell what changed: `QueueAdded`,
+`QueueRemoved`, `LivesDown`, `ReplyTo`.
+
+`MetaGroup` is the same for the metadata group: its machine and its apply order; a node's
+`OwnerDown("name@")` declares its other lives dead here too.
+
+Both are pure and deterministic: dicts in insertion order, no clocks (time comes in `meta`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import commands as qc
+from . import metadata as md
+from .apply_order import ApplyOrder
+from .queue import Meta, QueueMachine, Rejected
+
+__all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo"]
+
+ALL_QUEUES = "*"  # the target of a command for every queue of the shard
+
+
+class QueueAdded(NamedTuple):
+    """Effect: the shard made this queue's machine (the shell indexes it)."""
+
+    key: tuple[str, str]
+    machine: QueueMachine
+
+
+class QueueRemoved(NamedTuple):
+    """Effect: the queue's machine is gone from the shard (the shell drops its backing, tells its
+    consumers' channels)."""
+
+    key: tuple[str, str]
+    machine: QueueMachine
+
+
+class LivesDown(NamedTuple):
+    """Effect: every life of the node `prefix` names ("name@") but `origin` is dead in `group`."""
+
+    group: str
+    prefix: str
+    origin: str
+
+
+class ReplyTo(NamedTuple):
+    """Effect: a direct reply-to reply for the requester `command.key` names, wherever it is held."""
+
+    command: qc.Reply
+
+
+class ShardMachine:
+    def __init__(self, name: str, make_queue: Callable[[tuple[str, str], qc.Create], QueueMachine]) -> None:
+        self.name = name
+        self.make_queue = make_queue
+        self.queues: dict[tuple[str, str], QueueMachine] = {}
+        self.order = ApplyOrder()
+
+    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[Any, list]:
+        if target == ALL_QUEUES:
+            return self._apply_all(meta, command, origin)
+        kind = type(command)
+        key = target
+        if kind is qc.Create:
+            if key in self.queues:
+                return None, []
+            machine = self.queues[key] = self.make_queue(key, command)
+            return None, [QueueAdded(key, machine)]
+        if kind is qc.Sync:
+            return None, []
+        queue = self.queues.get(key)
+        if queue is None:
+            return Rejected(404, f"no queue '{key[1]}' in vhost '{key[0]}'"), []
+        reply, effects = queue.apply(meta, command)
+        if kind is qc.DeleteQueue:
+            del self.queues[key]
+            effects = [*effects, QueueRemoved(key, queue)]
+        return reply, effects
+
+    def _apply_all(self, meta: Meta, command: Any, origin: str) -> tuple[Any, list]:
+        kind = type(command)
+        if kind is qc.Reply:
+            return None, [ReplyTo(command)]
+        if kind is not qc.Down:
+            return Rejected(541, f"{kind.__name__} is not a shard-wide command"), []
+        returned = 0
+        effects: list = []
+        for queue in list(self.queues.values()):
+            reply, queue_effects = queue.apply(meta, command)
+            if type(reply) is int:
+                returned += reply
+            effects.extend(queue_effects)
+        if command.owner.endswith("@"):
+            self.order.lives_down(command.owner, origin)
+            effects.append(LivesDown(self.name, command.owner, origin))
+        return returned, effects
+
+
+class MetaGroup:
+    """The metadata group's state: the metadata machine and the group's apply order."""
+
+    name = "meta"
+
+    def __init__(self, machine: md.MetadataMachine | None = None) -> None:
+        self.machine = machine if machine is not None else md.MetadataMachine()
+        self.order = ApplyOrder()
+
+    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[Any, list]:
+        reply, effects = self.machine.apply(meta, command)
+        if type(command) is md.OwnerDown and command.owner.endswith("@"):
+            self.order.lives_down(command.owner, origin)
+            effects = [*effects, LivesDown(self.name, command.owner, origin)]
+        return reply, effects

@@ -1,0 +1,168 @@
+"""What channels and the broker submit commands to: the node's log, local or replicated.
+
+Theory of operation: every change to a machine goes through `submit(target, command, then)`
+(target: None for the metadata group, a (vhost, queue) key for a queue, ALL_QUEUES for every
+queue of a shard); `then(reply)` gets the machine's reply once the command is applied here, and
+the returned `Pending` is done once the command is durable, for publisher confirms
+(confirms.py). Two logs implement it, and they differ only in how a command gets to
+`Applier.apply`, the one apply path (applier.py):
+
+- `LocalLog` (local_log.py), a single node: the command is applied at once, in the caller's
+  stack; its Pending is done at once, or when the store's fsync covers what it wrote.
+- `ClusterLog` (cluster.py), a cluster member: the command rides in an entry proposed to its
+  group's Raft log; every member applies it once committed, in each origin's order.
+
+This base holds what both do the same way: queue declaration (the queue's machine is made in
+its shard before its record is committed, so by the time anyone can route to it the shard has
+it), the confirms, and time passing for queues (`tick_queues`: a `Tick` when a queue's next
+deadline has come, from the member that leads its shard; a single node leads everything).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from ..machines import commands as qc
+from ..machines import metadata as md
+from ..machines.queue import Rejected
+from ..machines.shard import MetaGroup, ShardMachine
+from .confirms import Confirms, Pending
+from .dead_letter import dead_letter, held_dead_letters
+
+log = logging.getLogger("maxq.log")
+
+META_GROUP = "meta"
+TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
+DEAD_LETTER_CHECK_S = 2.0
+
+
+class CommandLog:
+    """The base of LocalLog and ClusterLog (see the module docstring)."""
+
+    synchronous = False  # True: `then` runs inside `submit` (a local log)
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+        self.node_id: str = broker.node_id
+        self.confirms = Confirms()
+        self.dead_letters_in_flight: set[tuple] = set()  # (queue key, seq) this member is dead-lettering
+        self.flow_blocked = False  # publishers are not read while this is True (cluster flow control)
+        self.flow_room = trio.Event()
+        self.flow_room.set()
+        self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
+
+    # -- what the two logs define --------------------------------------------------------
+
+    shards: list[str]
+
+    def submit(self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None) -> Pending:
+        raise NotImplementedError
+
+    def group_of(self, target: Any) -> str:
+        raise NotImplementedError
+
+    def leads(self, group: str) -> bool:
+        raise NotImplementedError
+
+    def members(self) -> list[str]:
+        raise NotImplementedError
+
+    def lives_down(self, effect: Any) -> None:
+        """A node's lives were declared dead in a group (machines/shard.py's LivesDown)."""
+
+    def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:
+        """Send a direct reply-to reply to a requester on another member (False: not one)."""
+        return False
+
+    def make_groups(self, make_queue: Callable) -> dict[str, Any]:
+        """The machines of every group this node applies: the metadata group and the shards."""
+        return {META_GROUP: MetaGroup(), **{name: ShardMachine(name, make_queue) for name in self.shards}}
+
+    # -- shared --------------------------------------------------------------------------
+
+    def leads_queue(self, key: tuple) -> bool:
+        """Whether this member leads the queue's shard: it alone performs the effects every
+        member's machine returns that act on other queues (dead letters, expiry)."""
+        return self.leads(self.group_of(key))
+
+    def confirm_after(self, pendings: list[Pending], channel_seqs: list, batch=None) -> None:
+        self.confirms.after(pendings, channel_seqs, batch)
+
+    def when_committed(self, pendings: list[Pending], then: Callable[[bool], None]) -> None:
+        self.confirms.when_done(pendings, then)
+
+    def declare_queue(self, command: md.DeclareQueue, then: Callable[[Any], None]) -> None:
+        """Make the queue in its shard first, then commit its record (see the module docstring)."""
+        broker = self.broker
+        key = (command.vhost, command.name)
+
+        def synced(reply) -> None:
+            # declare-ok reports the queue's counts: read them once the shard has applied what
+            # this node sent it before (a closed channel's requeues, this channel's publishes).
+            if type(reply) is Rejected or type(reply).__name__ == "Unavailable":
+                then(reply)
+            else:
+                self.submit(key, qc.Sync(), lambda _r: then(reply))
+        if command.passive or broker.meta.queue(*key) is not None:
+            self.submit(None, command, synced)
+            return
+        durable = command.durable and not command.exclusive
+        arguments = dict(command.arguments)
+        policy = broker.meta.policy_for(*key)
+        if policy is not None:  # the queue's own arguments win over its policy's
+            arguments = {**policy.arguments(), **arguments}
+        created_here = key not in broker.queues
+
+        def recorded(reply) -> None:
+            if type(reply) is Rejected and created_here and broker.meta.queue(*key) is None:
+                # Refused (bad arguments, an exclusive lock...): the machine made for it goes.
+                self.submit(key, qc.DeleteQueue(), None)
+            then(reply)
+
+        def created(reply) -> None:
+            if type(reply).__name__ == "Unavailable":
+                then(reply)
+            else:
+                self.submit(None, command, recorded)
+        self.submit(key, qc.Create(durable, arguments), created)
+
+    async def tick_queues(self) -> None:
+        """Time passes for the queues whose shards this member leads: a Tick when a queue's next
+        deadline (TTL, x-expires, delays, back-offs) has come, one in flight per queue."""
+        in_flight: dict[tuple, None] = {}
+        next_dead_letter_check = 0.0
+        broker = self.broker
+        while True:  # for the life of the node; each turn sleeps
+            await trio.sleep(TICK_INTERVAL_S)
+            now_ms = broker.clock_ms()
+            led = {g for g in self.shards if self.leads(g)}
+            if not led:
+                continue
+            if trio.current_time() >= next_dead_letter_check:
+                next_dead_letter_check = trio.current_time() + DEAD_LETTER_CHECK_S
+                self._perform_held_dead_letters(led, now_ms)
+            for key, queue in list(broker.queues.items()):
+                deadline = queue.next_deadline_ms
+                if deadline is None or deadline > now_ms or key in in_flight or self.group_of(key) not in led:
+                    continue
+                in_flight[key] = None
+                self.submit(key, qc.Tick(), lambda _reply, key=key: in_flight.pop(key, None))
+
+    def _perform_held_dead_letters(self, led: set, now_ms: int) -> None:
+        """Dead letters held in a queue this member's shard leads, that no one performs: the
+        leader that took them on died before the source forgot them. At-least-once: a target may
+        already have a copy."""
+        for key, queue in list(self.broker.queues.items()):
+            if not queue.dead_lettering or self.group_of(key) not in led:
+                continue
+            effects = held_dead_letters(queue, now_ms, lambda seq, key=key: (key, seq) in self.dead_letters_in_flight)
+            for effect in effects:
+                log.warning("queue '%s' in vhost '%s': performing %d held dead letters (%s) again", key[1], key[0],
+                            len(effect.messages), effect.reason)
+                if queue.settings.dead_letter_exchange is None:  # the policy took the DLX away: drop them
+                    self.submit(key, qc.DeadLettered([m.seq for m in effect.messages]), None)
+                else:
+                    dead_letter(self.broker, effect)
