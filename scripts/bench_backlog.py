@@ -5,7 +5,7 @@ Not a test: it prints numbers. Run with the project venv (it uses pika, a test d
 
     .venv/bin/python scripts/bench_backlog.py                     # 1 M x 1 KiB
     .venv/bin/python scripts/bench_backlog.py --messages 10000000 # the full run
-    .venv/bin/python scripts/bench_backlog.py --rabbit            # also RabbitMQ, via compare.py
+    .venv/bin/python scripts/bench_backlog.py --rabbit            # also RabbitMQ, via scripts/bench
 
 Pass 1 starts a `maxq-server` on a fresh data folder under /tmp and runs amqpload's scenario s4
 (`--backlog N -s 1024 --sample-every N/10 --confirm 1000 --persistent --durable --manual-ack
@@ -41,9 +41,7 @@ from pathlib import Path
 import pika
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = Path(os.environ.get("BENCH_DIR", ROOT.parent / "shared" / "bench"))
-if not BENCH.exists():
-    BENCH = Path("/work/shared/bench")
+LOADGEN = ROOT / "scripts" / "loadgen"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 60.0
 FIRST_MESSAGE_TIMEOUT_S = 300.0
@@ -55,13 +53,11 @@ QUEUE = "bench-q-0"  # amqpload's first queue (--queue-prefix bench-q)
 
 
 def amqpload_path() -> str:
-    for folder in (BENCH / "loadgen" / "bin", os.environ.get("BENCH_BIN", ""), "/tmp/bench-bin"):
-        if folder and (Path(folder) / "amqpload").exists():
-            return str(Path(folder) / "amqpload")
-    print("amqpload not found: building it into /tmp/bench-bin", flush=True)
-    subprocess.run(["bash", str(BENCH / "loadgen" / "build.sh")], check=True,
-                   env={**os.environ, "BENCH_BIN": "/tmp/bench-bin"})
-    return "/tmp/bench-bin/amqpload"
+    built = Path(os.environ.get("BENCH_BIN") or LOADGEN / "bin")
+    if not (built / "amqpload").exists():
+        print(f"amqpload not found: building it into {built}", flush=True)
+        subprocess.run(["bash", str(LOADGEN / "build.sh")], check=True, env={**os.environ, "BENCH_BIN": str(built)})
+    return str(built / "amqpload")
 
 
 def free_port() -> int:
@@ -328,9 +324,10 @@ def pass_restart(args, amqpload: str, folder: Path) -> dict:
 def run_rabbit(args) -> None:
     scenario = {1_000_000: "s4-backlog-1m", 5_000_000: "s4-backlog-5m"}.get(args.messages)
     if scenario is None:
-        print(f"== RabbitMQ: compare.py has presets for 1 M and 5 M only, not {args.messages:,}")
+        print(f"== RabbitMQ: scripts/bench has presets for 1 M and 5 M only, not {args.messages:,}")
         return
-    command = [sys.executable, str(BENCH / "compare.py"), "--scenario", scenario, "--targets", "rabbit,rabbit-qq1", "-n", "1"]
+    command = [str(ROOT / "scripts" / "bench"), "--scenario", scenario, "--targets", "rabbit,rabbit-qq1", "-n", "1",
+               "--loadgen", "amqpload", "--amqpload", amqpload_path()]
     print("== RabbitMQ: " + " ".join(command), flush=True)
     subprocess.run(command, timeout=4 * 3600)
 
@@ -340,7 +337,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=1_000_000, help="backlog depth N (default 1,000,000)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
     parser.add_argument("--max-time", type=int, help="amqpload --max-time per phase (default: from N)")
-    parser.add_argument("--rabbit", action="store_true", help="also RabbitMQ classic and quorum (compare.py)")
+    parser.add_argument("--rabbit", action="store_true", help="also RabbitMQ classic and quorum (scripts/bench)")
     parser.add_argument("--rabbit-only", action="store_true", help="only RabbitMQ")
     parser.add_argument("--skip-restart", action="store_true", help="pass 1 only")
     parser.add_argument("--restart-only", action="store_true", help="pass 2 only")

@@ -2,7 +2,7 @@
 """Benchmark the replication engine: 3 local processes, one group, fsync on.
 
 The leader keeps W proposals in flight; each is one entry of 100 x 128 B messages (msgpack,
-13 003 B, as in DESIGN.md §3 and probes/guard.py). Reported per window: messages/s, entries/s,
+13 003 B, as in the seam probe of docs/design.md §3). Reported per window: messages/s, entries/s,
 commit latency p50/p99 (propose -> callback committed), errors, and the seam counters summed
 over the three nodes (follower acks that went backwards, acknowledged entries truncated, ...).
 

@@ -2,7 +2,7 @@
 
 Theory of operation: the queue machines keep counters, each queue's head window and what is in
 flight in memory; message bodies live in a `SegmentStore` (segment_store.py), so memory does not
-grow with queue depth (DESIGN.md §5). A message is addressed by (queue_id, seq), both u64, under
+grow with queue depth (docs/design.md §5). A message is addressed by (queue_id, seq), both u64, under
 the key `queue_id ‖ seq` in big-endian, so key order is queue order and one queue is one key
 range: appends are batched writes, acked prefixes are one `delete_range`, and start-up finds each
 queue's extent with a couple of seeks (`queue_ids`, `bounds`) whatever its depth. Small state such

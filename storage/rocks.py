@@ -16,7 +16,7 @@ tombstone whatever its size; point deletes leave one tombstone per message, whic
 queue head must skip until compaction removes them (see the deletion collector below), so the
 shell should prefer ranges.
 
-Durability modes (DESIGN.md §4-§5):
+Durability modes (docs/design.md §4-§5):
 - wal=True, sync_writes=False (default): a write that returned survives a crash of the process
   (it is in the WAL in the OS page cache); `flush()` fsyncs the WAL so it also survives a crash of
   the machine.
@@ -82,8 +82,8 @@ _FORMAT_KEY_LABEL = "(format marker)"
 _PREFIX_SIZE_BYTES = 8
 
 # -- tuning for an append-mostly, delete-prefix workload -----------------------------------------
-# Memtables absorb the append stream: 64 MiB buffers, up to 4, as measured in
-# shared/probes/results/store_big.txt (10 M x 1 KiB at ~195 k msgs/s, ~200 MB RSS, no stalls).
+# Memtables absorb the append stream: 64 MiB buffers, up to 4, as in the storage probe of
+# docs/design.md §5 (10 M x 1 KiB at ~195 k msgs/s, ~200 MB RSS, no stalls).
 # Fewer/smaller buffers mean more L0 files and stalls under bursts; more means more RSS.
 WRITE_BUFFER_BYTES = 64 << 20
 WRITE_BUFFERS_MAX = 4
@@ -91,7 +91,7 @@ META_WRITE_BUFFER_BYTES = 4 << 20  # snapshots are small; keep the meta memtable
 # Bounds WAL growth: a rarely written column family (meta) would otherwise pin old WAL files.
 WAL_TOTAL_BYTES_MAX = 512 << 20
 # The block cache also holds index blocks (cache_index_and_filter_blocks): without that every open
-# SST keeps its index on the heap and RSS grows with depth, which DESIGN.md §5 forbids.
+# SST keeps its index on the heap and RSS grows with depth, which docs/design.md §5 forbids.
 BLOCK_CACHE_BYTES = 32 << 20
 # 16 KiB blocks: reads are mostly sequential scans of 1 KiB-ish records, and bigger blocks mean a
 # 4x smaller index than the 4 KiB default.

@@ -1,7 +1,7 @@
 """The SegmentStore interface: what the queue machines' shell needs from message storage.
 
 Theory of operation: the queue machines keep counters, the head window and what is in flight in
-memory (DESIGN.md §5); message bodies of deep queues live in a SegmentStore. A queue is a
+memory (docs/design.md §5); message bodies of deep queues live in a SegmentStore. A queue is a
 `queue_id` (u64, chosen by the metadata layer) and its messages are `seq`s (u64, increasing per
 queue). The shell appends with `put_batch` (one batched write per batch of publishes), refills
 its head window with `scan`, removes acked messages with `delete_range` (acked prefixes: one

@@ -1,4 +1,4 @@
-"""The packaging trap (DESIGN.md §1): `amqp` is py-amqp's import name, which kombu and celery
+"""The packaging trap (docs/design.md §1): `amqp` is py-amqp's import name, which kombu and celery
 use; our codec folder `amqp/` must only ever be importable as `maxq_raft.amqp`."""
 
 from __future__ import annotations

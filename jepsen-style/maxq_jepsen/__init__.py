@@ -4,7 +4,7 @@ Theory of operation: a *lab* runs real `maxq-server` processes (one node or a cl
 or one network namespace per member); a *nemesis* injects faults into it on a seeded schedule of
 quiet/fault/heal cycles; a *workload* of pika publishers and consumers records every operation
 to a JSON-lines *history*; after the final heal, a bounded recovery wait and a drain, the pure
-*checker* turns the history into verdicts (RELIABILITY.md) and the *report* writes a summary
+*checker* turns the history into verdicts (docs/reliability.md, "Verdict") and the *report* writes a summary
 table, results.json and an HTML timeline. Everything random comes from the run's seed.
 
 Modules: history (the record format), checker (history in, verdicts out), workload (pika

@@ -1,9 +1,9 @@
 """The checker: a history in, verdicts out. Pure: no I/O, no clock, no randomness.
 
-Theory of operation: Jepsen's total-queue check plus what AMQP adds (RELIABILITY.md, "Verdict").
-One pass over the records builds, per message id, its publish (invoke time, outcome, node,
-publisher session, CRC) and its deliveries (consumer session, redelivered flag, CRC), plus the
-fault windows the nemesis and runner recorded. Then every message falls in one class:
+Theory of operation: Jepsen's total-queue check plus what AMQP adds (docs/reliability.md,
+"Verdict"). One pass over the records builds, per message id, its publish (invoke time, outcome,
+node, publisher session, CRC) and its deliveries (consumer session, redelivered flag, CRC), plus
+the fault windows the nemesis and runner recorded. Then every message falls in one class:
 
     fatal (the broker broke a promise)
       lost               confirmed (publish ok) but never delivered, not even in the final drain

@@ -164,8 +164,8 @@ def parse_overlap(spec: str) -> list[str]:
 
 
 def fall_back_from_netns(specs: list[RunSpec]) -> tuple[list[RunSpec], str | None]:
-    """RELIABILITY.md: when namespaces do not work, say so loudly and use the loopback lab (without
-    the nemeses that cut links), never a silent pass."""
+    """docs/reliability.md ("What the machine offers"): when namespaces do not work, say so loudly
+    and use the loopback lab (without the nemeses that cut links), never a silent pass."""
     if not any(s.lab == "netns" for s in specs):
         return specs, None
     ok, why = netns_available()

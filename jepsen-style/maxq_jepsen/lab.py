@@ -12,7 +12,7 @@ Backends:
              "switch" namespace, so the machine's network is never touched. Raft runs between
              the 10.77.0.i addresses; it adds `partition(cuts)` / `heal_network()`: every cut is
              an `ip saddr A ip daddr B drop` rule, all applied in one atomic `nft -f` in the
-             switch namespace (RELIABILITY.md, "A lab that worked" and "Faults"). Established
+             switch namespace (docs/reliability.md, "A lab that worked" and "Faults"). Established
              TCP flows are cut too. Packet loss lives in the same table (`set_loss`: an nft
              `numgen random` rule per lossy node), so one transaction always states the whole
              network fault. Delay (`start_delay`) is an iptables NFQUEUE rule pair in the node's
@@ -778,7 +778,7 @@ def delete_stale_namespaces() -> list[str]:
 
 
 def netns_available() -> tuple[bool, str]:
-    """The preflight RELIABILITY.md asks for: can this machine make a namespace?"""
+    """The preflight docs/reliability.md asks for: can this machine make a namespace?"""
     if os.geteuid() != 0:
         return False, "not root"
     name = f"{NS_PREFIX}preflight"

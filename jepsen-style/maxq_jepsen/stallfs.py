@@ -7,8 +7,8 @@ every write, fsync, fdatasync, flush of a written file, truncate and create wait
 a stalled disk in the wild is a stalled write queue). "run" (or a missing file) releases them.
 A stall never outlives STALL_MAX_S, so a harness that died without unstalling cannot wedge a
 broker for ever. The harness mounts a node's data folder through this before the node starts
-(RELIABILITY.md measured 0.8 s stalls as asked), flips CONTROL to stall the leader, and unmounts
-at teardown (`fusermount -u`, lazily if busy).
+(docs/reliability.md, "Faults": 0.8 s stalls measured as asked), flips CONTROL to stall the
+leader, and unmounts at teardown (`fusermount -u`, lazily if busy).
 
 The harness never imports this module (fusepy is only needed where the fault runs).
 """

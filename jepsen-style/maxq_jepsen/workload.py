@@ -8,7 +8,7 @@ client would have one) and a ~10 ms tick drives everything else: the publish rat
 timeout and the stop. The tick is also the session's watchdog: every way out of a session ends in
 `ioloop.stop()`, at the latest at the hard deadline.
 
-Publisher (RELIABILITY.md): unique ids "<process>-<seq>" in `message_id` and in the body,
+Publisher (docs/reliability.md, "Verdict"): unique ids "<process>-<seq>" in `message_id` and in the body,
 persistent, mandatory, confirms. It records `invoke` before the bytes leave, then `ok` on
 basic.ack, `fail` on basic.nack ("nack") or on a basic.return followed by its ack ("returned"),
 and `info` for whatever is in flight when the connection dies or a confirm takes longer than

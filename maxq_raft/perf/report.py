@@ -4,7 +4,7 @@ Theory of operation: where maxq-perf measures what amqpload measures, the key is
 (pub_rate, cons_rate, confirm_rate, lat_us{n,p50,p90,p99,p999,max}, confirm_lat_us,
 broker_cpu_s_per_M_pub/_cons, broker_rss_mb_start/_end, client_cpu_util, other_cpu_util,
 pub_samples, drain_rate, declare_rate, q_rss_kb_per_queue, open_rate, c_rss_kb_per_conn...),
-so compare.py, summarize.py and scripts/bench read either tool's lines. "tool" says which.
+so scripts/bench reads either tool's lines. "tool" says which.
 """
 
 from __future__ import annotations

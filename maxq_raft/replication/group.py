@@ -22,7 +22,7 @@ Everything here runs in the engine's hub thread, which calls `tick` (doTick(0), 
   not or no longer leader, or the entry was overwritten), "timeout" (outcome unknown: it may
   still commit), "busy" (too many pending, or the disk is behind) or "stopped".
 
-Settings (DESIGN.md §3, measured cliffs): `RAFT_SETTINGS`.
+Settings (docs/design.md §3, measured cliffs): `RAFT_SETTINGS`.
 """
 
 from __future__ import annotations

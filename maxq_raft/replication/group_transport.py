@@ -1,4 +1,4 @@
-"""The seams between pysyncobj and the network, for one Raft group (DESIGN.md §3).
+"""The seams between pysyncobj and the network, for one Raft group (docs/design.md §3).
 
 Theory of operation
 -------------------
@@ -28,8 +28,8 @@ repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
    term while that entry is still in the log.
 3. conflict clamp (follower): after a prevLogTerm mismatch at p, pysyncobj answers the
    leader's other pipelined appends with "send from my end", undoing the back-up (a livelock
-   measured in probes/results/guard.txt). Until the first entry of the conflicting term is
-   gone, every "reset" reply points at it (which is also Raft's fast back-up).
+   measured on stock pysyncobj, docs/design.md §3). Until the first entry of the conflicting
+   term is gone, every "reset" reply points at it (which is also Raft's fast back-up).
 4. dedup (leader): entries already put on the current connection are not sent again when
    pysyncobj rewinds nextIndex; an all-duplicate message becomes a heartbeat (or is dropped
    if a message went out less than a heartbeat ago and it carries no new commit index). A

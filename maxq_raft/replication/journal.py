@@ -6,10 +6,10 @@ Theory of operation
 one, puts the entry in an in-memory tail and in the writer's queue, and returns: the entry is
 readable at once and durable later. One writer thread takes *everything* queued, `os.write`s it
 to the active segment and calls `os.fdatasync` once for the batch (group commit: while one
-fdatasync runs, new appends queue up and go in the next batch; DESIGN.md §3, §7: one fdatasync
+fdatasync runs, new appends queue up and go in the next batch; docs/design.md §3, §7: one fdatasync
 costs 160-190 us here, so never one per entry). Only then does `durable_index` advance and
 `on_durable(durable_index)` run, in the writer thread; the caller bridges threads itself. A
-confirm to a publisher means "fsynced" (DESIGN.md §4), so nothing claims durability earlier.
+confirm to a publisher means "fsynced" (docs/design.md §4), so nothing claims durability earlier.
 
 On disk (folder):
   <first index, 20 digits>.seg  segments; one record after another, big-endian:

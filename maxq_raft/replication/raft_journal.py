@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-pysyncobj 0.3.17 never fsyncs (DESIGN.md §3). Its only hook for the log is the module function
+pysyncobj 0.3.17 never fsyncs (docs/design.md §3). Its only hook for the log is the module function
 `pysyncobj.syncobj.createJournal(journalFile)`; `install_journal_hook` replaces it once with a
 function that hands out a `RaftLog` registered under a token passed as `journalFile`, and
 falls back to pysyncobj's own journals for anything else. pysyncobj itself is not modified.

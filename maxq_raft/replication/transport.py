@@ -8,13 +8,13 @@ waits on all of them at once (selectors) and hands every complete frame to `on_f
 (called every tick) connects, re-connects, pings and drops dead peers. Nothing here knows
 about Raft: frames are (kind, bytes) and the engine routes them (wire.py has the format).
 
-Connections carry frames one way, as in probes/mux.py: a node sends on the connection it made
-to a peer and receives on the connection the peer made to it, so there is one ordered stream
-per direction and no tie-break between simultaneous connects. A peer is "up" once our
-outgoing connection to it has completed the handshake (wire.py: mutual HMAC-SHA256 over fresh
-nonces with the cluster secret). An incoming connection is parsed only as far as the fixed
-handshake fields until the peer's HMAC checks out; a wrong one is logged and closed, and
-nothing of it reaches msgpack, let alone pickle.
+Connections carry frames one way, as in the multiplexing probe (docs/design.md §3): a node
+sends on the connection it made to a peer and receives on the connection the peer made to it,
+so there is one ordered stream per direction and no tie-break between simultaneous connects. A
+peer is "up" once our outgoing connection to it has completed the handshake (wire.py: mutual
+HMAC-SHA256 over fresh nonces with the cluster secret). An incoming connection is parsed only
+as far as the fixed handshake fields until the peer's HMAC checks out; a wrong one is logged
+and closed, and nothing of it reaches msgpack, let alone pickle.
 
 The listener binds the configured address only (never 0.0.0.0 unless configured so).
 Liveness: every outgoing connection sends a PING when idle for `ping_interval_s`; a peer from

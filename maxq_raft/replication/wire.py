@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 pysyncobj hands its transport Python dicts and its stock TCP transport pickles them, so an open
-Raft port is remote code execution (DESIGN.md §3). Here every message is translated to a fixed
+Raft port is remote code execution (docs/design.md §3). Here every message is translated to a fixed
 msgpack array per message type on the way out, and on the way in it is decoded with msgpack
 (which builds only plain values), checked field by field, and rebuilt as the dict pysyncobj
 expects. Nothing from the network is ever unpickled:

@@ -271,7 +271,7 @@ def test_celery_task_with_rpc_result(broker, tmp_path):
     celery_bin = str(Path(sys.executable).parent / "celery")
     log_path = tmp_path / "worker.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "MAXQ_"))}
-    env["PYTHONPATH"] = str(tmp_path)  # the task module only; never the repo root (DESIGN.md §1)
+    env["PYTHONPATH"] = str(tmp_path)  # the task module only; never the repo root (docs/design.md §1)
     with open(log_path, "wb") as log:
         worker = subprocess.Popen([celery_bin, "-A", "maxqtasks", "worker", "--pool=solo", "--concurrency=1",
                                    "--loglevel=INFO", "--hostname", f"w-{uuid.uuid4().hex[:6]}@test"],

@@ -36,7 +36,7 @@ class Server:
     def __init__(self, command: list[str], tmp_path: Path, env: dict | None = None) -> None:
         self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
-        # cwd outside the repo: the repo root must not be on sys.path (DESIGN.md §1).
+        # cwd outside the repo: the repo root must not be on sys.path (docs/design.md §1).
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                      env=env if env is not None else clean_env())
 

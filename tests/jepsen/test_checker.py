@@ -1,7 +1,7 @@
 """The jepsen-style checker on synthetic histories: each fatal kind is caught, each benign kind is
 reported and passes, and (hypothesis) histories of a correct queue model never fail while one
 injected loss, unexpected delivery, nacked delivery or reordering always does; an injected
-duplicate is always counted (duplicates are reported, not fatal: RELIABILITY.md).
+duplicate is always counted (duplicates are reported, not fatal: docs/reliability.md).
 
 Also the pure pieces around it: the history file round trip, the seeded schedule, nemesis names,
 the summary line and the timeline. No broker here (test_run_smoke.py runs real ones).
