@@ -428,9 +428,9 @@ class Session:
                                                                 exchange=method.exchange, routing_key=method.routing_key),
                                props_raw, body)
 
-    def defer_settles(self, kind, taken: list) -> None:
+    def defer_settles(self, kind, entries: list) -> None:
         settles = self.pending_settles
-        for queue_key, consumer_id, seq in taken:
+        for queue_key, consumer_id, seq in entries:
             key = (kind, queue_key, consumer_id)
             seqs = settles.get(key)
             if seqs is None:
@@ -444,16 +444,17 @@ class Session:
         for (kind, queue_key, consumer_id), seqs in settles.items():
             queue_cast(queue_key, kind(consumer_id, seqs))
 
-    def flush_publishes(self) -> None:
+    def flush_publishes(self) -> dict:
         """Apply what this read gathered: acks first (they free prefetch room), then one Enqueue
-        per queue, then one confirm per channel."""
+        per queue, then one confirm per channel. Returns the queues enqueued to (keys of the
+        dict returned; tx.commit waits for them)."""
         if self.pending_settles:
             self.flush_settles()
         pending, self.pending = self.pending, {}
         broker = self.broker
         if broker.cluster is not None:
             self._flush_to_cluster(pending)
-            return
+            return pending
         refused = None  # channel -> confirm seqs that a reject-publish queue refused
         for queue_key, messages in pending.items():
             reply = broker.apply_queue(queue_key, qc.Enqueue(messages))
@@ -474,6 +475,7 @@ class Session:
                     broker.defer_confirms(channel, ticket, seqs[-1])
                 else:
                     send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
+        return pending
 
     def _flush_to_cluster(self, pending: dict) -> None:
         """Cluster: one Enqueue per queue into its shard's next entry; this read's confirms are
