@@ -11,25 +11,26 @@ module is the glue that feeds it the client's methods and the queues' deliveries
 what it answers on the broker and the session. The channel itself keeps its consumers and its
 direct reply-to address. Deliveries arrive from the queue machines through `deliver`; held ones
 stay bounded: a consumer's flow credit is refilled only when its deliveries have been written.
+
+The channel reaches its connection only through `ChannelHost` (the session is one), so this
+module never imports session.py: the session makes channels, never the reverse.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from ..amqp import spec
+from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
-from .broker import ConsumerHandle, Unavailable
+from .broker import Broker, ConsumerHandle, Unavailable
 from .channel_state import ChannelState
 from .errors import ChannelError, HardError
 from .publish_extras import delivery_props
-
-if TYPE_CHECKING:
-    from .session import Session
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
@@ -41,8 +42,25 @@ def _str(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+class ChannelHost(Protocol):
+    """What a channel needs from the connection it lives on; `session.Session` is one."""
+
+    broker: Broker
+    conn: ServerConnection
+    id: str  # the connection's id: exclusive queues and consumers' owners name it
+    vhost: str
+
+    def continuation(self, channel: "Channel", fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
+    def route_publish(self, channel: "Channel", seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
+    def flush_publishes(self) -> dict: ...
+    def defer_settles(self, kind, entries: list) -> None: ...
+    def flush_settles(self) -> None: ...
+    def write_delivery(self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message) -> None: ...
+    def wake(self) -> None: ...
+
+
 class Channel:
-    def __init__(self, session: "Session", number: int) -> None:
+    def __init__(self, session: ChannelHost, number: int) -> None:
         self.session = session
         self.broker = session.broker
         self.conn = session.conn
