@@ -5,31 +5,32 @@ the broker (metadata and queue commands) and answers through the session's proto
 Failures raise `ChannelError` (soft: the channel closes) or `HardError` (the connection closes)
 with RabbitMQ's reply codes and texts (rabbit_channel.erl is the reference).
 
-The channel owns its delivery tags and unacked deliveries (tag -> queue, consumer, sequence),
-its consumers, its confirm counter and its transaction buffer. Deliveries arrive from the queue
-machines through `deliver`; they are written at once unless the channel is paused
-(channel.flow) or at its channel-wide (global) prefetch limit, in which case they are held in
-order and released as acks come in. Held deliveries stay bounded: a consumer's flow credit is
-refilled only when its deliveries have been written.
+The rules of delivery tags, acks, basic.recover, confirm numbering, transactions and held
+deliveries live in the pure `ChannelState` (channel_state.py, tested without sockets); this
+module is the glue that feeds it the client's methods and the queues' deliveries, and performs
+what it answers on the broker and the session. The channel itself keeps its consumers and its
+direct reply-to address. Deliveries arrive from the queue machines through `deliver`; held ones
+stay bounded: a consumer's flow credit is refilled only when its deliveries have been written.
+
+The channel reaches its connection only through `ChannelHost` (the session is one), so this
+module never imports session.py: the session makes channels, never the reverse.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from ..amqp import spec
+from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
-from .broker import ConsumerHandle, Unavailable
+from .broker import Broker, ConsumerHandle, Unavailable
+from .channel_state import ChannelState
 from .errors import ChannelError, HardError
 from .publish_extras import delivery_props
-
-if TYPE_CHECKING:
-    from .session import Session
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
@@ -41,27 +42,34 @@ def _str(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+class ChannelHost(Protocol):
+    """What a channel needs from the connection it lives on; `session.Session` is one."""
+
+    broker: Broker
+    conn: ServerConnection
+    id: str  # the connection's id: exclusive queues and consumers' owners name it
+    vhost: str
+
+    def continuation(self, channel: "Channel", fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
+    def route_publish(self, channel: "Channel", seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
+    def flush_publishes(self) -> dict: ...
+    def defer_settles(self, kind, entries: list) -> None: ...
+    def flush_settles(self) -> None: ...
+    def write_delivery(self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message) -> None: ...
+    def wake(self) -> None: ...
+
+
 class Channel:
-    def __init__(self, session: "Session", number: int) -> None:
+    def __init__(self, session: ChannelHost, number: int) -> None:
         self.session = session
         self.broker = session.broker
         self.conn = session.conn
         self.number = number
-        self.next_delivery_tag = 1
-        self.unacked: dict[int, tuple] = {}  # delivery tag -> (queue key, consumer id, seq)
+        # Delivery tags, unacked entries (queue key, consumer id, queue seq), confirms, tx, held deliveries.
+        self.state = ChannelState()
         self.consumers: dict[str, ConsumerHandle] = {}  # consumer tag -> handle
         self.owner = f"{session.id}/{number}"  # consumers' owner: Down(owner) when the channel goes
         self.get_consumer_id = f"get:{self.owner}"
-        self.prefetch_count = 0  # applies to consumers created after basic.qos(global=false)
-        self.global_prefetch = 0  # channel-wide limit, basic.qos(global=true)
-        self.confirm = False
-        self.publish_seq = 0
-        self.confirmed_upto = 0  # cluster: the last publish seq acked or nacked
-        self.tx = False
-        self.tx_publishes: list = []
-        self.tx_settles: list = []  # (kind, [(delivery tag, unacked entry)]) taken by acks inside a tx
-        self.flow_active = True
-        self.held: deque = deque()
         self.last_queue = ""
         self.reply_key: str | None = None
         self.reply_tag: str | None = None
@@ -232,13 +240,10 @@ class Channel:
     # -------------------------------------------------------------- basic
 
     def basic_qos(self, m) -> None:
-        if m.prefetch_size:
-            raise HardError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
-        if m.global_:
-            self.global_prefetch = m.prefetch_count
-            self.release_held()
-        else:
-            self.prefetch_count = m.prefetch_count
+        state = self.state
+        state.qos(m.prefetch_size, m.prefetch_count, m.global_)
+        if state.held:
+            self.release_held()  # a larger channel-wide limit may have made room
         self._reply(spec.BasicQosOk())
 
     def basic_consume(self, m) -> None:
@@ -256,8 +261,7 @@ class Channel:
         priority = arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ChannelError(spec.PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}': expected an integer")
-        # A channel-wide limit also bounds each consumer, so the machine never hands out more.
-        prefetch = self.prefetch_count or self.global_prefetch
+        prefetch = self.state.consumer_prefetch_count()
         handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack)
         # Register before checkout: the checkout may deliver at once.
         self.consumers[tag] = handle
@@ -300,7 +304,7 @@ class Channel:
                     if self.consumers.get(tag) is handle:
                         del self.consumers[tag]
                     self.broker.consumers.pop(handle.consumer_id, None)
-                    if self.held:
+                    if self.state.held:
                         self._return_held(handle)
                     # An auto-delete queue is gone by the time cancel-ok is sent.
                     self.broker.maybe_auto_delete(handle.queue_key, self._then(
@@ -326,136 +330,74 @@ class Channel:
                 self._reply(spec.BasicGetEmpty())
                 return
             message, redelivered, remaining = reply
-            tag = self.next_delivery_tag
-            self.next_delivery_tag += 1
-            if not m.no_ack:
-                self.unacked[tag] = (queue_key, self.get_consumer_id, message.seq)
+            tag = self.state.deliver(None if m.no_ack else (queue_key, self.get_consumer_id, message.seq))
             self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
                                                                 routing_key=message.routing_key, message_count=remaining),
                                    delivery_props(message), message.body)
         self.broker.queue_call(queue_key, qc.Get(self.get_consumer_id, self.owner, m.no_ack), self._then(got))
 
     def basic_ack(self, m) -> None:
-        self._acknowledge(qc.Settle, m.delivery_tag, m.multiple)
+        self._settle(qc.Settle, self.state.settle(qc.Settle, m.delivery_tag, m.multiple))
 
     def basic_reject(self, m) -> None:
-        self._acknowledge(qc.Requeue if m.requeue else qc.Discard, m.delivery_tag, False)
+        kind = qc.Requeue if m.requeue else qc.Discard
+        self._settle(kind, self.state.settle(kind, m.delivery_tag, False))
 
     def basic_nack(self, m) -> None:
-        self._acknowledge(qc.Requeue if m.requeue else qc.Discard, m.delivery_tag, m.multiple)
-
-    def _acknowledge(self, kind, delivery_tag: int, multiple: bool) -> None:
-        taken = self._take_tags(delivery_tag, multiple)
-        if self.tx:
-            # As rabbit_channel: inside a transaction the tags leave the unacked set at once (so
-            # acking one twice is a 406), the queues hear of them at commit, and a rollback
-            # puts them back.
-            self.tx_settles.append((kind, taken))
-            return
-        self._settle(kind, [entry for _tag, entry in taken])
+        kind = qc.Requeue if m.requeue else qc.Discard
+        self._settle(kind, self.state.settle(kind, m.delivery_tag, m.multiple))
 
     def basic_recover(self, m) -> None:
-        if not m.requeue:
-            raise HardError(spec.NOT_IMPLEMENTED, "requeue=false")
-        self.requeue_all()
+        self._settle(qc.Requeue, self.state.recover(m.requeue))
         if isinstance(m, spec.BasicRecover):
             self._reply(spec.BasicRecoverOk())
 
-    def _take_tags(self, delivery_tag: int, multiple: bool) -> list:
-        """Remove and return the (tag, entry) pairs an ack/nack names; an unknown tag is a 406.
-
-        As rabbit_channel:collect_acks: `multiple` with tag 0 takes everything; otherwise the
-        named tag must itself be unacked, also with `multiple` (acking up to a tag that was
-        already acked is a 406). `unacked` is kept in tag order, so the walk stops early.
-        """
-        unacked = self.unacked
-        if multiple and delivery_tag == 0:
-            taken = list(unacked.items())
-            unacked.clear()
-            return taken
-        if delivery_tag not in unacked:
-            raise ChannelError(spec.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-        if not multiple:
-            return [(delivery_tag, unacked.pop(delivery_tag))]
-        taken = []
-        for tag in list(unacked):
-            if tag > delivery_tag:
-                break
-            taken.append((tag, unacked.pop(tag)))
-        return taken
-
-    def _restore_tx_settles(self) -> None:
-        """Put the deliveries acked inside the open transaction back among the unacked, in tag order."""
-        settles, self.tx_settles = self.tx_settles, []
-        if settles:
-            entries = list(self.unacked.items())
-            for _kind, taken in settles:
-                entries.extend(taken)
-            entries.sort(key=lambda item: item[0])
-            self.unacked = dict(entries)
-
-    def _settle(self, kind, taken: list) -> None:
+    def _settle(self, kind, entries: list) -> None:
         """Hand settled deliveries to the session, which applies them per (queue, consumer) at the
         end of the read: a read of a thousand single acks becomes one command (and one write)."""
-        if not taken:
-            return
-        self.session.defer_settles(kind, taken)
-        if self.held:
+        if not entries:
+            return  # (inside a transaction the state keeps them until tx.commit)
+        self.session.defer_settles(kind, entries)
+        if self.state.held:
             self.release_held()
-
-    def requeue_all(self) -> None:
-        taken = list(self.unacked.values())
-        self.unacked.clear()
-        self._settle(qc.Requeue, taken)
 
     # ------------------------------------------------------- confirm / tx
 
     def confirm_select(self, m) -> None:
-        if self.tx:
-            raise ChannelError(spec.PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
-        self.confirm = True
+        self.state.confirm_select()
         if not m.nowait:
             self._reply(spec.ConfirmSelectOk())
 
     def tx_select(self, m) -> None:
-        if self.confirm:
-            raise ChannelError(spec.PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
-        self.tx = True
+        self.state.tx_select()
         self._reply(spec.TxSelectOk())
 
     def tx_commit(self, m) -> None:
-        if not self.tx:
-            raise ChannelError(spec.PRECONDITION_FAILED, "channel is not transactional")
-        publishes, self.tx_publishes = self.tx_publishes, []
-        settles, self.tx_settles = self.tx_settles, []
+        publishes, settles = self.state.tx_commit()
         for method, props_raw, body in publishes:
             self.session.route_publish(self, None, method, props_raw, body)
-        queue_keys = list(self.session.pending)
-        self.session.flush_publishes()
-        for kind, taken in settles:
-            self._settle(kind, [entry for _tag, entry in taken])
+        queue_keys = list(self.session.flush_publishes())
+        for kind, entries in settles:
+            self._settle(kind, entries)
         if not queue_keys:
             self._reply(spec.TxCommitOk())
             return
         # commit-ok once every queue has the messages: in a cluster, once their entries have
         # committed (a Sync through each shard answers after them).
         committed = self._then(lambda _reply: self._reply(spec.TxCommitOk()))
-        state = {"left": len(queue_keys), "failure": None}
+        progress = {"left": len(queue_keys), "failure": None}
 
         def synced(reply) -> None:
             if type(reply) is Unavailable:
-                state["failure"] = reply
-            state["left"] -= 1
-            if state["left"] == 0:
-                committed(state["failure"])
+                progress["failure"] = reply
+            progress["left"] -= 1
+            if progress["left"] == 0:
+                committed(progress["failure"])
         for queue_key in queue_keys:
             self.broker.queue_call(queue_key, qc.Sync(), synced)
 
     def tx_rollback(self, m) -> None:
-        if not self.tx:
-            raise ChannelError(spec.PRECONDITION_FAILED, "channel is not transactional")
-        self.tx_publishes = []
-        self._restore_tx_settles()  # the deliveries are unacked again, under their tags
+        self.state.tx_rollback()  # the deliveries acked in it are unacked again, under their tags
         self._reply(spec.TxRollbackOk())
 
     # ------------------------------------------------------------ publish
@@ -464,14 +406,11 @@ class Channel:
         if method.immediate:
             # RabbitMQ dropped `immediate` in 3.0: rabbit_channel answers it with a connection error.
             raise HardError(spec.NOT_IMPLEMENTED, "immediate=true")
-        if self.tx:
-            self.tx_publishes.append((method, props_raw, body))
+        state = self.state
+        if state.tx:
+            state.buffer_publish((method, props_raw, body))
             return
-        seq = None
-        if self.confirm:
-            self.publish_seq += 1
-            seq = self.publish_seq
-        self.session.route_publish(self, seq, method, props_raw, body)
+        self.session.route_publish(self, state.next_publish_seq() if state.confirm else None, method, props_raw, body)
 
     def rewrite_reply_to(self, props_raw: bytes) -> bytes:
         """Direct reply-to: 'amq.rabbitmq.reply-to' becomes an address of this channel's reply consumer."""
@@ -484,8 +423,7 @@ class Channel:
         return encode_properties(props)
 
     def deliver_reply(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> None:
-        tag = self.next_delivery_tag
-        self.next_delivery_tag += 1
+        tag = self.state.deliver(None)  # a reply consumer is no-ack
         self.conn.send_content(self.number, spec.BasicDeliver(consumer_tag=self.reply_tag, delivery_tag=tag, redelivered=False,
                                                               exchange=exchange, routing_key=routing_key), props_raw, body)
         self.session.wake()
@@ -493,16 +431,11 @@ class Channel:
     # --------------------------------------------------------- deliveries
 
     def deliver(self, handle: ConsumerHandle, message, redelivered: bool) -> None:
-        if self.held or not self.flow_active or (self.global_prefetch and len(self.unacked) >= self.global_prefetch):
-            self.held.append((handle, message, redelivered))
+        state = self.state
+        if state.holding:  # paused, at the channel-wide limit, or behind held ones
+            state.hold((handle, message, redelivered))
             return
-        self._write_delivery(handle, message, redelivered)
-
-    def _write_delivery(self, handle: ConsumerHandle, message, redelivered: bool) -> None:
-        tag = self.next_delivery_tag
-        self.next_delivery_tag = tag + 1
-        if not handle.no_ack:
-            self.unacked[tag] = (handle.queue_key, handle.consumer_id, message.seq)
+        tag = state.deliver(None if handle.no_ack else (handle.queue_key, handle.consumer_id, message.seq))
         self.session.write_delivery(self.number, handle, tag, redelivered, message)
 
     def _return_held(self, handle: ConsumerHandle | None = None) -> None:
@@ -510,30 +443,30 @@ class Channel:
         them out, but the client never saw them. RabbitMQ's limiter would have left them in the
         queue; here they return to their places (flagged redelivered by the queue machine).
         No-ack deliveries are no longer the queue's, as with ones already in the socket."""
-        if handle is None:
-            held, self.held = self.held, deque()
-        else:
-            held = deque(h for h in self.held if h[0] is handle)
-            self.held = deque(h for h in self.held if h[0] is not handle)
+        held = self.state.take_held(None if handle is None else (lambda item: item[0] is handle))
         self._settle(qc.Requeue, [(h.queue_key, h.consumer_id, message.seq) for h, message, _ in held if not h.no_ack])
 
     def release_held(self) -> None:
-        held = self.held
-        while held and self.flow_active and not (self.global_prefetch and len(self.unacked) >= self.global_prefetch):
-            self._write_delivery(*held.popleft())
+        state = self.state
+        write_delivery = self.session.write_delivery
+        while (item := state.next_released()) is not None:
+            handle, message, redelivered = item
+            tag = state.deliver(None if handle.no_ack else (handle.queue_key, handle.consumer_id, message.seq))
+            write_delivery(self.number, handle, tag, redelivered, message)
 
     def set_flow(self, active: bool) -> None:
-        self.flow_active = active
-        if active:
+        state = self.state
+        state.set_flow(active)
+        if state.held:
             self.release_held()
 
     def consumer_gone(self, handle: ConsumerHandle) -> None:
         """The queue was deleted: tell the client (consumer_cancel_notify) and forget the consumer."""
         if self.consumers.pop(handle.tag, None) is None:
             return
-        if self.held:
-            self.held = deque(h for h in self.held if h[0] is not handle)
-        if self.session.conn.client_capabilities.get("consumer_cancel_notify"):
+        if self.state.held:
+            self.state.take_held(lambda item: item[0] is handle)
+        if self.conn.client_capabilities.get("consumer_cancel_notify"):
             self.conn.send_method(self.number, spec.BasicCancel(consumer_tag=handle.tag, no_wait=True))
             self.session.wake()
 
@@ -542,11 +475,9 @@ class Channel:
     def close(self) -> None:
         """The channel is gone: its consumers go and what it had not acked returns to the queues
         (in order), held deliveries too: one `Down` per queue it consumed from."""
-        self.tx_publishes = []
-        self.tx_settles = []  # uncommitted acks never happened: those messages come back too
+        self.state.close()  # uncommitted acks never happened: those messages come back too
         self.session.flush_settles()  # acks it made before closing stand
         self._unregister()
-        self.unacked.clear()
         self.broker.owner_down(self.owner, list(self.queues_touched))
 
     def forget(self) -> None:
@@ -557,7 +488,7 @@ class Channel:
         for handle in self.consumers.values():
             self.broker.consumers.pop(handle.consumer_id, None)
         self.consumers.clear()
-        self.held.clear()
+        self.state.take_held()
         if self.reply_key is not None:
             self._drop_reply_to()
 

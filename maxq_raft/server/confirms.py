@@ -118,6 +118,7 @@ class Confirms:
             while waits and waits[0][0].remaining == 0:
                 batch, seqs = waits.popleft()
                 last_seq = seqs[-1]
+                multiple = channel.state.confirm_through(last_seq)  # (the channel's confirms are in order)
                 refused = batch.refused.get(channel.number) if batch.refused else None
                 if alive and batch.unknown:
                     # Neither ack nor nack is true: the publisher must treat them as in doubt.
@@ -133,12 +134,10 @@ class Confirms:
                     sent = True
                 elif alive:
                     # In order; multiple=true when it covers more than one publish, as RabbitMQ.
-                    multiple = last_seq - channel.confirmed_upto > 1
                     kind = spec.BasicNack(delivery_tag=last_seq, multiple=multiple) if batch.failed else \
                         spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
                     session.conn.send_method(channel.number, kind)
                     sent = True
-                channel.confirmed_upto = last_seq
             if not waits:
                 del self.waits[channel]
             if sent:

@@ -427,9 +427,9 @@ class Session:
                                                                 exchange=method.exchange, routing_key=method.routing_key),
                                props_raw, body)
 
-    def defer_settles(self, kind, taken: list) -> None:
+    def defer_settles(self, kind, entries: list) -> None:
         settles = self.pending_settles
-        for queue_key, consumer_id, seq in taken:
+        for queue_key, consumer_id, seq in entries:
             key = (kind, queue_key, consumer_id)
             seqs = settles.get(key)
             if seqs is None:
@@ -443,10 +443,11 @@ class Session:
         for (kind, queue_key, consumer_id), seqs in settles.items():
             queue_cast(queue_key, kind(consumer_id, seqs))
 
-    def flush_publishes(self) -> None:
+    def flush_publishes(self) -> dict:
         """Submit what this read gathered: acks first (they free prefetch room), then one Enqueue
         per queue; this read's confirms are sent once everything carrying its messages is durable
-        (a nack if something could not be: confirms.py)."""
+        (a nack if something could not be: confirms.py). Returns the queues enqueued to (keys of
+        the dict returned; tx.commit waits for them)."""
         if self.pending_settles:
             self.flush_settles()
         pending, self.pending = self.pending, {}
@@ -469,6 +470,7 @@ class Session:
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
             log_.confirm_after(list(pendings.values()), list(confirms.items()), batch)
+        return pending
 
     def continuation(self, channel: Channel, fn):
         """Wrap the rest of a channel method that waits for a commit: until it has run, the
