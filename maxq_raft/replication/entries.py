@@ -30,13 +30,13 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import Message
 from ..machines.queue_args import QueueSettings
+from ..machines.shard import ALL_QUEUES
 
 ENTRY_VERSION = 1
 
 QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
                                                 qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply, qc.Tick, qc.Touch, qc.DeadLettered,
                                                 qc.UpdateSettings)}
-ALL_QUEUES = "*"
 METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
                                                    md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown,
                                                    md.SetPolicy, md.ClearPolicy)}
