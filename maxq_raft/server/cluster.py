@@ -2,10 +2,11 @@
 
 Theory of operation: a cluster member runs one metadata group ("meta": vhosts, exchanges, queue
 records, bindings) and S shard groups ("shard-0" ...); a queue lives in the shard its name hashes
-to. Channels do not apply commands here: `submit` adds each to the open entry of its group, and
-at the end of the current scheduler pass (`run_sync_soon`) each open entry is proposed, so the
-publishes of every connection of this node for one shard ride in one Raft entry. Entries larger
-than ENTRY_BYTES_TARGET are proposed at once and the next one opened; many are in flight.
+to. Channels do not apply commands here: `submit` hands each to the proposer (proposer.py), which
+gathers a group's commands into entries, proposes them, retries them and answers them; the
+membership watchdog (watchdog.py) declares silent members down, notices a lost quorum and spreads
+the leaders. This module is the rest: applying committed entries, snapshots, the start-up
+barrier, and a life's end.
 
 Every replica applies every committed entry in log order (`_apply`, on the trio thread): the
 machines decide alike everywhere, and each node performs only the effects that are its own (a
@@ -33,10 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import signal
 import zlib
-from collections import deque
 from typing import Any, Callable
 
 import trio
@@ -48,32 +46,20 @@ from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import Meta, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
 from ..machines.shard import ALL_QUEUES
-from ..replication.entries import EntryError, decode_entry, encode_entry
+from ..replication.entries import EntryError, decode_entry
 from . import cluster_snapshot
 from .applier import Applier
 from .broker import Unavailable
 from .command_log import META_GROUP, CommandLog
-from .confirms import Pending
 from .message_store import QueueBacking
+from .proposer import OpenEntry, Proposer
+from .watchdog import MembershipWatchdog
 
 log = logging.getLogger("maxq.cluster")
 
-ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
-MESSAGE_OVERHEAD_BYTES = 48
-NODE_DOWN_AFTER_S = 3.0
-BALANCE_EVERY_S = 5.0
-QUORUM_LOST_AFTER_S = 1.5
-OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
-RETRYABLE = ("not leader", "timeout", "busy")
-CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see _proposed
-NOT_LEADER_RETRY_EVERY_S = 0.05
-WATCH_INTERVAL_S = 0.5
 BARRIER_RETRY_S = 0.5
 SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
 SNAPSHOT_CHECK_S = 1.0
-FLOW_BYTES_HIGH = 4 * 1024 * 1024  # see ClusterLog.flow_bytes
-FLOW_BYTES_LOW = 2 * 1024 * 1024
-FLOW_LOG_EVERY_S = 10.0
 
 
 def default_shards() -> int:
@@ -91,53 +77,16 @@ def shard_of(queue_key: tuple[str, str], count: int) -> str:
     return f"shard-{digest % count}"
 
 
-class OpenEntry(Pending):
-    """Commands gathered for one group, proposed together (done once committed and applied here)."""
-
-    __slots__ = ("group", "items", "requests", "size", "payload", "first_proposed",
-                 "seq", "origin", "committed", "maybe_appended", "tombstone", "flow_bytes")
-
-    def __init__(self, group: str) -> None:
-        super().__init__()
-        self.group = group
-        self.items: list = []
-        self.requests: list[int] = []
-        self.size = 0
-        self.payload: bytes | None = None
-        self.first_proposed = 0.0
-        self.seq = 0  # this life's sequence number of the entry in its group
-        self.origin = ""
-        self.committed = False  # an attempt committed: it completes when applied here
-        self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
-        self.tombstone = False  # fills the seq of an entry given up on (no commands)
-        self.flow_bytes = 0  # what it counts in ClusterLog.flow_bytes until it is done
-
-
 class ClusterLog(CommandLog):
     def __init__(self, broker, node, shard_count: int, snapshot_every_bytes: int = SNAPSHOT_EVERY_BYTES) -> None:
         super().__init__(broker)
-        self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.applier = Applier(broker, self)
-        # Request ids restart with the process while the log keeps old entries: an entry is this
-        # life's only if its origin names this life, or a replayed entry would answer a new request.
-        self.origin = f"{broker.node_id}@{secrets.token_hex(6)}"
+        self.proposer = Proposer(broker.node_id, node, self.confirms, broker.clock_ms)
+        self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
+        self.watchdog = MembershipWatchdog(self)
+        self._token = trio.lowlevel.current_trio_token()  # the hub thread hops to the loop with it
         self.shards = shard_groups(shard_count)
-        self.open: dict[str, OpenEntry] = {}
-        self.requests: dict[int, Callable[[Any], None]] = {}
-        self.next_request = 1
-        self._flush_scheduled = False
-        self._token = trio.lowlevel.current_trio_token()
-        self._down_since: dict[str, float] = {}
-        self._declared_down: dict[str, None] = {}
-        self._retries: list[OpenEntry] = []
-        self.entry_seq: dict[str, int] = {}  # group -> last seq this life gave an entry
-        self.in_flight: dict[tuple[str, int], OpenEntry] = {}  # (group, seq) -> entry, until done
-        self._retry_wanted = trio.Event()
-        self._quorum_lost_at: float | None = None
-        self._next_balance_at = 0.0
         self.entries_applied = 0
-        self.entries_proposed = 0
-        self.entries_failed = 0
         # Snapshots (cluster_snapshot.py): per group, the last index applied here, the log bytes
         # applied since the last snapshot, and the groups whose snapshot is being written.
         self.meta_group = META_GROUP
@@ -148,14 +97,27 @@ class ClusterLog(CommandLog):
         self.snapshotting: set[str] = set()
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
-        # Flow control: the bytes of this life's entries proposed and not yet done. Above
-        # FLOW_BYTES_HIGH publishing connections stop being read until it is back under
-        # FLOW_BYTES_LOW (Session._reader), as RabbitMQ's credit flow blocks a channel whose
-        # queue is behind: a publisher faster than the cluster commits is slowed down rather
-        # than piling proposals into the hub until heartbeats starve and leaders are lost.
-        self.flow_bytes = 0
-        self.flow_blocks = 0
-        self._flow_logged_at = -FLOW_LOG_EVERY_S
+
+    @property
+    def node(self) -> Any:
+        return self._node
+
+    @node.setter
+    def node(self, node: Any) -> None:
+        self._node = self.proposer.node = node
+
+    @property
+    def origin(self) -> str:
+        """This life of this node: what its entries name as their origin."""
+        return self.proposer.origin
+
+    @property
+    def flow_blocked(self) -> bool:  # (Session._reader)
+        return self.proposer.flow_blocked
+
+    @property
+    def flow_room(self) -> trio.Event:
+        return self.proposer.flow_room
 
     # ------------------------------------------------------------ placement
 
@@ -185,151 +147,14 @@ class ClusterLog(CommandLog):
     # -------------------------------------------------------------- submit
 
     def submit(self, target, command, then: Callable[[Any], None] | None, group: str | None = None) -> OpenEntry:
-        """Add a command to its group's open entry; `then(reply)` runs once it is applied here
-        (or with `Unavailable`). Returns the entry, for confirms to wait on."""
-        group = group or self.group_of(target)
-        entry = self.open.get(group)
-        if entry is None:
-            entry = self.open[group] = OpenEntry(group)
-        request = 0
-        if then is not None:
-            request = self.next_request
-            self.next_request += 1
-            self.requests[request] = then
-            entry.requests.append(request)
-        entry.items.append((target, command, request))
-        if type(command) is qc.Enqueue:
-            entry.size += sum(len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES
-                              for m in command.messages)
-        else:
-            entry.size += 256
-        if entry.size >= ENTRY_BYTES_TARGET:
-            del self.open[group]
-            self._propose(entry)
-        elif not self._flush_scheduled:
-            try:
-                self._token.run_sync_soon(self.flush)
-                self._flush_scheduled = True
-            except trio.RunFinishedError:
-                pass  # shutting down: nothing will be proposed any more
-        return entry
+        """Into its group's next entry (proposer.py); `then(reply)` once applied here."""
+        return self.proposer.submit(group or self.group_of(target), target, command, then)
 
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        entries, self.open = self.open, {}
-        for entry in entries.values():
-            self._propose(entry)
+    async def retry_proposals(self) -> None:
+        await self.proposer.retry_proposals()
 
-    def _propose(self, entry: OpenEntry) -> None:
-        if entry.payload is None:
-            seq = entry.seq
-            tracked = not seq  # a filler (tombstone) reuses a seq and is not tracked
-            if tracked:
-                seq = entry.seq = self.entry_seq.get(entry.group, 0) + 1
-                self.entry_seq[entry.group] = seq
-                entry.origin = self.origin
-                self.in_flight[(entry.group, seq)] = entry
-            entry.payload = encode_entry(self.broker.clock_ms(), entry.items, entry.origin, seq)
-            entry.first_proposed = trio.current_time()
-            self.entries_proposed += 1
-            if tracked:
-                entry.flow_bytes = len(entry.payload)
-                self.flow_bytes += entry.flow_bytes
-                if not self.flow_blocked and self.flow_bytes >= FLOW_BYTES_HIGH:
-                    self.flow_blocked = True
-                    self.flow_room = trio.Event()
-                    self.flow_blocks += 1
-                    now = trio.current_time()
-                    if now - self._flow_logged_at >= FLOW_LOG_EVERY_S:
-                        self._flow_logged_at = now
-                        log.info("publishers paused: %d KiB proposed and not yet committed (%d pauses so far)",
-                                 self.flow_bytes // 1024, self.flow_blocks)
-        payload = entry.payload
-        token = self._token
-
-        def proposed(index, error) -> None:  # the hub thread
-            try:
-                token.run_sync_soon(self._proposed, entry, error)
-            except trio.RunFinishedError:
-                pass
-        try:
-            self.node.propose(entry.group, payload, proposed)
-        except ValueError as exc:  # a payload over the engine's cap: a bug of ours, not the client's
-            log.error("cannot propose to %s: %s", entry.group, exc)
-            self._proposed(entry, "too large")
-
-    def _proposed(self, entry: OpenEntry, error: str | None) -> None:
-        """The engine's answer to one attempt. A commit completes the entry when it is applied
-        here (in its origin's order); a failure is tried again while OUTCOME_WAIT_S lasts: the
-        appliers apply each (origin, seq) once, so a repeat cannot duplicate nor reorder."""
-        if entry.done or entry.origin != self.origin:
-            return
-        if error is None:
-            entry.committed = True
-            return
-        if error == "timeout":
-            entry.maybe_appended = True
-        if entry.committed:
-            return
-        if error in RETRYABLE and (entry.tombstone or trio.current_time() - entry.first_proposed < OUTCOME_WAIT_S):
-            self._retries.append(entry)
-            if len(self._retries) == 1:
-                self._retry_wanted.set()
-            return
-        if entry.tombstone:
-            return
-        # Given up: nack only what no attempt may have appended; otherwise the outcome is unknown.
-        self._complete(entry, "timeout" if entry.maybe_appended else error)
-        # Later entries of this life wait for this seq on every member: fill it with nothing
-        # (if the original commits after all, whichever comes first counts, the other is a copy).
-        filler = OpenEntry(entry.group)
-        filler.tombstone = True
-        filler.seq, filler.origin = entry.seq, entry.origin
-        self._propose(filler)
-        # A consumer or connection that went away must go from the machines even when this node
-        # could not commit that for a while, or it stays registered for good and takes its share
-        # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
-        # safe to apply late (an owner id names one connection or channel of one life), so they
-        # go again in a new entry: if the original commits after all, the copy finds nothing.
-        cleanup = [(target, command) for target, command, _request in entry.items
-                   if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")]  # not a node's lives
-        if cleanup and error != "stopped":  # stopping: the others release this node's consumers
-            log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
-            for target, command in cleanup:
-                self.submit(target, command, None, group=entry.group)
-
-    def _complete(self, entry: OpenEntry, error: str | None) -> None:
-        self.in_flight.pop((entry.group, entry.seq), None)
-        if entry.flow_bytes:
-            self.flow_bytes -= entry.flow_bytes
-            entry.flow_bytes = 0
-            if self.flow_blocked and self.flow_bytes <= FLOW_BYTES_LOW:
-                self.flow_blocked = False
-                self.flow_room.set()
-        if entry.done:
-            return
-        if error is not None:
-            self.entries_failed += 1
-            log.warning("%s: %d commands not committed (%s)", entry.group, len(entry.items), error)
-            for request in entry.requests:
-                then = self.requests.pop(request, None)
-                if then is not None:
-                    self._call(then, Unavailable(error))
-        else:
-            # Applied already (on_commit's hop ran first); a request still here had its command
-            # skipped (a malformed entry): answer it rather than leave a channel waiting.
-            for request in entry.requests:
-                then = self.requests.pop(request, None)
-                if then is not None:
-                    self._call(then, Rejected(541, "command was not applied"))
-        self.confirms.done(entry, error)
-
-    @staticmethod
-    def _call(then, reply) -> None:
-        try:
-            then(reply)
-        except Exception:  # the channel continuations handle their own errors; this is the backstop
-            log.exception("continuation failed")
+    async def watch_members(self) -> None:
+        await self.watchdog.run()
 
     # ---------------------------------------------------------------- apply
 
@@ -444,7 +269,7 @@ class ClusterLog(CommandLog):
             # reconnect and see the new state (their consumers are cancelled through the log).
             log.warning("%s: this member fell behind the compacted log and installs a snapshot; closing %d "
                         "client connections", group, len(self.broker.sessions))
-            self._close_sessions("this member caught up from a snapshot; reconnect")
+            self.close_sessions("this member caught up from a snapshot; reconnect")
         try:
             cluster_snapshot.load_group(self, group, header)
         except Exception:
@@ -458,10 +283,7 @@ class ClusterLog(CommandLog):
         # This life's entries the snapshot already applied will never be applied here: they are
         # done (committed); what waits on them (the start-up barrier, confirms) must hear so.
         order = self.broker.groups[group].order
-        applied_below = order.applied_below(self.origin)
-        for (g, seq), entry in list(self.in_flight.items()):
-            if g == group and seq < applied_below:
-                self._complete(entry, None)
+        self.proposer.applied_below(group, order.applied_below(self.origin))
         if order.is_dead(self.origin):
             # The Down that ended this life is inside the snapshot: it was never applied here, so
             # _apply_all never saw it. Without a new life every entry of this node would be
@@ -470,7 +292,7 @@ class ClusterLog(CommandLog):
             self._cut_off()
 
     def _apply_entry(self, group: str, index: int, entry) -> None:
-        requests = self.requests
+        proposer = self.proposer
         self.entries_applied += 1
         meta = Meta(index, entry.time_ms)
         origin = entry.origin
@@ -478,7 +300,7 @@ class ClusterLog(CommandLog):
         machines = self.broker.groups[group]
         apply = self.applier.apply
         for target, command, request in entry.items:
-            then = requests.pop(request, None) if mine and request else None
+            then = proposer.take_request(request) if mine else None
             try:
                 apply(machines, meta, target, command, origin, mine, None if then is None else _guarded(then))
             except Exception:
@@ -486,11 +308,9 @@ class ClusterLog(CommandLog):
                 # applying the log (stopping would stall it for good).
                 log.exception("%s: entry %d: applying %s failed", group, index, type(command).__name__)
                 if then is not None:
-                    self._call(then, Rejected(541, f"internal error applying {type(command).__name__}"))
+                    _guarded(then)(Rejected(541, f"internal error applying {type(command).__name__}"))
         if mine:
-            own = self.in_flight.get((group, entry.seq))
-            if own is not None:
-                self._complete(own, None)
+            proposer.applied(group, entry.seq)
 
     def lives_down(self, effect) -> None:
         """A node's lives were declared dead in a group: if it is this node's name and another
@@ -509,7 +329,7 @@ class ClusterLog(CommandLog):
         self.submit(ALL_QUEUES, qc.Reply(key, exchange, routing_key, props_raw, body), None, group=group)
         return True
 
-    def _auto_delete_idle(self, group: str) -> None:
+    def auto_delete_idle(self, group: str) -> None:
         """After a member's consumers went: its auto-delete queues left without one go too."""
         for key in [k for k in self.broker.queues if self.group_of(k) == group]:
             self.broker.maybe_auto_delete(key)
@@ -520,14 +340,10 @@ class ClusterLog(CommandLog):
         and its clients reconnect and start over."""
         if self.broker.sessions:
             log.warning("this node was declared down by the cluster; closing %d client connections", len(self.broker.sessions))
-        self._close_sessions("node was cut off from the cluster; reconnect")
-        self.origin = f"{self.node_id}@{secrets.token_hex(6)}"
-        self.entry_seq = {}
-        in_flight, self.in_flight = self.in_flight, {}
-        for entry in in_flight.values():
-            self._complete(entry, "timeout")
+        self.close_sessions("node was cut off from the cluster; reconnect")
+        self.proposer.new_life()
 
-    def _close_sessions(self, reason: str) -> None:
+    def close_sessions(self, reason: str) -> None:
         for session in list(self.broker.sessions.values()):
             session.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
             session.wake()
@@ -558,86 +374,6 @@ class ClusterLog(CommandLog):
                              results[next(iter(pending))].reason)
                     announced = True
                 await trio.sleep(BARRIER_RETRY_S)
-
-    async def retry_proposals(self) -> None:
-        while True:
-            await self._retry_wanted.wait()
-            self._retry_wanted = trio.Event()
-            await trio.sleep(NOT_LEADER_RETRY_EVERY_S)
-            retries, self._retries = self._retries, []
-            for entry in retries:
-                self._propose(entry)
-
-    # ------------------------------------------------------------ watchdog
-
-    async def watch_members(self) -> None:
-        """On the metadata leader: a member silent for NODE_DOWN_AFTER_S is declared down. On
-        every member: cut off from a majority for QUORUM_LOST_AFTER_S, it closes its clients'
-        connections (they should go to a node that can commit) and refuses new ones until it
-        is back; removed from the cluster, it stops."""
-        while True:
-            await trio.sleep(WATCH_INTERVAL_S)
-            now = trio.current_time()
-            try:
-                leading = self.node.is_leader(META_GROUP)
-                members = [m for m in self.members() if m != self.node_id]
-                removed = self.node.groups[META_GROUP].removed
-            except Exception:
-                log.exception("watchdog: cannot read the membership")
-                continue
-            if now >= self._next_balance_at:
-                self._next_balance_at = now + BALANCE_EVERY_S
-                self._balance_leaders(members)
-            if removed:
-                log.warning("this node was removed from the cluster: stopping")
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            connected = 1 + sum(1 for m in members if self.node.peer_is_up(m))
-            if connected * 2 > len(members) + 1:
-                if not self.quorum_ok:
-                    log.info("a majority of the cluster is reachable again: serving clients")
-                self.quorum_ok = True
-                self._quorum_lost_at = None
-            elif self.quorum_ok:
-                if self._quorum_lost_at is None:
-                    self._quorum_lost_at = now
-                elif now - self._quorum_lost_at >= QUORUM_LOST_AFTER_S:
-                    self.quorum_ok = False
-                    log.warning("cut off from the majority (%d of %d members reachable): closing client connections",
-                                connected, len(members) + 1)
-                    self._close_sessions("this node is cut off from the cluster majority; reconnect to another node")
-            for member in members:
-                if self.node.peer_is_up(member):
-                    self._down_since.pop(member, None)
-                    self._declared_down.pop(member, None)
-                    continue
-                since = self._down_since.setdefault(member, now)
-                if leading and member not in self._declared_down and now - since >= NODE_DOWN_AFTER_S:
-                    self._declared_down[member] = None
-                    log.warning("member %s silent for %.1f s: releasing its consumers and exclusive queues",
-                                member, now - since)
-                    self.submit(None, md.OwnerDown(member + "@"), None)
-                    for group in self.shards:
-                        self.submit(ALL_QUEUES, qc.Down(member + "@"), lambda _r, g=group: self._auto_delete_idle(g),
-                                    group=group)
-
-    def _balance_leaders(self, others: list[str]) -> None:
-        """Spread group leaders over the members: a member leading two groups more than another
-        hands one of its shards to the member leading fewest (one move per round, all up)."""
-        if not others or not all(self.node.peer_is_up(m) for m in others):
-            return
-        leads: dict[str, list[str]] = {m: [] for m in [self.node_id, *others]}
-        for group in [META_GROUP, *self.shards]:
-            leader = self.node.leader(group)
-            if leader is None:
-                return  # an election is on: wait for the next round
-            leads.setdefault(leader, []).append(group)
-        mine = [g for g in leads.get(self.node_id, []) if g != META_GROUP]
-        target = min(others, key=lambda m: len(leads.get(m, [])))
-        if mine and len(leads[self.node_id]) - len(leads.get(target, [])) >= 2:
-            log.info("moving the leadership of %s to %s (this node leads %d of %d groups)",
-                     mine[-1], target, len(leads[self.node_id]), len(self.shards) + 1)
-            self.node.transfer_leadership(mine[-1], target)
 
     def members(self) -> list[str]:
         return self.node.groups[META_GROUP].member_ids()

@@ -49,14 +49,13 @@ class CommandLog:
         self.node_id: str = broker.node_id
         self.confirms = Confirms()
         self.dead_letters_in_flight: set[tuple] = set()  # (queue key, seq) this member is dead-lettering
-        self.flow_blocked = False  # publishers are not read while this is True (cluster flow control)
-        self.flow_room = trio.Event()
-        self.flow_room.set()
         self.quorum_ok = True  # False while cut off from a majority (new connections are refused)
 
     # -- what the two logs define --------------------------------------------------------
 
     shards: list[str]
+    flow_blocked: bool  # publishers are not read while this is True (a cluster's flow control)
+    flow_room: trio.Event  # set when flow_blocked goes False
 
     def submit(self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None) -> Pending:
         raise NotImplementedError

@@ -57,6 +57,9 @@ class LocalLog(CommandLog):
         self._ticket_scheduled = False
         self._tickets: deque[tuple[int, list[Pending]]] = deque()  # requested, not yet answered
         self.forced_queue_id: int | None = None  # recovery.py: the store id a replayed declare had
+        self.flow_blocked = False  # a local log never has proposals waiting
+        self.flow_room = trio.Event()
+        self.flow_room.set()
 
     # -- the log ---------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from maxq_raft.server.cluster import OUTCOME_WAIT_S, shard_of
+from maxq_raft.server.cluster import shard_of
+from maxq_raft.server.proposer import OUTCOME_WAIT_S
 
 from .conftest import ConfirmingPublisher, drain, wait_until
 

@@ -9,7 +9,8 @@ import types
 import trio
 
 from maxq_raft.machines import commands as qc
-from maxq_raft.server.cluster import ClusterLog, OpenEntry
+from maxq_raft.server.cluster import ClusterLog
+from maxq_raft.server.proposer import OpenEntry
 
 
 def make_cluster_log() -> ClusterLog:
@@ -25,7 +26,7 @@ def make_cluster_log() -> ClusterLog:
 def test_a_submit_after_the_run_finished_does_not_raise():
     cluster = make_cluster_log()  # its trio run is over, as during a node's shutdown
     entry = cluster.submit(("/", "q"), qc.Down("n1@abc/1/1"), None)
-    assert entry.items and not cluster._flush_scheduled
+    assert entry.items and not cluster.proposer._flush_scheduled
 
 
 def test_a_release_given_up_because_the_node_stops_is_not_proposed_again():
@@ -35,8 +36,9 @@ def test_a_release_given_up_because_the_node_stops_is_not_proposed_again():
     entry.seq, entry.origin = 1, cluster.origin
     entry.first_proposed = 0.0
     proposed: list = []
-    cluster._propose = lambda e: proposed.append(e)  # the engine is gone: record what would go
-    cluster._proposed(entry, "stopped")
+    proposer = cluster.proposer
+    proposer._propose = lambda e: proposed.append(e)  # the engine is gone: record what would go
+    proposer._proposed(entry, "stopped")
     assert entry.done and entry.error == "stopped"
     assert [e.tombstone for e in proposed] == [True], "only the seq's filler, no clean-up copy"
-    assert cluster.open == {}
+    assert proposer.open == {}

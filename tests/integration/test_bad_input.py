@@ -22,7 +22,6 @@ import urllib.request
 import uuid
 
 import pika
-import pytest
 
 from maxq_raft.amqp import spec
 from maxq_raft.amqp.errors import FrameError

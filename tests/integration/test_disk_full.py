@@ -14,10 +14,7 @@ compiler): while a trigger file exists, fsync and fdatasync return EIO.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
-import subprocess
-from pathlib import Path
 
 import pika
 import pytest

@@ -9,7 +9,6 @@ the summary line and the timeline. No broker here (test_run_smoke.py runs real o
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -25,7 +24,6 @@ if str(JEPSEN_DIR) not in sys.path:
 from maxq_jepsen.checker import FAILED, PASS, UNKNOWN, check  # noqa: E402
 from maxq_jepsen.history import HistoryWriter, read_history, write_history  # noqa: E402
 from maxq_jepsen.nemesis import NemesisError, make_schedule, parse_nemeses, unsupported  # noqa: E402
-from maxq_jepsen.report import summary_line, timeline_data, timeline_svg  # noqa: E402
 
 SUMMARY_RE = re.compile(r"^runs=\d+ confirmed=\d+ lost=\d+ unexpected=\d+ duplicates=\d+ verdict=(PASS|FAIL|UNKNOWN)$")
 

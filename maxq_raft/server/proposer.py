@@ -1,0 +1,282 @@
+"""A cluster member's proposer: commands gathered into entries, proposed, retried, and answered.
+
+Theory of operation: `submit` adds a command to the open entry of its group; at the end of the
+current scheduler pass (`run_sync_soon`) each open entry is proposed, so the publishes of every
+connection of this node for one shard ride in one Raft entry. An entry larger than
+ENTRY_BYTES_TARGET is proposed at once and the next one opened; many are in flight.
+
+Each entry of this life gets the next sequence number of its group (1, 2, ...) and names this
+life as its origin: every replica applies an origin's entries in that order, each once
+(machines/apply_order.py), so a proposal can be repeated safely. A failed attempt ("not
+leader", "timeout", "busy") is proposed again while OUTCOME_WAIT_S lasts; after that the entry is
+given up: its waiting callers get `Unavailable`, its confirms a nack, or, if an attempt may have
+been appended (a timeout), neither (the outcome is unknown); a filler with no commands takes its
+sequence number so later entries of this life are not held forever, and the clean-up commands it
+carried (a consumer or connection that went) go again in a new entry.
+
+An entry is done when it is applied here (`applied`), which answers its requests and releases
+the confirms waiting on it (confirms.py). Flow control: the bytes of this life's entries
+proposed and not yet done; above FLOW_BYTES_HIGH publishing connections stop being read until it
+is back under FLOW_BYTES_LOW (Session._reader), as RabbitMQ's credit flow blocks a channel whose
+queue is behind: a publisher faster than the cluster commits is slowed down rather than piling
+proposals into the replication hub until heartbeats starve and leaders are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, Callable
+
+import trio
+
+from ..machines import commands as qc
+from ..machines import metadata as md
+from ..machines.queue import Rejected
+from ..replication.entries import encode_entry
+from .broker import Unavailable
+from .confirms import Confirms, Pending
+
+log = logging.getLogger("maxq.cluster")
+
+ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
+MESSAGE_OVERHEAD_BYTES = 48
+OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
+RETRYABLE = ("not leader", "timeout", "busy")
+CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see `_proposed`
+NOT_LEADER_RETRY_EVERY_S = 0.05
+FLOW_BYTES_HIGH = 4 * 1024 * 1024
+FLOW_BYTES_LOW = 2 * 1024 * 1024
+FLOW_LOG_EVERY_S = 10.0
+
+
+class OpenEntry(Pending):
+    """Commands gathered for one group, proposed together (done once committed and applied here)."""
+
+    __slots__ = ("group", "items", "requests", "size", "payload", "first_proposed",
+                 "seq", "origin", "committed", "maybe_appended", "tombstone", "flow_bytes")
+
+    def __init__(self, group: str) -> None:
+        super().__init__()
+        self.group = group
+        self.items: list = []
+        self.requests: list[int] = []
+        self.size = 0
+        self.payload: bytes | None = None
+        self.first_proposed = 0.0
+        self.seq = 0  # this life's sequence number of the entry in its group
+        self.origin = ""
+        self.committed = False  # an attempt committed: it completes when applied here
+        self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
+        self.tombstone = False  # fills the seq of an entry given up on (no commands)
+        self.flow_bytes = 0  # what it counts in Proposer.flow_bytes until it is done
+
+
+class Proposer:
+    def __init__(self, node_id: str, node: Any, confirms: Confirms, clock_ms: Callable[[], int]) -> None:
+        self.node_id = node_id
+        self.node = node  # ReplicationNode (or anything with its `propose`)
+        self.confirms = confirms
+        self.clock_ms = clock_ms
+        # Request ids restart with the process while the log keeps old entries: an entry is this
+        # life's only if its origin names this life, or a replayed entry would answer a new request.
+        self.origin = f"{node_id}@{secrets.token_hex(6)}"
+        self.open: dict[str, OpenEntry] = {}
+        self.requests: dict[int, Callable[[Any], None]] = {}
+        self.next_request = 1
+        self.entry_seq: dict[str, int] = {}  # group -> last seq this life gave an entry
+        self.in_flight: dict[tuple[str, int], OpenEntry] = {}  # (group, seq) -> entry, until done
+        self._flush_scheduled = False
+        self._token = trio.lowlevel.current_trio_token()
+        self._retries: list[OpenEntry] = []
+        self._retry_wanted = trio.Event()
+        self.entries_proposed = 0
+        self.entries_failed = 0
+        self.flow_bytes = 0
+        self.flow_blocked = False
+        self.flow_room = trio.Event()
+        self.flow_room.set()
+        self.flow_blocks = 0
+        self._flow_logged_at = -FLOW_LOG_EVERY_S
+
+    def submit(self, group: str, target: Any, command: Any, then: Callable[[Any], None] | None) -> OpenEntry:
+        """Add a command to its group's open entry; `then(reply)` runs once it is applied here
+        (or with `Unavailable`). Returns the entry, for confirms to wait on."""
+        entry = self.open.get(group)
+        if entry is None:
+            entry = self.open[group] = OpenEntry(group)
+        request = 0
+        if then is not None:
+            request = self.next_request
+            self.next_request += 1
+            self.requests[request] = then
+            entry.requests.append(request)
+        entry.items.append((target, command, request))
+        if type(command) is qc.Enqueue:
+            entry.size += sum(len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES
+                              for m in command.messages)
+        else:
+            entry.size += 256
+        if entry.size >= ENTRY_BYTES_TARGET:
+            del self.open[group]
+            self._propose(entry)
+        elif not self._flush_scheduled:
+            try:
+                self._token.run_sync_soon(self.flush)
+                self._flush_scheduled = True
+            except trio.RunFinishedError:
+                pass  # shutting down: nothing will be proposed any more
+        return entry
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        entries, self.open = self.open, {}
+        for entry in entries.values():
+            self._propose(entry)
+
+    def _propose(self, entry: OpenEntry) -> None:
+        if entry.payload is None:
+            seq = entry.seq
+            tracked = not seq  # a filler (tombstone) reuses a seq and is not tracked
+            if tracked:
+                seq = entry.seq = self.entry_seq.get(entry.group, 0) + 1
+                self.entry_seq[entry.group] = seq
+                entry.origin = self.origin
+                self.in_flight[(entry.group, seq)] = entry
+            entry.payload = encode_entry(self.clock_ms(), entry.items, entry.origin, seq)
+            entry.first_proposed = trio.current_time()
+            self.entries_proposed += 1
+            if tracked:
+                entry.flow_bytes = len(entry.payload)
+                self.flow_bytes += entry.flow_bytes
+                if not self.flow_blocked and self.flow_bytes >= FLOW_BYTES_HIGH:
+                    self.flow_blocked = True
+                    self.flow_room = trio.Event()
+                    self.flow_blocks += 1
+                    now = trio.current_time()
+                    if now - self._flow_logged_at >= FLOW_LOG_EVERY_S:
+                        self._flow_logged_at = now
+                        log.info("publishers paused: %d KiB proposed and not yet committed (%d pauses so far)",
+                                 self.flow_bytes // 1024, self.flow_blocks)
+        payload = entry.payload
+        token = self._token
+
+        def proposed(index, error) -> None:  # the hub thread
+            try:
+                token.run_sync_soon(self._proposed, entry, error)
+            except trio.RunFinishedError:
+                pass
+        try:
+            self.node.propose(entry.group, payload, proposed)
+        except ValueError as exc:  # a payload over the engine's cap: a bug of ours, not the client's
+            log.error("cannot propose to %s: %s", entry.group, exc)
+            self._proposed(entry, "too large")
+
+    def _proposed(self, entry: OpenEntry, error: str | None) -> None:
+        """The engine's answer to one attempt. A commit completes the entry when it is applied
+        here (in its origin's order); a failure is tried again while OUTCOME_WAIT_S lasts: the
+        appliers apply each (origin, seq) once, so a repeat cannot duplicate nor reorder."""
+        if entry.done or entry.origin != self.origin:
+            return
+        if error is None:
+            entry.committed = True
+            return
+        if error == "timeout":
+            entry.maybe_appended = True
+        if entry.committed:
+            return
+        if error in RETRYABLE and (entry.tombstone or trio.current_time() - entry.first_proposed < OUTCOME_WAIT_S):
+            self._retries.append(entry)
+            if len(self._retries) == 1:
+                self._retry_wanted.set()
+            return
+        if entry.tombstone:
+            return
+        # Given up: nack only what no attempt may have appended; otherwise the outcome is unknown.
+        self.complete(entry, "timeout" if entry.maybe_appended else error)
+        # Later entries of this life wait for this seq on every member: fill it with nothing
+        # (if the original commits after all, whichever comes first counts, the other is a copy).
+        filler = OpenEntry(entry.group)
+        filler.tombstone = True
+        filler.seq, filler.origin = entry.seq, entry.origin
+        self._propose(filler)
+        # A consumer or connection that went away must go from the machines even when this node
+        # could not commit that for a while, or it stays registered for good and takes its share
+        # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
+        # safe to apply late (an owner id names one connection or channel of one life), so they
+        # go again in a new entry: if the original commits after all, the copy finds nothing.
+        cleanup = [(target, command) for target, command, _request in entry.items
+                   if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")]  # not a node's lives
+        if cleanup and error != "stopped":  # stopping: the others release this node's consumers
+            log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
+            for target, command in cleanup:
+                self.submit(entry.group, target, command, None)
+
+    async def retry_proposals(self) -> None:
+        while True:  # for the life of the node; each turn waits for a retry
+            await self._retry_wanted.wait()
+            self._retry_wanted = trio.Event()
+            await trio.sleep(NOT_LEADER_RETRY_EVERY_S)
+            retries, self._retries = self._retries, []
+            for entry in retries:
+                self._propose(entry)
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def take_request(self, request: int) -> Callable[[Any], None] | None:
+        """The caller waiting for a command of this life's entry being applied here."""
+        return self.requests.pop(request, None) if request else None
+
+    def applied(self, group: str, seq: int) -> None:
+        """This life's entry (group, seq) was applied here: it is done."""
+        own = self.in_flight.get((group, seq))
+        if own is not None:
+            self.complete(own, None)
+
+    def applied_below(self, group: str, seq: int) -> None:
+        """A snapshot applied this life's entries of `group` below `seq`: they are done."""
+        for (g, s), entry in list(self.in_flight.items()):
+            if g == group and s < seq:
+                self.complete(entry, None)
+
+    def new_life(self) -> None:
+        """The cluster declared this life gone: what is in flight will never be applied as this
+        life's (its outcome is unknown), and later entries start a new life at seq 1."""
+        self.origin = f"{self.node_id}@{secrets.token_hex(6)}"
+        self.entry_seq = {}
+        in_flight, self.in_flight = self.in_flight, {}
+        for entry in in_flight.values():
+            self.complete(entry, "timeout")
+
+    def complete(self, entry: OpenEntry, error: str | None) -> None:
+        self.in_flight.pop((entry.group, entry.seq), None)
+        if entry.flow_bytes:
+            self.flow_bytes -= entry.flow_bytes
+            entry.flow_bytes = 0
+            if self.flow_blocked and self.flow_bytes <= FLOW_BYTES_LOW:
+                self.flow_blocked = False
+                self.flow_room.set()
+        if entry.done:
+            return
+        if error is not None:
+            self.entries_failed += 1
+            log.warning("%s: %d commands not committed (%s)", entry.group, len(entry.items), error)
+            for request in entry.requests:
+                then = self.requests.pop(request, None)
+                if then is not None:
+                    _call(then, Unavailable(error))
+        else:
+            # Applied already (on_commit's hop ran first); a request still here had its command
+            # skipped (a malformed entry): answer it rather than leave a channel waiting.
+            for request in entry.requests:
+                then = self.requests.pop(request, None)
+                if then is not None:
+                    _call(then, Rejected(541, "command was not applied"))
+        self.confirms.done(entry, error)
+
+
+def _call(then: Callable[[Any], None], reply: Any) -> None:
+    try:
+        then(reply)
+    except Exception:  # the channel continuations handle their own errors; this is the backstop
+        log.exception("continuation failed")

@@ -1,0 +1,122 @@
+"""A cluster member's watch on the membership: members gone, quorum lost, leaders spread.
+
+Theory of operation: every WATCH_INTERVAL_S, from what the replication engine sees of its peers:
+
+- on the metadata leader, a member silent for NODE_DOWN_AFTER_S is declared down: its consumers
+  and exclusive queues are released everywhere (`OwnerDown` in the metadata group, `Down` in every
+  shard, then its auto-delete queues left without a consumer go), so its unacked messages come
+  back to the others; when it returns, its start-up barrier begins a new life;
+- on every member, cut off from a majority for QUORUM_LOST_AFTER_S, it closes its clients'
+  connections (they should go to a member that can commit) and refuses new ones until a majority
+  is reachable again (`quorum_ok`); removed from the cluster, it stops (SIGTERM to itself);
+- every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards to
+  the member leading fewest (one move per round, only when every member is up), so the leaders'
+  work is spread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import trio
+
+from ..machines import commands as qc
+from ..machines import metadata as md
+from ..machines.shard import ALL_QUEUES
+from .command_log import META_GROUP
+
+log = logging.getLogger("maxq.cluster")
+
+NODE_DOWN_AFTER_S = 3.0
+BALANCE_EVERY_S = 5.0
+QUORUM_LOST_AFTER_S = 1.5
+WATCH_INTERVAL_S = 0.5
+
+
+class MembershipWatchdog:
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster  # the ClusterLog: its node, members, submit, sessions
+        self._down_since: dict[str, float] = {}
+        self._declared_down: dict[str, None] = {}
+        self._quorum_lost_at: float | None = None
+        self._next_balance_at = 0.0
+
+    async def run(self) -> None:
+        cluster = self.cluster
+        while True:  # for the life of the node; each turn sleeps
+            await trio.sleep(WATCH_INTERVAL_S)
+            now = trio.current_time()
+            node = cluster.node
+            try:
+                leading = node.is_leader(META_GROUP)
+                members = [m for m in cluster.members() if m != cluster.node_id]
+                removed = node.groups[META_GROUP].removed
+            except Exception:
+                log.exception("watchdog: cannot read the membership")
+                continue
+            if now >= self._next_balance_at:
+                self._next_balance_at = now + BALANCE_EVERY_S
+                self._balance_leaders(members)
+            if removed:
+                log.warning("this node was removed from the cluster: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            self._watch_quorum(now, members)
+            self._watch_members(now, members, leading)
+
+    def _watch_quorum(self, now: float, members: list[str]) -> None:
+        cluster = self.cluster
+        connected = 1 + sum(1 for m in members if cluster.node.peer_is_up(m))
+        if connected * 2 > len(members) + 1:
+            if not cluster.quorum_ok:
+                log.info("a majority of the cluster is reachable again: serving clients")
+            cluster.quorum_ok = True
+            self._quorum_lost_at = None
+        elif cluster.quorum_ok:
+            if self._quorum_lost_at is None:
+                self._quorum_lost_at = now
+            elif now - self._quorum_lost_at >= QUORUM_LOST_AFTER_S:
+                cluster.quorum_ok = False
+                log.warning("cut off from the majority (%d of %d members reachable): closing client connections",
+                            connected, len(members) + 1)
+                cluster.close_sessions("this node is cut off from the cluster majority; reconnect to another node")
+
+    def _watch_members(self, now: float, members: list[str], leading: bool) -> None:
+        cluster = self.cluster
+        for member in members:
+            if cluster.node.peer_is_up(member):
+                self._down_since.pop(member, None)
+                self._declared_down.pop(member, None)
+                continue
+            since = self._down_since.setdefault(member, now)
+            if leading and member not in self._declared_down and now - since >= NODE_DOWN_AFTER_S:
+                self._declared_down[member] = None
+                log.warning("member %s silent for %.1f s: releasing its consumers and exclusive queues",
+                            member, now - since)
+                cluster.submit(None, md.OwnerDown(member + "@"), None)
+                for group in cluster.shards:
+                    cluster.submit(ALL_QUEUES, qc.Down(member + "@"),
+                                   lambda _r, g=group: cluster.auto_delete_idle(g), group=group)
+
+    def _balance_leaders(self, others: list[str]) -> None:
+        """Spread group leaders over the members: a member leading two groups more than another
+        hands one of its shards to the member leading fewest (one move per round, all up)."""
+        cluster = self.cluster
+        node = cluster.node
+        if not others or not all(node.peer_is_up(m) for m in others):
+            return
+        leads: dict[str, list[str]] = {m: [] for m in [cluster.node_id, *others]}
+        for group in [META_GROUP, *cluster.shards]:
+            leader = node.leader(group)
+            if leader is None:
+                return  # an election is on: wait for the next round
+            leads.setdefault(leader, []).append(group)
+        mine = [g for g in leads.get(cluster.node_id, []) if g != META_GROUP]
+        target = min(others, key=lambda m: len(leads.get(m, [])))
+        if mine and len(leads[cluster.node_id]) - len(leads.get(target, [])) >= 2:
+            log.info("moving the leadership of %s to %s (this node leads %d of %d groups)",
+                     mine[-1], target, len(leads[cluster.node_id]), len(cluster.shards) + 1)
+            node.transfer_leadership(mine[-1], target)
