@@ -28,8 +28,12 @@ import heapq
 from collections import deque
 from itertools import chain
 
-from .queue import SEQ_BITS, SEQ_MASK, Message, QueueMachine
+from . import queue_limits
+from .commands import DeleteQueue, Purge
+from .message import Message
+from .queue import SEQ_BITS, SEQ_MASK, QueueMachine
 from .queue_args import QueueSettings
+from .queue_types import Effect
 
 REFILL_MIN = 256
 
@@ -111,10 +115,7 @@ class PriorityQueueMachine(QueueMachine):
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:
         self._recovered_below = next_seq
-        delayed = getattr(self.backing, "delayed_stored", 0)
-        self.delayed.recover(delayed, getattr(self.backing, "delayed_next", 0))
-        spilled_count = max(0, spilled_count - delayed)
-        self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
+        spilled_count = max(0, spilled_count - self._recover_delayed())
         self.next_seq = next_seq
         self._recovered_spilled = spilled_count
         if spilled_count and self.backing is not None:
@@ -227,10 +228,8 @@ class PriorityQueueMachine(QueueMachine):
         lane.spill_cursor = loaded[-1].seq + 1
 
     def _expire_heads(self) -> None:
-        from .queue import DROP_BATCH_MAX
-
         now = self.now_ms
-        budget = self._expire_returned(DROP_BATCH_MAX)
+        budget = self._expire_returned(queue_limits.DROP_BATCH_MAX)
         for priority in self._levels:
             lane = self.lanes[priority]
             while budget:
@@ -258,7 +257,7 @@ class PriorityQueueMachine(QueueMachine):
 
     # ---------------------------------------------------------------- commands
 
-    def _purge(self, meta, cmd):
+    def _purge(self, cmd: Purge) -> tuple[int, list[Effect]]:
         n = self.ready_count
         stored = [m for m in self._ready_in_memory() if m.stored] + [m for _, m in self.returned if m.stored]
         if stored:
@@ -278,8 +277,8 @@ class PriorityQueueMachine(QueueMachine):
         self._recovered_spilled = 0
         return n, []
 
-    def _delete(self, meta, cmd):
-        reply = super()._delete(meta, cmd)
+    def _delete(self, cmd: DeleteQueue) -> tuple[int, list[Effect]]:
+        reply = super()._delete(cmd)
         for lane in self.lanes.values():
             self._clear_lane(lane)
         self.lane_count = self.window_count = self._recovered_spilled = 0

@@ -48,7 +48,8 @@ from typing import Any, Iterable, Iterator
 
 from .delayed import DELAYED_BASE
 from .priority_queue import Lane, PriorityQueueMachine, make_queue_machine
-from .queue import SEQ_BITS, Consumer, Message, QueueMachine
+from .message import Message
+from .queue import SEQ_BITS, Consumer, QueueMachine
 from .queue_args import QueueSettings
 
 FORMAT_VERSION = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..machines.queue import Meta
+from ..machines.queue_types import Meta
 
 
 class LocalLog:

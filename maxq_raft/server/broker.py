@@ -31,7 +31,8 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.delayed import DELAYED_BASE
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue import SEQ_MASK, Deliver, QueueMachine, Rejected
+from ..machines.queue import SEQ_MASK, QueueMachine
+from ..machines.queue_types import Deliver, Rejected
 from ..replication.local_log import LocalLog
 from ..storage.errors import StoreFailed
 from . import dead_letter, persistence, policies

@@ -22,7 +22,7 @@ from ..amqp import spec
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from .broker import ConsumerHandle, Unavailable
 from .errors import ChannelError, HardError

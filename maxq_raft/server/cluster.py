@@ -45,7 +45,7 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue import Meta, Overflowed, Rejected
+from ..machines.queue_types import Meta, Overflowed, Rejected
 from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable

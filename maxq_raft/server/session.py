@@ -36,7 +36,8 @@ from ..amqp.events import (
 from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
-from ..machines.queue import Message, Overflowed
+from ..machines.message import Message
+from ..machines.queue_types import Overflowed
 from .broker import Broker, Unavailable
 from .cluster import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel

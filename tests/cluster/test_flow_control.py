@@ -13,7 +13,7 @@ import types
 import trio
 
 from maxq_raft.machines import commands as qc
-from maxq_raft.machines.queue import Message
+from maxq_raft.machines.message import Message
 from maxq_raft.server.cluster import FLOW_BYTES_HIGH, FLOW_BYTES_LOW, ClusterLog
 
 BODY = b"x" * (300 * 1024)  # over ENTRY_BYTES_TARGET: every submit is proposed at once

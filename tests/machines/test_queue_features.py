@@ -18,17 +18,10 @@ from maxq_raft.machines.commands import (
     Tick,
     Touch,
 )
-from maxq_raft.machines.queue import (
-    DROP_BATCH_MAX,
-    DeadLetter,
-    Deliver,
-    Message,
-    Meta,
-    Overflowed,
-    QueueExpired,
-    QueueMachine,
-    Rejected,
-)
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_limits import DROP_BATCH_MAX
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, QueueExpired, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 
 

@@ -38,7 +38,9 @@ from maxq_raft.machines.commands import (
     Tick,
 )
 from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
-from maxq_raft.machines.queue import DeadLetter, Deliver, Message, Meta, Overflowed, QueueMachine, Rejected
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 
 from .test_queue_machine import DictBacking, norm

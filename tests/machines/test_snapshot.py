@@ -39,9 +39,11 @@ from maxq_raft.machines.commands import (
     Touch,
     UpdateSettings,
 )
-from maxq_raft.machines import queue as queue_module
+from maxq_raft.machines import queue_limits
 from maxq_raft.machines.priority_queue import make_queue_machine
-from maxq_raft.machines.queue import Message, Meta, QueueMachine, Rejected
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import Meta, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 from maxq_raft.machines.snapshot import FORMAT_VERSION, SnapshotError, dump_queue, load_queue
 
@@ -230,8 +232,8 @@ def make_machine(queue_settings: QueueSettings, backing: str) -> QueueMachine:
 def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, data) -> None:
     split = data.draw(st.integers(len(ops) // 3, len(ops)), label="snapshot after")
     # A tiny per-command budget for expiry, drops and releases, so that "more is due" happens.
-    budget = queue_module.DROP_BATCH_MAX
-    queue_module.DROP_BATCH_MAX = 2
+    budget = queue_limits.DROP_BATCH_MAX
+    queue_limits.DROP_BATCH_MAX = 2
     try:
         pair = Pair(make_machine(queue_settings, backing))
         for op in ops[:split]:
@@ -240,7 +242,7 @@ def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, 
         for op in ops[split:] + DRAIN:
             pair.step(op)
     finally:
-        queue_module.DROP_BATCH_MAX = budget
+        queue_limits.DROP_BATCH_MAX = budget
 
 
 # ---------------------------------------------------------------------- examples
