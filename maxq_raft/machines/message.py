@@ -6,6 +6,10 @@ published with, whether it is persistent, its TTL, priority and delay, all parse
 `props_raw` and `body` are opaque bytes to the machine. From the Enqueue on, the machine owns the
 object and alone changes its other fields (seq, delivery count, deadlines, where it is stored),
 so one object sits in one queue once; a publish routed to several queues is several objects.
+
+Nothing here belongs to one node: the shell keeps its own per-node caches (the encoded routing
+of a delivery, the publish's confirm number) beside the message, not in it, so every field is
+state that replicas share and snapshots carry.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ class Message:
     """A queued message (slots: a deep queue holds many in memory)."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing", "publish_ref", "ttl_ms", "expires_at_ms", "priority", "count_header",
+                 "persistent", "stored", "ttl_ms", "expires_at_ms", "priority", "count_header",
                  "delay_ms", "due_ms", "delay_counter", "death")
 
     def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
@@ -29,8 +33,6 @@ class Message:
         self.redelivered = False
         self.persistent = persistent  # delivery_mode 2: survives a restart on a durable queue
         self.stored = False  # the backing holds it: delete it there when it leaves the queue
-        self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
-        self.publish_ref = None  # the shell's (channel number, confirm seq), to nack a refused publish
         self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
         self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the queue's time
         self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues

@@ -281,7 +281,9 @@ class QueueMachine(QueueLimits):
             return len(messages), []
         reply, effects = self._accept([messages[i] for i in positions])
         if type(reply) is Overflowed:
-            return Overflowed(reply.accepted + len(messages) - len(positions), reply.rejected), effects
+            # Positions in what `_accept` saw, mapped back to the Enqueue's list.
+            return Overflowed(reply.accepted + len(messages) - len(positions),
+                              [positions[i] for i in reply.rejected]), effects
         return len(messages), effects
 
     def _release_delayed(self) -> list[Effect]:

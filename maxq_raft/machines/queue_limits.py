@@ -18,7 +18,7 @@ overrides `_expire_heads` for its lanes).
   says `QueueExpired`; the shell deletes it. Its messages are not dead-lettered (RabbitMQ).
 - Length limits (x-max-length, x-max-length-bytes, ready messages only): `drop-head` removes
   from the head after delivering what it can; `reject-publish(-dlx)` refuses a message that
-  would go over (the reply `Overflowed` names them, for the publisher's basic.nack).
+  would go over (the reply `Overflowed` names them by position, for the publisher's basic.nack).
 - x-delivery-limit and retry back-off: a returned message is counted; over the limit it leaves
   for `delivery_limit`; with a back-off it waits in `backoff` (not ready) until its due time.
 - Dead lettering: with x-dead-letter-exchange, a message rejected without requeue, expired or
@@ -166,11 +166,11 @@ class QueueLimits:
         settings = self.settings
         max_length, max_bytes = settings.max_length, settings.max_length_bytes
         effects: list[Effect] = []
-        rejected: list = []
-        for message in messages:
+        rejected: list[int] = []
+        for position, message in enumerate(messages):
             if ((max_length is not None and self.ready_count + 1 > max_length)
                     or (max_bytes is not None and self.ready_bytes + len(message.body) > max_bytes)):
-                rejected.append(message)
+                rejected.append(position)
                 self.rejected_publishes += 1
                 if settings.overflow == "reject-publish-dlx" and settings.dead_letter_exchange is not None:
                     self._dying.setdefault("maxlen", []).append(message)

@@ -43,10 +43,12 @@ class Rejected(NamedTuple):
 
 
 class Overflowed(NamedTuple):
-    """Reply to an Enqueue into a full reject-publish queue: `rejected` were not queued."""
+    """Reply to an Enqueue into a full reject-publish queue: `accepted` messages were queued;
+    `rejected` are the positions (0-based, ascending) in the Enqueue's `messages` of those that
+    were not, so the proposer can nack their publishes from what it kept beside the batch."""
 
     accepted: int
-    rejected: list
+    rejected: list[int]
 
 
 # ------------------------------------------------------------------ effects

@@ -32,9 +32,7 @@ queue would read that back, which a snapshot does not serve).
 A dump is lazy: the caller consumes it completely before the machine applies another command
 (the machine's state and its backing must not move under the reader).
 
-Not in the records: `wire_routing` and `publish_ref` of messages (the shell's caches of one
-node, never read by the machine after the enqueue that set them) and the backing's own counters
-(rebuilt by the writes). Derived indexes are rebuilt: the consumers' priority order, the active
+Not in the records: the backing's own counters (rebuilt by the writes). Derived indexes are rebuilt: the consumers' priority order, the active
 count, the delayed heap and key list, the priority levels, whether returns are counted.
 `_dying` / `_unstore` (places `dying`, `unstore`) are empty between commands except after a
 refused command that followed a release which dead-lettered: the next command flushes them.

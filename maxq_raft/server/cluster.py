@@ -45,7 +45,7 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue_types import Meta, Overflowed, Rejected
+from ..machines.queue_types import Meta, Rejected
 from ..machines.queue_args import settings_or_default
 from ..replication.entries import ALL_QUEUES, EntryError, decode_entry, encode_entry
 from .broker import Unavailable
@@ -602,10 +602,6 @@ class ClusterLog:
                     reply = self._apply_all(group, meta, command, entry.origin)
                 else:
                     reply, effects = self._apply_queue(meta, target, command)
-                    if type(reply) is Overflowed and then is not None:
-                        # The origin's messages are not these decoded copies: name them by position.
-                        positions = {id(m): i for i, m in enumerate(command.messages)}
-                        reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
             except Exception:
                 # The machines never raise; this is our glue. Going on keeps this member
                 # applying the log (stopping would stall it for good).

@@ -106,6 +106,9 @@ class Session:
         )
         self.channels: dict[int, Channel] = {}
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
+        # queue key -> [(position in its pending batch, (channel number, confirm seq))]: kept beside
+        # the batch for publishes awaiting a confirm, to nack those a reject-publish queue refuses
+        self.pending_refs: dict[tuple, list] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
@@ -409,12 +412,17 @@ class Session:
             for name in queues:
                 key = (vhost, name)
                 message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
-                message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:
-                    pending[key] = [message]
+                    batch = pending[key] = [message]
                 else:
                     batch.append(message)
+                if ref is not None:
+                    refs = self.pending_refs.get(key)
+                    if refs is None:
+                        self.pending_refs[key] = [(len(batch) - 1, ref)]
+                    else:
+                        refs.append((len(batch) - 1, ref))
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         if seq is not None:
@@ -451,16 +459,17 @@ class Session:
         if self.pending_settles:
             self.flush_settles()
         pending, self.pending = self.pending, {}
+        refs, self.pending_refs = self.pending_refs, {}
         broker = self.broker
         if broker.cluster is not None:
-            self._flush_to_cluster(pending)
+            self._flush_to_cluster(pending, refs)
             return
         refused = None  # channel -> confirm seqs that a reject-publish queue refused
         for queue_key, messages in pending.items():
             reply = broker.apply_queue(queue_key, qc.Enqueue(messages))
             broker.messages_published += len(messages)
             if type(reply) is Overflowed:
-                refused = note_refused(refused, reply.rejected)
+                refused = note_refused(refused, refs.get(queue_key), reply.rejected)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
             # A confirm means "fsynced": if this batch wrote durable messages, its confirms wait
@@ -476,21 +485,21 @@ class Session:
                 else:
                     send_method(channel.number, spec.BasicAck(delivery_tag=seqs[-1], multiple=len(seqs) > 1))
 
-    def _flush_to_cluster(self, pending: dict) -> None:
+    def _flush_to_cluster(self, pending: dict, refs: dict) -> None:
         """Cluster: one Enqueue per queue into its shard's next entry; this read's confirms are
         sent once every entry carrying its messages has committed (a nack if one could not)."""
         cluster = self.broker.cluster
         entries = {}
         batch = ConfirmBatch(0)
 
-        def note_overflow(reply, messages) -> None:  # a reject-publish queue refused some
+        def note_overflow(reply, queue_refs) -> None:  # a reject-publish queue refused some
             if type(reply) is Overflowed:
-                batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
+                batch.refused = note_refused(batch.refused, queue_refs, reply.rejected)
         for queue_key, messages in pending.items():
             queue = self.broker.queues.get(queue_key)
             then = None
             if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
-                then = partial(note_overflow, messages=messages)
+                then = partial(note_overflow, queue_refs=refs.get(queue_key))
             entry = cluster.submit(queue_key, qc.Enqueue(messages), then)
             entries[id(entry)] = entry
             self.broker.messages_published += len(messages)
@@ -536,10 +545,10 @@ class Session:
     # -------------------------------------------------------- deliveries
 
     def write_delivery(self, channel_number: int, handle, delivery_tag: int, redelivered: bool, message) -> None:
-        wire_routing = message.wire_routing
+        # Encoded once per (exchange, routing key) for the node, not once per delivery.
+        wire_routing = _wire_routing.get((message.exchange, message.routing_key))
         if wire_routing is None:
-            # Once per message (a fanout to ten queues shares it), not once per delivery.
-            wire_routing = message.wire_routing = wire_routing_of(message.exchange, message.routing_key)
+            wire_routing = wire_routing_of(message.exchange, message.routing_key)
         self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
                                            message.props_raw if not message.count_header else delivery_props(message),
                                            message.body, self.conn.frame_max))

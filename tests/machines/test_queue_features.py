@@ -178,8 +178,18 @@ def test_reject_publish_refuses_what_would_go_over():
     q = Clocked(max_length=2, overflow="reject-publish")
     messages = [Message("ex", "rk", b"", b"%d" % i) for i in range(4)]
     reply, effects = q.at(0, Enqueue(messages))
-    assert reply == Overflowed(2, messages[2:]) and effects == []
+    assert reply == Overflowed(2, [2, 3]) and effects == []  # positions in the Enqueue's list
     assert q.machine.rejected_publishes == 2 and q.machine.ready_count == 2
+
+
+def test_overflowed_positions_are_in_the_enqueue_with_delayed_messages_among_them():
+    # A delayed message is held, not judged against the limit; the positions skip nothing.
+    q = Clocked(max_length=1, overflow="reject-publish")
+    batch = [Message("ex", "rk", b"", b"a"), Message("ex", "rk", b"", b"later", delay_ms=50),
+             Message("ex", "rk", b"", b"b"), Message("ex", "rk", b"", b"c")]
+    reply, _ = q.at(0, Enqueue(batch))
+    assert reply == Overflowed(2, [2, 3])
+    assert [m.body for m in q.machine.ready] == [b"a"]
 
 
 def test_reject_publish_delivers_each_before_judging_the_next():

@@ -172,6 +172,8 @@ class FeaturesModel(RuleBasedStateMachine):
             assert self.settings.overflow != "drop-head"
             self.refused += len(reply.rejected)
             assert reply.accepted + len(reply.rejected) == n
+            # Named by position in the batch: exactly the messages that got no seq.
+            assert reply.rejected == [i for i, message in enumerate(made[0]) if message.seq == -1]
         else:
             assert reply == n
         queue_ttl = self.settings.message_ttl_ms
