@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from itertools import chain
+from typing import Any, Iterable, Iterator
 
 from . import queue_limits
 from .commands import DeleteQueue, Purge
@@ -283,6 +284,58 @@ class PriorityQueueMachine(QueueMachine):
             self._clear_lane(lane)
         self.lane_count = self.window_count = self._recovered_spilled = 0
         return reply
+
+    # ------------------------------------------------------------ dump and load
+
+    KIND = "priority"
+
+    def dump_header(self) -> dict[str, Any]:
+        header = super().dump_header()
+        header["lanes"] = [[lane.priority, lane.window_bytes, lane.spilled_count, lane.spilled_persistent,
+                            lane.spill_cursor, lane.recovered] for lane in self.lanes.values()]
+        header["lane_count"] = self.lane_count
+        header["window_count"] = self.window_count
+        header["recovered_spilled"] = self._recovered_spilled
+        return header
+
+    def _dump_ready(self) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """`ready` (always empty here), then `lane` (key: its priority)."""
+        yield from super()._dump_ready()
+        for lane in self.lanes.values():
+            yield "lane", lane.priority, lane.ready
+
+    def _dump_spilled(self, batch_max: int) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """`lane_spilled` (key: its priority), read from the backing."""
+        yield from super()._dump_spilled(batch_max)
+        recovered = self._recovered_spilled
+        for lane in self.lanes.values():
+            if lane.may_load():
+                # (recovered messages are counted for all lanes together: any lane may hold all)
+                limit = lane.spilled_count + (recovered if lane.recovered else 0)
+                yield "lane_spilled", lane.priority, self._stored(lane.spill_cursor, lane.end, limit, batch_max)
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], backing) -> QueueMachine:
+        machine = super().from_header(header, backing)
+        assert isinstance(machine, PriorityQueueMachine)
+        for priority, window_bytes, spilled_count, spilled_persistent, spill_cursor, recovered in header["lanes"]:
+            lane = machine.lanes[priority] = Lane(priority, (machine.max_priority - priority) << SEQ_BITS)
+            lane.window_bytes = window_bytes
+            lane.spilled_count = spilled_count
+            lane.spilled_persistent = spilled_persistent
+            lane.spill_cursor = spill_cursor
+            lane.recovered = recovered
+        machine._levels = sorted(machine.lanes, reverse=True)
+        machine.lane_count = header["lane_count"]
+        machine.window_count = header["window_count"]
+        machine._recovered_spilled = header["recovered_spilled"]
+        return machine
+
+    def _load_other_place(self, place: str, key: Any, messages: list[Message]) -> bool:
+        if place == "lane":
+            self.lanes[key].ready.extend(messages)
+            return True
+        return place == "lane_spilled" or super()._load_other_place(place, key, messages)
 
     @staticmethod
     def _clear_lane(lane: Lane) -> None:

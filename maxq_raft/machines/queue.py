@@ -34,6 +34,9 @@ what fell due (retry back-offs, delayed messages) first and, after it, expires h
 drop-head and flushes what left the queue (queue_limits.py: TTL, limits, dead lettering,
 x-expires, delivery limits). x-delay is delayed.py; x-max-priority
 is priority_queue.py.
+
+`dump_header()` / `dump_places()` give the whole state as plain data and `from_header()` /
+`load_place()` / `finish_load()` take it back; snapshot.py frames them as records.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Iterable, Iterator, assert_never
 
 from . import queue_limits
 from .commands import (
@@ -512,6 +515,197 @@ class QueueMachine(QueueLimits):
         self._active_count = 0
         self.exclusive_consumer = None
         return n, []
+
+    # ------------------------------------------------------- dump and load
+    #
+    # The machine's whole state as plain data (None, bools, ints, floats, str, bytes, lists,
+    # dicts with str keys) and back: a header of counters and flags whose size does not grow
+    # with depth, then the messages place by place. snapshot.py frames them as records; the
+    # proof that nothing is lost is tests/machines/test_snapshot.py. Derived indexes (the
+    # consumers' priority order, the active count, the delayed heap and keys, whether returns
+    # are counted) are rebuilt, not dumped.
+
+    KIND = "fifo"  # names the class in a dump (priority_queue.py: "priority")
+
+    def dump_header(self) -> dict[str, Any]:
+        """Every counter and flag, the consumers without their messages, the rings in their
+        rotation (whose turn is next), the delayed messages' counters."""
+        return {
+            "kind": self.KIND,
+            "vhost": self.vhost,
+            "name": self.name,
+            "settings": list(self.settings),
+            "has_backing": self.backing is not None,
+            "durable": self.durable,
+            "window_max": self.window_max,
+            "window_bytes_max": self.window_bytes_max,
+            "now_ms": self.now_ms,
+            "last_index": self.last_index,
+            "next_seq": self.next_seq,
+            "delivered_upto": self.delivered_upto,
+            "ready_bytes": self.ready_bytes,
+            "window_bytes": self.window_bytes,
+            "recovered_below": self._recovered_below,
+            "spilled_count": self.spilled_count,
+            "spilled_persistent": self.spilled_persistent,
+            "spill_cursor": self.spill_cursor,
+            "dropped": dict(self.dropped),
+            "dead_lettered": dict(self.dead_lettered),
+            "rejected_publishes": self.rejected_publishes,
+            "last_used_ms": self.last_used_ms,
+            "expired": self.expired,
+            "deleted": self.deleted,
+            "ever_had_consumer": self.ever_had_consumer,
+            "timed": self._timed,
+            "more_due": self._more_due,
+            "exclusive_consumer": self.exclusive_consumer,
+            "sac_order": list(self._sac_order),
+            # Consumers in dict order (Down walks it), each ring in its rotation.
+            "consumers": [[c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active]
+                          for c in self.consumers.values()],
+            "rings": [[p, list(ring)] for p, ring in self._rings.items()],
+            "delayed": self.delayed.dump(),
+        }
+
+    def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """Where the messages are, as `(place, key, items)` in the machine's own order (a heap's
+        list order, a dict's insertion order). Items are `Message`s, but a `backoff` item is
+        `(due ms, Message)`. In memory: `ready`, `returned`, `backoff`, `dead_lettering`,
+        `checked_out` (key: consumer id), `delayed`, `dying` (key: reason) and `unstore` (both
+        empty between commands unless one failed with an internal error); only in the backing,
+        read from it `batch_max` at a time: `spilled`, `delayed_spilled`. Consume everything
+        before the next apply: the state and the backing must not move under the reader."""
+        yield from self._dump_ready()
+        yield "returned", None, (m for _, m in self.returned)
+        yield "backoff", None, ((due, m) for due, _, m in self.backoff)
+        yield "dead_lettering", None, self.dead_lettering.values()
+        for consumer in self.consumers.values():
+            yield "checked_out", consumer.consumer_id, consumer.checked_out.values()
+        yield "delayed", None, self.delayed.window.values()
+        for reason, messages in self._dying.items():
+            yield "dying", reason, messages
+        yield "unstore", None, self._unstore
+        if self.backing is not None:
+            yield from self._dump_spilled(batch_max)
+            delayed = self.delayed
+            if delayed.spilled:
+                yield "delayed_spilled", None, self._stored(delayed.cursor, None, delayed.spilled, batch_max)
+
+    def _dump_ready(self) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        yield "ready", None, self.ready
+
+    def _dump_spilled(self, batch_max: int) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        if self.spilled_count:
+            yield "spilled", None, self._stored(self.spill_cursor, DELAYED_BASE, self.spilled_count, batch_max)
+
+    def _stored(self, seq_from: int, seq_below: int | None, count: int, batch_max: int) -> Iterator[Message]:
+        """Up to `count` messages the backing holds from `seq_from` (below `seq_below`), read
+        `batch_max` at a time. `count` is the machine's own tally, so the loop is bounded."""
+        assert self.backing is not None
+        remaining = count
+        while remaining > 0:
+            batch = self.backing.load(seq_from, min(batch_max, remaining), seq_below)
+            if not batch:
+                return  # fewer than counted (a restarted durable queue's transient ones): as `_refill` finds
+            assert batch[0].seq >= seq_from and (seq_below is None or batch[-1].seq < seq_below)
+            for message in batch:
+                message.stored = True
+                yield message
+            remaining -= len(batch)
+            seq_from = batch[-1].seq + 1
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], backing: Backing | None) -> QueueMachine:
+        """A machine with `dump_header`'s state and no messages yet (they follow through
+        `load_place`, then `finish_load`). `backing` is a fresh, empty one, given exactly when
+        the original had one. Raises KeyError, TypeError or ValueError for a malformed header."""
+        settings = QueueSettings(*header["settings"])
+        if header["kind"] != cls.KIND or (cls.KIND == "priority") != (settings.max_priority is not None):
+            raise ValueError(f"kind {header['kind']!r} does not match the settings")
+        delayed = header["delayed"]
+        machine = cls(header["vhost"], header["name"], backing=backing, durable=header["durable"],
+                      window_max=header["window_max"], window_bytes_max=header["window_bytes_max"],
+                      settings=settings, delayed_window_max=delayed["window_max"])
+        machine.window_max = header["window_max"]
+        machine.window_bytes_max = header["window_bytes_max"]
+        machine.now_ms = header["now_ms"]
+        machine.last_index = header["last_index"]
+        machine.next_seq = header["next_seq"]
+        machine.delivered_upto = header["delivered_upto"]
+        machine.ready_bytes = header["ready_bytes"]
+        machine.window_bytes = header["window_bytes"]
+        machine.spilled_count = header["spilled_count"]
+        machine.spilled_persistent = header["spilled_persistent"]
+        machine.spill_cursor = header["spill_cursor"]
+        machine.rejected_publishes = header["rejected_publishes"]
+        machine.last_used_ms = header["last_used_ms"]
+        machine.expired = header["expired"]
+        machine.deleted = header["deleted"]
+        machine.ever_had_consumer = header["ever_had_consumer"]
+        machine.exclusive_consumer = header["exclusive_consumer"]
+        machine._recovered_below = header["recovered_below"]
+        machine._timed = header["timed"]
+        machine._more_due = header["more_due"]
+        machine._sac_order = list(header["sac_order"])
+        machine.dropped = dict(header["dropped"])
+        machine.dead_lettered = dict(header["dead_lettered"])
+        active = 0
+        for consumer_id, owner, prefetch, no_ack, priority, credit, is_active in header["consumers"]:
+            machine.consumers[consumer_id] = Consumer(consumer_id, owner, prefetch, no_ack, priority, credit, is_active)
+            active += is_active
+        machine._active_count = active
+        for priority, ids in header["rings"]:
+            machine._rings[priority] = deque(ids)
+        machine._priorities = sorted(machine._rings, reverse=True)
+        machine.delayed.load(delayed)
+        return machine
+
+    def load_place(self, place: str, key: Any, items: list[Any]) -> None:
+        """Put back one batch of `dump_places`' items where they were; stored ones go to the
+        backing too. Raises KeyError, TypeError or ValueError for what cannot be placed."""
+        if type(items) is not list:
+            raise TypeError("a place's items must be a list")
+        if place == "backoff":
+            messages = [message for _, message in items]
+            # (the dumped list is a heap already)
+            self.backoff.extend((due_ms, message.seq, message) for due_ms, message in items)
+        else:
+            messages = items
+            if place == "ready":
+                self.ready.extend(messages)
+            elif place == "returned":
+                self.returned.extend((m.seq, m) for m in messages)  # the dumped list is a heap already
+            elif place == "dead_lettering":
+                self.dead_lettering.update((m.seq, m) for m in messages)
+            elif place == "checked_out":
+                self.consumers[key].checked_out.update((m.seq, m) for m in messages)
+            elif place == "delayed":
+                self.delayed.window.update((m.seq, m) for m in messages)
+            elif place == "dying":
+                # The same objects as in `dead_lettering` (loaded before); refused publishes (seq -1) are not.
+                shared = self.dead_lettering
+                messages = [shared.get(m.seq, m) if m.seq != -1 else m for m in messages]
+                self._dying.setdefault(key, []).extend(messages)
+                messages = [m for m in messages if m.seq == -1 or m.seq not in shared]  # (written with them)
+            elif place == "unstore":
+                self._unstore.extend(messages)
+            elif not self._load_other_place(place, key, messages):
+                raise ValueError(f"unknown place {place!r}")
+        stored = [m for m in messages if m.stored]
+        if stored:
+            if self.backing is None:
+                raise ValueError("stored messages for a machine without a backing")
+            self.backing.write(stored)
+
+    def _load_other_place(self, place: str, key: Any, messages: list[Message]) -> bool:
+        """A place of a subclass, or one only the backing holds (written there, nowhere else)."""
+        return place in ("spilled", "delayed_spilled")
+
+    def finish_load(self) -> None:
+        """After the last `load_place`: rebuild what follows from the messages."""
+        self.delayed.rebuild_index()
+        if self.durable and self.delivered_upto >= 0:
+            self.backing.delivered(self.delivered_upto)
 
     # ------------------------------------------------------------- helpers
 
