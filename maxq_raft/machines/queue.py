@@ -32,7 +32,7 @@ negative counts) is refused before it changes anything, so replicas stay identic
 the typed union `QueueCommand`, dispatched with `match`. Around the handler, `apply` releases
 what fell due (retry back-offs, delayed messages) first and, after it, expires heads, enforces
 drop-head and flushes what left the queue (queue_limits.py: TTL, limits, dead lettering,
-x-expires, delivery limits). x-delay is delayed.py; x-max-priority
+x-expires, delivery limits), refused commands included. x-delay is delayed.py; x-max-priority
 is priority_queue.py.
 
 `dump_header()` / `dump_places()` give the whole state as plain data and `from_header()` /
@@ -249,9 +249,9 @@ class QueueMachine(QueueLimits):
                     assert_never(command)
             if released:
                 effects = released + effects
-            if type(reply) is Rejected:
-                return reply, effects
-            self._after_command()
+            if type(reply) is not Rejected:
+                self._after_command()
+            # Also after a refusal: the releases before the handler may have dead-lettered.
             if self._dying or self._unstore:
                 effects = self._flush_dying(effects)
             return reply, effects

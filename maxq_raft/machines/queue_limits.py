@@ -27,8 +27,8 @@ overrides `_expire_heads` for its lanes).
   crash in between dead-letters it again rather than losing it (at-least-once).
 
 Messages leaving in a command collect in `_dying` (reason -> messages) and `_unstore` (stored
-copies to delete); `apply` flushes both once at the end of every command that was not refused,
-into one `DeadLetter` per reason and one backing `remove`.
+copies to delete); `apply` flushes both once at the end of every command, refused ones included,
+into one `DeadLetter` per reason and one backing `remove`: so they are empty between commands.
 `next_deadline_ms` says when the queue next needs a `Tick`; the shell ticks only those queues.
 """
 

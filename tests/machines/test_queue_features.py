@@ -200,6 +200,21 @@ def test_reject_publish_delivers_each_before_judging_the_next():
     assert type(reply) is Overflowed and reply.accepted == 0 and effects == []
 
 
+def test_a_refused_command_flushes_what_the_releases_before_it_dead_lettered():
+    # A delayed message falls due at the start of a command that the machine then refuses (a
+    # reused consumer tag); the reject-publish-dlx queue at its limit dead-letters it. `apply`
+    # used to return the refusal before flushing, leaving the message in `_dying` until the
+    # next command (check_invariants failed here; shrunk by hypothesis in test_snapshot.py).
+    q = Clocked(max_length=0, overflow="reject-publish-dlx", dead_letter_exchange="dlx")
+    q.at(0, Enqueue([Message("ex", "rk", b"", b"later", delay_ms=7)]))
+    q.at(0, Checkout("c", "o", 0, False, 0, False, 0))
+    reply, effects = q.at(10, Checkout("c", "o", 0, False, 0, False, 0))
+    assert type(reply) is Rejected and reply.reply_code == 530
+    (effect,) = effects
+    assert type(effect) is DeadLetter and effect.reason == "maxlen" and [m.body for m in effect.messages] == [b"later"]
+    assert q.machine.rejected_publishes == 1 and q.machine.dead_lettered["maxlen"] == 1
+
+
 def test_reject_publish_dlx_dead_letters_the_refused():
     q = Clocked(max_length=1, overflow="reject-publish-dlx", dead_letter_exchange="dlx")
     reply, effects = q.publish(0, b"1", b"2")
