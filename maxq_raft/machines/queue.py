@@ -4,8 +4,10 @@ Theory of operation: every change to a queue is a command in a log; `QueueMachin
 command)` returns `(reply, effects)` (queue_types.py) and is the only way state changes.
 Replicas that apply the same commands in the same order end in the same state, so the same code
 serves a single node (an in-process log) and a Raft group. Time comes only from `meta.time_ms`,
-never a clock. The machine iterates only dicts, lists and deques, never sets, so every replica
-decides alike.
+never a clock, and never goes backwards: the queue's `now_ms` is the latest entry time it has
+seen, so an entry from a proposer whose clock is behind (a new leader, a skewed node) neither
+extends a TTL nor revives an expired message. The machine iterates only dicts, lists and deques,
+never sets, so every replica decides alike.
 
 The machine decides which message goes to which consumer: a `Deliver` effect names the consumer
 and the message; the node hosting that consumer's connection sends the frames. Consumers get
@@ -116,7 +118,8 @@ class QueueMachine(QueueLimits):
         self.vhost = vhost
         self.name = name
         self.settings = settings
-        self.now_ms = 0  # the time of the entry being applied (of the last one, between entries)
+        # The queue's time: the latest entry time applied (a later entry may carry an earlier one).
+        self.now_ms = 0
         self.ready_bytes = 0  # body bytes of all ready messages (window, returned, spilled)
         self._recovered_below = 0  # seqs below this were recovered: their bytes count once loaded
         self._init_limits(settings)
@@ -203,7 +206,11 @@ class QueueMachine(QueueLimits):
                 # Exactly the union's classes, not a subclass or a look-alike tuple: the `match`
                 # below would take a subclass for its base. Anything else is a bug in the shell.
                 return Rejected(541, f"unknown queue command {type(command).__name__}"), []
-            self.now_ms = time_ms
+            # Each proposer stamps its own clock: after a leader change or with skewed clocks a
+            # later entry may carry an earlier time. The queue's time stays where it was then,
+            # so a deadline already passed stays passed and no TTL is measured from the past.
+            if time_ms > self.now_ms:
+                self.now_ms = time_ms
             if self.backoff and self.backoff[0][0] <= self.now_ms:
                 self._release_backoff()
             released = None

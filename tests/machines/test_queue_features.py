@@ -68,6 +68,39 @@ def test_queue_ttl_expires_at_the_deadline_without_traffic():
     assert q.machine.ready_count == 0 and q.machine.next_deadline_ms is None
 
 
+def test_an_entry_from_a_proposer_whose_clock_is_behind_does_not_revive_an_expired_message():
+    # Each proposer stamps its own clock, so after a leader change (or with skewed clocks) a
+    # later entry may carry an earlier time. At 1200 "short" is past its deadline (1100) but
+    # waits behind an unexpired head; an entry stamped 1050 must not make it deliverable again.
+    q = Clocked()
+    q.at(1000, Enqueue([Message("ex", "rk", b"", b"long", ttl_ms=1000), Message("ex", "rk", b"", b"short", ttl_ms=100)]))
+    q.at(1200, Tick())
+    assert q.machine.ready_count == 2 and q.machine.now_ms == 1200
+    _, effects = q.at(1050, Checkout("c", "o", 0, True, 0, False, 10))
+    assert bodies(effects) == [b"long"] and q.machine.dropped["expired"] == 1
+    assert q.machine.now_ms == 1200
+
+
+def test_a_ttl_is_measured_from_the_queues_time_not_an_earlier_entry_time():
+    q = Clocked(message_ttl_ms=100, expires_ms=500)
+    q.at(1000, Touch())
+    q.publish(900, b"m")  # a proposer 100 ms behind
+    (message,) = q.machine.ready
+    assert message.expires_at_ms == 1100 and q.machine.next_deadline_ms == 1100
+    q.at(1050, Tick())  # nothing is due at the queue's 1000
+    assert q.machine.ready_count == 1 and not q.machine.expired
+    q.at(1099, Tick())
+    assert q.machine.ready_count == 1
+    q.at(1100, Tick())
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == 1
+    # x-expires from the last use at the queue's 1000, not the entry's 900
+    assert q.machine.next_deadline_ms == 1500
+    q.at(1499, Tick())
+    assert not q.machine.expired
+    reply, effects = q.at(1500, Tick())
+    assert reply is True and effects == [QueueExpired("/", "q")]
+
+
 def test_ttl_zero_delivers_to_a_waiting_consumer_and_is_dropped_otherwise():
     q = Clocked(message_ttl_ms=0)
     q.publish(1000, b"nobody-waits")
