@@ -218,6 +218,8 @@ class QueueMachine(QueueLimits):
                 due = self.delayed.next_due_ms
                 if due is not None and due <= self.now_ms:
                     released = self._release_delayed()
+            reply: QueueReply
+            effects: list[Effect]
             # Hot commands first: a class pattern is one isinstance check.
             match command:
                 case Enqueue():
@@ -256,7 +258,7 @@ class QueueMachine(QueueLimits):
                     assert_never(command)
             if released:
                 effects = released + effects
-            if type(reply) is not Rejected:
+            if (self._timed or self._drops_head) and type(reply) is not Rejected:
                 self._after_command()
             # Also after a refusal: the releases before the handler may have dead-lettered.
             if self._dying or self._unstore:

@@ -101,6 +101,7 @@ class QueueLimits:
         # True once any message has a deadline: only then do heads need looking at
         self._timed = settings.message_ttl_ms is not None
         self._more_due = False  # a command hit DROP_BATCH_MAX: tick again at once
+        self._drops_head = settings.limited and settings.overflow == "drop-head"  # (asked after every command)
         # Returned messages waiting out their retry back-off: a heap of (due ms, seq, message).
         # Not ready (not counted, not delivered) until due, when they join `returned`.
         self.backoff: list[tuple[int, int, Message]] = []
@@ -182,11 +183,11 @@ class QueueLimits:
         return (Overflowed(accepted, rejected) if rejected else accepted), effects
 
     def _after_command(self) -> None:
-        """After a command that was not refused: expire the heads, then drop-head."""
+        """After a command that was not refused (and only if `_timed` or `_drops_head`): expire
+        the heads, then drop-head."""
         if self._timed:
             self._expire_heads()
-        settings = self.settings
-        if settings.limited and settings.overflow == "drop-head" and self._drop_over_limit() and self._timed:
+        if self._drops_head and self._drop_over_limit() and self._timed:
             self._expire_heads()  # the new head may be due too (RabbitMQ: drop_expired, drop_head)
 
     def _drop_over_limit(self) -> bool:
@@ -385,6 +386,7 @@ class QueueLimits:
         self.settings = settings
         if settings.message_ttl_ms is not None:
             self._timed = True
+        self._drops_head = settings.limited and settings.overflow == "drop-head"
         self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         return True, self._service()
 
