@@ -191,9 +191,9 @@ class QueueMachine(QueueLimits):
 
     def apply(self, meta: Meta, command: QueueCommand) -> tuple[QueueReply, list[Effect]]:
         # Handlers validate a command completely before they change anything, so a refusal
-        # leaves the state as it was. The `except` is the last line for bugs of ours and for a
-        # backing that cannot read a damaged record: it keeps the log moving, but cannot undo
-        # a half-applied command (every replica half-applies it alike: they stay identical).
+        # leaves the state as it was. The `except` is the last line for bugs of ours (which
+        # every replica meets alike) and for a backing that cannot read a damaged record (this
+        # replica's disk): it keeps the log moving, but cannot undo a half-applied command.
         try:
             log_index = meta.log_index
             time_ms = meta.time_ms
