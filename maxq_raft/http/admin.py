@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import trio
 
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 from ..server.errors import ChannelError
 
 log = logging.getLogger("maxq.http")

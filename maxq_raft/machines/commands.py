@@ -3,11 +3,22 @@
 They are what a log entry carries, so they hold only plain data (strings, ints, bytes, lists
 of messages); identities are strings chosen by the proposer (`consumer_id` is unique across the
 cluster: node, connection, channel and tag), so replicas agree on them.
+
+`QueueCommand` is the union a queue machine's `apply` takes (and matches on, exhaustively);
+`Create`, `Sync` and `Reply` travel in a shard's log but are the cluster glue's, never a
+machine's. The field types are what the shell sends; a machine still checks them before acting
+(`malformed`, `bad_seqs`), because a bad command must become a refusal, not an exception.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Union, get_args
+
+from .queue_types import Rejected
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .queue_args import QueueSettings
 
 
 class Create(NamedTuple):
@@ -35,7 +46,7 @@ class Reply(NamedTuple):
 
 
 class Enqueue(NamedTuple):
-    messages: list  # of queue.Message, in publish order
+    messages: list[Message]  # in publish order; `Overflowed` names refused ones by position here
 
 
 class Checkout(NamedTuple):
@@ -58,21 +69,21 @@ class Settle(NamedTuple):
     """basic.ack: the messages are done."""
 
     consumer_id: str
-    seqs: list
+    seqs: list[int]
 
 
 class Requeue(NamedTuple):
     """basic.nack/reject with requeue, basic.recover, channel close: back to the queue."""
 
     consumer_id: str
-    seqs: list
+    seqs: list[int]
 
 
 class Discard(NamedTuple):
     """basic.nack/reject without requeue."""
 
     consumer_id: str
-    seqs: list
+    seqs: list[int]
 
 
 class Credit(NamedTuple):
@@ -117,7 +128,7 @@ class DeadLettered(NamedTuple):
     """The shell has enqueued these dead-lettered messages to their targets (or found none):
     the source may now forget them (at-least-once dead lettering)."""
 
-    seqs: list
+    seqs: list[int]
 
 
 class UpdateSettings(NamedTuple):
@@ -125,4 +136,27 @@ class UpdateSettings(NamedTuple):
     They apply from now on: to messages enqueued, returned or dead-lettered after it; the length
     limits at once. A priority queue's x-max-priority, and single active consumer, cannot change."""
 
-    settings: object
+    settings: QueueSettings
+
+
+QueueCommand = Union[Enqueue, Checkout, Cancel, Settle, Requeue, Discard, Credit, Get, Purge, Down, DeleteQueue, Tick,
+                     Touch, DeadLettered, UpdateSettings]
+# The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
+QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))
+
+
+def malformed(command: Any, why: str = "") -> Rejected:
+    """The refusal of a command whose fields are not what the shell should send."""
+    # The shell builds every command, so a malformed one is a bug there; refusing it before any
+    # state changes keeps replicas identical and the queue usable. (Error path: repr is fine.)
+    return Rejected(541, f"malformed {type(command).__name__}: {why or repr(command)}"[:200])
+
+
+def bad_seqs(seqs: Any) -> bool:
+    """True unless `seqs` is a list or tuple of ints (checked before any is acted on)."""
+    if type(seqs) is not list and type(seqs) is not tuple:
+        return True
+    for seq in seqs:
+        if type(seq) is not int:  # also refuses bool: True would settle seq 1
+            return True
+    return False

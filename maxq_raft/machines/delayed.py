@@ -37,6 +37,7 @@ SLOT_MS = 10
 DUE_SLOT_MAX = (1 << (63 - DUE_SHIFT)) - 1  # 2**39 slots of 10 ms: until the year 2140
 WINDOW_MAX = 4096
 LOAD_MAX = 1024
+NO_CURSOR = 1 << 64  # the cursor when nothing is stored (above every key)
 
 
 def delayed_key(due_ms: int, counter: int) -> int:
@@ -55,7 +56,7 @@ class DelayedMessages:
         self.load_max = max(1, min(LOAD_MAX, window_max))
         self.count = 0  # all delayed messages of the queue
         self.spilled = 0  # of those, stored only (keys >= cursor)
-        self.cursor = 1 << 64  # every delayed key below it is in memory
+        self.cursor = NO_CURSOR  # every delayed key below it is in memory
         self.counter = 0
         self.window: dict[int, object] = {}  # key -> Message, the in-memory ones
         self.keys: list[int] = []  # their keys, ascending (the last is evicted first)
@@ -166,7 +167,7 @@ class DelayedMessages:
             # Transient delayed messages do not survive a restart: nothing more is stored.
             self.count -= self.spilled
             self.spilled = 0
-            self.cursor = 1 << 64
+            self.cursor = NO_CURSOR
             return
         for message in loaded:
             key = message.seq
@@ -175,7 +176,7 @@ class DelayedMessages:
             self.keys.append(key)  # loaded keys are above every in-memory one
             heapq.heappush(self.heap, (message.due_ms, key))
         self.spilled -= len(loaded)
-        self.cursor = loaded[-1].seq + 1 if self.spilled else 1 << 64
+        self.cursor = loaded[-1].seq + 1 if self.spilled else NO_CURSOR
         if self.spilled < 0:
             self.spilled = 0
 
@@ -183,7 +184,7 @@ class DelayedMessages:
         """After a restart: `stored` delayed messages are in the backing, none in memory; new
         keys go on from `counter` so that they cannot take a stored one's key."""
         self.count = self.spilled = stored
-        self.cursor = DELAYED_BASE if stored else 1 << 64
+        self.cursor = DELAYED_BASE if stored else NO_CURSOR
         self.counter = max(self.counter, counter)
 
     def clear(self) -> None:
@@ -191,7 +192,31 @@ class DelayedMessages:
         self.keys.clear()
         self.heap.clear()
         self.count = self.spilled = 0
-        self.cursor = 1 << 64
+        self.cursor = NO_CURSOR
+
+    def dump(self) -> dict:
+        """The counters as plain data (the in-memory messages are dumped by the queue machine)."""
+        return {"window_max": self.window_max, "load_max": self.load_max, "count": self.count,
+                "spilled": self.spilled,
+                # (NO_CURSOR is above msgpack's uint64: sent as None)
+                "cursor": None if self.cursor == NO_CURSOR else self.cursor, "counter": self.counter}
+
+    def load(self, record: dict) -> None:
+        """Take back `dump`'s counters; the window's messages follow through `window`, then
+        `rebuild_index`."""
+        self.window_max = record["window_max"]
+        self.load_max = record["load_max"]
+        self.count = record["count"]
+        self.spilled = record["spilled"]
+        self.cursor = NO_CURSOR if record["cursor"] is None else record["cursor"]
+        self.counter = record["counter"]
+
+    def rebuild_index(self) -> None:
+        """The sorted keys and due heap follow from the window's messages (a live heap may also
+        hold entries of evicted keys, which every reader skips)."""
+        self.keys = sorted(self.window)
+        self.heap = [(message.due_ms, key) for key, message in self.window.items()]
+        heapq.heapify(self.heap)
 
     def check_invariants(self) -> None:
         assert len(self.window) == len(self.keys)

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .queue import Meta, Rejected
+from .queue_types import Meta, Rejected
 from .queue_args import QueueArgumentError, validate_queue_arguments
 from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
 

@@ -27,9 +27,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from itertools import chain
+from typing import Any, Iterable, Iterator
 
-from .queue import SEQ_BITS, SEQ_MASK, Message, QueueMachine
+from . import queue_limits
+from .commands import DeleteQueue, Purge
+from .message import Message
+from .queue import SEQ_BITS, SEQ_MASK, QueueMachine
 from .queue_args import QueueSettings
+from .queue_types import Effect
 
 REFILL_MIN = 256
 
@@ -111,10 +116,7 @@ class PriorityQueueMachine(QueueMachine):
 
     def recover(self, next_seq: int, spilled_count: int, spill_cursor: int) -> None:
         self._recovered_below = next_seq
-        delayed = getattr(self.backing, "delayed_stored", 0)
-        self.delayed.recover(delayed, getattr(self.backing, "delayed_next", 0))
-        spilled_count = max(0, spilled_count - delayed)
-        self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
+        spilled_count = max(0, spilled_count - self._recover_delayed())
         self.next_seq = next_seq
         self._recovered_spilled = spilled_count
         if spilled_count and self.backing is not None:
@@ -227,10 +229,8 @@ class PriorityQueueMachine(QueueMachine):
         lane.spill_cursor = loaded[-1].seq + 1
 
     def _expire_heads(self) -> None:
-        from .queue import DROP_BATCH_MAX
-
         now = self.now_ms
-        budget = self._expire_returned(DROP_BATCH_MAX)
+        budget = self._expire_returned(queue_limits.DROP_BATCH_MAX)
         for priority in self._levels:
             lane = self.lanes[priority]
             while budget:
@@ -258,7 +258,7 @@ class PriorityQueueMachine(QueueMachine):
 
     # ---------------------------------------------------------------- commands
 
-    def _purge(self, meta, cmd):
+    def _purge(self, cmd: Purge) -> tuple[int, list[Effect]]:
         n = self.ready_count
         stored = [m for m in self._ready_in_memory() if m.stored] + [m for _, m in self.returned if m.stored]
         if stored:
@@ -278,12 +278,64 @@ class PriorityQueueMachine(QueueMachine):
         self._recovered_spilled = 0
         return n, []
 
-    def _delete(self, meta, cmd):
-        reply = super()._delete(meta, cmd)
+    def _delete(self, cmd: DeleteQueue) -> tuple[int, list[Effect]]:
+        reply = super()._delete(cmd)
         for lane in self.lanes.values():
             self._clear_lane(lane)
         self.lane_count = self.window_count = self._recovered_spilled = 0
         return reply
+
+    # ------------------------------------------------------------ dump and load
+
+    KIND = "priority"
+
+    def dump_header(self) -> dict[str, Any]:
+        header = super().dump_header()
+        header["lanes"] = [[lane.priority, lane.window_bytes, lane.spilled_count, lane.spilled_persistent,
+                            lane.spill_cursor, lane.recovered] for lane in self.lanes.values()]
+        header["lane_count"] = self.lane_count
+        header["window_count"] = self.window_count
+        header["recovered_spilled"] = self._recovered_spilled
+        return header
+
+    def _dump_ready(self) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """`ready` (always empty here), then `lane` (key: its priority)."""
+        yield from super()._dump_ready()
+        for lane in self.lanes.values():
+            yield "lane", lane.priority, lane.ready
+
+    def _dump_spilled(self, batch_max: int) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """`lane_spilled` (key: its priority), read from the backing."""
+        yield from super()._dump_spilled(batch_max)
+        recovered = self._recovered_spilled
+        for lane in self.lanes.values():
+            if lane.may_load():
+                # (recovered messages are counted for all lanes together: any lane may hold all)
+                limit = lane.spilled_count + (recovered if lane.recovered else 0)
+                yield "lane_spilled", lane.priority, self._stored(lane.spill_cursor, lane.end, limit, batch_max)
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], backing) -> QueueMachine:
+        machine = super().from_header(header, backing)
+        assert isinstance(machine, PriorityQueueMachine)
+        for priority, window_bytes, spilled_count, spilled_persistent, spill_cursor, recovered in header["lanes"]:
+            lane = machine.lanes[priority] = Lane(priority, (machine.max_priority - priority) << SEQ_BITS)
+            lane.window_bytes = window_bytes
+            lane.spilled_count = spilled_count
+            lane.spilled_persistent = spilled_persistent
+            lane.spill_cursor = spill_cursor
+            lane.recovered = recovered
+        machine._levels = sorted(machine.lanes, reverse=True)
+        machine.lane_count = header["lane_count"]
+        machine.window_count = header["window_count"]
+        machine._recovered_spilled = header["recovered_spilled"]
+        return machine
+
+    def _load_other_place(self, place: str, key: Any, messages: list[Message]) -> bool:
+        if place == "lane":
+            self.lanes[key].ready.extend(messages)
+            return True
+        return place == "lane_spilled" or super()._load_other_place(place, key, messages)
 
     @staticmethod
     def _clear_lane(lane: Lane) -> None:

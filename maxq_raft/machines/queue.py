@@ -1,10 +1,13 @@
-"""One queue as a deterministic state machine applied from a log (after rabbit_fifo on Ra).
+"""One queue as a deterministic state machine applied from a log (after rabbit_fifo on Ra): the core.
 
 Theory of operation: every change to a queue is a command in a log; `QueueMachine.apply(meta,
-command)` returns `(reply, effects)` and is the only way state changes. Replicas that apply the
-same commands in the same order end in the same state, so the same code serves a single node
-(an in-process log) and a Raft group. Time comes only from `meta.time_ms`, never a clock; the
-machine iterates only dicts and deques, never sets, so every replica decides alike.
+command)` returns `(reply, effects)` (queue_types.py) and is the only way state changes.
+Replicas that apply the same commands in the same order end in the same state, so the same code
+serves a single node (an in-process log) and a Raft group. Time comes only from `meta.time_ms`,
+never a clock, and never goes backwards: the queue's `now_ms` is the latest entry time it has
+seen, so an entry from a proposer whose clock is behind (a new leader, a skewed node) neither
+extends a TTL nor revives an expired message. The machine iterates only dicts, lists and deques,
+never sets, so every replica decides alike.
 
 The machine decides which message goes to which consumer: a `Deliver` effect names the consumer
 and the message; the node hosting that consumer's connection sends the frames. Consumers get
@@ -17,44 +20,34 @@ their original sequence order, as RabbitMQ's classic queues do, with `redelivere
 consumers, the highest `x-priority` with room is served first, round robin within a priority.
 
 Memory does not grow with depth: the ready messages in memory are a window of at most
-`window_max` messages or `window_bytes_max` bytes of body; once it is full, newer messages go to the queue's backing store only ("spilled",
-counted in `spilled_count`, found again from `spill_cursor` because spilled messages are never
-delivered before they are loaded, so every seq from the cursor on that the store holds is ready).
-A durable queue also writes each persistent message to the backing at enqueue and deletes it when
-it leaves the queue, so a restart finds exactly the messages still queued. The backing's contents
-are a function of the applied commands, so reading it back keeps replicas deterministic.
+`window_max` messages or `window_bytes_max` bytes of body; once it is full, newer messages go to
+the queue's `Backing` only ("spilled", counted in `spilled_count`, found again from
+`spill_cursor` because spilled messages are never delivered before they are loaded, so every seq
+from the cursor on that the store holds is ready). A durable queue also writes each persistent
+message to the backing at enqueue and deletes it when it leaves the queue, so a restart finds
+exactly the messages still queued. The backing's contents are a function of the applied
+commands, so reading it back keeps replicas deterministic.
 
 `apply` never raises: a command that cannot be performed gets a `Rejected` reply, because an
 exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
-negative counts) is refused before it changes anything, so replicas stay identical.
+negative counts) is refused before it changes anything, so replicas stay identical. Commands are
+the typed union `QueueCommand`, dispatched with `match`. Around the handler, `apply` releases
+what fell due (retry back-offs, delayed messages) first and, after it, expires heads, enforces
+drop-head and flushes what left the queue (queue_limits.py: TTL, limits, dead lettering,
+x-expires, delivery limits), refused commands included. x-delay is delayed.py; x-max-priority
+is priority_queue.py.
 
-Queue features (the queue's arguments, parsed into `QueueSettings` by queue_args.py):
-
-- TTL (x-message-ttl, a message's `expiration`): a message's deadline is fixed at enqueue from
-  the entry's time. As in RabbitMQ, a message can be delivered up to its deadline, so TTL 0
-  reaches a consumer that is waiting; an expired message met while serving is never delivered;
-  and after every command the expired messages at the head (of the returned heap and of the
-  ready window, loading spilled ones) are removed, at most `DROP_BATCH_MAX` per command, more
-  at the next `Tick`. An expired message behind an unexpired head waits until it is the head.
-- x-expires: unused (no consumer, no basic.get, no redeclare `Touch`) for that long, the queue
-  says `QueueExpired`; the shell deletes it. Its messages are not dead-lettered (RabbitMQ).
-- Length limits (x-max-length, x-max-length-bytes, ready messages only): `drop-head` removes
-  from the head after delivering what it can; `reject-publish(-dlx)` refuses a message that
-  would go over (the reply `Overflowed` names them, for the publisher's basic.nack).
-- Dead lettering: with x-dead-letter-exchange, a message rejected without requeue, expired or
-  dropped for length leaves the queue into `dead_lettering` (still in the backing) and a
-  `DeadLetter` effect asks the shell to republish it; only `DeadLettered` removes it, so a
-  crash in between dead-letters it again rather than losing it (at-least-once).
-`next_deadline_ms` says when the queue next needs a `Tick`; the shell ticks only those queues.
+`dump_header()` / `dump_places()` give the whole state as plain data and `from_header()` /
+`load_place()` / `finish_load()` take it back; snapshot.py frames them as records.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Iterable, Iterator, assert_never
 
+from . import queue_limits
 from .commands import (
     Cancel,
     Checkout,
@@ -66,132 +59,23 @@ from .commands import (
     Enqueue,
     Get,
     Purge,
+    QUEUE_COMMAND_TYPES,
+    QueueCommand,
     Requeue,
     Settle,
     Tick,
     Touch,
     UpdateSettings,
+    bad_seqs,
+    malformed,
 )
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
+from .message import Message, new_message_error
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
-
-
-class Meta(NamedTuple):
-    """Stamped by the proposer into each log entry: pysyncobj passes none of this to apply."""
-
-    log_index: int
-    time_ms: int
-
-
-class Message:
-    """A queued message. `props_raw` and `body` are opaque bytes for the machine."""
-
-    __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "wire_routing", "ttl_ms", "expires_at_ms", "publish_ref", "priority", "count_header",
-                 "delay_ms", "due_ms", "delay_counter", "death")
-
-    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
-                 ttl_ms: int | None = None, priority: int = 0, delay_ms: int | None = None) -> None:
-        self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.props_raw = props_raw
-        self.body = body
-        self.delivery_count = 0
-        self.redelivered = False
-        self.persistent = persistent  # delivery_mode 2: survives a restart on a durable queue
-        self.stored = False  # the backing holds it: delete it there when it leaves the queue
-        self.wire_routing = None  # the shell's cache of exchange + routing key as encoded on the wire
-        self.ttl_ms = ttl_ms  # the `expiration` property, parsed by the shell
-        self.expires_at_ms: int | None = None  # set at enqueue from the TTLs and the entry's time
-        self.publish_ref = None  # the shell's (channel number, confirm seq), to nack a refused publish
-        self.priority = priority  # the `priority` property (0 when absent); used by x-max-priority queues
-        self.count_header = False  # returned in a queue that counts deliveries: send x-delivery-count
-        self.delay_ms = delay_ms  # the `x-delay` header, parsed by the shell: held this long first
-        self.due_ms: int | None = None  # a delayed message's release time (delayed.py)
-        self.delay_counter = 0  # its number among the queue's delayed messages (in its key)
-        self.death: tuple[str, int] | None = None  # (reason, machine time) while in dead_lettering
-
-    def __repr__(self) -> str:
-        return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"
-
-
-class Deliver(NamedTuple):
-    """Effect: send `message` to `consumer_id` (its host performs it)."""
-
-    consumer_id: str
-    message: Message
-    redelivered: bool
-
-
-_new_tuple = tuple.__new__
-
-
-class DeadLetter(NamedTuple):
-    """Effect: republish `messages` to `exchange` (with `routing_key`, or their own when None),
-    adding x-death for `reason` (rejected, expired, maxlen), then apply `DeadLettered` with the
-    seqs of those that have one (a publish refused by reject-publish-dlx was never queued)."""
-
-    vhost: str
-    queue: str
-    reason: str
-    messages: list
-    time_ms: int
-    exchange: str
-    routing_key: str | None
-
-
-class QueueExpired(NamedTuple):
-    """Effect: x-expires has passed with the queue unused; the shell deletes it."""
-
-    vhost: str
-    name: str
-
-
-class Overflowed(NamedTuple):
-    """Reply to an Enqueue into a full reject-publish queue: `rejected` were not queued."""
-
-    accepted: int
-    rejected: list
-
-
-class Rejected(NamedTuple):
-    """Reply to a command the machine refused; the shell turns it into an AMQP error."""
-
-    reply_code: int
-    reply_text: str
-
-
-class Backing(Protocol):
-    """Where a queue keeps what is not in memory (storage/ behind the shell's adapter).
-
-    Calls come from `apply`, in log order; `load` must return what earlier calls left, so every
-    replica that applied the same commands reads the same messages.
-    """
-
-    def write(self, messages: list) -> None:
-        """Store these messages (each with its seq); durable ones must survive a restart."""
-
-    def remove(self, messages: list) -> None:
-        """These stored messages left the queue (acked, discarded, purged, delivered without ack)."""
-
-    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
-        """Every stored message with seq >= seq_from (and < seq_below) left the queue (purge of the
-        spilled tail); `persistent` of them were persistent."""
-
-    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
-        """Up to `limit` stored messages with seq >= seq_from (and < seq_below), in seq order."""
-
-    def rewrite(self, messages: list) -> None:
-        """These stored messages changed (their delivery count): store them again, in place."""
-
-    def delivered(self, seq: int) -> None:
-        """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
-
-    def drop(self) -> None:
-        """The queue is deleted."""
-
+from .queue_limits import QueueLimits
+from .consumer import Consumer
+from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
 
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
 # briefly behind its publisher never touches the disk, small enough that a deep queue costs a
@@ -201,78 +85,29 @@ SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
 WINDOW_MAX = 65536
 WINDOW_BYTES_MAX = 32 << 20
-# Messages one command may expire or drop for length; the rest go at the next Tick (bounded work
-# per log entry, so a deep queue whose whole backlog expired does not stall its group).
-DROP_BATCH_MAX = 4096
-REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+
+_new_tuple = tuple.__new__
+
+# What `apply` returns: an int, bool, None, a `Get` result, `Overflowed` or `Rejected`.
+QueueReply = Any
 
 
-@dataclass
-class Consumer:
-    consumer_id: str
-    owner: str  # the channel that holds it ("node@connection/channel"); `Down(owner)` releases it
-    prefetch: int  # 0 = unlimited (manual ack only)
-    no_ack: bool
-    priority: int
-    credit: int  # flow window: deliveries not yet written by the shell
-    active: bool = True  # False after cancel: stays until its unacked are settled
-    # seq -> Message, delivered with manual ack and not yet settled or returned (a no-ack consumer
-    # holds some only if it reused the tag of a cancelled manual-ack consumer that held them)
-    checked_out: dict = field(default_factory=dict)
-
-    def has_room(self) -> bool:
-        if not self.active or self.credit <= 0:
-            return False
-        return self.no_ack or self.prefetch == 0 or len(self.checked_out) < self.prefetch
-
-
-def _malformed(command: Any, why: str = "") -> Rejected:
-    # The shell builds every command, so a malformed one is a bug there; refusing it before any
-    # state changes keeps replicas identical and the queue usable. (Error path: repr is fine.)
-    return Rejected(541, f"malformed {type(command).__name__}: {why or repr(command)}"[:200])
-
-
-def _bad_seqs(seqs: Any) -> bool:
-    """True unless `seqs` is a list or tuple of ints (checked before any is acted on)."""
-    if type(seqs) is not list and type(seqs) is not tuple:
-        return True
-    for seq in seqs:
-        if type(seq) is not int:  # also refuses bool: True would settle seq 1
-            return True
-    return False
-
-
-class QueueMachine:
+class QueueMachine(QueueLimits):
     def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
                  window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX,
                  settings: QueueSettings = DEFAULT_SETTINGS, delayed_window_max: int | None = None) -> None:
         self.vhost = vhost
+        self.name = name
         self.settings = settings
-        self.now_ms = 0  # the time of the entry being applied (of the last one, between entries)
+        # The queue's time: the latest entry time applied (a later entry may carry an earlier one).
+        self.now_ms = 0
         self.ready_bytes = 0  # body bytes of all ready messages (window, returned, spilled)
         self._recovered_below = 0  # seqs below this were recovered: their bytes count once loaded
-        # seq -> Message: left the queue for a dead-letter exchange, kept (and stored) until the
-        # shell says the targets have it (DeadLettered)
-        self.dead_lettering: dict[int, Message] = {}
-        self._dying: dict[str, list] = {}  # reason -> messages leaving in this command
-        self._unstore: list = []  # stored messages dropped in this command
-        self.dropped = {reason: 0 for reason in REASONS}  # left with no dead-letter exchange
-        self.dead_lettered = {reason: 0 for reason in REASONS}
-        self.rejected_publishes = 0
-        self.last_used_ms: int | None = None  # x-expires: the last consume/get/declare
-        self.expired = False
-        # True once any message has a deadline: only then do heads need looking at
-        self._timed = settings.message_ttl_ms is not None
-        self._more_due = False  # a command hit DROP_BATCH_MAX: tick again at once
+        self._init_limits(settings)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
-        # Returned messages waiting out their retry back-off: a heap of (due ms, seq, message).
-        # Not ready (not counted, not delivered) until due, when they join `returned`.
-        self.backoff: list[tuple[int, int, Message]] = []
-        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
         self._sac_order: list[str] = []
-        self.name = name
         self.backing = backing
         self.durable = durable and backing is not None
         self.window_max = window_max if backing is not None else 1 << 62
@@ -295,23 +130,6 @@ class QueueMachine:
         self.deleted = False
         self.ever_had_consumer = False
         self.last_index = 0
-        self._handlers = {
-            Enqueue: self._enqueue,
-            Checkout: self._checkout,
-            Cancel: self._cancel,
-            Settle: self._settle,
-            Requeue: self._requeue,
-            Discard: self._discard,
-            Credit: self._credit,
-            Get: self._get,
-            Purge: self._purge,
-            Down: self._down,
-            DeleteQueue: self._delete,
-            Tick: self._tick,
-            Touch: self._touch,
-            DeadLettered: self._dead_lettered,
-            UpdateSettings: self._update_settings,
-        }
 
     # ------------------------------------------------------------- queries
 
@@ -325,15 +143,22 @@ class QueueMachine:
         The bytes of the recovered messages are not known until they are loaded (start-up reads
         no message), so x-max-length-bytes counts them from then on."""
         self._recovered_below = next_seq
-        delayed = getattr(self.backing, "delayed_stored", 0)
-        self.delayed.recover(delayed, getattr(self.backing, "delayed_next", 0))
-        spilled_count = max(0, spilled_count - delayed)
-        # The watermark goes on from the backing's: delivering an old message must not lower it.
-        self.delivered_upto = max(self.delivered_upto, getattr(self.backing, "delivered_upto", -1))
+        spilled_count = max(0, spilled_count - self._recover_delayed())
         self.next_seq = next_seq
         self.spilled_count = spilled_count
         self.spilled_persistent = spilled_count
         self.spill_cursor = spill_cursor
+
+    def _recover_delayed(self) -> int:
+        """The backing's delayed messages and delivered watermark after a restart; how many
+        of its messages are delayed ones (not ready)."""
+        backing = self.backing
+        if backing is None:
+            return 0
+        self.delayed.recover(backing.delayed_stored, backing.delayed_next)
+        # The watermark goes on from the backing's: delivering an old message must not lower it.
+        self.delivered_upto = max(self.delivered_upto, backing.delivered_upto)
+        return backing.delayed_stored
 
     @property
     def unacked_count(self) -> int:
@@ -343,59 +168,30 @@ class QueueMachine:
     def active_consumer_count(self) -> int:
         return self._active_count
 
-    @property
-    def next_deadline_ms(self) -> int | None:
-        """When this queue next needs a `Tick` (an entry time), or None: nothing is due without traffic."""
-        if self.deleted or self.expired:
-            return None
-        if self._more_due:
-            return self.now_ms
-        deadline = self._head_expiry_ms() if self._timed else None
-        if deadline == -1:
-            return self.now_ms  # a head is on disk: a Tick loads it
-        expires_ms = self.settings.expires_ms
-        if expires_ms is not None and not self._active_count:
-            unused = (self.now_ms if self.last_used_ms is None else self.last_used_ms) + expires_ms
-            if deadline is None or unused < deadline:
-                deadline = unused
-        if self.backoff and (deadline is None or self.backoff[0][0] < deadline):
-            deadline = self.backoff[0][0]
-        if self.delayed.count:
-            due = self.delayed.next_due_ms
-            if due is not None and (deadline is None or due < deadline):
-                deadline = due
-        return deadline
-
-    def _head_expiry_ms(self) -> int | None:
-        """The earliest TTL deadline among the heads (None: none; -1: a head must be loaded first)."""
-        deadline = None
-        if self.returned:
-            deadline = self.returned[0][1].expires_at_ms
-        if self.ready:
-            head = self.ready[0].expires_at_ms
-            if head is not None and (deadline is None or head < deadline):
-                deadline = head
-        elif self.spilled_count:
-            return -1
-        return deadline
-
     # --------------------------------------------------------------- apply
 
-    def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
+    def apply(self, meta: Meta, command: QueueCommand) -> tuple[QueueReply, list[Effect]]:
         # Handlers validate a command completely before they change anything, so a refusal
-        # leaves the state as it was. The `except` is the last line for bugs of ours: it keeps
-        # the log moving, but cannot undo a half-applied command.
+        # leaves the state as it was. The `except` is the last line for bugs of ours (which
+        # every replica meets alike) and for a backing that cannot read a damaged record (this
+        # replica's disk): it keeps the log moving, but cannot undo a half-applied command.
         try:
             log_index = meta.log_index
-            if type(log_index) is not int or type(meta.time_ms) is not int:
+            time_ms = meta.time_ms
+            if type(log_index) is not int or type(time_ms) is not int:
                 return Rejected(541, f"malformed log entry meta {meta!r}"), []
             self.last_index = log_index
             if self.deleted:
                 return Rejected(404, f"no queue '{self.name}' in vhost '{self.vhost}'"), []
-            handler = self._handlers.get(type(command))
-            if handler is None:
+            if type(command) not in QUEUE_COMMAND_TYPES:
+                # Exactly the union's classes, not a subclass or a look-alike tuple: the `match`
+                # below would take a subclass for its base. Anything else is a bug in the shell.
                 return Rejected(541, f"unknown queue command {type(command).__name__}"), []
-            self.now_ms = meta.time_ms
+            # Each proposer stamps its own clock: after a leader change or with skewed clocks a
+            # later entry may carry an earlier time. The queue's time stays where it was then,
+            # so a deadline already passed stays passed and no TTL is measured from the past.
+            if time_ms > self.now_ms:
+                self.now_ms = time_ms
             if self.backoff and self.backoff[0][0] <= self.now_ms:
                 self._release_backoff()
             released = None
@@ -403,15 +199,49 @@ class QueueMachine:
                 due = self.delayed.next_due_ms
                 if due is not None and due <= self.now_ms:
                     released = self._release_delayed()
-            reply, effects = handler(meta, command)
+            reply: QueueReply
+            effects: list[Effect]
+            # Hot commands first: a class pattern is one isinstance check.
+            match command:
+                case Enqueue():
+                    reply, effects = self._enqueue(command)
+                case Settle():
+                    reply, effects = self._settle(command)
+                case Credit():
+                    reply, effects = self._credit(command)
+                case Requeue():
+                    reply, effects = self._requeue(command)
+                case Discard():
+                    reply, effects = self._discard(command)
+                case Checkout():
+                    reply, effects = self._checkout(command)
+                case Cancel():
+                    reply, effects = self._cancel(command)
+                case Get():
+                    reply, effects = self._get(command)
+                case Tick():
+                    reply, effects = self._tick(command)
+                case DeadLettered():
+                    reply, effects = self._dead_lettered(command)
+                case Down():
+                    reply, effects = self._down(command)
+                case Touch():
+                    reply, effects = self._touch(command)
+                case Purge():
+                    reply, effects = self._purge(command)
+                case UpdateSettings():
+                    reply, effects = self._update_settings(command)
+                case DeleteQueue():
+                    reply, effects = self._delete(command)
+                case _:
+                    # A type checker proves this unreachable for every QueueCommand; at run time
+                    # a class in the union but not matched above raises, and the `except` refuses.
+                    assert_never(command)
             if released:
                 effects = released + effects
-            if type(reply) is Rejected:
-                return reply, effects
-            if self._timed:
-                self._expire_heads()
-            if self.settings.limited and self.settings.overflow == "drop-head" and self._drop_over_limit() and self._timed:
-                self._expire_heads()  # the new head may be due too (RabbitMQ: drop_expired, drop_head)
+            if (self._timed or self._drops_head) and type(reply) is not Rejected:
+                self._after_command()
+            # Also after a refusal: the releases before the handler may have dead-lettered.
             if self._dying or self._unstore:
                 effects = self._flush_dying(effects)
             return reply, effects
@@ -420,39 +250,38 @@ class QueueMachine:
 
     # ------------------------------------------------------------ commands
 
-    def _enqueue(self, meta: Meta, cmd: Enqueue):
+    def _enqueue(self, cmd: Enqueue) -> tuple[int | Overflowed | Rejected, list[Effect]]:
         messages = cmd.messages
         if type(messages) is not list and type(messages) is not tuple:
-            return _malformed(cmd, "messages must be a list"), []
+            return malformed(cmd, "messages must be a list"), []
+        delayed = False
         for message in messages:
-            # A Message belongs to one queue once (seq == -1 until then): the machine keeps and
-            # mutates it, so the same object enqueued twice would sit in two places.
-            if type(message) is not Message or message.seq != -1:
-                return _malformed(cmd, f"not a new Message: {message!r}"), []
-            ttl = message.ttl_ms
-            if ttl is not None and (type(ttl) is not int or ttl < 0):
-                return _malformed(cmd, f"bad ttl_ms {ttl!r}"), []
-            delay = message.delay_ms
-            if delay is not None and (type(delay) is not int or delay < 0):
-                return _malformed(cmd, f"bad delay_ms {delay!r}"), []
+            # (the common message, without TTL or delay, costs one line here)
+            if (type(message) is not Message or message.seq != -1 or message.ttl_ms is not None
+                    or message.delay_ms is not None):
+                why = new_message_error(message)
+                if why is not None:
+                    return malformed(cmd, why), []
+                delayed = delayed or bool(message.delay_ms)
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
-            return _malformed(cmd, "the same Message twice in one batch"), []
-        now = self.now_ms
-        if any(message.delay_ms for message in messages):
-            # x-delay: held until due, then enqueued as if published then (delayed.py)
-            self.delayed.add_all([message for message in messages if message.delay_ms], now)
-            messages = [message for message in messages if not message.delay_ms]
-            if not messages:
-                return len(cmd.messages), []
-            reply, effects = self._accept(messages)
-            if type(reply) is Overflowed:
-                return Overflowed(reply.accepted + len(cmd.messages) - len(messages), reply.rejected), effects
-            return len(cmd.messages), effects
-        return self._accept(messages)
+            return malformed(cmd, "the same Message twice in one batch"), []
+        if not delayed:
+            return self._accept(messages)
+        # x-delay: held until due, then enqueued as if published then (delayed.py)
+        self.delayed.add_all([message for message in messages if message.delay_ms], self.now_ms)
+        positions = [i for i, message in enumerate(messages) if not message.delay_ms]
+        if not positions:
+            return len(messages), []
+        reply, effects = self._accept([messages[i] for i in positions])
+        if type(reply) is Overflowed:
+            # Positions in what `_accept` saw, mapped back to the Enqueue's list.
+            return Overflowed(reply.accepted + len(messages) - len(positions),
+                              [positions[i] for i in reply.rejected]), effects
+        return len(messages), effects
 
-    def _release_delayed(self) -> list:
+    def _release_delayed(self) -> list[Effect]:
         """Enqueue the delayed messages that are due (at most DROP_BATCH_MAX per command)."""
-        released, more = self.delayed.release(self.now_ms, DROP_BATCH_MAX)
+        released, more = self.delayed.release(self.now_ms, queue_limits.DROP_BATCH_MAX)
         if more:
             self._more_due = True
         if not released:
@@ -463,47 +292,16 @@ class QueueMachine:
         reply, effects = self._accept(released)
         return effects
 
-    def _accept(self, messages: list):
+    def _accept(self, messages: list[Message]) -> tuple[int | Overflowed, list[Effect]]:
         """Enqueue new messages (published now, or delayed ones falling due now)."""
+        self._stamp_deadlines(messages)
         settings = self.settings
-        queue_ttl = settings.message_ttl_ms
-        now = self.now_ms
-        for message in messages:
-            # The shorter of the queue's and the message's TTL (RabbitMQ), from the entry's time.
-            ttl = message.ttl_ms
-            if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
-                ttl = queue_ttl
-            if ttl is not None:
-                message.expires_at_ms = now + ttl
-                self._timed = True
         if settings.limited and settings.overflow != "drop-head":
             return self._enqueue_or_reject(messages)
         self._append(messages)
         return len(messages), self._service()
 
-    def _enqueue_or_reject(self, messages: list):
-        """reject-publish(-dlx): as rabbit_amqqueue_process, a message that would take the ready
-        count or bytes over the limit is refused; each accepted one is offered to the consumers
-        before the next is judged, as RabbitMQ delivers each publish before the next."""
-        settings = self.settings
-        max_length, max_bytes = settings.max_length, settings.max_length_bytes
-        effects: list = []
-        rejected = []
-        for message in messages:
-            if ((max_length is not None and self.ready_count + 1 > max_length)
-                    or (max_bytes is not None and self.ready_bytes + len(message.body) > max_bytes)):
-                rejected.append(message)
-                self.rejected_publishes += 1
-                if settings.overflow == "reject-publish-dlx" and settings.dead_letter_exchange is not None:
-                    self._dying.setdefault("maxlen", []).append(message)
-                    self.dead_lettered["maxlen"] += 1
-                continue
-            self._append([message])
-            effects.extend(self._service())
-        accepted = len(messages) - len(rejected)
-        return (Overflowed(accepted, rejected) if rejected else accepted), effects
-
-    def _append(self, messages: list) -> None:
+    def _append(self, messages: list[Message]) -> None:
         """Give the messages their seqs and put them at the tail (the window, or the backing)."""
         seq = self.next_seq
         ready = self.ready
@@ -541,12 +339,12 @@ class QueueMachine:
         self.next_seq = seq
         self.ready_bytes += sum(len(m.body) for m in messages)
 
-    def _checkout(self, meta: Meta, cmd: Checkout):
+    def _checkout(self, cmd: Checkout) -> tuple[bool | Rejected, list[Effect]]:
         consumer_id, prefetch, credit = cmd.consumer_id, cmd.prefetch, cmd.credit
         if (type(consumer_id) is not str or type(cmd.owner) is not str or type(prefetch) is not int or prefetch < 0
                 or type(cmd.no_ack) is not bool or type(cmd.priority) is not int or type(cmd.exclusive) is not bool
                 or type(credit) is not int or credit < 0):
-            return _malformed(cmd), []
+            return malformed(cmd), []
         consumer = self.consumers.get(consumer_id)
         if consumer is not None and consumer.active:
             return Rejected(530, f"attempt to reuse consumer tag '{consumer_id}'"), []
@@ -580,9 +378,9 @@ class QueueMachine:
         ring.append(consumer_id)
         return True, self._service()
 
-    def _cancel(self, meta: Meta, cmd: Cancel):
+    def _cancel(self, cmd: Cancel) -> tuple[int | Rejected, list[Effect]]:
         if type(cmd.consumer_id) is not str:
-            return _malformed(cmd), []
+            return malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None or not consumer.active:
             return self._active_count, []
@@ -592,9 +390,9 @@ class QueueMachine:
             del self.consumers[cmd.consumer_id]
         return self._active_count, []
 
-    def _settle(self, meta: Meta, cmd: Settle | Discard):
-        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
-            return _malformed(cmd), []
+    def _settle(self, cmd: Settle | Discard) -> tuple[int | Rejected, list[Effect]]:
+        if type(cmd.consumer_id) is not str or bad_seqs(cmd.seqs):
+            return malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
@@ -614,9 +412,9 @@ class QueueMachine:
         self._forget_if_idle(consumer)
         return settled, self._service() if settled else []
 
-    def _requeue(self, meta: Meta, cmd: Requeue):
-        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
-            return _malformed(cmd), []
+    def _requeue(self, cmd: Requeue) -> tuple[int | Rejected, list[Effect]]:
+        if type(cmd.consumer_id) is not str or bad_seqs(cmd.seqs):
+            return malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
@@ -624,39 +422,19 @@ class QueueMachine:
         self._forget_if_idle(consumer)
         return n, self._service() if n else []
 
-    def _discard(self, meta: Meta, cmd: Discard):
-        # Reject without requeue: the message leaves the queue, to the dead-letter exchange if any.
-        if self.settings.dead_letter_exchange is None:
-            settled, effects = self._settle(meta, cmd)
-            if type(settled) is int:
-                self.dropped["rejected"] += settled
-            return settled, effects
-        if type(cmd.consumer_id) is not str or _bad_seqs(cmd.seqs):
-            return _malformed(cmd), []
-        consumer = self.consumers.get(cmd.consumer_id)
-        if consumer is None:
-            return 0, []
-        n = 0
-        for seq in cmd.seqs:
-            message = consumer.checked_out.pop(seq, None)
-            if message is not None:
-                self._die(message, "rejected")
-                n += 1
-        self._forget_if_idle(consumer)
-        return n, self._service() if n else []
-
-    def _credit(self, meta: Meta, cmd: Credit):
+    def _credit(self, cmd: Credit) -> tuple[int | Rejected, list[Effect]]:
         if type(cmd.consumer_id) is not str or type(cmd.messages) is not int or cmd.messages < 0:
-            return _malformed(cmd), []
+            return malformed(cmd), []
         consumer = self.consumers.get(cmd.consumer_id)
         if consumer is None:
             return 0, []
         consumer.credit += cmd.messages
         return consumer.credit, self._service()
 
-    def _get(self, meta: Meta, cmd: Get):
+    def _get(self, cmd: Get) -> tuple[tuple[Message, bool, int] | None | Rejected, list[Effect]]:
+        """basic.get: (message, redelivered, messages left) or None when the queue is empty."""
         if type(cmd.consumer_id) is not str or type(cmd.owner) is not str or type(cmd.no_ack) is not bool:
-            return _malformed(cmd), []
+            return malformed(cmd), []
         self.last_used_ms = self.now_ms
         message = self._pop_next()
         if message is None:
@@ -675,7 +453,7 @@ class QueueMachine:
             consumer.checked_out[message.seq] = message
         return (message, redelivered, self.ready_count), []
 
-    def _purge(self, meta: Meta, cmd: Purge):
+    def _purge(self, cmd: Purge) -> tuple[int, list[Effect]]:
         # Purge removes ready messages only; unacked ones stay with their consumers (as RabbitMQ).
         n = self.ready_count
         stored = [m for m in self.ready if m.stored] + [m for _, m in self.returned if m.stored]
@@ -690,11 +468,11 @@ class QueueMachine:
         self.returned.clear()
         return n, []
 
-    def _down(self, meta: Meta, cmd: Down):
+    def _down(self, cmd: Down) -> tuple[int | Rejected, list[Effect]]:
         """The owner (a channel, or all of a connection's or node's) is gone: drop its consumers,
         return their unacked messages."""
         if type(cmd.owner) is not str:
-            return _malformed(cmd), []
+            return malformed(cmd), []
         returned = 0
         owner = cmd.owner
         prefix = owner.endswith(("@", "/"))
@@ -705,7 +483,7 @@ class QueueMachine:
             del self.consumers[consumer.consumer_id]
         return returned, self._service() if returned else []
 
-    def _delete(self, meta: Meta, cmd: DeleteQueue):
+    def _delete(self, cmd: DeleteQueue) -> tuple[int, list[Effect]]:
         n = self.ready_count
         self.deleted = True
         if self.backing is not None:
@@ -728,139 +506,198 @@ class QueueMachine:
         self.exclusive_consumer = None
         return n, []
 
-    def _tick(self, meta: Meta, cmd: Tick):
-        # Expiry of messages happens after every command (in `apply`); a Tick adds x-expires.
-        self._more_due = False
-        effects = self._service()  # messages whose back-off ended (released in `apply`)
-        if self.last_used_ms is None:
-            self.last_used_ms = self.now_ms  # a recovered queue: its unused time starts now
-        expires_ms = self.settings.expires_ms
-        if (expires_ms is not None and not self._active_count and not self.expired
-                and self.last_used_ms + expires_ms <= self.now_ms):
-            self.expired = True
-            return True, [*effects, QueueExpired(self.vhost, self.name)]
-        return False, effects
+    # ------------------------------------------------------- dump and load
+    #
+    # The machine's whole state as plain data (None, bools, ints, floats, str, bytes, lists,
+    # dicts with str keys) and back: a header of counters and flags whose size does not grow
+    # with depth, then the messages place by place. snapshot.py frames them as records; the
+    # proof that nothing is lost is tests/machines/test_snapshot.py. Derived indexes (the
+    # consumers' priority order, the active count, the delayed heap and keys, whether returns
+    # are counted) are rebuilt, not dumped.
 
-    def _update_settings(self, meta: Meta, cmd: UpdateSettings):
-        settings = cmd.settings
-        if type(settings) is not QueueSettings:
-            return _malformed(cmd), []
-        if (settings.max_priority != self.settings.max_priority
-                or settings.single_active_consumer != self.settings.single_active_consumer):
-            return Rejected(406, "x-max-priority and x-single-active-consumer cannot change"), []
-        self.settings = settings
-        if settings.message_ttl_ms is not None:
-            self._timed = True
-        self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
-        return True, self._service()
+    KIND = "fifo"  # names the class in a dump (priority_queue.py: "priority")
 
-    def _touch(self, meta: Meta, cmd: Touch):
-        self.last_used_ms = self.now_ms
-        return True, []
+    def dump_header(self) -> dict[str, Any]:
+        """Every counter and flag, the consumers without their messages, the rings in their
+        rotation (whose turn is next), the delayed messages' counters."""
+        return {
+            "kind": self.KIND,
+            "vhost": self.vhost,
+            "name": self.name,
+            "settings": list(self.settings),
+            "has_backing": self.backing is not None,
+            "durable": self.durable,
+            "window_max": self.window_max,
+            "window_bytes_max": self.window_bytes_max,
+            "now_ms": self.now_ms,
+            "last_index": self.last_index,
+            "next_seq": self.next_seq,
+            "delivered_upto": self.delivered_upto,
+            "ready_bytes": self.ready_bytes,
+            "window_bytes": self.window_bytes,
+            "recovered_below": self._recovered_below,
+            "spilled_count": self.spilled_count,
+            "spilled_persistent": self.spilled_persistent,
+            "spill_cursor": self.spill_cursor,
+            "dropped": dict(self.dropped),
+            "dead_lettered": dict(self.dead_lettered),
+            "rejected_publishes": self.rejected_publishes,
+            "last_used_ms": self.last_used_ms,
+            "expired": self.expired,
+            "deleted": self.deleted,
+            "ever_had_consumer": self.ever_had_consumer,
+            "timed": self._timed,
+            "more_due": self._more_due,
+            "exclusive_consumer": self.exclusive_consumer,
+            "sac_order": list(self._sac_order),
+            # Consumers in dict order (Down walks it), each ring in its rotation.
+            "consumers": [[c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active]
+                          for c in self.consumers.values()],
+            "rings": [[p, list(ring)] for p, ring in self._rings.items()],
+            "delayed": self.delayed.dump(),
+        }
 
-    def _dead_lettered(self, meta: Meta, cmd: DeadLettered):
-        if _bad_seqs(cmd.seqs):
-            return _malformed(cmd), []
-        n = 0
-        for seq in cmd.seqs:  # unknown seqs (already done, -1 for refused publishes) are ignored
-            message = self.dead_lettering.pop(seq, None)
-            if message is not None:
-                n += 1
-                if message.stored:
-                    self._unstore.append(message)
-        return n, []
+    def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        """Where the messages are, as `(place, key, items)` in the machine's own order (a heap's
+        list order, a dict's insertion order). Items are `Message`s, but a `backoff` item is
+        `(due ms, Message)`. In memory: `ready`, `returned`, `backoff`, `dead_lettering`,
+        `checked_out` (key: consumer id), `delayed`, `dying` (key: reason) and `unstore` (both
+        empty between commands unless one failed with an internal error); only in the backing,
+        read from it `batch_max` at a time: `spilled`, `delayed_spilled`. Consume everything
+        before the next apply: the state and the backing must not move under the reader."""
+        yield from self._dump_ready()
+        yield "returned", None, (m for _, m in self.returned)
+        yield "backoff", None, ((due, m) for due, _, m in self.backoff)
+        yield "dead_lettering", None, self.dead_lettering.values()
+        for consumer in self.consumers.values():
+            yield "checked_out", consumer.consumer_id, consumer.checked_out.values()
+        yield "delayed", None, self.delayed.window.values()
+        for reason, messages in self._dying.items():
+            yield "dying", reason, messages
+        yield "unstore", None, self._unstore
+        if self.backing is not None:
+            yield from self._dump_spilled(batch_max)
+            delayed = self.delayed
+            if delayed.spilled:
+                yield "delayed_spilled", None, self._stored(delayed.cursor, None, delayed.spilled, batch_max)
+
+    def _dump_ready(self) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        yield "ready", None, self.ready
+
+    def _dump_spilled(self, batch_max: int) -> Iterator[tuple[str, Any, Iterable[Any]]]:
+        if self.spilled_count:
+            yield "spilled", None, self._stored(self.spill_cursor, DELAYED_BASE, self.spilled_count, batch_max)
+
+    def _stored(self, seq_from: int, seq_below: int | None, count: int, batch_max: int) -> Iterator[Message]:
+        """Up to `count` messages the backing holds from `seq_from` (below `seq_below`), read
+        `batch_max` at a time. `count` is the machine's own tally, so the loop is bounded."""
+        assert self.backing is not None
+        remaining = count
+        while remaining > 0:
+            batch = self.backing.load(seq_from, min(batch_max, remaining), seq_below)
+            if not batch:
+                return  # fewer than counted (a restarted durable queue's transient ones): as `_refill` finds
+            assert batch[0].seq >= seq_from and (seq_below is None or batch[-1].seq < seq_below)
+            for message in batch:
+                message.stored = True
+                yield message
+            remaining -= len(batch)
+            seq_from = batch[-1].seq + 1
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], backing: Backing | None) -> QueueMachine:
+        """A machine with `dump_header`'s state and no messages yet (they follow through
+        `load_place`, then `finish_load`). `backing` is a fresh, empty one, given exactly when
+        the original had one. Raises KeyError, TypeError or ValueError for a malformed header."""
+        settings = QueueSettings(*header["settings"])
+        if header["kind"] != cls.KIND or (cls.KIND == "priority") != (settings.max_priority is not None):
+            raise ValueError(f"kind {header['kind']!r} does not match the settings")
+        delayed = header["delayed"]
+        machine = cls(header["vhost"], header["name"], backing=backing, durable=header["durable"],
+                      window_max=header["window_max"], window_bytes_max=header["window_bytes_max"],
+                      settings=settings, delayed_window_max=delayed["window_max"])
+        machine.window_max = header["window_max"]
+        machine.window_bytes_max = header["window_bytes_max"]
+        machine.now_ms = header["now_ms"]
+        machine.last_index = header["last_index"]
+        machine.next_seq = header["next_seq"]
+        machine.delivered_upto = header["delivered_upto"]
+        machine.ready_bytes = header["ready_bytes"]
+        machine.window_bytes = header["window_bytes"]
+        machine.spilled_count = header["spilled_count"]
+        machine.spilled_persistent = header["spilled_persistent"]
+        machine.spill_cursor = header["spill_cursor"]
+        machine.rejected_publishes = header["rejected_publishes"]
+        machine.last_used_ms = header["last_used_ms"]
+        machine.expired = header["expired"]
+        machine.deleted = header["deleted"]
+        machine.ever_had_consumer = header["ever_had_consumer"]
+        machine.exclusive_consumer = header["exclusive_consumer"]
+        machine._recovered_below = header["recovered_below"]
+        machine._timed = header["timed"]
+        machine._more_due = header["more_due"]
+        machine._sac_order = list(header["sac_order"])
+        machine.dropped = dict(header["dropped"])
+        machine.dead_lettered = dict(header["dead_lettered"])
+        active = 0
+        for consumer_id, owner, prefetch, no_ack, priority, credit, is_active in header["consumers"]:
+            machine.consumers[consumer_id] = Consumer(consumer_id, owner, prefetch, no_ack, priority, credit, is_active)
+            active += is_active
+        machine._active_count = active
+        for priority, ids in header["rings"]:
+            machine._rings[priority] = deque(ids)
+        machine._priorities = sorted(machine._rings, reverse=True)
+        machine.delayed.load(delayed)
+        return machine
+
+    def load_place(self, place: str, key: Any, items: list[Any]) -> None:
+        """Put back one batch of `dump_places`' items where they were; stored ones go to the
+        backing too. Raises KeyError, TypeError or ValueError for what cannot be placed."""
+        if type(items) is not list:
+            raise TypeError("a place's items must be a list")
+        if place == "backoff":
+            messages = [message for _, message in items]
+            # (the dumped list is a heap already)
+            self.backoff.extend((due_ms, message.seq, message) for due_ms, message in items)
+        else:
+            messages = items
+            if place == "ready":
+                self.ready.extend(messages)
+            elif place == "returned":
+                self.returned.extend((m.seq, m) for m in messages)  # the dumped list is a heap already
+            elif place == "dead_lettering":
+                self.dead_lettering.update((m.seq, m) for m in messages)
+            elif place == "checked_out":
+                self.consumers[key].checked_out.update((m.seq, m) for m in messages)
+            elif place == "delayed":
+                self.delayed.window.update((m.seq, m) for m in messages)
+            elif place == "dying":
+                # The same objects as in `dead_lettering` (loaded before); refused publishes (seq -1) are not.
+                shared = self.dead_lettering
+                messages = [shared.get(m.seq, m) if m.seq != -1 else m for m in messages]
+                self._dying.setdefault(key, []).extend(messages)
+                messages = [m for m in messages if m.seq == -1 or m.seq not in shared]  # (written with them)
+            elif place == "unstore":
+                self._unstore.extend(messages)
+            elif not self._load_other_place(place, key, messages):
+                raise ValueError(f"unknown place {place!r}")
+        stored = [m for m in messages if m.stored]
+        if stored:
+            if self.backing is None:
+                raise ValueError("stored messages for a machine without a backing")
+            self.backing.write(stored)
+
+    def _load_other_place(self, place: str, key: Any, messages: list[Message]) -> bool:
+        """A place of a subclass, or one only the backing holds (written there, nowhere else)."""
+        return place in ("spilled", "delayed_spilled")
+
+    def finish_load(self) -> None:
+        """After the last `load_place`: rebuild what follows from the messages."""
+        self.delayed.rebuild_index()
+        if self.durable and self.delivered_upto >= 0:
+            self.backing.delivered(self.delivered_upto)
 
     # ------------------------------------------------------------- helpers
-
-    def _die(self, message: Message, reason: str) -> None:
-        """`message` has left the ready or unacked state for `reason`: dead-letter or drop it."""
-        if self.settings.dead_letter_exchange is not None:
-            message.death = (reason, self.now_ms)  # a new leader performs it again if it stays held
-            self.dead_lettering[message.seq] = message
-            self.dead_lettered[reason] += 1
-            dying = self._dying.get(reason)
-            if dying is None:
-                self._dying[reason] = [message]
-            else:
-                dying.append(message)
-        else:
-            self.dropped[reason] += 1
-            if message.stored:
-                self._unstore.append(message)
-
-    def _flush_dying(self, effects: list) -> list:
-        if self._unstore:
-            self.backing.remove(self._unstore)
-            self._unstore = []
-        if self._dying:
-            settings = self.settings
-            for reason, messages in self._dying.items():
-                effects.append(DeadLetter(self.vhost, self.name, reason, messages, self.now_ms,
-                                          settings.dead_letter_exchange, settings.dead_letter_routing_key))
-            self._dying = {}
-        return effects
-
-    def _expire_returned(self, budget: int) -> int:
-        """Expire returned messages (in seq order) whose deadline has passed; the budget left."""
-        now = self.now_ms
-        returned = self.returned
-        while returned and budget:
-            message = returned[0][1]
-            if message.expires_at_ms is None or message.expires_at_ms > now:
-                break
-            heapq.heappop(returned)
-            self.ready_bytes -= len(message.body)
-            self._die(message, "expired")
-            budget -= 1
-        return budget
-
-    def _expire_heads(self) -> None:
-        """Remove the expired messages at the heads (returned, then the window, loading spilled
-        ones), at most DROP_BATCH_MAX; `_more_due` asks for a Tick if that was not all."""
-        now = self.now_ms
-        budget = self._expire_returned(DROP_BATCH_MAX)
-        ready = self.ready
-        while budget:
-            if not ready:
-                if not self.spilled_count:
-                    break
-                self._refill()
-                continue
-            message = ready[0]
-            if message.expires_at_ms is None or message.expires_at_ms > now:
-                break
-            ready.popleft()
-            self.window_bytes -= len(message.body)
-            self.ready_bytes -= len(message.body)
-            self._die(message, "expired")
-            budget -= 1
-        if not budget:
-            self._more_due = True
-
-    def _drop_over_limit(self) -> bool:
-        """drop-head: remove from the head until the ready count and bytes are within the limits."""
-        settings = self.settings
-        max_length = settings.max_length if settings.max_length is not None else 1 << 62
-        max_bytes = settings.max_length_bytes if settings.max_length_bytes is not None else 1 << 62
-        budget = DROP_BATCH_MAX
-        while self.ready_count > max_length or self.ready_bytes > max_bytes:
-            if not budget:
-                self._more_due = True
-                break
-            message = self._pop_next()
-            if message is None:
-                break
-            self._die(message, "maxlen")
-            budget -= 1
-        return budget < DROP_BATCH_MAX
-
-    def _expired(self, message: Message) -> bool:
-        """Met while serving: past its deadline (a message may go out up to its deadline)."""
-        expires_at = message.expires_at_ms
-        if expires_at is not None and expires_at < self.now_ms:
-            self._die(message, "expired")
-            return True
-        return False
 
     def _deactivate(self, consumer: Consumer) -> None:
         if not consumer.active:
@@ -884,7 +721,7 @@ class QueueMachine:
         if not consumer.active and not consumer.checked_out:
             self.consumers.pop(consumer.consumer_id, None)
 
-    def _return(self, consumer: Consumer, seqs) -> int:
+    def _return(self, consumer: Consumer, seqs: list[int]) -> int:
         n = 0
         checked_out = consumer.checked_out
         counts_returns = self._counts_returns
@@ -907,43 +744,6 @@ class QueueMachine:
         if recount:
             self.backing.rewrite(recount)
         return n
-
-    def _over_limit(self, message: Message) -> bool:
-        limit = self.settings.delivery_limit
-        return limit is not None and message.delivery_count > limit
-
-    def _return_counted(self, message: Message) -> bool:
-        """x-delivery-limit and retry back-off: True if the message does not go back now.
-
-        Every delivery but the last ended in a return, so this is return number
-        `delivery_count` (rabbit_fifo counts returns the same way: requeues and lost consumers)."""
-        settings = self.settings
-        returns = message.delivery_count
-        message.count_header = True
-        if settings.delivery_limit is not None and returns > settings.delivery_limit:
-            self._die(message, "delivery_limit")
-            return True
-        if settings.retry_backoff_ms is not None:
-            heapq.heappush(self.backoff, (self.now_ms + settings.retry_delay_ms(returns), message.seq, message))
-            return True
-        return False
-
-    def _release_backoff(self) -> None:
-        """Messages whose back-off is over become ready again (at the front, as returned ones)."""
-        backoff = self.backoff
-        now = self.now_ms
-        while backoff and backoff[0][0] <= now:
-            message = heapq.heappop(backoff)[2]
-            heapq.heappush(self.returned, (message.seq, message))
-            self.ready_bytes += len(message.body)
-
-    def _pop_next(self) -> Message | None:
-        """The next ready message (expired ones met on the way are dead-lettered or dropped)."""
-        while self._head() is not None:
-            message = self._pop_next_raw()
-            if not self._timed or not self._expired(message):
-                return message
-        return None
 
     def _head(self) -> Message | None:
         """The next ready message, loaded into memory if it was spilled; None if there is none."""
@@ -1007,7 +807,7 @@ class QueueMachine:
                     return consumer
         return None
 
-    def _service(self) -> list:
+    def _service(self) -> list[Effect]:
         """Hand ready messages to consumers with room, as far as both allow."""
         returned = self.returned
         ready = self.ready
@@ -1091,7 +891,7 @@ class QueueMachine:
             self._after_deliveries(effects, stored)
         return effects
 
-    def _after_deliveries(self, effects: list, stored_no_ack: list | None) -> None:
+    def _after_deliveries(self, effects: list[Deliver], stored_no_ack: list[Message] | None) -> None:
         if stored_no_ack:
             self.backing.remove(stored_no_ack)
         # Returned messages go first and were delivered before, so the last effect has the top seq.

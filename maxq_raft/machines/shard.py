@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 from . import commands as qc
 from . import metadata as md
 from .apply_order import ApplyOrder
-from .queue import Meta, QueueMachine, Rejected
+from .queue import QueueMachine
+from .queue_types import Meta, Rejected
 
 __all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo"]
 

@@ -28,7 +28,7 @@ import msgpack
 from ..amqp.values import decode_table, encode_table
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Message
+from ..machines.message import Message
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
 

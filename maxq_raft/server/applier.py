@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Meta, Overflowed, Rejected
+from ..machines.queue_types import Meta, Rejected
 from ..machines.shard import LivesDown, QueueAdded, QueueRemoved, ReplyTo
 from ..storage.errors import StoreFailed
 from . import policies
@@ -59,10 +59,6 @@ class Applier:
             effects = None
         else:
             reply, effects = group.apply(meta, target, command, origin)
-            if type(reply) is Overflowed and then is not None:
-                # Name the refused messages by position: a replica's are decoded copies.
-                positions = {id(m): i for i, m in enumerate(command.messages)}
-                reply = Overflowed(reply.accepted, [positions[id(m)] for m in reply.rejected if id(m) in positions])
             if effects:
                 effects = self._group_effects(effects)
         try:

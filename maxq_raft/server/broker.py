@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Deliver, QueueMachine
+from ..machines.queue import QueueMachine
+from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
 from .message_store import WalSyncer
 

@@ -25,7 +25,7 @@ from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from .broker import Broker, ConsumerHandle, Unavailable
 from .channel_state import ChannelState

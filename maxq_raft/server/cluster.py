@@ -43,7 +43,8 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue import Meta, QueueMachine, Rejected
+from ..machines.queue import QueueMachine
+from ..machines.queue_types import Meta, Rejected
 from ..machines.queue_args import settings_or_default
 from ..machines.shard import ALL_QUEUES
 from ..replication.entries import EntryError, decode_entry

@@ -27,7 +27,7 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 from ..machines.shard import MetaGroup, ShardMachine
 from .confirms import Confirms, Pending
 from .dead_letter import dead_letter, held_dead_letters

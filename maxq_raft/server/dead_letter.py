@@ -23,7 +23,8 @@ import logging
 from ..amqp.properties import decode_properties, encode_properties
 from ..amqp.values import Long, Timestamp
 from ..machines import commands as qc
-from ..machines.queue import DeadLetter, Message, QueueExpired
+from ..machines.message import Message
+from ..machines.queue_types import DeadLetter, QueueExpired
 
 log = logging.getLogger("maxq.dead_letter")
 

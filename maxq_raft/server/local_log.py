@@ -29,7 +29,8 @@ import trio
 
 from ..machines import commands as qc
 from ..machines.priority_queue import make_queue_machine
-from ..machines.queue import Meta, QueueMachine
+from ..machines.queue import QueueMachine
+from ..machines.queue_types import Meta
 from ..machines.queue_args import settings_or_default
 from . import persistence
 from .applier import Applier

@@ -23,7 +23,8 @@ import threading
 from typing import Callable
 
 from ..machines.delayed import DELAYED_BASE
-from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX, Message
+from ..machines.message import Message
+from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX
 from ..storage.errors import StorageError
 
 log = logging.getLogger("maxq.store")
@@ -126,7 +127,7 @@ def decode_counters(raw: bytes | None) -> tuple[int, int, int]:
 
 
 class QueueBacking:
-    """One queue's view of the store (the `Backing` of maxq_raft.machines.queue)."""
+    """One queue's view of the store (the `Backing` of maxq_raft.machines.queue_types)."""
 
     def __init__(self, store, queue_id: int, durable: bool, epoch: int, syncer: "WalSyncer | None") -> None:
         self.store = store

@@ -27,7 +27,7 @@ import msgpack
 
 from ..amqp.values import decode_table, encode_table
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 
 log = logging.getLogger("maxq.persistence")
 

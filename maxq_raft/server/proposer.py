@@ -32,7 +32,7 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue import Rejected
+from ..machines.queue_types import Rejected
 from ..replication.entries import encode_entry
 from .broker import Unavailable
 from .confirms import Confirms, Pending

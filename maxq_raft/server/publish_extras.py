@@ -3,7 +3,7 @@
 Theory of operation: the session calls `publish_extras` only when the `expiration` or `priority`
 property flag is set, so publishes without them pay one bit test; the expiration is checked as
 rabbit_channel's check_expiration_header does (406 on a bad one); both are carried on each
-`Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed`;
+`Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed` (positions in the batch);
 `note_refused` collects the confirm seqs of the publishes it refused, which confirms.py then
 nacks one by one (as RabbitMQ: a publish routed to several queues is nacked if any refused it),
 never covering one with an ack's `multiple`.
@@ -61,13 +61,16 @@ def delivery_props(message) -> bytes:
     return encode_properties(props)
 
 
-def note_refused(refused: dict | None, messages: list) -> dict:
-    """Collect channel number -> {confirm seq} of the refused messages that await a confirm
-    (all from this read of one connection, so the number names the channel)."""
+def note_refused(refused: dict | None, refs: list | None, positions: list[int]) -> dict:
+    """Collect channel number -> {confirm seq} of the refused publishes that await a confirm
+    (all from this read of one connection, so the number names the channel). `positions` are
+    the queue's `Overflowed.rejected`, positions in the batch; `refs` were kept beside that
+    batch: (position, (channel number, confirm seq)) of each message whose publish awaits one."""
     if refused is None:
         refused = {}
-    for message in messages:
-        ref = message.publish_ref
-        if ref is not None:
-            refused.setdefault(ref[0], set()).add(ref[1])
+    if refs:
+        rejected = set(positions)
+        for position, (channel_number, seq) in refs:
+            if position in rejected:
+                refused.setdefault(channel_number, set()).add(seq)
     return refused

@@ -36,7 +36,8 @@ from ..amqp.events import (
 from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
-from ..machines.queue import Message, Overflowed
+from ..machines.message import Message
+from ..machines.queue_types import Overflowed
 from .broker import Broker, Unavailable
 from .confirms import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
@@ -105,6 +106,9 @@ class Session:
         )
         self.channels: dict[int, Channel] = {}
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
+        # queue key -> [(position in its pending batch, (channel number, confirm seq))]: kept beside
+        # the batch for publishes awaiting a confirm, to nack those a reject-publish queue refuses
+        self.pending_refs: dict[tuple, list] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
@@ -407,12 +411,17 @@ class Session:
             for name in queues:
                 key = (vhost, name)
                 message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
-                message.publish_ref = ref
                 batch = pending.get(key)
                 if batch is None:
-                    pending[key] = [message]
+                    batch = pending[key] = [message]
                 else:
                     batch.append(message)
+                if ref is not None:
+                    refs = self.pending_refs.get(key)
+                    if refs is None:
+                        self.pending_refs[key] = [(len(batch) - 1, ref)]
+                    else:
+                        refs.append((len(batch) - 1, ref))
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         if seq is not None:
@@ -451,19 +460,20 @@ class Session:
         if self.pending_settles:
             self.flush_settles()
         pending, self.pending = self.pending, {}
+        refs, self.pending_refs = self.pending_refs, {}
         broker = self.broker
         log_ = broker.log
         pendings = {}
         batch = ConfirmBatch(0)
 
-        def note_overflow(reply, messages) -> None:  # a reject-publish queue refused some
+        def note_overflow(reply, queue_refs) -> None:  # a reject-publish queue refused some
             if type(reply) is Overflowed:
-                batch.refused = note_refused(batch.refused, [messages[i] for i in reply.rejected])
+                batch.refused = note_refused(batch.refused, queue_refs, reply.rejected)
         for queue_key, messages in pending.items():
             queue = broker.queues.get(queue_key)
             then = None
             if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
-                then = partial(note_overflow, messages=messages)
+                then = partial(note_overflow, queue_refs=refs.get(queue_key))
             entry = log_.submit(queue_key, qc.Enqueue(messages), then)
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
             broker.messages_published += len(messages)
@@ -510,10 +520,10 @@ class Session:
     # -------------------------------------------------------- deliveries
 
     def write_delivery(self, channel_number: int, handle, delivery_tag: int, redelivered: bool, message) -> None:
-        wire_routing = message.wire_routing
+        # Encoded once per (exchange, routing key) for the node, not once per delivery.
+        wire_routing = _wire_routing.get((message.exchange, message.routing_key))
         if wire_routing is None:
-            # Once per message (a fanout to ten queues shares it), not once per delivery.
-            wire_routing = message.wire_routing = wire_routing_of(message.exchange, message.routing_key)
+            wire_routing = wire_routing_of(message.exchange, message.routing_key)
         self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
                                            message.props_raw if not message.count_header else delivery_props(message),
                                            message.body, self.conn.frame_max))

@@ -13,7 +13,7 @@ import types
 import trio
 
 from maxq_raft.machines import commands as qc
-from maxq_raft.machines.queue import Message
+from maxq_raft.machines.message import Message
 from maxq_raft.server.cluster import ClusterLog
 from maxq_raft.server.proposer import FLOW_BYTES_HIGH, FLOW_BYTES_LOW
 

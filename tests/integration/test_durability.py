@@ -25,7 +25,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
-from maxq_raft.machines.queue import Message
+from maxq_raft.machines.message import Message
 from maxq_raft.server.message_store import LOAD_BYTES_MAX, QueueBacking
 from maxq_raft.storage.rocks import RocksSegmentStore
 

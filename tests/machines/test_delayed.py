@@ -16,7 +16,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from maxq_raft.machines.commands import Enqueue, Get, Purge, Tick
 from maxq_raft.machines.delayed import DELAYED_BASE, slot_start_ms
 from maxq_raft.machines.priority_queue import make_queue_machine
-from maxq_raft.machines.queue import Message, Meta, QueueMachine
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import Meta
 from maxq_raft.machines.queue_args import QueueSettings
 
 from .test_queue_machine import DictBacking

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maxq_raft.machines import metadata as md
-from maxq_raft.machines.queue import Meta
+from maxq_raft.machines.queue_types import Meta
 from maxq_raft.machines.snapshot import SnapshotError
 from maxq_raft.server import persistence
 from maxq_raft.server.metadata_snapshot import FORMAT_VERSION, dump_metadata, load_metadata

@@ -14,7 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from maxq_raft.machines.commands import Cancel, Checkout, Credit, Discard, Enqueue, Get, Purge, Requeue, Settle
 from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
-from maxq_raft.machines.queue import SEQ_MASK, Deliver, Message, Meta, QueueMachine
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import SEQ_MASK, QueueMachine
+from maxq_raft.machines.queue_types import Deliver, Meta
 from maxq_raft.machines.queue_args import QueueSettings
 
 from .test_queue_machine import DictBacking

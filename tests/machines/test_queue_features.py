@@ -18,17 +18,10 @@ from maxq_raft.machines.commands import (
     Tick,
     Touch,
 )
-from maxq_raft.machines.queue import (
-    DROP_BATCH_MAX,
-    DeadLetter,
-    Deliver,
-    Message,
-    Meta,
-    Overflowed,
-    QueueExpired,
-    QueueMachine,
-    Rejected,
-)
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_limits import DROP_BATCH_MAX
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, QueueExpired, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 
 
@@ -73,6 +66,39 @@ def test_queue_ttl_expires_at_the_deadline_without_traffic():
     assert q.machine.next_deadline_ms == 1150
     q.at(1150, Tick())
     assert q.machine.ready_count == 0 and q.machine.next_deadline_ms is None
+
+
+def test_an_entry_from_a_proposer_whose_clock_is_behind_does_not_revive_an_expired_message():
+    # Each proposer stamps its own clock, so after a leader change (or with skewed clocks) a
+    # later entry may carry an earlier time. At 1200 "short" is past its deadline (1100) but
+    # waits behind an unexpired head; an entry stamped 1050 must not make it deliverable again.
+    q = Clocked()
+    q.at(1000, Enqueue([Message("ex", "rk", b"", b"long", ttl_ms=1000), Message("ex", "rk", b"", b"short", ttl_ms=100)]))
+    q.at(1200, Tick())
+    assert q.machine.ready_count == 2 and q.machine.now_ms == 1200
+    _, effects = q.at(1050, Checkout("c", "o", 0, True, 0, False, 10))
+    assert bodies(effects) == [b"long"] and q.machine.dropped["expired"] == 1
+    assert q.machine.now_ms == 1200
+
+
+def test_a_ttl_is_measured_from_the_queues_time_not_an_earlier_entry_time():
+    q = Clocked(message_ttl_ms=100, expires_ms=500)
+    q.at(1000, Touch())
+    q.publish(900, b"m")  # a proposer 100 ms behind
+    (message,) = q.machine.ready
+    assert message.expires_at_ms == 1100 and q.machine.next_deadline_ms == 1100
+    q.at(1050, Tick())  # nothing is due at the queue's 1000
+    assert q.machine.ready_count == 1 and not q.machine.expired
+    q.at(1099, Tick())
+    assert q.machine.ready_count == 1
+    q.at(1100, Tick())
+    assert q.machine.ready_count == 0 and q.machine.dropped["expired"] == 1
+    # x-expires from the last use at the queue's 1000, not the entry's 900
+    assert q.machine.next_deadline_ms == 1500
+    q.at(1499, Tick())
+    assert not q.machine.expired
+    reply, effects = q.at(1500, Tick())
+    assert reply is True and effects == [QueueExpired("/", "q")]
 
 
 def test_ttl_zero_delivers_to_a_waiting_consumer_and_is_dropped_otherwise():
@@ -185,8 +211,18 @@ def test_reject_publish_refuses_what_would_go_over():
     q = Clocked(max_length=2, overflow="reject-publish")
     messages = [Message("ex", "rk", b"", b"%d" % i) for i in range(4)]
     reply, effects = q.at(0, Enqueue(messages))
-    assert reply == Overflowed(2, messages[2:]) and effects == []
+    assert reply == Overflowed(2, [2, 3]) and effects == []  # positions in the Enqueue's list
     assert q.machine.rejected_publishes == 2 and q.machine.ready_count == 2
+
+
+def test_overflowed_positions_are_in_the_enqueue_with_delayed_messages_among_them():
+    # A delayed message is held, not judged against the limit; the positions skip nothing.
+    q = Clocked(max_length=1, overflow="reject-publish")
+    batch = [Message("ex", "rk", b"", b"a"), Message("ex", "rk", b"", b"later", delay_ms=50),
+             Message("ex", "rk", b"", b"b"), Message("ex", "rk", b"", b"c")]
+    reply, _ = q.at(0, Enqueue(batch))
+    assert reply == Overflowed(2, [2, 3])
+    assert [m.body for m in q.machine.ready] == [b"a"]
 
 
 def test_reject_publish_delivers_each_before_judging_the_next():
@@ -195,6 +231,21 @@ def test_reject_publish_delivers_each_before_judging_the_next():
     reply, effects = q.publish(0, b"1", b"2", b"3")
     # RabbitMQ checks the limit before delivery: with max-length 0 every publish is refused.
     assert type(reply) is Overflowed and reply.accepted == 0 and effects == []
+
+
+def test_a_refused_command_flushes_what_the_releases_before_it_dead_lettered():
+    # A delayed message falls due at the start of a command that the machine then refuses (a
+    # reused consumer tag); the reject-publish-dlx queue at its limit dead-letters it. `apply`
+    # used to return the refusal before flushing, leaving the message in `_dying` until the
+    # next command (check_invariants failed here; shrunk by hypothesis in test_snapshot.py).
+    q = Clocked(max_length=0, overflow="reject-publish-dlx", dead_letter_exchange="dlx")
+    q.at(0, Enqueue([Message("ex", "rk", b"", b"later", delay_ms=7)]))
+    q.at(0, Checkout("c", "o", 0, False, 0, False, 0))
+    reply, effects = q.at(10, Checkout("c", "o", 0, False, 0, False, 0))
+    assert type(reply) is Rejected and reply.reply_code == 530
+    (effect,) = effects
+    assert type(effect) is DeadLetter and effect.reason == "maxlen" and [m.body for m in effect.messages] == [b"later"]
+    assert q.machine.rejected_publishes == 1 and q.machine.dead_lettered["maxlen"] == 1
 
 
 def test_reject_publish_dlx_dead_letters_the_refused():

@@ -38,7 +38,9 @@ from maxq_raft.machines.commands import (
     Tick,
 )
 from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
-from maxq_raft.machines.queue import DeadLetter, Deliver, Message, Meta, Overflowed, QueueMachine, Rejected
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
 
 from .test_queue_machine import DictBacking, norm
@@ -170,6 +172,8 @@ class FeaturesModel(RuleBasedStateMachine):
             assert self.settings.overflow != "drop-head"
             self.refused += len(reply.rejected)
             assert reply.accepted + len(reply.rejected) == n
+            # Named by position in the batch: exactly the messages that got no seq.
+            assert reply.rejected == [i for i, message in enumerate(made[0]) if message.seq == -1]
         else:
             assert reply == n
         queue_ttl = self.settings.message_ttl_ms

@@ -34,7 +34,9 @@ from maxq_raft.machines.commands import (
     Requeue,
     Settle,
 )
-from maxq_raft.machines.queue import Deliver, Message, Meta, QueueMachine, Rejected
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import Deliver, Meta, Rejected
 
 # Identities as the shell makes them: a consumer or a channel's basic.get holder belongs to one
 # connection (its owner), so the owner is a function of the id.

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from maxq_raft.amqp.values import Timestamp
 from maxq_raft.machines import commands as qc
 from maxq_raft.machines import metadata as md
-from maxq_raft.machines.queue import Message
+from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue_args import QueueSettings
 from maxq_raft.replication.entries import EntryError, decode_entry, encode_entry
 

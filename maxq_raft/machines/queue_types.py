@@ -1,0 +1,142 @@
+"""What passes between a queue machine and its shell: entry meta in, replies and effects out,
+and the storage the shell lends the machine (`Backing`).
+
+Theory of operation: `QueueMachine.apply(meta, command)` returns `(reply, effects)`. The reply
+goes to whoever proposed the command (on the proposing node only); the effects are data that
+every replica returns alike and that the shell performs, idempotently: `Deliver` on the node
+hosting the consumer's connection, `DeadLetter` and `QueueExpired` on the queue's leader.
+Replies name what they refer to by value (positions, sequence numbers), never by object
+identity, so a replica that applied decoded copies of a command answers the same.
+
+`Backing` is the one place where a machine touches storage. Its calls come from inside
+`apply`, in log order, and what they leave is a function of the applied commands, so a replica
+that reads it back (`load`) decides as every other replica does. The machines and `Meta`,
+`Rejected` are shared with the metadata machine (metadata.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
+
+if TYPE_CHECKING:
+    from .message import Message
+
+
+class Meta(NamedTuple):
+    """Stamped by the proposer into each log entry: pysyncobj passes none of this to apply.
+
+    `time_ms` is the proposer's clock, so entries from different proposers (a leader change,
+    skewed clocks) may go back in time; a queue machine never does (see `QueueMachine.now_ms`)."""
+
+    log_index: int
+    time_ms: int
+
+
+# ------------------------------------------------------------------ replies
+
+
+class Rejected(NamedTuple):
+    """Reply to a command the machine refused; the shell turns it into an AMQP error."""
+
+    reply_code: int
+    reply_text: str
+
+
+class Overflowed(NamedTuple):
+    """Reply to an Enqueue into a full reject-publish queue: `accepted` messages were queued;
+    `rejected` are the positions (0-based, ascending) in the Enqueue's `messages` of those that
+    were not, so the proposer can nack their publishes from what it kept beside the batch."""
+
+    accepted: int
+    rejected: list[int]
+
+
+# ------------------------------------------------------------------ effects
+
+
+class Deliver(NamedTuple):
+    """Effect: send `message` to `consumer_id` (its host performs it)."""
+
+    consumer_id: str
+    message: Message
+    redelivered: bool
+
+
+class DeadLetter(NamedTuple):
+    """Effect: republish `messages` to `exchange` (with `routing_key`, or their own when None),
+    adding x-death for `reason` (rejected, expired, maxlen, delivery_limit), then apply
+    `DeadLettered` with the seqs of those that have one (a publish refused by
+    reject-publish-dlx was never queued: its seq is -1)."""
+
+    vhost: str
+    queue: str
+    reason: str
+    messages: list[Message]
+    time_ms: int
+    exchange: str
+    routing_key: str | None
+
+
+class QueueExpired(NamedTuple):
+    """Effect: x-expires has passed with the queue unused; the shell deletes it."""
+
+    vhost: str
+    name: str
+
+
+Effect = Union[Deliver, DeadLetter, QueueExpired]
+
+
+# ------------------------------------------------------------------ storage
+
+
+class Backing(Protocol):
+    """Where a queue keeps what is not in memory (storage/ behind the shell's adapter,
+    server/message_store.py's `QueueBacking`; tests use a dict).
+
+    Calls come from `apply`, in log order; `load` must return what earlier calls left, so every
+    replica that applied the same commands reads the same messages. Writes do not fail as far as
+    the machine can tell (the store keeps what it could not write and recovers by itself); a
+    `load` that meets a damaged record raises, and `apply` refuses the command with a 541.
+
+    Keys are the messages' `seq`: ready messages below `DELAYED_BASE` (a priority queue puts its
+    lane above the counter bits), delayed ones (delayed.py) from `DELAYED_BASE` on.
+    """
+
+    def write(self, messages: list[Message]) -> None:
+        """Store these messages (each with its seq); persistent ones of a durable queue must
+        survive a restart."""
+
+    def remove(self, messages: list[Message]) -> None:
+        """These stored messages left the queue (acked, discarded, purged, delivered without ack)."""
+
+    def remove_from(self, seq_from: int, persistent: int, seq_below: int | None = None) -> None:
+        """Every stored message with seq >= seq_from (and < seq_below) left the queue (purge of the
+        spilled tail); `persistent` of them were persistent."""
+
+    def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list[Message]:
+        """Up to `limit` (at least one if any) stored messages with seq >= seq_from (and <
+        seq_below), in seq order, as new `Message` objects; [] means none is stored there."""
+
+    def rewrite(self, messages: list[Message]) -> None:
+        """These stored messages changed (their delivery count): store them again, in place."""
+
+    def delivered(self, seq: int) -> None:
+        """Messages up to `seq` have been delivered at least once (their redelivered flag after a restart)."""
+
+    def drop(self) -> None:
+        """The queue is deleted."""
+
+    # What a restarted node's backing knows before any message is read (`QueueMachine.recover`).
+
+    @property
+    def delivered_upto(self) -> int:
+        """The last `delivered` seq it was told (-1: none)."""
+
+    @property
+    def delayed_stored(self) -> int:
+        """How many delayed messages it holds."""
+
+    @property
+    def delayed_next(self) -> int:
+        """Above the counter of every delayed message it holds (new ones must not take their keys)."""
