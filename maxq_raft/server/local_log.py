@@ -106,6 +106,13 @@ class LocalLog(CommandLog):
         if failed:
             log.warning("%d commands not confirmed: the store failed before they were durable", failed)
 
+    def when_committed(self, pendings: list[Pending], then: Callable[[bool], None]) -> None:
+        """then(True) at once: what a single node applied is in its store's WAL in apply order,
+        and a crash loses at most a suffix of it, so a later write (a dead letter's source
+        forgetting it) never survives one that was lost (its copy in the target queue). Only a
+        publisher's confirm waits for the fsync."""
+        then(True)
+
     def group_of(self, target: Any) -> str:
         return META_GROUP if target is None else SHARD
 
