@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generate amqp/spec.py, the AMQP 0-9-1 method catalogue, from the spec XML.
+"""Generate amqp/spec.py (the AMQP 0-9-1 method catalogue) and amqp/properties.py (the basic
+content properties codec) from the spec XML.
 
 Theory of operation: the XML is parsed into plain records (constants, domains, classes,
 methods, fields), a short table of RabbitMQ errata is applied, and every method becomes a
@@ -10,12 +11,16 @@ into octets (spec 4.2.5.2), and reserved fields are written as zeros and skipped
 Nothing in the output depends on dict or set iteration order of the generator's process,
 so the output is byte-for-byte deterministic and a test regenerates it and expects no diff.
 
-Usage: gen_amqp_spec.py [--spec PATH] [--output PATH] [--check]
+The content properties are the basic class's fields; their codec is generated the same way,
+one straight-line branch per property in flag-bit order (see "Content properties" below).
+
+Usage: gen_amqp_spec.py [--spec PATH] [--output PATH] [--properties-output PATH] [--check]
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import dataclasses
 import keyword
 import struct
@@ -26,6 +31,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = REPO_ROOT / "amqp" / "spec_xml" / "amqp0-9-1-rabbitmq-extended.xml"
 DEFAULT_OUTPUT = REPO_ROOT / "amqp" / "spec.py"
+DEFAULT_PROPERTIES_OUTPUT = REPO_ROOT / "amqp" / "properties.py"
 
 # RabbitMQ errata applied on top of the XML. Each entry cites where RabbitMQ differs.
 # rabbitmq-codegen's amqp-rabbitmq-0.9.1.json defines NO-ROUTE (312), which RabbitMQ uses in
@@ -572,20 +578,293 @@ def render(spec: Spec, spec_name: str) -> str:
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------------------
+# Content properties: amqp/properties.py. The basic class's <field>s are the properties of a
+# content header, in flag-bit order: the first is bit 15, the next bit 14, and so on; bit 0
+# says another flag word follows (spec 4.2.6.1). Each property becomes one straight-line
+# branch of the encoder and of the decoder. The decoder tests the flags of a group of
+# PROPERTY_GROUP_SIZE properties at once before testing them one by one, and sets an absent
+# group to None with one chained assignment: a publish usually sets a few of the 14, so it
+# pays one test per absent group rather than one per absent property.
+
+PROPERTY_GROUP_SIZE = 4
+PROPERTY_TYPE_HINTS = {"shortstr": "str", "table": "dict", "octet": "int", "short": "int", "long": "int",
+                       "longlong": "int", "timestamp": "int"}
+# The server asks these of every publish (is it persistent?): each gets a `<name>_of(raw)`
+# that skips the properties before it by their length prefixes instead of decoding them.
+FAST_OCTET_ACCESSORS = ("delivery_mode",)
+
+
+def property_flag(k: int) -> int:
+    return 1 << (15 - k)
+
+
+def unused_bits(props: list[Field]) -> str:
+    """The flag bits between the last property and the continuation bit, as a phrase."""
+    low = 15 - len(props)
+    return "bit 1 has" if low == 1 else f"bits {low} to 1 have"
+
+
+def gen_property_encode(props: list[Field], structs: StructRegistry) -> list[str]:
+    lines = [
+        "def encode_properties(props: BasicProperties) -> bytes:",
+        '    """The property list (flag word + present values) of a content header."""',
+        "    flags = 0",
+        '    parts: list = [b""]  # the flag word, once known',
+        "    try:",
+    ]
+    for k, f in enumerate(props):
+        # an absent property costs one attribute test: most are absent
+        lines.append(f"        if props.{f.py} is not None:")
+        lines.append(f"            flags |= 0x{property_flag(k):04X}")
+        if f.type == "shortstr":
+            lines.append(f"            v = props.{f.py}.encode()")
+            lines.append("            if len(v) > 255:")
+            lines.append(f'                raise ValueError(f"{f.py} is {{len(v)}} bytes, the shortstr limit is 255")')
+            lines.append("            parts.append(_OCTETS[len(v)])")
+            lines.append("            parts.append(v)")
+        elif f.type == "table":
+            lines.append(f"            parts.append(encode_table(props.{f.py}))")
+        else:
+            lines.append(f"            parts.append({structs.get(FIXED_CODES[f.type])}.pack(props.{f.py}))")
+    lines += [
+        "    except StructError as exc:",
+        '        raise ValueError(f"cannot encode basic properties: {exc}") from None',
+        f"    # {len(props)} properties fit one flag word, so the continuation bit is never set",
+        f"    parts[0] = {structs.get('H')}.pack(flags)",
+        '    return b"".join(parts)',
+    ]
+    return lines
+
+
+def gen_property_decode_one(k: int, f: Field, structs: StructRegistry, indent: str) -> list[str]:
+    lines = [f"{indent}if flags & 0x{property_flag(k):04X}:"]
+    inner = indent + "    "
+    if f.type == "shortstr":
+        lines.append(f"{inner}end = off + 1 + raw[off]")
+        lines.append(f"{inner}p.{f.py} = raw[off + 1 : end].decode()")
+        lines.append(f"{inner}off = end")
+    elif f.type == "table":
+        lines.append(f"{inner}p.{f.py}, off = decode_table(raw, off)")
+    elif f.type == "octet":
+        lines.append(f"{inner}p.{f.py} = raw[off]")
+        lines.append(f"{inner}off += 1")
+    else:
+        code = FIXED_CODES[f.type]
+        lines.append(f"{inner}(p.{f.py},) = {structs.get(code)}.unpack_from(raw, off)")
+        lines.append(f"{inner}off += {struct.calcsize('>' + code)}")
+    lines.append(f"{indent}else:")
+    lines.append(f"{inner}p.{f.py} = None")
+    return lines
+
+
+def gen_property_decode(props: list[Field], structs: StructRegistry) -> list[str]:
+    lines = [
+        "def decode_properties(raw) -> BasicProperties:",
+        '    """Parse a property list (bytes or memoryview starting at the flag word)."""',
+        "    try:",
+        "        if raw.__class__ is not bytes:",
+        "            raw = bytes(raw)  # bytes.decode() is the cheapest UTF-8 read; a memoryview has none",
+        "        flags = raw[0] << 8 | raw[1]",
+        "        off = _after_flag_words(raw, strict=True) if flags & 1 else 2",
+        f"        # {unused_bits(props)} no property; RabbitMQ ignores {'it' if len(props) == 14 else 'them'}, and so do we",
+        "        p = _new(BasicProperties)",
+    ]
+    for start in range(0, len(props), PROPERTY_GROUP_SIZE):
+        group_props = props[start:start + PROPERTY_GROUP_SIZE]
+        mask = sum(property_flag(k) for k in range(start, start + len(group_props)))
+        lines.append(f"        if flags & 0x{mask:04X}:")
+        for k, f in enumerate(group_props, start):
+            lines += gen_property_decode_one(k, f, structs, "            ")
+        lines.append("        else:")
+        lines.append("            " + " = ".join(f"p.{f.py}" for f in group_props) + " = None")
+    lines += [
+        "        # a string slice that ran past the end leaves off beyond len(raw)",
+        "        if off != len(raw):",
+        '            raise ValueError("property list length mismatch")',
+        "        return p",
+        "    except (StructError, IndexError, ValueError):",
+        "        # ValueError covers UnicodeDecodeError and the length check",
+        '        raise DecodeError(SYNTAX_ERROR, "malformed content header properties") from None',
+        "    except DecodeError as exc:",
+        '        raise DecodeError(SYNTAX_ERROR, f"malformed content header properties: {exc.reply_text}") from None',
+    ]
+    return lines
+
+
+def gen_fast_accessor(props: list[Field], name: str, structs: StructRegistry) -> list[str]:
+    k = next(i for i, f in enumerate(props) if f.py == name)
+    assert props[k].type == "octet", "a fast accessor reads one octet"
+    flag = property_flag(k)
+    lines = [
+        f"def {name}_of(raw) -> int:",
+        f'    """{name} of an encoded property list (0 if absent), without decoding the rest: the',
+        f'    at most {k} properties before it are skipped by their lengths."""',
+        "    if len(raw) < 2:",
+        "        return 0",
+        "    flags = raw[0] << 8 | raw[1]",
+        f"    if not flags & 0x{flag:04X}:",
+        "        return 0",
+        "    try:",
+        "        off = _after_flag_words(raw, strict=False) if flags & 1 else 2",
+    ]
+    for j, f in enumerate(props[:k]):
+        lines.append(f"        if flags & 0x{property_flag(j):04X}:")
+        if f.type == "shortstr":
+            lines.append("            off += 1 + raw[off]")
+        elif f.type == "table":  # a u32 length, then the table
+            lines.append(f"            off += 4 + {structs.get('I')}.unpack_from(raw, off)[0]")
+        elif f.type == "octet":
+            lines.append("            off += 1")
+        else:
+            lines.append(f"            off += {struct.calcsize('>' + FIXED_CODES[f.type])}")
+    lines += [
+        "        return raw[off]",
+        "    except (StructError, IndexError):",
+        '        raise DecodeError(SYNTAX_ERROR, "malformed content header properties") from None',
+    ]
+    return lines
+
+
+def gen_properties_class(props: list[Field]) -> list[str]:
+    lines = [
+        "class BasicProperties:",
+        f'    """The {len(props)} basic-class content properties; each is None when absent."""',
+        "",
+        "    __slots__ = (",
+    ]
+    lines += [f'        "{f.py}",' for f in props]
+    lines += ["    )", "", "    def __init__(", "        self,", "        *,"]
+    for f in props:
+        note = "  # noqa: A002 - the spec's name for the property" if hasattr(builtins, f.py) else ""
+        lines.append(f"        {f.py}: {PROPERTY_TYPE_HINTS[f.type]} | None = None,{note}")
+    lines.append("    ) -> None:")
+    lines += [f"        self.{f.py} = {f.py}" for f in props]
+    lines += [
+        "",
+        "    def __eq__(self, other: object) -> bool:",
+        "        if other.__class__ is not self.__class__:",
+        "            return NotImplemented",
+        "        return (",
+    ]
+    for k, f in enumerate(props):
+        lines.append(f"            {'and ' if k else ''}self.{f.py} == other.{f.py}  # type: ignore[attr-defined]")
+    lines += [
+        "        )",
+        "",
+        "    __hash__ = None  # type: ignore[assignment]",
+        "",
+        "    def __repr__(self) -> str:",
+        "        present = \", \".join(",
+        "            f\"{name}={getattr(self, name)!r}\" for name in self.__slots__ if getattr(self, name) is not None",
+        "        )",
+        "        return f\"BasicProperties({present})\"",
+    ]
+    return lines
+
+
+def render_properties(spec: Spec, spec_name: str) -> str:
+    props = spec.basic_properties
+    assert len(props) <= 15, "the codec writes one flag word: bit 0 is the continuation bit"
+    for f in props:
+        assert f.type in PROPERTY_TYPE_HINTS, f"no property codec for wire type {f.type}"
+    structs = StructRegistry()
+    body = gen_properties_class(props) + ["", ""]
+    body += gen_property_encode(props, structs) + ["", ""]
+    body += gen_property_decode(props, structs) + ["", ""]
+    for name in FAST_OCTET_ACCESSORS:
+        body += gen_fast_accessor(props, name, structs) + ["", ""]
+    header_struct = structs.get("HHQ")
+    out = [
+        f"# Generated by scripts/gen_amqp_spec.py from {spec_name}. Do not edit.",
+        '"""Basic content properties and the content header frame payload, generated from the spec XML.',
+        "",
+        "Theory of operation: a content header payload is class-id u16, weight u16 (always 0),",
+        "body-size u64, then the property list: 16-bit flag words, most significant bit first, one",
+        "bit per property in spec order, bit 0 meaning \"another flag word follows\" (spec 4.2.6.1),",
+        "followed by the values of the present properties only. The broker normally keeps the",
+        "property list as opaque bytes (`props_raw`) and relays it untouched, so headers are parsed",
+        "only when something needs them; `decode_properties` / `encode_properties` do the parse.",
+        "None means \"absent\": an empty string or table is a present, empty property.",
+        "The generator writes both directions out property by property, in flag-bit order, from the",
+        "basic class's fields, rather than looping over a descriptor table, because this sits on",
+        "the publish/deliver hot path; the decoder first tests the flags of a group of properties,",
+        "so an absent group costs one test. Headers are field tables with RabbitMQ's errata",
+        "(values.py); the 14th property, \"reserved\" in the XML, is cluster_id as in RabbitMQ.",
+        '"""',
+        "",
+        "from struct import Struct",
+        "from struct import error as StructError",
+        "",
+        "from .errors import DecodeError",
+        "from .spec import SYNTAX_ERROR",
+        "from .values import decode_table, encode_table",
+        "",
+        "# property flag bits (spec 4.2.6.1): the first property is bit 15",
+    ]
+    out += [f"{f.py.upper()}_FLAG = 0x{property_flag(k):04X}" for k, f in enumerate(props)]
+    out.append("")
+    struct_pos = len(out)
+    out += [
+        "_OCTETS = tuple(bytes((n,)) for n in range(256))  # a shortstr's length prefix, without a pack",
+        "_new = object.__new__",
+        "",
+        "",
+    ]
+    out += body
+    out += [
+        "def _after_flag_words(raw, strict: bool) -> int:",
+        '    """The offset after the continuation flag words (spec 4.2.6.1), which are rare. They can',
+        f'    only carry bits of properties beyond the {len(props)} that basic defines: the decoder (strict)',
+        '    accepts them when empty so the stream stays in sync, and refuses them otherwise."""',
+        "    off = 2",
+        "    while True:  # bounded by the buffer: a read past its end raises IndexError",
+        "        more = raw[off] << 8 | raw[off + 1]",
+        "        off += 2",
+        "        if strict and more & 0xFFFE:",
+        '            raise DecodeError(SYNTAX_ERROR, "unknown basic property flags set")',
+        "        if not more & 1:",
+        "            return off",
+        "",
+        "",
+        "def encode_content_header(class_id: int, body_size: int, props_raw: bytes) -> bytes:",
+        '    """Content header frame payload: class id, weight 0, body size, property list."""',
+        f"    return {header_struct}.pack(class_id, 0, body_size) + props_raw",
+        "",
+        "",
+        "def decode_content_header(payload) -> tuple[int, int, bytes]:",
+        '    """Split a content header payload into (class id, body size, raw property list).',
+        '    The weight field is ignored (spec: must be zero, unused)."""',
+        "    if len(payload) < 14:",
+        '        raise DecodeError(SYNTAX_ERROR, "content header frame shorter than 14 bytes")',
+        f"    class_id, _weight, body_size = {header_struct}.unpack_from(payload, 0)",
+        "    return class_id, body_size, bytes(payload[12:])",
+        "",
+    ]
+    out[struct_pos:struct_pos] = structs.render()
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    parser.add_argument("--check", action="store_true", help="exit 1 if --output is stale")
+    parser.add_argument("--properties-output", type=Path, default=DEFAULT_PROPERTIES_OUTPUT)
+    parser.add_argument("--check", action="store_true", help="exit 1 if an output is stale")
     args = parser.parse_args(argv)
-    text = render(parse_spec(args.spec), args.spec.name)
+    spec = parse_spec(args.spec)
+    outputs = ((args.output, render(spec, args.spec.name)),
+               (args.properties_output, render_properties(spec, args.spec.name)))
     if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
-        if current != text:
-            print(f"{args.output} is out of date; run scripts/gen_amqp_spec.py", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
+        stale = 0
+        for path, text in outputs:
+            current = path.read_text(encoding="utf-8") if path.exists() else None
+            if current != text:
+                print(f"{path} is out of date; run scripts/gen_amqp_spec.py", file=sys.stderr)
+                stale = 1
+        return stale
+    for path, text in outputs:
+        path.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pika
 import pytest
 
 READY_TIMEOUT_S = 20.0
@@ -75,6 +76,11 @@ class BrokerProcess:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def connect(self, **params) -> pika.BlockingConnection:
+        """A pika connection to this server; `params` go to pika.ConnectionParameters (a test
+        that kills or pauses the server passes heartbeat=0, so no heartbeat times out meanwhile)."""
+        return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.amqp_port, **params))
 
     @property
     def pid(self) -> int:

@@ -1,7 +1,9 @@
-"""Helpers the tests share: bounded waits, small filesystems.
+"""Helpers the tests share: bounded waits, small AMQP client chores, small filesystems.
 
 Every wait here is bounded in time and in turns; a predicate is polled, never a sleep of a
-guessed length.
+guessed length. A pika BlockingConnection only receives (deliveries, confirms, returns,
+connection.blocked) while something processes its events, so a wait on what a connection
+received names that connection and is pumped instead of sleeping.
 """
 
 from __future__ import annotations
@@ -11,19 +13,114 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import pika
+    from pika.adapters.blocking_connection import BlockingChannel
+
+T = TypeVar("T")
+
+# --------------------------------------------------------------------------------- waiting
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, step_s: float = 0.05) -> bool:
-    """Poll `predicate` until it is true (returns True) or `timeout_s` passes (returns False)."""
+def wait_until(predicate: Callable[[], T], timeout_s: float, step_s: float = 0.05, *,
+               connections: Sequence[pika.BlockingConnection] = ()) -> T:
+    """Poll `predicate` until it answers something true, and return that answer; after
+    `timeout_s`, return its last (false) answer. `assert wait_until(...)` is the usual use.
+
+    With `connections`, each step processes their events for up to `step_s` (returning early when
+    something arrives) instead of sleeping. Closed ones are skipped: a test may close one while it
+    waits on the others."""
     deadline = time.monotonic() + timeout_s
     while True:  # bounded by the deadline
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step_s)
+        answer = predicate()
+        if answer or time.monotonic() >= deadline:
+            return answer
+        pumped = False
+        for connection in connections:
+            if connection.is_open:
+                connection.process_data_events(time_limit=step_s)
+                pumped = True
+        if not pumped:
+            time.sleep(step_s)
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, step_s: float = 0.1, *,
+             connections: Sequence[pika.BlockingConnection] = ()) -> T:
+    """`wait_until`, but a timeout is a failure: raises AssertionError naming `what` (a phrase:
+    "a new leader"). Returns the predicate's true answer, so a wait can also fetch a value.
+    Its callers mostly poll other processes (the admin API, logs): 0.1 s steps are enough."""
+    answer = wait_until(predicate, timeout_s, step_s, connections=connections)
+    if not answer:
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return answer
+
+
+def pump(connections: Sequence[pika.BlockingConnection], duration_s: float) -> None:
+    """Process events on `connections` for `duration_s`, whatever arrives: long enough for what
+    should NOT come (a delivery past the prefetch, a second reply) to show up, or for frames in
+    flight to land. An error the broker sends (connection.close) is raised here, as pika does."""
+    wait_until(lambda: False, duration_s, connections=connections)
+
+
+# ------------------------------------------------------------------------ AMQP client chores
+
+
+class Collector:
+    """An on_message_callback that records (consumer tag, delivery tag, redelivered, body)."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] = []
+
+    def __call__(self, channel, method, properties, body) -> None:
+        self.messages.append((method.consumer_tag, method.delivery_tag, method.redelivered, body))
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [m[3] for m in self.messages]
+
+
+def message_count(channel: BlockingChannel, queue: str) -> int:
+    """The ready messages of `queue` (unacknowledged ones do not count), as a passive
+    queue.declare reports them."""
+    return channel.queue_declare(queue, passive=True).method.message_count
+
+
+def get_one(channel: BlockingChannel, queue: str, timeout_s: float = 10.0, *, auto_ack: bool = False) -> tuple:
+    """(method, properties, body) of the next message of `queue`, by basic.get until one comes:
+    dead lettering, a TTL or a delay takes a tick. AssertionError after `timeout_s`."""
+
+    def got() -> tuple | None:
+        method, properties, body = channel.basic_get(queue, auto_ack=auto_ack)
+        return None if method is None else (method, properties, body)
+
+    return wait_for(got, timeout_s, f"a message in {queue}", step_s=0.02)
+
+
+def get_bodies(channel: BlockingChannel, queue: str, limit: int = 100) -> list[bytes]:
+    """The bodies ready in `queue`, at most `limit` of them, by basic.get with no-ack."""
+    bodies = []
+    for _ in range(limit):
+        method, _properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        bodies.append(body)
+    return bodies
+
+
+def drain(channel: BlockingChannel, queue: str, limit: int = 1000) -> list[bytes]:
+    """Every body ready in `queue`, by basic.get with no-ack; more than `limit` is a failure
+    (a queue that does not empty would otherwise keep the test busy)."""
+    bodies = get_bodies(channel, queue, limit + 1)
+    if len(bodies) > limit:
+        raise AssertionError(f"{queue} did not drain: more than {limit} messages")
+    return bodies
+
+
+# ------------------------------------------------------------------------------ filesystems
 
 
 @contextlib.contextmanager

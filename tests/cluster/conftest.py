@@ -32,9 +32,6 @@ class Member(BrokerProcess):
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]
         super().__init__(root / name, root / f"{name}.log", args + extra)
 
-    def connect(self, **params) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.amqp_port, **params))
-
     def admin(self, path: str):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as response:
             return json.load(response)
@@ -75,18 +72,7 @@ class Cluster:
 
     def stop(self) -> None:
         for member in self.members.values():
-            if member.proc is not None:
-                member.stop()
-
-
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            member.stop()  # a member never started (or stopped already) is passed over
 
 
 class ConfirmingPublisher(threading.Thread):

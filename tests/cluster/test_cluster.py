@@ -18,7 +18,8 @@ import pytest
 from maxq_raft.server.cluster import shard_of
 from maxq_raft.server.proposer import OUTCOME_WAIT_S
 
-from .conftest import ConfirmingPublisher, drain, wait_until
+from ..helpers import wait_for
+from .conftest import ConfirmingPublisher, drain
 
 SHARDS = 2
 
@@ -85,11 +86,11 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
     publisher = ConfirmingPublisher(survivors, queue)
     publisher.start()
     try:
-        wait_until(lambda: len(publisher.confirmed) >= 200, 30, "confirms before the kill")
+        wait_for(lambda: len(publisher.confirmed) >= 200, 30, "confirms before the kill")
         killed_at = time.monotonic()
         cluster[leader].kill()
         before = len(publisher.confirmed)
-        wait_until(lambda: len(publisher.confirmed) >= before + 200, 60, "confirms after the kill")
+        wait_for(lambda: len(publisher.confirmed) >= before + 200, 60, "confirms after the kill")
     finally:
         publisher.stop_flag.set()
         publisher.join(30)
@@ -97,7 +98,7 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
     gaps = [b - a for a, b in zip(times, times[1:]) if b >= killed_at]
     print(f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
           f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt")
-    new_leader = wait_until(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
+    new_leader = wait_for(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
     assert new_leader != leader
     got = drain(survivors[1], queue)
     bodies = {int(body) for body, _ in got}
@@ -191,7 +192,7 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
                 c.close()
             except Exception:
                 pass
-    wait_until(publishes_on_lone, 60, "the healed node to confirm again", interval_s=0.5)
+    wait_for(publishes_on_lone, 60, "the healed node to confirm again", step_s=0.5)
     bodies = [body for body, _ in drain(cluster["n2"], queue)]
     assert b"after" in bodies
 
@@ -222,7 +223,7 @@ def test_a_consumer_whose_release_could_not_commit_for_long_is_released_later(cl
     try:
         # n1 is cut off: it closes its clients (this consumer too) and cannot commit their
         # release; it retries for OUTCOME_WAIT_S and gives the commands up.
-        wait_until(lambda: "cluster majority; reconnect" in lone.log_text(), 30, "n1 to close its clients")
+        wait_for(lambda: "cluster majority; reconnect" in lone.log_text(), 30, "n1 to close its clients")
         before = lone.log_text().count("commands not committed")
         time.sleep(OUTCOME_WAIT_S + 1.5)
         assert lone.log_text().count("commands not committed") > before, "n1 gave up the release"
@@ -297,7 +298,7 @@ def test_an_auto_delete_queue_goes_when_its_consumers_node_dies(cluster):
             return exc.reply_code == 404
         probe.close()
         return False
-    wait_until(gone, 30, "the auto-delete queue to go with its consumer's node", interval_s=0.5)
+    wait_for(gone, 30, "the auto-delete queue to go with its consumer's node", step_s=0.5)
     observer.close()
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from maxq_raft.http.admin import quorum_after_removal
 
 from ..conftest import free_port
-from .conftest import ConfirmingPublisher, Member, drain, wait_until
+from ..helpers import wait_for
+from .conftest import ConfirmingPublisher, Member, drain
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 NAMES = ("n1", "n2", "n3")
@@ -50,7 +51,7 @@ def settled(member, names: list[str]):
 
 
 def test_status_shows_members_leaders_and_lag(cluster):
-    status = wait_until(lambda: settled(cluster["n1"], list(NAMES)), 30, "every group to have a leader")
+    status = wait_for(lambda: settled(cluster["n1"], list(NAMES)), 30, "every group to have a leader")
     assert status["node"] == "n1" and status["clustered"] is True and status["removed"] is False
     assert [g["group"] for g in status["groups"]] == GROUPS
     assert [(m["node"], m["state"], m["groups"]) for m in status["members"]] == [(n, "up", "3/3") for n in NAMES]
@@ -83,7 +84,7 @@ def test_status_shows_members_leaders_and_lag(cluster):
 
 
 def test_transfer_leadership_moves_the_meta_leader(cluster):
-    status = wait_until(lambda: settled(cluster["n1"], list(NAMES)), 30, "every group to have a leader")
+    status = wait_for(lambda: settled(cluster["n1"], list(NAMES)), 30, "every group to have a leader")
     old = leaders(status)["meta"]
     new = next(n for n in NAMES if n != old)
     bystander = next(n for n in NAMES if n not in (old, new))
@@ -97,7 +98,7 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
     assert moved.returncode == 0, moved.stderr
     assert ["meta", "moved"] in [line.split() for line in moved.stdout.splitlines()]
     for name in NAMES:
-        wait_until(lambda: leaders(status_of(cluster[name]))["meta"] == new, 30, f"{name} to see {new} lead meta")
+        wait_for(lambda: leaders(status_of(cluster[name]))["meta"] == new, 30, f"{name} to see {new} lead meta")
 
     # `all`: every group the asked node leads goes to the target; the rest are reported.
     everything = maxqctl(cluster[new], "--json", "transfer-leadership", "all", bystander)
@@ -105,7 +106,7 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
     answer = json.loads(everything.stdout)
     assert answer["ok"] is True and set(answer["results"]) == set(GROUPS)
     assert answer["results"]["meta"] == "moved"
-    wait_until(lambda: leaders(status_of(cluster[bystander]))["meta"] == bystander, 30, f"{bystander} to lead meta")
+    wait_for(lambda: leaders(status_of(cluster[bystander]))["meta"] == bystander, 30, f"{bystander} to lead meta")
     # (Which groups `new` leads afterwards is not checked: members spread shard leaders over
     # themselves again within seconds, so the balance may already have moved one back.)
 
@@ -117,7 +118,7 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
 
 def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster, tmp_path):
     n1, n2, n3 = (cluster[n] for n in NAMES)
-    wait_until(lambda: settled(n1, list(NAMES)), 30, "every group to have a leader")
+    wait_for(lambda: settled(n1, list(NAMES)), 30, "every group to have a leader")
     setup = n1.connect()
     setup.channel().queue_declare("ctl-load", durable=True)
     setup.close()
@@ -126,7 +127,7 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
     try:
         new.launch()
         publisher.start()
-        wait_until(lambda: len(publisher.confirmed) >= 100, 60, "confirms before the change")
+        wait_for(lambda: len(publisher.confirmed) >= 100, 60, "confirms before the change")
 
         added = maxqctl(n2, "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
         assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-3000:])
@@ -134,19 +135,19 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
         new.wait_ready(90)
         four = ["n1", "n2", "n3", "n4"]
         for member in (n1, n3, new):
-            wait_until(lambda: settled(member, four), 60, f"{getattr(member, 'name', '?')} to list 4 members")
+            wait_for(lambda: settled(member, four), 60, f"{getattr(member, 'name', '?')} to list 4 members")
         again = maxqctl(n3, "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
         assert again.returncode == 4 and "node n4 is already a member" in again.stderr, again
         before = len(publisher.confirmed)
-        wait_until(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms with 4 members")
+        wait_for(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms with 4 members")
 
         removed = maxqctl(n3, "remove-node", "n4")
         assert removed.returncode == 0, (removed.stdout, removed.stderr)
         assert "node n4 removed" in removed.stdout
         for member in (n1, n2, n3):
-            wait_until(lambda: settled(member, list(NAMES)), 60, f"{member.name} to list 3 members again")
+            wait_for(lambda: settled(member, list(NAMES)), 60, f"{member.name} to list 3 members again")
         before = len(publisher.confirmed)
-        wait_until(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms after the removal")
+        wait_for(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms after the removal")
     finally:
         publisher.stop_flag.set()
         publisher.join(30)
@@ -161,7 +162,7 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
 
 def test_refusals_exit_non_zero_with_a_clear_message(cluster):
     n1 = cluster["n1"]
-    wait_until(lambda: settled(n1, list(NAMES)), 30, "every group to have a leader")
+    wait_for(lambda: settled(n1, list(NAMES)), 30, "every group to have a leader")
 
     unknown = maxqctl(n1, "remove-node", "ghost")
     assert unknown.returncode == 4, unknown
@@ -208,12 +209,12 @@ def test_refusals_exit_non_zero_with_a_clear_message(cluster):
     assert [o for o in outcomes if o[0] == 5 and "unreachable: ghost" in o[1] and "did not complete the handshake" in o[1]], outcomes
     assert [o for o in outcomes if o[0] == 4 and "a membership change is already in progress" in o[1]], outcomes
     assert not [o for o in outcomes if o[0] not in (4, 5)], outcomes
-    wait_until(lambda: settled(n1, list(NAMES)), 30, "the membership to be unchanged")
+    wait_for(lambda: settled(n1, list(NAMES)), 30, "the membership to be unchanged")
 
     # A member is down: removing another connected member would leave 1 of 2 reachable.
     cluster["n3"].stop()
-    wait_until(lambda: [m["state"] for m in status_of(n1)["members"] if m["node"] == "n3"] == ["unreachable"], 60,
-               "n1 to see n3 down")
+    wait_for(lambda: [m["state"] for m in status_of(n1)["members"] if m["node"] == "n3"] == ["unreachable"], 60,
+             "n1 to see n3 down")
     refused = maxqctl(n1, "remove-node", "n2")
     assert refused.returncode == 4, refused
     assert "removing n2 would leave groups without a quorum" in refused.stderr and "--force" in refused.stderr
@@ -221,7 +222,7 @@ def test_refusals_exit_non_zero_with_a_clear_message(cluster):
     # Removing the member that is down is safe (the two left are both up): replacing a dead node.
     gone = maxqctl(n1, "remove-node", "n3")
     assert gone.returncode == 0, (gone.stdout, gone.stderr)
-    wait_until(lambda: settled(n1, ["n1", "n2"]), 60, "n3 to leave every group")
+    wait_for(lambda: settled(n1, ["n1", "n2"]), 60, "n3 to leave every group")
 
 
 def test_a_single_node_is_no_cluster_member(start_broker):

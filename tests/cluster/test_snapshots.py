@@ -7,7 +7,8 @@ from __future__ import annotations
 import pika
 import pytest
 
-from .conftest import drain, running_cluster, wait_until
+from ..helpers import wait_for
+from .conftest import drain, running_cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,7 +48,7 @@ def test_snapshots_compact_the_log_and_a_member_that_fell_behind_is_installed(sn
     n1.connect().close()
     publish_and_consume(n1, "work", 400)  # ~1.6 MB through one shard: at least one snapshot
     for m in (n1, n2, n3):
-        wait_until(lambda m=m: compacted(m), 20, f"{m.name} compacts a group's log")
+        wait_for(lambda m=m: compacted(m), 20, f"{m.name} compacts a group's log")
 
     n3.stop()
     publish_and_consume(n1, "work", 600)  # the others snapshot and compact past what n3 has
@@ -62,8 +63,8 @@ def test_snapshots_compact_the_log_and_a_member_that_fell_behind_is_installed(sn
     first_on_n1 = groups(n1)[shard]["first_index"]
 
     snap_cluster.restart("n3")
-    wait_until(lambda: "installed the snapshot" in n1.log_text() + n2.log_text(), 30,
-               "the leader installs a snapshot on n3")
+    wait_for(lambda: "installed the snapshot" in n1.log_text() + n2.log_text(), 30,
+             "the leader installs a snapshot on n3")
     assert "state loaded from the snapshot" in n3.log_text()
     g3 = groups(n3)[shard]
     assert g3["first_index"] >= first_on_n1 - 1 and g3["snapshot_index"] > 0, g3
@@ -109,7 +110,7 @@ def test_a_node_added_after_compaction_is_installed_and_serves_the_queues(snap_c
                          pika.BasicProperties(delivery_mode=2))
     conn.close()
     for m in (n1, n2):
-        wait_until(lambda m=m: groups(m)["meta"]["first_index"] > 1 and sum(
+        wait_for(lambda m=m: groups(m)["meta"]["first_index"] > 1 and sum(
             g["first_index"] > 1 for g in groups(m).values()) >= 2, 20, f"{m.name} compacts the logs")
 
     ports = {name: snap_cluster[name].raft_port for name in ("n1", "n2", "n3")}
@@ -149,8 +150,8 @@ def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serve
     conn.close()
     os.kill(n3.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: "member n3 silent" in n1.log_text() + snap_cluster["n2"].log_text(), 30,
-                   "the others to declare n3 down")
+        wait_for(lambda: "member n3 silent" in n1.log_text() + snap_cluster["n2"].log_text(), 30,
+                 "the others to declare n3 down")
         # ~200 KB through each shard: both compact past the Down (shard-0's is the one a member
         # notices its own Down by, when it applies it)
         from maxq_raft.server.cluster import shard_of
@@ -183,6 +184,6 @@ def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serve
         return done.returncode == 0
 
     started = time.monotonic()
-    wait_until(declares_and_confirms_on_n3, 60, "n3 to declare and confirm again", interval_s=0.5)
+    wait_for(declares_and_confirms_on_n3, 60, "n3 to declare and confirm again", step_s=0.5)
     print(f"\nn3 served again {time.monotonic() - started:.1f} s after it was resumed")
     assert [b for b, _ in drain(n1, "after")] == [b"back"]

@@ -8,41 +8,12 @@ messages return to their original place in a classic queue, so they come first, 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
+from ..helpers import Collector, pump, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(connection, predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        connection.process_data_events(time_limit=0.05)
-    return True
-
-
-def pump(connection, seconds: float = 0.3) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.05)
-
-
-class Collector:
-    """An on_message_callback that records (consumer tag, delivery tag, redelivered, body)."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple] = []
-
-    def __call__(self, channel, method, properties, body) -> None:
-        self.messages.append((method.consumer_tag, method.delivery_tag, method.redelivered, body))
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [m[3] for m in self.messages]
 
 
 def setup_queue(env, count: int):
@@ -67,7 +38,7 @@ def test_ack_single_and_multiple(env):
     connection, channel, name = setup_queue(env, 5)
     collector = Collector()
     channel.basic_consume(name, collector)
-    assert wait_for(connection, lambda: len(collector.messages) == 5)
+    assert wait_until(lambda: len(collector.messages) == 5, 5.0, connections=[connection])
     tags = [m[1] for m in collector.messages]
     assert tags == sorted(tags) and len(set(tags)) == 5
     channel.basic_ack(tags[1], multiple=True)  # the first two
@@ -83,7 +54,7 @@ def test_ack_multiple_with_tag_zero_acks_everything(env):
     connection, channel, name = setup_queue(env, 3)
     collector = Collector()
     channel.basic_consume(name, collector)
-    assert wait_for(connection, lambda: len(collector.messages) == 3)
+    assert wait_until(lambda: len(collector.messages) == 3, 5.0, connections=[connection])
     channel.basic_ack(0, multiple=True)
     channel.close()
     assert counts(connection.channel(), name) == (0, 0)
@@ -93,10 +64,10 @@ def test_nack_multiple_requeue_redelivers_in_original_order(env):
     connection, channel, name = setup_queue(env, 4)
     collector = Collector()
     channel.basic_consume(name, collector)
-    assert wait_for(connection, lambda: len(collector.messages) == 4)
+    assert wait_until(lambda: len(collector.messages) == 4, 5.0, connections=[connection])
     assert not any(m[2] for m in collector.messages)
     channel.basic_nack(collector.messages[-1][1], multiple=True, requeue=True)
-    assert wait_for(connection, lambda: len(collector.messages) == 8)
+    assert wait_until(lambda: len(collector.messages) == 8, 5.0, connections=[connection])
     again = collector.messages[4:]
     assert [m[3] for m in again] == [b"m0", b"m1", b"m2", b"m3"]
     assert all(m[2] for m in again), "requeued messages come back with redelivered=True"
@@ -164,10 +135,10 @@ def test_recover_requeues_and_redelivers(env):
     connection, channel, name = setup_queue(env, 3)
     collector = Collector()
     channel.basic_consume(name, collector)
-    assert wait_for(connection, lambda: len(collector.messages) == 3)
+    assert wait_until(lambda: len(collector.messages) == 3, 5.0, connections=[connection])
     channel.basic_ack(collector.messages[0][1])
     channel.basic_recover(requeue=True)
-    assert wait_for(connection, lambda: len(collector.messages) == 5)
+    assert wait_until(lambda: len(collector.messages) == 5, 5.0, connections=[connection])
     assert [(m[3], m[2]) for m in collector.messages[3:]] == [(b"m1", True), (b"m2", True)]
     # Old tags are gone after recover.
     channel.basic_ack(collector.messages[1][1])
@@ -185,12 +156,12 @@ def test_prefetch_per_consumer(env):
     a, b = Collector(), Collector()
     channel.basic_consume(name, a)
     channel.basic_consume(name, b)
-    assert wait_for(connection, lambda: a.messages and b.messages)
-    pump(connection, 0.3)
+    assert wait_until(lambda: a.messages and b.messages, 5.0, connections=[connection])
+    pump([connection], 0.3)
     assert (len(a.messages), len(b.messages)) == (1, 1), "each consumer holds at most one unacked"
     channel.basic_ack(a.messages[0][1])
-    assert wait_for(connection, lambda: len(a.messages) == 2)
-    pump(connection, 0.2)
+    assert wait_until(lambda: len(a.messages) == 2, 5.0, connections=[connection])
+    pump([connection], 0.2)
     assert (len(a.messages), len(b.messages)) == (2, 1)
     assert counts(channel, name) == (3, 2)
 
@@ -201,13 +172,13 @@ def test_global_prefetch_is_channel_wide(env):
     a, b = Collector(), Collector()
     channel.basic_consume(name, a)
     channel.basic_consume(name, b)
-    assert wait_for(connection, lambda: len(a.messages) + len(b.messages) >= 2)
-    pump(connection, 0.3)
+    assert wait_until(lambda: len(a.messages) + len(b.messages) >= 2, 5.0, connections=[connection])
+    pump([connection], 0.3)
     assert len(a.messages) + len(b.messages) == 2, "two unacked on the whole channel"
     first = (a.messages + b.messages)[0]
     channel.basic_ack(first[1])
-    assert wait_for(connection, lambda: len(a.messages) + len(b.messages) == 3)
-    pump(connection, 0.2)
+    assert wait_until(lambda: len(a.messages) + len(b.messages) == 3, 5.0, connections=[connection])
+    pump([connection], 0.2)
     assert len(a.messages) + len(b.messages) == 3
 
 
@@ -220,8 +191,8 @@ def test_messages_held_back_by_the_global_limit_are_not_lost(env):
     a, b = Collector(), Collector()
     channel.basic_consume(name, a, consumer_tag="a")
     channel.basic_consume(name, b, consumer_tag="b")
-    assert wait_for(connection, lambda: a.messages or b.messages)
-    pump(connection, 0.2)
+    assert wait_until(lambda: a.messages or b.messages, 5.0, connections=[connection])
+    pump([connection], 0.2)
     assert len(a.messages) + len(b.messages) == 1
     idle = "b" if a.messages else "a"
     channel.basic_cancel(idle)
@@ -238,7 +209,7 @@ def test_prefetch_limit_does_not_apply_to_no_ack_consumers(env):
     channel.basic_qos(prefetch_count=1)
     collector = Collector()
     channel.basic_consume(name, collector, auto_ack=True)
-    assert wait_for(connection, lambda: len(collector.messages) == 5)
+    assert wait_until(lambda: len(collector.messages) == 5, 5.0, connections=[connection])
 
 
 def test_prefetch_size_is_not_implemented(env):

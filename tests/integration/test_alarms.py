@@ -21,14 +21,12 @@ import time
 import pika
 import pytest
 
+from ..helpers import get_bodies, message_count, wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
 BLOCK_TIMEOUT_S = 5.0  # the alarm samples every second
 HEADROOM_MB = 24
-
-
-def connect(server) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(port=server.amqp_port, heartbeat=0))
 
 
 def rss_mb(pid: int) -> int:
@@ -40,7 +38,7 @@ class Publisher:
     """A publishing connection that records connection.blocked / unblocked as they arrive."""
 
     def __init__(self, server) -> None:
-        self.connection = connect(server)
+        self.connection = server.connect(heartbeat=0)
         self.events: list[tuple[str, str]] = []
         self.connection.add_on_connection_blocked_callback(
             lambda _conn, frame: self.events.append(("blocked", frame.method.reason)))
@@ -48,30 +46,12 @@ class Publisher:
         self.channel = self.connection.channel()
 
     def wait_for(self, kind: str, timeout_s: float = BLOCK_TIMEOUT_S) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(event == kind for event, _ in self.events):
-                return True
-            self.connection.process_data_events(time_limit=0.05)
-        return False
-
-
-def count(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
-
-
-def bodies_of(channel, queue: str, limit: int) -> list[bytes]:
-    out = []
-    for _ in range(limit):
-        method, _props, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append(body)
-    return out
+        return wait_until(lambda: any(event == kind for event, _ in self.events), timeout_s,
+                          connections=[self.connection])
 
 
 def check_blocked_publisher_and_free_consumer(server, reason: str) -> None:
-    consumer_connection = connect(server)
+    consumer_connection = server.connect(heartbeat=0)
     consumer = consumer_connection.channel()
     consumer.queue_declare("q", durable=True)  # a consuming connection is never blocked
     publisher = Publisher(server)
@@ -82,13 +62,11 @@ def check_blocked_publisher_and_free_consumer(server, reason: str) -> None:
     for i in range(5):
         publisher.channel.basic_publish("", "q", b"while-blocked-%d" % i)
     publisher.connection.process_data_events(time_limit=1.5)
-    assert count(consumer, "q") == 1
+    assert message_count(consumer, "q") == 1
     # The consumer's connection goes on: it gets the message taken in before the block.
     got = []
     consumer.basic_consume("q", lambda ch, method, props, body: (got.append(body), ch.basic_ack(method.delivery_tag)))
-    deadline = time.monotonic() + 5
-    while not got and time.monotonic() < deadline:
-        consumer_connection.process_data_events(time_limit=0.05)
+    wait_until(lambda: got, 5, connections=[consumer_connection])
     assert got == [b"first"]
     assert ("unblocked", "") not in publisher.events
     consumer_connection.close()
@@ -112,7 +90,7 @@ def test_disk_alarm_blocks_publishers_and_consumers_still_drain(start_broker):
 def test_memory_alarm_trips_and_clears_at_runtime_and_loses_nothing(start_broker, tmp_path):
     # The RSS of this broker idle, with a connection open, on this machine.
     probe = start_broker(data_dir=tmp_path / "probe")
-    probe_connection = connect(probe)
+    probe_connection = probe.connect(heartbeat=0)
     probe_connection.channel().queue_declare("q")
     time.sleep(1.0)
     idle_mb = rss_mb(probe.pid)
@@ -145,19 +123,19 @@ def test_memory_alarm_trips_and_clears_at_runtime_and_loses_nothing(start_broker
         publisher.channel.basic_publish("", "q", b"%06d" % sent + body)
         sent += 1
 
-    consumer_connection = connect(server)
+    consumer_connection = server.connect(heartbeat=0)
     consumer = consumer_connection.channel()
     received: list[bytes] = []
     deadline = time.monotonic() + 20
     while len(received) < sent and time.monotonic() < deadline:
-        received.extend(body[:6] for body in bodies_of(consumer, "q", 50))
+        received.extend(body[:6] for body in get_bodies(consumer, "q", 50))
         publisher.connection.process_data_events(time_limit=0.05)
     assert ("unblocked", "") in publisher.events, (publisher.events, rss_mb(server.pid), watermark_mb, len(received), sent)
     assert received == [b"%06d" % i for i in range(sent)], "every message, in order, none lost"
     # Read again: a confirm comes back.
     publisher.channel.confirm_delivery()
     publisher.channel.basic_publish("", "q", b"after")
-    assert bodies_of(consumer, "q", 2) == [b"after"]
+    assert get_bodies(consumer, "q", 2) == [b"after"]
     assert "memory alarm cleared" in server.log_text()
     consumer_connection.close()
     publisher.connection.close()

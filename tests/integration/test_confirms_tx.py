@@ -8,23 +8,15 @@ of the same message), coalesce_and_send (confirms may be coalesced with multiple
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 from pika import spec
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
+from ..helpers import wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(connection, predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        connection.process_data_events(time_limit=0.05)
-    return True
 
 
 def ready_count(connection, name: str) -> int:
@@ -63,7 +55,7 @@ def raw_confirm_channel(connection):
     channel._impl.add_on_return_callback(lambda ch, method, props, body: events.append(("return", body)))
     select_ok = []
     channel._impl.confirm_delivery(ack_nack_callback=on_confirm, callback=select_ok.append)
-    assert wait_for(connection, lambda: select_ok)
+    assert wait_until(lambda: select_ok, 5.0, connections=[connection])
     return channel, events
 
 
@@ -72,7 +64,7 @@ def test_unroutable_publish_is_confirmed(env):
     connection = env.connect()
     channel, events = raw_confirm_channel(connection)
     channel._impl.basic_publish("amq.direct", "nobody-" + uuid.uuid4().hex, b"dropped")
-    assert wait_for(connection, lambda: events, timeout_s=2.0), "no confirm for an unroutable publish"
+    assert wait_until(lambda: events, 2.0, connections=[connection]), "no confirm for an unroutable publish"
     assert events == [("ack", 1, False)]
 
 
@@ -89,11 +81,11 @@ def test_confirms_may_be_coalesced_with_multiple(env):
         (acks if isinstance(frame.method, spec.Basic.Ack) else nacks).append(frame.method)
 
     channel._impl.confirm_delivery(ack_nack_callback=on_confirm, callback=select_ok.append)
-    assert wait_for(connection, lambda: select_ok)
+    assert wait_until(lambda: select_ok, 5.0, connections=[connection])
     total = 500
     for i in range(total):
         channel._impl.basic_publish("", name, b"m%d" % i)
-    assert wait_for(connection, lambda: acks and acks[-1].delivery_tag == total)
+    assert wait_until(lambda: acks and acks[-1].delivery_tag == total, 5.0, connections=[connection])
     assert nacks == []
     confirmed: set[int] = set()
     highest = 0
@@ -112,7 +104,7 @@ def test_mandatory_unroutable_with_confirms_is_returned_then_acked(env):
     # The order on the wire, seen through the lower-level channel: the return, then the ack.
     raw, events = raw_confirm_channel(connection)
     raw._impl.basic_publish("amq.direct", key, b"first", mandatory=True)
-    assert wait_for(connection, lambda: len(events) == 2, timeout_s=2.0), events
+    assert wait_until(lambda: len(events) == 2, 2.0, connections=[connection]), events
     assert events == [("return", b"first"), ("ack", 1, False)]
     # And as pika's BlockingChannel reports it: UnroutableError once the ack came.
     channel = connection.channel()
@@ -133,7 +125,7 @@ def test_mandatory_unroutable_with_confirms_in_a_mixed_read(env):
     raw, events = raw_confirm_channel(connection)
     raw._impl.basic_publish("amq.direct", "nobody-" + name, b"back", mandatory=True)
     raw._impl.basic_publish("", name, b"kept")
-    assert wait_for(connection, lambda: any(e[0] == "ack" and e[1] == 2 for e in events)), events
+    assert wait_until(lambda: any(e[0] == "ack" and e[1] == 2 for e in events), 5.0, connections=[connection]), events
     assert events[0] == ("return", b"back")
     confirmed = set()
     for kind, tag, multiple in events[1:]:

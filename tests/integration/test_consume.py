@@ -8,7 +8,6 @@ process_routing_mandatory (basic.return 312 NO_ROUTE).
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pika
@@ -16,45 +15,17 @@ import pytest
 from pika import spec
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
+from ..helpers import Collector, pump, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(connection, predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        connection.process_data_events(time_limit=0.05)
-    return True
-
-
-def pump(connection, seconds: float = 0.3) -> None:
-    """Process events for a while: long enough for deliveries that should NOT come to show up."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.05)
 
 
 def raw_rpc(connection, channel, method, replies):
     """Send a method pika's BlockingChannel would not send (or would check locally) and wait for the reply."""
     got = []
     channel._impl._rpc(method, got.append, replies)
-    assert wait_for(connection, lambda: got), f"no reply to {method}"
+    assert wait_until(lambda: got, 5.0, connections=[connection]), f"no reply to {method}"
     return got[0].method
-
-
-class Collector:
-    """An on_message_callback that records (consumer tag, delivery tag, redelivered, body)."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple] = []
-
-    def __call__(self, channel, method, properties, body) -> None:
-        self.messages.append((method.consumer_tag, method.delivery_tag, method.redelivered, body))
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [m[3] for m in self.messages]
 
 
 # ------------------------------------------------------------------------------ returns
@@ -68,8 +39,8 @@ def test_mandatory_unroutable_publish_is_returned(env):
     key = "nobody-" + uuid.uuid4().hex
     channel.basic_publish("amq.direct", key, b"back", pika.BasicProperties(headers={"h": "v"}), mandatory=True)
     channel.basic_publish("amq.direct", key, b"dropped")  # not mandatory: silently dropped
-    assert wait_for(connection, lambda: returned)
-    pump(connection, 0.2)
+    assert wait_until(lambda: returned, 5.0, connections=[connection])
+    pump([connection], 0.2)
     assert len(returned) == 1
     method, props, body = returned[0]
     assert (method.reply_code, method.reply_text, method.exchange, method.routing_key) == (312, "NO_ROUTE", "amq.direct", key)
@@ -87,7 +58,7 @@ def test_consumer_tags_client_and_server_generated(env):
     collector = Collector()
     assert channel.basic_consume(name, collector, consumer_tag="my-tag") == "my-tag"
     channel.basic_publish("", name, b"m")
-    assert wait_for(connection, lambda: collector.messages)
+    assert wait_until(lambda: collector.messages, 5.0, connections=[connection])
     assert collector.messages[0][0] == "my-tag"
     # pika always sends a tag of its own; an empty one asks the server for one (amq.ctag-…).
     other = connection.channel()
@@ -114,7 +85,7 @@ def test_publish_with_immediate_is_not_implemented(env):
     channel._impl._send_method(spec.Basic.Publish(exchange="", routing_key="x", immediate=True),
                                (pika.BasicProperties(), b"now"))
     with pytest.raises(ConnectionClosedByBroker) as exc:
-        pump(connection, 2.0)
+        pump([connection], 2.0)
     assert (exc.value.reply_code, exc.value.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
 
 
@@ -127,7 +98,7 @@ def test_consumer_tag_reuse_on_a_channel_closes_the_connection(env):
     # pika refuses a duplicate tag locally, so send the second basic.consume ourselves.
     channel._impl._send_method(spec.Basic.Consume(queue=name, consumer_tag="dup"))
     with pytest.raises(ConnectionClosedByBroker) as exc:
-        pump(connection, 2.0)
+        pump([connection], 2.0)
     assert exc.value.reply_code == 530
     assert exc.value.reply_text == "NOT_ALLOWED - attempt to reuse consumer tag 'dup'"
 
@@ -178,10 +149,10 @@ def test_no_ack_consumer(env):
     channel.basic_consume(name, collector, auto_ack=True)
     for i in range(3):
         channel.basic_publish("", name, b"m%d" % i)
-    assert wait_for(connection, lambda: len(collector.messages) == 3)
+    assert wait_until(lambda: len(collector.messages) == 3, 5.0, connections=[connection])
     assert collector.bodies == [b"m0", b"m1", b"m2"]
     channel.basic_recover(requeue=True)  # nothing is unacked: nothing comes back
-    pump(connection, 0.2)
+    pump([connection], 0.2)
     assert len(collector.messages) == 3
     assert channel.queue_declare(name, passive=True).method.message_count == 0
 
@@ -194,10 +165,10 @@ def test_client_cancel_stops_deliveries(env):
     collector = Collector()
     tag = channel.basic_consume(name, collector, auto_ack=True)
     channel.basic_publish("", name, b"before")
-    assert wait_for(connection, lambda: collector.messages)
+    assert wait_until(lambda: collector.messages, 5.0, connections=[connection])
     channel.basic_cancel(tag)
     channel.basic_publish("", name, b"after")
-    pump(connection, 0.2)
+    pump([connection], 0.2)
     assert collector.bodies == [b"before"]
     assert channel.basic_get(name, auto_ack=True)[2] == b"after"
 
@@ -211,7 +182,7 @@ def test_queue_deletion_cancels_consumers_with_basic_cancel(env):
     channel.add_on_cancel_callback(lambda frame: cancels.append(frame.method))
     tag = channel.basic_consume(name, lambda *a: None)
     connection.channel().queue_delete(name)
-    assert wait_for(connection, lambda: cancels)
+    assert wait_until(lambda: cancels, 5.0, connections=[connection])
     assert isinstance(cancels[0], spec.Basic.Cancel) and cancels[0].consumer_tag == tag
     assert channel.is_open  # only the consumer is gone
 
@@ -260,7 +231,7 @@ def test_round_robin_between_two_consumers(env):
     channel.basic_consume(name, collector, auto_ack=True, consumer_tag="b")
     for i in range(6):
         channel.basic_publish("", name, b"m%d" % i)
-        assert wait_for(connection, lambda: len(collector.messages) == i + 1)
+        assert wait_until(lambda: len(collector.messages) == i + 1, 5.0, connections=[connection])
     assert collector.bodies == [b"m%d" % i for i in range(6)]
     assert [m[0] for m in collector.messages] == ["a", "b", "a", "b", "a", "b"]
 
@@ -275,7 +246,7 @@ def test_round_robin_burst_shares_messages(env):
     channel.basic_consume(name, collector, auto_ack=True, consumer_tag="b")
     for i in range(20):
         channel.basic_publish("", name, b"m%d" % i)
-    assert wait_for(connection, lambda: len(collector.messages) == 20)
+    assert wait_until(lambda: len(collector.messages) == 20, 5.0, connections=[connection])
     tags = [m[0] for m in collector.messages]
     assert tags.count("a") >= 8 and tags.count("b") >= 8, tags  # both take a fair share
     assert collector.bodies == [b"m%d" % i for i in range(20)]
@@ -292,13 +263,13 @@ def test_consumer_priorities(env):
     high_channel.basic_consume(name, high, arguments={"x-priority": 10})
     for i in range(6):
         high_channel.basic_publish("", name, b"m%d" % i)
-    assert wait_for(connection, lambda: len(high.messages) + len(low.messages) == 6)
+    assert wait_until(lambda: len(high.messages) + len(low.messages) == 6, 5.0, connections=[connection])
     # The higher priority gets messages while it has room; the rest go to the lower one.
     assert high.bodies == [b"m0", b"m1"]
     assert low.bodies == [b"m2", b"m3", b"m4", b"m5"]
     high_channel.basic_ack(high.messages[0][1])
     high_channel.basic_publish("", name, b"m6")
-    assert wait_for(connection, lambda: len(high.messages) == 3)
+    assert wait_until(lambda: len(high.messages) == 3, 5.0, connections=[connection])
     assert high.bodies[-1] == b"m6" and len(low.messages) == 4
 
 
@@ -311,14 +282,14 @@ def test_closing_a_channel_requeues_its_unacked_messages(env):
     first.basic_consume(name, early)
     for i in range(3):
         first.basic_publish("", name, b"m%d" % i)
-    assert wait_for(connection, lambda: len(early.messages) == 3)
+    assert wait_until(lambda: len(early.messages) == 3, 5.0, connections=[connection])
     second = connection.channel()
     late = Collector()
     second.basic_consume(name, late)
-    pump(connection, 0.1)
+    pump([connection], 0.1)
     assert late.messages == []
     first.close()
-    assert wait_for(connection, lambda: len(late.messages) == 3)
+    assert wait_until(lambda: len(late.messages) == 3, 5.0, connections=[connection])
     assert late.bodies == [b"m0", b"m1", b"m2"]
     assert all(m[2] for m in late.messages), "requeued messages are redelivered=True"
 
@@ -336,14 +307,14 @@ def test_channel_flow_pauses_and_resumes_deliveries(env):
     channel.basic_consume(name, collector, auto_ack=True)
     flow_ok = []
     channel._impl.flow(False, flow_ok.append)
-    assert wait_for(connection, lambda: flow_ok) and flow_ok == [False]
+    assert wait_until(lambda: flow_ok, 5.0, connections=[connection]) and flow_ok == [False]
     publisher = connection.channel()
     for i in range(3):
         publisher.basic_publish("", name, b"m%d" % i)
-    pump(connection, 0.3)
+    pump([connection], 0.3)
     assert collector.messages == []
     channel._impl.flow(True, flow_ok.append)
-    assert wait_for(connection, lambda: len(collector.messages) == 3)
+    assert wait_until(lambda: len(collector.messages) == 3, 5.0, connections=[connection])
     assert flow_ok == [False, True]
     assert collector.bodies == [b"m0", b"m1", b"m2"]
 
@@ -357,11 +328,11 @@ def test_closing_a_paused_channel_gives_its_held_messages_back(env):
     channel.basic_consume(name, collector)
     flow_ok = []
     channel._impl.flow(False, flow_ok.append)
-    assert wait_for(connection, lambda: flow_ok)
+    assert wait_until(lambda: flow_ok, 5.0, connections=[connection])
     publisher = connection.channel()
     for i in range(3):
         publisher.basic_publish("", name, b"m%d" % i)
-    pump(connection, 0.2)
+    pump([connection], 0.2)
     assert collector.messages == []
     channel.close()
     ok = publisher.queue_declare(name, passive=True).method

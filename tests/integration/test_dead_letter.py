@@ -15,22 +15,9 @@ import time
 import pika
 import pytest
 
+from ..helpers import get_one, message_count, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def get_one(channel, name: str, timeout_s: float = 10.0):
-    """basic.get until a message comes (dead lettering after a TTL takes a tick)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        method, props, body = channel.basic_get(name, auto_ack=False)
-        if method is not None:
-            return method, props, body
-        time.sleep(0.05)
-    raise AssertionError(f"nothing arrived in {name} within {timeout_s}s")
-
-
-def depth(channel, name: str) -> int:
-    return channel.queue_declare(name, passive=True).method.message_count
 
 
 def test_rejected_message_is_dead_lettered_with_x_death(env):
@@ -58,7 +45,7 @@ def test_rejected_message_is_dead_lettered_with_x_death(env):
     assert props.headers["x-first-death-queue"] == source
     assert props.headers["x-first-death-exchange"] == ""
     assert props.headers["x-last-death-reason"] == "rejected" and props.headers["x-last-death-queue"] == source
-    assert depth(channel, source) == 0
+    assert message_count(channel, source) == 0
 
 
 def test_expired_message_is_dead_lettered_with_original_expiration(env):
@@ -121,7 +108,7 @@ def test_cc_keys_are_routed_and_recorded_and_dropped_with_a_dead_letter_routing_
     method, props, _ = get_one(channel, fixed)
     assert method.routing_key == fixed and "CC" not in props.headers
     assert props.headers["x-death"][0]["routing-keys"] == [other, by_cc]
-    assert depth(channel, by_cc) == 0  # with a dead-letter routing key the CC key is not used
+    assert message_count(channel, by_cc) == 0  # with a dead-letter routing key the CC key is not used
 
 
 def test_x_death_count_increases_on_repeated_dead_lettering(env):
@@ -150,11 +137,8 @@ def test_fully_automatic_cycle_is_dropped(env, broker):
     channel.queue_declare(a, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b})
     channel.queue_declare(b, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": a})
     channel.basic_publish("", a, b"loop")
-    deadline = time.monotonic() + 10
-    while f"dead-letter cycle through queue '{a}'" not in broker.logs_text():
-        assert time.monotonic() < deadline, "no cycle detected"
-        time.sleep(0.05)
-    assert depth(channel, a) == 0 and depth(channel, b) == 0
+    assert wait_until(lambda: f"dead-letter cycle through queue '{a}'" in broker.logs_text(), 10), "no cycle detected"
+    assert message_count(channel, a) == 0 and message_count(channel, b) == 0
 
 
 def test_cycle_with_the_same_queue_as_its_own_dlx_drops_expired(env, broker):
@@ -162,11 +146,8 @@ def test_cycle_with_the_same_queue_as_its_own_dlx_drops_expired(env, broker):
     q = env.queue_name()
     channel.queue_declare(q, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q})
     channel.basic_publish("", q, b"self")
-    deadline = time.monotonic() + 10
-    while f"dead-letter cycle through queue '{q}'" not in broker.logs_text():
-        assert time.monotonic() < deadline, "no cycle detected"
-        time.sleep(0.05)
-    assert depth(channel, q) == 0
+    assert wait_until(lambda: f"dead-letter cycle through queue '{q}'" in broker.logs_text(), 10), "no cycle detected"
+    assert message_count(channel, q) == 0
 
 
 def test_reject_to_itself_is_not_a_cycle(env):
@@ -189,7 +170,7 @@ def test_missing_dead_letter_exchange_drops(env):
     channel.basic_publish("", q, b"m")
     method, _, _ = get_one(channel, q)
     channel.basic_reject(method.delivery_tag, requeue=False)
-    assert depth(channel, q) == 0
+    assert message_count(channel, q) == 0
 
 
 def test_dead_letter_routing_key_without_exchange_is_406(env):
@@ -214,13 +195,13 @@ def test_dead_lettered_persistent_message_survives_a_restart(start_broker):
     channel.basic_publish("", "dl-source", b"keep", pika.BasicProperties(delivery_mode=2))
     method, _, _ = get_one(channel, "dl-source")
     channel.basic_reject(method.delivery_tag, requeue=False)
-    assert depth(channel, "dl-target") == 1
+    assert message_count(channel, "dl-target") == 1
     connection.close()
     broker.stop()
     broker = start_broker(data_dir=broker.data_dir)
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
-    assert depth(channel, "dl-source") == 0
+    assert message_count(channel, "dl-source") == 0
     _, props, body = get_one(channel, "dl-target")
     assert body == b"keep" and props.delivery_mode == 2 and props.headers["x-death"][0]["reason"] == "rejected"
     connection.close()

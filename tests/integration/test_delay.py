@@ -15,21 +15,13 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import get_one, wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
 
 def delayed(ms: int, **kwargs) -> pika.BasicProperties:
     return pika.BasicProperties(headers={"x-delay": ms}, **kwargs)
-
-
-def get_within(channel, name: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        method, props, body = channel.basic_get(name, auto_ack=True)
-        if method is not None:
-            return props, body
-        time.sleep(0.01)
-    raise AssertionError(f"nothing in {name} within {timeout_s}s")
 
 
 def test_x_delay_on_a_plain_queue(env):
@@ -42,7 +34,7 @@ def test_x_delay_on_a_plain_queue(env):
     assert channel.basic_get(name, auto_ack=True)[2] == b"now"
     assert channel.basic_get(name, auto_ack=True) == (None, None, None)  # held, not counted
     assert channel.queue_declare(name, passive=True).method.message_count == 0
-    props, body = get_within(channel, name)
+    _, props, body = get_one(channel, name, auto_ack=True)
     assert body == b"later" and time.monotonic() - published >= 0.75
     assert props.headers["x-delay"] == 800
 
@@ -53,7 +45,7 @@ def test_delayed_messages_come_out_in_due_order(env):
     channel.queue_declare(name)
     for body, delay in [(b"c", 900), (b"a", 300), (b"b", 600)]:
         channel.basic_publish("", name, body, delayed(delay))
-    got = [get_within(channel, name)[1] for _ in range(3)]
+    got = [get_one(channel, name, auto_ack=True)[2] for _ in range(3)]
     assert got == [b"a", b"b", b"c"]
 
 
@@ -66,9 +58,7 @@ def test_consumer_receives_a_delayed_message_when_due(env):
     publisher = env.channel()
     published = time.monotonic()
     publisher.basic_publish("", name, b"tick", delayed(500))
-    deadline = time.monotonic() + 10
-    while not got and time.monotonic() < deadline:
-        channel.connection.process_data_events(time_limit=0.05)
+    wait_until(lambda: got, 10, connections=[channel.connection])
     assert got and got[0][1] == b"tick" and got[0][0] - published >= 0.45
 
 
@@ -85,7 +75,7 @@ def test_x_delayed_message_exchange_routes_as_its_delayed_type(env):
     channel.basic_publish(exchange, "k2", b"to-q2-now")
     assert channel.basic_get(q2, auto_ack=True)[2] == b"to-q2-now"
     assert channel.basic_get(q1, auto_ack=True) == (None, None, None)
-    method_props, body = get_within(channel, q1)
+    _, _, body = get_one(channel, q1, auto_ack=True)
     assert body == b"to-q1"
     # Redeclaring with the same x-delayed-type is fine; a different one is 406.
     channel.exchange_declare(exchange, "x-delayed-message", arguments={"x-delayed-type": "direct"})
@@ -101,9 +91,7 @@ def test_mandatory_is_checked_at_publish(env):
     returned = []
     channel.add_on_return_callback(lambda ch, method, props, body: returned.append(body))
     channel.basic_publish(exchange, "", b"nowhere", delayed(60_000), mandatory=True)
-    deadline = time.monotonic() + 5
-    while not returned and time.monotonic() < deadline:
-        channel.connection.process_data_events(time_limit=0.05)
+    wait_until(lambda: returned, 5, connections=[channel.connection])
     assert returned == [b"nowhere"]  # at once, not after the delay
 
 
@@ -131,7 +119,7 @@ def test_ttl_starts_when_a_delayed_message_falls_due(env):
     name = env.queue_name()
     channel.queue_declare(name, arguments={"x-message-ttl": 2000})
     channel.basic_publish("", name, b"m", delayed(2500))  # longer than the TTL: still delivered
-    props, body = get_within(channel, name)
+    _, props, body = get_one(channel, name, auto_ack=True)
     assert body == b"m"
 
 
@@ -149,7 +137,7 @@ def test_durable_delayed_messages_survive_a_restart(start_broker):
     broker = start_broker(data_dir=broker.data_dir)
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
-    got = [get_within(channel, "delayed-durable")[1] for _ in range(3)]
+    got = [get_one(channel, "delayed-durable", auto_ack=True)[2] for _ in range(3)]
     assert got == [b"d0", b"d1", b"d2"]
     time.sleep(0.3)
     assert channel.basic_get("delayed-durable", auto_ack=True) == (None, None, None)  # transient: gone

@@ -16,17 +16,9 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import get_one, message_count, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def get_one(channel, name: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        method, props, body = channel.basic_get(name, auto_ack=False)
-        if method is not None:
-            return method, props, body
-        time.sleep(0.02)
-    raise AssertionError(f"nothing in {name} within {timeout_s}s")
 
 
 def test_delivery_limit_dead_letters_with_delivery_count_headers(env):
@@ -70,10 +62,7 @@ def test_a_lost_consumer_counts_as_a_return(env):
         method, props, _ = get_one(consumer_channel, name)
         assert (props.headers or {}).get("x-delivery-count") == expected
         consumer.close()  # unacked: back to the queue, counted
-    deadline = time.monotonic() + 10
-    while channel.queue_declare(name, passive=True).method.message_count != 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert wait_until(lambda: message_count(channel, name) == 0, 10, step_s=0.02)
 
 
 def test_retry_backoff_hides_a_returned_message_until_its_delay(env):
@@ -113,10 +102,7 @@ def test_retry_backoff_with_a_waiting_consumer(env):
 
     channel.basic_consume(name, on_message)
     channel.basic_publish("", name, b"always-fails")
-    deadline = time.monotonic() + 20
-    while channel.queue_declare(name + "-dead", passive=True).method.message_count == 0:
-        assert time.monotonic() < deadline, seen
-        channel.connection.process_data_events(time_limit=0.05)
+    assert wait_until(lambda: message_count(channel, name + "-dead") != 0, 20, connections=[channel.connection]), seen
     assert seen == [None, 1, 2, 3]  # 4 deliveries, then the 4th return is over the limit of 3
 
 

@@ -29,16 +29,14 @@ from maxq_raft.machines.message import Message
 from maxq_raft.server.message_store import LOAD_BYTES_MAX, QueueBacking
 from maxq_raft.storage.rocks import RocksSegmentStore
 
+from ..helpers import message_count
+
 pytestmark = pytest.mark.timeout(120)
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
 HOW = ["sigterm", "sigkill"]
 DRAIN_TIMEOUT_S = 30.0
-
-
-def connect(server) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters(port=server.amqp_port, heartbeat=0))
 
 
 def restart(start_broker, server, how: str):
@@ -49,10 +47,6 @@ def restart(start_broker, server, how: str):
     else:
         assert server.stop() == 0, server.log_text()
     return start_broker(data_dir=server.data_dir)
-
-
-def message_count(channel, name: str) -> int:
-    return channel.queue_declare(name, passive=True).method.message_count
 
 
 def gone(connection, kind: str, name: str) -> bool:
@@ -112,7 +106,7 @@ def publish_confirmed(channel, exchange: str, routing_key: str, bodies, props=PE
 @pytest.mark.parametrize("how", HOW)
 def test_durable_queue_keeps_persistent_messages_only_and_transient_queue_goes(start_broker, how):
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.confirm_delivery()
     channel.queue_declare("dq", durable=True)
@@ -125,7 +119,7 @@ def test_durable_queue_keeps_persistent_messages_only_and_transient_queue_goes(s
     connection.close()
 
     server = restart(start_broker, server, how)
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     # RabbitMQ: queue.declare-ok right after the restart counts the recovered messages.
     assert channel.queue_declare("dq", durable=True).method.message_count == 5
@@ -137,7 +131,7 @@ def test_durable_queue_keeps_persistent_messages_only_and_transient_queue_goes(s
 @pytest.mark.parametrize("how", HOW)
 def test_unacked_come_back_redelivered_and_acked_never(start_broker, how):
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.confirm_delivery()
     channel.queue_declare("q", durable=True)
@@ -150,7 +144,7 @@ def test_unacked_come_back_redelivered_and_acked_never(start_broker, how):
     assert message_count(channel, "q") == 2
     # The consumer's connection is still open: SIGTERM closes it (320), SIGKILL just drops it.
     server = restart(start_broker, server, how)
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     assert message_count(channel, "q") == 5
     assert drain(channel, "q") == [(b"m5", True), (b"m6", True), (b"m7", True), (b"m8", False), (b"m9", False)]
@@ -161,7 +155,7 @@ def test_a_new_message_is_not_redelivered_because_of_an_older_run(start_broker):
     """The delivered watermark survives restarts; seqs below it must never be handed out again,
     or a message never delivered would come back redelivered=true after the next restart."""
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.queue_declare("q", durable=True)
     for i in range(3):
@@ -169,13 +163,13 @@ def test_a_new_message_is_not_redelivered_because_of_an_older_run(start_broker):
     assert [body for body, _ in drain(channel, "q")] == [b"t0", b"t1", b"t2"]
     connection.close()
     server = restart(start_broker, server, "sigterm")
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.confirm_delivery()
     channel.basic_publish("", "q", b"p", PERSISTENT)
     connection.close()
     server = restart(start_broker, server, "sigkill")
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     assert drain(connection.channel(), "q") == [(b"p", False)]
     connection.close()
 
@@ -186,7 +180,7 @@ def test_a_new_message_is_not_redelivered_because_of_an_older_run(start_broker):
 @pytest.mark.parametrize("how", HOW)
 def test_durable_exchanges_and_bindings_survive_transient_ones_do_not(start_broker, how):
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.confirm_delivery()
     channel.queue_declare("dq", durable=True)
@@ -207,7 +201,7 @@ def test_durable_exchanges_and_bindings_survive_transient_ones_do_not(start_brok
     connection.close()
 
     server = restart(start_broker, server, how)
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     assert not gone(connection, "exchange", "dx")
     assert not gone(connection, "exchange", "dtop")
@@ -229,7 +223,7 @@ def test_a_durable_auto_delete_exchange_deleted_by_a_cascade_stays_deleted(start
     """RabbitMQ: an auto-delete exchange goes when its last binding goes, here because the
     (transient) queue it was bound to was deleted; that deletion is durable like any other."""
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.exchange_declare("adx", "fanout", durable=True, auto_delete=True)
     channel.queue_declare("tq", durable=False)
@@ -238,7 +232,7 @@ def test_a_durable_auto_delete_exchange_deleted_by_a_cascade_stays_deleted(start
     assert gone(connection, "exchange", "adx")
     connection.close()
     server = restart(start_broker, server, how)
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     assert gone(connection, "exchange", "adx")
     connection.close()
 
@@ -246,7 +240,7 @@ def test_a_durable_auto_delete_exchange_deleted_by_a_cascade_stays_deleted(start
 @pytest.mark.parametrize("how", HOW)
 def test_purge_and_delete_survive_restart(start_broker, how):
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.queue_declare("purged", durable=True)
     channel.queue_declare("deleted", durable=True)
@@ -263,7 +257,7 @@ def test_purge_and_delete_survive_restart(start_broker, how):
     connection.close()
 
     server = restart(start_broker, server, how)
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     assert gone(connection, "queue", "deleted")
     channel = connection.channel()
@@ -280,7 +274,7 @@ def test_deep_queue_survives_restart_in_order(start_broker):
     depth = 50_000
     pad = b"." * 800
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     channel.queue_declare("deep", durable=True)
     for i in range(depth - 1):
@@ -291,7 +285,7 @@ def test_deep_queue_survives_restart_in_order(start_broker):
     connection.close()
 
     server = restart(start_broker, server, "sigkill")
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     assert channel.queue_declare("deep", durable=True).method.message_count == depth
     channel.basic_qos(prefetch_count=2000)
@@ -455,7 +449,7 @@ def connect_port(port: int) -> pika.BlockingConnection:
 
 def test_sigkill_during_confirmed_publishing_loses_and_duplicates_nothing(start_broker):
     server = start_broker()
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     connection.channel().queue_declare("stream", durable=True)
     connection.close()
     publisher = ConfirmingPublisher(server.amqp_port, "stream")
@@ -480,7 +474,7 @@ def test_sigkill_during_confirmed_publishing_loses_and_duplicates_nothing(start_
     assert len(confirmed) >= 3000 and published > len(confirmed), (len(confirmed), published)
 
     server = restart(start_broker, server, "sigkill")
-    connection = connect(server)
+    connection = server.connect(heartbeat=0)
     channel = connection.channel()
     count = message_count(channel, "stream")
     channel.basic_qos(prefetch_count=2000)

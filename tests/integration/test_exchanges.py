@@ -7,32 +7,15 @@ each test); pika hands them over as ChannelClosedByBroker / ConnectionClosedByBr
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import get_bodies, pump
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def get_bodies(channel, queue: str, limit: int = 100) -> list[bytes]:
-    """Everything ready in `queue`, by basic.get with no-ack (bounded)."""
-    bodies = []
-    for _ in range(limit):
-        method, _props, body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        bodies.append(body)
-    return bodies
-
-
-def settle(connection, seconds: float = 0.2) -> None:
-    """Let in-flight frames arrive (publishes are asynchronous in pika)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.05)
 
 
 # ------------------------------------------------------------------------------- declare
@@ -384,7 +367,7 @@ def test_alternate_exchange_counts_as_routed_for_mandatory(env):
     returned = []
     channel.add_on_return_callback(lambda *args: returned.append(args))
     channel.basic_publish(main, "nowhere", b"m", mandatory=True)
-    settle(connection)
+    pump([connection], 0.2)  # a basic.return would be in flight: publishes are asynchronous
     assert returned == []
     assert get_bodies(channel, queue) == [b"m"]
 

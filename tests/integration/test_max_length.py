@@ -11,19 +11,9 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, NackError
 
-from .test_dead_letter import get_one
+from ..helpers import drain, get_one
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def drain(channel, name: str) -> list[bytes]:
-    out = []
-    for _ in range(1000):
-        method, _, body = channel.basic_get(name, auto_ack=True)
-        if method is None:
-            return out
-        out.append(body)
-    raise AssertionError("queue did not drain")
 
 
 def test_drop_head_keeps_the_newest(env):

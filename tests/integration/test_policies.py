@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pika
 import pytest
+
+from ..helpers import drain, get_one
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,16 +28,6 @@ MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 def maxqctl(broker, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", *args], capture_output=True, text=True,
                           timeout=30)
-
-
-def drain(channel, name: str) -> list[bytes]:
-    out = []
-    for _ in range(1000):
-        method, _, body = channel.basic_get(name, auto_ack=True)
-        if method is None:
-            return out
-        out.append(body)
-    raise AssertionError("did not drain")
 
 
 def fill(channel, name: str, n: int) -> None:
@@ -115,13 +106,7 @@ def test_policy_dead_letter_and_ttl(env, broker, prefix):
     name = env.queue_name(f"ttl-{tag}")
     channel.queue_declare(name)
     channel.basic_publish("", name, b"m")
-    deadline = time.monotonic() + 10
-    while True:
-        method, props, body = channel.basic_get(dead, auto_ack=True)
-        if method is not None:
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    method, props, body = get_one(channel, dead, 10, auto_ack=True)
     assert props.headers["x-death"][0]["reason"] == "expired" and props.headers["x-death"][0]["queue"] == name
 
 

@@ -7,23 +7,13 @@ to 255) and rabbit_amqqueue check_max_priority_arg for the 406s.
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import drain, wait_until
+
 pytestmark = pytest.mark.timeout(120)
-
-
-def drain(channel, name: str) -> list[bytes]:
-    out = []
-    for _ in range(200_000):
-        method, _, body = channel.basic_get(name, auto_ack=True)
-        if method is None:
-            return out
-        out.append(body)
-    raise AssertionError("queue did not drain")
 
 
 def prio(p):
@@ -58,9 +48,7 @@ def test_consumer_gets_the_highest_priority_first(env):
     got = []
     channel.basic_qos(prefetch_count=1)
     channel.basic_consume(name, lambda ch, m, p, b: (got.append((p.priority, b)), ch.basic_ack(m.delivery_tag)))
-    deadline = time.monotonic() + 10
-    while len(got) < 20 and time.monotonic() < deadline:
-        channel.connection.process_data_events(time_limit=0.05)
+    wait_until(lambda: len(got) >= 20, 10, connections=[channel.connection])
     assert [p for p, _ in got] == [240] * 5 + [160] * 5 + [80] * 5 + [0] * 5
     assert [b for p, b in got if p == 240] == [b"3", b"7", b"11", b"15", b"19"]
 
@@ -106,7 +94,7 @@ def test_deep_durable_priority_queue_keeps_order_across_a_restart(start_broker):
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
     assert channel.queue_declare("deep-prio", passive=True).method.message_count == n + 1
-    got = drain(channel, "deep-prio")
+    got = drain(channel, "deep-prio", limit=200_000)
     expected = [b"%d" % i for p in (3, 2, 1, 0) for i in range(n) if i % 4 == p] + [b"last"]
     assert got == expected
     connection.close()

@@ -7,11 +7,12 @@ assert_equivalence and check_exclusive_access, rabbit_misc assert_args_equivalen
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 from pika.exceptions import ChannelClosedByBroker
+
+from ..helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,15 +21,6 @@ def locked_text(name: str) -> str:
     return (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'. "
             "It could be originally declared on another connection or the exclusive property value does not "
             "match that of the original declaration.")
-
-
-def wait_for(connection, predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        connection.process_data_events(time_limit=0.05)
-    return True
 
 
 def queue_exists(env, name: str) -> bool:
@@ -164,7 +156,7 @@ def test_declare_ok_counts_ready_messages_and_consumers(env):
     consumer_channel.basic_qos(prefetch_count=1)
     received = []
     consumer_channel.basic_consume(name, lambda ch, method, props, body: received.append(body))
-    assert wait_for(connection, lambda: received)
+    assert wait_until(lambda: received, 5.0, connections=[connection])
     # message_count is the ready count only: the delivered-but-unacked one is not in it.
     ok = channel.queue_declare(name).method
     assert (ok.message_count, ok.consumer_count) == (2, 1)

@@ -8,25 +8,15 @@ with one consumer).
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import pump, wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
 REPLY_TO = "amq.rabbitmq.reply-to"
-
-
-def wait_for(connections, predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        for connection in connections:
-            connection.process_data_events(time_limit=0.02)
-    return True
 
 
 def test_rpc_round_trip(env):
@@ -50,7 +40,7 @@ def test_rpc_round_trip(env):
     for i in range(3):
         client.basic_publish("", request_queue, b"ping%d" % i,
                              pika.BasicProperties(reply_to=REPLY_TO, correlation_id=f"c{i}"))
-    assert wait_for([server_connection, client_connection], lambda: len(replies) == 3)
+    assert wait_until(lambda: len(replies) == 3, 5.0, connections=[server_connection, client_connection])
     assert [(p.correlation_id, b) for _m, p, b in replies] == [("c0", b"PING0"), ("c1", b"PING1"), ("c2", b"PING2")]
     method = replies[0][0]
     assert method.consumer_tag == reply_tag
@@ -110,9 +100,9 @@ def test_cancelled_reply_consumer_gets_no_more_replies(env):
     address = client.basic_get(name, auto_ack=True)[1].reply_to
     server = connection.channel()
     server.basic_publish("", address, b"first")
-    assert wait_for([connection], lambda: replies == [b"first"])
+    assert wait_until(lambda: replies == [b"first"], 5.0, connections=[connection])
     client.basic_cancel(tag)
     server.basic_publish("", address, b"late")  # dropped: nobody holds the address
-    wait_for([connection], lambda: False, timeout_s=0.2)
+    pump([connection], 0.2)
     assert replies == [b"first"]
     assert server.is_open

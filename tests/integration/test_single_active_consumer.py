@@ -8,23 +8,12 @@ previous one again first. The queue.declare-ok consumer count counts every subsc
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import pump, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def pump(connections, predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        for connection in connections:
-            if connection.is_open:
-                connection.process_data_events(time_limit=0.02)
-    return True
 
 
 def subscribe(env, name: str, got: list, label: str, ack: bool = True):
@@ -49,16 +38,16 @@ def test_only_one_consumer_gets_messages_and_the_next_takes_over_on_cancel(env):
     first = subscribe(env, name, got, "first")
     second = subscribe(env, name, got, "second")
     connections = [first[0], second[0]]
-    pump(connections, lambda: False, 0.2)  # both subscribed
+    pump(connections, 0.2)  # both subscribed
     assert publisher.queue_declare(name, passive=True).method.consumer_count == 2
     for i in range(5):
         publisher.basic_publish("", name, b"%d" % i)
-    assert pump(connections, lambda: len(got) == 5)
+    assert wait_until(lambda: len(got) == 5, 10.0, connections=connections)
     assert {label for label, _, _ in got} == {"first"}
     first[1].basic_cancel(first[2])
     for i in range(5, 8):
         publisher.basic_publish("", name, b"%d" % i)
-    assert pump(connections, lambda: len(got) == 8)
+    assert wait_until(lambda: len(got) == 8, 10.0, connections=connections)
     assert [label for label, _, _ in got[5:]] == ["second"] * 3
 
 
@@ -72,11 +61,11 @@ def test_connection_loss_hands_over_with_the_unacked_messages_first(env):
     third = subscribe(env, name, got, "third")
     for i in range(3):
         publisher.basic_publish("", name, b"%d" % i)
-    assert pump([first[0], second[0], third[0]], lambda: len(got) == 3)
+    assert wait_until(lambda: len(got) == 3, 10.0, connections=[first[0], second[0], third[0]])
     assert [label for label, _, _ in got] == ["first"] * 3
     first[0].close()  # unacked: back to the queue, to the next consumer
     publisher.basic_publish("", name, b"3")
-    assert pump([second[0], third[0]], lambda: len(got) == 7)
+    assert wait_until(lambda: len(got) == 7, 10.0, connections=[second[0], third[0]])
     assert got[3:] == [("second", b"0", True), ("second", b"1", True), ("second", b"2", True), ("second", b"3", False)]
 
 

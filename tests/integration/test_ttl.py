@@ -16,23 +16,9 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
+from ..helpers import message_count, wait_until
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_until(predicate, timeout_s: float = 10.0, connection=None) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        if connection is not None:
-            connection.process_data_events(time_limit=0.05)
-        else:
-            time.sleep(0.05)
-    return True
-
-
-def depth(channel, name: str) -> int:
-    return channel.queue_declare(name, passive=True).method.message_count
 
 
 def queue_exists(broker, name: str) -> bool:
@@ -48,7 +34,7 @@ def test_queue_ttl_expires_messages_without_traffic(env):
     channel.queue_declare(name, arguments={"x-message-ttl": 200})
     for i in range(5):
         channel.basic_publish("", name, b"m%d" % i)
-    assert wait_until(lambda: depth(channel, name) == 0)
+    assert wait_until(lambda: message_count(channel, name) == 0, 10.0)
     assert channel.basic_get(name, auto_ack=True) == (None, None, None)
 
 
@@ -57,7 +43,7 @@ def test_per_message_expiration(env):
     name = env.queue_name()
     channel.queue_declare(name)
     channel.basic_publish("", name, b"short", pika.BasicProperties(expiration="100"))
-    assert wait_until(lambda: depth(channel, name) == 0)
+    assert wait_until(lambda: message_count(channel, name) == 0, 10.0)
     channel.basic_publish("", name, b"long", pika.BasicProperties(expiration="600000"))
     method, props, body = channel.basic_get(name, auto_ack=True)
     assert body == b"long" and props.expiration == "600000"  # delivered with its expiration, as RabbitMQ
@@ -85,7 +71,7 @@ def test_ttl_zero_delivers_to_a_waiting_consumer(env):
     publisher = env.channel()
     for i in range(3):
         publisher.basic_publish("", name, b"now%d" % i)
-    assert wait_until(lambda: len(got) == 3, connection=channel.connection)
+    assert wait_until(lambda: len(got) == 3, 10.0, connections=[channel.connection])
     assert got == [b"now0", b"now1", b"now2"]
 
 
@@ -102,7 +88,7 @@ def test_lower_of_queue_and_message_ttl_applies(env):
     name = env.queue_name()
     channel.queue_declare(name, arguments={"x-message-ttl": 100})
     channel.basic_publish("", name, b"m", pika.BasicProperties(expiration="600000"))
-    assert wait_until(lambda: depth(channel, name) == 0)
+    assert wait_until(lambda: message_count(channel, name) == 0, 10.0)
 
 
 def test_requeued_messages_keep_their_expiry(env):
@@ -113,7 +99,7 @@ def test_requeued_messages_keep_their_expiry(env):
     method, _, _ = channel.basic_get(name, auto_ack=False)
     time.sleep(1.2)
     channel.basic_nack(method.delivery_tag, requeue=True)
-    assert wait_until(lambda: depth(channel, name) == 0)
+    assert wait_until(lambda: message_count(channel, name) == 0, 10.0)
     assert channel.basic_get(name, auto_ack=True) == (None, None, None)
 
 
@@ -132,8 +118,8 @@ def test_durable_spilled_messages_keep_their_ttl_across_a_restart(start_broker):
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
     # The deadline was stored with the message: it still expires, without traffic.
-    assert wait_until(lambda: depth(channel, "ttl-durable") == 0)
-    assert depth(channel, "keep-durable") == 1
+    assert wait_until(lambda: message_count(channel, "ttl-durable") == 0, 10.0)
+    assert message_count(channel, "keep-durable") == 1
     connection.close()
 
 
@@ -145,7 +131,7 @@ def test_unused_queue_expires(env, broker):
     name = env.queue_name()
     channel.queue_declare(name, arguments={"x-expires": 300})
     channel.basic_publish("", name, b"m")  # messages do not count as use
-    assert wait_until(lambda: not queue_exists(broker, name))
+    assert wait_until(lambda: not queue_exists(broker, name), 10.0)
 
 
 def test_queue_with_a_consumer_does_not_expire_and_expires_after_cancel(env, broker):
@@ -156,7 +142,7 @@ def test_queue_with_a_consumer_does_not_expire_and_expires_after_cancel(env, bro
     time.sleep(0.8)
     assert queue_exists(broker, name)
     channel.basic_cancel(tag)
-    assert wait_until(lambda: not queue_exists(broker, name))
+    assert wait_until(lambda: not queue_exists(broker, name), 10.0)
 
 
 def test_redeclare_postpones_expiry(env, broker):
@@ -167,7 +153,7 @@ def test_redeclare_postpones_expiry(env, broker):
         time.sleep(0.5)
         channel.queue_declare(name, arguments={"x-expires": 2000})
     assert queue_exists(broker, name)  # 2.5 s old, never 2 s unused
-    assert wait_until(lambda: not queue_exists(broker, name))
+    assert wait_until(lambda: not queue_exists(broker, name), 10.0)
 
 
 # ------------------------------------------------------------------- bad arguments

@@ -15,7 +15,6 @@ import os
 import queue
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,25 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import free_port
+from ..helpers import wait_until
+
 pytestmark = pytest.mark.timeout(120)
 
 NODE_SCRIPT = Path(__file__).with_name("engine_node.py")
 SECRET_HEX = "6d6178712d726166742d74657374"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(pred, timeout_s: float, step_s: float = 0.05):
-    end = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v or time.monotonic() >= end:
-            return v
-        time.sleep(step_s)
 
 
 class NodeProc:
@@ -163,7 +150,7 @@ class Cluster:
                 if st[group]["role"] == "leader":
                     return i
             return None
-        return wait_until(find, timeout_s, 0.02)
+        return wait_until(find, timeout_s, step_s=0.02)
 
     # -------------------------------------------------------------------------- evidence
 
@@ -201,7 +188,7 @@ class Cluster:
         def check():
             m = {i: self.missing(i, confirmed) for i in ids}
             return m if all(not v for v in m.values()) else None
-        ok = wait_until(check, timeout_s, 0.1)
+        ok = wait_until(check, timeout_s, step_s=0.1)
         return ok if ok is not None else {i: self.missing(i, confirmed)[:5] for i in ids}
 
     def check_agreement(self, ids) -> None:

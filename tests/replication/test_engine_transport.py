@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
-import time
 from pathlib import Path
 
 import msgpack
@@ -18,15 +17,12 @@ import pytest
 from maxq_raft.replication import wire
 from maxq_raft.replication.engine import ReplicationNode
 
+from ..conftest import free_port
+from ..helpers import wait_until
+
 pytestmark = pytest.mark.timeout(30)
 
 SECRET = b"the-cluster-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Evil:
@@ -176,15 +172,6 @@ def handshake(port: int, secret: bytes, node_id: str = "n2") -> socket.socket:
     return s
 
 
-def wait_for(pred, timeout_s: float = 3.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
-
-
 def test_a_peer_with_a_wrong_hmac_is_dropped_and_logged(node, caplog):
     n, port = node
     caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
@@ -221,7 +208,7 @@ def test_pickles_from_an_authenticated_peer_never_reach_pickle(node, tmp_path):
                      msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x03" + evil, 2, 1]]]),
                      evil):
             s.sendall(wire.frame(wire.KIND_RAFT, body))
-        assert wait_for(lambda: n.stats["bad_raft_frames"] == 4)
+        assert wait_until(lambda: n.stats["bad_raft_frames"] == 4, 3.0)
     finally:
         s.close()
     assert not marker.exists()
@@ -244,7 +231,7 @@ def test_nodes_with_different_secrets_never_connect(tmp_path):
     for x in nodes.values():
         x.start()
     try:
-        assert wait_for(lambda: all(x.hub.stats["auth_rejected"] > 0 for x in nodes.values()), 5)
+        assert wait_until(lambda: all(x.hub.stats["auth_rejected"] > 0 for x in nodes.values()), 5)
         assert not nodes["a"].hub.is_up("b") and not nodes["b"].hub.is_up("a")
         assert nodes["a"].leader("g") is None and nodes["b"].leader("g") is None
     finally:
