@@ -14,8 +14,10 @@ blocking methods of this node (`status`, `stop`).
 
 Files, per group: data_dir/raft/<group>/ holds the Journal's segments (the Raft log,
 fdatasynced with group commit), raft_term (term and vote, fsynced before pysyncobj may send a
-vote) and raft_commit (the commit index, saved once a second). The whole log is kept: no
-snapshots or compaction yet, and a restart replays it from index 1.
+vote), raft_commit (the commit index, saved once a second) and snapshot/ (the owner's snapshots
+of the group's state: `take_snapshot` saves one and compacts the log below it; a restart starts
+from the latest and replays the log after it; a member behind the compacted log is installed
+with it: group.py, snapshot_install.py).
 
 API
 ---
