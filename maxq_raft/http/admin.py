@@ -31,6 +31,7 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
+from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
 
 log = logging.getLogger("maxq.http")
@@ -235,7 +236,7 @@ async def _meta_change(broker, command) -> dict:
     if not box:
         raise HttpError("504 Gateway Timeout", f"no answer within {POLICY_TIMEOUT_S:.0f} s (the change may still happen)")
     reply = box[0]
-    if type(reply).__name__ == "Unavailable":
+    if type(reply) is Unavailable:
         raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
     if type(reply) is Rejected:
         raise HttpError("404 Not Found" if reply.reply_code == 404 else "400 Bad Request", reply.reply_text)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
@@ -53,13 +53,6 @@ class ConsumerHandle:
 
 def _ignore(_reply) -> None:
     pass
-
-
-class Unavailable(NamedTuple):
-    """Stands in for a machine's reply when the command could not be committed: `reason` is the
-    engine's ("not leader", "timeout": the outcome is unknown, "busy", "stopped")."""
-
-    reason: str
 
 
 class Broker:

@@ -27,7 +27,8 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
-from .broker import Broker, ConsumerHandle, Unavailable
+from .broker import Broker, ConsumerHandle
+from .confirms import Unavailable
 from .channel_state import ChannelState
 from .errors import ChannelError, HardError
 from .publish_extras import delivery_props

@@ -50,7 +50,7 @@ from ..machines.shard import ALL_QUEUES
 from ..replication.entries import EntryError, decode_entry
 from . import cluster_snapshot
 from .applier import Applier
-from .broker import Unavailable
+from .confirms import Unavailable
 from .command_log import META_GROUP, CommandLog
 from .message_store import QueueBacking
 from .proposer import OpenEntry, Proposer

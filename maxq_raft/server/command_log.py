@@ -29,7 +29,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..machines.shard import MetaGroup, ShardMachine
-from .confirms import Confirms, Pending
+from .confirms import Confirms, Pending, Unavailable
 from .dead_letter import dead_letter, held_dead_letters
 
 log = logging.getLogger("maxq.log")
@@ -101,7 +101,7 @@ class CommandLog:
         def synced(reply) -> None:
             # declare-ok reports the queue's counts: read them once the shard has applied what
             # this node sent it before (a closed channel's requeues, this channel's publishes).
-            if type(reply) is Rejected or type(reply).__name__ == "Unavailable":
+            if type(reply) is Rejected or type(reply) is Unavailable:
                 then(reply)
             else:
                 self.submit(key, qc.Sync(), lambda _r: then(reply))
@@ -122,7 +122,7 @@ class CommandLog:
             then(reply)
 
         def created(reply) -> None:
-            if type(reply).__name__ == "Unavailable":
+            if type(reply) is Unavailable:
                 then(reply)
             else:
                 self.submit(None, command, recorded)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import trio
 
@@ -26,6 +26,13 @@ from ..amqp import spec
 log = logging.getLogger("maxq.confirms")
 
 UNKNOWN_OUTCOME = ("timeout", "stopped")  # a failure after which the command may still be applied
+
+
+class Unavailable(NamedTuple):
+    """Stands in for a machine's reply when the command could not be committed: `reason` is the
+    engine's ("not leader", "timeout": the outcome is unknown, "busy", "stopped")."""
+
+    reason: str
 
 
 class Pending:

@@ -34,7 +34,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..replication.entries import encode_entry
-from .broker import Unavailable
+from .confirms import Unavailable
 from .confirms import Confirms, Pending
 
 log = logging.getLogger("maxq.cluster")

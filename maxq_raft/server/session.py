@@ -38,7 +38,8 @@ from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import Overflowed
-from .broker import Broker, Unavailable
+from .broker import Broker
+from .confirms import Unavailable
 from .confirms import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .errors import ChannelError, HardError
