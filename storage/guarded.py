@@ -319,16 +319,6 @@ class GuardedStore:
             except StorageError as exc:
                 log.error("message store %s: the final flush failed: %s", self.path, exc)
 
-    def flush(self) -> None:
-        self.sync_wal()
-
-    def __getattr__(self, name: str) -> Any:
-        # Anything else (iterator_moves, compact, ...) is the wrapped store's.
-        store = self.__dict__.get("_store")
-        if store is None:
-            raise AttributeError(name)
-        return getattr(store, name)
-
     def __repr__(self) -> str:
         return f"GuardedStore({self._store!r}, failure={self.failure!r})"
 
