@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 from . import spec
 from .errors import AMQPError, DecodeError, FrameError

@@ -20,13 +20,13 @@ from struct import Struct
 
 from .errors import FrameError
 from .spec import (
-    BasicDeliver,
     FRAME_BODY,
     FRAME_END,
     FRAME_ERROR,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    BasicDeliver,
 )
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"

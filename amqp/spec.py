@@ -842,7 +842,7 @@ class ChannelFlow:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(20, 20, (1 if self.active else 0))
+            return _S_HHB.pack(20, 20, 1 if self.active else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode channel.flow: {exc}") from None
 
@@ -881,7 +881,7 @@ class ChannelFlowOk:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(20, 21, (1 if self.active else 0))
+            return _S_HHB.pack(20, 21, 1 if self.active else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode channel.flow-ok: {exc}") from None
 
@@ -1242,7 +1242,7 @@ class ExchangeBind:
                 v_source,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
@@ -1344,7 +1344,7 @@ class ExchangeUnbind:
                 v_source,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
@@ -1575,7 +1575,7 @@ class QueueBind:
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
@@ -1652,7 +1652,7 @@ class QueuePurge:
             return b"".join((
                 _S_HHHB.pack(50, 30, 0, len(v_queue)),
                 v_queue,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode queue.purge: {exc}") from None
@@ -1937,7 +1937,7 @@ class BasicQos:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHIHB.pack(60, 10, self.prefetch_size, self.prefetch_count, (1 if self.global_ else 0))
+            return _S_HHIHB.pack(60, 10, self.prefetch_size, self.prefetch_count, 1 if self.global_ else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.qos: {exc}") from None
 
@@ -2143,7 +2143,7 @@ class BasicCancel:
             return b"".join((
                 _S_HHB.pack(60, 30, len(v_consumer_tag)),
                 v_consumer_tag,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode basic.cancel: {exc}") from None
@@ -2392,7 +2392,7 @@ class BasicDeliver:
             return b"".join((
                 _S_HHB.pack(60, 60, len(v_consumer_tag)),
                 v_consumer_tag,
-                _S_QBB.pack(self.delivery_tag, (1 if self.redelivered else 0), len(v_exchange)),
+                _S_QBB.pack(self.delivery_tag, 1 if self.redelivered else 0, len(v_exchange)),
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
@@ -2444,7 +2444,7 @@ class BasicGet:
             return b"".join((
                 _S_HHHB.pack(60, 70, 0, len(v_queue)),
                 v_queue,
-                _S_B.pack((1 if self.no_ack else 0)),
+                _S_B.pack(1 if self.no_ack else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode basic.get: {exc}") from None
@@ -2509,7 +2509,7 @@ class BasicGetOk:
             if len(v_routing_key) > 255:
                 raise ValueError("basic.get-ok routing_key is longer than 255 bytes")
             return b"".join((
-                _S_HHQBB.pack(60, 71, self.delivery_tag, (1 if self.redelivered else 0), len(v_exchange)),
+                _S_HHQBB.pack(60, 71, self.delivery_tag, 1 if self.redelivered else 0, len(v_exchange)),
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
@@ -2583,7 +2583,7 @@ class BasicAck:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHQB.pack(60, 80, self.delivery_tag, (1 if self.multiple else 0))
+            return _S_HHQB.pack(60, 80, self.delivery_tag, 1 if self.multiple else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.ack: {exc}") from None
 
@@ -2625,7 +2625,7 @@ class BasicReject:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHQB.pack(60, 90, self.delivery_tag, (1 if self.requeue else 0))
+            return _S_HHQB.pack(60, 90, self.delivery_tag, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.reject: {exc}") from None
 
@@ -2664,7 +2664,7 @@ class BasicRecoverAsync:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(60, 100, (1 if self.requeue else 0))
+            return _S_HHB.pack(60, 100, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.recover-async: {exc}") from None
 
@@ -2703,7 +2703,7 @@ class BasicRecover:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(60, 110, (1 if self.requeue else 0))
+            return _S_HHB.pack(60, 110, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.recover: {exc}") from None
 
@@ -2818,7 +2818,7 @@ class ConfirmSelect:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(85, 10, (1 if self.nowait else 0))
+            return _S_HHB.pack(85, 10, 1 if self.nowait else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode confirm.select: {exc}") from None
 

@@ -262,7 +262,8 @@ def layout(method: Method) -> list[tuple]:
                 run.append(fields[i])
                 i += 1
             terms = [f"({1 << k} if self.{b.py} else 0)" for k, b in enumerate(run) if not b.reserved]
-            expr = " | ".join(terms) if terms else "0"
+            # a lone term needs no parentheses (they would be extraneous in a pack() argument)
+            expr = " | ".join(terms) if len(terms) > 1 else terms[0][1:-1] if terms else "0"
             var = f"bits{n_bits}"
             n_bits += 1
             target = var if terms else None
@@ -520,7 +521,7 @@ def render(spec: Spec, spec_name: str) -> str:
     out.append("")
     out.append("# code -> RabbitMQ's name for it, as used in reply texts (\"NOT_FOUND - no queue 'q'\")")
     out.append("REPLY_NAMES: dict[int, str] = {")
-    for name, value, _ in spec.reply_codes:
+    for name, _value, _ in spec.reply_codes:
         out.append(f'    {python_name(name).upper()}: "{python_name(name).upper()}",')
     out.append("}")
     for cls_name, label in (("soft-error", "SOFT_ERRORS"), ("hard-error", "HARD_ERRORS")):
