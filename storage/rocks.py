@@ -573,7 +573,7 @@ class RocksSegmentStore:
         state = "closed" if self._db is None else "open"
         return f"RocksSegmentStore({self.path!r}, wal={self.wal}, sync_writes={self.sync_writes}, {state})"
 
-    def __enter__(self) -> "RocksSegmentStore":
+    def __enter__(self) -> RocksSegmentStore:
         return self
 
     def __exit__(self, *exc_info) -> None:
