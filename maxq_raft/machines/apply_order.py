@@ -90,7 +90,7 @@ class ApplyOrder:
         return dict(self.expected), held, sorted(self.dead)
 
     @classmethod
-    def load(cls, expected: dict, held: list, dead: list) -> "ApplyOrder":
+    def load(cls, expected: dict, held: list, dead: list) -> ApplyOrder:
         order = cls()
         order.expected = {str(origin): int(seq) for origin, seq in expected.items()}
         for origin, seq, item in held:

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .queue_types import Meta, Rejected
 from .queue_args import QueueArgumentError, validate_queue_arguments
+from .queue_types import Meta, Rejected
 from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
 
 DEFAULT_VHOST = "/"

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable, Iterator
 from itertools import chain
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from . import queue_limits
 from .commands import DeleteQueue, Purge
@@ -362,7 +363,7 @@ class PriorityQueueMachine(QueueMachine):
             window += len(lane.ready)
             window_bytes += lane.window_bytes
         assert count == self.lane_count and window == self.window_count and window_bytes == self.window_bytes
-        for seq, message in self.returned:
+        for seq, _message in self.returned:
             assert 0 <= self.max_priority - (seq >> SEQ_BITS) <= self.max_priority
 
 

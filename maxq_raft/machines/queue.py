@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Iterable, Iterator, assert_never
+from collections.abc import Iterable, Iterator
+from typing import Any, assert_never
 
 from . import queue_limits
 from .commands import (
+    QUEUE_COMMAND_TYPES,
     Cancel,
     Checkout,
     Credit,
@@ -59,7 +61,6 @@ from .commands import (
     Enqueue,
     Get,
     Purge,
-    QUEUE_COMMAND_TYPES,
     QueueCommand,
     Requeue,
     Settle,
@@ -69,12 +70,12 @@ from .commands import (
     bad_seqs,
     malformed,
 )
+from .consumer import Consumer
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .message import Message, new_message_error
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
-from .consumer import Consumer
 from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
 
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
@@ -923,7 +924,7 @@ class QueueMachine(QueueLimits):
             assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
         self.delayed.check_invariants()
-        for due, seq, m in self.backoff:
+        for _due, seq, m in self.backoff:
             assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():

@@ -16,7 +16,7 @@ that reads it back (`load`) decides as every other replica does. The machines an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from .message import Message
@@ -84,7 +84,7 @@ class QueueExpired(NamedTuple):
     name: str
 
 
-Effect = Union[Deliver, DeadLetter, QueueExpired]
+Effect: TypeAlias = Deliver | DeadLetter | QueueExpired
 
 
 # ------------------------------------------------------------------ storage

@@ -44,7 +44,8 @@ rebuilds (see its dump and load).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .message import Message
 from .priority_queue import PriorityQueueMachine
