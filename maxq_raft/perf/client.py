@@ -72,7 +72,7 @@ class AmqpClient:
 
     # -- connection ----------------------------------------------------------------------
 
-    def connect(self) -> "AmqpClient":
+    def connect(self) -> AmqpClient:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
@@ -189,7 +189,7 @@ class AmqpClient:
         self.sock.settimeout(left_s)
         try:
             data = self.sock.recv(READ_BYTES)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError(f"no answer from {self.host}:{self.port} within {self.timeout_s} s") from None
         finally:
             if self.sock is not None:

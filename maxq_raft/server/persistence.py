@@ -154,9 +154,8 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         dest_durable = (durable_exchange(machine, command.vhost, command.destination) if command.to_exchange
                         else durable_queue(machine, command.vhost, command.destination))
         return source_durable and dest_durable
-    if kind is md.SetPolicy or kind is md.ClearPolicy:
-        return True  # policies are always durable (RabbitMQ's runtime parameters)
-    return False
+    # policies are always durable (RabbitMQ's runtime parameters)
+    return kind is md.SetPolicy or kind is md.ClearPolicy
 
 
 def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes]:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
