@@ -237,7 +237,7 @@ class MemorySegmentStore:
     def __enter__(self) -> MemorySegmentStore:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def check_invariants(self) -> None:
