@@ -18,7 +18,7 @@ from .queue_types import Rejected
 
 if TYPE_CHECKING:
     from .message import Message
-    from .queue_args import QueueSettings
+    from .queue_args import Arguments, QueueSettings
 
 
 class Create(NamedTuple):
@@ -26,7 +26,7 @@ class Create(NamedTuple):
     shard's log alone decides what each of its queues holds, whatever the metadata group's pace."""
 
     durable: bool
-    arguments: dict
+    arguments: Arguments
 
 
 class Sync(NamedTuple):

@@ -73,7 +73,9 @@ class DeadLetter(NamedTuple):
     reason: str
     messages: list[Message]
     time_ms: int
-    exchange: str
+    # None when the queue lost its dead-letter exchange (a policy change) in the command that
+    # dead-lettered them: the shell finds no such exchange and drops them
+    exchange: str | None
     routing_key: str | None
 
 
