@@ -185,7 +185,7 @@ class ServerConnection:
 
     # ------------------------------------------------------------------ input
 
-    def receive_data(self, data: bytes, now: float = 0.0) -> None:
+    def receive_data(self, data: bytes | bytearray, now: float = 0.0) -> None:
         """Buffer bytes from the peer; an empty `data` means the peer closed the socket."""
         self._now = now
         self._last_recv = now

@@ -160,7 +160,7 @@ class FrameReader:
         self._pending_error: FrameError | None = None
         self._broken = False  # after a bad frame: the stream cannot be parsed again, drop input
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         """Append received bytes. Mutable buffers are copied: payload views must not change."""
         if self._broken:
             return

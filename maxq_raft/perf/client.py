@@ -22,11 +22,12 @@ from collections import deque
 from ..amqp import spec
 from ..amqp.frames import PROTOCOL_HEADER, FrameReader, encode_method_frame
 from ..amqp.spec import FRAME_METHOD, decode_method
+from ..amqp.values import FieldTable
 
 FRAME_MAX_WANTED = 131072
 READ_BYTES = 65536
 RPC_TIMEOUT_S = 30.0
-CLIENT_PROPERTIES = {
+CLIENT_PROPERTIES: FieldTable = {
     "product": "maxq-perf",
     "platform": "Python",
     "capabilities": {
