@@ -10,7 +10,10 @@ Events are small records, never changed once made; the hot ones (`ContentReceive
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
+
+from .spec import BasicPublish, Method
+from .values import FieldTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +22,7 @@ class ConnectionOpened:
 
     user: str
     vhost: str
-    client_properties: dict
+    client_properties: FieldTable
     channel_max: int
     frame_max: int
     heartbeat_s: int
@@ -55,7 +58,7 @@ class MethodReceived:
     """A method without content on an open channel, for the broker to perform."""
 
     channel: int
-    method: Any
+    method: Method
 
 
 @dataclass(slots=True)
@@ -67,7 +70,7 @@ class ContentReceived:
     """
 
     channel: int
-    method: Any
+    method: BasicPublish
     props_raw: bytes
     body: bytes
 
@@ -82,3 +85,7 @@ class ConnectionClosed:
     reply_code: int
     reply_text: str
     by_peer: bool
+
+
+Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosed | ChannelFlow | MethodReceived | ContentReceived
+                    | ConnectionClosed)

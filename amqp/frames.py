@@ -20,13 +20,14 @@ from struct import Struct
 
 from .errors import FrameError
 from .spec import (
-    BasicDeliver,
     FRAME_BODY,
     FRAME_END,
     FRAME_ERROR,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
+    BasicDeliver,
+    Method,
 )
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -47,13 +48,13 @@ def encode_frame(frame_type: int, channel: int, payload: bytes) -> bytes:
     return b"".join((_FRAME_HEADER.pack(frame_type, channel, len(payload)), payload, _END))
 
 
-def encode_method_frame(channel: int, method) -> bytes:
+def encode_method_frame(channel: int, method: Method) -> bytes:
     """A method frame for a spec method instance (anything with `encode() -> bytes`)."""
     payload = method.encode()
     return b"".join((_FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)), payload, _END))
 
 
-def encode_content(channel: int, method, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+def encode_content(channel: int, method: Method, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
     """Method frame + content header frame + body frames, as one bytes object.
 
     Body frames carry at most frame_max - 8 payload bytes so each frame is at most frame_max
@@ -66,7 +67,7 @@ def encode_content(channel: int, method, props_raw: bytes, body: bytes, frame_ma
     header_payload_size = 12 + len(props_raw)
     if frame_max and header_payload_size + FRAME_OVERHEAD > frame_max:
         raise ValueError(f"content header of {header_payload_size} bytes exceeds frame_max {frame_max}")
-    parts = [
+    parts: list[bytes | memoryview] = [
         _FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)),
         payload,
         _END,
@@ -159,7 +160,7 @@ class FrameReader:
         self._pending_error: FrameError | None = None
         self._broken = False  # after a bad frame: the stream cannot be parsed again, drop input
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         """Append received bytes. Mutable buffers are copied: payload views must not change."""
         if self._broken:
             return
@@ -193,7 +194,7 @@ class FrameReader:
         size = len(data)
         frame_max = self.frame_max
         payload_max = frame_max - FRAME_OVERHEAD if frame_max else 1 << 62
-        frames = []
+        frames: list[tuple[int, int, bytes | memoryview]] = []
         append = frames.append
         off = 0
         needed = FRAME_HEADER_SIZE

@@ -20,7 +20,7 @@ from struct import error as StructError
 
 from .errors import DecodeError
 from .spec import SYNTAX_ERROR
-from .values import decode_table, encode_table
+from .values import FieldTable, ReadBuffer, decode_table, encode_table
 
 # property flag bits (spec 4.2.6.1): the first property is bit 15
 CONTENT_TYPE_FLAG = 0x8000
@@ -72,7 +72,7 @@ class BasicProperties:
         *,
         content_type: str | None = None,
         content_encoding: str | None = None,
-        headers: dict | None = None,
+        headers: FieldTable | None = None,
         delivery_mode: int | None = None,
         priority: int | None = None,
         correlation_id: str | None = None,
@@ -104,22 +104,23 @@ class BasicProperties:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.content_type == other.content_type  # type: ignore[attr-defined]
-            and self.content_encoding == other.content_encoding  # type: ignore[attr-defined]
-            and self.headers == other.headers  # type: ignore[attr-defined]
-            and self.delivery_mode == other.delivery_mode  # type: ignore[attr-defined]
-            and self.priority == other.priority  # type: ignore[attr-defined]
-            and self.correlation_id == other.correlation_id  # type: ignore[attr-defined]
-            and self.reply_to == other.reply_to  # type: ignore[attr-defined]
-            and self.expiration == other.expiration  # type: ignore[attr-defined]
-            and self.message_id == other.message_id  # type: ignore[attr-defined]
-            and self.timestamp == other.timestamp  # type: ignore[attr-defined]
-            and self.type == other.type  # type: ignore[attr-defined]
-            and self.user_id == other.user_id  # type: ignore[attr-defined]
-            and self.app_id == other.app_id  # type: ignore[attr-defined]
-            and self.cluster_id == other.cluster_id  # type: ignore[attr-defined]
+            self.content_type == other.content_type
+            and self.content_encoding == other.content_encoding
+            and self.headers == other.headers
+            and self.delivery_mode == other.delivery_mode
+            and self.priority == other.priority
+            and self.correlation_id == other.correlation_id
+            and self.reply_to == other.reply_to
+            and self.expiration == other.expiration
+            and self.message_id == other.message_id
+            and self.timestamp == other.timestamp
+            and self.type == other.type
+            and self.user_id == other.user_id
+            and self.app_id == other.app_id
+            and self.cluster_id == other.cluster_id
         )
 
+    # compared by value, so unhashable (the ignore: typeshed declares __hash__ a method)
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
@@ -132,7 +133,7 @@ class BasicProperties:
 def encode_properties(props: BasicProperties) -> bytes:
     """The property list (flag word + present values) of a content header."""
     flags = 0
-    parts: list = [b""]  # the flag word, once known
+    parts: list[bytes] = [b""]  # the flag word, once known
     try:
         if props.content_type is not None:
             flags |= 0x8000
@@ -223,7 +224,7 @@ def encode_properties(props: BasicProperties) -> bytes:
     return b"".join(parts)
 
 
-def decode_properties(raw) -> BasicProperties:
+def decode_properties(raw: ReadBuffer) -> BasicProperties:
     """Parse a property list (bytes or memoryview starting at the flag word)."""
     try:
         if raw.__class__ is not bytes:
@@ -334,7 +335,7 @@ def decode_properties(raw) -> BasicProperties:
         raise DecodeError(SYNTAX_ERROR, f"malformed content header properties: {exc.reply_text}") from None
 
 
-def delivery_mode_of(raw) -> int:
+def delivery_mode_of(raw: ReadBuffer) -> int:
     """delivery_mode of an encoded property list (0 if absent), without decoding the rest: the
     at most 3 properties before it are skipped by their lengths."""
     if len(raw) < 2:
@@ -355,7 +356,7 @@ def delivery_mode_of(raw) -> int:
         raise DecodeError(SYNTAX_ERROR, "malformed content header properties") from None
 
 
-def _after_flag_words(raw, strict: bool) -> int:
+def _after_flag_words(raw: ReadBuffer, strict: bool) -> int:
     """The offset after the continuation flag words (spec 4.2.6.1), which are rare. They can
     only carry bits of properties beyond the 14 that basic defines: the decoder (strict)
     accepts them when empty so the stream stays in sync, and refuses them otherwise."""
@@ -374,7 +375,7 @@ def encode_content_header(class_id: int, body_size: int, props_raw: bytes) -> by
     return _S_HHQ.pack(class_id, 0, body_size) + props_raw
 
 
-def decode_content_header(payload) -> tuple[int, int, bytes]:
+def decode_content_header(payload: ReadBuffer) -> tuple[int, int, bytes]:
     """Split a content header payload into (class id, body size, raw property list).
     The weight field is ignored (spec: must be zero, unused)."""
     if len(payload) < 14:

@@ -12,11 +12,13 @@ RabbitMQ errata applied by the generator: NO_ROUTE (312) added, basic.recover is
 synchronous with reply basic.recover-ok, the 14th basic property is cluster_id.
 """
 
+from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
+from typing import ClassVar
 
 from .errors import DecodeError
-from .values import decode_table, encode_table
+from .values import FieldTable, ReadBuffer, decode_table, encode_table
 
 _new = object.__new__
 
@@ -113,7 +115,28 @@ _S_HHQB = Struct(">HHQB")
 _S_QB = Struct(">QB")
 
 
-class ConnectionStart:
+class Method:
+    """What every method class below has: its spec facts and `encode()`. The classes derive
+    from it so that code handling any method can say so (`Method`, `type[Method]`); it has
+    no slots and no state. Instances compare by value and are unhashable: `__hash__ = None`,
+    which needs a type: ignore[assignment] as typeshed declares __hash__ a method."""
+
+    __slots__ = ()
+    CLASS_ID: ClassVar[int]
+    METHOD_ID: ClassVar[int]
+    INDEX: ClassVar[int]  # CLASS_ID << 16 | METHOD_ID
+    NAME: ClassVar[str]  # e.g. "basic.publish"
+    SYNCHRONOUS: ClassVar[bool]
+    HAS_CONTENT: ClassVar[bool]
+    RESPONSES: ClassVar[tuple[str, ...]]  # names of the methods that answer it
+    FIELDS: ClassVar[tuple[tuple[str, str], ...]]  # (python name, wire type), reserved ones left out
+
+    def encode(self) -> bytes:
+        """The method frame payload: class id, method id, arguments."""
+        raise NotImplementedError
+
+
+class ConnectionStart(Method):
     """connection.start (10, 10)"""
 
     __slots__ = ("version_major", "version_minor", "server_properties", "mechanisms", "locales")
@@ -123,8 +146,8 @@ class ConnectionStart:
     NAME = "connection.start"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.start-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("connection.start-ok",)
+    FIELDS = (
         ("version_major", "octet"),
         ("version_minor", "octet"),
         ("server_properties", "table"),
@@ -137,7 +160,7 @@ class ConnectionStart:
         *,
         version_major: int = 0,
         version_minor: int = 0,
-        server_properties: dict | None = None,
+        server_properties: FieldTable | None = None,
         mechanisms: bytes | str = b"",
         locales: bytes | str = b"",
     ) -> None:
@@ -151,11 +174,11 @@ class ConnectionStart:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.version_major == other.version_major  # type: ignore[attr-defined]
-            and self.version_minor == other.version_minor  # type: ignore[attr-defined]
-            and self.server_properties == other.server_properties  # type: ignore[attr-defined]
-            and self.mechanisms == other.mechanisms  # type: ignore[attr-defined]
-            and self.locales == other.locales  # type: ignore[attr-defined]
+            self.version_major == other.version_major
+            and self.version_minor == other.version_minor
+            and self.server_properties == other.server_properties
+            and self.mechanisms == other.mechanisms
+            and self.locales == other.locales
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -166,10 +189,10 @@ class ConnectionStart:
     def encode(self) -> bytes:
         try:
             v_mechanisms = self.mechanisms
-            if v_mechanisms.__class__ is str:
+            if isinstance(v_mechanisms, str):
                 v_mechanisms = v_mechanisms.encode()
             v_locales = self.locales
-            if v_locales.__class__ is str:
+            if isinstance(v_locales, str):
                 v_locales = v_locales.encode()
             return b"".join((
                 _S_HHBB.pack(10, 10, self.version_major, self.version_minor),
@@ -183,7 +206,7 @@ class ConnectionStart:
             raise ValueError(f"cannot encode connection.start: {exc}") from None
 
 
-class ConnectionStartOk:
+class ConnectionStartOk(Method):
     """connection.start-ok (10, 11)"""
 
     __slots__ = ("client_properties", "mechanism", "response", "locale")
@@ -193,8 +216,8 @@ class ConnectionStartOk:
     NAME = "connection.start-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ()
+    FIELDS = (
         ("client_properties", "table"),
         ("mechanism", "shortstr"),
         ("response", "longstr"),
@@ -204,7 +227,7 @@ class ConnectionStartOk:
     def __init__(
         self,
         *,
-        client_properties: dict | None = None,
+        client_properties: FieldTable | None = None,
         mechanism: str = "",
         response: bytes | str = b"",
         locale: str = "",
@@ -218,10 +241,10 @@ class ConnectionStartOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.client_properties == other.client_properties  # type: ignore[attr-defined]
-            and self.mechanism == other.mechanism  # type: ignore[attr-defined]
-            and self.response == other.response  # type: ignore[attr-defined]
-            and self.locale == other.locale  # type: ignore[attr-defined]
+            self.client_properties == other.client_properties
+            and self.mechanism == other.mechanism
+            and self.response == other.response
+            and self.locale == other.locale
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -235,7 +258,7 @@ class ConnectionStartOk:
             if len(v_mechanism) > 255:
                 raise ValueError("connection.start-ok mechanism is longer than 255 bytes")
             v_response = self.response
-            if v_response.__class__ is str:
+            if isinstance(v_response, str):
                 v_response = v_response.encode()
             v_locale = self.locale.encode()
             if len(v_locale) > 255:
@@ -254,7 +277,7 @@ class ConnectionStartOk:
             raise ValueError(f"cannot encode connection.start-ok: {exc}") from None
 
 
-class ConnectionSecure:
+class ConnectionSecure(Method):
     """connection.secure (10, 20)"""
 
     __slots__ = ("challenge",)
@@ -264,8 +287,8 @@ class ConnectionSecure:
     NAME = "connection.secure"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.secure-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("challenge", "longstr"),)
+    RESPONSES = ("connection.secure-ok",)
+    FIELDS = (("challenge", "longstr"),)
 
     def __init__(
         self,
@@ -278,7 +301,7 @@ class ConnectionSecure:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.challenge == other.challenge  # type: ignore[attr-defined]
+            self.challenge == other.challenge
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -289,7 +312,7 @@ class ConnectionSecure:
     def encode(self) -> bytes:
         try:
             v_challenge = self.challenge
-            if v_challenge.__class__ is str:
+            if isinstance(v_challenge, str):
                 v_challenge = v_challenge.encode()
             return b"".join((
                 _S_HHI.pack(10, 20, len(v_challenge)),
@@ -299,7 +322,7 @@ class ConnectionSecure:
             raise ValueError(f"cannot encode connection.secure: {exc}") from None
 
 
-class ConnectionSecureOk:
+class ConnectionSecureOk(Method):
     """connection.secure-ok (10, 21)"""
 
     __slots__ = ("response",)
@@ -309,8 +332,8 @@ class ConnectionSecureOk:
     NAME = "connection.secure-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("response", "longstr"),)
+    RESPONSES = ()
+    FIELDS = (("response", "longstr"),)
 
     def __init__(
         self,
@@ -323,7 +346,7 @@ class ConnectionSecureOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.response == other.response  # type: ignore[attr-defined]
+            self.response == other.response
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -334,7 +357,7 @@ class ConnectionSecureOk:
     def encode(self) -> bytes:
         try:
             v_response = self.response
-            if v_response.__class__ is str:
+            if isinstance(v_response, str):
                 v_response = v_response.encode()
             return b"".join((
                 _S_HHI.pack(10, 21, len(v_response)),
@@ -344,7 +367,7 @@ class ConnectionSecureOk:
             raise ValueError(f"cannot encode connection.secure-ok: {exc}") from None
 
 
-class ConnectionTune:
+class ConnectionTune(Method):
     """connection.tune (10, 30)"""
 
     __slots__ = ("channel_max", "frame_max", "heartbeat")
@@ -354,12 +377,8 @@ class ConnectionTune:
     NAME = "connection.tune"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.tune-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("channel_max", "short"),
-        ("frame_max", "long"),
-        ("heartbeat", "short"),
-    )
+    RESPONSES = ("connection.tune-ok",)
+    FIELDS = (("channel_max", "short"), ("frame_max", "long"), ("heartbeat", "short"))
 
     def __init__(
         self,
@@ -376,9 +395,9 @@ class ConnectionTune:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.channel_max == other.channel_max  # type: ignore[attr-defined]
-            and self.frame_max == other.frame_max  # type: ignore[attr-defined]
-            and self.heartbeat == other.heartbeat  # type: ignore[attr-defined]
+            self.channel_max == other.channel_max
+            and self.frame_max == other.frame_max
+            and self.heartbeat == other.heartbeat
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -393,7 +412,7 @@ class ConnectionTune:
             raise ValueError(f"cannot encode connection.tune: {exc}") from None
 
 
-class ConnectionTuneOk:
+class ConnectionTuneOk(Method):
     """connection.tune-ok (10, 31)"""
 
     __slots__ = ("channel_max", "frame_max", "heartbeat")
@@ -403,12 +422,8 @@ class ConnectionTuneOk:
     NAME = "connection.tune-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("channel_max", "short"),
-        ("frame_max", "long"),
-        ("heartbeat", "short"),
-    )
+    RESPONSES = ()
+    FIELDS = (("channel_max", "short"), ("frame_max", "long"), ("heartbeat", "short"))
 
     def __init__(
         self,
@@ -425,9 +440,9 @@ class ConnectionTuneOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.channel_max == other.channel_max  # type: ignore[attr-defined]
-            and self.frame_max == other.frame_max  # type: ignore[attr-defined]
-            and self.heartbeat == other.heartbeat  # type: ignore[attr-defined]
+            self.channel_max == other.channel_max
+            and self.frame_max == other.frame_max
+            and self.heartbeat == other.heartbeat
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -442,7 +457,7 @@ class ConnectionTuneOk:
             raise ValueError(f"cannot encode connection.tune-ok: {exc}") from None
 
 
-class ConnectionOpen:
+class ConnectionOpen(Method):
     """connection.open (10, 40)"""
 
     __slots__ = ("virtual_host",)
@@ -452,8 +467,8 @@ class ConnectionOpen:
     NAME = "connection.open"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.open-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("virtual_host", "shortstr"),)
+    RESPONSES = ("connection.open-ok",)
+    FIELDS = (("virtual_host", "shortstr"),)
 
     def __init__(
         self,
@@ -466,7 +481,7 @@ class ConnectionOpen:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.virtual_host == other.virtual_host  # type: ignore[attr-defined]
+            self.virtual_host == other.virtual_host
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -488,7 +503,7 @@ class ConnectionOpen:
             raise ValueError(f"cannot encode connection.open: {exc}") from None
 
 
-class ConnectionOpenOk:
+class ConnectionOpenOk(Method):
     """connection.open-ok (10, 41)"""
 
     __slots__ = ()
@@ -498,8 +513,8 @@ class ConnectionOpenOk:
     NAME = "connection.open-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -515,7 +530,7 @@ class ConnectionOpenOk:
         return b"\x00\x0a\x00\x29\x00"
 
 
-class ConnectionClose:
+class ConnectionClose(Method):
     """connection.close (10, 50)"""
 
     __slots__ = ("reply_code", "reply_text", "class_id", "method_id")
@@ -525,8 +540,8 @@ class ConnectionClose:
     NAME = "connection.close"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.close-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("connection.close-ok",)
+    FIELDS = (
         ("reply_code", "short"),
         ("reply_text", "shortstr"),
         ("class_id", "short"),
@@ -550,10 +565,10 @@ class ConnectionClose:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.reply_code == other.reply_code  # type: ignore[attr-defined]
-            and self.reply_text == other.reply_text  # type: ignore[attr-defined]
-            and self.class_id == other.class_id  # type: ignore[attr-defined]
-            and self.method_id == other.method_id  # type: ignore[attr-defined]
+            self.reply_code == other.reply_code
+            and self.reply_text == other.reply_text
+            and self.class_id == other.class_id
+            and self.method_id == other.method_id
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -575,7 +590,7 @@ class ConnectionClose:
             raise ValueError(f"cannot encode connection.close: {exc}") from None
 
 
-class ConnectionCloseOk:
+class ConnectionCloseOk(Method):
     """connection.close-ok (10, 51)"""
 
     __slots__ = ()
@@ -585,8 +600,8 @@ class ConnectionCloseOk:
     NAME = "connection.close-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -602,7 +617,7 @@ class ConnectionCloseOk:
         return b"\x00\x0a\x00\x33"
 
 
-class ConnectionBlocked:
+class ConnectionBlocked(Method):
     """connection.blocked (10, 60)"""
 
     __slots__ = ("reason",)
@@ -612,8 +627,8 @@ class ConnectionBlocked:
     NAME = "connection.blocked"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("reason", "shortstr"),)
+    RESPONSES = ()
+    FIELDS = (("reason", "shortstr"),)
 
     def __init__(
         self,
@@ -626,7 +641,7 @@ class ConnectionBlocked:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.reason == other.reason  # type: ignore[attr-defined]
+            self.reason == other.reason
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -647,7 +662,7 @@ class ConnectionBlocked:
             raise ValueError(f"cannot encode connection.blocked: {exc}") from None
 
 
-class ConnectionUnblocked:
+class ConnectionUnblocked(Method):
     """connection.unblocked (10, 61)"""
 
     __slots__ = ()
@@ -657,8 +672,8 @@ class ConnectionUnblocked:
     NAME = "connection.unblocked"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -674,7 +689,7 @@ class ConnectionUnblocked:
         return b"\x00\x0a\x00\x3d"
 
 
-class ConnectionUpdateSecret:
+class ConnectionUpdateSecret(Method):
     """connection.update-secret (10, 70)"""
 
     __slots__ = ("new_secret", "reason")
@@ -684,8 +699,8 @@ class ConnectionUpdateSecret:
     NAME = "connection.update-secret"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("connection.update-secret-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("new_secret", "longstr"), ("reason", "shortstr"))
+    RESPONSES = ("connection.update-secret-ok",)
+    FIELDS = (("new_secret", "longstr"), ("reason", "shortstr"))
 
     def __init__(
         self,
@@ -700,8 +715,8 @@ class ConnectionUpdateSecret:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.new_secret == other.new_secret  # type: ignore[attr-defined]
-            and self.reason == other.reason  # type: ignore[attr-defined]
+            self.new_secret == other.new_secret
+            and self.reason == other.reason
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -712,7 +727,7 @@ class ConnectionUpdateSecret:
     def encode(self) -> bytes:
         try:
             v_new_secret = self.new_secret
-            if v_new_secret.__class__ is str:
+            if isinstance(v_new_secret, str):
                 v_new_secret = v_new_secret.encode()
             v_reason = self.reason.encode()
             if len(v_reason) > 255:
@@ -727,7 +742,7 @@ class ConnectionUpdateSecret:
             raise ValueError(f"cannot encode connection.update-secret: {exc}") from None
 
 
-class ConnectionUpdateSecretOk:
+class ConnectionUpdateSecretOk(Method):
     """connection.update-secret-ok (10, 71)"""
 
     __slots__ = ()
@@ -737,8 +752,8 @@ class ConnectionUpdateSecretOk:
     NAME = "connection.update-secret-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -754,7 +769,7 @@ class ConnectionUpdateSecretOk:
         return b"\x00\x0a\x00\x47"
 
 
-class ChannelOpen:
+class ChannelOpen(Method):
     """channel.open (20, 10)"""
 
     __slots__ = ()
@@ -764,8 +779,8 @@ class ChannelOpen:
     NAME = "channel.open"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("channel.open-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ("channel.open-ok",)
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -781,7 +796,7 @@ class ChannelOpen:
         return b"\x00\x14\x00\x0a\x00"
 
 
-class ChannelOpenOk:
+class ChannelOpenOk(Method):
     """channel.open-ok (20, 11)"""
 
     __slots__ = ()
@@ -791,8 +806,8 @@ class ChannelOpenOk:
     NAME = "channel.open-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -808,7 +823,7 @@ class ChannelOpenOk:
         return b"\x00\x14\x00\x0b\x00\x00\x00\x00"
 
 
-class ChannelFlow:
+class ChannelFlow(Method):
     """channel.flow (20, 20)"""
 
     __slots__ = ("active",)
@@ -818,8 +833,8 @@ class ChannelFlow:
     NAME = "channel.flow"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("channel.flow-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("active", "bit"),)
+    RESPONSES = ("channel.flow-ok",)
+    FIELDS = (("active", "bit"),)
 
     def __init__(
         self,
@@ -832,7 +847,7 @@ class ChannelFlow:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.active == other.active  # type: ignore[attr-defined]
+            self.active == other.active
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -842,12 +857,12 @@ class ChannelFlow:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(20, 20, (1 if self.active else 0))
+            return _S_HHB.pack(20, 20, 1 if self.active else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode channel.flow: {exc}") from None
 
 
-class ChannelFlowOk:
+class ChannelFlowOk(Method):
     """channel.flow-ok (20, 21)"""
 
     __slots__ = ("active",)
@@ -857,8 +872,8 @@ class ChannelFlowOk:
     NAME = "channel.flow-ok"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("active", "bit"),)
+    RESPONSES = ()
+    FIELDS = (("active", "bit"),)
 
     def __init__(
         self,
@@ -871,7 +886,7 @@ class ChannelFlowOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.active == other.active  # type: ignore[attr-defined]
+            self.active == other.active
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -881,12 +896,12 @@ class ChannelFlowOk:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(20, 21, (1 if self.active else 0))
+            return _S_HHB.pack(20, 21, 1 if self.active else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode channel.flow-ok: {exc}") from None
 
 
-class ChannelClose:
+class ChannelClose(Method):
     """channel.close (20, 40)"""
 
     __slots__ = ("reply_code", "reply_text", "class_id", "method_id")
@@ -896,8 +911,8 @@ class ChannelClose:
     NAME = "channel.close"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("channel.close-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("channel.close-ok",)
+    FIELDS = (
         ("reply_code", "short"),
         ("reply_text", "shortstr"),
         ("class_id", "short"),
@@ -921,10 +936,10 @@ class ChannelClose:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.reply_code == other.reply_code  # type: ignore[attr-defined]
-            and self.reply_text == other.reply_text  # type: ignore[attr-defined]
-            and self.class_id == other.class_id  # type: ignore[attr-defined]
-            and self.method_id == other.method_id  # type: ignore[attr-defined]
+            self.reply_code == other.reply_code
+            and self.reply_text == other.reply_text
+            and self.class_id == other.class_id
+            and self.method_id == other.method_id
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -946,7 +961,7 @@ class ChannelClose:
             raise ValueError(f"cannot encode channel.close: {exc}") from None
 
 
-class ChannelCloseOk:
+class ChannelCloseOk(Method):
     """channel.close-ok (20, 41)"""
 
     __slots__ = ()
@@ -956,8 +971,8 @@ class ChannelCloseOk:
     NAME = "channel.close-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -973,7 +988,7 @@ class ChannelCloseOk:
         return b"\x00\x14\x00\x29"
 
 
-class ExchangeDeclare:
+class ExchangeDeclare(Method):
     """exchange.declare (40, 10)"""
 
     __slots__ = (
@@ -992,8 +1007,8 @@ class ExchangeDeclare:
     NAME = "exchange.declare"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("exchange.declare-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("exchange.declare-ok",)
+    FIELDS = (
         ("exchange", "shortstr"),
         ("type", "shortstr"),
         ("passive", "bit"),
@@ -1014,7 +1029,7 @@ class ExchangeDeclare:
         auto_delete: bool = False,
         internal: bool = False,
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.exchange = exchange
         self.type = type
@@ -1029,14 +1044,14 @@ class ExchangeDeclare:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.type == other.type  # type: ignore[attr-defined]
-            and self.passive == other.passive  # type: ignore[attr-defined]
-            and self.durable == other.durable  # type: ignore[attr-defined]
-            and self.auto_delete == other.auto_delete  # type: ignore[attr-defined]
-            and self.internal == other.internal  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.exchange == other.exchange
+            and self.type == other.type
+            and self.passive == other.passive
+            and self.durable == other.durable
+            and self.auto_delete == other.auto_delete
+            and self.internal == other.internal
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1064,7 +1079,7 @@ class ExchangeDeclare:
             raise ValueError(f"cannot encode exchange.declare: {exc}") from None
 
 
-class ExchangeDeclareOk:
+class ExchangeDeclareOk(Method):
     """exchange.declare-ok (40, 11)"""
 
     __slots__ = ()
@@ -1074,8 +1089,8 @@ class ExchangeDeclareOk:
     NAME = "exchange.declare-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1091,7 +1106,7 @@ class ExchangeDeclareOk:
         return b"\x00\x28\x00\x0b"
 
 
-class ExchangeDelete:
+class ExchangeDelete(Method):
     """exchange.delete (40, 20)"""
 
     __slots__ = ("exchange", "if_unused", "no_wait")
@@ -1101,12 +1116,8 @@ class ExchangeDelete:
     NAME = "exchange.delete"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("exchange.delete-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("exchange", "shortstr"),
-        ("if_unused", "bit"),
-        ("no_wait", "bit"),
-    )
+    RESPONSES = ("exchange.delete-ok",)
+    FIELDS = (("exchange", "shortstr"), ("if_unused", "bit"), ("no_wait", "bit"))
 
     def __init__(
         self,
@@ -1123,9 +1134,9 @@ class ExchangeDelete:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.if_unused == other.if_unused  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
+            self.exchange == other.exchange
+            and self.if_unused == other.if_unused
+            and self.no_wait == other.no_wait
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1147,7 +1158,7 @@ class ExchangeDelete:
             raise ValueError(f"cannot encode exchange.delete: {exc}") from None
 
 
-class ExchangeDeleteOk:
+class ExchangeDeleteOk(Method):
     """exchange.delete-ok (40, 21)"""
 
     __slots__ = ()
@@ -1157,8 +1168,8 @@ class ExchangeDeleteOk:
     NAME = "exchange.delete-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1174,7 +1185,7 @@ class ExchangeDeleteOk:
         return b"\x00\x28\x00\x15"
 
 
-class ExchangeBind:
+class ExchangeBind(Method):
     """exchange.bind (40, 30)"""
 
     __slots__ = ("destination", "source", "routing_key", "no_wait", "arguments")
@@ -1184,8 +1195,8 @@ class ExchangeBind:
     NAME = "exchange.bind"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("exchange.bind-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("exchange.bind-ok",)
+    FIELDS = (
         ("destination", "shortstr"),
         ("source", "shortstr"),
         ("routing_key", "shortstr"),
@@ -1200,7 +1211,7 @@ class ExchangeBind:
         source: str = "",
         routing_key: str = "",
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.destination = destination
         self.source = source
@@ -1212,11 +1223,11 @@ class ExchangeBind:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.destination == other.destination  # type: ignore[attr-defined]
-            and self.source == other.source  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.destination == other.destination
+            and self.source == other.source
+            and self.routing_key == other.routing_key
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1242,14 +1253,14 @@ class ExchangeBind:
                 v_source,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode exchange.bind: {exc}") from None
 
 
-class ExchangeBindOk:
+class ExchangeBindOk(Method):
     """exchange.bind-ok (40, 31)"""
 
     __slots__ = ()
@@ -1259,8 +1270,8 @@ class ExchangeBindOk:
     NAME = "exchange.bind-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1276,7 +1287,7 @@ class ExchangeBindOk:
         return b"\x00\x28\x00\x1f"
 
 
-class ExchangeUnbind:
+class ExchangeUnbind(Method):
     """exchange.unbind (40, 40)"""
 
     __slots__ = ("destination", "source", "routing_key", "no_wait", "arguments")
@@ -1286,8 +1297,8 @@ class ExchangeUnbind:
     NAME = "exchange.unbind"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("exchange.unbind-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("exchange.unbind-ok",)
+    FIELDS = (
         ("destination", "shortstr"),
         ("source", "shortstr"),
         ("routing_key", "shortstr"),
@@ -1302,7 +1313,7 @@ class ExchangeUnbind:
         source: str = "",
         routing_key: str = "",
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.destination = destination
         self.source = source
@@ -1314,11 +1325,11 @@ class ExchangeUnbind:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.destination == other.destination  # type: ignore[attr-defined]
-            and self.source == other.source  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.destination == other.destination
+            and self.source == other.source
+            and self.routing_key == other.routing_key
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1344,14 +1355,14 @@ class ExchangeUnbind:
                 v_source,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode exchange.unbind: {exc}") from None
 
 
-class ExchangeUnbindOk:
+class ExchangeUnbindOk(Method):
     """exchange.unbind-ok (40, 51)"""
 
     __slots__ = ()
@@ -1361,8 +1372,8 @@ class ExchangeUnbindOk:
     NAME = "exchange.unbind-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1378,7 +1389,7 @@ class ExchangeUnbindOk:
         return b"\x00\x28\x00\x33"
 
 
-class QueueDeclare:
+class QueueDeclare(Method):
     """queue.declare (50, 10)"""
 
     __slots__ = ("queue", "passive", "durable", "exclusive", "auto_delete", "no_wait", "arguments")
@@ -1388,8 +1399,8 @@ class QueueDeclare:
     NAME = "queue.declare"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.declare-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("queue.declare-ok",)
+    FIELDS = (
         ("queue", "shortstr"),
         ("passive", "bit"),
         ("durable", "bit"),
@@ -1408,7 +1419,7 @@ class QueueDeclare:
         exclusive: bool = False,
         auto_delete: bool = False,
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.queue = queue
         self.passive = passive
@@ -1422,13 +1433,13 @@ class QueueDeclare:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.passive == other.passive  # type: ignore[attr-defined]
-            and self.durable == other.durable  # type: ignore[attr-defined]
-            and self.exclusive == other.exclusive  # type: ignore[attr-defined]
-            and self.auto_delete == other.auto_delete  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.passive == other.passive
+            and self.durable == other.durable
+            and self.exclusive == other.exclusive
+            and self.auto_delete == other.auto_delete
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1451,7 +1462,7 @@ class QueueDeclare:
             raise ValueError(f"cannot encode queue.declare: {exc}") from None
 
 
-class QueueDeclareOk:
+class QueueDeclareOk(Method):
     """queue.declare-ok (50, 11)"""
 
     __slots__ = ("queue", "message_count", "consumer_count")
@@ -1461,12 +1472,8 @@ class QueueDeclareOk:
     NAME = "queue.declare-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("queue", "shortstr"),
-        ("message_count", "long"),
-        ("consumer_count", "long"),
-    )
+    RESPONSES = ()
+    FIELDS = (("queue", "shortstr"), ("message_count", "long"), ("consumer_count", "long"))
 
     def __init__(
         self,
@@ -1483,9 +1490,9 @@ class QueueDeclareOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.message_count == other.message_count  # type: ignore[attr-defined]
-            and self.consumer_count == other.consumer_count  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.message_count == other.message_count
+            and self.consumer_count == other.consumer_count
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1507,7 +1514,7 @@ class QueueDeclareOk:
             raise ValueError(f"cannot encode queue.declare-ok: {exc}") from None
 
 
-class QueueBind:
+class QueueBind(Method):
     """queue.bind (50, 20)"""
 
     __slots__ = ("queue", "exchange", "routing_key", "no_wait", "arguments")
@@ -1517,8 +1524,8 @@ class QueueBind:
     NAME = "queue.bind"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.bind-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("queue.bind-ok",)
+    FIELDS = (
         ("queue", "shortstr"),
         ("exchange", "shortstr"),
         ("routing_key", "shortstr"),
@@ -1533,7 +1540,7 @@ class QueueBind:
         exchange: str = "",
         routing_key: str = "",
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.queue = queue
         self.exchange = exchange
@@ -1545,11 +1552,11 @@ class QueueBind:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.exchange == other.exchange
+            and self.routing_key == other.routing_key
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1575,14 +1582,14 @@ class QueueBind:
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
                 encode_table(self.arguments),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode queue.bind: {exc}") from None
 
 
-class QueueBindOk:
+class QueueBindOk(Method):
     """queue.bind-ok (50, 21)"""
 
     __slots__ = ()
@@ -1592,8 +1599,8 @@ class QueueBindOk:
     NAME = "queue.bind-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1609,7 +1616,7 @@ class QueueBindOk:
         return b"\x00\x32\x00\x15"
 
 
-class QueuePurge:
+class QueuePurge(Method):
     """queue.purge (50, 30)"""
 
     __slots__ = ("queue", "no_wait")
@@ -1619,8 +1626,8 @@ class QueuePurge:
     NAME = "queue.purge"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.purge-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("queue", "shortstr"), ("no_wait", "bit"))
+    RESPONSES = ("queue.purge-ok",)
+    FIELDS = (("queue", "shortstr"), ("no_wait", "bit"))
 
     def __init__(
         self,
@@ -1635,8 +1642,8 @@ class QueuePurge:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.no_wait == other.no_wait
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1652,13 +1659,13 @@ class QueuePurge:
             return b"".join((
                 _S_HHHB.pack(50, 30, 0, len(v_queue)),
                 v_queue,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode queue.purge: {exc}") from None
 
 
-class QueuePurgeOk:
+class QueuePurgeOk(Method):
     """queue.purge-ok (50, 31)"""
 
     __slots__ = ("message_count",)
@@ -1668,8 +1675,8 @@ class QueuePurgeOk:
     NAME = "queue.purge-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("message_count", "long"),)
+    RESPONSES = ()
+    FIELDS = (("message_count", "long"),)
 
     def __init__(
         self,
@@ -1682,7 +1689,7 @@ class QueuePurgeOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.message_count == other.message_count  # type: ignore[attr-defined]
+            self.message_count == other.message_count
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1697,7 +1704,7 @@ class QueuePurgeOk:
             raise ValueError(f"cannot encode queue.purge-ok: {exc}") from None
 
 
-class QueueDelete:
+class QueueDelete(Method):
     """queue.delete (50, 40)"""
 
     __slots__ = ("queue", "if_unused", "if_empty", "no_wait")
@@ -1707,13 +1714,8 @@ class QueueDelete:
     NAME = "queue.delete"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.delete-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("queue", "shortstr"),
-        ("if_unused", "bit"),
-        ("if_empty", "bit"),
-        ("no_wait", "bit"),
-    )
+    RESPONSES = ("queue.delete-ok",)
+    FIELDS = (("queue", "shortstr"), ("if_unused", "bit"), ("if_empty", "bit"), ("no_wait", "bit"))
 
     def __init__(
         self,
@@ -1732,10 +1734,10 @@ class QueueDelete:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.if_unused == other.if_unused  # type: ignore[attr-defined]
-            and self.if_empty == other.if_empty  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.if_unused == other.if_unused
+            and self.if_empty == other.if_empty
+            and self.no_wait == other.no_wait
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1757,7 +1759,7 @@ class QueueDelete:
             raise ValueError(f"cannot encode queue.delete: {exc}") from None
 
 
-class QueueDeleteOk:
+class QueueDeleteOk(Method):
     """queue.delete-ok (50, 41)"""
 
     __slots__ = ("message_count",)
@@ -1767,8 +1769,8 @@ class QueueDeleteOk:
     NAME = "queue.delete-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("message_count", "long"),)
+    RESPONSES = ()
+    FIELDS = (("message_count", "long"),)
 
     def __init__(
         self,
@@ -1781,7 +1783,7 @@ class QueueDeleteOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.message_count == other.message_count  # type: ignore[attr-defined]
+            self.message_count == other.message_count
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1796,7 +1798,7 @@ class QueueDeleteOk:
             raise ValueError(f"cannot encode queue.delete-ok: {exc}") from None
 
 
-class QueueUnbind:
+class QueueUnbind(Method):
     """queue.unbind (50, 50)"""
 
     __slots__ = ("queue", "exchange", "routing_key", "arguments")
@@ -1806,8 +1808,8 @@ class QueueUnbind:
     NAME = "queue.unbind"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("queue.unbind-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("queue.unbind-ok",)
+    FIELDS = (
         ("queue", "shortstr"),
         ("exchange", "shortstr"),
         ("routing_key", "shortstr"),
@@ -1820,7 +1822,7 @@ class QueueUnbind:
         queue: str = "",
         exchange: str = "",
         routing_key: str = "",
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.queue = queue
         self.exchange = exchange
@@ -1831,10 +1833,10 @@ class QueueUnbind:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.exchange == other.exchange
+            and self.routing_key == other.routing_key
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1866,7 +1868,7 @@ class QueueUnbind:
             raise ValueError(f"cannot encode queue.unbind: {exc}") from None
 
 
-class QueueUnbindOk:
+class QueueUnbindOk(Method):
     """queue.unbind-ok (50, 51)"""
 
     __slots__ = ()
@@ -1876,8 +1878,8 @@ class QueueUnbindOk:
     NAME = "queue.unbind-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1893,7 +1895,7 @@ class QueueUnbindOk:
         return b"\x00\x32\x00\x33"
 
 
-class BasicQos:
+class BasicQos(Method):
     """basic.qos (60, 10)"""
 
     __slots__ = ("prefetch_size", "prefetch_count", "global_")
@@ -1903,12 +1905,8 @@ class BasicQos:
     NAME = "basic.qos"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("basic.qos-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("prefetch_size", "long"),
-        ("prefetch_count", "short"),
-        ("global_", "bit"),
-    )
+    RESPONSES = ("basic.qos-ok",)
+    FIELDS = (("prefetch_size", "long"), ("prefetch_count", "short"), ("global_", "bit"))
 
     def __init__(
         self,
@@ -1925,9 +1923,9 @@ class BasicQos:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.prefetch_size == other.prefetch_size  # type: ignore[attr-defined]
-            and self.prefetch_count == other.prefetch_count  # type: ignore[attr-defined]
-            and self.global_ == other.global_  # type: ignore[attr-defined]
+            self.prefetch_size == other.prefetch_size
+            and self.prefetch_count == other.prefetch_count
+            and self.global_ == other.global_
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -1937,12 +1935,12 @@ class BasicQos:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHIHB.pack(60, 10, self.prefetch_size, self.prefetch_count, (1 if self.global_ else 0))
+            return _S_HHIHB.pack(60, 10, self.prefetch_size, self.prefetch_count, 1 if self.global_ else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.qos: {exc}") from None
 
 
-class BasicQosOk:
+class BasicQosOk(Method):
     """basic.qos-ok (60, 11)"""
 
     __slots__ = ()
@@ -1952,8 +1950,8 @@ class BasicQosOk:
     NAME = "basic.qos-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -1969,7 +1967,7 @@ class BasicQosOk:
         return b"\x00\x3c\x00\x0b"
 
 
-class BasicConsume:
+class BasicConsume(Method):
     """basic.consume (60, 20)"""
 
     __slots__ = (
@@ -1987,8 +1985,8 @@ class BasicConsume:
     NAME = "basic.consume"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("basic.consume-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ("basic.consume-ok",)
+    FIELDS = (
         ("queue", "shortstr"),
         ("consumer_tag", "shortstr"),
         ("no_local", "bit"),
@@ -2007,7 +2005,7 @@ class BasicConsume:
         no_ack: bool = False,
         exclusive: bool = False,
         no_wait: bool = False,
-        arguments: dict | None = None,
+        arguments: FieldTable | None = None,
     ) -> None:
         self.queue = queue
         self.consumer_tag = consumer_tag
@@ -2021,13 +2019,13 @@ class BasicConsume:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.consumer_tag == other.consumer_tag  # type: ignore[attr-defined]
-            and self.no_local == other.no_local  # type: ignore[attr-defined]
-            and self.no_ack == other.no_ack  # type: ignore[attr-defined]
-            and self.exclusive == other.exclusive  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
-            and self.arguments == other.arguments  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.consumer_tag == other.consumer_tag
+            and self.no_local == other.no_local
+            and self.no_ack == other.no_ack
+            and self.exclusive == other.exclusive
+            and self.no_wait == other.no_wait
+            and self.arguments == other.arguments
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2055,7 +2053,7 @@ class BasicConsume:
             raise ValueError(f"cannot encode basic.consume: {exc}") from None
 
 
-class BasicConsumeOk:
+class BasicConsumeOk(Method):
     """basic.consume-ok (60, 21)"""
 
     __slots__ = ("consumer_tag",)
@@ -2065,8 +2063,8 @@ class BasicConsumeOk:
     NAME = "basic.consume-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("consumer_tag", "shortstr"),)
+    RESPONSES = ()
+    FIELDS = (("consumer_tag", "shortstr"),)
 
     def __init__(
         self,
@@ -2079,7 +2077,7 @@ class BasicConsumeOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.consumer_tag == other.consumer_tag  # type: ignore[attr-defined]
+            self.consumer_tag == other.consumer_tag
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2100,7 +2098,7 @@ class BasicConsumeOk:
             raise ValueError(f"cannot encode basic.consume-ok: {exc}") from None
 
 
-class BasicCancel:
+class BasicCancel(Method):
     """basic.cancel (60, 30)"""
 
     __slots__ = ("consumer_tag", "no_wait")
@@ -2110,8 +2108,8 @@ class BasicCancel:
     NAME = "basic.cancel"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("basic.cancel-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("consumer_tag", "shortstr"), ("no_wait", "bit"))
+    RESPONSES = ("basic.cancel-ok",)
+    FIELDS = (("consumer_tag", "shortstr"), ("no_wait", "bit"))
 
     def __init__(
         self,
@@ -2126,8 +2124,8 @@ class BasicCancel:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.consumer_tag == other.consumer_tag  # type: ignore[attr-defined]
-            and self.no_wait == other.no_wait  # type: ignore[attr-defined]
+            self.consumer_tag == other.consumer_tag
+            and self.no_wait == other.no_wait
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2143,13 +2141,13 @@ class BasicCancel:
             return b"".join((
                 _S_HHB.pack(60, 30, len(v_consumer_tag)),
                 v_consumer_tag,
-                _S_B.pack((1 if self.no_wait else 0)),
+                _S_B.pack(1 if self.no_wait else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode basic.cancel: {exc}") from None
 
 
-class BasicCancelOk:
+class BasicCancelOk(Method):
     """basic.cancel-ok (60, 31)"""
 
     __slots__ = ("consumer_tag",)
@@ -2159,8 +2157,8 @@ class BasicCancelOk:
     NAME = "basic.cancel-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("consumer_tag", "shortstr"),)
+    RESPONSES = ()
+    FIELDS = (("consumer_tag", "shortstr"),)
 
     def __init__(
         self,
@@ -2173,7 +2171,7 @@ class BasicCancelOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.consumer_tag == other.consumer_tag  # type: ignore[attr-defined]
+            self.consumer_tag == other.consumer_tag
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2194,7 +2192,7 @@ class BasicCancelOk:
             raise ValueError(f"cannot encode basic.cancel-ok: {exc}") from None
 
 
-class BasicPublish:
+class BasicPublish(Method):
     """basic.publish (60, 40)"""
 
     __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
@@ -2204,8 +2202,8 @@ class BasicPublish:
     NAME = "basic.publish"
     SYNCHRONOUS = False
     HAS_CONTENT = True
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ()
+    FIELDS = (
         ("exchange", "shortstr"),
         ("routing_key", "shortstr"),
         ("mandatory", "bit"),
@@ -2229,10 +2227,10 @@ class BasicPublish:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.mandatory == other.mandatory  # type: ignore[attr-defined]
-            and self.immediate == other.immediate  # type: ignore[attr-defined]
+            self.exchange == other.exchange
+            and self.routing_key == other.routing_key
+            and self.mandatory == other.mandatory
+            and self.immediate == other.immediate
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2259,7 +2257,7 @@ class BasicPublish:
             raise ValueError(f"cannot encode basic.publish: {exc}") from None
 
 
-class BasicReturn:
+class BasicReturn(Method):
     """basic.return (60, 50)"""
 
     __slots__ = ("reply_code", "reply_text", "exchange", "routing_key")
@@ -2269,8 +2267,8 @@ class BasicReturn:
     NAME = "basic.return"
     SYNCHRONOUS = False
     HAS_CONTENT = True
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ()
+    FIELDS = (
         ("reply_code", "short"),
         ("reply_text", "shortstr"),
         ("exchange", "shortstr"),
@@ -2294,10 +2292,10 @@ class BasicReturn:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.reply_code == other.reply_code  # type: ignore[attr-defined]
-            and self.reply_text == other.reply_text  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
+            self.reply_code == other.reply_code
+            and self.reply_text == other.reply_text
+            and self.exchange == other.exchange
+            and self.routing_key == other.routing_key
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2328,7 +2326,7 @@ class BasicReturn:
             raise ValueError(f"cannot encode basic.return: {exc}") from None
 
 
-class BasicDeliver:
+class BasicDeliver(Method):
     """basic.deliver (60, 60)"""
 
     __slots__ = ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key")
@@ -2338,8 +2336,8 @@ class BasicDeliver:
     NAME = "basic.deliver"
     SYNCHRONOUS = False
     HAS_CONTENT = True
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ()
+    FIELDS = (
         ("consumer_tag", "shortstr"),
         ("delivery_tag", "longlong"),
         ("redelivered", "bit"),
@@ -2366,11 +2364,11 @@ class BasicDeliver:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.consumer_tag == other.consumer_tag  # type: ignore[attr-defined]
-            and self.delivery_tag == other.delivery_tag  # type: ignore[attr-defined]
-            and self.redelivered == other.redelivered  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
+            self.consumer_tag == other.consumer_tag
+            and self.delivery_tag == other.delivery_tag
+            and self.redelivered == other.redelivered
+            and self.exchange == other.exchange
+            and self.routing_key == other.routing_key
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2392,7 +2390,7 @@ class BasicDeliver:
             return b"".join((
                 _S_HHB.pack(60, 60, len(v_consumer_tag)),
                 v_consumer_tag,
-                _S_QBB.pack(self.delivery_tag, (1 if self.redelivered else 0), len(v_exchange)),
+                _S_QBB.pack(self.delivery_tag, 1 if self.redelivered else 0, len(v_exchange)),
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
@@ -2401,7 +2399,7 @@ class BasicDeliver:
             raise ValueError(f"cannot encode basic.deliver: {exc}") from None
 
 
-class BasicGet:
+class BasicGet(Method):
     """basic.get (60, 70)"""
 
     __slots__ = ("queue", "no_ack")
@@ -2411,8 +2409,8 @@ class BasicGet:
     NAME = "basic.get"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("basic.get-ok", "basic.get-empty")
-    FIELDS: tuple[tuple[str, str], ...] = (("queue", "shortstr"), ("no_ack", "bit"))
+    RESPONSES = ("basic.get-ok", "basic.get-empty")
+    FIELDS = (("queue", "shortstr"), ("no_ack", "bit"))
 
     def __init__(
         self,
@@ -2427,8 +2425,8 @@ class BasicGet:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.queue == other.queue  # type: ignore[attr-defined]
-            and self.no_ack == other.no_ack  # type: ignore[attr-defined]
+            self.queue == other.queue
+            and self.no_ack == other.no_ack
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2444,13 +2442,13 @@ class BasicGet:
             return b"".join((
                 _S_HHHB.pack(60, 70, 0, len(v_queue)),
                 v_queue,
-                _S_B.pack((1 if self.no_ack else 0)),
+                _S_B.pack(1 if self.no_ack else 0),
             ))
         except StructError as exc:
             raise ValueError(f"cannot encode basic.get: {exc}") from None
 
 
-class BasicGetOk:
+class BasicGetOk(Method):
     """basic.get-ok (60, 71)"""
 
     __slots__ = ("delivery_tag", "redelivered", "exchange", "routing_key", "message_count")
@@ -2460,8 +2458,8 @@ class BasicGetOk:
     NAME = "basic.get-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = True
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
+    RESPONSES = ()
+    FIELDS = (
         ("delivery_tag", "longlong"),
         ("redelivered", "bit"),
         ("exchange", "shortstr"),
@@ -2488,11 +2486,11 @@ class BasicGetOk:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.delivery_tag == other.delivery_tag  # type: ignore[attr-defined]
-            and self.redelivered == other.redelivered  # type: ignore[attr-defined]
-            and self.exchange == other.exchange  # type: ignore[attr-defined]
-            and self.routing_key == other.routing_key  # type: ignore[attr-defined]
-            and self.message_count == other.message_count  # type: ignore[attr-defined]
+            self.delivery_tag == other.delivery_tag
+            and self.redelivered == other.redelivered
+            and self.exchange == other.exchange
+            and self.routing_key == other.routing_key
+            and self.message_count == other.message_count
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2509,7 +2507,7 @@ class BasicGetOk:
             if len(v_routing_key) > 255:
                 raise ValueError("basic.get-ok routing_key is longer than 255 bytes")
             return b"".join((
-                _S_HHQBB.pack(60, 71, self.delivery_tag, (1 if self.redelivered else 0), len(v_exchange)),
+                _S_HHQBB.pack(60, 71, self.delivery_tag, 1 if self.redelivered else 0, len(v_exchange)),
                 v_exchange,
                 _S_B.pack(len(v_routing_key)),
                 v_routing_key,
@@ -2519,7 +2517,7 @@ class BasicGetOk:
             raise ValueError(f"cannot encode basic.get-ok: {exc}") from None
 
 
-class BasicGetEmpty:
+class BasicGetEmpty(Method):
     """basic.get-empty (60, 72)"""
 
     __slots__ = ()
@@ -2529,8 +2527,8 @@ class BasicGetEmpty:
     NAME = "basic.get-empty"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2546,7 +2544,7 @@ class BasicGetEmpty:
         return b"\x00\x3c\x00\x48\x00"
 
 
-class BasicAck:
+class BasicAck(Method):
     """basic.ack (60, 80)"""
 
     __slots__ = ("delivery_tag", "multiple")
@@ -2556,8 +2554,8 @@ class BasicAck:
     NAME = "basic.ack"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("delivery_tag", "longlong"), ("multiple", "bit"))
+    RESPONSES = ()
+    FIELDS = (("delivery_tag", "longlong"), ("multiple", "bit"))
 
     def __init__(
         self,
@@ -2572,8 +2570,8 @@ class BasicAck:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.delivery_tag == other.delivery_tag  # type: ignore[attr-defined]
-            and self.multiple == other.multiple  # type: ignore[attr-defined]
+            self.delivery_tag == other.delivery_tag
+            and self.multiple == other.multiple
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2583,12 +2581,12 @@ class BasicAck:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHQB.pack(60, 80, self.delivery_tag, (1 if self.multiple else 0))
+            return _S_HHQB.pack(60, 80, self.delivery_tag, 1 if self.multiple else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.ack: {exc}") from None
 
 
-class BasicReject:
+class BasicReject(Method):
     """basic.reject (60, 90)"""
 
     __slots__ = ("delivery_tag", "requeue")
@@ -2598,8 +2596,8 @@ class BasicReject:
     NAME = "basic.reject"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("delivery_tag", "longlong"), ("requeue", "bit"))
+    RESPONSES = ()
+    FIELDS = (("delivery_tag", "longlong"), ("requeue", "bit"))
 
     def __init__(
         self,
@@ -2614,8 +2612,8 @@ class BasicReject:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.delivery_tag == other.delivery_tag  # type: ignore[attr-defined]
-            and self.requeue == other.requeue  # type: ignore[attr-defined]
+            self.delivery_tag == other.delivery_tag
+            and self.requeue == other.requeue
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2625,12 +2623,12 @@ class BasicReject:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHQB.pack(60, 90, self.delivery_tag, (1 if self.requeue else 0))
+            return _S_HHQB.pack(60, 90, self.delivery_tag, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.reject: {exc}") from None
 
 
-class BasicRecoverAsync:
+class BasicRecoverAsync(Method):
     """basic.recover-async (60, 100)"""
 
     __slots__ = ("requeue",)
@@ -2640,8 +2638,8 @@ class BasicRecoverAsync:
     NAME = "basic.recover-async"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (("requeue", "bit"),)
+    RESPONSES = ()
+    FIELDS = (("requeue", "bit"),)
 
     def __init__(
         self,
@@ -2654,7 +2652,7 @@ class BasicRecoverAsync:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.requeue == other.requeue  # type: ignore[attr-defined]
+            self.requeue == other.requeue
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2664,12 +2662,12 @@ class BasicRecoverAsync:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(60, 100, (1 if self.requeue else 0))
+            return _S_HHB.pack(60, 100, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.recover-async: {exc}") from None
 
 
-class BasicRecover:
+class BasicRecover(Method):
     """basic.recover (60, 110)"""
 
     __slots__ = ("requeue",)
@@ -2679,8 +2677,8 @@ class BasicRecover:
     NAME = "basic.recover"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("basic.recover-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("requeue", "bit"),)
+    RESPONSES = ("basic.recover-ok",)
+    FIELDS = (("requeue", "bit"),)
 
     def __init__(
         self,
@@ -2693,7 +2691,7 @@ class BasicRecover:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.requeue == other.requeue  # type: ignore[attr-defined]
+            self.requeue == other.requeue
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2703,12 +2701,12 @@ class BasicRecover:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(60, 110, (1 if self.requeue else 0))
+            return _S_HHB.pack(60, 110, 1 if self.requeue else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode basic.recover: {exc}") from None
 
 
-class BasicRecoverOk:
+class BasicRecoverOk(Method):
     """basic.recover-ok (60, 111)"""
 
     __slots__ = ()
@@ -2718,8 +2716,8 @@ class BasicRecoverOk:
     NAME = "basic.recover-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2735,7 +2733,7 @@ class BasicRecoverOk:
         return b"\x00\x3c\x00\x6f"
 
 
-class BasicNack:
+class BasicNack(Method):
     """basic.nack (60, 120)"""
 
     __slots__ = ("delivery_tag", "multiple", "requeue")
@@ -2745,12 +2743,8 @@ class BasicNack:
     NAME = "basic.nack"
     SYNCHRONOUS = False
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = (
-        ("delivery_tag", "longlong"),
-        ("multiple", "bit"),
-        ("requeue", "bit"),
-    )
+    RESPONSES = ()
+    FIELDS = (("delivery_tag", "longlong"), ("multiple", "bit"), ("requeue", "bit"))
 
     def __init__(
         self,
@@ -2767,9 +2761,9 @@ class BasicNack:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.delivery_tag == other.delivery_tag  # type: ignore[attr-defined]
-            and self.multiple == other.multiple  # type: ignore[attr-defined]
-            and self.requeue == other.requeue  # type: ignore[attr-defined]
+            self.delivery_tag == other.delivery_tag
+            and self.multiple == other.multiple
+            and self.requeue == other.requeue
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2784,7 +2778,7 @@ class BasicNack:
             raise ValueError(f"cannot encode basic.nack: {exc}") from None
 
 
-class ConfirmSelect:
+class ConfirmSelect(Method):
     """confirm.select (85, 10)"""
 
     __slots__ = ("nowait",)
@@ -2794,8 +2788,8 @@ class ConfirmSelect:
     NAME = "confirm.select"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("confirm.select-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = (("nowait", "bit"),)
+    RESPONSES = ("confirm.select-ok",)
+    FIELDS = (("nowait", "bit"),)
 
     def __init__(
         self,
@@ -2808,7 +2802,7 @@ class ConfirmSelect:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return (
-            self.nowait == other.nowait  # type: ignore[attr-defined]
+            self.nowait == other.nowait
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -2818,12 +2812,12 @@ class ConfirmSelect:
 
     def encode(self) -> bytes:
         try:
-            return _S_HHB.pack(85, 10, (1 if self.nowait else 0))
+            return _S_HHB.pack(85, 10, 1 if self.nowait else 0)
         except StructError as exc:
             raise ValueError(f"cannot encode confirm.select: {exc}") from None
 
 
-class ConfirmSelectOk:
+class ConfirmSelectOk(Method):
     """confirm.select-ok (85, 11)"""
 
     __slots__ = ()
@@ -2833,8 +2827,8 @@ class ConfirmSelectOk:
     NAME = "confirm.select-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2850,7 +2844,7 @@ class ConfirmSelectOk:
         return b"\x00\x55\x00\x0b"
 
 
-class TxSelect:
+class TxSelect(Method):
     """tx.select (90, 10)"""
 
     __slots__ = ()
@@ -2860,8 +2854,8 @@ class TxSelect:
     NAME = "tx.select"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("tx.select-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ("tx.select-ok",)
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2877,7 +2871,7 @@ class TxSelect:
         return b"\x00\x5a\x00\x0a"
 
 
-class TxSelectOk:
+class TxSelectOk(Method):
     """tx.select-ok (90, 11)"""
 
     __slots__ = ()
@@ -2887,8 +2881,8 @@ class TxSelectOk:
     NAME = "tx.select-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2904,7 +2898,7 @@ class TxSelectOk:
         return b"\x00\x5a\x00\x0b"
 
 
-class TxCommit:
+class TxCommit(Method):
     """tx.commit (90, 20)"""
 
     __slots__ = ()
@@ -2914,8 +2908,8 @@ class TxCommit:
     NAME = "tx.commit"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("tx.commit-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ("tx.commit-ok",)
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2931,7 +2925,7 @@ class TxCommit:
         return b"\x00\x5a\x00\x14"
 
 
-class TxCommitOk:
+class TxCommitOk(Method):
     """tx.commit-ok (90, 21)"""
 
     __slots__ = ()
@@ -2941,8 +2935,8 @@ class TxCommitOk:
     NAME = "tx.commit-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2958,7 +2952,7 @@ class TxCommitOk:
         return b"\x00\x5a\x00\x15"
 
 
-class TxRollback:
+class TxRollback(Method):
     """tx.rollback (90, 30)"""
 
     __slots__ = ()
@@ -2968,8 +2962,8 @@ class TxRollback:
     NAME = "tx.rollback"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ("tx.rollback-ok",)
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ("tx.rollback-ok",)
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -2985,7 +2979,7 @@ class TxRollback:
         return b"\x00\x5a\x00\x1e"
 
 
-class TxRollbackOk:
+class TxRollbackOk(Method):
     """tx.rollback-ok (90, 31)"""
 
     __slots__ = ()
@@ -2995,8 +2989,8 @@ class TxRollbackOk:
     NAME = "tx.rollback-ok"
     SYNCHRONOUS = True
     HAS_CONTENT = False
-    RESPONSES: tuple[str, ...] = ()
-    FIELDS: tuple[tuple[str, str], ...] = ()
+    RESPONSES = ()
+    FIELDS = ()
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -3012,7 +3006,7 @@ class TxRollbackOk:
         return b"\x00\x5a\x00\x1f"
 
 
-def _decode_connection_start(buf):
+def _decode_connection_start(buf: ReadBuffer) -> ConnectionStart:
     obj = _new(ConnectionStart)
     obj.version_major, obj.version_minor = _S_BB.unpack_from(buf, 4)
     obj.server_properties, off = decode_table(buf, 6)
@@ -3031,7 +3025,7 @@ def _decode_connection_start(buf):
     return obj
 
 
-def _decode_connection_start_ok(buf):
+def _decode_connection_start_ok(buf: ReadBuffer) -> ConnectionStartOk:
     obj = _new(ConnectionStartOk)
     obj.client_properties, off = decode_table(buf, 4)
     n_mechanism = buf[off]
@@ -3054,7 +3048,7 @@ def _decode_connection_start_ok(buf):
     return obj
 
 
-def _decode_connection_secure(buf):
+def _decode_connection_secure(buf: ReadBuffer) -> ConnectionSecure:
     obj = _new(ConnectionSecure)
     n_challenge, = _S_I.unpack_from(buf, 4)
     off = 8
@@ -3066,7 +3060,7 @@ def _decode_connection_secure(buf):
     return obj
 
 
-def _decode_connection_secure_ok(buf):
+def _decode_connection_secure_ok(buf: ReadBuffer) -> ConnectionSecureOk:
     obj = _new(ConnectionSecureOk)
     n_response, = _S_I.unpack_from(buf, 4)
     off = 8
@@ -3078,7 +3072,7 @@ def _decode_connection_secure_ok(buf):
     return obj
 
 
-def _decode_connection_tune(buf):
+def _decode_connection_tune(buf: ReadBuffer) -> ConnectionTune:
     if len(buf) != 12:
         raise ValueError
     obj = _new(ConnectionTune)
@@ -3086,7 +3080,7 @@ def _decode_connection_tune(buf):
     return obj
 
 
-def _decode_connection_tune_ok(buf):
+def _decode_connection_tune_ok(buf: ReadBuffer) -> ConnectionTuneOk:
     if len(buf) != 12:
         raise ValueError
     obj = _new(ConnectionTuneOk)
@@ -3094,7 +3088,7 @@ def _decode_connection_tune_ok(buf):
     return obj
 
 
-def _decode_connection_open(buf):
+def _decode_connection_open(buf: ReadBuffer) -> ConnectionOpen:
     obj = _new(ConnectionOpen)
     n_virtual_host = buf[4]
     off = 5
@@ -3110,7 +3104,7 @@ def _decode_connection_open(buf):
     return obj
 
 
-def _decode_connection_open_ok(buf):
+def _decode_connection_open_ok(buf: ReadBuffer) -> ConnectionOpenOk:
     obj = _new(ConnectionOpenOk)
     n_reserved_1 = buf[4]
     off = 5
@@ -3120,7 +3114,7 @@ def _decode_connection_open_ok(buf):
     return obj
 
 
-def _decode_connection_close(buf):
+def _decode_connection_close(buf: ReadBuffer) -> ConnectionClose:
     obj = _new(ConnectionClose)
     obj.reply_code, n_reply_text = _S_HB.unpack_from(buf, 4)
     off = 7
@@ -3134,14 +3128,14 @@ def _decode_connection_close(buf):
     return obj
 
 
-def _decode_connection_close_ok(buf):
+def _decode_connection_close_ok(buf: ReadBuffer) -> ConnectionCloseOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ConnectionCloseOk)
     return obj
 
 
-def _decode_connection_blocked(buf):
+def _decode_connection_blocked(buf: ReadBuffer) -> ConnectionBlocked:
     obj = _new(ConnectionBlocked)
     n_reason = buf[4]
     off = 5
@@ -3153,14 +3147,14 @@ def _decode_connection_blocked(buf):
     return obj
 
 
-def _decode_connection_unblocked(buf):
+def _decode_connection_unblocked(buf: ReadBuffer) -> ConnectionUnblocked:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ConnectionUnblocked)
     return obj
 
 
-def _decode_connection_update_secret(buf):
+def _decode_connection_update_secret(buf: ReadBuffer) -> ConnectionUpdateSecret:
     obj = _new(ConnectionUpdateSecret)
     n_new_secret, = _S_I.unpack_from(buf, 4)
     off = 8
@@ -3177,14 +3171,14 @@ def _decode_connection_update_secret(buf):
     return obj
 
 
-def _decode_connection_update_secret_ok(buf):
+def _decode_connection_update_secret_ok(buf: ReadBuffer) -> ConnectionUpdateSecretOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ConnectionUpdateSecretOk)
     return obj
 
 
-def _decode_channel_open(buf):
+def _decode_channel_open(buf: ReadBuffer) -> ChannelOpen:
     obj = _new(ChannelOpen)
     n_reserved_1 = buf[4]
     off = 5
@@ -3194,7 +3188,7 @@ def _decode_channel_open(buf):
     return obj
 
 
-def _decode_channel_open_ok(buf):
+def _decode_channel_open_ok(buf: ReadBuffer) -> ChannelOpenOk:
     obj = _new(ChannelOpenOk)
     n_reserved_1, = _S_I.unpack_from(buf, 4)
     off = 8
@@ -3204,7 +3198,7 @@ def _decode_channel_open_ok(buf):
     return obj
 
 
-def _decode_channel_flow(buf):
+def _decode_channel_flow(buf: ReadBuffer) -> ChannelFlow:
     if len(buf) != 5:
         raise ValueError
     obj = _new(ChannelFlow)
@@ -3213,7 +3207,7 @@ def _decode_channel_flow(buf):
     return obj
 
 
-def _decode_channel_flow_ok(buf):
+def _decode_channel_flow_ok(buf: ReadBuffer) -> ChannelFlowOk:
     if len(buf) != 5:
         raise ValueError
     obj = _new(ChannelFlowOk)
@@ -3222,7 +3216,7 @@ def _decode_channel_flow_ok(buf):
     return obj
 
 
-def _decode_channel_close(buf):
+def _decode_channel_close(buf: ReadBuffer) -> ChannelClose:
     obj = _new(ChannelClose)
     obj.reply_code, n_reply_text = _S_HB.unpack_from(buf, 4)
     off = 7
@@ -3236,14 +3230,14 @@ def _decode_channel_close(buf):
     return obj
 
 
-def _decode_channel_close_ok(buf):
+def _decode_channel_close_ok(buf: ReadBuffer) -> ChannelCloseOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ChannelCloseOk)
     return obj
 
 
-def _decode_exchange_declare(buf):
+def _decode_exchange_declare(buf: ReadBuffer) -> ExchangeDeclare:
     obj = _new(ExchangeDeclare)
     n_exchange, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3268,14 +3262,14 @@ def _decode_exchange_declare(buf):
     return obj
 
 
-def _decode_exchange_declare_ok(buf):
+def _decode_exchange_declare_ok(buf: ReadBuffer) -> ExchangeDeclareOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ExchangeDeclareOk)
     return obj
 
 
-def _decode_exchange_delete(buf):
+def _decode_exchange_delete(buf: ReadBuffer) -> ExchangeDelete:
     obj = _new(ExchangeDelete)
     n_exchange, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3291,14 +3285,14 @@ def _decode_exchange_delete(buf):
     return obj
 
 
-def _decode_exchange_delete_ok(buf):
+def _decode_exchange_delete_ok(buf: ReadBuffer) -> ExchangeDeleteOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ExchangeDeleteOk)
     return obj
 
 
-def _decode_exchange_bind(buf):
+def _decode_exchange_bind(buf: ReadBuffer) -> ExchangeBind:
     obj = _new(ExchangeBind)
     n_destination, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3324,14 +3318,14 @@ def _decode_exchange_bind(buf):
     return obj
 
 
-def _decode_exchange_bind_ok(buf):
+def _decode_exchange_bind_ok(buf: ReadBuffer) -> ExchangeBindOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ExchangeBindOk)
     return obj
 
 
-def _decode_exchange_unbind(buf):
+def _decode_exchange_unbind(buf: ReadBuffer) -> ExchangeUnbind:
     obj = _new(ExchangeUnbind)
     n_destination, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3357,14 +3351,14 @@ def _decode_exchange_unbind(buf):
     return obj
 
 
-def _decode_exchange_unbind_ok(buf):
+def _decode_exchange_unbind_ok(buf: ReadBuffer) -> ExchangeUnbindOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ExchangeUnbindOk)
     return obj
 
 
-def _decode_queue_declare(buf):
+def _decode_queue_declare(buf: ReadBuffer) -> QueueDeclare:
     obj = _new(QueueDeclare)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3384,7 +3378,7 @@ def _decode_queue_declare(buf):
     return obj
 
 
-def _decode_queue_declare_ok(buf):
+def _decode_queue_declare_ok(buf: ReadBuffer) -> QueueDeclareOk:
     obj = _new(QueueDeclareOk)
     n_queue = buf[4]
     off = 5
@@ -3398,7 +3392,7 @@ def _decode_queue_declare_ok(buf):
     return obj
 
 
-def _decode_queue_bind(buf):
+def _decode_queue_bind(buf: ReadBuffer) -> QueueBind:
     obj = _new(QueueBind)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3424,14 +3418,14 @@ def _decode_queue_bind(buf):
     return obj
 
 
-def _decode_queue_bind_ok(buf):
+def _decode_queue_bind_ok(buf: ReadBuffer) -> QueueBindOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(QueueBindOk)
     return obj
 
 
-def _decode_queue_purge(buf):
+def _decode_queue_purge(buf: ReadBuffer) -> QueuePurge:
     obj = _new(QueuePurge)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3446,7 +3440,7 @@ def _decode_queue_purge(buf):
     return obj
 
 
-def _decode_queue_purge_ok(buf):
+def _decode_queue_purge_ok(buf: ReadBuffer) -> QueuePurgeOk:
     if len(buf) != 8:
         raise ValueError
     obj = _new(QueuePurgeOk)
@@ -3454,7 +3448,7 @@ def _decode_queue_purge_ok(buf):
     return obj
 
 
-def _decode_queue_delete(buf):
+def _decode_queue_delete(buf: ReadBuffer) -> QueueDelete:
     obj = _new(QueueDelete)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3471,7 +3465,7 @@ def _decode_queue_delete(buf):
     return obj
 
 
-def _decode_queue_delete_ok(buf):
+def _decode_queue_delete_ok(buf: ReadBuffer) -> QueueDeleteOk:
     if len(buf) != 8:
         raise ValueError
     obj = _new(QueueDeleteOk)
@@ -3479,7 +3473,7 @@ def _decode_queue_delete_ok(buf):
     return obj
 
 
-def _decode_queue_unbind(buf):
+def _decode_queue_unbind(buf: ReadBuffer) -> QueueUnbind:
     obj = _new(QueueUnbind)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3502,14 +3496,14 @@ def _decode_queue_unbind(buf):
     return obj
 
 
-def _decode_queue_unbind_ok(buf):
+def _decode_queue_unbind_ok(buf: ReadBuffer) -> QueueUnbindOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(QueueUnbindOk)
     return obj
 
 
-def _decode_basic_qos(buf):
+def _decode_basic_qos(buf: ReadBuffer) -> BasicQos:
     if len(buf) != 11:
         raise ValueError
     obj = _new(BasicQos)
@@ -3518,14 +3512,14 @@ def _decode_basic_qos(buf):
     return obj
 
 
-def _decode_basic_qos_ok(buf):
+def _decode_basic_qos_ok(buf: ReadBuffer) -> BasicQosOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(BasicQosOk)
     return obj
 
 
-def _decode_basic_consume(buf):
+def _decode_basic_consume(buf: ReadBuffer) -> BasicConsume:
     obj = _new(BasicConsume)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3549,7 +3543,7 @@ def _decode_basic_consume(buf):
     return obj
 
 
-def _decode_basic_consume_ok(buf):
+def _decode_basic_consume_ok(buf: ReadBuffer) -> BasicConsumeOk:
     obj = _new(BasicConsumeOk)
     n_consumer_tag = buf[4]
     off = 5
@@ -3561,7 +3555,7 @@ def _decode_basic_consume_ok(buf):
     return obj
 
 
-def _decode_basic_cancel(buf):
+def _decode_basic_cancel(buf: ReadBuffer) -> BasicCancel:
     obj = _new(BasicCancel)
     n_consumer_tag = buf[4]
     off = 5
@@ -3576,7 +3570,7 @@ def _decode_basic_cancel(buf):
     return obj
 
 
-def _decode_basic_cancel_ok(buf):
+def _decode_basic_cancel_ok(buf: ReadBuffer) -> BasicCancelOk:
     obj = _new(BasicCancelOk)
     n_consumer_tag = buf[4]
     off = 5
@@ -3588,7 +3582,7 @@ def _decode_basic_cancel_ok(buf):
     return obj
 
 
-def _decode_basic_publish(buf):
+def _decode_basic_publish(buf: ReadBuffer) -> BasicPublish:
     obj = _new(BasicPublish)
     n_exchange, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3609,7 +3603,7 @@ def _decode_basic_publish(buf):
     return obj
 
 
-def _decode_basic_return_(buf):
+def _decode_basic_return_(buf: ReadBuffer) -> BasicReturn:
     obj = _new(BasicReturn)
     obj.reply_code, n_reply_text = _S_HB.unpack_from(buf, 4)
     off = 7
@@ -3631,7 +3625,7 @@ def _decode_basic_return_(buf):
     return obj
 
 
-def _decode_basic_deliver(buf):
+def _decode_basic_deliver(buf: ReadBuffer) -> BasicDeliver:
     obj = _new(BasicDeliver)
     n_consumer_tag = buf[4]
     off = 5
@@ -3654,7 +3648,7 @@ def _decode_basic_deliver(buf):
     return obj
 
 
-def _decode_basic_get(buf):
+def _decode_basic_get(buf: ReadBuffer) -> BasicGet:
     obj = _new(BasicGet)
     n_queue, = _S_XXB.unpack_from(buf, 4)
     off = 7
@@ -3669,7 +3663,7 @@ def _decode_basic_get(buf):
     return obj
 
 
-def _decode_basic_get_ok(buf):
+def _decode_basic_get_ok(buf: ReadBuffer) -> BasicGetOk:
     obj = _new(BasicGetOk)
     obj.delivery_tag, bits0, n_exchange = _S_QBB.unpack_from(buf, 4)
     off = 14
@@ -3689,7 +3683,7 @@ def _decode_basic_get_ok(buf):
     return obj
 
 
-def _decode_basic_get_empty(buf):
+def _decode_basic_get_empty(buf: ReadBuffer) -> BasicGetEmpty:
     obj = _new(BasicGetEmpty)
     n_reserved_1 = buf[4]
     off = 5
@@ -3699,7 +3693,7 @@ def _decode_basic_get_empty(buf):
     return obj
 
 
-def _decode_basic_ack(buf):
+def _decode_basic_ack(buf: ReadBuffer) -> BasicAck:
     if len(buf) != 13:
         raise ValueError
     obj = _new(BasicAck)
@@ -3708,7 +3702,7 @@ def _decode_basic_ack(buf):
     return obj
 
 
-def _decode_basic_reject(buf):
+def _decode_basic_reject(buf: ReadBuffer) -> BasicReject:
     if len(buf) != 13:
         raise ValueError
     obj = _new(BasicReject)
@@ -3717,7 +3711,7 @@ def _decode_basic_reject(buf):
     return obj
 
 
-def _decode_basic_recover_async(buf):
+def _decode_basic_recover_async(buf: ReadBuffer) -> BasicRecoverAsync:
     if len(buf) != 5:
         raise ValueError
     obj = _new(BasicRecoverAsync)
@@ -3726,7 +3720,7 @@ def _decode_basic_recover_async(buf):
     return obj
 
 
-def _decode_basic_recover(buf):
+def _decode_basic_recover(buf: ReadBuffer) -> BasicRecover:
     if len(buf) != 5:
         raise ValueError
     obj = _new(BasicRecover)
@@ -3735,14 +3729,14 @@ def _decode_basic_recover(buf):
     return obj
 
 
-def _decode_basic_recover_ok(buf):
+def _decode_basic_recover_ok(buf: ReadBuffer) -> BasicRecoverOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(BasicRecoverOk)
     return obj
 
 
-def _decode_basic_nack(buf):
+def _decode_basic_nack(buf: ReadBuffer) -> BasicNack:
     if len(buf) != 13:
         raise ValueError
     obj = _new(BasicNack)
@@ -3752,7 +3746,7 @@ def _decode_basic_nack(buf):
     return obj
 
 
-def _decode_confirm_select(buf):
+def _decode_confirm_select(buf: ReadBuffer) -> ConfirmSelect:
     if len(buf) != 5:
         raise ValueError
     obj = _new(ConfirmSelect)
@@ -3761,56 +3755,56 @@ def _decode_confirm_select(buf):
     return obj
 
 
-def _decode_confirm_select_ok(buf):
+def _decode_confirm_select_ok(buf: ReadBuffer) -> ConfirmSelectOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(ConfirmSelectOk)
     return obj
 
 
-def _decode_tx_select(buf):
+def _decode_tx_select(buf: ReadBuffer) -> TxSelect:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxSelect)
     return obj
 
 
-def _decode_tx_select_ok(buf):
+def _decode_tx_select_ok(buf: ReadBuffer) -> TxSelectOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxSelectOk)
     return obj
 
 
-def _decode_tx_commit(buf):
+def _decode_tx_commit(buf: ReadBuffer) -> TxCommit:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxCommit)
     return obj
 
 
-def _decode_tx_commit_ok(buf):
+def _decode_tx_commit_ok(buf: ReadBuffer) -> TxCommitOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxCommitOk)
     return obj
 
 
-def _decode_tx_rollback(buf):
+def _decode_tx_rollback(buf: ReadBuffer) -> TxRollback:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxRollback)
     return obj
 
 
-def _decode_tx_rollback_ok(buf):
+def _decode_tx_rollback_ok(buf: ReadBuffer) -> TxRollbackOk:
     if len(buf) != 4:
         raise ValueError
     obj = _new(TxRollbackOk)
     return obj
 
 
-METHODS_BY_INDEX: dict[int, type] = {
+METHODS_BY_INDEX: dict[int, type[Method]] = {
     ConnectionStart.INDEX: ConnectionStart,
     ConnectionStartOk.INDEX: ConnectionStartOk,
     ConnectionSecure.INDEX: ConnectionSecure,
@@ -3876,8 +3870,8 @@ METHODS_BY_INDEX: dict[int, type] = {
     TxRollback.INDEX: TxRollback,
     TxRollbackOk.INDEX: TxRollbackOk,
 }
-METHODS_BY_NAME: dict[str, type] = {cls.NAME: cls for cls in METHODS_BY_INDEX.values()}
-_DECODERS = {
+METHODS_BY_NAME: dict[str, type[Method]] = {cls.NAME: cls for cls in METHODS_BY_INDEX.values()}
+_DECODERS: dict[int, Callable[[ReadBuffer], Method]] = {
     ConnectionStart.INDEX: _decode_connection_start,
     ConnectionStartOk.INDEX: _decode_connection_start_ok,
     ConnectionSecure.INDEX: _decode_connection_secure,
@@ -3947,7 +3941,7 @@ _DECODERS = {
 _S_INDEX = Struct(">I")
 
 
-def decode_method(payload):
+def decode_method(payload: ReadBuffer) -> Method:
     """Decode a method frame payload (bytes or memoryview) into a method instance."""
     try:
         (index,) = _S_INDEX.unpack_from(payload, 0)

@@ -11,11 +11,23 @@ the public functions. Encoding picks the tag from the Python type (see encode_va
 Nesting is bounded (NESTING_DEPTH_MAX) so hostile input cannot exhaust the Python stack.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from struct import Struct
 from struct import error as StructError
+from typing import Any, TypeAlias, Union
 
 from .errors import DecodeError
+
+# What the decoders read: a frame payload is bytes or a memoryview of the receive buffer (frames.py).
+ReadBuffer: TypeAlias = bytes | bytearray | memoryview
+# A decoded field value, by tag: t bool; b B s u I i l L int (Timestamp for T); f d float; D Decimal;
+# S str, or bytes when not UTF-8; x bytearray; V None; F a table; A an array.
+FieldValue: TypeAlias = Union[bool, int, float, Decimal, str, bytes, bytearray, None, "FieldTable", "FieldArray"]
+FieldTable: TypeAlias = dict[str, FieldValue]
+FieldArray: TypeAlias = list[FieldValue]
 
 SYNTAX_ERROR = 502  # spec.SYNTAX_ERROR; spec.py imports this module, so not imported here
 NESTING_DEPTH_MAX = 64
@@ -68,52 +80,52 @@ class Long(int):
 # decoding: each function takes (buf, offset) and returns (value, new offset)
 
 
-def _d_bool(buf, off):
+def _d_bool(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return buf[off] != 0, off + 1
 
 
-def _d_int8(buf, off):
+def _d_int8(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _I8.unpack_from(buf, off)[0], off + 1
 
 
-def _d_uint8(buf, off):
+def _d_uint8(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return buf[off], off + 1
 
 
-def _d_int16(buf, off):
+def _d_int16(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _I16.unpack_from(buf, off)[0], off + 2
 
 
-def _d_uint16(buf, off):
+def _d_uint16(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _U16.unpack_from(buf, off)[0], off + 2
 
 
-def _d_int32(buf, off):
+def _d_int32(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _I32.unpack_from(buf, off)[0], off + 4
 
 
-def _d_uint32(buf, off):
+def _d_uint32(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _U32.unpack_from(buf, off)[0], off + 4
 
 
-def _d_int64(buf, off):
+def _d_int64(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _I64.unpack_from(buf, off)[0], off + 8
 
 
-def _d_float32(buf, off):
+def _d_float32(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _F32.unpack_from(buf, off)[0], off + 4
 
 
-def _d_float64(buf, off):
+def _d_float64(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return _F64.unpack_from(buf, off)[0], off + 8
 
 
-def _d_decimal(buf, off):
+def _d_decimal(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     scale, value = _DEC.unpack_from(buf, off)
     return Decimal(value).scaleb(-scale), off + 5
 
 
-def _d_longstr(buf, off):
+def _d_longstr(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     (n,) = _U32.unpack_from(buf, off)
     off += 4
     end = off + n
@@ -127,15 +139,15 @@ def _d_longstr(buf, off):
         return bytes(raw), end
 
 
-def _d_timestamp(buf, off):
+def _d_timestamp(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return Timestamp(_U64.unpack_from(buf, off)[0]), off + 8
 
 
-def _d_void(buf, off):
+def _d_void(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     return None, off
 
 
-def _d_bytes(buf, off):
+def _d_bytes(buf: ReadBuffer, off: int) -> tuple[FieldValue, int]:
     (n,) = _U32.unpack_from(buf, off)
     off += 4
     end = off + n
@@ -145,7 +157,7 @@ def _d_bytes(buf, off):
 
 
 # 'F' and 'A' are handled inline by the table/array loops so that they can carry depth.
-_DECODERS = {
+_DECODERS: dict[int, Callable[[ReadBuffer, int], tuple[FieldValue, int]]] = {
     0x74: _d_bool,  # t
     0x62: _d_int8,  # b
     0x42: _d_uint8,  # B
@@ -169,7 +181,7 @@ _TAG_TABLE = 0x46  # F
 _TAG_ARRAY = 0x41  # A
 
 
-def _read_table(buf, off, depth):
+def _read_table(buf: ReadBuffer, off: int, depth: int) -> tuple[FieldTable, int]:
     if depth > NESTING_DEPTH_MAX:
         raise DecodeError(SYNTAX_ERROR, "field tables nested too deeply")
     (size,) = _U32.unpack_from(buf, off)
@@ -177,7 +189,7 @@ def _read_table(buf, off, depth):
     end = off + size
     if end > len(buf):
         raise DecodeError(SYNTAX_ERROR, f"field table length {size} runs past the end of the buffer")
-    table = {}
+    table: FieldTable = {}
     decoders = _DECODERS
     while off < end:
         n = buf[off]
@@ -201,7 +213,7 @@ def _read_table(buf, off, depth):
     return table, off
 
 
-def _read_array(buf, off, depth):
+def _read_array(buf: ReadBuffer, off: int, depth: int) -> tuple[FieldArray, int]:
     if depth > NESTING_DEPTH_MAX:
         raise DecodeError(SYNTAX_ERROR, "field arrays nested too deeply")
     (size,) = _U32.unpack_from(buf, off)
@@ -209,13 +221,14 @@ def _read_array(buf, off, depth):
     end = off + size
     if end > len(buf):
         raise DecodeError(SYNTAX_ERROR, f"field array length {size} runs past the end of the buffer")
-    array = []
+    array: FieldArray = []
     append = array.append
     decoders = _DECODERS
     while off < end:
         tag = buf[off]
         off += 1
         decoder = decoders.get(tag)
+        value: FieldValue
         if decoder is not None:
             value, off = decoder(buf, off)
         elif tag == _TAG_TABLE:
@@ -230,7 +243,7 @@ def _read_array(buf, off, depth):
     return array, off
 
 
-def decode_table(buf, offset: int) -> tuple[dict, int]:
+def decode_table(buf: ReadBuffer, offset: int) -> tuple[FieldTable, int]:
     """Decode a field table (with its u32 length) at `offset` of bytes or a memoryview."""
     try:
         return _read_table(buf, offset, 0)
@@ -238,7 +251,7 @@ def decode_table(buf, offset: int) -> tuple[dict, int]:
         raise DecodeError(SYNTAX_ERROR, "malformed field table") from None
 
 
-def decode_array(buf, offset: int) -> tuple[list, int]:
+def decode_array(buf: ReadBuffer, offset: int) -> tuple[FieldArray, int]:
     """Decode a field array (with its u32 length) at `offset` of bytes or a memoryview."""
     try:
         return _read_array(buf, offset, 0)
@@ -246,7 +259,7 @@ def decode_array(buf, offset: int) -> tuple[list, int]:
         raise DecodeError(SYNTAX_ERROR, "malformed field array") from None
 
 
-def decode_shortstr(buf, offset: int) -> tuple[str, int]:
+def decode_shortstr(buf: ReadBuffer, offset: int) -> tuple[str, int]:
     """Decode a shortstr (u8 length + UTF-8) at `offset`."""
     try:
         n = buf[offset]
@@ -270,7 +283,7 @@ def encode_shortstr(value: str) -> bytes:
     return _U8.pack(len(raw)) + raw
 
 
-def _encode_key(key) -> bytes:
+def _encode_key(key: object) -> bytes:
     if key.__class__ is not str and not isinstance(key, str):
         raise TypeError(f"field table keys must be str, not {type(key).__name__}")
     raw = key.encode()
@@ -305,15 +318,17 @@ def _encode_decimal(value: Decimal) -> bytes:
     return _TAG_DEC.pack(b"D", scale, mantissa)
 
 
-def _encode_longstr(tag: bytes, raw) -> bytes:
+def _encode_longstr(tag: bytes, raw: bytes) -> bytes:
     if len(raw) > 0xFFFFFFFF:
         raise ValueError("field value longer than 4 GiB")
     return _TAG_U32.pack(tag, len(raw)) + raw
 
 
-def encode_value(value, depth: int = 0) -> bytes:
+def encode_value(value: Any, depth: int = 0) -> bytes:
     """Tag and encode one field value. Exact type checks first (fast path), then isinstance
     for subclasses; bool is tested before int and Timestamp before int on purpose."""
+    # `value` is Any, not object: the fast path compares `value.__class__` once, through a
+    # local, which mypy cannot narrow on; every branch is a run-time type check, the last raises.
     cls = value.__class__
     if cls is str:
         return _encode_longstr(b"S", value.encode())
@@ -369,12 +384,12 @@ def _encode_timestamp(value: int) -> bytes:
     return _TAG_U64.pack(b"T", value)
 
 
-def _encode_table(table: dict, depth: int) -> bytes:
+def _encode_table(table: Mapping[str, object], depth: int) -> bytes:
     if depth > NESTING_DEPTH_MAX:
         raise ValueError("field tables nested too deeply")
     if not table:
         return _EMPTY
-    parts = []
+    parts: list[bytes] = []
     append = parts.append
     for key, value in table.items():
         append(_encode_key(key))
@@ -383,7 +398,7 @@ def _encode_table(table: dict, depth: int) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def _encode_array(array, depth: int) -> bytes:
+def _encode_array(array: Sequence[object], depth: int) -> bytes:
     if depth > NESTING_DEPTH_MAX:
         raise ValueError("field arrays nested too deeply")
     if not array:
@@ -392,7 +407,7 @@ def _encode_array(array, depth: int) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def encode_table(table: dict | None) -> bytes:
+def encode_table(table: Mapping[str, object] | None) -> bytes:
     """Encode a field table with its u32 length prefix; None is the empty table."""
     if not table:
         return _EMPTY
@@ -401,7 +416,7 @@ def encode_table(table: dict | None) -> bytes:
     return _encode_table(table, 0)
 
 
-def encode_array(array: list | tuple) -> bytes:
+def encode_array(array: Sequence[object]) -> bytes:
     """Encode a field array with its u32 length prefix."""
     if not isinstance(array, (list, tuple)):
         raise TypeError(f"field array must be a list or tuple, not {type(array).__name__}")

@@ -15,7 +15,6 @@ import argparse
 import time
 
 from maxq_raft.machines import commands as qc
-
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_types import Meta

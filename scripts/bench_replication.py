@@ -213,7 +213,7 @@ def bench_once(window: int, seconds: float, fsync: bool, ngroups: int) -> dict:
                "leaders": {i: len(v) for i, v in leads.items()}}
         seams: dict[str, int] = {}
         fsyncs = appends = 0
-        for i, p in procs.items():
+        for p in procs.values():
             st = p.ask(5, op="status") or {}
             for k, v in st.get("seams", {}).items():
                 seams[k] = seams.get(k, 0) + v

@@ -66,7 +66,7 @@ TYPE_HINTS = {
     "shortstr": "str",
     "longstr": "bytes | str",
     "bit": "bool",
-    "table": "dict | None",
+    "table": "FieldTable | None",
 }
 DEFAULTS = {
     "octet": "0",
@@ -262,7 +262,8 @@ def layout(method: Method) -> list[tuple]:
                 run.append(fields[i])
                 i += 1
             terms = [f"({1 << k} if self.{b.py} else 0)" for k, b in enumerate(run) if not b.reserved]
-            expr = " | ".join(terms) if terms else "0"
+            # a lone term needs no parentheses (they would be extraneous in a pack() argument)
+            expr = " | ".join(terms) if len(terms) > 1 else terms[0][1:-1] if terms else "0"
             var = f"bits{n_bits}"
             n_bits += 1
             target = var if terms else None
@@ -326,7 +327,9 @@ def gen_encode(method: Method, structs: StructRegistry) -> list[str]:
             body.append(f'    raise ValueError("{method.full_name} {f.py} is longer than 255 bytes")')
         elif f.type == "longstr":
             body.append(f"v_{f.py} = self.{f.py}")
-            body.append(f"if v_{f.py}.__class__ is str:")
+            # isinstance rather than an exact class test: the type checker narrows on it, and
+            # longstr fields are only in the handshake (start, start-ok, secure, update-secret)
+            body.append(f"if isinstance(v_{f.py}, str):")
             body.append(f"    v_{f.py} = v_{f.py}.encode()")
     header = [("fixed", "H", str(method.class_id), None, None), ("fixed", "H", str(method.method_id), None, None)]
     parts: list[str] = []
@@ -365,7 +368,7 @@ def gen_decode(method: Method, structs: StructRegistry) -> list[str]:
     read past the end raises struct.error or IndexError, and a string slice that runs past the
     end leaves the offset beyond len(buf)."""
     fn = f"_decode_{method.class_name}_{python_name(method.name)}"
-    lines = [f"def {fn}(buf):"]
+    lines = [f"def {fn}(buf: ReadBuffer) -> {method.cls}:"]
     entries = group(layout(method))
     static = all(e[0] == "struct" for e in entries)
     off: int | None = 4  # known statically until the first variable-length item
@@ -429,7 +432,7 @@ def gen_decode(method: Method, structs: StructRegistry) -> list[str]:
 
 def gen_class(method: Method, structs: StructRegistry) -> list[str]:
     args = method.args
-    lines = [f"class {method.cls}:"]
+    lines = [f"class {method.cls}(Method):"]
     lines.append(f'    """{method.full_name} ({method.class_id}, {method.method_id})"""')
     lines.append("")
     lines += assign_tuple("    ", "__slots__", [f'"{f.py}"' for f in args])
@@ -439,8 +442,8 @@ def gen_class(method: Method, structs: StructRegistry) -> list[str]:
     lines.append(f'    NAME = "{method.full_name}"')
     lines.append(f"    SYNCHRONOUS = {method.synchronous}")
     lines.append(f"    HAS_CONTENT = {method.content}")
-    lines += assign_tuple("    ", "RESPONSES: tuple[str, ...]", [f'"{r}"' for r in method.responses])
-    lines += assign_tuple("    ", "FIELDS: tuple[tuple[str, str], ...]", [f'("{f.py}", "{f.type}")' for f in args])
+    lines += assign_tuple("    ", "RESPONSES", [f'"{r}"' for r in method.responses])
+    lines += assign_tuple("    ", "FIELDS", [f'("{f.py}", "{f.type}")' for f in args])
     lines.append("")
     if args:
         lines.append("    def __init__(")
@@ -462,11 +465,12 @@ def gen_class(method: Method, structs: StructRegistry) -> list[str]:
     if args:
         lines.append("        return (")
         for k, f in enumerate(args):
-            lines.append(f"            {'and ' if k else ''}self.{f.py} == other.{f.py}  # type: ignore[attr-defined]")
+            lines.append(f"            {'and ' if k else ''}self.{f.py} == other.{f.py}")
         lines.append("        )")
     else:
         lines.append("        return True")
     lines.append("")
+    # mutable and compared by value, so unhashable (the ignore: typeshed types __hash__ as a method)
     lines.append("    __hash__ = None  # type: ignore[assignment]")
     lines.append("")
     lines.append("    def __repr__(self) -> str:")
@@ -503,11 +507,13 @@ def render(spec: Spec, spec_name: str) -> str:
         "synchronous with reply basic.recover-ok, the 14th basic property is cluster_id.",
         '"""',
         "",
+        "from collections.abc import Callable",
         "from struct import Struct",
         "from struct import error as StructError",
+        "from typing import ClassVar",
         "",
         "from .errors import DecodeError",
-        "from .values import decode_table, encode_table",
+        "from .values import FieldTable, ReadBuffer, decode_table, encode_table",
         "",
         "_new = object.__new__",
         "",
@@ -520,7 +526,7 @@ def render(spec: Spec, spec_name: str) -> str:
     out.append("")
     out.append("# code -> RabbitMQ's name for it, as used in reply texts (\"NOT_FOUND - no queue 'q'\")")
     out.append("REPLY_NAMES: dict[int, str] = {")
-    for name, value, _ in spec.reply_codes:
+    for name, _value, _ in spec.reply_codes:
         out.append(f'    {python_name(name).upper()}: "{python_name(name).upper()}",')
     out.append("}")
     for cls_name, label in (("soft-error", "SOFT_ERRORS"), ("hard-error", "HARD_ERRORS")):
@@ -535,15 +541,38 @@ def render(spec: Spec, spec_name: str) -> str:
     out.append(")")
     out.append("")
     struct_pos = len(out)
-    out.append("")
+    out += [
+        "",
+        "class Method:",
+        '    """What every method class below has: its spec facts and `encode()`. The classes derive',
+        "    from it so that code handling any method can say so (`Method`, `type[Method]`); it has",
+        "    no slots and no state. Instances compare by value and are unhashable: `__hash__ = None`,",
+        '    which needs a type: ignore[assignment] as typeshed declares __hash__ a method."""',
+        "",
+        "    __slots__ = ()",
+        "    CLASS_ID: ClassVar[int]",
+        "    METHOD_ID: ClassVar[int]",
+        "    INDEX: ClassVar[int]  # CLASS_ID << 16 | METHOD_ID",
+        "    NAME: ClassVar[str]  # e.g. \"basic.publish\"",
+        "    SYNCHRONOUS: ClassVar[bool]",
+        "    HAS_CONTENT: ClassVar[bool]",
+        "    RESPONSES: ClassVar[tuple[str, ...]]  # names of the methods that answer it",
+        "    FIELDS: ClassVar[tuple[tuple[str, str], ...]]  # (python name, wire type), reserved ones left out",
+        "",
+        "    def encode(self) -> bytes:",
+        '        """The method frame payload: class id, method id, arguments."""',
+        "        raise NotImplementedError",
+        "",
+        "",
+    ]
     out += classes
     out += decoders
-    out.append("METHODS_BY_INDEX: dict[int, type] = {")
+    out.append("METHODS_BY_INDEX: dict[int, type[Method]] = {")
     for m in spec.methods:
         out.append(f"    {m.cls}.INDEX: {m.cls},")
     out.append("}")
-    out.append("METHODS_BY_NAME: dict[str, type] = {cls.NAME: cls for cls in METHODS_BY_INDEX.values()}")
-    out.append("_DECODERS = {")
+    out.append("METHODS_BY_NAME: dict[str, type[Method]] = {cls.NAME: cls for cls in METHODS_BY_INDEX.values()}")
+    out.append("_DECODERS: dict[int, Callable[[ReadBuffer], Method]] = {")
     for m in spec.methods:
         out.append(f"    {m.cls}.INDEX: _decode_{m.class_name}_{python_name(m.name)},")
     out.append("}")
@@ -552,7 +581,7 @@ def render(spec: Spec, spec_name: str) -> str:
     out.append("")
     out += [
         "",
-        "def decode_method(payload):",
+        "def decode_method(payload: ReadBuffer) -> Method:",
         '    """Decode a method frame payload (bytes or memoryview) into a method instance."""',
         "    try:",
         "        (index,) = _S_INDEX.unpack_from(payload, 0)",
@@ -588,7 +617,7 @@ def render(spec: Spec, spec_name: str) -> str:
 # pays one test per absent group rather than one per absent property.
 
 PROPERTY_GROUP_SIZE = 4
-PROPERTY_TYPE_HINTS = {"shortstr": "str", "table": "dict", "octet": "int", "short": "int", "long": "int",
+PROPERTY_TYPE_HINTS = {"shortstr": "str", "table": "FieldTable", "octet": "int", "short": "int", "long": "int",
                        "longlong": "int", "timestamp": "int"}
 # The server asks these of every publish (is it persistent?): each gets a `<name>_of(raw)`
 # that skips the properties before it by their length prefixes instead of decoding them.
@@ -610,7 +639,7 @@ def gen_property_encode(props: list[Field], structs: StructRegistry) -> list[str
         "def encode_properties(props: BasicProperties) -> bytes:",
         '    """The property list (flag word + present values) of a content header."""',
         "    flags = 0",
-        '    parts: list = [b""]  # the flag word, once known',
+        '    parts: list[bytes] = [b""]  # the flag word, once known',
         "    try:",
     ]
     for k, f in enumerate(props):
@@ -660,7 +689,7 @@ def gen_property_decode_one(k: int, f: Field, structs: StructRegistry, indent: s
 
 def gen_property_decode(props: list[Field], structs: StructRegistry) -> list[str]:
     lines = [
-        "def decode_properties(raw) -> BasicProperties:",
+        "def decode_properties(raw: ReadBuffer) -> BasicProperties:",
         '    """Parse a property list (bytes or memoryview starting at the flag word)."""',
         "    try:",
         "        if raw.__class__ is not bytes:",
@@ -697,7 +726,7 @@ def gen_fast_accessor(props: list[Field], name: str, structs: StructRegistry) ->
     assert props[k].type == "octet", "a fast accessor reads one octet"
     flag = property_flag(k)
     lines = [
-        f"def {name}_of(raw) -> int:",
+        f"def {name}_of(raw: ReadBuffer) -> int:",
         f'    """{name} of an encoded property list (0 if absent), without decoding the rest: the',
         f'    at most {k} properties before it are skipped by their lengths."""',
         "    if len(raw) < 2:",
@@ -748,10 +777,11 @@ def gen_properties_class(props: list[Field]) -> list[str]:
         "        return (",
     ]
     for k, f in enumerate(props):
-        lines.append(f"            {'and ' if k else ''}self.{f.py} == other.{f.py}  # type: ignore[attr-defined]")
+        lines.append(f"            {'and ' if k else ''}self.{f.py} == other.{f.py}")
     lines += [
         "        )",
         "",
+        "    # compared by value, so unhashable (the ignore: typeshed declares __hash__ a method)",
         "    __hash__ = None  # type: ignore[assignment]",
         "",
         "    def __repr__(self) -> str:",
@@ -798,7 +828,7 @@ def render_properties(spec: Spec, spec_name: str) -> str:
         "",
         "from .errors import DecodeError",
         "from .spec import SYNTAX_ERROR",
-        "from .values import decode_table, encode_table",
+        "from .values import FieldTable, ReadBuffer, decode_table, encode_table",
         "",
         "# property flag bits (spec 4.2.6.1): the first property is bit 15",
     ]
@@ -813,7 +843,7 @@ def render_properties(spec: Spec, spec_name: str) -> str:
     ]
     out += body
     out += [
-        "def _after_flag_words(raw, strict: bool) -> int:",
+        "def _after_flag_words(raw: ReadBuffer, strict: bool) -> int:",
         '    """The offset after the continuation flag words (spec 4.2.6.1), which are rare. They can',
         f'    only carry bits of properties beyond the {len(props)} that basic defines: the decoder (strict)',
         '    accepts them when empty so the stream stays in sync, and refuses them otherwise."""',
@@ -832,7 +862,7 @@ def render_properties(spec: Spec, spec_name: str) -> str:
         f"    return {header_struct}.pack(class_id, 0, body_size) + props_raw",
         "",
         "",
-        "def decode_content_header(payload) -> tuple[int, int, bytes]:",
+        "def decode_content_header(payload: ReadBuffer) -> tuple[int, int, bytes]:",
         '    """Split a content header payload into (class id, body size, raw property list).',
         '    The weight field is ignored (spec: must be zero, unused)."""',
         "    if len(payload) < 14:",

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +149,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
         rows = [m for m in list(marks.values()) if "propose" in m and "applied" in m]
         report = {"entries": len(rows), "stages": []}
         present = [s for s in STAGES if any(s in r for r in rows)]
-        for a, b in zip(present, present[1:]):
+        for a, b in pairwise(present):
             report["stages"].append([a, b, percentiles([(r[b] - r[a]) * 1e3 for r in rows if a in r and b in r])])
         report["total"] = percentiles([(r["applied"] - r["propose"]) * 1e3 for r in rows])
         Path(out_path + ".tmp").write_text(json.dumps(report))

@@ -39,10 +39,11 @@ import collections
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeAlias
 
 from .errors import StorageError, StoreFailed
+from .segment_store import WritableStore
 
 log = logging.getLogger("maxq.storage")
 
@@ -55,16 +56,22 @@ _RANGE_ALL = 1 << 64
 
 # A redo entry: ("w", puts, deletes, meta) for `write`, ("r", queue_id, seq_from, seq_to) for a
 # range delete (`drop_queue` is the whole range).
-_Op = tuple
+_Write: TypeAlias = tuple[Literal["w"], Sequence[tuple[int, int, bytes]], Sequence[tuple[int, int]],
+                          dict[str, bytes | None] | None]
+_RangeDelete: TypeAlias = tuple[Literal["r"], int, int, int]
+_Op: TypeAlias = _Write | _RangeDelete
 
 
 class GuardedStore:
-    """Wraps a SegmentStore opened by `open_store(read_only)`; see the module docstring."""
+    """Wraps a SegmentStore opened by `open_store(read_only)`; see the module docstring.
 
-    def __init__(self, open_store: Callable[[bool], Any], *, redo: bool = True,
+    Without a handle (while `recover` replaces it, after `close`) there is no `_store`
+    attribute at all, so a call then fails with AttributeError, as on any closed object."""
+
+    def __init__(self, open_store: Callable[[bool], WritableStore], *, redo: bool = True,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self._open_store = open_store
-        self._store: Any = open_store(False)
+        self._store: WritableStore = open_store(False)
         self.path: str = getattr(self._store, "path", "store")
         self.redo = redo
         self.on_failure = on_failure
@@ -288,7 +295,7 @@ class GuardedStore:
             self._store = _Unreadable(self.path, str(exc))
 
     def _release_handle(self) -> None:
-        store, self._store = self._store, None
+        store = self.__dict__.pop("_store", None)
         if store is None:
             return
         try:
@@ -311,7 +318,7 @@ class GuardedStore:
             if self.failure is not None:
                 self._release_handle()
                 return
-            store, self._store = self._store, None
+            store = self.__dict__.pop("_store", None)
             if store is None:
                 return
             try:
@@ -320,7 +327,7 @@ class GuardedStore:
                 log.error("message store %s: the final flush failed: %s", self.path, exc)
 
     def __repr__(self) -> str:
-        return f"GuardedStore({self._store!r}, failure={self.failure!r})"
+        return f"GuardedStore({self.__dict__.get('_store')!r}, failure={self.failure!r})"
 
 
 class _Unreadable:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import pairwise
 
 from .errors import CorruptRecord, StoreClosed
 from .records import (
@@ -233,10 +234,10 @@ class MemorySegmentStore:
     def __repr__(self) -> str:
         return f"MemorySegmentStore({self.path!r}, queues={len(self._queues)})"
 
-    def __enter__(self) -> "MemorySegmentStore":
+    def __enter__(self) -> MemorySegmentStore:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def check_invariants(self) -> None:
@@ -244,7 +245,7 @@ class MemorySegmentStore:
         for queue_id, queue in self._queues.items():
             assert queue.records, f"queue {queue_id} is empty but listed"
             live = queue.seqs[queue.head:]
-            assert all(a < b for a, b in zip(queue.seqs, queue.seqs[1:])), f"queue {queue_id}: seqs unsorted"
+            assert all(a < b for a, b in pairwise(queue.seqs)), f"queue {queue_id}: seqs unsorted"
             assert set(queue.records) <= set(live), f"queue {queue_id}: a record is missing from seqs"
             for seq, value in queue.records.items():
                 self._verified(pack_key(queue_id, seq), value, queue_id, seq)

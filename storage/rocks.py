@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rocksdict import (
     AccessType,
@@ -60,6 +61,9 @@ from rocksdict import (
     WriteBatch,
     WriteOptions,
 )
+
+if TYPE_CHECKING:
+    from rocksdict import ColumnFamily
 
 from .errors import CorruptRecord, StorageError, StoreClosed, StoreCorruption, StoreLocked
 from .records import (
@@ -223,7 +227,7 @@ def _is_empty(db: Rdict) -> bool:
 class RocksSegmentStore:
     """SegmentStore on a RocksDB folder; see the module docstring for the durability modes."""
 
-    def __init__(self, path: str | os.PathLike, *, sync_writes: bool = False, wal: bool = True,
+    def __init__(self, path: str | os.PathLike[str], *, sync_writes: bool = False, wal: bool = True,
                  read_only: bool = False) -> None:
         if sync_writes and not wal:
             raise ValueError("sync_writes=True needs wal=True: without a WAL there is nothing to sync per write")
@@ -234,13 +238,15 @@ class RocksSegmentStore:
         self.iterator_moves = 0  # seeks + steps made by this object's own iterators
         self._write_options = WriteOptions()
         self._write_options.sync = sync_writes
-        self._write_options.disable_wal = not wal  # a property, despite rocksdict's stub
+        # disable_wal is a property, though rocksdict's stub declares a method (hence the ignores)
+        self._write_options.disable_wal = not wal  # type: ignore[method-assign, assignment]
         self._no_wal_options = WriteOptions()
-        self._no_wal_options.disable_wal = True
+        self._no_wal_options.disable_wal = True  # type: ignore[method-assign, assignment]
         self._cache = Cache(BLOCK_CACHE_BYTES)
         fresh = _check_folder(self.path)
         self._db: Rdict | None = None
         self._meta: Rdict | None = None
+        self._meta_cf_handle: ColumnFamily | None = None  # made on first use (_meta_handle)
         self._db, self._meta = _open_rdict(self.path, self._cache, fresh=fresh, read_only=read_only)
         try:
             if read_only:
@@ -450,8 +456,8 @@ class RocksSegmentStore:
             batch.delete(pack_key(queue_id, seq))
         if meta:
             meta_cf = self._meta_handle()
-            for key, value in meta.items():
-                key_bytes = _meta_key_bytes(key)
+            for meta_key, value in meta.items():
+                key_bytes = _meta_key_bytes(meta_key)
                 if value is None:
                     batch.delete(key_bytes, meta_cf)
                 else:
@@ -466,8 +472,8 @@ class RocksSegmentStore:
         except Exception as exc:
             raise self._rocks_error(exc) from exc
 
-    def _meta_handle(self):
-        handle = getattr(self, "_meta_cf_handle", None)
+    def _meta_handle(self) -> ColumnFamily:
+        handle = self._meta_cf_handle
         if handle is None:
             handle = self._meta_cf_handle = self._open().get_column_family_handle(META_CF)
         return handle
@@ -573,10 +579,10 @@ class RocksSegmentStore:
         state = "closed" if self._db is None else "open"
         return f"RocksSegmentStore({self.path!r}, wal={self.wal}, sync_writes={self.sync_writes}, {state})"
 
-    def __enter__(self) -> "RocksSegmentStore":
+    def __enter__(self) -> RocksSegmentStore:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -629,7 +635,7 @@ class _Problems:
         return list(self.items)
 
 
-def verify(path: str | os.PathLike, *, problems_max: int = VERIFY_PROBLEMS_MAX) -> list[str]:
+def verify(path: str | os.PathLike[str], *, problems_max: int = VERIFY_PROBLEMS_MAX) -> list[str]:
     """Open the store read-only and check every record's checksum and key shape; [] means healthy.
 
     Each problem is one line naming the store and, for a record, its queue and seq (or meta key);

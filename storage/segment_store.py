@@ -76,3 +76,19 @@ class SegmentStore(Protocol):
     def close(self) -> None:
         """Flush and release the store; idempotent. Any later call raises StoreClosed."""
         ...
+
+
+class WritableStore(SegmentStore, Protocol):
+    """A SegmentStore with a batch write across messages and meta and a WAL sync: what
+    GuardedStore wraps (RocksSegmentStore and MemorySegmentStore are both)."""
+
+    path: str
+
+    def write(self, puts: Iterable[tuple[int, int, bytes]], deletes: Iterable[tuple[int, int]],
+              meta: dict[str, bytes | None] | None, *, wal: bool = True) -> None:
+        """Puts, deletes and meta changes (None deletes a meta key) in one atomic write."""
+        ...
+
+    def sync_wal(self) -> None:
+        """Make the writes so far survive a crash of the machine (fsync the WAL)."""
+        ...

@@ -40,7 +40,7 @@ class BrokerProcess:
         self.http_port = free_port()
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "BrokerProcess":
+    def start(self) -> BrokerProcess:
         self.launch()
         return self.wait_ready()
 
@@ -55,7 +55,7 @@ class BrokerProcess:
         # cwd outside the repo: the repo root must not be on sys.path (our amqp/ would shadow py-amqp).
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.data_dir.parent))
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> "BrokerProcess":
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> BrokerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_kombu_imports_py_amqp_and_ours_is_maxq_raft_amqp():
-    import amqp
     import kombu.transport.pyamqp
 
+    import amqp
     import maxq_raft.amqp
     from maxq_raft.amqp import spec
 

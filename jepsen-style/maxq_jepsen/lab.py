@@ -53,10 +53,10 @@ import random
 import shlex
 import shutil
 import signal
-import threading
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zlib
@@ -221,7 +221,7 @@ class Node:
                 return
             for marker in give_up_on:
                 if marker in text:
-                    line = next(l for l in text.splitlines() if marker in l).decode(errors="replace")
+                    line = next(row for row in text.splitlines() if marker in row).decode(errors="replace")
                     raise LabError(f"{self.name} will not become ready: {line.strip()[:300]}")
             time.sleep(0.05)
         self.kill()

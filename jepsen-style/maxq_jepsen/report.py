@@ -82,7 +82,7 @@ def summary_table(results: list[dict]) -> str:
                      "-" if avail is None else f"{avail:.2f}", _max_recovery(r), r.get("verdict", UNKNOWN)))
     rows = [tuple("-" if cell is None else str(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -201,7 +201,7 @@ class Worker(threading.Thread):
             self.error = exc
             self.history.write(INFO, "worker-error", self.process, error=repr(exc))
 
-    def make_session(self, node: str, host: str, port: int) -> "_Session":
+    def make_session(self, node: str, host: str, port: int) -> _Session:
         raise NotImplementedError
 
 
@@ -522,7 +522,7 @@ class _ConsumerSession(_Session):
         self.record(OK, "ack", id=message_id)
 
     def begin_close(self) -> None:
-        for tag, timer in list(self.pending_acks.items()):
+        for timer in list(self.pending_acks.values()):
             self.conn.ioloop.remove_timeout(timer)
         pending = list(self.pending_acks)
         self.pending_acks.clear()

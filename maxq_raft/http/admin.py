@@ -22,9 +22,10 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio

@@ -72,7 +72,7 @@ class ApplyOrder:
         for life in [o for o in (*self.expected, *self.held) if o.startswith(prefix) and o != keep]:
             self.dead[life] = None
             self.expected.pop(life, None)
-            dropped += len(self.held.pop(life, None) or ())
+            dropped += len(self.held.pop(life, {}))
         return dropped
 
     def is_dead(self, origin: str) -> bool:
@@ -90,7 +90,7 @@ class ApplyOrder:
         return dict(self.expected), held, sorted(self.dead)
 
     @classmethod
-    def load(cls, expected: dict, held: list, dead: list) -> "ApplyOrder":
+    def load(cls, expected: dict[str, int], held: list[list[Any]], dead: list[str]) -> ApplyOrder:
         order = cls()
         order.expected = {str(origin): int(seq) for origin, seq in expected.items()}
         for origin, seq, item in held:
@@ -98,7 +98,7 @@ class ApplyOrder:
         order.dead = {str(life): None for life in dead}
         return order
 
-    def digest(self) -> tuple:
+    def digest(self) -> tuple[object, ...]:
         """A comparable summary, for replicas that must agree (tests, simulation)."""
         return (tuple(sorted(self.expected.items())), tuple(sorted((o, tuple(sorted(h))) for o, h in self.held.items())),
                 tuple(sorted(self.dead)))

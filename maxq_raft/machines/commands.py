@@ -12,13 +12,13 @@ machine's. The field types are what the shell sends; a machine still checks them
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Union, get_args
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, get_args
 
 from .queue_types import Rejected
 
 if TYPE_CHECKING:
     from .message import Message
-    from .queue_args import QueueSettings
+    from .queue_args import Arguments, QueueSettings
 
 
 class Create(NamedTuple):
@@ -26,7 +26,7 @@ class Create(NamedTuple):
     shard's log alone decides what each of its queues holds, whatever the metadata group's pace."""
 
     durable: bool
-    arguments: dict
+    arguments: Arguments
 
 
 class Sync(NamedTuple):
@@ -139,8 +139,8 @@ class UpdateSettings(NamedTuple):
     settings: QueueSettings
 
 
-QueueCommand = Union[Enqueue, Checkout, Cancel, Settle, Requeue, Discard, Credit, Get, Purge, Down, DeleteQueue, Tick,
-                     Touch, DeadLettered, UpdateSettings]
+QueueCommand: TypeAlias = (Enqueue | Checkout | Cancel | Settle | Requeue | Discard | Credit | Get | Purge | Down
+                           | DeleteQueue | Tick | Touch | DeadLettered | UpdateSettings)
 # The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
 QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))
 
@@ -156,7 +156,7 @@ def bad_seqs(seqs: Any) -> bool:
     """True unless `seqs` is a list or tuple of ints (checked before any is acted on)."""
     if type(seqs) is not list and type(seqs) is not tuple:
         return True
-    for seq in seqs:
+    for seq in seqs:  # noqa: SIM110 - per settle; a plain loop is faster than any() over a generator
         if type(seq) is not int:  # also refuses bool: True would settle seq 1
             return True
     return False

@@ -29,6 +29,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .queue_types import Backing
 
 DELAYED_BASE = 1 << 63
 DUE_SHIFT = 24
@@ -50,7 +55,7 @@ def slot_start_ms(key: int) -> int:
 
 
 class DelayedMessages:
-    def __init__(self, backing, window_max: int = WINDOW_MAX) -> None:
+    def __init__(self, backing: Backing | None, window_max: int = WINDOW_MAX) -> None:
         self.backing = backing
         self.window_max = window_max if backing is not None else 1 << 62
         self.load_max = max(1, min(LOAD_MAX, window_max))
@@ -58,18 +63,18 @@ class DelayedMessages:
         self.spilled = 0  # of those, stored only (keys >= cursor)
         self.cursor = NO_CURSOR  # every delayed key below it is in memory
         self.counter = 0
-        self.window: dict[int, object] = {}  # key -> Message, the in-memory ones
+        self.window: dict[int, Message] = {}  # key -> the in-memory ones
         self.keys: list[int] = []  # their keys, ascending (the last is evicted first)
         self.heap: list[tuple[int, int]] = []  # (due ms, key); entries of evicted keys are skipped
 
-    def add_all(self, messages: list, now_ms: int) -> None:
+    def add_all(self, messages: list[Message], now_ms: int) -> None:
         """Hold each message until `now_ms` + its delay, writing them to the backing in one batch."""
         for message in messages:
-            self._add(message, now_ms + message.delay_ms)
+            self._add(message, now_ms + message.delay_ms)  # type: ignore[operator]  # only delayed messages come here
         if self.backing is not None:
             self.backing.write(messages)
 
-    def _add(self, message, due_ms: int) -> None:
+    def _add(self, message: Message, due_ms: int) -> None:
         key = delayed_key(due_ms, self.counter)
         message.delay_counter = self.counter
         self.counter += 1
@@ -109,10 +114,10 @@ class DelayedMessages:
                 due = stored
         return due
 
-    def release(self, now_ms: int, limit: int) -> tuple[list, bool]:
+    def release(self, now_ms: int, limit: int) -> tuple[list[Message], bool]:
         """Up to `limit` messages due by `now_ms`, in due order, removed from the store; and
         whether more are due (the caller comes back at once)."""
-        out = []
+        out: list[Message] = []
         heap = self.heap
         while len(out) < limit:
             while self.spilled and slot_start_ms(self.cursor) <= now_ms:
@@ -155,14 +160,14 @@ class DelayedMessages:
         if forced:
             # Beyond the window: only the rest of the cursor's slot (it has come).
             slot_end = ((self.cursor >> DUE_SHIFT) + 1) << DUE_SHIFT
-            loaded = self.backing.load(self.cursor, self.load_max, slot_end)
+            loaded = self.backing.load(self.cursor, self.load_max, slot_end)  # type: ignore[union-attr]  # spilled: a backing
             if not loaded:
                 # The slot is exhausted: the next stored key is in a later slot.
                 self.cursor = slot_end
                 return
         else:
             want = min(self.load_max, self.window_max + self.load_max - len(self.window))
-            loaded = self.backing.load(self.cursor, want)
+            loaded = self.backing.load(self.cursor, want)  # type: ignore[union-attr]  # spilled: a backing
         if not loaded:
             # Transient delayed messages do not survive a restart: nothing more is stored.
             self.count -= self.spilled
@@ -174,7 +179,7 @@ class DelayedMessages:
             message.stored = True
             self.window[key] = message
             self.keys.append(key)  # loaded keys are above every in-memory one
-            heapq.heappush(self.heap, (message.due_ms, key))
+            heapq.heappush(self.heap, (message.due_ms, key))  # type: ignore[misc]  # a delayed message has its due_ms
         self.spilled -= len(loaded)
         self.cursor = loaded[-1].seq + 1 if self.spilled else NO_CURSOR
         if self.spilled < 0:
@@ -194,14 +199,14 @@ class DelayedMessages:
         self.count = self.spilled = 0
         self.cursor = NO_CURSOR
 
-    def dump(self) -> dict:
+    def dump(self) -> dict[str, Any]:
         """The counters as plain data (the in-memory messages are dumped by the queue machine)."""
         return {"window_max": self.window_max, "load_max": self.load_max, "count": self.count,
                 "spilled": self.spilled,
                 # (NO_CURSOR is above msgpack's uint64: sent as None)
                 "cursor": None if self.cursor == NO_CURSOR else self.cursor, "counter": self.counter}
 
-    def load(self, record: dict) -> None:
+    def load(self, record: dict[str, Any]) -> None:
         """Take back `dump`'s counters; the window's messages follow through `window`, then
         `rebuild_index`."""
         self.window_max = record["window_max"]
@@ -215,7 +220,7 @@ class DelayedMessages:
         """The sorted keys and due heap follow from the window's messages (a live heap may also
         hold entries of evicted keys, which every reader skips)."""
         self.keys = sorted(self.window)
-        self.heap = [(message.due_ms, key) for key, message in self.window.items()]
+        self.heap = [(message.due_ms, key) for key, message in self.window.items()]  # type: ignore[misc]  # every held message has its due_ms
         heapq.heapify(self.heap)
 
     def check_invariants(self) -> None:

@@ -16,12 +16,13 @@ the machine stays deterministic.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
+from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
-from .queue_args import QueueArgumentError, validate_queue_arguments
-from .routing import EXCHANGE_TYPES, make_router, validate_binding_arguments
+from .routing import EXCHANGE_TYPES, Router, make_router, validate_binding_arguments
 
 DEFAULT_VHOST = "/"
 
@@ -51,8 +52,8 @@ class ExchangeRecord:
     durable: bool
     auto_delete: bool
     internal: bool
-    arguments: dict
-    router: Any
+    arguments: Arguments
+    router: Router
     builtin: bool = False
     routing_type: str = ""  # how it routes: its type, or the x-delayed-type of an x-delayed-message
 
@@ -67,7 +68,7 @@ class QueueRecord:
     durable: bool
     exclusive_owner: str | None
     auto_delete: bool
-    arguments: dict
+    arguments: Arguments
 
 
 # Policy keys (RabbitMQ's names) and the queue arguments they stand for. x-max-priority and
@@ -92,23 +93,23 @@ POLICY_APPLY_TO = ("queues", "all", "exchanges")
 class PolicyRecord:
     name: str
     pattern: str
-    definition: dict  # policy keys -> values
+    definition: dict[str, Any]  # policy keys -> values
     priority: int
     apply_to: str
     regex: Any = None  # compiled `pattern`
 
-    def arguments(self) -> dict:
+    def arguments(self) -> Arguments:
         return {POLICY_KEYS[key]: value for key, value in self.definition.items()}
 
 
 @dataclass
 class VHost:
     name: str
-    policies: dict = field(default_factory=dict)  # name -> PolicyRecord
-    exchanges: dict = field(default_factory=dict)  # name -> ExchangeRecord
-    queues: dict = field(default_factory=dict)  # name -> QueueRecord
+    policies: dict[str, PolicyRecord] = field(default_factory=dict)
+    exchanges: dict[str, ExchangeRecord] = field(default_factory=dict)
+    queues: dict[str, QueueRecord] = field(default_factory=dict)
     # destination ("q:x"/"e:x") -> list of (source exchange, routing key, arguments)
-    bindings_to: dict = field(default_factory=dict)
+    bindings_to: dict[str, list[tuple[str, str, Arguments]]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ commands
@@ -122,7 +123,7 @@ class DeclareExchange(NamedTuple):
     durable: bool
     auto_delete: bool
     internal: bool
-    arguments: dict
+    arguments: Arguments
 
 
 class DeleteExchange(NamedTuple):
@@ -138,7 +139,7 @@ class DeclareQueue(NamedTuple):
     durable: bool
     exclusive: bool
     auto_delete: bool
-    arguments: dict
+    arguments: Arguments
     owner: str  # connection id, for exclusive queues
 
 
@@ -153,7 +154,7 @@ class Bind(NamedTuple):
     destination: str  # queue or exchange name
     to_exchange: bool
     routing_key: str
-    arguments: dict
+    arguments: Arguments
     owner: str  # connection id: exclusive queues of other connections are locked
 
 
@@ -163,7 +164,7 @@ class Unbind(NamedTuple):
     destination: str
     to_exchange: bool
     routing_key: str
-    arguments: dict
+    arguments: Arguments
     owner: str
 
 
@@ -180,7 +181,7 @@ class SetPolicy(NamedTuple):
     vhost: str
     name: str
     pattern: str
-    definition: dict
+    definition: dict[str, Any]
     priority: int
     apply_to: str
 
@@ -209,6 +210,13 @@ class PolicyChanged(NamedTuple):
     vhost: str
 
 
+MetaEffect: TypeAlias = QueueCreated | QueueDeleted | PolicyChanged
+# What a command answers: True/False (done, or nothing to do), the record declared, the number
+# of queues an OwnerDown deleted, or a refusal.
+MetaReply: TypeAlias = bool | int | ExchangeRecord | QueueRecord | Rejected
+MetaResult: TypeAlias = tuple[MetaReply, list[MetaEffect]]
+
+
 def _bool_text(value: bool) -> str:
     return "true" if value else "false"
 
@@ -232,7 +240,7 @@ class MetadataMachine:
         self.vhosts: dict[str, VHost] = {}
         self.users: dict[str, str] = {"guest": "guest"}
         self._add_vhost(DEFAULT_VHOST)
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any], MetaResult]] = {
             DeclareExchange: self._declare_exchange,
             DeleteExchange: self._delete_exchange,
             DeclareQueue: self._declare_queue,
@@ -249,7 +257,7 @@ class MetadataMachine:
         for ex_name, ex_type in BUILTIN_EXCHANGES:
             vhost.exchanges[ex_name] = ExchangeRecord(ex_name, ex_type, True, False, False, {}, make_router(ex_type), builtin=True)
 
-    def apply(self, meta: Meta, command: Any) -> tuple[Any, list]:
+    def apply(self, meta: Meta, command: object) -> MetaResult:
         handler = self._handlers.get(type(command))
         if handler is None:
             return Rejected(541, f"unknown metadata command {type(command).__name__}"), []
@@ -313,7 +321,7 @@ class MetadataMachine:
 
     # ------------------------------------------------------------ exchanges
 
-    def _declare_exchange(self, cmd: DeclareExchange):
+    def _declare_exchange(self, cmd: DeclareExchange) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
@@ -357,7 +365,7 @@ class MetadataMachine:
             return rejected, []
         return existing, []
 
-    def _delete_exchange(self, cmd: DeleteExchange):
+    def _delete_exchange(self, cmd: DeleteExchange) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         record = v.exchanges.get(cmd.name) if v else None
         # rabbit_channel: check_not_default_exchange, then check_exchange_deletion, which refuses
@@ -366,7 +374,7 @@ class MetadataMachine:
             return Rejected(403, "operation not permitted on the default exchange"), []
         if cmd.name.startswith("amq."):
             return Rejected(403, f"deletion of system exchange '{cmd.name}' in vhost '{cmd.vhost}' not allowed"), []
-        if record is None:
+        if v is None or record is None:
             return True, []  # idempotent, as RabbitMQ 3.x
         if cmd.if_unused and len(record.router):
             return Rejected(406, f"exchange '{cmd.name}' in vhost '{cmd.vhost}' in use"), []
@@ -382,7 +390,7 @@ class MetadataMachine:
 
     # --------------------------------------------------------------- queues
 
-    def _declare_queue(self, cmd: DeclareQueue):
+    def _declare_queue(self, cmd: DeclareQueue) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
@@ -416,7 +424,7 @@ class MetadataMachine:
             return rejected, []
         return existing, []
 
-    def _delete_queue(self, cmd: DeleteQueueRecord):
+    def _delete_queue(self, cmd: DeleteQueueRecord) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None or cmd.name not in v.queues:
             return False, []
@@ -424,10 +432,10 @@ class MetadataMachine:
         self._drop_bindings_to(v, "q:" + cmd.name)
         return True, [QueueDeleted(cmd.vhost, cmd.name)]
 
-    def _owner_down(self, cmd: OwnerDown):
+    def _owner_down(self, cmd: OwnerDown) -> MetaResult:
         owner = cmd.owner
         whole_node = owner.endswith("@")  # every connection of a node: "n1@" matches "n1@3/17"
-        effects = []
+        effects: list[MetaEffect] = []
         for v in self.vhosts.values():
             for name in [q.name for q in v.queues.values()
                          if q.exclusive_owner == owner or whole_node and (q.exclusive_owner or "").startswith(owner)]:
@@ -437,7 +445,7 @@ class MetadataMachine:
 
     # ------------------------------------------------------------- policies
 
-    def _set_policy(self, cmd: SetPolicy):
+    def _set_policy(self, cmd: SetPolicy) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
@@ -465,7 +473,7 @@ class MetadataMachine:
         v.policies[cmd.name] = record
         return True, [PolicyChanged(cmd.vhost)]
 
-    def _clear_policy(self, cmd: ClearPolicy):
+    def _clear_policy(self, cmd: ClearPolicy) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None or cmd.name not in v.policies:
             return Rejected(404, f"no policy '{cmd.name}' in vhost '{cmd.vhost}'"), []
@@ -487,7 +495,7 @@ class MetadataMachine:
                 best = policy
         return best
 
-    def effective_arguments(self, vhost: str, queue: str) -> dict:
+    def effective_arguments(self, vhost: str, queue: str) -> Arguments:
         """A queue's arguments with its policy's beneath them: the queue's own win."""
         record = self.queue(vhost, queue)
         arguments = dict(record.arguments) if record is not None else {}
@@ -500,7 +508,7 @@ class MetadataMachine:
 
     # ------------------------------------------------------------- bindings
 
-    def _check_binding(self, v: VHost, cmd) -> Rejected | ExchangeRecord:
+    def _check_binding(self, v: VHost, cmd: Bind | Unbind) -> Rejected | ExchangeRecord:
         if cmd.source == "" or (cmd.to_exchange and cmd.destination == ""):
             return Rejected(403, "operation not permitted on the default exchange")
         source = v.exchanges.get(cmd.source)
@@ -517,7 +525,7 @@ class MetadataMachine:
             return Rejected(404, f"no exchange '{cmd.source}' in vhost '{v.name}'")
         return source
 
-    def _bind(self, cmd: Bind):
+    def _bind(self, cmd: Bind) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
@@ -533,7 +541,7 @@ class MetadataMachine:
             v.bindings_to.setdefault(dest, []).append((cmd.source, cmd.routing_key, args))
         return True, []
 
-    def _unbind(self, cmd: Unbind):
+    def _unbind(self, cmd: Unbind) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
@@ -547,7 +555,7 @@ class MetadataMachine:
             self._auto_delete_exchange(v, source)
         return True, []
 
-    def _unindex(self, v: VHost, dest: str, source: str, key: str, args: dict) -> None:
+    def _unindex(self, v: VHost, dest: str, source: str, key: str, args: Arguments) -> None:
         entries = v.bindings_to.get(dest)
         if not entries:
             return
@@ -578,9 +586,9 @@ class MetadataMachine:
 
     # --------------------------------------------------------------- listing
 
-    def bindings(self, vhost: str) -> list[tuple[str, str, str, str, dict]]:
+    def bindings(self, vhost: str) -> list[tuple[str, str, str, str, Arguments]]:
         """(source, destination kind, destination, routing key, arguments) for every binding."""
-        out = []
+        out: list[tuple[str, str, str, str, Arguments]] = []
         v = self.vhosts[vhost]
         for record in v.exchanges.values():
             for dest, key, args in record.router.bindings():
@@ -608,7 +616,7 @@ def _type_class(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_args(received: dict, current: dict, keys: tuple, where: str) -> Rejected | None:
+def _check_args(received: Arguments, current: Arguments, keys: tuple[str, ...], where: str) -> Rejected | None:
     """rabbit_misc:assert_args_equivalence over `keys`: the first differing key is a 406."""
     for key in keys:
         got, have = received.get(key), current.get(key)

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable, Iterator
 from itertools import chain
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from . import queue_limits
 from .commands import DeleteQueue, Purge
 from .message import Message
 from .queue import SEQ_BITS, SEQ_MASK, QueueMachine
 from .queue_args import QueueSettings
-from .queue_types import Effect
+from .queue_types import Backing, Effect
 
 REFILL_MIN = 256
 
@@ -66,7 +67,7 @@ def effective_priority(message: Message, max_priority: int) -> int:
 
 
 class PriorityQueueMachine(QueueMachine):
-    def __init__(self, vhost: str, name: str, *, settings: QueueSettings, **kwargs) -> None:
+    def __init__(self, vhost: str, name: str, *, settings: QueueSettings, **kwargs: Any) -> None:
         super().__init__(vhost, name, settings=settings, **kwargs)
         assert settings.max_priority is not None
         self._fifo = False
@@ -93,7 +94,7 @@ class PriorityQueueMachine(QueueMachine):
     def _lane_of(self, message: Message) -> Lane:
         return self.lanes[self.max_priority - (message.seq >> SEQ_BITS)]
 
-    def _ready_in_memory(self):
+    def _ready_in_memory(self) -> Iterable[Message]:
         return chain.from_iterable(self.lanes[p].ready for p in self._levels)
 
     def _spilled_total(self) -> int:
@@ -132,7 +133,7 @@ class PriorityQueueMachine(QueueMachine):
 
     # ------------------------------------------------------------- ready state
 
-    def _append(self, messages: list) -> None:
+    def _append(self, messages: list[Message]) -> None:
         backing = self.backing
         to_write = []
         durable = self.durable
@@ -163,7 +164,7 @@ class PriorityQueueMachine(QueueMachine):
             self.ready_bytes += size
         self.next_seq = counter
         if to_write:
-            backing.write(to_write)
+            backing.write(to_write)  # type: ignore[union-attr]  # messages stored or spilled: a backing
 
     def _head(self) -> Message | None:
         best = self.returned[0][1] if self.returned else None
@@ -179,13 +180,14 @@ class PriorityQueueMachine(QueueMachine):
         return best
 
     def _pop_next_raw(self) -> Message:
+        # (the ignores: the caller knows there is a head; no check per delivery)
         head = self._head()
         if self.returned and self.returned[0][1] is head:
             heapq.heappop(self.returned)
         else:
-            self._take_lane_head(self._lane_of(head))
-        self.ready_bytes -= len(head.body)
-        return head
+            self._take_lane_head(self._lane_of(head))  # type: ignore[arg-type]
+        self.ready_bytes -= len(head.body)  # type: ignore[union-attr]
+        return head  # type: ignore[return-value]
 
     def _take_lane_head(self, lane: Lane) -> Message:
         message = lane.ready.popleft()
@@ -198,7 +200,7 @@ class PriorityQueueMachine(QueueMachine):
 
     def _refill_lane(self, lane: Lane) -> None:
         room = max(REFILL_MIN, self.window_max - self.window_count)
-        loaded = self.backing.load(lane.spill_cursor, room, lane.end)
+        loaded = self.backing.load(lane.spill_cursor, room, lane.end)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         if not loaded:
             # Nothing more stored in this lane: transient messages do not survive a restart.
             self.lane_count -= lane.spilled_count
@@ -254,7 +256,7 @@ class PriorityQueueMachine(QueueMachine):
         if counter > self.delivered_upto:
             self.delivered_upto = counter
             if self.durable:
-                self.backing.delivered(counter)
+                self.backing.delivered(counter)  # type: ignore[union-attr]  # a durable queue has a backing
 
     # ---------------------------------------------------------------- commands
 
@@ -262,7 +264,7 @@ class PriorityQueueMachine(QueueMachine):
         n = self.ready_count
         stored = [m for m in self._ready_in_memory() if m.stored] + [m for _, m in self.returned if m.stored]
         if stored:
-            self.backing.remove(stored)
+            self.backing.remove(stored)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         recovered_persistent = self._recovered_spilled
         for priority in self._levels:
             lane = self.lanes[priority]
@@ -271,7 +273,7 @@ class PriorityQueueMachine(QueueMachine):
                 if lane.recovered:
                     persistent += recovered_persistent  # (the backing keeps one total)
                     recovered_persistent = 0
-                self.backing.remove_from(lane.spill_cursor, persistent, lane.end)
+                self.backing.remove_from(lane.spill_cursor, persistent, lane.end)  # type: ignore[union-attr]  # messages stored or spilled: a backing
             self._clear_lane(lane)
         self.returned.clear()
         self.lane_count = self.window_count = self.window_bytes = self.ready_bytes = 0
@@ -315,7 +317,7 @@ class PriorityQueueMachine(QueueMachine):
                 yield "lane_spilled", lane.priority, self._stored(lane.spill_cursor, lane.end, limit, batch_max)
 
     @classmethod
-    def from_header(cls, header: dict[str, Any], backing) -> QueueMachine:
+    def from_header(cls, header: dict[str, Any], backing: Backing | None) -> QueueMachine:
         machine = super().from_header(header, backing)
         assert isinstance(machine, PriorityQueueMachine)
         for priority, window_bytes, spilled_count, spilled_persistent, spill_cursor, recovered in header["lanes"]:
@@ -362,11 +364,11 @@ class PriorityQueueMachine(QueueMachine):
             window += len(lane.ready)
             window_bytes += lane.window_bytes
         assert count == self.lane_count and window == self.window_count and window_bytes == self.window_bytes
-        for seq, message in self.returned:
+        for seq, _message in self.returned:
             assert 0 <= self.max_priority - (seq >> SEQ_BITS) <= self.max_priority
 
 
-def make_queue_machine(vhost: str, name: str, *, settings: QueueSettings, **kwargs) -> QueueMachine:
+def make_queue_machine(vhost: str, name: str, *, settings: QueueSettings, **kwargs: Any) -> QueueMachine:
     """The machine for a queue's settings: a priority queue with x-max-priority, else FIFO."""
     if settings.max_priority is not None:
         return PriorityQueueMachine(vhost, name, settings=settings, **kwargs)

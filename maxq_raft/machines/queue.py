@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Iterable, Iterator, assert_never
+from collections.abc import Iterable, Iterator
+from typing import Any, assert_never
 
 from . import queue_limits
 from .commands import (
+    QUEUE_COMMAND_TYPES,
     Cancel,
     Checkout,
     Credit,
@@ -59,7 +61,6 @@ from .commands import (
     Enqueue,
     Get,
     Purge,
-    QUEUE_COMMAND_TYPES,
     QueueCommand,
     Requeue,
     Settle,
@@ -69,12 +70,12 @@ from .commands import (
     bad_seqs,
     malformed,
 )
+from .consumer import Consumer
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .message import Message, new_message_error
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
-from .consumer import Consumer
 from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
 
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
@@ -108,6 +109,9 @@ class QueueMachine(QueueLimits):
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
         self._sac_order: list[str] = []
+        # None when nothing stores this queue's messages. Where a stored or spilled message,
+        # or durability, implies a backing, the calls say so with a type: ignore[union-attr]:
+        # no check per message (storage leaves `apply` in the planned machines redesign).
         self.backing = backing
         self.durable = durable and backing is not None
         self.window_max = window_max if backing is not None else 1 << 62
@@ -252,7 +256,8 @@ class QueueMachine(QueueLimits):
 
     def _enqueue(self, cmd: Enqueue) -> tuple[int | Overflowed | Rejected, list[Effect]]:
         messages = cmd.messages
-        if type(messages) is not list and type(messages) is not tuple:
+        # (the ignore: the field says list; a tuple is accepted too and works as one)
+        if type(messages) is not list and type(messages) is not tuple:  # type: ignore[comparison-overlap]
             return malformed(cmd, "messages must be a list"), []
         delayed = False
         for message in messages:
@@ -408,7 +413,7 @@ class QueueMachine(QueueLimits):
                         stored = []
                     stored.append(message)
         if stored:
-            self.backing.remove(stored)
+            self.backing.remove(stored)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         self._forget_if_idle(consumer)
         return settled, self._service() if settled else []
 
@@ -445,7 +450,7 @@ class QueueMachine(QueueLimits):
             self._note_delivered(message.seq)
         if cmd.no_ack:
             if message.stored:
-                self.backing.remove([message])
+                self.backing.remove([message])  # type: ignore[union-attr]  # messages stored or spilled: a backing
         else:
             consumer = self.consumers.get(cmd.consumer_id)
             if consumer is None:
@@ -458,9 +463,9 @@ class QueueMachine(QueueLimits):
         n = self.ready_count
         stored = [m for m in self.ready if m.stored] + [m for _, m in self.returned if m.stored]
         if stored:
-            self.backing.remove(stored)
+            self.backing.remove(stored)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         if self.spilled_count:
-            self.backing.remove_from(self.spill_cursor, self.spilled_persistent, DELAYED_BASE)
+            self.backing.remove_from(self.spill_cursor, self.spilled_persistent, DELAYED_BASE)  # type: ignore[union-attr]  # messages stored or spilled: a backing
             self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
@@ -695,7 +700,7 @@ class QueueMachine(QueueLimits):
         """After the last `load_place`: rebuild what follows from the messages."""
         self.delayed.rebuild_index()
         if self.durable and self.delivered_upto >= 0:
-            self.backing.delivered(self.delivered_upto)
+            self.backing.delivered(self.delivered_upto)  # type: ignore[union-attr]  # a durable queue has a backing
 
     # ------------------------------------------------------------- helpers
 
@@ -742,7 +747,7 @@ class QueueMachine(QueueLimits):
                 heapq.heappush(self.returned, (message.seq, message))
                 self.ready_bytes += len(message.body)
         if recount:
-            self.backing.rewrite(recount)
+            self.backing.rewrite(recount)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         return n
 
     def _head(self) -> Message | None:
@@ -765,7 +770,7 @@ class QueueMachine(QueueLimits):
 
     def _refill(self) -> None:
         """Load the next spilled messages into the (empty) window."""
-        loaded = self.backing.load(self.spill_cursor, self.window_max, DELAYED_BASE)
+        loaded = self.backing.load(self.spill_cursor, self.window_max, DELAYED_BASE)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         if not loaded:
             # The backing holds fewer than counted: transient messages of a durable queue do
             # not survive a restart. Nothing more is spilled.
@@ -786,7 +791,7 @@ class QueueMachine(QueueLimits):
     def _note_delivered(self, seq: int) -> None:
         self.delivered_upto = seq
         if self.durable:
-            self.backing.delivered(seq)
+            self.backing.delivered(seq)  # type: ignore[union-attr]  # a durable queue has a backing
 
     def _pick_consumer(self) -> Consumer | None:
         """The next consumer with room: highest priority first, round robin within one.
@@ -813,7 +818,7 @@ class QueueMachine(QueueLimits):
         ready = self.ready
         if not self._priorities or not self.ready_count:
             return []
-        effects: list = []
+        effects: list[Effect] = []
         if self._fifo and len(self._priorities) == 1:
             ring = self._rings[self._priorities[0]]
             if len(ring) == 1:
@@ -831,7 +836,7 @@ class QueueMachine(QueueLimits):
                 heappop = heapq.heappop
                 popleft = ready.popleft
                 n = 0
-                stored = None
+                stored: list[Message] | None = None
                 timed = self._timed
                 while n < room:
                     if returned:
@@ -874,32 +879,33 @@ class QueueMachine(QueueLimits):
                     self._pop_next_raw()
                     self._die(head, "expired")
                     continue
-            consumer = self._pick_consumer()
-            if consumer is None:
+            picked = self._pick_consumer()
+            if picked is None:
                 break
             message = self._pop_next_raw()
             message.delivery_count += 1
-            consumer.credit -= 1
-            if not consumer.no_ack:
-                consumer.checked_out[message.seq] = message
+            picked.credit -= 1
+            if not picked.no_ack:
+                picked.checked_out[message.seq] = message
             elif message.stored:
                 if stored is None:
                     stored = []
                 stored.append(message)
-            effects.append(Deliver(consumer.consumer_id, message, message.redelivered))
+            effects.append(Deliver(picked.consumer_id, message, message.redelivered))
         if effects:
             self._after_deliveries(effects, stored)
         return effects
 
-    def _after_deliveries(self, effects: list[Deliver], stored_no_ack: list[Message] | None) -> None:
+    def _after_deliveries(self, effects: list[Effect], stored_no_ack: list[Message] | None) -> None:
+        """`effects` are the Deliver effects just made (the ignores below: only Delivers)."""
         if stored_no_ack:
-            self.backing.remove(stored_no_ack)
+            self.backing.remove(stored_no_ack)  # type: ignore[union-attr]  # messages stored or spilled: a backing
         # Returned messages go first and were delivered before, so the last effect has the top seq.
-        top = effects[-1].message.seq if self._fifo else max(e.message.seq for e in effects)
+        top = effects[-1].message.seq if self._fifo else max(e.message.seq for e in effects)  # type: ignore[union-attr]
         if top > self.delivered_upto:
             self._note_delivered(top)
 
-    def _ready_in_memory(self):
+    def _ready_in_memory(self) -> Iterable[Message]:
         """The ready messages held in memory other than returned ones, in delivery order."""
         return self.ready
 
@@ -923,7 +929,7 @@ class QueueMachine(QueueLimits):
             assert m.redelivered and m.delivery_count > 0
             seen.add(seq)
         self.delayed.check_invariants()
-        for due, seq, m in self.backoff:
+        for _due, seq, m in self.backoff:
             assert seq == m.seq and seq not in seen and m.redelivered and m.delivery_count > 0
             seen.add(seq)
         for seq, m in self.dead_lettering.items():

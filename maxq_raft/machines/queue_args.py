@@ -14,8 +14,13 @@ names them in `{unacceptable_type,...}`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
+
+# A queue's (or binding's) x-arguments as the client sent them: a field table, so the values can
+# be anything; the validators below check each before the settings rely on it.
+Arguments: TypeAlias = dict[str, Any]
 
 # rabbit_misc:check_expiry: TTLs and expiries are bounded by Erlang's timer (2^32 - 1 ms).
 EXPIRY_MS_MAX = 4294967295
@@ -41,8 +46,9 @@ class QueueSettings(NamedTuple):
     single_active_consumer: bool = False  # x-single-active-consumer
 
     def retry_delay_ms(self, returns: int) -> int:
-        """The back-off of a message returned for the `returns`-th time (1 = the first)."""
-        delay = self.retry_backoff_ms
+        """The back-off of a message returned for the `returns`-th time (1 = the first); asked
+        only of a queue with x-retry-backoff-ms set."""
+        delay: float = self.retry_backoff_ms or 0
         cap = self.retry_backoff_max_ms
         for _ in range(returns - 1):
             if delay >= cap:
@@ -114,22 +120,22 @@ def _check_expiry(value: int) -> str | None:
     return None
 
 
-def _check_message_ttl(value: Any, arguments: dict) -> str | None:
+def _check_message_ttl(value: Any, arguments: Arguments) -> str | None:
     return _check_int(value) or _check_expiry(value)
 
 
-def _check_expires(value: Any, arguments: dict) -> str | None:
+def _check_expires(value: Any, arguments: Arguments) -> str | None:
     error = _check_int(value)
     if error is None and value == 0:
         return f"{{value_zero,{value}}}"
     return error or _check_expiry(value)
 
 
-def _check_dlx(value: Any, arguments: dict) -> str | None:
+def _check_dlx(value: Any, arguments: Arguments) -> str | None:
     return None if isinstance(value, (str, bytes)) else f"{{unacceptable_type,{_type_name(value)}}}"
 
 
-def _check_dlrk(value: Any, arguments: dict) -> str | None:
+def _check_dlrk(value: Any, arguments: Arguments) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
     if "x-dead-letter-exchange" not in arguments:
@@ -137,14 +143,14 @@ def _check_dlrk(value: Any, arguments: dict) -> str | None:
     return None
 
 
-def _check_max_priority(value: Any, arguments: dict) -> str | None:
+def _check_max_priority(value: Any, arguments: Arguments) -> str | None:
     error = _check_non_neg_int(value)
     if error is None and value > MAX_SUPPORTED_PRIORITY:
         return f"{{max_value_exceeded,{value}}}"
     return error
 
 
-def _check_multiplier(value: Any, arguments: dict) -> str | None:
+def _check_multiplier(value: Any, arguments: Arguments) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
     if not 1 <= value <= 1000:
@@ -152,22 +158,22 @@ def _check_multiplier(value: Any, arguments: dict) -> str | None:
     return None
 
 
-def _check_backoff(value: Any, arguments: dict) -> str | None:
+def _check_backoff(value: Any, arguments: Arguments) -> str | None:
     return _check_non_neg_int(value) or _check_expiry(value)
 
 
-def _check_bool(value: Any, arguments: dict) -> str | None:
+def _check_bool(value: Any, arguments: Arguments) -> str | None:
     return None if isinstance(value, bool) else f"{{unacceptable_type,{_type_name(value)}}}"
 
 
-def _check_overflow(value: Any, arguments: dict) -> str | None:
+def _check_overflow(value: Any, arguments: Arguments) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
     return None if _text(value) in OVERFLOW_MODES else "invalid_overflow"
 
 
 # In rabbit_amqqueue:declare_args/0 order: the first failing argument is the one reported.
-_VALIDATORS = (
+_VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-expires", _check_expires),
     ("x-message-ttl", _check_message_ttl),
     ("x-dead-letter-exchange", _check_dlx),
@@ -184,7 +190,7 @@ _VALIDATORS = (
 )
 
 
-def validate_queue_arguments(vhost: str, name: str, arguments: dict) -> None:
+def validate_queue_arguments(vhost: str, name: str, arguments: Arguments) -> None:
     """Raise QueueArgumentError for the first argument RabbitMQ would refuse."""
     for key, check in _VALIDATORS:
         if key in arguments:
@@ -193,7 +199,7 @@ def validate_queue_arguments(vhost: str, name: str, arguments: dict) -> None:
                 raise QueueArgumentError(f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {error}")
 
 
-def parse_queue_arguments(vhost: str, name: str, arguments: dict | None) -> QueueSettings:
+def parse_queue_arguments(vhost: str, name: str, arguments: Arguments | None) -> QueueSettings:
     """The settings of a queue declared with `arguments` (validated first)."""
     if not arguments:
         return DEFAULT_SETTINGS
@@ -217,7 +223,7 @@ def parse_queue_arguments(vhost: str, name: str, arguments: dict | None) -> Queu
     )
 
 
-def settings_or_default(vhost: str, name: str, arguments: dict | None) -> QueueSettings:
+def settings_or_default(vhost: str, name: str, arguments: Arguments | None) -> QueueSettings:
     """For queues recovered from the log (declared before validation existed): never raises."""
     try:
         return parse_queue_arguments(vhost, name, arguments)

@@ -45,8 +45,8 @@ from .queue_types import DeadLetter, Effect, Overflowed, QueueExpired, Rejected
 if TYPE_CHECKING:
     from collections import deque
 
-    from .delayed import DelayedMessages
     from .consumer import Consumer
+    from .delayed import DelayedMessages
     from .queue_types import Backing
 
 # Messages one command may expire or drop for length, or release from delay; the rest go at the

@@ -16,7 +16,7 @@ that reads it back (`load`) decides as every other replica does. The machines an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from .message import Message
@@ -73,7 +73,9 @@ class DeadLetter(NamedTuple):
     reason: str
     messages: list[Message]
     time_ms: int
-    exchange: str
+    # None when the queue lost its dead-letter exchange (a policy change) in the command that
+    # dead-lettered them: the shell finds no such exchange and drops them
+    exchange: str | None
     routing_key: str | None
 
 
@@ -84,7 +86,7 @@ class QueueExpired(NamedTuple):
     name: str
 
 
-Effect = Union[Deliver, DeadLetter, QueueExpired]
+Effect: TypeAlias = Deliver | DeadLetter | QueueExpired
 
 
 # ------------------------------------------------------------------ storage

@@ -25,14 +25,14 @@ Both are pure and deterministic: dicts in insertion order, no clocks (time comes
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 from . import commands as qc
 from . import metadata as md
 from .apply_order import ApplyOrder
-from .queue import QueueMachine
-from .queue_types import Meta, Rejected
+from .queue import QueueMachine, QueueReply
+from .queue_types import Effect, Meta, Rejected
 
 __all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo"]
 
@@ -68,6 +68,10 @@ class ReplyTo(NamedTuple):
     command: qc.Reply
 
 
+ShardEffect: TypeAlias = Effect | QueueAdded | QueueRemoved | LivesDown | ReplyTo
+MetaGroupEffect: TypeAlias = md.MetaEffect | LivesDown
+
+
 class ShardMachine:
     def __init__(self, name: str, make_queue: Callable[[tuple[str, str], qc.Create], QueueMachine]) -> None:
         self.name = name
@@ -75,7 +79,9 @@ class ShardMachine:
         self.queues: dict[tuple[str, str], QueueMachine] = {}
         self.order = ApplyOrder()
 
-    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[Any, list]:
+    # `command` is a log entry's command, told apart by its exact class; a queue's machine
+    # refuses what it does not know. `target` is a (vhost, queue) key, or ALL_QUEUES.
+    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[QueueReply, Sequence[ShardEffect]]:
         if target == ALL_QUEUES:
             return self._apply_all(meta, command, origin)
         kind = type(command)
@@ -93,17 +99,17 @@ class ShardMachine:
         reply, effects = queue.apply(meta, command)
         if kind is qc.DeleteQueue:
             del self.queues[key]
-            effects = [*effects, QueueRemoved(key, queue)]
+            return reply, [*effects, QueueRemoved(key, queue)]
         return reply, effects
 
-    def _apply_all(self, meta: Meta, command: Any, origin: str) -> tuple[Any, list]:
+    def _apply_all(self, meta: Meta, command: Any, origin: str) -> tuple[QueueReply, Sequence[ShardEffect]]:
         kind = type(command)
         if kind is qc.Reply:
             return None, [ReplyTo(command)]
         if kind is not qc.Down:
             return Rejected(541, f"{kind.__name__} is not a shard-wide command"), []
         returned = 0
-        effects: list = []
+        effects: list[ShardEffect] = []
         for queue in list(self.queues.values()):
             reply, queue_effects = queue.apply(meta, command)
             if type(reply) is int:
@@ -124,9 +130,9 @@ class MetaGroup:
         self.machine = machine if machine is not None else md.MetadataMachine()
         self.order = ApplyOrder()
 
-    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[Any, list]:
+    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[md.MetaReply, Sequence[MetaGroupEffect]]:
         reply, effects = self.machine.apply(meta, command)
         if type(command) is md.OwnerDown and command.owner.endswith("@"):
             self.order.lives_down(command.owner, origin)
-            effects = [*effects, LivesDown(self.name, command.owner, origin)]
+            return reply, [*effects, LivesDown(self.name, command.owner, origin)]
         return reply, effects

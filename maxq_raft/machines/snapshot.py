@@ -44,11 +44,18 @@ rebuilds (see its dump and load).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .message import Message
 from .priority_queue import PriorityQueueMachine
 from .queue import QueueMachine
+
+if TYPE_CHECKING:
+    from .queue_types import Backing
+
+# A record of a dump: plain data for msgpack, its fields by position (hence Any).
+Record: TypeAlias = list[Any]
 
 FORMAT_VERSION = 1
 CHUNK_MESSAGES_MAX = 1024
@@ -65,7 +72,7 @@ class SnapshotError(ValueError):
 # ------------------------------------------------------------------ messages
 
 
-def message_record(message: Message) -> list:
+def message_record(message: Message) -> Record:
     """A message as a list (position is the field; FORMAT_VERSION names the layout)."""
     return [message.seq, message.exchange, message.routing_key, bytes(message.props_raw), bytes(message.body),
             message.delivery_count, message.redelivered, message.persistent, message.stored, message.ttl_ms,
@@ -73,7 +80,7 @@ def message_record(message: Message) -> list:
             message.delay_counter, list(message.death) if message.death is not None else None]
 
 
-def message_from_record(record: list) -> Message:
+def message_from_record(record: Record) -> Message:
     (seq, exchange, routing_key, props_raw, body, delivery_count, redelivered, persistent, stored, ttl_ms,
      expires_at_ms, priority, count_header, delay_ms, due_ms, delay_counter, death) = record
     message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
@@ -89,12 +96,12 @@ def message_from_record(record: list) -> Message:
     return message
 
 
-def _backoff_record(item: tuple[int, Message]) -> list:
+def _backoff_record(item: tuple[int, Message]) -> Record:
     due_ms, message = item
     return [due_ms, message_record(message)]
 
 
-def _backoff_from_record(record: list) -> tuple[int, Message]:
+def _backoff_from_record(record: Record) -> tuple[int, Message]:
     due_ms, message = record
     return due_ms, message_from_record(message)
 
@@ -104,14 +111,14 @@ _ENCODE = {"backoff": _backoff_record}
 _DECODE = {"backoff": _backoff_from_record}
 
 
-def _message_of(item: Any) -> Message:
-    return item[1] if type(item) is tuple else item
+def _message_of(item: Message | tuple[int, Message]) -> Message:
+    return item[1] if isinstance(item, tuple) else item
 
 
-def _chunks(place: str, key: Any, items: Iterable[Any], counts: dict[str, int]) -> Iterator[list]:
+def _chunks(place: str, key: Any, items: Iterable[Any], counts: dict[str, int]) -> Iterator[Record]:
     """`["messages", place, key, [...]]` records of at most CHUNK_MESSAGES_MAX / CHUNK_BYTES_MAX."""
     encode = _ENCODE.get(place, message_record)
-    chunk: list = []
+    chunk: Record = []
     size = 0
     for item in items:
         chunk.append(encode(item))
@@ -129,7 +136,7 @@ def _chunks(place: str, key: Any, items: Iterable[Any], counts: dict[str, int]) 
 # ---------------------------------------------------------------------- dump
 
 
-def dump_queue(machine: QueueMachine) -> Iterator[list]:
+def dump_queue(machine: QueueMachine) -> Iterator[Record]:
     """The records of `machine`'s state (see the module notes). Consume them before the next apply."""
     yield ["queue", {"version": FORMAT_VERSION, **machine.dump_header()}]
     counts: dict[str, int] = {}
@@ -145,7 +152,7 @@ def _fail(why: str) -> SnapshotError:
     return SnapshotError(f"queue snapshot: {why}")
 
 
-def load_queue(records: Iterable, *, backing=None) -> QueueMachine:
+def load_queue(records: Iterable[Any], *, backing: Backing | None = None) -> QueueMachine:
     """A machine rebuilt from `dump_queue`'s records; `backing` is a fresh (empty) one, given
     exactly when the original had one. Raises SnapshotError for records it cannot restore."""
     it = iter(records)
@@ -159,7 +166,7 @@ def load_queue(records: Iterable, *, backing=None) -> QueueMachine:
     if header.get("has_backing") != (backing is not None):
         raise _fail("the original machine had a backing: restore it with one" if header.get("has_backing")
                     else "the original machine had no backing: restore it without one")
-    machine_class = MACHINES.get(header.get("kind"))
+    machine_class = MACHINES.get(str(header.get("kind")))
     if machine_class is None:
         raise _fail(f"unknown machine kind {str(header.get('kind'))[:40]!r}")
     try:

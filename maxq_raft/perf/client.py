@@ -22,11 +22,12 @@ from collections import deque
 from ..amqp import spec
 from ..amqp.frames import PROTOCOL_HEADER, FrameReader, encode_method_frame
 from ..amqp.spec import FRAME_METHOD, decode_method
+from ..amqp.values import FieldTable
 
 FRAME_MAX_WANTED = 131072
 READ_BYTES = 65536
 RPC_TIMEOUT_S = 30.0
-CLIENT_PROPERTIES = {
+CLIENT_PROPERTIES: FieldTable = {
     "product": "maxq-perf",
     "platform": "Python",
     "capabilities": {
@@ -72,7 +73,7 @@ class AmqpClient:
 
     # -- connection ----------------------------------------------------------------------
 
-    def connect(self) -> "AmqpClient":
+    def connect(self) -> AmqpClient:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
@@ -189,7 +190,7 @@ class AmqpClient:
         self.sock.settimeout(left_s)
         try:
             data = self.sock.recv(READ_BYTES)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError(f"no answer from {self.host}:{self.port} within {self.timeout_s} s") from None
         finally:
             if self.sock is not None:

@@ -67,7 +67,7 @@ class Histogram:
         if top > self.max_ns:
             self.max_ns = top
 
-    def merge(self, other: "Histogram") -> None:
+    def merge(self, other: Histogram) -> None:
         self.counts.update(other.counts)
         self.n += other.n
         if other.max_ns > self.max_ns:
@@ -98,7 +98,7 @@ class Histogram:
         return dict(self.counts), self.n, self.max_ns
 
     @classmethod
-    def from_wire(cls, wire: tuple[dict, int, int]) -> "Histogram":
+    def from_wire(cls, wire: tuple[dict, int, int]) -> Histogram:
         h = cls()
         counts, h.n, h.max_ns = wire
         h.counts.update(counts)

@@ -25,7 +25,7 @@ def common_fields(options: PerfOptions) -> dict:
         "tool": "maxq-perf",
         "scenario": options.scenario,
         "label": options.label,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "target": f"{options.host}:{options.port}",
         "params": {
             "producers": options.producers, "consumers": options.consumers, "queues": options.queues,

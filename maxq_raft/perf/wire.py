@@ -320,7 +320,7 @@ class ConfirmParser:
                 raise FrameError(501, f"frame end octet missing at offset {frame_end}")
             if frame_type == FRAME_METHOD:
                 index = unpack_u32(buf, payload)[0]
-                if index == ACK or index == NACK:
+                if index == ACK or index == NACK:  # noqa: SIM109 - per confirm: `in (ACK, NACK)` builds a tuple each time
                     tag, bits = unpack_confirm(buf, payload + 4)
                     on_confirm(tag, bool(bits & 1), index == NACK, now_ns)
                 else:

@@ -51,8 +51,9 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import wire
 from .group import PAYLOAD_BYTES_MAX, Group, call_safely

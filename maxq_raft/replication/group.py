@@ -31,8 +31,9 @@ import collections
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
@@ -106,7 +107,7 @@ class Proposal:
 class Group:
     def __init__(self, name: str, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
                  data_dir: Path, fsync: bool, link: Any, on_commit: Callable[[str, list[tuple[int, bytes]]], None],
-                 on_durable: Callable[["Group"], None], propose_timeout_s: float, proposals_pending_max: int,
+                 on_durable: Callable[[Group], None], propose_timeout_s: float, proposals_pending_max: int,
                  on_snapshot: Callable[[str, SnapshotHeader], None] | None = None,
                  joining: bool = False, settings: dict[str, Any] | None = None, seams: bool = True,
                  journal_factory: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,7 +124,7 @@ class Group:
         self.pending_snapshot: SnapshotHeader | None = None  # for on_snapshot, before any later entry
         self.install_ack: tuple[str, int, int] | None = None  # (leader, index, term): ack once durable
         self.failed: str | None = None
-        self.on_failed: Callable[["Group", str], None] | None = None  # set by the engine: the node stops
+        self.on_failed: Callable[[Group, str], None] | None = None  # set by the engine: the node stops
         self.removed = False
         self.joining = joining  # started to be added (maxqctl add-node): see `deliver`
         self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends

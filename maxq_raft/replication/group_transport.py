@@ -49,7 +49,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.node import Node
@@ -310,9 +311,7 @@ class GroupTransport(Transport):
             if prev is not None and prev[0] == term and ack_idx < prev[1]:
                 self.stats["ack_regressions"] += 1  # should stay 0 with the seams
             self.last_ack[nid] = (term, ack_idx)
-            if self.acked[0] != term:
-                self.acked = (term, ack_idx)
-            elif ack_idx > self.acked[1]:
+            if self.acked[0] != term or ack_idx > self.acked[1]:
                 self.acked = (term, ack_idx)
         return True
 

@@ -61,8 +61,9 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 __all__ = [
     "Journal",
@@ -490,7 +491,7 @@ class Journal:
         queue_bytes_max: int = QUEUE_BYTES_MAX_DEFAULT,
         tail_cache_bytes_max: int = TAIL_CACHE_BYTES_MAX_DEFAULT,
         append_wait_s_max: float = APPEND_WAIT_S_MAX_DEFAULT,
-    ) -> "Journal":
+    ) -> Journal:
         """Recover whatever is in `folder` (created if missing) and start the writer thread.
 
         fsync=False skips fdatasync of segment data (per batch and at rollover) and the
@@ -1112,7 +1113,7 @@ class Journal:
         if error is not None:
             raise JournalError(f"journal {self.folder} failed: {error!r}; entries after {self._durable_index} were not made durable") from error
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -43,8 +43,8 @@ import struct
 import threading
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pysyncobj.journal as ps_journal
 import pysyncobj.syncobj as ps_syncobj
@@ -68,7 +68,7 @@ ENTRY_OVERHEAD_BYTES = 100  # what one tail entry costs besides its payload (tup
 VIEW_CACHE_BYTES_MAX = 4 * 1024 * 1024  # per LogView (a batch is at most 2 MiB + one entry)
 MEMBERSHIP_KIND = b"\x02"  # pysyncobj _COMMAND_TYPE.MEMBERSHIP (wire.CMD_MEMBERSHIP)
 
-_registry: dict[str, "RaftLog"] = {}
+_registry: dict[str, RaftLog] = {}
 _registry_lock = threading.Lock()
 _hook_lock = threading.Lock()
 _token_counter = itertools.count(1)
@@ -94,7 +94,7 @@ def install_journal_hook() -> None:
             ps_syncobj.createJournal = _create_journal
 
 
-def register_log(raft_log: "RaftLog") -> str:
+def register_log(raft_log: RaftLog) -> str:
     """A token to pass as SyncObjConf(journalFile=...): the next SyncObj built with it gets raft_log."""
     token = f"{TOKEN_PREFIX}{next(_token_counter)}"
     with _registry_lock:
@@ -170,7 +170,7 @@ class LogView:
 
     __slots__ = ("_log", "_lo", "_hi", "_cache", "_cache_bytes")
 
-    def __init__(self, raft_log: "RaftLog", lo: int, hi: int) -> None:
+    def __init__(self, raft_log: RaftLog, lo: int, hi: int) -> None:
         self._log, self._lo, self._hi = raft_log, lo, hi
         # The first entries read by iteration, kept (bounded) because pysyncobj iterates a slice
         # to measure a batch and then slices it again: the second pass costs no disk read.

@@ -20,8 +20,8 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import msgpack
 
@@ -64,7 +64,7 @@ class SnapshotHeader:
                               "members": [list(m) for m in self.members]}, use_bin_type=True)
 
     @classmethod
-    def decode(cls, raw: bytes, path: Path) -> "SnapshotHeader":
+    def decode(cls, raw: bytes, path: Path) -> SnapshotHeader:
         try:
             h = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             prev, last = h["prev"], h["last"]

@@ -31,7 +31,7 @@ import logging
 import selectors
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import wire
 

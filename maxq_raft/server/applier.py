@@ -23,7 +23,8 @@ queue), and what follows is done here, the same way whichever log called:
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..machines import commands as qc
 from ..machines import metadata as md

@@ -18,18 +18,19 @@ module never imports session.py: the session makes channels, never the reverse.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..amqp import spec
 from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue_types import Rejected
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
+from ..machines.queue_types import Rejected
 from .broker import Broker, ConsumerHandle
-from .confirms import Unavailable
 from .channel_state import ChannelState
+from .confirms import Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import delivery_props
 
@@ -51,8 +52,8 @@ class ChannelHost(Protocol):
     id: str  # the connection's id: exclusive queues and consumers' owners name it
     vhost: str
 
-    def continuation(self, channel: "Channel", fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
-    def route_publish(self, channel: "Channel", seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
+    def continuation(self, channel: Channel, fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
+    def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
     def flush_publishes(self) -> dict: ...
     def defer_settles(self, kind, entries: list) -> None: ...
     def flush_settles(self) -> None: ...
@@ -166,10 +167,7 @@ class Channel:
                 self._reply(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=1))
             return
         if name == "":
-            if m.passive:
-                name = self._expand_queue_name(name)
-            else:
-                name = self.broker.generate_name("amq.gen-")
+            name = self._expand_queue_name(name) if m.passive else self.broker.generate_name("amq.gen-")
         elif not m.passive and name.startswith("amq."):
             # rabbit_channel check_name: a client-chosen name may not use the reserved prefix, even
             # to redeclare (only server-named queues get amq.gen-).

@@ -45,7 +45,8 @@ gives back. No-ack deliveries count against no limit but wait in line behind hel
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..amqp import spec
 from .errors import ChannelError, HardError

@@ -21,7 +21,8 @@ deadline has come, from the member that leads its shard; a single node leads eve
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 

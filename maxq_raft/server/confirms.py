@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import trio
 

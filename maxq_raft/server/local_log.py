@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from ..machines import commands as qc
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
-from ..machines.queue_types import Meta
 from ..machines.queue_args import settings_or_default
+from ..machines.queue_types import Meta
 from . import persistence
 from .applier import Applier
 from .command_log import META_GROUP, CommandLog

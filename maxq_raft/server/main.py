@@ -28,17 +28,16 @@ from pathlib import Path
 import trio
 
 from ..amqp import spec
-from ..config import Settings, SettingsError, load_settings
+from ..config import Settings, SettingsError, load_settings, parse_addr
 from ..http.admin import open_admin_listeners, serve_admin
+from ..replication.engine import ReplicationNode
+from ..replication.snapshot_file import SnapshotError
 from ..storage.errors import StorageError
 from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
 from . import persistence
 from .alarms import ResourceAlarms, disk_free_bytes
-from ..config import parse_addr
-from ..replication.engine import ReplicationNode
-from ..replication.snapshot_file import SnapshotError
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP

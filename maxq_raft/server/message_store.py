@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ..machines.delayed import DELAYED_BASE
 from ..machines.message import Message
@@ -129,7 +129,7 @@ def decode_counters(raw: bytes | None) -> tuple[int, int, int]:
 class QueueBacking:
     """One queue's view of the store (the `Backing` of maxq_raft.machines.queue_types)."""
 
-    def __init__(self, store, queue_id: int, durable: bool, epoch: int, syncer: "WalSyncer | None") -> None:
+    def __init__(self, store, queue_id: int, durable: bool, epoch: int, syncer: WalSyncer | None) -> None:
         self.store = store
         self.queue_id = queue_id
         self.durable = durable

@@ -25,7 +25,7 @@ node-local queue ids (the store's key prefix, given by each member as it creates
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ..amqp.values import decode_table, encode_table
 from ..machines import metadata as md

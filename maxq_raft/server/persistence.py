@@ -22,6 +22,7 @@ Command arguments (AMQP field tables) are stored in AMQP's own table encoding, s
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import msgpack
 
@@ -69,7 +70,7 @@ def unstorable(command) -> Rejected | None:
 def decode_entry(raw: bytes):
     try:
         name, fields, queue_id = msgpack.unpackb(raw, raw=False)
-        values = [decode_table(f["t"], 0)[0] if isinstance(f, dict) else f for f in fields]
+        values: list[Any] = [decode_table(f["t"], 0)[0] if isinstance(f, dict) else f for f in fields]
         return COMMAND_TYPES[name](*values), queue_id
     except Exception as exc:
         raise MetadataCorruption(f"undecodable metadata entry: {exc!r}") from None
@@ -87,7 +88,7 @@ class MetadataLog:
 
     def entries(self) -> list[tuple]:
         """The snapshot's entries, then the log's, in order."""
-        out = []
+        out: list[tuple] = []
         snapshot = self.store.get_meta(SNAPSHOT_KEY)
         if snapshot is not None:
             try:
@@ -154,9 +155,8 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         dest_durable = (durable_exchange(machine, command.vhost, command.destination) if command.to_exchange
                         else durable_queue(machine, command.vhost, command.destination))
         return source_durable and dest_durable
-    if kind is md.SetPolicy or kind is md.ClearPolicy:
-        return True  # policies are always durable (RabbitMQ's runtime parameters)
-    return False
+    # policies are always durable (RabbitMQ's runtime parameters)
+    return kind is md.SetPolicy or kind is md.ClearPolicy
 
 
 def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes]:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -34,8 +35,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..replication.entries import encode_entry
-from .confirms import Unavailable
-from .confirms import Confirms, Pending
+from .confirms import Confirms, Pending, Unavailable
 
 log = logging.getLogger("maxq.cluster")
 

@@ -14,7 +14,8 @@ log starts recording again (`Applier.topology`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..machines import metadata as md
 from ..machines.delayed import DELAYED_BASE

@@ -39,9 +39,8 @@ from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import Overflowed
 from .broker import Broker
-from .confirms import Unavailable
-from .confirms import ConfirmBatch
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
+from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, wants_extras
 

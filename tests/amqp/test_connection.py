@@ -30,7 +30,14 @@ from maxq_raft.amqp.events import (
     ContentReceived,
     MethodReceived,
 )
-from maxq_raft.amqp.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER, FrameReader, encode_content, encode_frame, encode_method_frame
+from maxq_raft.amqp.frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    encode_content,
+    encode_frame,
+    encode_method_frame,
+)
 from maxq_raft.amqp.properties import BasicProperties, encode_content_header, encode_properties
 from maxq_raft.amqp.values import encode_table
 
@@ -445,7 +452,7 @@ def test_content_assembled_across_frames_split_anywhere(body_size):
         open_channel(peer)
         cuts = sorted(rng.sample(range(1, len(wire)), min(6, len(wire) - 1)))
         events = []
-        for start, end in zip([0, *cuts], [*cuts, len(wire)]):
+        for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
             events += peer.send(wire[start:end])
         assert events == [ContentReceived(1, PUBLISH, PROPS, body), ContentReceived(1, PUBLISH, PROPS, b"second")]
         assert isinstance(events[0].body, bytes)
@@ -779,7 +786,7 @@ def test_random_splits_produce_the_same_events(cuts):
     events: list = []
     sent = b""
     bounds = sorted(cuts)
-    for start, end in zip([0, *bounds], [*bounds, len(STREAM)]):
+    for start, end in zip([0, *bounds], [*bounds, len(STREAM)], strict=True):
         events += peer.send(STREAM[start:end])
         sent += peer.conn.data_to_send(0.0)
     opened = [e for e in events if isinstance(e, ConnectionOpened)]

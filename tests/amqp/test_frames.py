@@ -39,7 +39,7 @@ def read_all(reader: FrameReader, pieces) -> list[tuple[int, int, bytes]]:
 def test_split_stream_yields_the_same_frames(expected, data):
     stream = b"".join(encode_frame(t, ch, p) for t, ch, p in expected)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
-    pieces = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert read_all(FrameReader(4096), pieces) == expected
     # byte by byte as well, fed as bytearrays (a receive buffer)
     assert read_all(FrameReader(0), [bytearray(stream[i : i + 1]) for i in range(len(stream))]) == expected

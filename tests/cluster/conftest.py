@@ -47,7 +47,7 @@ class Cluster:
     def __getitem__(self, name: str) -> Member:
         return self.members[name]
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         for member in self.members.values():
             member.launch()
         for member in self.members.values():

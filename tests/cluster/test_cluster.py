@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pika
@@ -95,7 +96,7 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
         publisher.stop_flag.set()
         publisher.join(30)
     times = [t for _, t in publisher.confirmed]
-    gaps = [b - a for a, b in zip(times, times[1:]) if b >= killed_at]
+    gaps = [b - a for a, b in pairwise(times) if b >= killed_at]
     print(f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
           f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt")
     new_leader = wait_for(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
@@ -153,7 +154,7 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
         started = time.monotonic()
         outcome = None
         try:
-            for i in range(100):
+            for _ in range(100):
                 channel.basic_publish("", queue, b"in the minority", pika.BasicProperties(delivery_mode=2))
                 if time.monotonic() - started > 30:
                     break

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from maxq_raft.http.admin import quorum_after_removal
 
 from ..conftest import free_port
@@ -46,7 +45,7 @@ def memberships(status: dict) -> dict[str, list[str]]:
 def settled(member, names: list[str]):
     """The status once every group lists exactly `names` and has a leader among them (else None)."""
     status = status_of(member)
-    ok = all(ms == names for ms in memberships(status).values()) and all(l in names for l in leaders(status).values())
+    ok = all(ms == names for ms in memberships(status).values()) and all(leader in names for leader in leaders(status).values())
     return status if ok else None
 
 

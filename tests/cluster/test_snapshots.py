@@ -32,7 +32,7 @@ def publish_and_consume(member, queue: str, n: int) -> None:
         ch = conn.channel()
         ch.queue_declare(queue, durable=True)
         ch.confirm_delivery()
-        for i in range(n):
+        for _ in range(n):
             ch.basic_publish("", queue, BODY, pika.BasicProperties(delivery_mode=2))
     finally:
         conn.close()

@@ -25,7 +25,14 @@ import pika
 
 from maxq_raft.amqp import spec
 from maxq_raft.amqp.errors import FrameError
-from maxq_raft.amqp.frames import HEARTBEAT_FRAME, PROTOCOL_HEADER, FrameReader, encode_content, encode_frame, encode_method_frame
+from maxq_raft.amqp.frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    encode_content,
+    encode_frame,
+    encode_method_frame,
+)
 from maxq_raft.amqp.properties import BasicProperties, encode_content_header, encode_properties
 from maxq_raft.amqp.values import encode_table
 
@@ -378,7 +385,7 @@ def read_until_eof(sock: socket.socket, timeout_s: float) -> bytes | None:
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return None
         except ConnectionResetError:
             return data
@@ -420,7 +427,7 @@ def run_case(port: int, after_handshake: bool, data: bytes) -> tuple:
     except FrameError as exc:  # the server must only ever send well-formed frames
         raise AssertionError(f"server sent a malformed frame: {exc}") from None
     outcome = None
-    for frame_type, channel, payload in frames:
+    for frame_type, _channel, payload in frames:
         if frame_type != spec.FRAME_METHOD:
             continue
         method = spec.decode_method(payload)

@@ -39,7 +39,7 @@ def test_rejected_message_is_dead_lettered_with_x_death(env):
     assert death["count"] == 1 and death["reason"] == "rejected" and death["queue"] == source
     assert death["exchange"] == "" and death["routing-keys"] == [source]
     assert isinstance(death["time"], datetime.datetime)
-    stamp = death["time"].replace(tzinfo=datetime.timezone.utc).timestamp()
+    stamp = death["time"].replace(tzinfo=datetime.UTC).timestamp()
     assert before - 1 <= stamp <= time.time() + 1
     assert props.headers["x-first-death-reason"] == "rejected"
     assert props.headers["x-first-death-queue"] == source

@@ -42,7 +42,7 @@ class RawClient:
         self.sock.settimeout(remaining)
         try:
             data = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return False
         except (ConnectionResetError, BrokenPipeError):
             data = b""
@@ -77,7 +77,7 @@ class RawClient:
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             except ConnectionResetError:
                 return data

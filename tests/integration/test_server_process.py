@@ -121,7 +121,7 @@ def read_methods(sock: socket.socket, reader: FrameReader, until, timeout_s: flo
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             break
         if not data:
             break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -313,7 +314,7 @@ OP_WEIGHTS = (("publish", 30), ("deliver", 35), ("ack", 15), ("crash_consumer", 
 
 def _op(draw: tuple[int, int, int]) -> tuple:
     roll, who, outcome = draw
-    for kind, weight in OP_WEIGHTS:
+    for kind, weight in OP_WEIGHTS:  # noqa: B007 - kind is what the loop finds, read after its break
         if roll < weight:
             break
         roll -= weight
@@ -507,7 +508,7 @@ def test_history_file_round_trip_and_a_torn_tail(tmp_path):
     records = read_history(path)
     assert [r["type"] for r in records] == ["meta", "invoke", "ok"]
     assert "crc" not in records[1] and records[0]["value"] == {"seed": 5}
-    assert all(a["time"] <= b["time"] for a, b in zip(records, records[1:]))
+    assert all(a["time"] <= b["time"] for a, b in pairwise(records))
     with open(path, "a") as f:
         f.write('{"time": 9, "type": "ok", "f"')  # the harness died mid-line
     assert len(read_history(path)) == 3

@@ -15,11 +15,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from maxq_raft.machines.commands import Enqueue, Get, Purge, Tick
 from maxq_raft.machines.delayed import DELAYED_BASE, slot_start_ms
-from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import QueueMachine
-from maxq_raft.machines.queue_types import Meta
 from maxq_raft.machines.queue_args import QueueSettings
+from maxq_raft.machines.queue_types import Meta
 
 from .test_queue_machine import DictBacking
 
@@ -114,7 +114,7 @@ class DelayedModel(RuleBasedStateMachine):
     def apply(self, command):
         self.index += 1
         # The model releases first, as the machine does at the start of every command.
-        for due, _, body in sorted(p for p in self.pending if p[0] <= self.now):
+        for _due, _, body in sorted(p for p in self.pending if p[0] <= self.now):
             self.ready.append(body)
         self.pending = [p for p in self.pending if p[0] > self.now]
         return self.machine.apply(Meta(self.index, self.now), command)
@@ -128,7 +128,7 @@ class DelayedModel(RuleBasedStateMachine):
             batch.append(Message("", "q", b"", body, persistent=True, delay_ms=delay))
         reply, _ = self.apply(Enqueue(batch))
         assert reply == len(delays)
-        for delay, message in zip(delays, batch):
+        for delay, message in zip(delays, batch, strict=True):
             if delay:
                 self.pending.append((self.now + delay, self.counter - len(delays) + 1 + batch.index(message), message.body))
             else:

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from maxq_raft.machines.commands import Cancel, Checkout, Credit, Discard, Enqueue, Get, Purge, Requeue, Settle
-from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
 from maxq_raft.machines.queue import SEQ_MASK, QueueMachine
-from maxq_raft.machines.queue_types import Deliver, Meta
 from maxq_raft.machines.queue_args import QueueSettings
+from maxq_raft.machines.queue_types import Deliver, Meta
 
 from .test_queue_machine import DictBacking
 
@@ -133,7 +133,7 @@ class PriorityModel(RuleBasedStateMachine):
             self.bodies += 1
             batch.append(Message("", "q", b"", b"m%d" % self.bodies, persistent=True, priority=p))
         reply, effects = self.apply(Enqueue(batch))
-        for message, p in zip(batch, priorities):
+        for message, p in zip(batch, priorities, strict=True):
             self.priority[message.seq] = min(p or 0, self.max_priority)
             assert self.max_priority - (message.seq >> 48) == self.priority[message.seq]
         self.give_back([m.seq for m in batch])

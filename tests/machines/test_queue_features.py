@@ -20,9 +20,9 @@ from maxq_raft.machines.commands import (
 )
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_args import QueueSettings
 from maxq_raft.machines.queue_limits import DROP_BATCH_MAX
 from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, QueueExpired, Rejected
-from maxq_raft.machines.queue_args import QueueSettings
 
 
 class Clocked:

@@ -37,11 +37,11 @@ from maxq_raft.machines.commands import (
     Settle,
     Tick,
 )
-from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.priority_queue import PriorityQueueMachine, make_queue_machine
 from maxq_raft.machines.queue import QueueMachine
-from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, Rejected
 from maxq_raft.machines.queue_args import QueueSettings
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, Rejected
 
 from .test_queue_machine import DictBacking, norm
 
@@ -309,7 +309,7 @@ class FeaturesModel(RuleBasedStateMachine):
         assert len(ready) == m.ready_count
         waiting = [seq for _, seq, _ in m.backoff]
         assert len(set(waiting)) == len(waiting)
-        for due, _, message in m.backoff:
+        for due, _, _message in m.backoff:
             # waiting out its back-off (released by the first command at or after `due`)
             assert due > m.now_ms and due - m.now_ms <= self.settings.retry_backoff_max_ms
             assert self.settings.retry_backoff_ms is not None

@@ -21,7 +21,7 @@ def reference_split(key: str) -> tuple[str, ...]:
     return () if key == "" else tuple(key.split("."))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ref(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
     if not pattern:
         return not words

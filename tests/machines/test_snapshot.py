@@ -22,6 +22,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from maxq_raft.machines import queue_limits
 from maxq_raft.machines.commands import (
     Cancel,
     Checkout,
@@ -39,12 +40,11 @@ from maxq_raft.machines.commands import (
     Touch,
     UpdateSettings,
 )
-from maxq_raft.machines import queue_limits
-from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import QueueMachine
-from maxq_raft.machines.queue_types import Meta
 from maxq_raft.machines.queue_args import QueueSettings
+from maxq_raft.machines.queue_types import Meta
 from maxq_raft.machines.snapshot import FORMAT_VERSION, SnapshotError, dump_queue, load_queue
 
 from .test_queue_machine import DictBacking

@@ -34,7 +34,7 @@ SECRET_HEX = "6d6178712d726166742d74657374"
 
 
 class NodeProc:
-    def __init__(self, cluster: "Cluster", nid: str, incarnation: int, *, joining: bool, peers: dict) -> None:
+    def __init__(self, cluster: Cluster, nid: str, incarnation: int, *, joining: bool, peers: dict) -> None:
         self.nid, self.incarnation = nid, incarnation
         cfg = {"node_id": nid, "raft_addr": cluster.addrs[nid], "peers": peers, "secret": SECRET_HEX,
                "data_dir": str(cluster.root / nid), "groups": cluster.groups, "fsync": True, "joining": joining,

@@ -156,7 +156,7 @@ def closed_by_peer(s: socket.socket, within_s: float = 3.0) -> bool:
         return s.recv(1) == b""
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

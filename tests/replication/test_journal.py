@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import zlib
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -186,7 +187,7 @@ def test_durable_index_advances_and_on_durable_increases(tmp_path: Path) -> None
         assert j.wait_durable(5000, WAIT_S)
         assert j.durable_index == 5000
     assert calls and calls[-1] == 5000
-    assert all(a < b for a, b in zip(calls, calls[1:])), calls[:20]
+    assert all(a < b for a, b in pairwise(calls)), calls[:20]
 
 
 @pytest.mark.parametrize("fsync_delay_s", [0.0, 0.002])
@@ -338,11 +339,10 @@ def test_torn_tail_cut_at_random_positions(tmp_path: Path, caplog: pytest.LogCap
         assert verify(folder) == []  # a torn tail is no corruption
         assert seg.stat().st_size == cut  # and verify changes nothing
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger=journal_mod.__name__):
-            with Journal.open(folder) as j:
-                assert (j.last_index, j.durable_index) == (len(entries) - 1, len(entries) - 1)
-                assert list(j.read(1)) == entries[:-1]
-                j.append(*entries[-1])
+        with caplog.at_level(logging.WARNING, logger=journal_mod.__name__), Journal.open(folder) as j:
+            assert (j.last_index, j.durable_index) == (len(entries) - 1, len(entries) - 1)
+            assert list(j.read(1)) == entries[:-1]
+            j.append(*entries[-1])
         assert any("torn tail" in r.getMessage() and str(seg) in r.getMessage() for r in caplog.records)
         with Journal.open(folder) as j:
             assert list(j.read(1)) == entries

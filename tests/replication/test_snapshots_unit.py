@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 
 from maxq_raft.replication.raft_journal import RaftLog
-from maxq_raft.replication.snapshot_file import (SnapshotError, SnapshotHeader, latest_snapshot, prune_snapshots,
-                                                 read_body, read_header, write_snapshot)
+from maxq_raft.replication.snapshot_file import (
+    SnapshotError,
+    SnapshotHeader,
+    latest_snapshot,
+    prune_snapshots,
+    read_body,
+    read_header,
+    write_snapshot,
+)
 from maxq_raft.replication.snapshot_install import CHUNK_BYTES, WINDOW_BYTES, InstallReceiver, InstallSender
 
 PAYLOAD = b"\x03"  # wire.CMD_PAYLOAD

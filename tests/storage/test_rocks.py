@@ -133,9 +133,8 @@ def test_sync_writes(tmp_path):
 
 
 def test_a_second_handle_is_refused(tmp_path):
-    with RocksSegmentStore(tmp_path / "store"):
-        with pytest.raises(StoreLocked, match="store"):
-            RocksSegmentStore(tmp_path / "store")
+    with RocksSegmentStore(tmp_path / "store"), pytest.raises(StoreLocked, match="store"):
+        RocksSegmentStore(tmp_path / "store")
 
 
 def test_compact_returns_deleted_space(tmp_path):

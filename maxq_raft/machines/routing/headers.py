@@ -114,12 +114,12 @@ def header_values_equal(expected: object, actual: object, nested: bool = False) 
             return False
         return all(
             ek == ak and header_values_equal(ev, av, nested=True)
-            for (ek, ev), (ak, av) in zip(expected.items(), actual.items())
+            for (ek, ev), (ak, av) in zip(expected.items(), actual.items(), strict=True)
         )
     if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
         if len(expected) != len(actual):
             return False
-        return all(header_values_equal(e, a, nested=True) for e, a in zip(expected, actual))
+        return all(header_values_equal(e, a, nested=True) for e, a in zip(expected, actual, strict=True))
     if isinstance(expected, datetime.datetime) and isinstance(actual, datetime.datetime):
         return expected == actual
     return type(expected) is type(actual) and expected == actual
@@ -255,13 +255,13 @@ def format_erlang_term(value: object) -> str:
         return _format_binary(_longstr_bytes(value) or b"")
     if isinstance(value, Mapping):
         items = ",".join(
-            "{%s,%s,%s}" % (format_erlang_term(k), _field_type_name(v), format_erlang_term(v))
+            f"{{{format_erlang_term(k)},{_field_type_name(v)},{format_erlang_term(v)}}}"
             for k, v in value.items()
         )
         return f"[{items}]"
     if isinstance(value, (list, tuple)):
         items = ",".join(
-            "{%s,%s}" % (_field_type_name(v), format_erlang_term(v)) for v in value
+            f"{{{_field_type_name(v)},{format_erlang_term(v)}}}" for v in value
         )
         return f"[{items}]"
     return repr(value)
