@@ -141,7 +141,10 @@ def _as_text(value: FieldValue) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-MECHANISMS: dict[str, Callable[[bytes], tuple[str, str]]] = {"PLAIN": _plain_credentials, "AMQPLAIN": _amqplain_credentials}
+MECHANISMS: dict[str, Callable[[bytes], tuple[str, str]]] = {
+    "PLAIN": _plain_credentials,
+    "AMQPLAIN": _amqplain_credentials,
+}
 
 
 class ServerConnection:
@@ -211,9 +214,16 @@ class ServerConnection:
                 self._out.append(PROTOCOL_HEADER)
                 self._terminate(spec.FRAME_ERROR, f"bad protocol header {bytes(header)!r}", by_peer=False)
                 return
-            self._send_method(0, spec.ConnectionStart(
-                version_major=0, version_minor=9, server_properties=self._server_properties,
-                mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
+            self._send_method(
+                0,
+                spec.ConnectionStart(
+                    version_major=0,
+                    version_minor=9,
+                    server_properties=self._server_properties,
+                    mechanisms=b"PLAIN AMQPLAIN",
+                    locales=b"en_US",
+                ),
+            )
             self.state = State.AWAIT_START_OK
             data = rest
             if not data:
@@ -282,21 +292,26 @@ class ServerConnection:
         if self.state is State.OPEN and not self._channel_closing(channel):
             self._out.append(data)
 
-    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float | None = None) -> None:
+    def close(
+        self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float | None = None
+    ) -> None:
         """Start a server-initiated connection close (a hard error, or shutdown)."""
         if now is not None:
             self._now = now
         if self.state in (State.CLOSING, State.CLOSED):
             return
         if self.state in (State.AWAIT_HEADER, State.AWAIT_START_OK) or (
-                self.state is State.AWAIT_TUNE_OK and reply_code != spec.NOT_ALLOWED):
+            self.state is State.AWAIT_TUNE_OK and reply_code != spec.NOT_ALLOWED
+        ):
             # rabbit_reader:handle_exception: before tune-ok the peer gets no connection.close
             # (a refused login is handled in _refuse_login); the socket just closes.
             self._terminate(reply_code, reply_text, by_peer=False)
             return
         self._send_close(reply_code, reply_text, class_id, method_id, CLOSE_TIMEOUT_S)
 
-    def close_channel(self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+    def close_channel(
+        self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
         """A soft error: close one channel; its frames are dropped until the peer's close-ok."""
         ch = self._channels.get(channel)
         if ch is None or ch.closing or self.state is not State.OPEN:
@@ -306,8 +321,15 @@ class ServerConnection:
         ch.content_size = -1
         ch.content_parts = []
         ch.content_got = 0
-        self._send_method(channel, spec.ChannelClose(
-            reply_code=reply_code, reply_text=_reply_text(reply_code, reply_text), class_id=class_id, method_id=method_id))
+        self._send_method(
+            channel,
+            spec.ChannelClose(
+                reply_code=reply_code,
+                reply_text=_reply_text(reply_code, reply_text),
+                class_id=class_id,
+                method_id=method_id,
+            ),
+        )
 
     def note_peer_alive(self, now: float) -> None:
         """The owner is deliberately not reading (flow control): do not count the silence."""
@@ -325,7 +347,9 @@ class ServerConnection:
             if now - self._last_recv > 2 * self.heartbeat_s:
                 # rabbit_heartbeat: the receiver gives up after two silent intervals; RabbitMQ
                 # logs "missed heartbeats from client, timeout: Ns" and just closes the socket.
-                self._terminate(spec.CONNECTION_FORCED, f"missed heartbeats from client, timeout: {self.heartbeat_s}s", by_peer=True)
+                self._terminate(
+                    spec.CONNECTION_FORCED, f"missed heartbeats from client, timeout: {self.heartbeat_s}s", by_peer=True
+                )
                 return False
             if now - self._last_send >= self.heartbeat_s / 2 and not self._out:
                 self._out.append(HEARTBEAT_FRAME)
@@ -342,7 +366,9 @@ class ServerConnection:
 
     def _send_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int, timeout_s: float) -> None:
         text = _reply_text(reply_code, reply_text)
-        self._send_method(0, spec.ConnectionClose(reply_code=reply_code, reply_text=text, class_id=class_id, method_id=method_id))
+        self._send_method(
+            0, spec.ConnectionClose(reply_code=reply_code, reply_text=text, class_id=class_id, method_id=method_id)
+        )
         self.state = State.CLOSING
         self._close_deadline = self._now + timeout_s
         self._close_reason = (reply_code, text)
@@ -426,8 +452,11 @@ class ServerConnection:
             if ch.content_method is not None:
                 # rabbit_command_assembler:process with a method frame mid-content
                 if ch.content_size < 0:
-                    raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
-                                                           "got non content header frame instead")
+                    raise AMQPError(
+                        spec.UNEXPECTED_FRAME,
+                        f"expected content header for class {ch.content_method.CLASS_ID}, "
+                        "got non content header frame instead",
+                    )
                 raise AMQPError(spec.UNEXPECTED_FRAME, "expected content body, got non content body frame instead")
             self._handle_channel_method(ch, method)
             return
@@ -443,12 +472,20 @@ class ServerConnection:
                 raise AMQPError(spec.UNEXPECTED_FRAME, "expected content body, got non content body frame instead")
             class_id, body_size, props_raw = decode_content_header(payload)
             if class_id != ch.content_method.CLASS_ID:
-                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
-                                                       f"got one for class {class_id} instead")
+                raise AMQPError(
+                    spec.UNEXPECTED_FRAME,
+                    f"expected content header for class {ch.content_method.CLASS_ID}, "
+                    f"got one for class {class_id} instead",
+                )
             if body_size > self.max_message_size_bytes:
                 # rabbit_channel: max_message_size is a channel error on basic.publish.
-                self.close_channel(channel, spec.PRECONDITION_FAILED,
-                                   f"message size {body_size} is larger than configured max size {self.max_message_size_bytes}", 60, 40)
+                self.close_channel(
+                    channel,
+                    spec.PRECONDITION_FAILED,
+                    f"message size {body_size} is larger than configured max size {self.max_message_size_bytes}",
+                    60,
+                    40,
+                )
                 return
             ch.content_props = props_raw
             ch.content_size = body_size
@@ -458,8 +495,11 @@ class ServerConnection:
             if ch.content_method is None:
                 raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
             if ch.content_size < 0:
-                raise AMQPError(spec.UNEXPECTED_FRAME, f"expected content header for class {ch.content_method.CLASS_ID}, "
-                                                       "got non content header frame instead")
+                raise AMQPError(
+                    spec.UNEXPECTED_FRAME,
+                    f"expected content header for class {ch.content_method.CLASS_ID}, "
+                    "got non content header frame instead",
+                )
             if ch.content_got + len(payload) > ch.content_size:
                 raise AMQPError(spec.FRAME_ERROR, "content body frame exceeds remaining content size")
             ch.content_parts.append(payload)
@@ -525,7 +565,9 @@ class ServerConnection:
 
     def _open_channel(self, channel: int) -> None:
         if channel > self.channel_max > 0:
-            raise AMQPError(spec.CHANNEL_ERROR, f"channel number {channel} exceeds the negotiated channel_max {self.channel_max}")
+            raise AMQPError(
+                spec.CHANNEL_ERROR, f"channel number {channel} exceeds the negotiated channel_max {self.channel_max}"
+            )
         self._channels[channel] = _Channel(channel)
         self._send_method(channel, spec.ChannelOpenOk())
         self._events.append(ChannelOpened(channel))
@@ -569,7 +611,9 @@ class ServerConnection:
 
     def _handle_handshake(self, frame_type: int, channel: int, payload: bytes | memoryview) -> None:
         if frame_type != spec.FRAME_METHOD or channel != 0:
-            raise AMQPError(spec.UNEXPECTED_FRAME, f"unexpected frame type {frame_type} on channel {channel} during the handshake")
+            raise AMQPError(
+                spec.UNEXPECTED_FRAME, f"unexpected frame type {frame_type} on channel {channel} during the handshake"
+            )
         method = spec.decode_method(payload)
         if type(method) is spec.ConnectionClose:
             self._send_method(0, spec.ConnectionCloseOk())
@@ -582,7 +626,9 @@ class ServerConnection:
         elif self.state is State.AWAIT_OPEN and type(method) is spec.ConnectionOpen:
             self._open(method)
         else:
-            raise AMQPError(spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state {_RABBIT_STATE[self.state]}")
+            raise AMQPError(
+                spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state {_RABBIT_STATE[self.state]}"
+            )
 
     def _start_ok(self, method: spec.ConnectionStartOk) -> None:
         self.client_properties = method.client_properties or {}
@@ -606,7 +652,9 @@ class ServerConnection:
             return
         self.user = username
         self.state = State.AWAIT_TUNE_OK
-        self._send_method(0, spec.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat_s))
+        self._send_method(
+            0, spec.ConnectionTune(channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat_s)
+        )
 
     def _refuse_login(self, mechanism: str) -> None:
         # rabbit_reader:auth_fail: with the authentication_failure_close capability the client
@@ -621,14 +669,22 @@ class ServerConnection:
     def _tune_ok(self, method: spec.ConnectionTuneOk) -> None:
         # rabbit_reader:validate_negotiated_integer_value: a value below the minimum, or (when
         # we have a maximum) zero or above what we offered, is a 530 naming connection.tune.
-        for field, minimum, ours, theirs in (("frame_max", spec.FRAME_MIN_SIZE, self.frame_max, method.frame_max),
-                                             ("channel_max", 1, self.channel_max, method.channel_max)):
+        for field, minimum, ours, theirs in (
+            ("frame_max", spec.FRAME_MIN_SIZE, self.frame_max, method.frame_max),
+            ("channel_max", 1, self.channel_max, method.channel_max),
+        ):
             if theirs != 0 and theirs < minimum:
-                raise _ConnectionError(spec.NOT_ALLOWED, f"negotiated {field} = {theirs} is lower than the minimum allowed value ({minimum})",
-                                       *CONNECTION_TUNE)
+                raise _ConnectionError(
+                    spec.NOT_ALLOWED,
+                    f"negotiated {field} = {theirs} is lower than the minimum allowed value ({minimum})",
+                    *CONNECTION_TUNE,
+                )
             if ours != 0 and (theirs == 0 or theirs > ours):
-                raise _ConnectionError(spec.NOT_ALLOWED, f"negotiated {field} = {theirs} is higher than the maximum allowed value ({ours})",
-                                       *CONNECTION_TUNE)
+                raise _ConnectionError(
+                    spec.NOT_ALLOWED,
+                    f"negotiated {field} = {theirs} is higher than the maximum allowed value ({ours})",
+                    *CONNECTION_TUNE,
+                )
         self.frame_max = method.frame_max
         self.channel_max = method.channel_max
         self.heartbeat_s = method.heartbeat
@@ -644,7 +700,11 @@ class ServerConnection:
         self.vhost = vhost
         self.state = State.OPEN
         self._send_method(0, spec.ConnectionOpenOk())
-        self._events.append(ConnectionOpened(self.user, vhost, self.client_properties, self.channel_max, self.frame_max, self.heartbeat_s))
+        self._events.append(
+            ConnectionOpened(
+                self.user, vhost, self.client_properties, self.channel_max, self.frame_max, self.heartbeat_s
+            )
+        )
 
 
 def _reply_text(reply_code: int, text: str) -> str:

@@ -87,5 +87,6 @@ class ConnectionClosed:
     by_peer: bool
 
 
-Event: TypeAlias = (ConnectionOpened | ChannelOpened | ChannelClosed | ChannelFlow | MethodReceived | ContentReceived
-                    | ConnectionClosed)
+Event: TypeAlias = (
+    ConnectionOpened | ChannelOpened | ChannelClosed | ChannelFlow | MethodReceived | ContentReceived | ConnectionClosed
+)

@@ -113,8 +113,16 @@ def encode_shortstr_field(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-def encode_delivery(channel: int, consumer_tag_field: bytes, delivery_tag: int, redelivered: bool,
-                    exchange_routing_key_fields: bytes, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+def encode_delivery(
+    channel: int,
+    consumer_tag_field: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange_routing_key_fields: bytes,
+    props_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
     """basic.deliver + content header + body, for the delivery hot path.
 
     The same bytes as `encode_content(channel, BasicDeliver(...), ...)`, but the consumer tag and
@@ -127,21 +135,47 @@ def encode_delivery(channel: int, consumer_tag_field: bytes, delivery_tag: int, 
         # The rare message that needs several body frames takes the general path.
         tag = consumer_tag_field[1:].decode("utf-8")
         exchange_len = exchange_routing_key_fields[0]
-        exchange = exchange_routing_key_fields[1:1 + exchange_len].decode("utf-8")
-        routing_key = exchange_routing_key_fields[2 + exchange_len:].decode("utf-8")
-        return encode_content(channel, BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag, redelivered=redelivered,
-                                                    exchange=exchange, routing_key=routing_key), props_raw, body, frame_max)
+        exchange = exchange_routing_key_fields[1 : 1 + exchange_len].decode("utf-8")
+        routing_key = exchange_routing_key_fields[2 + exchange_len :].decode("utf-8")
+        return encode_content(
+            channel,
+            BasicDeliver(
+                consumer_tag=tag,
+                delivery_tag=delivery_tag,
+                redelivered=redelivered,
+                exchange=exchange,
+                routing_key=routing_key,
+            ),
+            props_raw,
+            body,
+            frame_max,
+        )
     method_size = 13 + len(consumer_tag_field) + len(exchange_routing_key_fields)
     if body_size:
-        return b"".join((
-            _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60), consumer_tag_field,
-            _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields,
-            _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size), props_raw,
-            _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size), body, _END))
-    return b"".join((
-        _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60), consumer_tag_field,
-        _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0), exchange_routing_key_fields,
-        _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0), props_raw, _END))
+        return b"".join(
+            (
+                _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60),
+                consumer_tag_field,
+                _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0),
+                exchange_routing_key_fields,
+                _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size),
+                props_raw,
+                _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size),
+                body,
+                _END,
+            )
+        )
+    return b"".join(
+        (
+            _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60),
+            consumer_tag_field,
+            _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0),
+            exchange_routing_key_fields,
+            _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
+            props_raw,
+            _END,
+        )
+    )
 
 
 class FrameReader:

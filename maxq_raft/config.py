@@ -63,10 +63,28 @@ def parse_addr(text: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-CLI_SETTINGS = ("data_dir", "amqp_host", "amqp_port", "http_host", "http_port", "node_id",
-                "frame_max", "channel_max", "heartbeat_s", "handshake_timeout_s", "fsync",
-                "memory_high_watermark_mb", "disk_free_limit_mb", "log_level",
-                "raft_addr", "peer", "cluster_secret", "shards", "join", "snapshot_every_mb")
+CLI_SETTINGS = (
+    "data_dir",
+    "amqp_host",
+    "amqp_port",
+    "http_host",
+    "http_port",
+    "node_id",
+    "frame_max",
+    "channel_max",
+    "heartbeat_s",
+    "handshake_timeout_s",
+    "fsync",
+    "memory_high_watermark_mb",
+    "disk_free_limit_mb",
+    "log_level",
+    "raft_addr",
+    "peer",
+    "cluster_secret",
+    "shards",
+    "join",
+    "snapshot_every_mb",
+)
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -98,7 +116,9 @@ def _convert(name: str, raw, source: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maxq-server", description="MaxQ-Raft: an AMQP 0-9-1 broker replicated with Raft.")
+    parser = argparse.ArgumentParser(
+        prog="maxq-server", description="MaxQ-Raft: an AMQP 0-9-1 broker replicated with Raft."
+    )
     parser.add_argument("--config", metavar="FILE", help="TOML file with settings (same names as the options, with _)")
     parser.add_argument("--data-dir", help="folder for this node's data (default ./data)")
     parser.add_argument("--amqp-host", help="address to listen on for AMQP (default 127.0.0.1)")
@@ -109,18 +129,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
     parser.add_argument("--channel-max", help="most channels per connection (default 2047)")
     parser.add_argument("--heartbeat-s", help="heartbeat interval offered, seconds (default 60; 0 disables)")
-    parser.add_argument("--handshake-timeout-s", help="seconds a client has from connecting to connection.open (default 10)")
+    parser.add_argument(
+        "--handshake-timeout-s", help="seconds a client has from connecting to connection.open (default 10)"
+    )
     parser.add_argument("--fsync", help="on (default): a confirm means fsynced; off: no fsync (benchmarks only)")
     parser.add_argument("--memory-high-watermark-mb", help="block publishers above this RSS (default 0: 40%% of RAM)")
     parser.add_argument("--disk-free-limit-mb", help="block publishers when the data disk has less free (default 50)")
     parser.add_argument("--log-level", help="debug, info, warning or error (default info)")
-    parser.add_argument("--raft-addr", help="HOST:PORT this node serves Raft on (a cluster member; default: none, a single node)")
-    parser.add_argument("--peer", action="append", metavar="NAME@HOST:PORT",
-                        help="another cluster member (repeat for each); MAXQ_PEER takes them comma-separated")
+    parser.add_argument(
+        "--raft-addr", help="HOST:PORT this node serves Raft on (a cluster member; default: none, a single node)"
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        metavar="NAME@HOST:PORT",
+        help="another cluster member (repeat for each); MAXQ_PEER takes them comma-separated",
+    )
     parser.add_argument("--cluster-secret", help="secret shared by the members (or MAXQ_CLUSTER_SECRET)")
     parser.add_argument("--shards", help="data shard groups (default 0: two per core); the same on every member")
-    parser.add_argument("--snapshot-every-mb", help="a cluster member snapshots a group's state and compacts its log "
-                        "after this many MB of new log (default 64; fractions allowed)")
+    parser.add_argument(
+        "--snapshot-every-mb",
+        help="a cluster member snapshots a group's state and compacts its log "
+        "after this many MB of new log (default 64; fractions allowed)",
+    )
     parser.add_argument("--join", help="on: start as a new member and wait to be added (maxqctl add-node)")
     parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
     return parser

@@ -100,8 +100,18 @@ class Server:
         """Start; the seconds from the process's start to its ready line."""
         self._log = open(self.log_path, "ab")
         offset = self.log_path.stat().st_size
-        command = [sys.executable, "-m", "maxq_raft", "--data-dir", str(self.data_dir), "--amqp-port", str(self.port),
-                   "--http-port", "0", *self.extra]
+        command = [
+            sys.executable,
+            "-m",
+            "maxq_raft",
+            "--data-dir",
+            str(self.data_dir),
+            "--amqp-port",
+            str(self.port),
+            "--http-port",
+            "0",
+            *self.extra,
+        ]
         self.started_at = time.monotonic()
         # cwd outside the repo: our amqp/ folder must not shadow anything on sys.path.
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.data_dir.parent))
@@ -165,9 +175,32 @@ class RssSampler(threading.Thread):
 
 
 def s4_args(amqpload: str, port: int, pid: int, n: int, size: int, settle_s: int, max_time_s: int) -> list[str]:
-    return [amqpload, "--host", "127.0.0.1", "--port", str(port), "--scenario", "s4", "--backlog", str(n),
-            "-s", str(size), "--sample-every", str(max(1, n // 10)), "--confirm", "1000", "--persistent", "--durable",
-            "--manual-ack", "--settle", str(settle_s), "--max-time", str(max_time_s), "--broker-pid", str(pid)]
+    return [
+        amqpload,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--scenario",
+        "s4",
+        "--backlog",
+        str(n),
+        "-s",
+        str(size),
+        "--sample-every",
+        str(max(1, n // 10)),
+        "--confirm",
+        "1000",
+        "--persistent",
+        "--durable",
+        "--manual-ack",
+        "--settle",
+        str(settle_s),
+        "--max-time",
+        str(max_time_s),
+        "--broker-pid",
+        str(pid),
+    ]
 
 
 def print_samples(title: str, samples: list[dict]) -> None:
@@ -209,14 +242,20 @@ def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
     if len(pub) > k:
         first_rate = pub[k - 1]["n"] / pub[k - 1]["t"]
         last_rate = (pub[-1]["n"] - pub[-1 - k]["n"]) / (pub[-1]["t"] - pub[-1 - k]["t"])
-    print(f"  published {run['published']:,} confirmed {run['confirmed']:,} nacked {run['nacked']} "
-          f"in {run['publish_s']:.1f} s: {run['pub_rate']:,.0f} msg/s")
+    print(
+        f"  published {run['published']:,} confirmed {run['confirmed']:,} nacked {run['nacked']} "
+        f"in {run['publish_s']:.1f} s: {run['pub_rate']:,.0f} msg/s"
+    )
     print(f"  drained {run['drained']:,} in {run['drain_s']:.1f} s: {run['drain_rate']:,.0f} msg/s")
-    print(f"  RSS MiB: idle {run.get('rss_mb_idle', 0):.1f}, full {run.get('rss_mb_full', 0):.1f}, "
-          f"settled {run.get('rss_mb_settled', 0):.1f}, drained {run.get('rss_mb_drained', 0):.1f}, "
-          f"peak (sampled every {RSS_SAMPLE_S} s) {peak:.1f} at {sampler.peak_at_s:.0f} s")
-    print(f"  broker CPU s per M messages: publish {run.get('broker_cpu_s_per_M_pub', 0):.1f}, "
-          f"drain {run.get('broker_cpu_s_per_M_drain', 0):.1f}; data folder after the drain {disk:.0f} MiB")
+    print(
+        f"  RSS MiB: idle {run.get('rss_mb_idle', 0):.1f}, full {run.get('rss_mb_full', 0):.1f}, "
+        f"settled {run.get('rss_mb_settled', 0):.1f}, drained {run.get('rss_mb_drained', 0):.1f}, "
+        f"peak (sampled every {RSS_SAMPLE_S} s) {peak:.1f} at {sampler.peak_at_s:.0f} s"
+    )
+    print(
+        f"  broker CPU s per M messages: publish {run.get('broker_cpu_s_per_M_pub', 0):.1f}, "
+        f"drain {run.get('broker_cpu_s_per_M_drain', 0):.1f}; data folder after the drain {disk:.0f} MiB"
+    )
     print(f"  confirm latency us: {run.get('confirm_lat_us')}")
     return {"first_rate": first_rate, "last_rate": last_rate, "peak_rss_mib": peak, "run": run}
 
@@ -224,8 +263,9 @@ def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
 def queue_depth(port: int) -> int | None:
     """The queue's message_count, or None if it cannot be had now (not declared yet, ...)."""
     try:
-        connection = pika.BlockingConnection(pika.ConnectionParameters(port=port, heartbeat=0,
-                                                                       socket_timeout=5, blocked_connection_timeout=5))
+        connection = pika.BlockingConnection(
+            pika.ConnectionParameters(port=port, heartbeat=0, socket_timeout=5, blocked_connection_timeout=5)
+        )
     except pika.exceptions.AMQPError:
         return None
     try:
@@ -288,8 +328,10 @@ def pass_restart(args, amqpload: str, folder: Path) -> dict:
                 break
             if load.poll() is not None:
                 raise RuntimeError(f"amqpload ended ({load.returncode}) with the queue at {depth}")
-        print(f"  queue holds {depth:,} after {time.monotonic() - t0:.1f} s; RSS {rss_mib(server.pid):.1f} MiB; "
-              f"data folder {disk_mib(server.data_dir):.0f} MiB")
+        print(
+            f"  queue holds {depth:,} after {time.monotonic() - t0:.1f} s; RSS {rss_mib(server.pid):.1f} MiB; "
+            f"data folder {disk_mib(server.data_dir):.0f} MiB"
+        )
         out["peak_rss_publish_mib"] = sampler.finish()
 
         server.kill()
@@ -298,8 +340,10 @@ def pass_restart(args, amqpload: str, folder: Path) -> dict:
         sampler.start()
         took, count, body = first_message(server)
         time.sleep(1.0)
-        print(f"  after SIGKILL: ready in {ready_s:.2f} s, first message in {took:.2f} s from the process start; "
-              f"declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later")
+        print(
+            f"  after SIGKILL: ready in {ready_s:.2f} s, first message in {took:.2f} s from the process start; "
+            f"declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later"
+        )
         out["kill_first_s"], out["kill_ready_s"], out["kill_count"] = took, ready_s, count
 
         code, stop_s = server.stop()
@@ -309,8 +353,10 @@ def pass_restart(args, amqpload: str, folder: Path) -> dict:
         sampler.start()
         took, count, body = first_message(server)
         time.sleep(1.0)
-        print(f"  after SIGTERM (stopped in {stop_s:.2f} s, exit {code}): ready in {ready_s:.2f} s, first message in "
-              f"{took:.2f} s; declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later")
+        print(
+            f"  after SIGTERM (stopped in {stop_s:.2f} s, exit {code}): ready in {ready_s:.2f} s, first message in "
+            f"{took:.2f} s; declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later"
+        )
         out["term_first_s"], out["term_count"] = took, count
         out["peak_rss_restart_mib"] = max(out["peak_rss_restart_mib"], sampler.finish())
     finally:
@@ -326,8 +372,19 @@ def run_rabbit(args) -> None:
     if scenario is None:
         print(f"== RabbitMQ: scripts/bench has presets for 1 M and 5 M only, not {args.messages:,}")
         return
-    command = [str(ROOT / "scripts" / "bench"), "--scenario", scenario, "--targets", "rabbit,rabbit-qq1", "-n", "1",
-               "--loadgen", "amqpload", "--amqpload", amqpload_path()]
+    command = [
+        str(ROOT / "scripts" / "bench"),
+        "--scenario",
+        scenario,
+        "--targets",
+        "rabbit,rabbit-qq1",
+        "-n",
+        "1",
+        "--loadgen",
+        "amqpload",
+        "--amqpload",
+        amqpload_path(),
+    ]
     print("== RabbitMQ: " + " ".join(command), flush=True)
     subprocess.run(command, timeout=4 * 3600)
 
@@ -351,8 +408,11 @@ def main() -> int:
         return 0
     amqpload = amqpload_path()
     folder = Path(tempfile.mkdtemp(prefix="maxq-bench-backlog-", dir=args.dir or "/tmp"))
-    print(f"maxq-server {' '.join(args.server_arg)} (python {sys.version.split()[0]}), data under {folder}, "
-          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    print(
+        f"maxq-server {' '.join(args.server_arg)} (python {sys.version.split()[0]}), data under {folder}, "
+        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        flush=True,
+    )
     ok = False
     try:
         first = {} if args.restart_only else pass_publish_drain(args, amqpload, folder)
@@ -366,18 +426,24 @@ def main() -> int:
     print("== targets")
     peak = max([first.get("peak_rss_mib", 0.0)] + [v for k, v in restart.items() if k.startswith("peak_rss")])
     # (pass 2's peaks are sampled too: publishing, and each restart until 1 s after its first message)
-    print(f"  RSS under {RSS_TARGET_MIB} MiB throughout: peak {peak:.1f} MiB -> {'PASS' if peak < RSS_TARGET_MIB else 'FAIL'}")
+    print(
+        f"  RSS under {RSS_TARGET_MIB} MiB throughout: peak {peak:.1f} MiB -> {'PASS' if peak < RSS_TARGET_MIB else 'FAIL'}"
+    )
     if "first_rate" in first:
         drop = 1 - first["last_rate"] / first["first_rate"] if first["first_rate"] else float("nan")
-        print(f"  publish rate at N within {RATE_DROP_MAX:.0%} of the rate at 0: first fifth {first['first_rate']:,.0f}, "
-              f"last fifth {first['last_rate']:,.0f} msg/s ({-drop:+.1%}) -> {'PASS' if drop <= RATE_DROP_MAX else 'FAIL'}")
+        print(
+            f"  publish rate at N within {RATE_DROP_MAX:.0%} of the rate at 0: first fifth {first['first_rate']:,.0f}, "
+            f"last fifth {first['last_rate']:,.0f} msg/s ({-drop:+.1%}) -> {'PASS' if drop <= RATE_DROP_MAX else 'FAIL'}"
+        )
     if "kill_first_s" in restart:
         worst = max(restart["kill_first_s"], restart["term_first_s"])
         ok = worst < RESTART_TARGET_S and restart["kill_count"] == args.messages == restart["term_count"]
-        print(f"  restart to first message under {RESTART_TARGET_S:.0f} s with the backlog: after SIGKILL "
-              f"{restart['kill_first_s']:.2f} s, after SIGTERM {restart['term_first_s']:.2f} s, all "
-              f"{args.messages:,} there: {restart['kill_count'] == args.messages == restart['term_count']} "
-              f"-> {'PASS' if ok else 'FAIL'}")
+        print(
+            f"  restart to first message under {RESTART_TARGET_S:.0f} s with the backlog: after SIGKILL "
+            f"{restart['kill_first_s']:.2f} s, after SIGTERM {restart['term_first_s']:.2f} s, all "
+            f"{args.messages:,} there: {restart['kill_count'] == args.messages == restart['term_count']} "
+            f"-> {'PASS' if ok else 'FAIL'}"
+        )
     if args.rabbit:
         run_rabbit(args)
     return 0

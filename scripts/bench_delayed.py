@@ -108,9 +108,22 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="bench-delayed-"))
     amqp_port, http_port = free_port(), free_port()
     log = open(folder / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "maxq_raft", "--data-dir", str(folder / "data"),
-                               "--amqp-port", str(amqp_port), "--http-port", str(http_port)],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=str(folder))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "maxq_raft",
+            "--data-dir",
+            str(folder / "data"),
+            "--amqp-port",
+            str(amqp_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(folder),
+    )
     consumer = None
     try:
         deadline = time.monotonic() + 60
@@ -139,16 +152,20 @@ def main() -> int:
             now = time.time()
             delay_ms = max(1, int((started * 1000 + offset_ms) - now * 1000))
             body = BODY.pack(now + delay_ms / 1000, i) + pad
-            channel.basic_publish("", QUEUE, body, pika.BasicProperties(headers={"x-delay": delay_ms}, delivery_mode=mode))
+            channel.basic_publish(
+                "", QUEUE, body, pika.BasicProperties(headers={"x-delay": delay_ms}, delivery_mode=mode)
+            )
         channel.confirm_delivery()
         channel.basic_publish("", QUEUE, BODY.pack(time.time(), n) + pad)  # confirmed: all before it were taken
         published = time.time()
         # (that last one is not delayed: the consumer takes it first and it is not counted below)
         rss_pending = rss_mib(server.pid)
         connection.close()
-        print(f"published {n:,} delayed messages in {published - started:.1f} s "
-              f"({n / (published - started):,.0f} msg/s); the first falls due "
-              f"{first_due - published:.1f} s after the last was published")
+        print(
+            f"published {n:,} delayed messages in {published - started:.1f} s "
+            f"({n / (published - started):,.0f} msg/s); the first falls due "
+            f"{first_due - published:.1f} s after the last was published"
+        )
         print(f"broker RSS: {rss_idle:.0f} MiB idle, {rss_pending:.0f} MiB with all {n:,} pending")
         consumer.join(args.min_delay_s + args.spread_s + 600)
         sampler.stopping.set()
@@ -159,8 +176,10 @@ def main() -> int:
         with open(out_path, "rb") as f:
             lateness.frombytes(f.read())
         values = sorted(lateness.tolist()[1:])  # the first is the undelayed marker
-        print(f"delivered {len(values):,}; lateness (delivery - due): p50 {percentile(values, 0.50):.0f} ms, "
-              f"p99 {percentile(values, 0.99):.0f} ms, max {values[-1]:.0f} ms, min {values[0]:.0f} ms")
+        print(
+            f"delivered {len(values):,}; lateness (delivery - due): p50 {percentile(values, 0.50):.0f} ms, "
+            f"p99 {percentile(values, 0.99):.0f} ms, max {values[-1]:.0f} ms, min {values[0]:.0f} ms"
+        )
         print(f"broker RSS peak over the whole run: {sampler.peak:.0f} MiB")
         return 0
     finally:

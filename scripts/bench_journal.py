@@ -82,18 +82,25 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="append phase per run")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench_journal_", dir=args.dir))
-    print(f"journal bench in {base}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.seconds:g} s per run")
-    print(f"{'payload':>8} {'fsync':>5} {'mode':>12} {'entries':>9} {'appends/s':>10} {'durable/s':>10} {'fsyncs/s':>9} "
-          f"{'per fsync':>9} {'MB/s':>6} {'lat p50 ms':>10} {'lat p99 ms':>10}")
+    print(
+        f"journal bench in {base}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.seconds:g} s per run"
+    )
+    print(
+        f"{'payload':>8} {'fsync':>5} {'mode':>12} {'entries':>9} {'appends/s':>10} {'durable/s':>10} {'fsyncs/s':>9} "
+        f"{'per fsync':>9} {'MB/s':>6} {'lat p50 ms':>10} {'lat p99 ms':>10}"
+    )
     runs = [(size, fsync, None) for size in (128, 1024) for fsync in (True, False)]
     runs += [(128, True, 20_000.0), (1024, True, 20_000.0)]
     try:
         for k, (size, fsync, rate) in enumerate(runs):
             r = run(base / f"run{k}", size, fsync, args.seconds, rate)
             mode = "max" if rate is None else f"paced {rate / 1000:g}k/s"
-            print(f"{size:>8} {'on' if fsync else 'off':>5} {mode:>12} {r['entries']:>9} {r['appends_per_s']:>10.0f} "
-                  f"{r['durable_per_s']:>10.0f} {r['fsyncs_per_s']:>9.0f} {r['entries_per_batch']:>9.0f} {r['mb_per_s']:>6.1f} "
-                  f"{r['lat_p50_ms']:>10.2f} {r['lat_p99_ms']:>10.2f}", flush=True)
+            print(
+                f"{size:>8} {'on' if fsync else 'off':>5} {mode:>12} {r['entries']:>9} {r['appends_per_s']:>10.0f} "
+                f"{r['durable_per_s']:>10.0f} {r['fsyncs_per_s']:>9.0f} {r['entries_per_batch']:>9.0f} {r['mb_per_s']:>6.1f} "
+                f"{r['lat_p50_ms']:>10.2f} {r['lat_p99_ms']:>10.2f}",
+                flush=True,
+            )
             shutil.rmtree(base / f"run{k}")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -21,8 +21,10 @@ from maxq_raft.machines.queue_types import Meta
 
 
 def batches(n_batches: int, batch: int) -> list:
-    return [qc.Enqueue([Message("ex", "rk", b"\x00\x00", b"x" * 100, False) for _ in range(batch)])
-            for _ in range(n_batches)]
+    return [
+        qc.Enqueue([Message("ex", "rk", b"\x00\x00", b"x" * 100, False) for _ in range(batch)])
+        for _ in range(n_batches)
+    ]
 
 
 def enqueue_only(n_batches: int, batch: int) -> float:

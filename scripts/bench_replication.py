@@ -32,6 +32,7 @@ MSG_BYTES = 128
 
 # ------------------------------------------------------------------------------- node mode
 
+
 def node_main(cfg: dict) -> None:
     import logging
 
@@ -47,9 +48,16 @@ def node_main(cfg: dict) -> None:
         applied[0] += len(entries)
 
     groups = [f"bench{i}" for i in range(cfg["groups"])]
-    node = ReplicationNode(node_id=cfg["id"], raft_addr=tuple(cfg["addr"]),
-                           peers={k: tuple(v) for k, v in cfg["peers"].items()}, cluster_secret=b"bench-secret",
-                           data_dir=Path(cfg["dir"]), groups=groups, fsync=cfg["fsync"], on_commit=on_commit)
+    node = ReplicationNode(
+        node_id=cfg["id"],
+        raft_addr=tuple(cfg["addr"]),
+        peers={k: tuple(v) for k, v in cfg["peers"].items()},
+        cluster_secret=b"bench-secret",
+        data_dir=Path(cfg["dir"]),
+        groups=groups,
+        fsync=cfg["fsync"],
+        on_commit=on_commit,
+    )
     node.start()
     blob = msgpack.packb([os.urandom(MSG_BYTES)] * MSGS_PER_ENTRY)
     print(json.dumps({"ev": "ready"}), flush=True)
@@ -63,13 +71,28 @@ def node_main(cfg: dict) -> None:
             for st in sts.values():
                 for k, v in st["seams"].items():
                     seams[k] = seams.get(k, 0) + v
-            print(json.dumps({"ev": "status", "leads": [g for g, st in sts.items() if st["role"] == "leader"],
-                              "seams": seams, "applied": applied[0],
-                              "journal": {g: st["journal"] for g, st in sts.items()}}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "ev": "status",
+                        "leads": [g for g, st in sts.items() if st["role"] == "leader"],
+                        "seams": seams,
+                        "applied": applied[0],
+                        "journal": {g: st["journal"] for g, st in sts.items()},
+                    }
+                ),
+                flush=True,
+            )
         elif cmd["op"] == "run":
             results: list[dict] = []
-            threads = [threading.Thread(target=lambda g=g: results.append(
-                run_load(node, g, blob, cmd["window"], cmd["seconds"], cmd["warmup"]))) for g in cmd["groups"]]
+            threads = [
+                threading.Thread(
+                    target=lambda g=g: results.append(
+                        run_load(node, g, blob, cmd["window"], cmd["seconds"], cmd["warmup"])
+                    )
+                )
+                for g in cmd["groups"]
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -93,6 +116,7 @@ def run_load(node, group: str, blob: bytes, window: int, seconds: float, warmup:
                 else:
                     errors[err] = errors.get(err, 0) + 1
             sem.release()
+
         return cb
 
     end = time.perf_counter() + warmup
@@ -121,11 +145,19 @@ def run_load(node, group: str, blob: bytes, window: int, seconds: float, warmup:
 
     for _ in range(window):  # let the tail finish before the next run
         sem.acquire(timeout=5)
-    return {"group": group, "window": window, "entries": n, "elapsed": elapsed, "lat": lat,
-            "errors": errors, "entry_bytes": len(blob)}
+    return {
+        "group": group,
+        "window": window,
+        "entries": n,
+        "elapsed": elapsed,
+        "lat": lat,
+        "errors": errors,
+        "entry_bytes": len(blob),
+    }
 
 
 # ------------------------------------------------------------------------------ coordinator
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -136,9 +168,14 @@ def free_port() -> int:
 class Proc:
     def __init__(self, cfg: dict, err_path: Path) -> None:
         self.err = open(err_path, "w")
-        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--node", json.dumps(cfg)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                  cwd=cfg["dir"])
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--node", json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            cwd=cfg["dir"],
+        )
         self.q: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -172,8 +209,15 @@ def bench_once(window: int, seconds: float, fsync: bool, ngroups: int) -> dict:
     try:
         for i in ids:
             (root / i).mkdir()
-            cfg = {"id": i, "addr": addrs[i], "peers": {k: v for k, v in addrs.items() if k != i}, "dir": str(root / i),
-                   "fsync": fsync, "groups": ngroups, "hard_timeout_s": seconds + 90}
+            cfg = {
+                "id": i,
+                "addr": addrs[i],
+                "peers": {k: v for k, v in addrs.items() if k != i},
+                "dir": str(root / i),
+                "fsync": fsync,
+                "groups": ngroups,
+                "hard_timeout_s": seconds + 90,
+            }
             procs[i] = Proc(cfg, root / f"{i}.err")
         for p in procs.values():
             if (p.q.get(timeout=20) or {}).get("ev") != "ready":
@@ -189,8 +233,10 @@ def bench_once(window: int, seconds: float, fsync: bool, ngroups: int) -> dict:
             raise RuntimeError(f"not every group has a leader within 15 s: {leads}")
         for i, p in procs.items():  # every node drives the groups it leads, all at once
             if leads[i]:
-                p.p.stdin.write(json.dumps({"op": "run", "groups": leads[i], "window": window, "seconds": seconds,
-                                            "warmup": 0.5}) + "\n")
+                p.p.stdin.write(
+                    json.dumps({"op": "run", "groups": leads[i], "window": window, "seconds": seconds, "warmup": 0.5})
+                    + "\n"
+                )
                 p.p.stdin.flush()
         runs: list[dict] = []
         for i, p in procs.items():
@@ -208,9 +254,15 @@ def bench_once(window: int, seconds: float, fsync: bool, ngroups: int) -> dict:
         for r in runs:
             for k, v in r["errors"].items():
                 errors[k] = errors.get(k, 0) + v
-        res = {"window": window, "entries_per_s": round(n / elapsed, 1), "msgs_per_s": round(n * MSGS_PER_ENTRY / elapsed),
-               "lat_ms_p50": pct(0.5), "lat_ms_p99": pct(0.99), "errors": errors,
-               "leaders": {i: len(v) for i, v in leads.items()}}
+        res = {
+            "window": window,
+            "entries_per_s": round(n / elapsed, 1),
+            "msgs_per_s": round(n * MSGS_PER_ENTRY / elapsed),
+            "lat_ms_p50": pct(0.5),
+            "lat_ms_p99": pct(0.99),
+            "errors": errors,
+            "leaders": {i: len(v) for i, v in leads.items()},
+        }
         seams: dict[str, int] = {}
         fsyncs = appends = 0
         for p in procs.values():
@@ -241,22 +293,31 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=1, help="groups (each driven on its leader at once)")
     args = ap.parse_args()
     fsync = not args.no_fsync
-    print(f"3 processes on 127.0.0.1, {args.groups} group(s), entries of {MSGS_PER_ENTRY} x {MSG_BYTES} B, "
-          f"fsync={'on' if fsync else 'OFF'}, {args.seconds:g} s per run, {os.cpu_count()} cores", flush=True)
+    print(
+        f"3 processes on 127.0.0.1, {args.groups} group(s), entries of {MSGS_PER_ENTRY} x {MSG_BYTES} B, "
+        f"fsync={'on' if fsync else 'OFF'}, {args.seconds:g} s per run, {os.cpu_count()} cores",
+        flush=True,
+    )
     for w in [int(x) for x in args.windows.split(",")]:
         runs = [bench_once(w, args.seconds, fsync, args.groups) for _ in range(args.repeats)]
         med = lambda k: statistics.median([r[k] for r in runs if r.get(k) is not None] or [0])  # noqa: E731
         s = runs[-1]["seams"]
         j = runs[-1]["journal"]
-        print(f"window {w:>3}{' per group' if args.groups > 1 else ''}: {med('msgs_per_s'):>9,.0f} msgs/s  "
-              f"{med('entries_per_s'):>7,.0f} entries/s  commit latency p50 {med('lat_ms_p50'):.2f} ms  "
-              f"p99 {med('lat_ms_p99'):.2f} ms  errors {[r['errors'] for r in runs]}  "
-              f"runs {[r['msgs_per_s'] for r in runs]}  leaders per node {runs[-1]['leaders']}", flush=True)
-        print(f"            last run, 3 nodes: ack regressions {s.get('ack_regressions', 0)}, acked entries truncated "
-              f"{s.get('acked_entries_truncated', 0)}, guard skipped {s.get('guard_skipped_entries', 0)}, dedup "
-              f"suppressed {s.get('dedup_entries', 0)}, held {s.get('held', 0)}, acks coalesced "
-              f"{s.get('acks_coalesced', 0)}, stale held dropped {s.get('held_dropped_stale', 0)}; journals: "
-              f"{j['appends']} appends, {j['fdatasyncs']} fdatasyncs (whole run)", flush=True)
+        print(
+            f"window {w:>3}{' per group' if args.groups > 1 else ''}: {med('msgs_per_s'):>9,.0f} msgs/s  "
+            f"{med('entries_per_s'):>7,.0f} entries/s  commit latency p50 {med('lat_ms_p50'):.2f} ms  "
+            f"p99 {med('lat_ms_p99'):.2f} ms  errors {[r['errors'] for r in runs]}  "
+            f"runs {[r['msgs_per_s'] for r in runs]}  leaders per node {runs[-1]['leaders']}",
+            flush=True,
+        )
+        print(
+            f"            last run, 3 nodes: ack regressions {s.get('ack_regressions', 0)}, acked entries truncated "
+            f"{s.get('acked_entries_truncated', 0)}, guard skipped {s.get('guard_skipped_entries', 0)}, dedup "
+            f"suppressed {s.get('dedup_entries', 0)}, held {s.get('held', 0)}, acks coalesced "
+            f"{s.get('acks_coalesced', 0)}, stale held dropped {s.get('held_dropped_stale', 0)}; journals: "
+            f"{j['appends']} appends, {j['fdatasyncs']} fdatasyncs (whole run)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -77,13 +77,18 @@ def main() -> int:
             written += batch_size
             if written % PROGRESS_EVERY_RECORDS == 0:
                 now = time.perf_counter()
-                print(f"  {written:>10,} written  {(written - written_mark) / (now - t_mark):>9,.0f} records/s "
-                      f"(interval)  {written / (now - t0):>9,.0f} records/s (overall)  RSS {rss_mib():6.0f} MiB",
-                      flush=True)
+                print(
+                    f"  {written:>10,} written  {(written - written_mark) / (now - t_mark):>9,.0f} records/s "
+                    f"(interval)  {written / (now - t0):>9,.0f} records/s (overall)  RSS {rss_mib():6.0f} MiB",
+                    flush=True,
+                )
                 t_mark, written_mark = now, written
         elapsed = time.perf_counter() - t0
-        print(f"write: {n / elapsed:,.0f} records/s, {n * size / elapsed / 1e6:.0f} MB/s, {elapsed:.1f} s; "
-              f"RSS {rss_mib():.0f} MiB; disk {disk_mib(path):.0f} MiB", flush=True)
+        print(
+            f"write: {n / elapsed:,.0f} records/s, {n * size / elapsed / 1e6:.0f} MB/s, {elapsed:.1f} s; "
+            f"RSS {rss_mib():.0f} MiB; disk {disk_mib(path):.0f} MiB",
+            flush=True,
+        )
 
         timed("flush()", store.flush)
         b = timed("bounds()", lambda: store.bounds(QUEUE_ID))

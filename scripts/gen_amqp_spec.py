@@ -48,7 +48,14 @@ EXTRA_METHODS = (
     # (class, method name, method id, synchronous, responses, fields as (name, wire type))
     ("connection", "blocked", 60, False, (), (("reason", "shortstr"),)),
     ("connection", "unblocked", 61, False, (), ()),
-    ("connection", "update-secret", 70, True, ("connection.update-secret-ok",), (("new-secret", "longstr"), ("reason", "shortstr"))),
+    (
+        "connection",
+        "update-secret",
+        70,
+        True,
+        ("connection.update-secret-ok",),
+        (("new-secret", "longstr"), ("reason", "shortstr")),
+    ),
     ("connection", "update-secret-ok", 71, True, (), ()),
 )
 # The XML calls the 14th basic property "reserved"; RabbitMQ and every client call it
@@ -205,19 +212,25 @@ def parse_spec(path: Path) -> Spec:
                     synchronous=errata.get("synchronous", m.get("synchronous") == "1"),
                     content=m.get("content") == "1",
                     responses=errata.get("responses", responses),
-                    fields=[
-                        Field(f.get("name"), resolve(f), f.get("reserved") == "1")
-                        for f in m.findall("field")
-                    ],
+                    fields=[Field(f.get("name"), resolve(f), f.get("reserved") == "1") for f in m.findall("field")],
                 )
             )
     for class_name, name, method_id, synchronous, responses, fields in EXTRA_METHODS:
         class_id = next(m.class_id for m in methods if m.class_name == class_name)
         if any(m.class_name == class_name and m.name == name for m in methods):
             continue
-        methods.append(Method(class_name=class_name, class_id=class_id, name=name, method_id=method_id,
-                              synchronous=synchronous, content=False, responses=responses,
-                              fields=[Field(f, t, False) for f, t in fields]))
+        methods.append(
+            Method(
+                class_name=class_name,
+                class_id=class_id,
+                name=name,
+                method_id=method_id,
+                synchronous=synchronous,
+                content=False,
+                responses=responses,
+                fields=[Field(f, t, False) for f, t in fields],
+            )
+        )
     methods.sort(key=lambda m: (m.class_id, m.method_id))
     assert len(basic_properties) == 14, "basic has 14 properties"
     return Spec(frame_constants, reply_codes, methods, basic_properties)
@@ -349,7 +362,7 @@ def gen_encode(method: Method, structs: StructRegistry) -> list[str]:
     if len(parts) == 1:
         result = [f"return {parts[0]}"]
     else:
-        result = ["return b\"\".join(("] + [f"    {p}," for p in parts] + ["))"]
+        result = ['return b"".join(('] + [f"    {p}," for p in parts] + ["))"]
     lines = ["def encode(self) -> bytes:"]
     if any("pack(" in p for p in parts):
         # struct.error for an out-of-range integer becomes ValueError, like the length checks
@@ -553,7 +566,7 @@ def render(spec: Spec, spec_name: str) -> str:
         "    CLASS_ID: ClassVar[int]",
         "    METHOD_ID: ClassVar[int]",
         "    INDEX: ClassVar[int]  # CLASS_ID << 16 | METHOD_ID",
-        "    NAME: ClassVar[str]  # e.g. \"basic.publish\"",
+        '    NAME: ClassVar[str]  # e.g. "basic.publish"',
         "    SYNCHRONOUS: ClassVar[bool]",
         "    HAS_CONTENT: ClassVar[bool]",
         "    RESPONSES: ClassVar[tuple[str, ...]]  # names of the methods that answer it",
@@ -577,7 +590,7 @@ def render(spec: Spec, spec_name: str) -> str:
         out.append(f"    {m.cls}.INDEX: _decode_{m.class_name}_{python_name(m.name)},")
     out.append("}")
     out.append("")
-    out.append("_S_INDEX = Struct(\">I\")")
+    out.append('_S_INDEX = Struct(">I")')
     out.append("")
     out += [
         "",
@@ -617,8 +630,15 @@ def render(spec: Spec, spec_name: str) -> str:
 # pays one test per absent group rather than one per absent property.
 
 PROPERTY_GROUP_SIZE = 4
-PROPERTY_TYPE_HINTS = {"shortstr": "str", "table": "FieldTable", "octet": "int", "short": "int", "long": "int",
-                       "longlong": "int", "timestamp": "int"}
+PROPERTY_TYPE_HINTS = {
+    "shortstr": "str",
+    "table": "FieldTable",
+    "octet": "int",
+    "short": "int",
+    "long": "int",
+    "longlong": "int",
+    "timestamp": "int",
+}
 # The server asks these of every publish (is it persistent?): each gets a `<name>_of(raw)`
 # that skips the properties before it by their length prefixes instead of decoding them.
 FAST_OCTET_ACCESSORS = ("delivery_mode",)
@@ -700,7 +720,7 @@ def gen_property_decode(props: list[Field], structs: StructRegistry) -> list[str
         "        p = _new(BasicProperties)",
     ]
     for start in range(0, len(props), PROPERTY_GROUP_SIZE):
-        group_props = props[start:start + PROPERTY_GROUP_SIZE]
+        group_props = props[start : start + PROPERTY_GROUP_SIZE]
         mask = sum(property_flag(k) for k in range(start, start + len(group_props)))
         lines.append(f"        if flags & 0x{mask:04X}:")
         for k, f in enumerate(group_props, start):
@@ -785,10 +805,10 @@ def gen_properties_class(props: list[Field]) -> list[str]:
         "    __hash__ = None  # type: ignore[assignment]",
         "",
         "    def __repr__(self) -> str:",
-        "        present = \", \".join(",
-        "            f\"{name}={getattr(self, name)!r}\" for name in self.__slots__ if getattr(self, name) is not None",
+        '        present = ", ".join(',
+        '            f"{name}={getattr(self, name)!r}" for name in self.__slots__ if getattr(self, name) is not None',
         "        )",
-        "        return f\"BasicProperties({present})\"",
+        '        return f"BasicProperties({present})"',
     ]
     return lines
 
@@ -811,16 +831,16 @@ def render_properties(spec: Spec, spec_name: str) -> str:
         "",
         "Theory of operation: a content header payload is class-id u16, weight u16 (always 0),",
         "body-size u64, then the property list: 16-bit flag words, most significant bit first, one",
-        "bit per property in spec order, bit 0 meaning \"another flag word follows\" (spec 4.2.6.1),",
+        'bit per property in spec order, bit 0 meaning "another flag word follows" (spec 4.2.6.1),',
         "followed by the values of the present properties only. The broker normally keeps the",
         "property list as opaque bytes (`props_raw`) and relays it untouched, so headers are parsed",
         "only when something needs them; `decode_properties` / `encode_properties` do the parse.",
-        "None means \"absent\": an empty string or table is a present, empty property.",
+        'None means "absent": an empty string or table is a present, empty property.',
         "The generator writes both directions out property by property, in flag-bit order, from the",
         "basic class's fields, rather than looping over a descriptor table, because this sits on",
         "the publish/deliver hot path; the decoder first tests the flags of a group of properties,",
         "so an absent group costs one test. Headers are field tables with RabbitMQ's errata",
-        "(values.py); the 14th property, \"reserved\" in the XML, is cluster_id as in RabbitMQ.",
+        '(values.py); the 14th property, "reserved" in the XML, is cluster_id as in RabbitMQ.',
         '"""',
         "",
         "from struct import Struct",
@@ -845,7 +865,7 @@ def render_properties(spec: Spec, spec_name: str) -> str:
     out += [
         "def _after_flag_words(raw: ReadBuffer, strict: bool) -> int:",
         '    """The offset after the continuation flag words (spec 4.2.6.1), which are rare. They can',
-        f'    only carry bits of properties beyond the {len(props)} that basic defines: the decoder (strict)',
+        f"    only carry bits of properties beyond the {len(props)} that basic defines: the decoder (strict)",
         '    accepts them when empty so the stream stays in sync, and refuses them otherwise."""',
         "    off = 2",
         "    while True:  # bounded by the buffer: a read past its end raises IndexError",
@@ -883,8 +903,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if an output is stale")
     args = parser.parse_args(argv)
     spec = parse_spec(args.spec)
-    outputs = ((args.output, render(spec, args.spec.name)),
-               (args.properties_output, render_properties(spec, args.spec.name)))
+    outputs = (
+        (args.output, render(spec, args.spec.name)),
+        (args.properties_output, render_properties(spec, args.spec.name)),
+    )
     if args.check:
         stale = 0
         for path, text in outputs:

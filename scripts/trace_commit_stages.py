@@ -53,6 +53,7 @@ QUEUE_PREFIX = "trace-q"
 
 # ----------------------------------------------------------------------------- node mode
 
+
 def node_main(out_path: str, server_args: list[str]) -> None:
     """Run maxq-server with stage timestamps; SIGUSR2 writes their percentiles to out_path."""
     from time import perf_counter as now
@@ -84,7 +85,9 @@ def node_main(out_path: str, server_args: list[str]) -> None:
                     marks[index]["propose"] = t0
                     marks[index]["committed"] = now()
                 callback(index, error)
+
             return original(self, group, payload, answered)
+
         return traced_propose
 
     def add(original):
@@ -93,6 +96,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
             if group_wanted(self.folder.name):
                 marks[self.last_index].setdefault("log_add", now())
             return result
+
         return traced_add
 
     def write_batch(original):
@@ -105,6 +109,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
                     marks[index]["fsync_start"] = t0
                     marks[index]["fsync_end"] = t1
             return result
+
         return traced_write_batch
 
     def wire(original):
@@ -112,6 +117,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
             if not is_ack and group_wanted(self.group):
                 marks[self.log.last_index].setdefault("sent", now())
             return original(self, nid, body, is_ack, ack_idx, term)
+
         return traced_wire
 
     def receive(original):
@@ -123,6 +129,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
                     marks[index].setdefault("ack", t)
                 acked_up_to[nid] = max(acked_up_to.get(nid, 0), hi)
             return original(self, nid, message)
+
         return traced_receive
 
     def apply(original):
@@ -136,6 +143,7 @@ def node_main(out_path: str, server_args: list[str]) -> None:
                 marks[index]["apply"] = t0
                 marks[index]["applied"] = t1
             return result
+
         return traced_apply
 
     wrap(engine.ReplicationNode, "propose", propose)
@@ -171,6 +179,7 @@ def percentiles(values: list[float]) -> dict:
 
 # ---------------------------------------------------------------------------- driver mode
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -183,9 +192,29 @@ def fetch_json(port: int, path: str) -> dict:
 
 
 def perf(amqp_port: int, rate: int, seconds: float, size: int) -> dict:
-    cmd = [str(VENV_BIN / "maxq-perf"), "--port", str(amqp_port), "--scenario", "s2", "--rate", str(rate),
-           "-s", str(size), "--persistent", "--durable", "--confirm", "1000", "--manual-ack",
-           "-d", str(seconds), "--warmup", "1", "--queue-prefix", QUEUE_PREFIX, "--keep-queues"]
+    cmd = [
+        str(VENV_BIN / "maxq-perf"),
+        "--port",
+        str(amqp_port),
+        "--scenario",
+        "s2",
+        "--rate",
+        str(rate),
+        "-s",
+        str(size),
+        "--persistent",
+        "--durable",
+        "--confirm",
+        "1000",
+        "--manual-ack",
+        "-d",
+        str(seconds),
+        "--warmup",
+        "1",
+        "--queue-prefix",
+        QUEUE_PREFIX,
+        "--keep-queues",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     if done.returncode != 0:
         raise RuntimeError(f"maxq-perf failed: {done.stderr.strip()[-500:]}")
@@ -212,9 +241,27 @@ def main() -> int:
             peers = [a for m in names if m != n for a in ("--peer", f"{m}@127.0.0.1:{ports[m][2]}")]
             log = open(folder / f"{n}.log", "w")
             procs[n] = subprocess.Popen(
-                [str(VENV_BIN / "python"), str(Path(__file__).resolve()), "node", str(folder / f"{n}.stages"),
-                 "--node-id", n, "--data-dir", str(folder / n), "--amqp-port", str(amqp), "--http-port", str(http),
-                 "--raft-addr", f"127.0.0.1:{raft}", *peers], stdout=log, stderr=subprocess.STDOUT, env=env)
+                [
+                    str(VENV_BIN / "python"),
+                    str(Path(__file__).resolve()),
+                    "node",
+                    str(folder / f"{n}.stages"),
+                    "--node-id",
+                    n,
+                    "--data-dir",
+                    str(folder / n),
+                    "--amqp-port",
+                    str(amqp),
+                    "--http-port",
+                    str(http),
+                    "--raft-addr",
+                    f"127.0.0.1:{raft}",
+                    *peers,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.monotonic() + READY_TIMEOUT_S
         for n in names:
             while "maxq-server ready" not in (folder / f"{n}.log").read_text():
@@ -223,6 +270,7 @@ def main() -> int:
                 time.sleep(0.2)
         perf(ports["n1"][0], 100, 1, args.size)  # declares the queue
         from maxq_raft.server.cluster import shard_of
+
         status = fetch_json(ports["n1"][1], "/api/cluster/status")
         shards = sum(1 for g in status["groups"] if g["group"].startswith("shard-"))
         group = shard_of(("/", f"{QUEUE_PREFIX}-0"), shards)
@@ -239,16 +287,20 @@ def main() -> int:
                 break
             time.sleep(0.1)
         report = json.loads(out.read_text())
-        print(f"{args.rate} msgs/s of {args.size} B, persistent, confirms, manual ack; client on {leader}, "
-              f"the leader of {group}; {report['entries']} entries traced on it")
+        print(
+            f"{args.rate} msgs/s of {args.size} B, persistent, confirms, manual ack; client on {leader}, "
+            f"the leader of {group}; {report['entries']} entries traced on it"
+        )
         print(f"{'stage (ms)':30s} {'p50':>8s} {'p90':>8s} {'p99':>8s}")
         for a, b, pc in report["stages"]:
             print(f"{a + ' -> ' + b:30s} {pc['p50']:8.3f} {pc['p90']:8.3f} {pc['p99']:8.3f}")
         t = report["total"]
         print(f"{'propose -> applied':30s} {t['p50']:8.3f} {t['p90']:8.3f} {t['p99']:8.3f}")
         lat = result.get("lat_us") or {}
-        print(f"{'publish -> delivery (client)':30s} {lat.get('p50', 0) / 1e3:8.3f} {lat.get('p90', 0) / 1e3:8.3f} "
-              f"{lat.get('p99', 0) / 1e3:8.3f}")
+        print(
+            f"{'publish -> delivery (client)':30s} {lat.get('p50', 0) / 1e3:8.3f} {lat.get('p90', 0) / 1e3:8.3f} "
+            f"{lat.get('p99', 0) / 1e3:8.3f}"
+        )
         return 0
     finally:
         for proc in procs.values():

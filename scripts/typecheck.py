@@ -45,9 +45,7 @@ def main(mypy_args: list[str]) -> int:
     modules = installed_modules()
     fscache = FileSystemCache()
     # relative paths so that error lines read `amqp/frames.py:12: error: ...`, as plain mypy's do
-    sources, options = process_options(
-        ["--config-file", str(PYPROJECT), *mypy_args, *modules], fscache=fscache
-    )
+    sources, options = process_options(["--config-file", str(PYPROJECT), *mypy_args, *modules], fscache=fscache)
     renamed = [BuildSource(s.path, modules[s.path] if s.path else s.module, s.text, str(ROOT)) for s in sources]
     _, messages, blockers = run_build(renamed, options, fscache, started_s, sys.stdout, sys.stderr)
     errors = [m for m in messages if ": error:" in m]

@@ -41,8 +41,15 @@ class StoreCorruption(StorageError):
 class CorruptRecord(StoreCorruption):
     """One record failed its checksum (or has an impossible shape) when read back."""
 
-    def __init__(self, path: str, detail: str, *, queue_id: int | None = None, seq: int | None = None,
-                 meta_key: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        detail: str,
+        *,
+        queue_id: int | None = None,
+        seq: int | None = None,
+        meta_key: str | None = None,
+    ) -> None:
         where = f"meta key {meta_key!r}" if meta_key is not None else f"queue {queue_id} seq {seq}"
         # Skip StoreCorruption.__init__'s wording: this message names the record.
         StorageError.__init__(self, f"corrupt record in store {path}, {where}: {detail}")

@@ -56,8 +56,9 @@ _RANGE_ALL = 1 << 64
 
 # A redo entry: ("w", puts, deletes, meta) for `write`, ("r", queue_id, seq_from, seq_to) for a
 # range delete (`drop_queue` is the whole range).
-_Write: TypeAlias = tuple[Literal["w"], Sequence[tuple[int, int, bytes]], Sequence[tuple[int, int]],
-                          dict[str, bytes | None] | None]
+_Write: TypeAlias = tuple[
+    Literal["w"], Sequence[tuple[int, int, bytes]], Sequence[tuple[int, int]], dict[str, bytes | None] | None
+]
 _RangeDelete: TypeAlias = tuple[Literal["r"], int, int, int]
 _Op: TypeAlias = _Write | _RangeDelete
 
@@ -68,8 +69,13 @@ class GuardedStore:
     Without a handle (while `recover` replaces it, after `close`) there is no `_store`
     attribute at all, so a call then fails with AttributeError, as on any closed object."""
 
-    def __init__(self, open_store: Callable[[bool], WritableStore], *, redo: bool = True,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        open_store: Callable[[bool], WritableStore],
+        *,
+        redo: bool = True,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self._open_store = open_store
         self._store: WritableStore = open_store(False)
         self.path: str = getattr(self._store, "path", "store")
@@ -87,8 +93,14 @@ class GuardedStore:
 
     # -- writes: never raise a StorageError --------------------------------------------------
 
-    def write(self, puts: Iterable[tuple[int, int, bytes]], deletes: Iterable[tuple[int, int]],
-              meta: dict[str, bytes | None] | None, *, wal: bool = True) -> None:
+    def write(
+        self,
+        puts: Iterable[tuple[int, int, bytes]],
+        deletes: Iterable[tuple[int, int]],
+        meta: dict[str, bytes | None] | None,
+        *,
+        wal: bool = True,
+    ) -> None:
         puts = puts if isinstance(puts, (list, tuple)) else list(puts)
         deletes = deletes if isinstance(deletes, (list, tuple)) else list(deletes)
         if self.failure is None:
@@ -127,8 +139,11 @@ class GuardedStore:
         self.failure = reason
         self.failures += 1
         self._overlays.clear()
-        log.critical("message store %s cannot write: %s; nothing written since the last good fsync is confirmed",
-                     self.path, reason)
+        log.critical(
+            "message store %s cannot write: %s; nothing written since the last good fsync is confirmed",
+            self.path,
+            reason,
+        )
         if self.on_failure is not None:
             self.on_failure(reason)
 
@@ -259,7 +274,7 @@ class GuardedStore:
             try:
                 ops = list(self._redo)
                 for start in range(0, len(ops), REDO_CHUNK_OPS):
-                    for op in ops[start:start + REDO_CHUNK_OPS]:
+                    for op in ops[start : start + REDO_CHUNK_OPS]:
                         if op[0] == "w":
                             store.write(op[1], op[2], op[3], wal=True)
                         else:
@@ -277,8 +292,12 @@ class GuardedStore:
         self._redo_base = self._redo_end = 0
         self._generation += 1
         self._overlays.clear()
-        log.warning("message store %s writes again: reopened, %d writes redone and fsynced (failed since: %s)",
-                    self.path, redone, self.failure)
+        log.warning(
+            "message store %s writes again: reopened, %d writes redone and fsynced (failed since: %s)",
+            self.path,
+            redone,
+            self.failure,
+        )
         self.failure = None
         self.recoveries += 1
         return True
@@ -312,8 +331,12 @@ class GuardedStore:
             if _free_bytes(self.path) >= self.recovery_bytes_needed():
                 self.recover()
             if self.failure is not None:
-                log.error("message store %s closes with %d writes not stored (none of them confirmed): %s",
-                          self.path, len(self._redo), self.failure)
+                log.error(
+                    "message store %s closes with %d writes not stored (none of them confirmed): %s",
+                    self.path,
+                    len(self._redo),
+                    self.failure,
+                )
         with self._lock:
             if self.failure is not None:
                 self._release_handle()
@@ -342,6 +365,7 @@ class _Unreadable:
             if name == "close":
                 return None
             raise StorageError(f"store {self.path} cannot be opened now: {self.reason}")
+
         return refuse
 
 

@@ -78,7 +78,7 @@ class _Queue:
             del seqs[: self.head]
             self.head = 0
         if len(seqs) - self.head > 2 * len(records) + _STALE_SLACK:
-            self.seqs = [s for s in seqs[self.head:] if s in records]
+            self.seqs = [s for s in seqs[self.head :] if s in records]
             self.head = 0
 
     def bounds(self) -> tuple[int, int]:
@@ -182,8 +182,14 @@ class MemorySegmentStore:
         self._check_open()
         return sorted(self._queues)
 
-    def write(self, puts: Iterable[tuple[int, int, bytes]], deletes: Iterable[tuple[int, int]],
-              meta: dict[str, bytes | None] | None, *, wal: bool = True) -> None:
+    def write(
+        self,
+        puts: Iterable[tuple[int, int, bytes]],
+        deletes: Iterable[tuple[int, int]],
+        meta: dict[str, bytes | None] | None,
+        *,
+        wal: bool = True,
+    ) -> None:
         """Puts, deletes and meta changes (None deletes a key) at once; `wal` means nothing here."""
         self._check_open()
         deletes = list(deletes)
@@ -244,7 +250,7 @@ class MemorySegmentStore:
         """For tests: the structure is consistent and every record passes its checksum."""
         for queue_id, queue in self._queues.items():
             assert queue.records, f"queue {queue_id} is empty but listed"
-            live = queue.seqs[queue.head:]
+            live = queue.seqs[queue.head :]
             assert all(a < b for a, b in pairwise(queue.seqs)), f"queue {queue_id}: seqs unsorted"
             assert set(queue.records) <= set(live), f"queue {queue_id}: a record is missing from seqs"
             for seq, value in queue.records.items():

@@ -93,5 +93,7 @@ def describe_damage(key: bytes, value: bytes) -> str:
     record = value[CHECKSUM_SIZE_BYTES:]
     stored = _CHECKSUM.unpack_from(value)[0]
     computed = crc32(record, crc32(key))
-    return (f"checksum mismatch: stored {stored:#010x}, computed {computed:#010x} "
-            f"over the {len(key)}-byte key and {len(record)} record bytes")
+    return (
+        f"checksum mismatch: stored {stored:#010x}, computed {computed:#010x} "
+        f"over the {len(key)}-byte key and {len(record)} record bytes"
+    )

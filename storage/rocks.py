@@ -170,8 +170,11 @@ def _check_folder(path: str) -> bool:
     if not entries:
         return True
     if "CURRENT" not in entries:
-        raise StoreCorruption(path, f"not a RocksDB folder: no CURRENT file among its {len(entries)} "
-                                    f"entries (e.g. {', '.join(entries[:3])}); refusing to create a store there")
+        raise StoreCorruption(
+            path,
+            f"not a RocksDB folder: no CURRENT file among its {len(entries)} "
+            f"entries (e.g. {', '.join(entries[:3])}); refusing to create a store there",
+        )
     return False
 
 
@@ -191,8 +194,12 @@ def _open_error(path: str, exc: Exception, *, fresh: bool) -> StorageError:
 def _open_rdict(path: str, cache: Cache, *, fresh: bool, read_only: bool) -> tuple[Rdict, Rdict]:
     access = AccessType.read_only(False) if read_only else AccessType.read_write()
     try:
-        db = Rdict(path, _db_options(cache, create=not read_only),
-                   column_families={META_CF: _meta_options(cache)}, access_type=access)
+        db = Rdict(
+            path,
+            _db_options(cache, create=not read_only),
+            column_families={META_CF: _meta_options(cache)},
+            access_type=access,
+        )
     except Exception as exc:  # rocksdict raises plain Exception for RocksDB statuses
         raise _open_error(path, exc, fresh=fresh) from exc
     try:
@@ -227,8 +234,9 @@ def _is_empty(db: Rdict) -> bool:
 class RocksSegmentStore:
     """SegmentStore on a RocksDB folder; see the module docstring for the durability modes."""
 
-    def __init__(self, path: str | os.PathLike[str], *, sync_writes: bool = False, wal: bool = True,
-                 read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, sync_writes: bool = False, wal: bool = True, read_only: bool = False
+    ) -> None:
         if sync_writes and not wal:
             raise ValueError("sync_writes=True needs wal=True: without a WAL there is nothing to sync per write")
         self.path = os.fspath(path)
@@ -438,8 +446,14 @@ class RocksSegmentStore:
 
     # -- one atomic batch across messages and meta ------------------------------------------
 
-    def write(self, puts: Iterable[tuple[int, int, bytes]], deletes: Iterable[tuple[int, int]],
-              meta: dict[str, bytes | None] | None, *, wal: bool = True) -> None:
+    def write(
+        self,
+        puts: Iterable[tuple[int, int, bytes]],
+        deletes: Iterable[tuple[int, int]],
+        meta: dict[str, bytes | None] | None,
+        *,
+        wal: bool = True,
+    ) -> None:
         """Puts, deletes and meta changes (None deletes a meta key) in ONE atomic write.
 
         `wal=False` skips the WAL for this write only: for data that need not survive a crash
@@ -606,7 +620,9 @@ class RocksSegmentStore:
         return CorruptRecord(self.path, describe_damage(key, value), queue_id=queue_id, seq=seq)
 
     def _bad_key(self, key: bytes) -> StoreCorruption:
-        return StoreCorruption(self.path, f"key {key[:32].hex()} is {len(key)} bytes, message keys are {KEY_SIZE_BYTES}")
+        return StoreCorruption(
+            self.path, f"key {key[:32].hex()} is {len(key)} bytes, message keys are {KEY_SIZE_BYTES}"
+        )
 
 
 def _meta_key_bytes(key: str) -> bytes:
@@ -672,7 +688,9 @@ def _verify_messages(path: str, db: Rdict, problems: _Problems) -> None:
         while it.valid():
             key, value = it.key(), it.value()
             if len(key) != KEY_SIZE_BYTES:
-                problems.add(f"store {path}: key {key[:32].hex()} is {len(key)} bytes, message keys are {KEY_SIZE_BYTES}")
+                problems.add(
+                    f"store {path}: key {key[:32].hex()} is {len(key)} bytes, message keys are {KEY_SIZE_BYTES}"
+                )
             elif decode_value(key, value) is None:
                 queue_id, seq = int.from_bytes(key[:8], "big"), int.from_bytes(key[8:], "big")
                 problems.add(str(CorruptRecord(path, describe_damage(key, value), queue_id=queue_id, seq=seq)))

@@ -84,8 +84,14 @@ class WritableStore(SegmentStore, Protocol):
 
     path: str
 
-    def write(self, puts: Iterable[tuple[int, int, bytes]], deletes: Iterable[tuple[int, int]],
-              meta: dict[str, bytes | None] | None, *, wal: bool = True) -> None:
+    def write(
+        self,
+        puts: Iterable[tuple[int, int, bytes]],
+        deletes: Iterable[tuple[int, int]],
+        meta: dict[str, bytes | None] | None,
+        *,
+        wal: bool = True,
+    ) -> None:
         """Puts, deletes and meta changes (None deletes a meta key) in one atomic write."""
         ...
 

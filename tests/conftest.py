@@ -31,7 +31,9 @@ def free_port() -> int:
 class BrokerProcess:
     """One real maxq-server process on loopback."""
 
-    def __init__(self, data_dir: Path, log_path: Path, extra_args: list[str] | None = None, env: dict | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path, extra_args: list[str] | None = None, env: dict | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra_args = extra_args or []
@@ -46,21 +48,33 @@ class BrokerProcess:
 
     def launch(self) -> None:
         """Start the process without waiting for it (cluster members wait for each other)."""
-        args = [sys.executable, "-m", "maxq_raft", "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
-                "--http-port", str(self.http_port), *self.extra_args]
+        args = [
+            sys.executable,
+            "-m",
+            "maxq_raft",
+            "--data-dir",
+            str(self.data_dir),
+            "--amqp-port",
+            str(self.amqp_port),
+            "--http-port",
+            str(self.http_port),
+            *self.extra_args,
+        ]
         env = dict(os.environ if self.env is None else self.env)
         self._log = open(self.log_path, "ab")
         # A restart appends to the same log: only a ready line written after this point counts.
         self._log_offset = self.log_path.stat().st_size
         # cwd outside the repo: the repo root must not be on sys.path (our amqp/ would shadow py-amqp).
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.data_dir.parent))
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.data_dir.parent)
+        )
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> BrokerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"maxq-server exited with {self.proc.returncode}:\n{self.log_text()}")
-            if b"maxq-server ready" in self.log_path.read_bytes()[self._log_offset:]:
+            if b"maxq-server ready" in self.log_path.read_bytes()[self._log_offset :]:
                 return self
             time.sleep(0.05)
         self.stop()
@@ -112,8 +126,18 @@ class BrokerProcess:
 
 def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
     # Snapshots every ~5 KB of a group's log: the AMQP suites then run across many of them.
-    args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[name]}", "--cluster-secret", "test", "--shards", "2",
-            "--snapshot-every-mb", os.environ.get("MAXQ_TEST_SNAPSHOT_MB", "0.005")]
+    args = [
+        "--node-id",
+        name,
+        "--raft-addr",
+        f"127.0.0.1:{raft_ports[name]}",
+        "--cluster-secret",
+        "test",
+        "--shards",
+        "2",
+        "--snapshot-every-mb",
+        os.environ.get("MAXQ_TEST_SNAPSHOT_MB", "0.005"),
+    ]
     for peer, port in raft_ports.items():
         if peer != name:
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]
@@ -131,8 +155,10 @@ def broker(tmp_path_factory):
     size = int(os.environ.get("MAXQ_TEST_CLUSTER") or 0)
     names = [f"n{i + 1}" for i in range(size)] or ["maxq1"]
     raft_ports = {name: free_port() for name in names}
-    processes = [BrokerProcess(root / name, root / f"{name}.log", cluster_args(name, raft_ports) if size else [])
-                 for name in names]
+    processes = [
+        BrokerProcess(root / name, root / f"{name}.log", cluster_args(name, raft_ports) if size else [])
+        for name in names
+    ]
     try:
         for process in processes:
             process.launch()
@@ -147,7 +173,9 @@ def broker(tmp_path_factory):
         for process in processes:
             if "Traceback" in process.log_text():
                 # A server-side bug the tests did not catch by name: show it in the CI output.
-                print(f"\n--- shared broker log ({process.log_path}) has a traceback ---\n{process.log_text()[-20000:]}")
+                print(
+                    f"\n--- shared broker log ({process.log_path}) has a traceback ---\n{process.log_text()[-20000:]}"
+                )
 
 
 @pytest.fixture
@@ -155,7 +183,9 @@ def start_broker(tmp_path):
     """Factory for brokers a test owns (restarts, kills, special settings); all are stopped after it."""
     started: list[BrokerProcess] = []
 
-    def start(extra_args: list[str] | None = None, data_dir: Path | None = None, env: dict | None = None) -> BrokerProcess:
+    def start(
+        extra_args: list[str] | None = None, data_dir: Path | None = None, env: dict | None = None
+    ) -> BrokerProcess:
         n = len(started)
         process = BrokerProcess(data_dir or tmp_path / f"data{n}", tmp_path / f"server{n}.log", extra_args, env)
         started.append(process)

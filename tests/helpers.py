@@ -26,8 +26,13 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------------- waiting
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, step_s: float = 0.05, *,
-               connections: Sequence[pika.BlockingConnection] = ()) -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    step_s: float = 0.05,
+    *,
+    connections: Sequence[pika.BlockingConnection] = (),
+) -> T:
     """Poll `predicate` until it answers something true, and return that answer; after
     `timeout_s`, return its last (false) answer. `assert wait_until(...)` is the usual use.
 
@@ -48,8 +53,14 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, step_s: float = 0.0
             time.sleep(step_s)
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float, what: str, step_s: float = 0.1, *,
-             connections: Sequence[pika.BlockingConnection] = ()) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    step_s: float = 0.1,
+    *,
+    connections: Sequence[pika.BlockingConnection] = (),
+) -> T:
     """`wait_until`, but a timeout is a failure: raises AssertionError naming `what` (a phrase:
     "a new leader"). Returns the predicate's true answer, so a wait can also fetch a value.
     Its callers mostly poll other processes (the admin API, logs): 0.1 s steps are enough."""
@@ -160,6 +171,9 @@ def build_fsync_shim(folder: Path) -> Path:
     if compiler is None:
         pytest.skip("building the fsync fault shim needs a C compiler")
     out = folder / "fsync_fail.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(FAULTS / "fsync_fail.c"), "-ldl"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(FAULTS / "fsync_fail.c"), "-ldl"],
+        check=True,
+        capture_output=True,
+    )
     return out

@@ -59,8 +59,15 @@ from dataclasses import dataclass, field
 
 from .history import FAIL, INFO, INVOKE, META, OK
 
-FATAL_KINDS = ("lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations", "minority_confirmed",
-               "dead_letter_without_x_death")
+FATAL_KINDS = (
+    "lost",
+    "unexpected",
+    "nacked_delivered",
+    "corrupt",
+    "fifo_violations",
+    "minority_confirmed",
+    "dead_letter_without_x_death",
+)
 EXPIRED = "expired"  # the x-death reason of a message whose TTL ran out
 PASS, FAILED, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 EXAMPLES_MAX = 50  # ids listed per kind in the result (counts are always exact)
@@ -114,9 +121,16 @@ class CheckResult:
         return PASS
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "fatal": self.fatal, "counts": self.counts, "examples": self.examples,
-                "availability": self.availability, "recovery_s": self.recovery_s, "notes": self.notes,
-                "drain_complete": self.drain_complete}
+        return {
+            "verdict": self.verdict,
+            "fatal": self.fatal,
+            "counts": self.counts,
+            "examples": self.examples,
+            "availability": self.availability,
+            "recovery_s": self.recovery_s,
+            "notes": self.notes,
+            "drain_complete": self.drain_complete,
+        }
 
 
 def check(records: Iterable[dict]) -> CheckResult:
@@ -158,8 +172,9 @@ def check(records: Iterable[dict]) -> CheckResult:
                 if mid in publishes:
                     reused_ids.append(mid)
                     continue
-                publishes[mid] = _Publish(r.get("process", "?"), r.get("session"), r.get("seq"), r.get("node"), t,
-                                          r.get("crc"))
+                publishes[mid] = _Publish(
+                    r.get("process", "?"), r.get("session"), r.get("seq"), r.get("node"), t, r.get("crc")
+                )
             else:
                 p = publishes.get(mid)
                 if p is None:
@@ -172,15 +187,24 @@ def check(records: Iterable[dict]) -> CheckResult:
                     confirm_times.append(t)
         elif f == "deliver" and kind == OK:
             mid = r.get("id")
-            d = _Delivery(t, r.get("process", "?"), r.get("session"), bool(r.get("redelivered", False)), r.get("crc"),
-                          r.get("node"), r.get("queue"), r.get("x_death"))
+            d = _Delivery(
+                t,
+                r.get("process", "?"),
+                r.get("session"),
+                bool(r.get("redelivered", False)),
+                r.get("crc"),
+                r.get("node"),
+                r.get("queue"),
+                r.get("x_death"),
+            )
             dead_lettered = dead_letter_queue is not None and d.queue == dead_letter_queue
             if dead_lettered:
                 deaths = d.x_death if isinstance(d.x_death, list) else []
                 last_death = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
                 if last_death.get("queue") != work_queue or last_death.get("reason") != EXPIRED:
-                    dead_letter_bad.setdefault(str(mid), {"id": mid, "time": t, "process": d.process,
-                                                          "x_death": d.x_death})
+                    dead_letter_bad.setdefault(
+                        str(mid), {"id": mid, "time": t, "process": d.process, "x_death": d.x_death}
+                    )
                 elif isinstance(last_death.get("count"), int) and last_death["count"] > 1:
                     x_death_count_above_one += 1
             elif d.x_death:
@@ -198,8 +222,17 @@ def check(records: Iterable[dict]) -> CheckResult:
                 publisher = (p.process, p.session)
                 last = per_consumer.get(publisher)
                 if last is not None and p.seq < last[0]:
-                    fifo.append({"consumer": d.process, "consumer_session": d.session, "publisher": p.process,
-                                 "publisher_session": p.session, "id": mid, "after": last[1], "time": t})
+                    fifo.append(
+                        {
+                            "consumer": d.process,
+                            "consumer_session": d.session,
+                            "publisher": p.process,
+                            "publisher_session": p.session,
+                            "id": mid,
+                            "after": last[1],
+                            "time": t,
+                        }
+                    )
                 else:
                     per_consumer[publisher] = (p.seq, mid)
         elif f == "ack":
@@ -213,8 +246,13 @@ def check(records: Iterable[dict]) -> CheckResult:
         elif f == "recover" and r.get("process") == "probe" and kind in (OK, INFO):
             # After the final heal the runner probes every node; its record says how long that took.
             seconds = (r.get("value") or {}).get("seconds")
-            probes.append({"heal_time": round(t - (seconds or 0.0), 6), "recovery_s": seconds if kind == OK else None,
-                           "via": "probe"})
+            probes.append(
+                {
+                    "heal_time": round(t - (seconds or 0.0), 6),
+                    "recovery_s": seconds if kind == OK else None,
+                    "via": "probe",
+                }
+            )
         elif f == "drain" and kind in (OK, INFO, FAIL):
             remaining = (r.get("value") or {}).get("remaining")
             complete = kind == OK and remaining == 0
@@ -263,43 +301,71 @@ def check(records: Iterable[dict]) -> CheckResult:
         unexpected = list(dict.fromkeys(unexpected))
 
     counts = {
-        "published": len(publishes), "confirmed": outcomes["ok"], "failed": outcomes["fail"], "returned": returned,
-        "indeterminate": outcomes["info"] + outcomes["pending"], "delivered": len(deliveries),
-        "deliveries": deliveries_total, "acks": acks["ok"], "acks_failed": acks["fail"] + acks["info"],
-        "lost": len(lost), "unexpected": len(unexpected), "nacked_delivered": len(nacked_delivered),
-        "corrupt": len(corrupt), "fifo_violations": len(fifo), "minority_confirmed": len(minority_confirmed),
-        "recovered": len(recovered), "unknown": len(unknown), "duplicates": duplicates,
-        "duplicates_flagged": dup_flagged, "duplicates_unflagged": duplicates - dup_flagged, "duplicate_ids": len(dup_ids),
+        "published": len(publishes),
+        "confirmed": outcomes["ok"],
+        "failed": outcomes["fail"],
+        "returned": returned,
+        "indeterminate": outcomes["info"] + outcomes["pending"],
+        "delivered": len(deliveries),
+        "deliveries": deliveries_total,
+        "acks": acks["ok"],
+        "acks_failed": acks["fail"] + acks["info"],
+        "lost": len(lost),
+        "unexpected": len(unexpected),
+        "nacked_delivered": len(nacked_delivered),
+        "corrupt": len(corrupt),
+        "fifo_violations": len(fifo),
+        "minority_confirmed": len(minority_confirmed),
+        "recovered": len(recovered),
+        "unknown": len(unknown),
+        "duplicates": duplicates,
+        "duplicates_flagged": dup_flagged,
+        "duplicates_unflagged": duplicates - dup_flagged,
+        "duplicate_ids": len(dup_ids),
         "dead_letter_without_x_death": len(dead_letter_bad),
     }
     if dead_letter_queue is not None:
+
         def routes_of(ds: list[_Delivery]) -> tuple[bool, bool]:
             dl = [d.queue == dead_letter_queue for d in ds]
             return (not all(dl), any(dl))
 
         routes = [routes_of(ds) for ds in deliveries.values()]
-        counts.update({
-            "by_work_queue_only": sum(1 for w, dl in routes if w and not dl),
-            "by_dead_letter_only": sum(1 for w, dl in routes if dl and not w),
-            "by_both_routes": sum(1 for w, dl in routes if w and dl),
-            "dead_letter_deliveries": sum(1 for ds in deliveries.values() for d in ds if d.queue == dead_letter_queue),
-            "x_death_count_above_one": x_death_count_above_one,
-            "work_queue_with_x_death": len(work_with_x_death),
-        })
+        counts.update(
+            {
+                "by_work_queue_only": sum(1 for w, dl in routes if w and not dl),
+                "by_dead_letter_only": sum(1 for w, dl in routes if dl and not w),
+                "by_both_routes": sum(1 for w, dl in routes if w and dl),
+                "dead_letter_deliveries": sum(
+                    1 for ds in deliveries.values() for d in ds if d.queue == dead_letter_queue
+                ),
+                "x_death_count_above_one": x_death_count_above_one,
+                "work_queue_with_x_death": len(work_with_x_death),
+            }
+        )
         if work_with_x_death:
-            notes.append(f"{len(work_with_x_death)} work-queue deliveries carried an x-death header: "
-                         f"{work_with_x_death[:5]}")
+            notes.append(
+                f"{len(work_with_x_death)} work-queue deliveries carried an x-death header: {work_with_x_death[:5]}"
+            )
     examples = {
-        "lost": sorted(lost, key=_id_key)[:EXAMPLES_MAX], "unexpected": unexpected[:EXAMPLES_MAX],
-        "nacked_delivered": nacked_delivered[:EXAMPLES_MAX], "corrupt": corrupt[:EXAMPLES_MAX],
-        "fifo_violations": fifo[:EXAMPLES_MAX], "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
-        "recovered": recovered[:EXAMPLES_MAX], "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
+        "lost": sorted(lost, key=_id_key)[:EXAMPLES_MAX],
+        "unexpected": unexpected[:EXAMPLES_MAX],
+        "nacked_delivered": nacked_delivered[:EXAMPLES_MAX],
+        "corrupt": corrupt[:EXAMPLES_MAX],
+        "fifo_violations": fifo[:EXAMPLES_MAX],
+        "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
+        "recovered": recovered[:EXAMPLES_MAX],
+        "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
         "dead_letter_without_x_death": list(dead_letter_bad.values())[:EXAMPLES_MAX],
     }
-    return CheckResult(counts=counts, examples={k: v for k, v in examples.items() if v},
-                       availability=_availability(publishes, phases, confirm_times),
-                       recovery_s=_recovery(heals, phases, confirm_times) + probes,
-                       notes=notes, drain_complete=drain_complete)
+    return CheckResult(
+        counts=counts,
+        examples={k: v for k, v in examples.items() if v},
+        availability=_availability(publishes, phases, confirm_times),
+        recovery_s=_recovery(heals, phases, confirm_times) + probes,
+        notes=notes,
+        drain_complete=drain_complete,
+    )
 
 
 def _id_key(mid: str) -> tuple:
@@ -345,10 +411,13 @@ def _availability(publishes: dict[str, _Publish], phases: list[tuple[float, str]
             t = slice_end
     out = {}
     for key, e in sorted(tally.items()):
-        out[key] = {"confirmed": e["confirmed"], "attempted": e["attempted"],
-                    "confirm_ratio": round(e["confirmed"] / e["attempted"], 4) if e["attempted"] else None,
-                    "seconds": round(e["seconds"], 3),
-                    "ratio": round(e["seconds_available"] / e["seconds"], 4) if e["seconds"] else None}
+        out[key] = {
+            "confirmed": e["confirmed"],
+            "attempted": e["attempted"],
+            "confirm_ratio": round(e["confirmed"] / e["attempted"], 4) if e["attempted"] else None,
+            "seconds": round(e["seconds"], 3),
+            "ratio": round(e["seconds_available"] / e["seconds"], 4) if e["seconds"] else None,
+        }
     return out
 
 
@@ -358,7 +427,9 @@ def _recovery(heals: list[float], phases: list[tuple[float, str]], confirm_times
     confirm_times = sorted(confirm_times)
     out = []
     for heal_time in heals:
-        limit = min((t for t, name in phases if t > heal_time and name not in ("quiet", "heal", "recover")), default=None)
+        limit = min(
+            (t for t, name in phases if t > heal_time and name not in ("quiet", "heal", "recover")), default=None
+        )
         i = bisect.bisect_right(confirm_times, heal_time)
         first = confirm_times[i] if i < len(confirm_times) else None
         if first is not None and (limit is None or first <= limit):

@@ -34,38 +34,59 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNKNOWN = 0, 1, 2, 3
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jepsen-style/run", description="Jepsen-style fault tests of MaxQ-Raft.")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
-                   help="ci (default): 2 single-node runs of ~30 s + one 3-node cluster run of ~60 s; "
-                        "cluster: that cluster run alone; long: 11 five-node runs over every nemesis (the 11th "
-                        "with the dlx workload), then 10 single-node runs, 300 s each (--runs 6: the first six "
-                        "five-node runs, ~35 min)")
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="ci",
+        help="ci (default): 2 single-node runs of ~30 s + one 3-node cluster run of ~60 s; "
+        "cluster: that cluster run alone; long: 11 five-node runs over every nemesis (the 11th "
+        "with the dlx workload), then 10 single-node runs, 300 s each (--runs 6: the first six "
+        "five-node runs, ~35 min)",
+    )
     p.add_argument("--seed", type=int, help="seed of the first run (the next runs take seed+1, ...)")
     p.add_argument("--runs", type=int, help="number of runs (default: the profile's)")
-    p.add_argument("--nemesis", help="comma list: kill, kill-leader, kill-majority, pause, pause-leader, partition-one, "
-                                     "partition-leader, partition-halves, one-way, bridge, partition-majorities-ring, "
-                                     "loss, delay, disk-stall, clock-skew, membership; 'none' or 'all' "
-                                     "(default: the profile's)")
-    p.add_argument("--overlap", help="'membership': membership changes run during the other faults instead of in "
-                                     "cycles of their own; 'none' turns it off (default: the profile's)")
+    p.add_argument(
+        "--nemesis",
+        help="comma list: kill, kill-leader, kill-majority, pause, pause-leader, partition-one, "
+        "partition-leader, partition-halves, one-way, bridge, partition-majorities-ring, "
+        "loss, delay, disk-stall, clock-skew, membership; 'none' or 'all' "
+        "(default: the profile's)",
+    )
+    p.add_argument(
+        "--overlap",
+        help="'membership': membership changes run during the other faults instead of in "
+        "cycles of their own; 'none' turns it off (default: the profile's)",
+    )
     p.add_argument("--time", type=float, dest="time_s", help="seconds of workload per run (default: the profile's)")
-    p.add_argument("--quiet-s", type=_range, metavar="MIN:MAX",
-                   help="quiet seconds before each fault (default: the profile's)")
-    p.add_argument("--fault-s", type=_range, metavar="MIN:MAX", help="seconds each fault lasts (default: the profile's)")
-    p.add_argument("--workload", choices=WORKLOAD_KINDS,
-                   help="queue: several publishers/consumers; fifo: one of each; dlx: a work queue with a short "
-                        "message TTL dead-lettering to a second queue, consumers on both")
+    p.add_argument(
+        "--quiet-s", type=_range, metavar="MIN:MAX", help="quiet seconds before each fault (default: the profile's)"
+    )
+    p.add_argument(
+        "--fault-s", type=_range, metavar="MIN:MAX", help="seconds each fault lasts (default: the profile's)"
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOAD_KINDS,
+        help="queue: several publishers/consumers; fifo: one of each; dlx: a work queue with a short "
+        "message TTL dead-lettering to a second queue, consumers on both",
+    )
     p.add_argument("--ttl-ms", type=int, help="the dlx workload's x-message-ttl in ms (default 300)")
     p.add_argument("--rate", type=float, help="publishes per second per publisher")
     p.add_argument("--publishers", type=int)
     p.add_argument("--consumers", type=int)
     p.add_argument("--nodes", type=int, help="nodes in the lab: 1 (a plain node) or 3..9 (a cluster)")
     p.add_argument("--shards", type=int, help="shard groups of a cluster (default 2)")
-    p.add_argument("--lab", choices=("local", "netns"),
-                   help="local: processes on 127.0.0.1; netns: one network namespace per node (root; partitions)")
+    p.add_argument(
+        "--lab",
+        choices=("local", "netns"),
+        help="local: processes on 127.0.0.1; netns: one network namespace per node (root; partitions)",
+    )
     p.add_argument("--server-arg", action="append", default=[], help="extra maxq-server argument (repeatable)")
-    p.add_argument("--unsafe-confirm-early", action="store_true",
-                   help="DELIBERATELY WRONG client: count a publish as confirmed when sent "
-                        "(to see the checker catch losses)")
+    p.add_argument(
+        "--unsafe-confirm-early",
+        action="store_true",
+        help="DELIBERATELY WRONG client: count a publish as confirmed when sent (to see the checker catch losses)",
+    )
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="output folder (default jepsen-style/store)")
     p.add_argument("--keep-data", action="store_true", help="keep node data folders of passing runs too")
     p.add_argument("--check", nargs="+", type=Path, metavar="HISTORY", help="only check these history files")
@@ -123,8 +144,15 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
             if kind != "dlx":
                 raise ValueError("--ttl-ms is for the dlx workload (--workload dlx)")
             workload = replace(workload, message_ttl_ms=args.ttl_ms)
-        overrides = {k: v for k, v in (("rate_per_publisher_hz", args.rate), ("publishers", args.publishers),
-                                        ("consumers", args.consumers)) if v is not None}
+        overrides = {
+            k: v
+            for k, v in (
+                ("rate_per_publisher_hz", args.rate),
+                ("publishers", args.publishers),
+                ("consumers", args.consumers),
+            )
+            if v is not None
+        }
         if args.unsafe_confirm_early:
             overrides["unsafe_confirm_early"] = True
         changes["workload"] = replace(workload, **overrides)
@@ -144,8 +172,9 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
         if refused and args.nemesis is not None and args.nemesis.strip() != "all":
             raise NemesisError("; ".join(f"{name}: {why}" for name, why in refused.items()))
         if refused:  # loudly, on both streams: a nemesis that does not run must never look like a pass
-            text = (f"WARNING: run {i + 1} ({spec.nodes} node(s), {spec.lab} lab) leaves out "
-                    + "; ".join(f"{name} ({why})" for name, why in refused.items()))
+            text = f"WARNING: run {i + 1} ({spec.nodes} node(s), {spec.lab} lab) leaves out " + "; ".join(
+                f"{name} ({why})" for name, why in refused.items()
+            )
             print(text, file=sys.stderr)
             print(text)
         spec = replace(spec, nemeses=tuple(n for n in spec.nemeses if n not in refused))
@@ -177,8 +206,10 @@ def fall_back_from_netns(specs: list[RunSpec]) -> tuple[list[RunSpec], str | Non
             dropped = unsupported(list(spec.nemeses), spec.nodes, "local")
             spec = replace(spec, lab="local", nemeses=tuple(n for n in spec.nemeses if n not in dropped))
         out.append(spec)
-    return out, (f"WARNING: network namespaces are not available here ({why}): the cluster runs use the loopback "
-                 f"lab WITHOUT partitions (kills and pauses only)")
+    return out, (
+        f"WARNING: network namespaces are not available here ({why}): the cluster runs use the loopback "
+        f"lab WITHOUT partitions (kills and pauses only)"
+    )
 
 
 def exit_code(verdict: str) -> int:
@@ -191,8 +222,14 @@ def check_only(paths: list[Path]) -> int:
         records = read_history(path)
         meta = run_meta(records)
         spec = meta.get("spec", {})
-        result = {"seed": spec.get("seed"), "workload": spec.get("workload_kind"), "nemeses": spec.get("nemeses", []),
-                  "faults": len(meta.get("schedule", [])), "history": str(path), **check(records).to_dict()}
+        result = {
+            "seed": spec.get("seed"),
+            "workload": spec.get("workload_kind"),
+            "nemeses": spec.get("nemeses", []),
+            "faults": len(meta.get("schedule", [])),
+            "history": str(path),
+            **check(records).to_dict(),
+        }
         write_run_report(result, records, path.parent)
         results.append(result)
     print(summary_table(results))
@@ -234,20 +271,28 @@ def main(argv: list[str] | None = None) -> int:
     for note in profile.notes:
         print(f"note: {note}")
     if args.unsafe_confirm_early:
-        print("WARNING: --unsafe-confirm-early: the client counts publishes as confirmed when sent; losses are expected")
+        print(
+            "WARNING: --unsafe-confirm-early: the client counts publishes as confirmed when sent; losses are expected"
+        )
     sys.stdout.flush()
     results, svgs = [], []
     for i, spec in enumerate(specs, 1):
         run_dir = out_dir / f"run-{i}-seed-{spec.seed}"
-        print(f"run {i}/{len(specs)}: seed {spec.seed}, {spec.nodes} node(s) {spec.lab} lab, {spec.workload_kind} "
-              f"workload, nemeses {'+'.join(spec.nemeses) or 'none'}, {spec.time_s:g} s ...", flush=True)
+        print(
+            f"run {i}/{len(specs)}: seed {spec.seed}, {spec.nodes} node(s) {spec.lab} lab, {spec.workload_kind} "
+            f"workload, nemeses {'+'.join(spec.nemeses) or 'none'}, {spec.time_s:g} s ...",
+            flush=True,
+        )
         result = Run(spec, run_dir, profile=args.profile).execute()
         records = read_history(result["history"])
         svgs.append(write_run_report(result, records, run_dir))
         c = result["counts"]
-        print(f"run {i}/{len(specs)}: {result['verdict']} published={c['published']} confirmed={c['confirmed']} "
-              f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} "
-              f"elapsed={result['elapsed_s']}s", flush=True)
+        print(
+            f"run {i}/{len(specs)}: {result['verdict']} published={c['published']} confirmed={c['confirmed']} "
+            f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} "
+            f"elapsed={result['elapsed_s']}s",
+            flush=True,
+        )
         if result["verdict"] == PASS and not args.keep_data:
             discard_data(run_dir, spec.nodes)
         results.append(result)

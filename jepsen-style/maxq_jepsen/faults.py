@@ -65,7 +65,7 @@ def bridge_plan(names: list[str], rng: random.Random) -> tuple[list[tuple[str, s
     order = list(names)
     rng.shuffle(order)
     bridge, rest = order[0], order[1:]
-    left, right = sorted(rest[:len(rest) // 2]), sorted(rest[len(rest) // 2:])
+    left, right = sorted(rest[: len(rest) // 2]), sorted(rest[len(rest) // 2 :])
     cuts = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
     return cuts, {"bridge": bridge, "sides": [left, right]}
 
@@ -82,8 +82,10 @@ def ring_plan(names: list[str], rng: random.Random) -> tuple[list[tuple[str, str
     neighbour's, so the shape is just "no fault" (two-way links make a sees b iff b sees a)."""
     n = len(names)
     if n < RING_NODES_MIN:
-        raise ValueError(f"a majorities ring needs {RING_NODES_MIN} or more members, not {n}: on 3 every "
-                         f"majority of one member is also another's (use partition-halves or bridge)")
+        raise ValueError(
+            f"a majorities ring needs {RING_NODES_MIN} or more members, not {n}: on 3 every "
+            f"majority of one member is also another's (use partition-halves or bridge)"
+        )
     order = list(names)
     rng.shuffle(order)
     k = (n // 2 + 1) // 2  # 2k+1 >= quorum
@@ -111,9 +113,11 @@ def nft_script(table: str, hosts: dict[str, str], cuts: list[tuple[str, str]], l
         # counters: the heal reads how many packets the loss really dropped (loss_counters)
         rules.append(f"    ip saddr {hosts[name]} numgen random mod 100 < {percent} counter drop\n")
         rules.append(f"    ip daddr {hosts[name]} numgen random mod 100 < {percent} counter drop\n")
-    return (f"table bridge {table}\ndelete table bridge {table}\n"
-            f"table bridge {table} {{\n  chain cut {{\n    type filter hook forward priority 0; policy accept;\n"
-            f"{''.join(rules)}  }}\n}}\n")
+    return (
+        f"table bridge {table}\ndelete table bridge {table}\n"
+        f"table bridge {table} {{\n  chain cut {{\n    type filter hook forward priority 0; policy accept;\n"
+        f"{''.join(rules)}  }}\n}}\n"
+    )
 
 
 def loss_counters(listing: str) -> int:
@@ -133,8 +137,10 @@ def delay_rules(verb: str, subnet_cidr: str, queue_num: int) -> list[list[str]]:
     so a dead delayer can never turn a delay into a partition. verb: -A to add, -D to delete."""
     assert verb in ("-A", "-D")
     common = ["-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass"]
-    return [["iptables", "-w", "5", verb, "OUTPUT", "-d", subnet_cidr, "!", "-o", "lo", *common],
-            ["iptables", "-w", "5", verb, "INPUT", "-s", subnet_cidr, "!", "-i", "lo", *common]]
+    return [
+        ["iptables", "-w", "5", verb, "OUTPUT", "-d", subnet_cidr, "!", "-o", "lo", *common],
+        ["iptables", "-w", "5", verb, "INPUT", "-s", subnet_cidr, "!", "-i", "lo", *common],
+    ]
 
 
 def faketime_offset(seconds: float) -> str:
@@ -151,5 +157,10 @@ def faketime_env(library: str, skew_file: str) -> dict[str, str]:
     The file is re-read on every wall-clock call (FAKETIME_NO_CACHE): measured 5 us per time.time()
     instead of 0.08 (monotonic calls stay 0.08); with the default cache, or FAKETIME_CACHE_DURATION=1,
     libfaketime 0.9.10 did not see a new offset for as long as we watched."""
-    return {"LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": skew_file, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_RESET": "1"}
+    return {
+        "LD_PRELOAD": library,
+        "FAKETIME_TIMESTAMP_FILE": skew_file,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_RESET": "1",
+    }

@@ -121,9 +121,19 @@ def server_command() -> list[str]:
 class Node:
     """One maxq-server process; its data folder and port outlive the process."""
 
-    def __init__(self, name: str, host: str, amqp_port: int, data_dir: Path, log_path: Path, extra_args: list[str],
-                 http_port: int = 0, raft_port: int | None = None, prefix: list[str] | None = None,
-                 netns: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        amqp_port: int,
+        data_dir: Path,
+        log_path: Path,
+        extra_args: list[str],
+        http_port: int = 0,
+        raft_port: int | None = None,
+        prefix: list[str] | None = None,
+        netns: str | None = None,
+    ) -> None:
         self.name = name
         self.host = host
         self.netns = netns  # the namespace the node runs in (None: the harness's own)
@@ -162,9 +172,22 @@ class Node:
         # In a namespace the listeners take every address of the host: the node's peers use
         # 10.77.0.i, its clients 127.0.0.1 (see the module docstring).
         bind = "0.0.0.0" if self.netns else self.host
-        cmd = [*self.prefix, *server_command(), "--data-dir", str(self.data_dir), "--amqp-host", bind,
-               "--amqp-port", str(self.amqp_port), "--http-host", bind, "--http-port", str(self.http_port),
-               "--node-id", self.name]
+        cmd = [
+            *self.prefix,
+            *server_command(),
+            "--data-dir",
+            str(self.data_dir),
+            "--amqp-host",
+            bind,
+            "--amqp-port",
+            str(self.amqp_port),
+            "--http-host",
+            bind,
+            "--http-port",
+            str(self.http_port),
+            "--node-id",
+            self.name,
+        ]
         if self.clustered:
             cmd += ["--raft-addr", f"{self.host}:{self.raft_port}", "--cluster-secret", CLUSTER_SECRET]
             if self.shards:
@@ -198,9 +221,14 @@ class Node:
             self._log = open(self.log_path, "ab")
         self._log_offset = self.log_path.stat().st_size  # only a ready line written by this start counts
         # cwd is the data folder's parent, never the repo root: our amqp/ must not shadow py-amqp.
-        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=str(self.data_dir.parent), start_new_session=True,
-                                     env={**os.environ, **self.env} if self.env else None)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=str(self.data_dir.parent),
+            start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
+        )
         self.paused = False
         self.starts += 1
 
@@ -212,8 +240,10 @@ class Node:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LabError(f"{self.name} exited with {self.proc.returncode} while starting; log {self.log_path}:\n"
-                               f"{self.log_tail()}")
+                raise LabError(
+                    f"{self.name} exited with {self.proc.returncode} while starting; log {self.log_path}:\n"
+                    f"{self.log_tail()}"
+                )
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_offset)
                 text = f.read()
@@ -303,8 +333,13 @@ def run_maxqctl(asker: Node, *args: str, timeout_s: float = MAXQCTL_TIMEOUT_S) -
     """(exit code, stdout, stderr); exit None when it did not finish in time. cwd is the data
     folder's parent, never the repo root (our amqp/ must not shadow py-amqp)."""
     try:
-        done = subprocess.run(maxqctl_command(asker, *args), capture_output=True, text=True, timeout=timeout_s,
-                              cwd=str(asker.data_dir.parent.parent))
+        done = subprocess.run(
+            maxqctl_command(asker, *args),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=str(asker.data_dir.parent.parent),
+        )
     except subprocess.TimeoutExpired:
         return None, "", f"maxqctl did not finish in {timeout_s:g} s"
     return done.returncode, done.stdout, done.stderr
@@ -340,8 +375,11 @@ class Lab:
         return in_netns(self.node(name).netns)
 
     def describe(self) -> dict:
-        return {"backend": self.backend, "nodes": {n.name: f"{n.host}:{n.amqp_port}" for n in self.nodes},
-                "raft": {n.name: f"{n.host}:{n.raft_port}" for n in self.nodes if n.clustered}}
+        return {
+            "backend": self.backend,
+            "nodes": {n.name: f"{n.host}:{n.amqp_port}" for n in self.nodes},
+            "raft": {n.name: f"{n.host}:{n.raft_port}" for n in self.nodes if n.clustered},
+        }
 
     @property
     def clustered(self) -> bool:
@@ -404,8 +442,12 @@ class Lab:
             for node in self.nodes:
                 skew_file = self.root / f"{node.name}.skew"
                 skew_file.write_text("+0\n")
-                node.env = {**faults.faketime_env(library, str(skew_file)),
-                            "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+                node.env = {
+                    **faults.faketime_env(library, str(skew_file)),
+                    "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), os.environ.get("PYTHONPATH", "")]).rstrip(
+                        os.pathsep
+                    ),
+                }
 
     def _mount(self, node: Node) -> None:
         backing = node.data_dir.with_name("data.backing")
@@ -414,17 +456,32 @@ class Lab:
         control = self.root / f"{node.name}.stall"
         control.write_text("run\n")
         log = open(self.root / f"{node.name}.stallfs.log", "ab")
-        proc = subprocess.Popen([*helper_prefix(), sys.executable, "-m", "maxq_jepsen.stallfs", str(backing),
-                                 str(node.data_dir), str(control), f"mxqjfs-{os.getpid()}"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.root), start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)})
+        proc = subprocess.Popen(
+            [
+                *helper_prefix(),
+                sys.executable,
+                "-m",
+                "maxq_jepsen.stallfs",
+                str(backing),
+                str(node.data_dir),
+                str(control),
+                f"mxqjfs-{os.getpid()}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(self.root),
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)},
+        )
         log.close()
         self.helpers[f"fs:{node.name}"] = proc
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not os.path.ismount(node.data_dir):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise LabError(f"stallfs for {node.name} did not mount {node.data_dir} (exit {proc.poll()}); "
-                               f"log {self.root / (node.name + '.stallfs.log')}")
+                raise LabError(
+                    f"stallfs for {node.name} did not mount {node.data_dir} (exit {proc.poll()}); "
+                    f"log {self.root / (node.name + '.stallfs.log')}"
+                )
             time.sleep(0.05)
 
     def stall_disk(self, node: Node, stall: bool = True) -> None:
@@ -449,8 +506,12 @@ class Lab:
                 for lazy in (False, True):
                     if not os.path.ismount(node.data_dir):
                         break
-                    done = subprocess.run(["fusermount", "-u", *(["-z"] if lazy else []), str(node.data_dir)],
-                                          capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+                    done = subprocess.run(
+                        ["fusermount", "-u", *(["-z"] if lazy else []), str(node.data_dir)],
+                        capture_output=True,
+                        text=True,
+                        timeout=CMD_TIMEOUT_S,
+                    )
                     if done.returncode != 0 and lazy:
                         errors.append(f"unmount {node.data_dir}: {done.stderr.strip()}")
             stop_process(proc)
@@ -472,15 +533,22 @@ class LocalLab(Lab):
 
     backend = "local"
 
-    def __init__(self, root: Path, node_count: int = 1, server_args: list[str] | None = None, shards: int = 2,
-                 features: frozenset = frozenset()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node_count: int = 1,
+        server_args: list[str] | None = None,
+        shards: int = 2,
+        features: frozenset = frozenset(),
+    ) -> None:
         if not 1 <= node_count <= 9:
             raise LabError(f"the local lab runs 1 to 9 nodes, not {node_count}")
         self.root = Path(root)
         self.features = frozenset(features)
         self.helpers = {}
-        self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: "127.0.0.1",
-                                prefix_of=lambda i: [])
+        self.nodes = make_nodes(
+            self.root, node_count, server_args or [], shards, host_of=lambda i: "127.0.0.1", prefix_of=lambda i: []
+        )
 
     def setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -558,8 +626,14 @@ class NetnsLab(Lab):
 
     backend = "netns"
 
-    def __init__(self, root: Path, node_count: int = 3, server_args: list[str] | None = None, shards: int = 2,
-                 features: frozenset = frozenset()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node_count: int = 3,
+        server_args: list[str] | None = None,
+        shards: int = 2,
+        features: frozenset = frozenset(),
+    ) -> None:
         if not 1 <= node_count <= 9:
             raise LabError(f"the namespace lab runs 1 to 9 nodes, not {node_count}")
         self.root = Path(root)
@@ -567,9 +641,16 @@ class NetnsLab(Lab):
         self.helpers = {}
         self.loss: dict[str, int] = {}  # node -> percent of its packets dropped (both directions)
         self.ns = {f"n{i}": f"{NS_PREFIX}n{i}" for i in range(1, node_count + 1)}
-        self.nodes = make_nodes(self.root, node_count, server_args or [], shards, host_of=lambda i: f"{SUBNET}.{i}",
-                                prefix_of=lambda i: ["ip", "netns", "exec", f"{NS_PREFIX}n{i}"],
-                                ports_fixed=True, netns_of=lambda i: f"{NS_PREFIX}n{i}")
+        self.nodes = make_nodes(
+            self.root,
+            node_count,
+            server_args or [],
+            shards,
+            host_of=lambda i: f"{SUBNET}.{i}",
+            prefix_of=lambda i: ["ip", "netns", "exec", f"{NS_PREFIX}n{i}"],
+            ports_fixed=True,
+            netns_of=lambda i: f"{NS_PREFIX}n{i}",
+        )
         self.cuts: list[tuple[str, str]] = []
 
     def describe(self) -> dict:
@@ -645,10 +726,24 @@ class NetnsLab(Lab):
         log_path = self.root / f"{node.name}.delayer.log"
         log = open(log_path, "ab")
         offset = log_path.stat().st_size
-        proc = subprocess.Popen([*node.prefix, *helper_prefix(), sys.executable, "-m", "maxq_jepsen.delayer",
-                                 str(queue_num), f"{low_ms:g}", f"{high_ms:g}", seed],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.root), start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)})
+        proc = subprocess.Popen(
+            [
+                *node.prefix,
+                *helper_prefix(),
+                sys.executable,
+                "-m",
+                "maxq_jepsen.delayer",
+                str(queue_num),
+                f"{low_ms:g}",
+                f"{high_ms:g}",
+                seed,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(self.root),
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(JEPSEN_DIR)},
+        )
         log.close()
         self.helpers[key] = proc
         deadline = time.monotonic() + HELPER_READY_TIMEOUT_S
@@ -703,8 +798,11 @@ class NetnsLab(Lab):
 
 JEPSEN_DIR = Path(__file__).resolve().parent.parent  # jepsen-style/: helpers run as `-m maxq_jepsen.<x>`
 FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
-FAKETIME_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-                      "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/libfaketimeMT.so.1")
+FAKETIME_LIBRARIES = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+)
 MOUNT_TIMEOUT_S = 15.0
 HELPER_READY_TIMEOUT_S = 15.0
 DELAY_QUEUE_BASE = 100
@@ -743,7 +841,7 @@ def unmount_stale() -> list[str]:
         parts = line.split()
         if len(parts) < 3 or not parts[0].startswith("mxqjfs-") or not parts[2].startswith("fuse"):
             continue
-        owner = parts[0][len("mxqjfs-"):]
+        owner = parts[0][len("mxqjfs-") :]
         if owner.isdigit() and not _pid_alive(int(owner)):
             subprocess.run(["fusermount", "-u", "-z", parts[1]], capture_output=True, timeout=CMD_TIMEOUT_S)
             done.append(parts[1])
@@ -769,7 +867,7 @@ def delete_stale_namespaces() -> list[str]:
         name = line.split()[0] if line.split() else ""
         if not name.startswith(NS_BASE):
             continue
-        owner = name[len(NS_BASE):].split("-", 1)[0]
+        owner = name[len(NS_BASE) :].split("-", 1)[0]
         if name.startswith(NS_PREFIX) or not owner.isdigit() or not _pid_alive(int(owner)):
             names.append(name)
     for name in names:
@@ -794,8 +892,16 @@ def netns_available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def make_nodes(root: Path, node_count: int, server_args: list[str], shards: int, host_of, prefix_of,
-               ports_fixed: bool = False, netns_of=lambda i: None) -> list[Node]:
+def make_nodes(
+    root: Path,
+    node_count: int,
+    server_args: list[str],
+    shards: int,
+    host_of,
+    prefix_of,
+    ports_fixed: bool = False,
+    netns_of=lambda i: None,
+) -> list[Node]:
     """The nodes of a lab; with more than one, cluster members that name each other as peers.
     Ports are chosen once: a restart finds the node where it was. In namespaces every host has
     its own address, so fixed ports do (nothing else listens there)."""
@@ -812,13 +918,24 @@ def make_nodes(root: Path, node_count: int, server_args: list[str], shards: int,
     nodes = []
     for i in range(1, node_count + 1):
         name = f"n{i}"
-        node = Node(name, host_of(i), port(5672), root / name / "data", root / f"{name}.log", server_args,
-                    http_port=port(15672) if clustered else 0, raft_port=port(7000) if clustered else None,
-                    prefix=prefix_of(i), netns=netns_of(i))
+        node = Node(
+            name,
+            host_of(i),
+            port(5672),
+            root / name / "data",
+            root / f"{name}.log",
+            server_args,
+            http_port=port(15672) if clustered else 0,
+            raft_port=port(7000) if clustered else None,
+            prefix=prefix_of(i),
+            netns=netns_of(i),
+        )
         node.shards = shards if clustered else 0
         nodes.append(node)
     for node in nodes:
-        node.peers = {other.name: f"{other.host}:{other.raft_port}" for other in nodes if other is not node and clustered}
+        node.peers = {
+            other.name: f"{other.host}:{other.raft_port}" for other in nodes if other is not node and clustered
+        }
     return nodes
 
 
@@ -830,8 +947,14 @@ def start_all(nodes: list[Node]) -> None:
         node.wait_ready()
 
 
-def make_lab(backend: str, root: Path, node_count: int, server_args: list[str] | None = None, shards: int = 2,
-             features: frozenset = frozenset()) -> Lab:
+def make_lab(
+    backend: str,
+    root: Path,
+    node_count: int,
+    server_args: list[str] | None = None,
+    shards: int = 2,
+    features: frozenset = frozenset(),
+) -> Lab:
     if backend == "local":
         return LocalLab(root, node_count, server_args, shards, features)
     if backend == "netns":

@@ -279,7 +279,7 @@ class PartitionHalvesNemesis(PartitionNemesis):
     def plan(self, lab, rng):
         names = [n.name for n in lab.nodes]
         rng.shuffle(names)
-        minority = sorted(names[:(len(names) - 1) // 2] or names[:1])
+        minority = sorted(names[: (len(names) - 1) // 2] or names[:1])
         return _isolate(lab, minority), minority, {"majority": sorted(set(names) - set(minority))}
 
 
@@ -365,7 +365,7 @@ class DelayNemesis(Nemesis):
         if self.delayed is not None:
             return {"skipped": f"{self.delayed.name} is still delayed"}
         node, extra = queue_leader(lab, self.queue, rng)
-        seed = str(rng.randrange(2 ** 32))
+        seed = str(rng.randrange(2**32))
         self.delayed = node
         lab.start_delay(node, *DELAY_MS, seed)
         return {"targets": [node.name], "delay_ms": list(DELAY_MS), "minority": [], **extra}
@@ -471,8 +471,9 @@ def change_outcome(verb: str, code: int | None, reason: str) -> str:
     return "retry"
 
 
-def membership_change(lab: Lab, verb: str, args: list[str], askers: list[Node], deadline_s: float = CHANGE_TIMEOUT_S,
-                      sleep=time.sleep) -> dict:
+def membership_change(
+    lab: Lab, verb: str, args: list[str], askers: list[Node], deadline_s: float = CHANGE_TIMEOUT_S, sleep=time.sleep
+) -> dict:
     """Run `maxqctl <verb> ARGS` against the live askers in turn until it is done, bounded in tries
     and time. Returns {"done": bool, "attempts": [[asker, exit, reason], ...]}."""
     deadline = time.monotonic() + deadline_s
@@ -534,8 +535,14 @@ class MembershipNemesis(Nemesis):
                 target.stop()  # removed, yet still running: recorded (stopped_itself false), stopped here
         # Never wipe a member that may still be in the configuration (it would forget its votes):
         # a removal that did not happen leaves the member running, and heal has nothing to do.
-        return {"targets": [target.name] if removed else [], "asked_to_remove": target.name, "removed": removed,
-                "stopped_itself": stopped_itself, "attempts": result["attempts"], "leaders": leaders}
+        return {
+            "targets": [target.name] if removed else [],
+            "asked_to_remove": target.name,
+            "removed": removed,
+            "stopped_itself": stopped_itself,
+            "attempts": result["attempts"],
+            "leaders": leaders,
+        }
 
     @staticmethod
     def _wait_stopped(node: Node, timeout_s: float) -> bool:
@@ -565,22 +572,43 @@ class MembershipNemesis(Nemesis):
         return {"rejoined": [node.name], "attempts": result["attempts"], "seconds": round(time.monotonic() - began, 2)}
 
 
-NEMESES = {cls.name: cls for cls in (KillNemesis, KillLeaderNemesis, KillMajorityNemesis, PauseNemesis,
-                                      PauseLeaderNemesis, PartitionOneNemesis, PartitionLeaderNemesis,
-                                      PartitionHalvesNemesis, OneWayNemesis, BridgeNemesis, MajoritiesRingNemesis,
-                                      LossNemesis, DelayNemesis, DiskStallNemesis, ClockSkewNemesis,
-                                      MembershipNemesis)}
+NEMESES = {
+    cls.name: cls
+    for cls in (
+        KillNemesis,
+        KillLeaderNemesis,
+        KillMajorityNemesis,
+        PauseNemesis,
+        PauseLeaderNemesis,
+        PartitionOneNemesis,
+        PartitionLeaderNemesis,
+        PartitionHalvesNemesis,
+        OneWayNemesis,
+        BridgeNemesis,
+        MajoritiesRingNemesis,
+        LossNemesis,
+        DelayNemesis,
+        DiskStallNemesis,
+        ClockSkewNemesis,
+        MembershipNemesis,
+    )
+}
 
 # What each nemesis needs on the machine beyond the lab: (kind, name, how to get it). Kinds:
 # "cmd" a program on PATH, "py" a module importable by the harness's interpreter, "file" a path
 # (None: found by a lookup function), "dev" a device node.
 TOOLS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "loss": (("cmd", "nft", "apt-get install -y nftables"),),
-    "delay": (("cmd", "iptables", "apt-get install -y iptables"),
-              ("py", "netfilterqueue", "apt-get install -y libnetfilter-queue-dev gcc; .venv/bin/pip install NetfilterQueue")),
-    "disk-stall": (("cmd", "fusermount", "apt-get install -y fuse3 libfuse2"), ("dev", "/dev/fuse", "modprobe fuse"),
-                   ("lib", "libfuse.so.2", "apt-get install -y libfuse2"),
-                   ("py", "fuse", ".venv/bin/pip install fusepy")),
+    "delay": (
+        ("cmd", "iptables", "apt-get install -y iptables"),
+        ("py", "netfilterqueue", "apt-get install -y libnetfilter-queue-dev gcc; .venv/bin/pip install NetfilterQueue"),
+    ),
+    "disk-stall": (
+        ("cmd", "fusermount", "apt-get install -y fuse3 libfuse2"),
+        ("dev", "/dev/fuse", "modprobe fuse"),
+        ("lib", "libfuse.so.2", "apt-get install -y libfuse2"),
+        ("py", "fuse", ".venv/bin/pip install fusepy"),
+    ),
     "clock-skew": (("faketime", "libfaketimeMT.so.1", "apt-get install -y faketime"),),
 }
 
@@ -597,11 +625,13 @@ def missing_tools(names: list[str]) -> dict[str, str]:
     for name in names:
         lacking = []
         for kind, what, how in TOOLS.get(name, ()):
-            present = {"cmd": lambda: shutil.which(what) is not None,
-                       "py": lambda: importlib.util.find_spec(what) is not None,
-                       "dev": lambda: __import__("os").path.exists(what),
-                       "lib": lambda: _lib_present(what),
-                       "faketime": lambda: faketime_library() is not None}[kind]()
+            present = {
+                "cmd": lambda: shutil.which(what) is not None,
+                "py": lambda: importlib.util.find_spec(what) is not None,
+                "dev": lambda: __import__("os").path.exists(what),
+                "lib": lambda: _lib_present(what),
+                "faketime": lambda: faketime_library() is not None,
+            }[kind]()
             if not present:
                 lacking.append(f"{what} ({how})")
         if lacking:
@@ -624,11 +654,11 @@ def parse_nemeses(spec: str) -> list[str]:
         return list(NEMESES)
     for name in names:
         if name in NOT_YET:
-            raise NemesisError(f"nemesis {name!r} ({NOT_YET[name]}) is not built yet; "
-                               f"today: {', '.join(NEMESES)}")
+            raise NemesisError(f"nemesis {name!r} ({NOT_YET[name]}) is not built yet; today: {', '.join(NEMESES)}")
         if name not in NEMESES:
-            raise NemesisError(f"unknown nemesis {name!r}; today: {', '.join(NEMESES)} "
-                               f"(not built yet: {', '.join(NOT_YET)})")
+            raise NemesisError(
+                f"unknown nemesis {name!r}; today: {', '.join(NEMESES)} (not built yet: {', '.join(NOT_YET)})"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -641,8 +671,10 @@ def unsupported(names: list[str], nodes: int, lab: str) -> dict[str, str]:
         if cls.needs_cluster and nodes < 3:
             out[name] = f"needs a cluster (--nodes 3 or more), not {nodes} node(s)"
         elif nodes < cls.nodes_min:
-            out[name] = (f"needs {cls.nodes_min} or more nodes, not {nodes}: on 3 every majority of one member is "
-                         f"also another's (use --nodes 5)")
+            out[name] = (
+                f"needs {cls.nodes_min} or more nodes, not {nodes}: on 3 every majority of one member is "
+                f"also another's (use --nodes 5)"
+            )
         elif cls.needs_network and lab != "netns":
             out[name] = "cuts links: needs the namespace lab (--lab netns, root, nftables)"
         elif name in missing:
@@ -675,8 +707,15 @@ OVERLAPPABLE = ("membership",)
 NO_OVERLAP_WITH = ("kill-majority",)
 
 
-def make_schedule(seed: int, nemeses: list[str], time_s: float, quiet_s: tuple[float, float],
-                  fault_s: tuple[float, float], tail_s: float, overlap: tuple[str, ...] = ()) -> list[Cycle]:
+def make_schedule(
+    seed: int,
+    nemeses: list[str],
+    time_s: float,
+    quiet_s: tuple[float, float],
+    fault_s: tuple[float, float],
+    tail_s: float,
+    overlap: tuple[str, ...] = (),
+) -> list[Cycle]:
     """Cycles of quiet then fault that fit in `time_s` minus a quiet tail; a pure function of its
     arguments (the seed picks durations and the order of nemeses).
 

@@ -21,10 +21,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .workload import WorkloadConfig
 
-CLUSTER_NOTICE = ("this profile's cluster run covers kill, kill-leader, pause-leader, partition-one and "
-                  "partition-leader; the rest of the menu (kill-majority, pause, partition-halves, one-way, bridge, "
-                  "partition-majorities-ring (5 nodes), loss, delay, disk-stall, clock-skew, membership, with "
-                  "--overlap membership) runs in --profile long or with --nemesis")
+CLUSTER_NOTICE = (
+    "this profile's cluster run covers kill, kill-leader, pause-leader, partition-one and "
+    "partition-leader; the rest of the menu (kill-majority, pause, partition-halves, one-way, bridge, "
+    "partition-majorities-ring (5 nodes), loss, delay, disk-stall, clock-skew, membership, with "
+    "--overlap membership) runs in --profile long or with --nemesis"
+)
 
 
 @dataclass(frozen=True)
@@ -77,82 +79,168 @@ def workload_for(kind: str, base: WorkloadConfig, ttl_ms: int | None = None) -> 
     if kind == "dlx":
         # The work queue has a short TTL and dead-letters to DLX_QUEUE; even consumers take from the
         # work queue (pausing now and then), odd ones from the dead-letter queue: at least one of each.
-        return replace(base, consumers=max(2, base.consumers), dead_letter_queue=DLX_QUEUE,
-                       message_ttl_ms=DLX_TTL_MS if ttl_ms is None else ttl_ms, consume_s=DLX_CONSUME_S,
-                       pause_s=DLX_PAUSE_S)
+        return replace(
+            base,
+            consumers=max(2, base.consumers),
+            dead_letter_queue=DLX_QUEUE,
+            message_ttl_ms=DLX_TTL_MS if ttl_ms is None else ttl_ms,
+            consume_s=DLX_CONSUME_S,
+            pause_s=DLX_PAUSE_S,
+        )
     raise ValueError(f"unknown workload {kind!r} ({', '.join(WORKLOAD_KINDS)})")
 
 
 # confirm_timeout_s below the longest pause, so that some pauses end in aborted connections (info).
-CI_WORKLOAD = WorkloadConfig(publishers=3, consumers=2, rate_per_publisher_hz=25.0, confirm_window=16, prefetch=10,
-                             confirm_timeout_s=3.0)
+CI_WORKLOAD = WorkloadConfig(
+    publishers=3, consumers=2, rate_per_publisher_hz=25.0, confirm_window=16, prefetch=10, confirm_timeout_s=3.0
+)
 LONG_WORKLOAD = WorkloadConfig(publishers=5, consumers=3, rate_per_publisher_hz=40.0, confirm_window=32, prefetch=20)
 
 
 # The cluster runs: lower rates (three brokers share two cores with the clients), faults longer
 # than the 3 s after which the others declare a silent member down.
-CI_CLUSTER_WORKLOAD = WorkloadConfig(publishers=3, consumers=2, rate_per_publisher_hz=15.0, confirm_window=16,
-                                     prefetch=10, confirm_timeout_s=5.0)
+CI_CLUSTER_WORKLOAD = WorkloadConfig(
+    publishers=3, consumers=2, rate_per_publisher_hz=15.0, confirm_window=16, prefetch=10, confirm_timeout_s=5.0
+)
 CI_CLUSTER_NEMESES = ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
 # Cluster runs snapshot every ~100 KB of a group's log (the default is 64 MB), so that restarts
 # start from snapshots and members that fall behind are installed by one, under the faults.
 CLUSTER_SERVER_ARGS = ("--snapshot-every-mb", "0.1")
-CLUSTER_NEMESES_ALL = ("kill", "kill-leader", "kill-majority", "pause", "pause-leader", "partition-one",
-                       "partition-leader", "partition-halves", "one-way", "bridge", "partition-majorities-ring",
-                       "loss", "delay", "disk-stall", "clock-skew", "membership")
+CLUSTER_NEMESES_ALL = (
+    "kill",
+    "kill-leader",
+    "kill-majority",
+    "pause",
+    "pause-leader",
+    "partition-one",
+    "partition-leader",
+    "partition-halves",
+    "one-way",
+    "bridge",
+    "partition-majorities-ring",
+    "loss",
+    "delay",
+    "disk-stall",
+    "clock-skew",
+    "membership",
+)
 
 
 def ci_cluster_run() -> RunSpec:
     # ~35 s of workload + start, recovery, settle and drain: about 60 s on an idle machine.
     # Seed 54: kill-leader, pause-leader, partition-one, partition-leader (4 faults).
-    return RunSpec(seed=54, nemeses=CI_CLUSTER_NEMESES, workload_kind="queue", workload=CI_CLUSTER_WORKLOAD,
-                   time_s=35.0, quiet_s=(2.0, 4.0), fault_s=(4.0, 6.0), tail_s=3.0, nodes=3, lab="netns",
-                   recovery_timeout_s=45.0, settle_s=10.0, drain_timeout_s=30.0, server_args=CLUSTER_SERVER_ARGS)
+    return RunSpec(
+        seed=54,
+        nemeses=CI_CLUSTER_NEMESES,
+        workload_kind="queue",
+        workload=CI_CLUSTER_WORKLOAD,
+        time_s=35.0,
+        quiet_s=(2.0, 4.0),
+        fault_s=(4.0, 6.0),
+        tail_s=3.0,
+        nodes=3,
+        lab="netns",
+        recovery_timeout_s=45.0,
+        settle_s=10.0,
+        drain_timeout_s=30.0,
+        server_args=CLUSTER_SERVER_ARGS,
+    )
 
 
 def _ci() -> Profile:
     common = dict(time_s=30.0, quiet_s=(3.0, 5.0), fault_s=(2.0, 4.0))
-    return Profile("ci", (
-        RunSpec(seed=11, nemeses=("kill", "pause"), workload_kind="queue", workload=CI_WORKLOAD, **common),
-        RunSpec(seed=22, nemeses=("kill", "pause"), workload_kind="fifo", workload=workload_for("fifo", CI_WORKLOAD),
-                **common),
-        ci_cluster_run(),
-    ), (CLUSTER_NOTICE,))
+    return Profile(
+        "ci",
+        (
+            RunSpec(seed=11, nemeses=("kill", "pause"), workload_kind="queue", workload=CI_WORKLOAD, **common),
+            RunSpec(
+                seed=22,
+                nemeses=("kill", "pause"),
+                workload_kind="fifo",
+                workload=workload_for("fifo", CI_WORKLOAD),
+                **common,
+            ),
+            ci_cluster_run(),
+        ),
+        (CLUSTER_NOTICE,),
+    )
 
 
 def _cluster() -> Profile:
     return Profile("cluster", (ci_cluster_run(),), (CLUSTER_NOTICE,))
 
 
-LONG_NOTICE = ("long: 5-node cluster runs (every nemesis; membership changes overlap the other faults; the 11th "
-               "is the TTL + dead-letter workload) first, then single-node runs; --runs N takes the first N, "
-               "--time S shortens each")
+LONG_NOTICE = (
+    "long: 5-node cluster runs (every nemesis; membership changes overlap the other faults; the 11th "
+    "is the TTL + dead-letter workload) first, then single-node runs; --runs N takes the first N, "
+    "--time S shortens each"
+)
 
 
 def _long() -> Profile:
     runs = []
     # Five brokers, their clients and the helpers share two cores: a low rate, and fault windows
     # long enough for elections (3 s down timeout) and for a restarted member to catch up.
-    cluster_workload = replace(LONG_WORKLOAD, publishers=3, consumers=2, rate_per_publisher_hz=10.0,
-                               confirm_timeout_s=10.0)
+    cluster_workload = replace(
+        LONG_WORKLOAD, publishers=3, consumers=2, rate_per_publisher_hz=10.0, confirm_timeout_s=10.0
+    )
     for i in range(10):
         kind = "fifo" if i % 3 == 2 else "queue"
-        runs.append(RunSpec(seed=2001 + i, nemeses=CLUSTER_NEMESES_ALL, workload_kind=kind,
-                            workload=workload_for(kind, cluster_workload), time_s=300.0, quiet_s=(8.0, 15.0),
-                            fault_s=(5.0, 15.0), tail_s=10.0, nodes=5, lab="netns", recovery_timeout_s=90.0,
-                            drain_timeout_s=120.0, overlap=("membership",), server_args=CLUSTER_SERVER_ARGS))
+        runs.append(
+            RunSpec(
+                seed=2001 + i,
+                nemeses=CLUSTER_NEMESES_ALL,
+                workload_kind=kind,
+                workload=workload_for(kind, cluster_workload),
+                time_s=300.0,
+                quiet_s=(8.0, 15.0),
+                fault_s=(5.0, 15.0),
+                tail_s=10.0,
+                nodes=5,
+                lab="netns",
+                recovery_timeout_s=90.0,
+                drain_timeout_s=120.0,
+                overlap=("membership",),
+                server_args=CLUSTER_SERVER_ARGS,
+            )
+        )
     # The TTL + dead-letter variant: the eleventh cluster run, so that the ten above keep their
     # seeds and kinds (and `--runs 6` its meaning); every nemesis, clock skew included (expiry runs
     # on the leader's wall clock).
-    runs.append(RunSpec(seed=2011, nemeses=CLUSTER_NEMESES_ALL, workload_kind="dlx",
-                        workload=workload_for("dlx", cluster_workload), time_s=300.0, quiet_s=(8.0, 15.0),
-                        fault_s=(5.0, 15.0), tail_s=10.0, nodes=5, lab="netns", recovery_timeout_s=90.0,
-                        drain_timeout_s=120.0, overlap=("membership",), server_args=CLUSTER_SERVER_ARGS))
+    runs.append(
+        RunSpec(
+            seed=2011,
+            nemeses=CLUSTER_NEMESES_ALL,
+            workload_kind="dlx",
+            workload=workload_for("dlx", cluster_workload),
+            time_s=300.0,
+            quiet_s=(8.0, 15.0),
+            fault_s=(5.0, 15.0),
+            tail_s=10.0,
+            nodes=5,
+            lab="netns",
+            recovery_timeout_s=90.0,
+            drain_timeout_s=120.0,
+            overlap=("membership",),
+            server_args=CLUSTER_SERVER_ARGS,
+        )
+    )
     for i in range(10):
         kind = "fifo" if i % 3 == 2 else "queue"
-        runs.append(RunSpec(seed=1001 + i, nemeses=("kill", "pause", "disk-stall", "clock-skew"), workload_kind=kind,
-                            workload=workload_for(kind, LONG_WORKLOAD), time_s=300.0, quiet_s=(10.0, 20.0),
-                            fault_s=(5.0, 20.0), tail_s=10.0, recovery_timeout_s=60.0, drain_timeout_s=120.0))
+        runs.append(
+            RunSpec(
+                seed=1001 + i,
+                nemeses=("kill", "pause", "disk-stall", "clock-skew"),
+                workload_kind=kind,
+                workload=workload_for(kind, LONG_WORKLOAD),
+                time_s=300.0,
+                quiet_s=(10.0, 20.0),
+                fault_s=(5.0, 20.0),
+                tail_s=10.0,
+                recovery_timeout_s=60.0,
+                drain_timeout_s=120.0,
+            )
+        )
     return Profile("long", tuple(runs), (LONG_NOTICE,))
 
 

@@ -29,9 +29,17 @@ SERIES = (  # key, label, colour
     ("deliver_dead_letter", "dead-lettered/s", "#00838f"),  # deliveries that carry an x-death (dlx workload)
     ("publish_bad", "nacked+indeterminate/s", "#e65100"),
 )
-FAULT_COLOURS = {"kill": "#ef5350", "kill-leader": "#c62828", "pause": "#ffb300", "pause-leader": "#ff8f00",
-                 "partition-one": "#42a5f5", "partition-leader": "#1565c0", "partition-halves": "#7e57c2",
-                 "one-way": "#26a69a", "membership": "#8d6e63"}
+FAULT_COLOURS = {
+    "kill": "#ef5350",
+    "kill-leader": "#c62828",
+    "pause": "#ffb300",
+    "pause-leader": "#ff8f00",
+    "partition-one": "#42a5f5",
+    "partition-leader": "#1565c0",
+    "partition-halves": "#7e57c2",
+    "one-way": "#26a69a",
+    "membership": "#8d6e63",
+}
 
 
 def overall_verdict(results: list[dict]) -> str:
@@ -46,16 +54,31 @@ def overall_verdict(results: list[dict]) -> str:
 
 
 def totals(results: list[dict]) -> dict:
-    keys = ("published", "confirmed", "lost", "unexpected", "nacked_delivered", "corrupt", "fifo_violations",
-            "minority_confirmed", "dead_letter_without_x_death", "recovered", "unknown", "duplicates",
-            "duplicates_unflagged", "delivered")
+    keys = (
+        "published",
+        "confirmed",
+        "lost",
+        "unexpected",
+        "nacked_delivered",
+        "corrupt",
+        "fifo_violations",
+        "minority_confirmed",
+        "dead_letter_without_x_death",
+        "recovered",
+        "unknown",
+        "duplicates",
+        "duplicates_unflagged",
+        "delivered",
+    )
     return {k: sum(r.get("counts", {}).get(k, 0) for r in results) for k in keys}
 
 
 def summary_line(results: list[dict]) -> str:
     t = totals(results)
-    return (f"runs={len(results)} confirmed={t['confirmed']} lost={t['lost']} unexpected={t['unexpected']} "
-            f"duplicates={t['duplicates']} verdict={overall_verdict(results)}")
+    return (
+        f"runs={len(results)} confirmed={t['confirmed']} lost={t['lost']} unexpected={t['unexpected']} "
+        f"duplicates={t['duplicates']} verdict={overall_verdict(results)}"
+    )
 
 
 def _max_recovery(result: dict) -> str:
@@ -66,20 +89,52 @@ def _max_recovery(result: dict) -> str:
 
 
 def summary_table(results: list[dict]) -> str:
-    header = ("run", "seed", "workload", "faults", "published", "confirmed", "lost", "unexp", "nack+dlv", "corrupt",
-              "fifo", "minority", "dl-no-xdeath", "recovered", "dups(unflagged)", "avail", "max recov s", "verdict")
+    header = (
+        "run",
+        "seed",
+        "workload",
+        "faults",
+        "published",
+        "confirmed",
+        "lost",
+        "unexp",
+        "nack+dlv",
+        "corrupt",
+        "fifo",
+        "minority",
+        "dl-no-xdeath",
+        "recovered",
+        "dups(unflagged)",
+        "avail",
+        "max recov s",
+        "verdict",
+    )
     rows = [header]
     for i, r in enumerate(results, 1):
         c = r.get("counts", {})
         avail = r.get("availability", {}).get("all", {}).get("ratio")
-        rows.append((str(i), str(r.get("seed")), r.get("workload"),
-                     f"{r.get('faults', 0)} {'+'.join(r.get('nemeses') or [])}", str(c.get("published", 0)),
-                     str(c.get("confirmed", 0)), str(c.get("lost", 0)), str(c.get("unexpected", 0)),
-                     str(c.get("nacked_delivered", 0)), str(c.get("corrupt", 0)), str(c.get("fifo_violations", 0)),
-                     str(c.get("minority_confirmed", 0)), str(c.get("dead_letter_without_x_death", 0)),
-                     str(c.get("recovered", 0)),
-                     f"{c.get('duplicates', 0)}({c.get('duplicates_unflagged', 0)})",
-                     "-" if avail is None else f"{avail:.2f}", _max_recovery(r), r.get("verdict", UNKNOWN)))
+        rows.append(
+            (
+                str(i),
+                str(r.get("seed")),
+                r.get("workload"),
+                f"{r.get('faults', 0)} {'+'.join(r.get('nemeses') or [])}",
+                str(c.get("published", 0)),
+                str(c.get("confirmed", 0)),
+                str(c.get("lost", 0)),
+                str(c.get("unexpected", 0)),
+                str(c.get("nacked_delivered", 0)),
+                str(c.get("corrupt", 0)),
+                str(c.get("fifo_violations", 0)),
+                str(c.get("minority_confirmed", 0)),
+                str(c.get("dead_letter_without_x_death", 0)),
+                str(c.get("recovered", 0)),
+                f"{c.get('duplicates', 0)}({c.get('duplicates_unflagged', 0)})",
+                "-" if avail is None else f"{avail:.2f}",
+                _max_recovery(r),
+                r.get("verdict", UNKNOWN),
+            )
+        )
     rows = [tuple("-" if cell is None else str(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
@@ -98,15 +153,22 @@ def run_details(result: dict) -> list[str]:
             out.append(f"seed {seed}: {kind}={n} e.g. {json.dumps(examples)}")
     c = result.get("counts", {})
     if "by_dead_letter_only" in c:
-        out.append(f"seed {seed}: routes: {c['by_work_queue_only']} ids from the work queue only, "
-                   f"{c['by_dead_letter_only']} dead-lettered (expired) only, {c['by_both_routes']} by both; "
-                   f"{c['dead_letter_deliveries']} deliveries from the dead-letter queue"
-                   + (f"; {c['x_death_count_above_one']} with an x-death count above 1"
-                      if c.get("x_death_count_above_one") else ""))
+        out.append(
+            f"seed {seed}: routes: {c['by_work_queue_only']} ids from the work queue only, "
+            f"{c['by_dead_letter_only']} dead-lettered (expired) only, {c['by_both_routes']} by both; "
+            f"{c['dead_letter_deliveries']} deliveries from the dead-letter queue"
+            + (
+                f"; {c['x_death_count_above_one']} with an x-death count above 1"
+                if c.get("x_death_count_above_one")
+                else ""
+            )
+        )
     if c.get("duplicates_unflagged"):
         ids = result.get("examples", {}).get("duplicates_unflagged", [])[:10]
-        out.append(f"seed {seed}: {c['duplicates_unflagged']} duplicate deliveries came with redelivered=false, "
-                   f"e.g. {json.dumps(ids)}")
+        out.append(
+            f"seed {seed}: {c['duplicates_unflagged']} duplicate deliveries came with redelivered=false, "
+            f"e.g. {json.dumps(ids)}"
+        )
     if result.get("drain_complete") is False:
         out.append(f"seed {seed}: the final drain did not empty the queue: {json.dumps(result.get('drain'))}")
     for note in result.get("notes", []):
@@ -168,20 +230,26 @@ def timeline_svg(data: dict, title: str) -> str:
     def y(v: float) -> float:
         return MARGIN_TOP + plot_h * (1 - v / top)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-             f'font-size="11">', f'<text x="{MARGIN_LEFT}" y="14" font-weight="bold">{html.escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+        f'<text x="{MARGIN_LEFT}" y="14" font-weight="bold">{html.escape(title)}</text>',
+    ]
     bottom = MARGIN_TOP + plot_h
     for window in data["windows"]:
         colour = FAULT_COLOURS.get(window["nemesis"], "#bdbdbd")
         name = html.escape(window["nemesis"])
         x0, width = x(window["start"]), max(1.0, x(window["end"]) - x(window["start"]))
-        parts.append(f'<rect x="{x0:.1f}" y="{MARGIN_TOP}" width="{width:.1f}" height="{plot_h}" fill="{colour}" '
-                     f'fill-opacity="0.18"><title>{name} {window["start"]:.1f}-{window["end"]:.1f}s</title></rect>')
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{MARGIN_TOP}" width="{width:.1f}" height="{plot_h}" fill="{colour}" '
+            f'fill-opacity="0.18"><title>{name} {window["start"]:.1f}-{window["end"]:.1f}s</title></rect>'
+        )
         parts.append(f'<text x="{x0 + 2:.1f}" y="{MARGIN_TOP + 10}" fill="{colour}">{name}</text>')
     for marker in data["markers"]:
         xm = x(marker["time"])
-        parts.append(f'<line x1="{xm:.1f}" x2="{xm:.1f}" y1="{MARGIN_TOP}" y2="{bottom}" stroke="#616161" '
-                     f'stroke-dasharray="2,3"><title>{html.escape(marker["label"])} {marker["time"]:.2f}s</title></line>')
+        parts.append(
+            f'<line x1="{xm:.1f}" x2="{xm:.1f}" y1="{MARGIN_TOP}" y2="{bottom}" stroke="#616161" '
+            f'stroke-dasharray="2,3"><title>{html.escape(marker["label"])} {marker["time"]:.2f}s</title></line>'
+        )
     # axes and ticks
     parts.append(f'<line x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{bottom}" y2="{bottom}" stroke="black"/>')
     parts.append(f'<line x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT}" y1="{MARGIN_TOP}" y2="{bottom}" stroke="black"/>')
@@ -198,22 +266,28 @@ def timeline_svg(data: dict, title: str) -> str:
         values = data["series"][key]
         points = " ".join(f"{x((i + 0.5) * bucket):.1f},{y(v / bucket):.1f}" for i, v in enumerate(values))
         dash = ' stroke-dasharray="5,3"' if key == "deliver" else ""
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}>'
-                     f'<title>{label}</title></polyline>')
+        parts.append(
+            f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}>'
+            f"<title>{label}</title></polyline>"
+        )
     lx = w - MARGIN_RIGHT - sum(24 + 6 * len(label) for _, label, _ in SERIES)
     for _key, label, colour in SERIES:
-        parts.append(f'<rect x="{lx:.0f}" y="5" width="10" height="10" fill="{colour}"/>'
-                     f'<text x="{lx + 14:.0f}" y="14">{label}</text>')
+        parts.append(
+            f'<rect x="{lx:.0f}" y="5" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{lx + 14:.0f}" y="14">{label}</text>'
+        )
         lx += 24 + 6 * len(label)
     parts.append("</svg>")
     return "\n".join(parts)
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em}pre{background:#f5f5f5;padding:.8em;overflow:auto}"
-            ".PASS{color:#2e7d32}.FAIL{color:#c62828}.UNKNOWN{color:#e65100}</style></head><body>"
-            f"{body}</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:1.5em}pre{background:#f5f5f5;padding:.8em;overflow:auto}"
+        ".PASS{color:#2e7d32}.FAIL{color:#c62828}.UNKNOWN{color:#e65100}</style></head><body>"
+        f"{body}</body></html>"
+    )
 
 
 def write_run_report(result: dict, records: list[dict], run_dir: Path) -> str:
@@ -222,8 +296,10 @@ def write_run_report(result: dict, records: list[dict], run_dir: Path) -> str:
     title = f"seed {result.get('seed')} ({result.get('workload')}, {nemeses}): {result.get('verdict')}"
     svg = timeline_svg(timeline_data(records), title)
     details = "\n".join(run_details(result)) or "nothing fatal, nothing noted"
-    body = (f"<h1 class='{result.get('verdict')}'>{html.escape(title)}</h1>{svg}"
-            f"<pre>{html.escape(summary_table([result]))}</pre><pre>{html.escape(details)}</pre>")
+    body = (
+        f"<h1 class='{result.get('verdict')}'>{html.escape(title)}</h1>{svg}"
+        f"<pre>{html.escape(summary_table([result]))}</pre><pre>{html.escape(details)}</pre>"
+    )
     (run_dir / "timeline.html").write_text(_page(title, body), encoding="utf-8")
     (run_dir / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True), encoding="utf-8")
     return svg
@@ -236,7 +312,9 @@ def write_summary(results: list[dict], svgs: list[str], out_dir: Path, header: d
     table = summary_table(results)
     details = "\n".join(line for r in results for line in run_details(r))
     (out_dir / "summary.txt").write_text(f"{table}\n{details}\n{summary_line(results)}\n", encoding="utf-8")
-    body = (f"<h1 class='{verdict}'>MaxQ-Raft jepsen-style: {html.escape(summary_line(results))}</h1>"
-            f"<pre>{html.escape(table)}</pre><pre>{html.escape(details or 'nothing fatal, nothing noted')}</pre>"
-            + "".join(f"<div>{svg}</div>" for svg in svgs))
+    body = (
+        f"<h1 class='{verdict}'>MaxQ-Raft jepsen-style: {html.escape(summary_line(results))}</h1>"
+        f"<pre>{html.escape(table)}</pre><pre>{html.escape(details or 'nothing fatal, nothing noted')}</pre>"
+        + "".join(f"<div>{svg}</div>" for svg in svgs)
+    )
     (out_dir / "report.html").write_text(_page("jepsen-style report", body), encoding="utf-8")

@@ -88,16 +88,21 @@ class Run:
     def execute(self) -> dict:
         spec = self.spec
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        schedule = make_schedule(spec.seed, list(spec.nemeses), spec.time_s, spec.quiet_s, spec.fault_s, spec.tail_s,
-                                 tuple(spec.overlap))
+        schedule = make_schedule(
+            spec.seed, list(spec.nemeses), spec.time_s, spec.quiet_s, spec.fault_s, spec.tail_s, tuple(spec.overlap)
+        )
         if spec.nemeses and not schedule:
-            self.notes.append(f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s")
+            self.notes.append(
+                f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s"
+            )
         self.history = HistoryWriter(self.history_path)
-        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards,
-                                 lab_features(list(spec.nemeses)))
+        self.lab: Lab = make_lab(
+            spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards, lab_features(list(spec.nemeses))
+        )
         nemeses = make_nemeses(list(spec.nemeses), spec.workload.queue)
-        self.history.meta(profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule],
-                          lab=self.lab.describe())
+        self.history.meta(
+            profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule], lab=self.lab.describe()
+        )
         pub_stop, con_stop = threading.Event(), threading.Event()
         workers: list = []
         drained: dict = {}
@@ -105,18 +110,42 @@ class Run:
         try:
             self.lab.setup()
             nodes = [(n.name, *self.lab.address(n)) for n in self.lab.nodes]
-            declare_queue(nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0,
-                          enter=lambda: self.lab.enter(nodes[0][0]))
-            hard_deadline = (time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s
-                             + spec.drain_timeout_s + 60.0)
+            declare_queue(
+                nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0, enter=lambda: self.lab.enter(nodes[0][0])
+            )
+            hard_deadline = (
+                time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s + spec.drain_timeout_s + 60.0
+            )
             # With a dead-letter queue, odd consumers take from it; the work queue's consumers pause now
             # and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
-            consumers = [Consumer(f"con{i}", self.history, nodes, spec.workload, spec.seed, con_stop, hard_deadline,
-                                  enter=self.lab.enter, queue=spec.workload.consumer_queue(i),
-                                  pauses=spec.workload.consumer_queue(i) == spec.workload.queue)
-                         for i in range(spec.workload.consumers)]
-            publishers = [Publisher(f"pub{i}", self.history, nodes, spec.workload, spec.seed, pub_stop, hard_deadline,
-                                    enter=self.lab.enter) for i in range(spec.workload.publishers)]
+            consumers = [
+                Consumer(
+                    f"con{i}",
+                    self.history,
+                    nodes,
+                    spec.workload,
+                    spec.seed,
+                    con_stop,
+                    hard_deadline,
+                    enter=self.lab.enter,
+                    queue=spec.workload.consumer_queue(i),
+                    pauses=spec.workload.consumer_queue(i) == spec.workload.queue,
+                )
+                for i in range(spec.workload.consumers)
+            ]
+            publishers = [
+                Publisher(
+                    f"pub{i}",
+                    self.history,
+                    nodes,
+                    spec.workload,
+                    spec.seed,
+                    pub_stop,
+                    hard_deadline,
+                    enter=self.lab.enter,
+                )
+                for i in range(spec.workload.publishers)
+            ]
             workers = consumers + publishers
             self.phase("quiet")
             t0 = time.monotonic()
@@ -142,8 +171,11 @@ class Run:
                     # seeded RNG keeps the run's other choices what they were.
                     rider_rng = random.Random(f"{spec.seed}:rider:{cycle_index}")
                     rider_thread = threading.Thread(
-                        target=self.nemesis_op, args=(cycle.with_, lambda: rider.start(self.lab, rider_rng)),
-                        name=f"nemesis-{cycle.with_}", daemon=True)
+                        target=self.nemesis_op,
+                        args=(cycle.with_, lambda: rider.start(self.lab, rider_rng)),
+                        name=f"nemesis-{cycle.with_}",
+                        daemon=True,
+                    )
                     rider_thread.start()
                 self.sleep_until(min(fault_end, run_end))
                 self.nemesis_op("heal", lambda: {cycle.nemesis: nemesis.heal(self.lab)})
@@ -197,10 +229,18 @@ class Run:
 
         result = check(read_history(self.history_path))
         out = {
-            "seed": spec.seed, "profile": self.profile, "workload": spec.workload_kind, "nemeses": list(spec.nemeses),
-            "time_s": spec.time_s, "elapsed_s": round(elapsed_s, 1), "schedule": [c.to_dict() for c in schedule],
-            "faults": sum(1 for c in schedule), "run_dir": str(self.run_dir), "history": str(self.history_path),
-            "drain": drained, **result.to_dict(),
+            "seed": spec.seed,
+            "profile": self.profile,
+            "workload": spec.workload_kind,
+            "nemeses": list(spec.nemeses),
+            "time_s": spec.time_s,
+            "elapsed_s": round(elapsed_s, 1),
+            "schedule": [c.to_dict() for c in schedule],
+            "faults": sum(1 for c in schedule),
+            "run_dir": str(self.run_dir),
+            "history": str(self.history_path),
+            "drain": drained,
+            **result.to_dict(),
         }
         out["notes"] = out["notes"] + self.notes
         out["findings"] = self.findings
@@ -220,8 +260,13 @@ class Run:
         why: dict[str, str] = {}
         while pending and time.monotonic() < deadline:
             for name, (host, port) in list(pending.items()):
-                problem = bounded_probe(host, port, self.spec.workload, lambda name=name: self.lab.enter(name),
-                                        max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic())))
+                problem = bounded_probe(
+                    host,
+                    port,
+                    self.spec.workload,
+                    lambda name=name: self.lab.enter(name),
+                    max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic())),
+                )
                 if problem is None:
                     del pending[name]
                 else:
@@ -231,8 +276,9 @@ class Run:
         seconds = round(time.monotonic() - started, 3)
         if pending:
             self.notes.append(f"not recovered after {self.spec.recovery_timeout_s}s: {why}")
-            self.history.write(INFO, "recover", "probe", value={"seconds": seconds, "pending": sorted(pending)},
-                               error=str(why)[:500])
+            self.history.write(
+                INFO, "recover", "probe", value={"seconds": seconds, "pending": sorted(pending)}, error=str(why)[:500]
+            )
         else:
             self.history.write(OK, "recover", "probe", value={"seconds": seconds})
 
@@ -275,8 +321,9 @@ def bounded_probe(host: str, port: int, config, enter, timeout_s: float) -> str 
     (a bug, and exactly what a probe is for) must not stall the run. A probe left waiting ends
     when its node is stopped at teardown (its socket closes)."""
     box: list = []
-    thread = threading.Thread(target=lambda: box.append(probe(host, port, config, enter=enter)), daemon=True,
-                              name=f"probe-{host}:{port}")
+    thread = threading.Thread(
+        target=lambda: box.append(probe(host, port, config, enter=enter)), daemon=True, name=f"probe-{host}:{port}"
+    )
     thread.start()
     thread.join(timeout_s)
     if not box:

@@ -48,8 +48,10 @@ class Gate:
                 self.held = 0
                 print("stallfs: stall", flush=True)
             if not stall and self.stalled_since is not None:
-                print(f"stallfs: run after {time.monotonic() - self.stalled_since:.1f} s, {self.held} calls held",
-                      flush=True)
+                print(
+                    f"stallfs: run after {time.monotonic() - self.stalled_since:.1f} s, {self.held} calls held",
+                    flush=True,
+                )
                 self.stalled_since = None
             over = self.stalled_since is not None and time.monotonic() - self.stalled_since > STALL_MAX_S
             if stall and not over:
@@ -87,8 +89,20 @@ def make_ops(backing: str, gate: Gate):
 
         def getattr(self, path, fh=None):
             st = os.lstat(self._p(path))
-            return {k: getattr(st, k) for k in ("st_atime", "st_ctime", "st_gid", "st_mode", "st_mtime", "st_nlink",
-                                                "st_size", "st_uid", "st_blocks")}
+            return {
+                k: getattr(st, k)
+                for k in (
+                    "st_atime",
+                    "st_ctime",
+                    "st_gid",
+                    "st_mode",
+                    "st_mtime",
+                    "st_nlink",
+                    "st_size",
+                    "st_uid",
+                    "st_blocks",
+                )
+            }
 
         def readdir(self, path, fh):
             return [".", "..", *os.listdir(self._p(path))]
@@ -98,8 +112,21 @@ def make_ops(backing: str, gate: Gate):
 
         def statfs(self, path):
             sv = os.statvfs(self._p(path))
-            return {k: getattr(sv, k) for k in ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
-                                                "f_files", "f_flag", "f_frsize", "f_namemax")}
+            return {
+                k: getattr(sv, k)
+                for k in (
+                    "f_bavail",
+                    "f_bfree",
+                    "f_blocks",
+                    "f_bsize",
+                    "f_favail",
+                    "f_ffree",
+                    "f_files",
+                    "f_flag",
+                    "f_frsize",
+                    "f_namemax",
+                )
+            }
 
         def chmod(self, path, mode):
             return os.chmod(self._p(path), mode)

@@ -141,8 +141,9 @@ def x_death(properties) -> list[dict] | None:
         if not isinstance(entry, dict):
             out.append({"malformed": _text(repr(entry))})
             continue
-        out.append({"queue": _str(entry.get("queue")), "reason": _str(entry.get("reason")),
-                    "count": entry.get("count")})
+        out.append(
+            {"queue": _str(entry.get("queue")), "reason": _str(entry.get("reason")), "count": entry.get("count")}
+        )
     return out
 
 
@@ -151,9 +152,16 @@ def _str(value):
 
 
 def connection_parameters(host: str, port: int, config: WorkloadConfig) -> pika.ConnectionParameters:
-    return pika.ConnectionParameters(host=host, port=port, heartbeat=config.heartbeat_s, connection_attempts=1,
-                                     retry_delay=0, socket_timeout=config.connect_timeout_s,
-                                     stack_timeout=config.connect_timeout_s + 2, blocked_connection_timeout=30)
+    return pika.ConnectionParameters(
+        host=host,
+        port=port,
+        heartbeat=config.heartbeat_s,
+        connection_attempts=1,
+        retry_delay=0,
+        socket_timeout=config.connect_timeout_s,
+        stack_timeout=config.connect_timeout_s + 2,
+        blocked_connection_timeout=30,
+    )
 
 
 def no_enter(_node: str):
@@ -167,8 +175,17 @@ class Worker(threading.Thread):
     `enter(node)` is the lab's context for opening a socket to that node (Lab.enter: the netns lab
     moves the thread into the node's namespace for the connect, see lab.py)."""
 
-    def __init__(self, process: str, history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig,
-                 seed: int, stop: threading.Event, hard_deadline: float, enter=no_enter) -> None:
+    def __init__(
+        self,
+        process: str,
+        history: HistoryWriter,
+        nodes: list[tuple[str, str, int]],
+        config: WorkloadConfig,
+        seed: int,
+        stop: threading.Event,
+        hard_deadline: float,
+        enter=no_enter,
+    ) -> None:
         super().__init__(name=f"jepsen-{process}", daemon=True)
         self.process = process
         self.history = history
@@ -185,7 +202,9 @@ class Worker(threading.Thread):
     def run(self) -> None:
         try:
             last = None
-            while not self.stop_event.is_set() and time.monotonic() < self.hard_deadline and self.session < SESSIONS_MAX:
+            while (
+                not self.stop_event.is_set() and time.monotonic() < self.hard_deadline and self.session < SESSIONS_MAX
+            ):
                 self.session += 1
                 # Any node serves any queue: after a failure go to another one (the one that failed
                 # may be down, paused or cut off); the choice is seeded like everything else.
@@ -226,8 +245,12 @@ class _Session:
 
     def run(self) -> None:
         self.record(INVOKE, "connect")
-        self.conn = pika.SelectConnection(self.params, on_open_callback=self._on_open,
-                                          on_open_error_callback=self._on_open_error, on_close_callback=self._on_closed)
+        self.conn = pika.SelectConnection(
+            self.params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_closed,
+        )
         self.conn.ioloop.call_later(TICK_S, self._tick)
         try:
             self.conn.ioloop.start()
@@ -378,8 +401,12 @@ class _PublisherSession(_Session):
             return
         interval_s = 1.0 / config.rate_per_publisher_hz
         burst_max = max(1, config.confirm_window)
-        while (now >= self.next_publish and len(self.inflight) < config.confirm_window and burst_max > 0
-               and self.w.seq < config.messages_per_publisher_max):
+        while (
+            now >= self.next_publish
+            and len(self.inflight) < config.confirm_window
+            and burst_max > 0
+            and self.w.seq < config.messages_per_publisher_max
+        ):
             self.next_publish += interval_s * self.w.rng.uniform(0.5, 1.5)
             self.next_publish = max(self.next_publish, now - 1.0)  # after a stall, do not make up for lost time
             burst_max -= 1
@@ -393,8 +420,13 @@ class _PublisherSession(_Session):
         body = message_body(message_id, w.seed, w.config.body_bytes)
         self.record(INVOKE, "publish", id=message_id, seq=w.seq, crc=zlib.crc32(body))
         try:
-            self.channel.basic_publish("", w.config.queue, body, mandatory=True,
-                                       properties=pika.BasicProperties(delivery_mode=2, message_id=message_id))
+            self.channel.basic_publish(
+                "",
+                w.config.queue,
+                body,
+                mandatory=True,
+                properties=pika.BasicProperties(delivery_mode=2, message_id=message_id),
+            )
         except AMQPError as exc:
             self.record(INFO, "publish", id=message_id, seq=w.seq, error=f"send: {_text(exc)}")
             self._abort("publish raised")
@@ -464,8 +496,9 @@ class _ConsumerSession(_Session):
         self._consume()
 
     def _consume(self) -> None:
-        self.consumer_tag = self.channel.basic_consume(self.w.queue, self._on_message, auto_ack=False,
-                                                       callback=self._on_consume_ok)
+        self.consumer_tag = self.channel.basic_consume(
+            self.w.queue, self._on_message, auto_ack=False, callback=self._on_consume_ok
+        )
 
     def _on_consume_ok(self, _frame) -> None:
         first = not self.ready
@@ -506,8 +539,16 @@ class _ConsumerSession(_Session):
         self._close()
 
     def _on_message(self, _channel, method, properties, body) -> None:
-        self.record(OK, "deliver", id=properties.message_id, redelivered=bool(method.redelivered), crc=zlib.crc32(body),
-                    queue=self.w.queue, x_death=x_death(properties), value={"tag": method.delivery_tag})
+        self.record(
+            OK,
+            "deliver",
+            id=properties.message_id,
+            redelivered=bool(method.redelivered),
+            crc=zlib.crc32(body),
+            queue=self.w.queue,
+            x_death=x_death(properties),
+            value={"tag": method.delivery_tag},
+        )
         delay_s = self.w.rng.uniform(0, self.w.config.ack_delay_ms_max) / 1000.0
         tag = method.delivery_tag
         self.pending_acks[tag] = self.conn.ioloop.call_later(delay_s, lambda: self._ack(tag, properties.message_id))
@@ -595,8 +636,9 @@ def probe(host: str, port: int, config: WorkloadConfig, enter=contextlib.nullcon
         _close_quietly(conn)
 
 
-def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig, timeout_s: float,
-          enter=no_enter) -> dict:
+def drain(
+    history: HistoryWriter, nodes: list[tuple[str, str, int]], config: WorkloadConfig, timeout_s: float, enter=no_enter
+) -> dict:
     """Take every message left in the queue(s) from every node (basic.get, manual ack), recording each
     (with the queue it came from and its x-death).
 
@@ -650,9 +692,18 @@ def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: Wor
                             now = time.monotonic()
                             if deadline - now < DRAIN_PROGRESS_S:
                                 deadline = min(deadline_max, now + DRAIN_PROGRESS_S)
-                            history.write(OK, "deliver", "drain", session=session, node=name, id=properties.message_id,
-                                          redelivered=bool(method.redelivered), crc=zlib.crc32(body),
-                                          queue=queue, x_death=x_death(properties))
+                            history.write(
+                                OK,
+                                "deliver",
+                                "drain",
+                                session=session,
+                                node=name,
+                                id=properties.message_id,
+                                redelivered=bool(method.redelivered),
+                                crc=zlib.crc32(body),
+                                queue=queue,
+                                x_death=x_death(properties),
+                            )
                             channel.basic_ack(method.delivery_tag)
                             history.write(OK, "ack", "drain", session=session, node=name, id=properties.message_id)
                     except AMQPError as exc:
@@ -667,9 +718,12 @@ def drain(history: HistoryWriter, nodes: list[tuple[str, str, int]], config: Wor
             break
     counts = list(remaining_by_queue.values())
     remaining = None if None in counts else sum(counts)
-    value = {"remaining": remaining, "drained": got,
-             **({"remaining_by_queue": remaining_by_queue, "rounds": rounds} if len(queues) > 1 else {}),
-             **({"error": last_error} if last_error and not complete else {})}
+    value = {
+        "remaining": remaining,
+        "drained": got,
+        **({"remaining_by_queue": remaining_by_queue, "rounds": rounds} if len(queues) > 1 else {}),
+        **({"error": last_error} if last_error and not complete else {}),
+    }
     history.write(OK if complete else INFO, "drain", "drain", value=value)
     return value
 

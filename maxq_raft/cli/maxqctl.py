@@ -54,8 +54,9 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def fetch(node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None):
     url = f"http://{node}{path}"
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data is not None else {})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"} if data is not None else {}
+    )
     try:
         with _OPENER.open(request, timeout=timeout_s) as response:
             return json.loads(response.read())
@@ -66,13 +67,19 @@ def fetch(node: str, path: str, timeout_s: float, method: str = "GET", body: dic
         except ValueError:
             answer, detail = None, ""
         code = 5 if exc.code >= 500 else 4
-        raise CtlError(f"node {node} answered {exc.code}: {detail or exc.reason}", code,
-                       answer if isinstance(answer, dict) else None) from None
+        raise CtlError(
+            f"node {node} answered {exc.code}: {detail or exc.reason}",
+            code,
+            answer if isinstance(answer, dict) else None,
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-            raise CtlError(f"node {node} did not answer within {timeout_s:g} s (a change may still complete: "
-                           "check `maxqctl status`)", 3) from None
+            raise CtlError(
+                f"node {node} did not answer within {timeout_s:g} s (a change may still complete: "
+                "check `maxqctl status`)",
+                3,
+            ) from None
         raise CtlError(f"cannot reach node {node}: {reason}", 3) from None
     except (http.client.HTTPException, ValueError) as exc:
         # Something answered, but not our admin API (e.g. the AMQP port).
@@ -104,33 +111,48 @@ def _host_port(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maxqctl", description="Inspect and manage MaxQ-Raft nodes.",
-                                     epilog="exit codes: 2 bad command line, 3 node unreachable, 4 refused by the node, "
-                                            "5 the cluster could not do it")
-    parser.add_argument("--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)")
+    parser = argparse.ArgumentParser(
+        prog="maxqctl",
+        description="Inspect and manage MaxQ-Raft nodes.",
+        epilog="exit codes: 2 bad command line, 3 node unreachable, 4 refused by the node, "
+        "5 the cluster could not do it",
+    )
+    parser.add_argument(
+        "--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help=f"seconds to wait for the node (default {READ_TIMEOUT_S:g}; {MEMBER_CHANGE_TIMEOUT_S:g} for "
-                             f"membership changes, {TRANSFER_TIMEOUT_S:g} for transfers)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds to wait for the node (default {READ_TIMEOUT_S:g}; {MEMBER_CHANGE_TIMEOUT_S:g} for "
+        f"membership changes, {TRANSFER_TIMEOUT_S:g} for transfers)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
     listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
     listing.add_argument("what", choices=sorted(LISTS))
     add = sub.add_parser("add-node", help="add a started node (maxq-server --join on) to every group")
     add.add_argument("name", type=_node_name, metavar="NAME", help="the new node's --node-id")
-    add.add_argument("--raft-addr", type=_host_port, required=True, metavar="HOST:PORT", help="the new node's --raft-addr")
+    add.add_argument(
+        "--raft-addr", type=_host_port, required=True, metavar="HOST:PORT", help="the new node's --raft-addr"
+    )
     remove = sub.add_parser("remove-node", help="remove a member from every group (then stop it)")
     remove.add_argument("name", type=_node_name, metavar="NAME")
     remove.add_argument("--force", action="store_true", help="remove it even if a group would be left without a quorum")
-    transfer = sub.add_parser("transfer-leadership",
-                              help="move a group's leadership to a member (ask the group's leader; "
-                                   "GROUP 'all': every group the asked node leads)")
+    transfer = sub.add_parser(
+        "transfer-leadership",
+        help="move a group's leadership to a member (ask the group's leader; "
+        "GROUP 'all': every group the asked node leads)",
+    )
     transfer.add_argument("group", metavar="GROUP", help="meta, shard-N or all")
     transfer.add_argument("target", type=_node_name, metavar="NODE")
     set_policy = sub.add_parser("set-policy", help="set a policy: queues whose name matches PATTERN get DEFINITION")
     set_policy.add_argument("name")
     set_policy.add_argument("pattern", help="a regular expression matched against queue names")
-    set_policy.add_argument("definition", help='JSON, RabbitMQ\'s keys: \'{"max-length": 1000, "dead-letter-exchange": "dlx"}\'')
+    set_policy.add_argument(
+        "definition", help='JSON, RabbitMQ\'s keys: \'{"max-length": 1000, "dead-letter-exchange": "dlx"}\''
+    )
     set_policy.add_argument("--priority", type=int, default=0)
     set_policy.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
     set_policy.add_argument("--vhost", default="/")
@@ -139,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     clear_policy.add_argument("--vhost", default="/")
     for command in (status, listing, add, remove, transfer):
         # --json may also follow the command (`maxqctl list queues --json`).
-        command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
+        command.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables"
+        )
     return parser
 
 
@@ -151,28 +175,52 @@ def _valid_node(node: str) -> bool:
 def render_status(status: dict) -> str:
     if not status.get("clustered"):
         members = table(status["members"], ["node", "state", "role"])
-        rows = [{"group": g["group"], "leader": g["leader"], "commit_index": g["commit_index"], "applied_index": g["applied_index"],
-                 "lag": ", ".join(f"{m['node']}={m['lag']}" for m in g["members"])} for g in status["groups"]]
-        return (f"node {status['node']}\n\nmembers\n{members}\n\ngroups\n"
-                + table(rows, ["group", "leader", "commit_index", "applied_index", "lag"]))
+        rows = [
+            {
+                "group": g["group"],
+                "leader": g["leader"],
+                "commit_index": g["commit_index"],
+                "applied_index": g["applied_index"],
+                "lag": ", ".join(f"{m['node']}={m['lag']}" for m in g["members"]),
+            }
+            for g in status["groups"]
+        ]
+        return f"node {status['node']}\n\nmembers\n{members}\n\ngroups\n" + table(
+            rows, ["group", "leader", "commit_index", "applied_index", "lag"]
+        )
     members = table(status["members"], ["node", "state", "role", "leads", "groups"])
-    rows = [{"group": g["group"], "leader": g["leader"], "term": g["term"], "commit_index": g["commit_index"],
-             "applied_index": g["applied_index"], "snapshot": g.get("snapshot_index") or "",
-             "here": g["role"] + (" removed" if g.get("removed") else ""),
-             "change": "pending" if g["membership_change_pending"] else "",
-             "lag": ", ".join(f"{m['node']}={_cell(m['lag']) if m['lag'] is not None else '?'}"
-                              + ("" if m["connected"] else "(down)") for m in g["members"])} for g in status["groups"]]
+    rows = [
+        {
+            "group": g["group"],
+            "leader": g["leader"],
+            "term": g["term"],
+            "commit_index": g["commit_index"],
+            "applied_index": g["applied_index"],
+            "snapshot": g.get("snapshot_index") or "",
+            "here": g["role"] + (" removed" if g.get("removed") else ""),
+            "change": "pending" if g["membership_change_pending"] else "",
+            "lag": ", ".join(
+                f"{m['node']}={_cell(m['lag']) if m['lag'] is not None else '?'}" + ("" if m["connected"] else "(down)")
+                for m in g["members"]
+            ),
+        }
+        for g in status["groups"]
+    ]
     head = f"node {status['node']}"
     if status.get("removed"):
         head += " (REMOVED from the cluster: stop it)"
-    notes = ["lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)",
-             "snapshot: the index of this node's latest snapshot of the group (the log before it is compacted)"]
+    notes = [
+        "lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)",
+        "snapshot: the index of this node's latest snapshot of the group (the log before it is compacted)",
+    ]
     if status.get("membership_change_pending"):
         notes.append("a membership change is in progress")
-    return (f"{head}\n\nmembers\n{members}\n\ngroups\n"
-            + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "snapshot", "here", "change",
-                           "lag"])
-            + "\n\n" + "\n".join(notes))
+    return (
+        f"{head}\n\nmembers\n{members}\n\ngroups\n"
+        + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "snapshot", "here", "change", "lag"])
+        + "\n\n"
+        + "\n".join(notes)
+    )
 
 
 def _policy_path(vhost: str, name: str) -> str:
@@ -186,8 +234,13 @@ def run(args) -> str:
             definition = json.loads(args.definition)
         except ValueError as exc:
             raise CtlError(f"the definition must be JSON: {exc}", 2) from None
-        fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "PUT",
-              {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to})
+        fetch(
+            args.node,
+            _policy_path(args.vhost, args.name),
+            timeout or READ_TIMEOUT_S,
+            "PUT",
+            {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to},
+        )
         return f"policy '{args.name}' set in vhost '{args.vhost}'"
     if args.command == "clear-policy":
         fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "DELETE")
@@ -196,19 +249,34 @@ def run(args) -> str:
         status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
         return json.dumps(status, indent=1) if args.json else render_status(status)
     if args.command == "add-node":
-        answer = fetch(args.node, "/api/cluster/members", timeout or MEMBER_CHANGE_TIMEOUT_S, "POST",
-                       {"node": args.name, "raft_addr": args.raft_addr})
-        return json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
+        answer = fetch(
+            args.node,
+            "/api/cluster/members",
+            timeout or MEMBER_CHANGE_TIMEOUT_S,
+            "POST",
+            {"node": args.name, "raft_addr": args.raft_addr},
+        )
+        return (
+            json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
+        )
     if args.command == "remove-node":
         path = "/api/cluster/members/" + urllib.parse.quote(args.name) + ("?force=1" if args.force else "")
         answer = fetch(args.node, path, timeout or MEMBER_CHANGE_TIMEOUT_S, "DELETE")
         if args.json:
             return json.dumps(answer, indent=1)
-        return f"node {args.name} removed from every group" + (" (forced: a group may have lost its quorum)"
-                                                              if answer.get("forced") else "") + "; stop it now"
+        return (
+            f"node {args.name} removed from every group"
+            + (" (forced: a group may have lost its quorum)" if answer.get("forced") else "")
+            + "; stop it now"
+        )
     if args.command == "transfer-leadership":
-        answer = fetch(args.node, "/api/cluster/transfer-leadership", timeout or TRANSFER_TIMEOUT_S, "POST",
-                       {"group": args.group, "node": args.target})
+        answer = fetch(
+            args.node,
+            "/api/cluster/transfer-leadership",
+            timeout or TRANSFER_TIMEOUT_S,
+            "POST",
+            {"group": args.group, "node": args.target},
+        )
         if args.json:
             return json.dumps(answer, indent=1)
         rows = [{"group": g, "result": r} for g, r in answer["results"].items()]

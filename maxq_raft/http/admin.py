@@ -91,6 +91,7 @@ def _text(value):
 
 # ------------------------------------------------------------------------------ views (GET)
 
+
 def view_overview(broker) -> dict:
     return {
         "node": broker.node_id,
@@ -109,8 +110,15 @@ def view_status_single(broker) -> dict:
         "node": broker.node_id,
         "clustered": False,
         "members": [{"node": broker.node_id, "state": "up", "role": "leader"}],
-        "groups": [{"group": "metadata", "leader": broker.node_id, "commit_index": broker.log.index,
-                    "applied_index": broker.log.index, "members": [{"node": broker.node_id, "lag": 0}]}],
+        "groups": [
+            {
+                "group": "metadata",
+                "leader": broker.node_id,
+                "commit_index": broker.log.index,
+                "applied_index": broker.log.index,
+                "members": [{"node": broker.node_id, "lag": 0}],
+            }
+        ],
     }
 
 
@@ -132,32 +140,63 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
         members = []
         for mid, m in sorted(g.get("members", {}).items()):
             up = bool(m.get("self")) or bool(m.get("connected"))
-            members.append({"node": mid, "connected": up, "match_index": m.get("match_index"),
-                            "next_index": m.get("next_index"), "lag": m.get("lag")})
+            members.append(
+                {
+                    "node": mid,
+                    "connected": up,
+                    "match_index": m.get("match_index"),
+                    "next_index": m.get("next_index"),
+                    "lag": m.get("lag"),
+                }
+            )
             record = seen.setdefault(mid, {"node": mid, "up": up, "groups": 0, "leads": []})
             record["up"] = record["up"] or up
             record["groups"] += 1
         leader = g.get("leader")
         if leader is not None:
-            seen.setdefault(leader, {"node": leader, "up": leader == node_id, "groups": 0, "leads": []})["leads"].append(name)
-        out_groups.append({"group": name, "leader": leader, "role": g.get("role"), "term": g.get("term"),
-                           "commit_index": g.get("commit_index"), "applied_index": g.get("applied_index"),
-                           "last_index": g.get("last_index"), "durable_index": g.get("durable_index"),
-                           "first_index": g.get("first_index"), "snapshot_index": g.get("snapshot_index"),
-                           "membership_change_pending": bool(g.get("membership_change_pending")),
-                           "removed": bool(g.get("removed")), "failed": g.get("failed"), "members": members})
+            seen.setdefault(leader, {"node": leader, "up": leader == node_id, "groups": 0, "leads": []})[
+                "leads"
+            ].append(name)
+        out_groups.append(
+            {
+                "group": name,
+                "leader": leader,
+                "role": g.get("role"),
+                "term": g.get("term"),
+                "commit_index": g.get("commit_index"),
+                "applied_index": g.get("applied_index"),
+                "last_index": g.get("last_index"),
+                "durable_index": g.get("durable_index"),
+                "first_index": g.get("first_index"),
+                "snapshot_index": g.get("snapshot_index"),
+                "membership_change_pending": bool(g.get("membership_change_pending")),
+                "removed": bool(g.get("removed")),
+                "failed": g.get("failed"),
+                "members": members,
+            }
+        )
     meta = groups.get(META_GROUP, {})
     total = len(groups)
     out_members = []
     for mid in sorted(seen):
         r = seen[mid]
-        out_members.append({"node": mid, "state": "up" if r["up"] else "unreachable",
-                            "role": "leader" if meta.get("leader") == mid else "follower",
-                            "leads": len(r["leads"]), "groups": f"{r['groups']}/{total}"})
-    return {"node": node_id, "clustered": True,
-            "removed": any(g.get("removed") for g in groups.values()),
-            "membership_change_pending": any(g.get("membership_change_pending") for g in groups.values()),
-            "members": out_members, "groups": out_groups}
+        out_members.append(
+            {
+                "node": mid,
+                "state": "up" if r["up"] else "unreachable",
+                "role": "leader" if meta.get("leader") == mid else "follower",
+                "leads": len(r["leads"]),
+                "groups": f"{r['groups']}/{total}",
+            }
+        )
+    return {
+        "node": node_id,
+        "clustered": True,
+        "removed": any(g.get("removed") for g in groups.values()),
+        "membership_change_pending": any(g.get("membership_change_pending") for g in groups.values()),
+        "members": out_members,
+        "groups": out_groups,
+    }
 
 
 async def _engine_status(broker) -> dict[str, dict]:
@@ -180,42 +219,99 @@ def view_queues(broker) -> list:
     out = []
     for (vhost, name), queue in broker.queues.items():
         record = broker.meta.queue(vhost, name)
-        out.append({"vhost": vhost, "name": name, "durable": bool(record and record.durable),
-                    "exclusive": bool(record and record.exclusive_owner), "auto_delete": bool(record and record.auto_delete),
-                    "arguments": _text(record.arguments if record else {}), "messages_ready": queue.ready_count,
-                    "messages_unacknowledged": queue.unacked_count, "consumers": queue.active_consumer_count})
+        out.append(
+            {
+                "vhost": vhost,
+                "name": name,
+                "durable": bool(record and record.durable),
+                "exclusive": bool(record and record.exclusive_owner),
+                "auto_delete": bool(record and record.auto_delete),
+                "arguments": _text(record.arguments if record else {}),
+                "messages_ready": queue.ready_count,
+                "messages_unacknowledged": queue.unacked_count,
+                "consumers": queue.active_consumer_count,
+            }
+        )
     return out
 
 
 def view_exchanges(broker) -> list:
-    return [{"vhost": vhost, "name": ex.name, "type": ex.type, "durable": ex.durable, "auto_delete": ex.auto_delete,
-             "internal": ex.internal, "arguments": _text(ex.arguments)}
-            for vhost, v in broker.meta.vhosts.items() for ex in v.exchanges.values()]
+    return [
+        {
+            "vhost": vhost,
+            "name": ex.name,
+            "type": ex.type,
+            "durable": ex.durable,
+            "auto_delete": ex.auto_delete,
+            "internal": ex.internal,
+            "arguments": _text(ex.arguments),
+        }
+        for vhost, v in broker.meta.vhosts.items()
+        for ex in v.exchanges.values()
+    ]
 
 
 def view_bindings(broker) -> list:
-    return [{"vhost": vhost, "source": source, "destination_type": kind, "destination": dest, "routing_key": key,
-             "arguments": _text(args)}
-            for vhost in broker.meta.vhosts for source, kind, dest, key, args in broker.meta.bindings(vhost)]
+    return [
+        {
+            "vhost": vhost,
+            "source": source,
+            "destination_type": kind,
+            "destination": dest,
+            "routing_key": key,
+            "arguments": _text(args),
+        }
+        for vhost in broker.meta.vhosts
+        for source, kind, dest, key, args in broker.meta.bindings(vhost)
+    ]
 
 
 def view_connections(broker) -> list:
-    return [{"name": s.id, "peer_host": s.peer_host, "user": s.user, "vhost": s.vhost, "channels": len(s.channels),
-             "client": _text(s.client_properties.get("product", "")), "messages_in": s.messages_in,
-             "messages_out": s.messages_out} for s in broker.sessions.values()]
+    return [
+        {
+            "name": s.id,
+            "peer_host": s.peer_host,
+            "user": s.user,
+            "vhost": s.vhost,
+            "channels": len(s.channels),
+            "client": _text(s.client_properties.get("product", "")),
+            "messages_in": s.messages_in,
+            "messages_out": s.messages_out,
+        }
+        for s in broker.sessions.values()
+    ]
 
 
 def view_consumers(broker) -> list:
-    return [{"consumer_tag": h.tag, "queue": h.queue_key[1], "vhost": h.queue_key[0], "channel": h.channel.number,
-             "connection": h.channel.session.id, "ack_required": not h.no_ack} for h in broker.consumers.values()]
+    return [
+        {
+            "consumer_tag": h.tag,
+            "queue": h.queue_key[1],
+            "vhost": h.queue_key[0],
+            "channel": h.channel.number,
+            "connection": h.channel.session.id,
+            "ack_required": not h.no_ack,
+        }
+        for h in broker.consumers.values()
+    ]
 
 
 # ------------------------------------------------------------------- changes (POST, PUT, DELETE)
 
+
 def view_policies(broker) -> list:
-    return [{"vhost": vhost_name, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "definition": _text(p.definition), "priority": p.priority}
-            for vhost_name, vhost in broker.meta.vhosts.items() for p in vhost.policies.values()]
+    return [
+        {
+            "vhost": vhost_name,
+            "name": p.name,
+            "pattern": p.pattern,
+            "apply-to": p.apply_to,
+            "definition": _text(p.definition),
+            "priority": p.priority,
+        }
+        for vhost_name, vhost in broker.meta.vhosts.items()
+        for p in vhost.policies.values()
+    ]
 
 
 async def _meta_change(broker, command) -> dict:
@@ -227,6 +323,7 @@ async def _meta_change(broker, command) -> dict:
     def then(reply) -> None:
         box.append(reply)
         done.set()
+
     try:
         broker.meta_call(command, lambda reply: token.run_sync_soon(then, reply))
     except ChannelError as err:  # a single node refuses at once
@@ -235,7 +332,9 @@ async def _meta_change(broker, command) -> dict:
     with trio.move_on_after(POLICY_TIMEOUT_S):
         await done.wait()
     if not box:
-        raise HttpError("504 Gateway Timeout", f"no answer within {POLICY_TIMEOUT_S:.0f} s (the change may still happen)")
+        raise HttpError(
+            "504 Gateway Timeout", f"no answer within {POLICY_TIMEOUT_S:.0f} s (the change may still happen)"
+        )
     reply = box[0]
     if type(reply) is Unavailable:
         raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
@@ -248,8 +347,14 @@ async def put_policy(broker, request: Request) -> dict:
     spec = request.json()
     if "pattern" not in spec or "definition" not in spec:
         raise HttpError("400 Bad Request", "a policy is a JSON object with pattern and definition")
-    command = md.SetPolicy(request.params["vhost"], request.params["name"], spec["pattern"], spec["definition"],
-                           spec.get("priority", 0), spec.get("apply-to", "all"))
+    command = md.SetPolicy(
+        request.params["vhost"],
+        request.params["name"],
+        spec["pattern"],
+        spec["definition"],
+        spec.get("priority", 0),
+        spec.get("apply-to", "all"),
+    )
     return await _meta_change(broker, command)
 
 
@@ -284,8 +389,12 @@ async def _engine_answer(start: Callable[[Callable[[str | None], None]], None], 
 def _engine_error(err: str, **extra: Any) -> HttpError:
     """Map an engine error string to an HTTP status."""
     if err.startswith("busy") or "pending" in err:
-        return HttpError("409 Conflict", f"a membership change is already in progress ({err}); wait and retry",
-                         reason="pending", **extra)
+        return HttpError(
+            "409 Conflict",
+            f"a membership change is already in progress ({err}); wait and retry",
+            reason="pending",
+            **extra,
+        )
     if err.startswith("not leader"):
         return HttpError("409 Conflict", err, reason="not leader", **extra)
     if err.startswith("unreachable"):
@@ -347,8 +456,11 @@ async def add_member(broker, request: Request) -> dict:
         raise HttpError("409 Conflict", f"node {name} is already a member of the cluster", reason="already a member")
     pending = _pending_groups(groups)
     if pending:
-        raise HttpError("409 Conflict", f"a membership change is already in progress in {', '.join(pending)}; wait and retry",
-                        reason="pending")
+        raise HttpError(
+            "409 Conflict",
+            f"a membership change is already in progress in {', '.join(pending)}; wait and retry",
+            reason="pending",
+        )
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
     err = await _engine_answer(partial(node.add_member, name, addr), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:
@@ -364,21 +476,33 @@ async def remove_member(broker, request: Request) -> dict:
     groups = await _engine_status(broker)
     members = sorted({m for g in groups.values() for m in g.get("members", {})})
     if name not in members:
-        raise HttpError("404 Not Found", f"node {name} is not a member of the cluster (members: {', '.join(members)})",
-                        reason="unknown node", members=members)
+        raise HttpError(
+            "404 Not Found",
+            f"node {name} is not a member of the cluster (members: {', '.join(members)})",
+            reason="unknown node",
+            members=members,
+        )
     if name == broker.node_id:
         # The member that carries a removal out tells the removed node afterwards; a node that
         # removed itself never hears it and would keep campaigning.
-        raise HttpError("409 Conflict", f"node {name} cannot remove itself: ask another member's admin API",
-                        reason="self removal")
+        raise HttpError(
+            "409 Conflict", f"node {name} cannot remove itself: ask another member's admin API", reason="self removal"
+        )
     pending = _pending_groups(groups)
     if pending:
-        raise HttpError("409 Conflict", f"a membership change is already in progress in {', '.join(pending)}; wait and retry",
-                        reason="pending")
+        raise HttpError(
+            "409 Conflict",
+            f"a membership change is already in progress in {', '.join(pending)}; wait and retry",
+            reason="pending",
+        )
     lost = quorum_after_removal(groups, name)
     if lost and not force:
-        raise HttpError("409 Conflict", f"removing {name} would leave groups without a quorum ({'; '.join(lost)}); "
-                        "use --force to remove it anyway", reason="would lose quorum", groups=lost)
+        raise HttpError(
+            "409 Conflict",
+            f"removing {name} would leave groups without a quorum ({'; '.join(lost)}); use --force to remove it anyway",
+            reason="would lose quorum",
+            groups=lost,
+        )
     log.info("admin: removing member %s%s", name, " (forced)" if force else "")
     err = await _engine_answer(partial(node.remove_member, name), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:
@@ -398,8 +522,11 @@ async def transfer_leadership(broker, request: Request) -> dict:
     node = _cluster_node(broker)
     groups = await _engine_status(broker)
     if group != "all" and group not in groups:
-        raise HttpError("404 Not Found", f"no group {group!r} (groups: {', '.join(sorted(groups, key=_group_order))})",
-                        reason="unknown group")
+        raise HttpError(
+            "404 Not Found",
+            f"no group {group!r} (groups: {', '.join(sorted(groups, key=_group_order))})",
+            reason="unknown group",
+        )
     chosen = sorted(groups, key=_group_order) if group == "all" else [group]
     for name in chosen:
         if target not in groups[name].get("members", {}):
@@ -417,8 +544,9 @@ async def transfer_leadership(broker, request: Request) -> dict:
     if group != "all" and not todo and results[group] != "already leads":
         leader = groups[group].get("leader")
         where = f"{leader} leads it: ask {leader}'s admin API" if leader else "it has no leader right now; retry"
-        raise HttpError("409 Conflict", f"node {broker.node_id} does not lead {group}; {where}",
-                        reason="not leader", leader=leader)
+        raise HttpError(
+            "409 Conflict", f"node {broker.node_id} does not lead {group}; {where}", reason="not leader", leader=leader
+        )
     answers: dict[str, str | None] = {}
 
     async def move(name: str) -> None:
@@ -436,17 +564,23 @@ async def transfer_leadership(broker, request: Request) -> dict:
     if failed:
         if group != "all":
             raise _engine_error(failed[group], group=group, node=target)
-        raise HttpError("503 Service Unavailable", f"leadership of {', '.join(failed)} did not move to {target}",
-                        reason="transfer failed", results=results)
+        raise HttpError(
+            "503 Service Unavailable",
+            f"leadership of {', '.join(failed)} did not move to {target}",
+            reason="transfer failed",
+            results=results,
+        )
     log.info("admin: leadership of %s moved to %s", ", ".join(todo) or "no group", target)
     return {"ok": True, "node": target, "results": results}
 
 
 # ----------------------------------------------------------------------------------- routing
 
+
 def _view(fn: Callable[[Any], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
     async def handler(broker, request: Request) -> Any:
         return fn(broker)
+
     return handler
 
 
@@ -485,8 +619,10 @@ def route(path: str) -> tuple[dict[str, Handler] | None, dict[str, str]]:
 
 def _response(status: str, body: dict | list, extra_headers: str = "") -> bytes:
     payload = json.dumps(body, indent=1).encode()
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-            f"{extra_headers}Connection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        f"{extra_headers}Connection: close\r\n\r\n"
+    )
     return head.encode() + payload
 
 
@@ -538,8 +674,11 @@ async def _dispatch(broker, request: Request) -> bytes:
     handler = methods.get(request.method)
     if handler is None:
         allowed = ", ".join(methods)
-        return _response("405 Method Not Allowed", {"error": f"method {request.method} not allowed on {request.path}",
-                                                    "allowed": list(methods)}, f"Allow: {allowed}\r\n")
+        return _response(
+            "405 Method Not Allowed",
+            {"error": f"method {request.method} not allowed on {request.path}", "allowed": list(methods)},
+            f"Allow: {allowed}\r\n",
+        )
     request.params = params
     try:
         return _response("200 OK", await handler(broker, request))

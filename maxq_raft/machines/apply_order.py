@@ -100,5 +100,8 @@ class ApplyOrder:
 
     def digest(self) -> tuple[object, ...]:
         """A comparable summary, for replicas that must agree (tests, simulation)."""
-        return (tuple(sorted(self.expected.items())), tuple(sorted((o, tuple(sorted(h))) for o, h in self.held.items())),
-                tuple(sorted(self.dead)))
+        return (
+            tuple(sorted(self.expected.items())),
+            tuple(sorted((o, tuple(sorted(h))) for o, h in self.held.items())),
+            tuple(sorted(self.dead)),
+        )

@@ -139,8 +139,23 @@ class UpdateSettings(NamedTuple):
     settings: QueueSettings
 
 
-QueueCommand: TypeAlias = (Enqueue | Checkout | Cancel | Settle | Requeue | Discard | Credit | Get | Purge | Down
-                           | DeleteQueue | Tick | Touch | DeadLettered | UpdateSettings)
+QueueCommand: TypeAlias = (
+    Enqueue
+    | Checkout
+    | Cancel
+    | Settle
+    | Requeue
+    | Discard
+    | Credit
+    | Get
+    | Purge
+    | Down
+    | DeleteQueue
+    | Tick
+    | Touch
+    | DeadLettered
+    | UpdateSettings
+)
 # The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
 QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))
 

@@ -201,10 +201,15 @@ class DelayedMessages:
 
     def dump(self) -> dict[str, Any]:
         """The counters as plain data (the in-memory messages are dumped by the queue machine)."""
-        return {"window_max": self.window_max, "load_max": self.load_max, "count": self.count,
-                "spilled": self.spilled,
-                # (NO_CURSOR is above msgpack's uint64: sent as None)
-                "cursor": None if self.cursor == NO_CURSOR else self.cursor, "counter": self.counter}
+        return {
+            "window_max": self.window_max,
+            "load_max": self.load_max,
+            "count": self.count,
+            "spilled": self.spilled,
+            # (NO_CURSOR is above msgpack's uint64: sent as None)
+            "cursor": None if self.cursor == NO_CURSOR else self.cursor,
+            "counter": self.counter,
+        }
 
     def load(self, record: dict[str, Any]) -> None:
         """Take back `dump`'s counters; the window's messages follow through `window`, then

@@ -18,12 +18,37 @@ from __future__ import annotations
 class Message:
     """A queued message (slots: a deep queue holds many in memory)."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "props_raw", "body", "delivery_count", "redelivered",
-                 "persistent", "stored", "ttl_ms", "expires_at_ms", "priority", "count_header",
-                 "delay_ms", "due_ms", "delay_counter", "death")
+    __slots__ = (
+        "seq",
+        "exchange",
+        "routing_key",
+        "props_raw",
+        "body",
+        "delivery_count",
+        "redelivered",
+        "persistent",
+        "stored",
+        "ttl_ms",
+        "expires_at_ms",
+        "priority",
+        "count_header",
+        "delay_ms",
+        "due_ms",
+        "delay_counter",
+        "death",
+    )
 
-    def __init__(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, persistent: bool = False,
-                 ttl_ms: int | None = None, priority: int = 0, delay_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        exchange: str,
+        routing_key: str,
+        props_raw: bytes,
+        body: bytes,
+        persistent: bool = False,
+        ttl_ms: int | None = None,
+        priority: int = 0,
+        delay_ms: int | None = None,
+    ) -> None:
         self.seq = -1  # assigned by the machine at enqueue: the queue's sequence number
         self.exchange = exchange
         self.routing_key = routing_key

@@ -28,9 +28,18 @@ DEFAULT_VHOST = "/"
 
 # RabbitMQ checks these queue arguments for equivalence on redeclare (rabbit_amqqueue).
 QUEUE_EQUIVALENCE_ARGS = (
-    "x-expires", "x-message-ttl", "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow",
-    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-type", "x-queue-mode",
-    "x-single-active-consumer", "x-delivery-limit",
+    "x-expires",
+    "x-message-ttl",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-queue-type",
+    "x-queue-mode",
+    "x-single-active-consumer",
+    "x-delivery-limit",
 )
 EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
 DELAYED_EXCHANGE_TYPE = "x-delayed-message"
@@ -255,7 +264,9 @@ class MetadataMachine:
     def _add_vhost(self, name: str) -> None:
         vhost = self.vhosts[name] = VHost(name)
         for ex_name, ex_type in BUILTIN_EXCHANGES:
-            vhost.exchanges[ex_name] = ExchangeRecord(ex_name, ex_type, True, False, False, {}, make_router(ex_type), builtin=True)
+            vhost.exchanges[ex_name] = ExchangeRecord(
+                ex_name, ex_type, True, False, False, {}, make_router(ex_type), builtin=True
+            )
 
     def apply(self, meta: Meta, command: object) -> MetaResult:
         handler = self._handlers.get(type(command))
@@ -349,17 +360,33 @@ class MetadataMachine:
             if cmd.name.startswith("amq."):
                 return Rejected(403, f"exchange name '{cmd.name}' contains reserved prefix 'amq.*'"), []
             router = make_router(routing_type)
-            record = ExchangeRecord(cmd.name, cmd.type, cmd.durable, cmd.auto_delete, cmd.internal, dict(cmd.arguments or {}),
-                                    router, routing_type=routing_type)
+            record = ExchangeRecord(
+                cmd.name,
+                cmd.type,
+                cmd.durable,
+                cmd.auto_delete,
+                cmd.internal,
+                dict(cmd.arguments or {}),
+                router,
+                routing_type=routing_type,
+            )
             v.exchanges[cmd.name] = record
             return record, []
         where = f"for exchange '{cmd.name}' in vhost '{cmd.vhost}'"
         if existing.type != cmd.type:
-            return Rejected(406, f"inequivalent arg 'type' {where}: received '{cmd.type}' but current is '{existing.type}'"), []
-        for arg, got, have in (("durable", cmd.durable, existing.durable), ("auto_delete", cmd.auto_delete, existing.auto_delete),
-                               ("internal", cmd.internal, existing.internal)):
+            return Rejected(
+                406, f"inequivalent arg 'type' {where}: received '{cmd.type}' but current is '{existing.type}'"
+            ), []
+        for arg, got, have in (
+            ("durable", cmd.durable, existing.durable),
+            ("auto_delete", cmd.auto_delete, existing.auto_delete),
+            ("internal", cmd.internal, existing.internal),
+        ):
             if got != have:
-                return Rejected(406, f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'"), []
+                return Rejected(
+                    406,
+                    f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'",
+                ), []
         rejected = _check_args(cmd.arguments or {}, existing.arguments, EXCHANGE_EQUIVALENCE_ARGS, where)
         if rejected:
             return rejected, []
@@ -407,7 +434,9 @@ class MetadataMachine:
         if existing is None:
             if cmd.name.startswith("amq.") and not cmd.name.startswith("amq.gen-"):
                 return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []
-            record = QueueRecord(cmd.name, durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {}))
+            record = QueueRecord(
+                cmd.name, durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {})
+            )
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
         # rabbit_amqqueue:assert_equivalence checks exclusive access first, strictly: the owner
@@ -415,10 +444,15 @@ class MetadataMachine:
         if existing.exclusive_owner != (cmd.owner if cmd.exclusive else None):
             return _locked(cmd.vhost, cmd.name), []
         where = f"for queue '{cmd.name}' in vhost '{cmd.vhost}'"
-        for arg, got, have in (("durable", durable, existing.durable),
-                               ("auto_delete", cmd.auto_delete, existing.auto_delete)):
+        for arg, got, have in (
+            ("durable", durable, existing.durable),
+            ("auto_delete", cmd.auto_delete, existing.auto_delete),
+        ):
             if got != have:
-                return Rejected(406, f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'"), []
+                return Rejected(
+                    406,
+                    f"inequivalent arg '{arg}' {where}: received '{_bool_text(got)}' but current is '{_bool_text(have)}'",
+                ), []
         rejected = _check_args(cmd.arguments or {}, existing.arguments, QUEUE_EQUIVALENCE_ARGS, where)
         if rejected:
             return rejected, []
@@ -437,8 +471,11 @@ class MetadataMachine:
         whole_node = owner.endswith("@")  # every connection of a node: "n1@" matches "n1@3/17"
         effects: list[MetaEffect] = []
         for v in self.vhosts.values():
-            for name in [q.name for q in v.queues.values()
-                         if q.exclusive_owner == owner or whole_node and (q.exclusive_owner or "").startswith(owner)]:
+            for name in [
+                q.name
+                for q in v.queues.values()
+                if q.exclusive_owner == owner or whole_node and (q.exclusive_owner or "").startswith(owner)
+            ]:
                 _, deleted = self._delete_queue(DeleteQueueRecord(v.name, name))
                 effects.extend(deleted)
         return len(effects), effects
@@ -597,9 +634,12 @@ class MetadataMachine:
 
 
 def _locked(vhost: str, name: str) -> Rejected:
-    return Rejected(405, f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. "
-                         "It could be originally declared on another connection or the exclusive property value "
-                         "does not match that of the original declaration.")
+    return Rejected(
+        405,
+        f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. "
+        "It could be originally declared on another connection or the exclusive property value "
+        "does not match that of the original declaration.",
+    )
 
 
 def _type_class(value: Any) -> str:
@@ -634,9 +674,14 @@ def _check_args(received: Arguments, current: Arguments, keys: tuple[str, ...], 
             if _type_class(got) == _type_class(have) and got == have:
                 continue
             # Both present: the bare values are shown, as val(Value) formats them.
-            return Rejected(406, f"inequivalent arg '{key}' {where}: received '{_erlang_text(got)}' "
-                                 f"but current is '{_erlang_text(have)}'")
-        return Rejected(406, f"inequivalent arg '{key}' {where}: received {_value_text(got)} but current is {_value_text(have)}")
+            return Rejected(
+                406,
+                f"inequivalent arg '{key}' {where}: received '{_erlang_text(got)}' "
+                f"but current is '{_erlang_text(have)}'",
+            )
+        return Rejected(
+            406, f"inequivalent arg '{key}' {where}: received {_value_text(got)} but current is {_value_text(have)}"
+        )
     return None
 
 

@@ -41,8 +41,17 @@ REFILL_MIN = 256
 
 
 class Lane:
-    __slots__ = ("priority", "base", "end", "ready", "window_bytes", "spilled_count", "spilled_persistent",
-                 "spill_cursor", "recovered")
+    __slots__ = (
+        "priority",
+        "base",
+        "end",
+        "ready",
+        "window_bytes",
+        "spilled_count",
+        "spilled_persistent",
+        "spill_cursor",
+        "recovered",
+    )
 
     def __init__(self, priority: int, base: int) -> None:
         self.priority = priority
@@ -144,8 +153,9 @@ class PriorityQueueMachine(QueueMachine):
             message.seq = lane.base | counter
             counter += 1
             size = len(message.body)
-            if backing is not None and (lane.may_load() or self.window_count >= self.window_max
-                                        or self.window_bytes >= self.window_bytes_max):
+            if backing is not None and (
+                lane.may_load() or self.window_count >= self.window_max or self.window_bytes >= self.window_bytes_max
+            ):
                 if not lane.may_load():
                     lane.spill_cursor = message.seq
                 lane.spilled_count += 1
@@ -293,8 +303,17 @@ class PriorityQueueMachine(QueueMachine):
 
     def dump_header(self) -> dict[str, Any]:
         header = super().dump_header()
-        header["lanes"] = [[lane.priority, lane.window_bytes, lane.spilled_count, lane.spilled_persistent,
-                            lane.spill_cursor, lane.recovered] for lane in self.lanes.values()]
+        header["lanes"] = [
+            [
+                lane.priority,
+                lane.window_bytes,
+                lane.spilled_count,
+                lane.spilled_persistent,
+                lane.spill_cursor,
+                lane.recovered,
+            ]
+            for lane in self.lanes.values()
+        ]
         header["lane_count"] = self.lane_count
         header["window_count"] = self.window_count
         header["recovered_spilled"] = self._recovered_spilled

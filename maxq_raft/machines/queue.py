@@ -94,9 +94,18 @@ QueueReply = Any
 
 
 class QueueMachine(QueueLimits):
-    def __init__(self, vhost: str, name: str, *, backing: Backing | None = None, durable: bool = False,
-                 window_max: int = WINDOW_MAX, window_bytes_max: int = WINDOW_BYTES_MAX,
-                 settings: QueueSettings = DEFAULT_SETTINGS, delayed_window_max: int | None = None) -> None:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        backing: Backing | None = None,
+        durable: bool = False,
+        window_max: int = WINDOW_MAX,
+        window_bytes_max: int = WINDOW_BYTES_MAX,
+        settings: QueueSettings = DEFAULT_SETTINGS,
+        delayed_window_max: int | None = None,
+    ) -> None:
         self.vhost = vhost
         self.name = name
         self.settings = settings
@@ -262,8 +271,12 @@ class QueueMachine(QueueLimits):
         delayed = False
         for message in messages:
             # (the common message, without TTL or delay, costs one line here)
-            if (type(message) is not Message or message.seq != -1 or message.ttl_ms is not None
-                    or message.delay_ms is not None):
+            if (
+                type(message) is not Message
+                or message.seq != -1
+                or message.ttl_ms is not None
+                or message.delay_ms is not None
+            ):
                 why = new_message_error(message)
                 if why is not None:
                     return malformed(cmd, why), []
@@ -280,8 +293,9 @@ class QueueMachine(QueueLimits):
         reply, effects = self._accept([messages[i] for i in positions])
         if type(reply) is Overflowed:
             # Positions in what `_accept` saw, mapped back to the Enqueue's list.
-            return Overflowed(reply.accepted + len(messages) - len(positions),
-                              [positions[i] for i in reply.rejected]), effects
+            return Overflowed(
+                reply.accepted + len(messages) - len(positions), [positions[i] for i in reply.rejected]
+            ), effects
         return len(messages), effects
 
     def _release_delayed(self) -> list[Effect]:
@@ -346,9 +360,17 @@ class QueueMachine(QueueLimits):
 
     def _checkout(self, cmd: Checkout) -> tuple[bool | Rejected, list[Effect]]:
         consumer_id, prefetch, credit = cmd.consumer_id, cmd.prefetch, cmd.credit
-        if (type(consumer_id) is not str or type(cmd.owner) is not str or type(prefetch) is not int or prefetch < 0
-                or type(cmd.no_ack) is not bool or type(cmd.priority) is not int or type(cmd.exclusive) is not bool
-                or type(credit) is not int or credit < 0):
+        if (
+            type(consumer_id) is not str
+            or type(cmd.owner) is not str
+            or type(prefetch) is not int
+            or prefetch < 0
+            or type(cmd.no_ack) is not bool
+            or type(cmd.priority) is not int
+            or type(cmd.exclusive) is not bool
+            or type(credit) is not int
+            or credit < 0
+        ):
             return malformed(cmd), []
         consumer = self.consumers.get(consumer_id)
         if consumer is not None and consumer.active:
@@ -454,7 +476,9 @@ class QueueMachine(QueueLimits):
         else:
             consumer = self.consumers.get(cmd.consumer_id)
             if consumer is None:
-                consumer = self.consumers[cmd.consumer_id] = Consumer(cmd.consumer_id, cmd.owner, 0, False, 0, 0, active=False)
+                consumer = self.consumers[cmd.consumer_id] = Consumer(
+                    cmd.consumer_id, cmd.owner, 0, False, 0, 0, active=False
+                )
             consumer.checked_out[message.seq] = message
         return (message, redelivered, self.ready_count), []
 
@@ -481,8 +505,9 @@ class QueueMachine(QueueLimits):
         returned = 0
         owner = cmd.owner
         prefix = owner.endswith(("@", "/"))
-        for consumer in [c for c in self.consumers.values()
-                         if c.owner == owner or prefix and c.owner.startswith(owner)]:
+        for consumer in [
+            c for c in self.consumers.values() if c.owner == owner or prefix and c.owner.startswith(owner)
+        ]:
             self._deactivate(consumer)
             returned += self._return(consumer, list(consumer.checked_out))
             del self.consumers[consumer.consumer_id]
@@ -556,8 +581,10 @@ class QueueMachine(QueueLimits):
             "exclusive_consumer": self.exclusive_consumer,
             "sac_order": list(self._sac_order),
             # Consumers in dict order (Down walks it), each ring in its rotation.
-            "consumers": [[c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active]
-                          for c in self.consumers.values()],
+            "consumers": [
+                [c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active]
+                for c in self.consumers.values()
+            ],
             "rings": [[p, list(ring)] for p, ring in self._rings.items()],
             "delayed": self.delayed.dump(),
         }
@@ -618,9 +645,16 @@ class QueueMachine(QueueLimits):
         if header["kind"] != cls.KIND or (cls.KIND == "priority") != (settings.max_priority is not None):
             raise ValueError(f"kind {header['kind']!r} does not match the settings")
         delayed = header["delayed"]
-        machine = cls(header["vhost"], header["name"], backing=backing, durable=header["durable"],
-                      window_max=header["window_max"], window_bytes_max=header["window_bytes_max"],
-                      settings=settings, delayed_window_max=delayed["window_max"])
+        machine = cls(
+            header["vhost"],
+            header["name"],
+            backing=backing,
+            durable=header["durable"],
+            window_max=header["window_max"],
+            window_bytes_max=header["window_bytes_max"],
+            settings=settings,
+            delayed_window_max=delayed["window_max"],
+        )
         machine.window_max = header["window_max"]
         machine.window_bytes_max = header["window_bytes_max"]
         machine.now_ms = header["now_ms"]
@@ -860,7 +894,9 @@ class QueueMachine(QueueLimits):
                         if stored is None:
                             stored = []
                         stored.append(message)
-                    append(_new_tuple(Deliver, (consumer_id, message, message.redelivered)))  # Deliver(...) minus a call
+                    append(
+                        _new_tuple(Deliver, (consumer_id, message, message.redelivered))
+                    )  # Deliver(...) minus a call
                     n += 1
                 consumer.credit -= n
                 if n:
@@ -921,7 +957,8 @@ class QueueMachine(QueueLimits):
             # (redelivered may be set on a message loaded after a restart: delivered before it)
             # (a message returned before a restart comes back with its count, in a counting queue)
             assert (m.delivery_count == 0 or m.count_header) and (
-                m.stored or self.backing is None or not self.durable or not m.persistent)
+                m.stored or self.backing is None or not self.durable or not m.persistent
+            )
             previous = m.seq
             seen.add(m.seq)
         for seq, m in self.returned:
@@ -939,8 +976,9 @@ class QueueMachine(QueueLimits):
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)
-            assert self.ready_bytes == (sum(len(m.body) for m in self._ready_in_memory())
-                                        + sum(len(m.body) for _, m in self.returned))
+            assert self.ready_bytes == (
+                sum(len(m.body) for m in self._ready_in_memory()) + sum(len(m.body) for _, m in self.returned)
+            )
         active = 0
         for consumer_id, c in self.consumers.items():
             assert c.consumer_id == consumer_id

@@ -82,6 +82,7 @@ class QueueLimits:
         def _refill(self) -> None: ...
         def _head(self) -> Message | None: ...
         def _pop_next_raw(self) -> Message: ...
+
         consumers: dict[str, Consumer]
 
         def _settle(self, cmd: Settle | Discard) -> tuple[int | Rejected, list[Effect]]: ...
@@ -169,8 +170,9 @@ class QueueLimits:
         effects: list[Effect] = []
         rejected: list[int] = []
         for position, message in enumerate(messages):
-            if ((max_length is not None and self.ready_count + 1 > max_length)
-                    or (max_bytes is not None and self.ready_bytes + len(message.body) > max_bytes)):
+            if (max_length is not None and self.ready_count + 1 > max_length) or (
+                max_bytes is not None and self.ready_bytes + len(message.body) > max_bytes
+            ):
                 rejected.append(position)
                 self.rejected_publishes += 1
                 if settings.overflow == "reject-publish-dlx" and settings.dead_letter_exchange is not None:
@@ -318,8 +320,17 @@ class QueueLimits:
         if self._dying:
             settings = self.settings
             for reason, messages in self._dying.items():
-                effects.append(DeadLetter(self.vhost, self.name, reason, messages, self.now_ms,
-                                          settings.dead_letter_exchange, settings.dead_letter_routing_key))
+                effects.append(
+                    DeadLetter(
+                        self.vhost,
+                        self.name,
+                        reason,
+                        messages,
+                        self.now_ms,
+                        settings.dead_letter_exchange,
+                        settings.dead_letter_routing_key,
+                    )
+                )
             self._dying = {}
         return effects
 
@@ -366,8 +377,12 @@ class QueueLimits:
         if self.last_used_ms is None:
             self.last_used_ms = self.now_ms  # a recovered queue: its unused time starts now
         expires_ms = self.settings.expires_ms
-        if (expires_ms is not None and not self._active_count and not self.expired
-                and self.last_used_ms + expires_ms <= self.now_ms):
+        if (
+            expires_ms is not None
+            and not self._active_count
+            and not self.expired
+            and self.last_used_ms + expires_ms <= self.now_ms
+        ):
             self.expired = True
             return True, [*effects, QueueExpired(self.vhost, self.name)]
         return False, effects
@@ -380,8 +395,10 @@ class QueueLimits:
         settings = cmd.settings
         if type(settings) is not QueueSettings:
             return malformed(cmd), []
-        if (settings.max_priority != self.settings.max_priority
-                or settings.single_active_consumer != self.settings.single_active_consumer):
+        if (
+            settings.max_priority != self.settings.max_priority
+            or settings.single_active_consumer != self.settings.single_active_consumer
+        ):
             return Rejected(406, "x-max-priority and x-single-active-consumer cannot change"), []
         self.settings = settings
         if settings.message_ttl_ms is not None:
@@ -389,4 +406,3 @@ class QueueLimits:
         self._drops_head = settings.limited and settings.overflow == "drop-head"
         self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
         return True, self._service()
-

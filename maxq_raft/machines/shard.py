@@ -130,7 +130,9 @@ class MetaGroup:
         self.machine = machine if machine is not None else md.MetadataMachine()
         self.order = ApplyOrder()
 
-    def apply(self, meta: Meta, target: Any, command: Any, origin: str) -> tuple[md.MetaReply, Sequence[MetaGroupEffect]]:
+    def apply(
+        self, meta: Meta, target: Any, command: Any, origin: str
+    ) -> tuple[md.MetaReply, Sequence[MetaGroupEffect]]:
         reply, effects = self.machine.apply(meta, command)
         if type(command) is md.OwnerDown and command.owner.endswith("@"):
             self.order.lives_down(command.owner, origin)

@@ -74,15 +74,47 @@ class SnapshotError(ValueError):
 
 def message_record(message: Message) -> Record:
     """A message as a list (position is the field; FORMAT_VERSION names the layout)."""
-    return [message.seq, message.exchange, message.routing_key, bytes(message.props_raw), bytes(message.body),
-            message.delivery_count, message.redelivered, message.persistent, message.stored, message.ttl_ms,
-            message.expires_at_ms, message.priority, message.count_header, message.delay_ms, message.due_ms,
-            message.delay_counter, list(message.death) if message.death is not None else None]
+    return [
+        message.seq,
+        message.exchange,
+        message.routing_key,
+        bytes(message.props_raw),
+        bytes(message.body),
+        message.delivery_count,
+        message.redelivered,
+        message.persistent,
+        message.stored,
+        message.ttl_ms,
+        message.expires_at_ms,
+        message.priority,
+        message.count_header,
+        message.delay_ms,
+        message.due_ms,
+        message.delay_counter,
+        list(message.death) if message.death is not None else None,
+    ]
 
 
 def message_from_record(record: Record) -> Message:
-    (seq, exchange, routing_key, props_raw, body, delivery_count, redelivered, persistent, stored, ttl_ms,
-     expires_at_ms, priority, count_header, delay_ms, due_ms, delay_counter, death) = record
+    (
+        seq,
+        exchange,
+        routing_key,
+        props_raw,
+        body,
+        delivery_count,
+        redelivered,
+        persistent,
+        stored,
+        ttl_ms,
+        expires_at_ms,
+        priority,
+        count_header,
+        delay_ms,
+        due_ms,
+        delay_counter,
+        death,
+    ) = record
     message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
     message.seq = seq
     message.delivery_count = delivery_count
@@ -164,8 +196,11 @@ def load_queue(records: Iterable[Any], *, backing: Backing | None = None) -> Que
     if version != FORMAT_VERSION:
         raise _fail(f"unknown format version {version!r} (this code reads version {FORMAT_VERSION})")
     if header.get("has_backing") != (backing is not None):
-        raise _fail("the original machine had a backing: restore it with one" if header.get("has_backing")
-                    else "the original machine had no backing: restore it without one")
+        raise _fail(
+            "the original machine had a backing: restore it with one"
+            if header.get("has_backing")
+            else "the original machine had no backing: restore it without one"
+        )
     machine_class = MACHINES.get(str(header.get("kind")))
     if machine_class is None:
         raise _fail(f"unknown machine kind {str(header.get('kind'))[:40]!r}")

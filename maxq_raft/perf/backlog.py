@@ -103,15 +103,30 @@ def run_backlog(options: PerfOptions, deadline: float) -> dict:
     drain_s = td1 - td0
     out = common_fields(options)
     out["params"]["consumers"] = consumers
-    out.update(backlog=total, published=published, confirmed=confirmed, nacked=nacked, publish_s=round(publish_s, 2),
-               pub_rate=round_rate(published / publish_s), drained=drained, drain_s=round(drain_s, 2),
-               drain_rate=round_rate(drained / drain_s), confirm_lat_us=confirm_latency.summary(),
-               hit_max_time=hit_max_time)
+    out.update(
+        backlog=total,
+        published=published,
+        confirmed=confirmed,
+        nacked=nacked,
+        publish_s=round(publish_s, 2),
+        pub_rate=round_rate(published / publish_s),
+        drained=drained,
+        drain_s=round(drain_s, 2),
+        drain_rate=round_rate(drained / drain_s),
+        confirm_lat_us=confirm_latency.summary(),
+        hit_max_time=hit_max_time,
+    )
     if pids:
-        out.update(broker_cpu_s_publish=round(cpu1 - cpu0, 2), broker_cpu_s_drain=round(cpu2 - cpu1, 2),
-                   broker_cpu_s_per_M_pub=round((cpu1 - cpu0) / (published / 1e6), 2) if published else None,
-                   broker_cpu_s_per_M_drain=round((cpu2 - cpu1) / (drained / 1e6), 2) if drained else None,
-                   rss_mb_idle=rss_idle, rss_mb_full=rss_full, rss_mb_settled=rss_settled, rss_mb_drained=rss_drained)
+        out.update(
+            broker_cpu_s_publish=round(cpu1 - cpu0, 2),
+            broker_cpu_s_drain=round(cpu2 - cpu1, 2),
+            broker_cpu_s_per_M_pub=round((cpu1 - cpu0) / (published / 1e6), 2) if published else None,
+            broker_cpu_s_per_M_drain=round((cpu2 - cpu1) / (drained / 1e6), 2) if drained else None,
+            rss_mb_idle=rss_idle,
+            rss_mb_full=rss_full,
+            rss_mb_settled=rss_settled,
+            rss_mb_drained=rss_drained,
+        )
     out["pub_samples"] = pub.samples
     out["drain_samples"] = drain.samples
     return out

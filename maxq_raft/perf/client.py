@@ -54,8 +54,17 @@ class BrokerClosed(Exception):
 class AmqpClient:
     """One connection with one open channel (`self.channel`)."""
 
-    def __init__(self, host: str, port: int, *, user: str, password: str, vhost: str,
-                 timeout_s: float = RPC_TIMEOUT_S, frame_max: int = FRAME_MAX_WANTED) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        user: str,
+        password: str,
+        vhost: str,
+        timeout_s: float = RPC_TIMEOUT_S,
+        frame_max: int = FRAME_MAX_WANTED,
+    ) -> None:
         self.host = host
         self.port = port
         self.user = user
@@ -95,8 +104,12 @@ class AmqpClient:
         if b"PLAIN" not in mechanisms:
             raise BrokerClosed("connection", 0, f"broker offers no PLAIN login ({start.mechanisms!r})")
         response = b"\x00" + self.user.encode() + b"\x00" + self.password.encode()
-        self.send_method(0, spec.ConnectionStartOk(client_properties=CLIENT_PROPERTIES, mechanism="PLAIN",
-                                                   response=response, locale="en_US"))
+        self.send_method(
+            0,
+            spec.ConnectionStartOk(
+                client_properties=CLIENT_PROPERTIES, mechanism="PLAIN", response=response, locale="en_US"
+            ),
+        )
         tune = self.wait_method(0, (spec.ConnectionTune,))
         frame_max = self.frame_max_wanted
         if tune.frame_max and tune.frame_max < frame_max:
@@ -209,8 +222,9 @@ class AmqpClient:
 
     def queue_declare(self, queue: str, *, durable: bool, arguments: dict | None = None):
         self.ensure_channel()
-        return self.rpc(spec.QueueDeclare(queue=queue, durable=durable, arguments=arguments or {}),
-                        (spec.QueueDeclareOk,))
+        return self.rpc(
+            spec.QueueDeclare(queue=queue, durable=durable, arguments=arguments or {}), (spec.QueueDeclareOk,)
+        )
 
     def queue_delete(self, queue: str, *, missing_ok: bool = True) -> int | None:
         """Delete a queue; a 404 (older brokers) reopens the channel when missing_ok."""
@@ -238,6 +252,5 @@ class AmqpClient:
         self.rpc(spec.ConfirmSelect(nowait=False), (spec.ConfirmSelectOk,))
 
     def basic_consume(self, queue: str, *, no_ack: bool, consumer_tag: str = "") -> str:
-        ok = self.rpc(spec.BasicConsume(queue=queue, consumer_tag=consumer_tag, no_ack=no_ack),
-                      (spec.BasicConsumeOk,))
+        ok = self.rpc(spec.BasicConsume(queue=queue, consumer_tag=consumer_tag, no_ack=no_ack), (spec.BasicConsumeOk,))
         return ok.consumer_tag

@@ -56,8 +56,12 @@ class Fleet:
     def start_consumers(self, count: int) -> None:
         for i in range(count):
             here, there = self.context.Pipe(duplex=False)
-            proc = self.context.Process(target=consumer_main, name=f"maxq-perf-consumer-{i}",
-                                        args=(self.control, i, self.options, there, self.deadline), daemon=True)
+            proc = self.context.Process(
+                target=consumer_main,
+                name=f"maxq-perf-consumer-{i}",
+                args=(self.control, i, self.options, there, self.deadline),
+                daemon=True,
+            )
             proc.start()
             there.close()
             self.consumers.append((proc, here))
@@ -66,8 +70,12 @@ class Fleet:
     def start_producers(self, limits: list[int]) -> None:
         for i, limit in enumerate(limits):
             here, there = self.context.Pipe(duplex=False)
-            proc = self.context.Process(target=producer_main, name=f"maxq-perf-producer-{i}",
-                                        args=(self.control, i, self.options, limit, there, self.deadline), daemon=True)
+            proc = self.context.Process(
+                target=producer_main,
+                name=f"maxq-perf-producer-{i}",
+                args=(self.control, i, self.options, limit, there, self.deadline),
+                daemon=True,
+            )
             proc.start()
             there.close()
             self.producers.append((proc, here))

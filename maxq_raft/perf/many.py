@@ -50,8 +50,9 @@ def _many_queues(options: PerfOptions, pids: list[int], deadline: float) -> dict
         stop_at = min(t0 + options.max_time_s, deadline)
         made = 0
         for i in range(options.k_queues):
-            client.queue_declare(f"{options.queue_prefix}-many-{i}", durable=options.durable,
-                                 arguments=options.queue_args)
+            client.queue_declare(
+                f"{options.queue_prefix}-many-{i}", durable=options.durable, arguments=options.queue_args
+            )
             made += 1
             if time.monotonic() > stop_at:
                 break
@@ -66,8 +67,11 @@ def _many_queues(options: PerfOptions, pids: list[int], deadline: float) -> dict
     finally:
         client.close()
     return {
-        "k_queues": options.k_queues, "queues_declared": made, "declare_s": round(t1 - t0, 2),
-        "declare_rate": round_rate(made / (t1 - t0)), "delete_s": round(t2 - t1, 2),
+        "k_queues": options.k_queues,
+        "queues_declared": made,
+        "declare_s": round(t1 - t0, 2),
+        "declare_rate": round_rate(made / (t1 - t0)),
+        "delete_s": round(t2 - t1, 2),
         "q_rss_mb_before": None if rss0 is None else round(rss0 / 1024, 1),
         "q_rss_mb_after": None if rss1 is None else round(rss1 / 1024, 1),
         "q_rss_kb_per_queue": _kb_per_item(rss0, rss1, made),
@@ -88,8 +92,11 @@ def _raise_fd_limit(wanted: int) -> int:
 def _many_connections(options: PerfOptions, pids: list[int], deadline: float) -> dict:
     limit = _raise_fd_limit(options.k_conns + FD_SPARE)
     if limit != resource.RLIM_INFINITY and limit < options.k_conns + FD_SPARE:
-        print(f"maxq-perf: file descriptor limit {limit} is below {options.k_conns} connections",
-              file=sys.stderr, flush=True)
+        print(
+            f"maxq-perf: file descriptor limit {limit} is below {options.k_conns} connections",
+            file=sys.stderr,
+            flush=True,
+        )
     clients: list[AmqpClient] = []
     failures = 0
     try:
@@ -98,8 +105,17 @@ def _many_connections(options: PerfOptions, pids: list[int], deadline: float) ->
         stop_at = min(t0 + options.max_time_s, deadline)
         for _ in range(options.k_conns):
             try:
-                clients.append(AmqpClient(options.host, options.port, user=options.user, password=options.password,
-                                          vhost=options.vhost, frame_max=options.frame_max, timeout_s=15.0).connect())
+                clients.append(
+                    AmqpClient(
+                        options.host,
+                        options.port,
+                        user=options.user,
+                        password=options.password,
+                        vhost=options.vhost,
+                        frame_max=options.frame_max,
+                        timeout_s=15.0,
+                    ).connect()
+                )
             except Exception as exc:  # noqa: BLE001 - any failure is counted, as amqpload does
                 failures += 1
                 if failures == 1:
@@ -120,8 +136,12 @@ def _many_connections(options: PerfOptions, pids: list[int], deadline: float) ->
     rss2 = rss_kb(pids)
     made = len(clients)
     return {
-        "k_conns": options.k_conns, "conns_opened": made, "conn_failures": failures, "open_s": round(t1 - t0, 2),
-        "open_rate": round_rate(made / (t1 - t0)) if t1 > t0 else None, "close_s": round(t2 - t_close, 2),
+        "k_conns": options.k_conns,
+        "conns_opened": made,
+        "conn_failures": failures,
+        "open_s": round(t1 - t0, 2),
+        "open_rate": round_rate(made / (t1 - t0)) if t1 > t0 else None,
+        "close_s": round(t2 - t_close, 2),
         "c_rss_mb_before": None if rss0 is None else round(rss0 / 1024, 1),
         "c_rss_mb_after": None if rss1 is None else round(rss1 / 1024, 1),
         "c_rss_kb_per_conn": _kb_per_item(rss0, rss1, made),

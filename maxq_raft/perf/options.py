@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="maxq-perf",
         description="Load generator for AMQP 0-9-1 brokers: one JSON line on stdout, a table on stderr.",
         epilog="Modes: throughput (default; s2 with --rate, s3 with --fanout), backlog (--backlog N), "
-               "many queues/connections (--k-queues K, --k-conns K). See docs/perf-tool.md.")
+        "many queues/connections (--k-queues K, --k-conns K). See docs/perf-tool.md.",
+    )
     g = p.add_argument_group("connection")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=5672)
@@ -99,12 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--manual-ack", action="store_true", help="consumers ack (default: auto-ack)")
     g.add_argument("--multi-ack", type=int, default=1, help="ack every N deliveries with multiple=true (1: each)")
     g.add_argument("-q", "--prefetch", type=int, default=1000, help="basic.qos prefetch with --manual-ack (1000)")
-    g.add_argument("--confirm", dest="confirm_window", type=int, default=0,
-                   help="publisher confirms with at most W unconfirmed per producer (0: off)")
+    g.add_argument(
+        "--confirm",
+        dest="confirm_window",
+        type=int,
+        default=0,
+        help="publisher confirms with at most W unconfirmed per producer (0: off)",
+    )
     g.add_argument("--persistent", action="store_true", help="delivery_mode 2")
     g.add_argument("--durable", action="store_true", help="durable queues (and exchange)")
-    g.add_argument("--qarg", action="append", default=[], metavar="K=V",
-                   help="queue argument, repeatable; integers are sent as integers")
+    g.add_argument(
+        "--qarg",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="queue argument, repeatable; integers are sent as integers",
+    )
     g.add_argument("--rate", dest="rate_total", type=float, default=0.0, help="total publish msgs/s (0: unlimited)")
     g.add_argument("--fanout", action="store_true", help="publish to one fanout exchange bound to all queues")
     g = p.add_argument_group("backlog (s4)")
@@ -120,11 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--scenario", choices=("s1", "s2", "s3", "s4", "s5"), help="amqpload's scenario names")
     g.add_argument("--queue-prefix", default="perf-q")
     g.add_argument("--label", default="")
-    g.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=10.0,
-                   help="seconds to wait for confirms and for consumers to drain after the run (10)")
+    g.add_argument(
+        "--drain-timeout",
+        dest="drain_timeout_s",
+        type=float,
+        default=10.0,
+        help="seconds to wait for confirms and for consumers to drain after the run (10)",
+    )
     g.add_argument("--max-msgs", type=int, default=0, help="cap on messages per run (0: none)")
-    g.add_argument("--max-time", dest="max_time_s", type=float, default=900.0,
-                   help="bound on backlog/many phases, seconds (900)")
+    g.add_argument(
+        "--max-time", dest="max_time_s", type=float, default=900.0, help="bound on backlog/many phases, seconds (900)"
+    )
     g.add_argument("--keep-queues", action="store_true")
     g.add_argument("--no-declare", action="store_true", help="use existing queues as they are")
     g.add_argument("--batch-bytes", type=int, default=32768, help="bytes per publish write (32768)")
@@ -165,8 +182,10 @@ def parse_options(argv: list[str] | None = None) -> PerfOptions:
         (0 < a.duration_s <= DURATION_S_MAX, f"--duration must be in (0, {DURATION_S_MAX:.0f}]"),
         (0 <= a.warmup_s <= DURATION_S_MAX, "--warmup out of range"),
         (1 <= a.queues <= WORKERS_MAX * 64, "--queues out of range"),
-        (0 <= a.producers <= WORKERS_MAX and 0 <= a.consumers <= WORKERS_MAX,
-         f"at most {WORKERS_MAX} producers and {WORKERS_MAX} consumers"),
+        (
+            0 <= a.producers <= WORKERS_MAX and 0 <= a.consumers <= WORKERS_MAX,
+            f"at most {WORKERS_MAX} producers and {WORKERS_MAX} consumers",
+        ),
         (a.multi_ack >= 1, "--multi-ack must be at least 1"),
         (1 <= a.prefetch <= 65535, "--prefetch must be in [1, 65535]"),
         (0 <= a.confirm_window <= 1_000_000, "--confirm must be in [0, 1000000]"),
@@ -198,14 +217,42 @@ def parse_options(argv: list[str] | None = None) -> PerfOptions:
         confirm_window = confirm_window or 1000  # backlog mode always publishes with confirms
         producers = max(producers, 1)
     return PerfOptions(
-        host=a.host, port=a.port, user=a.user, password=a.password, vhost=a.vhost,
-        producers=producers, consumers=a.consumers, queues=a.queues, body_bytes=a.body_bytes,
-        duration_s=a.duration_s, warmup_s=a.warmup_s, manual_ack=a.manual_ack, multi_ack=a.multi_ack,
-        prefetch=a.prefetch, confirm_window=confirm_window, persistent=a.persistent, durable=a.durable,
-        queue_args=queue_args, rate_total=a.rate_total, fanout=fanout, backlog=a.backlog,
-        sample_every=a.sample_every, settle_s=a.settle_s, k_queues=a.k_queues, k_conns=a.k_conns,
-        hold_s=a.hold_s, broker_pids=broker_pids, queue_prefix=a.queue_prefix, label=a.label,
-        drain_timeout_s=a.drain_timeout_s, max_msgs=a.max_msgs, max_time_s=a.max_time_s,
-        keep_queues=a.keep_queues, no_declare=a.no_declare, batch_bytes=a.batch_bytes,
-        frame_max=a.frame_max, table=a.table, scenario=scenario,
+        host=a.host,
+        port=a.port,
+        user=a.user,
+        password=a.password,
+        vhost=a.vhost,
+        producers=producers,
+        consumers=a.consumers,
+        queues=a.queues,
+        body_bytes=a.body_bytes,
+        duration_s=a.duration_s,
+        warmup_s=a.warmup_s,
+        manual_ack=a.manual_ack,
+        multi_ack=a.multi_ack,
+        prefetch=a.prefetch,
+        confirm_window=confirm_window,
+        persistent=a.persistent,
+        durable=a.durable,
+        queue_args=queue_args,
+        rate_total=a.rate_total,
+        fanout=fanout,
+        backlog=a.backlog,
+        sample_every=a.sample_every,
+        settle_s=a.settle_s,
+        k_queues=a.k_queues,
+        k_conns=a.k_conns,
+        hold_s=a.hold_s,
+        broker_pids=broker_pids,
+        queue_prefix=a.queue_prefix,
+        label=a.label,
+        drain_timeout_s=a.drain_timeout_s,
+        max_msgs=a.max_msgs,
+        max_time_s=a.max_time_s,
+        keep_queues=a.keep_queues,
+        no_declare=a.no_declare,
+        batch_bytes=a.batch_bytes,
+        frame_max=a.frame_max,
+        table=a.table,
+        scenario=scenario,
     )

@@ -28,18 +28,36 @@ def common_fields(options: PerfOptions) -> dict:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "target": f"{options.host}:{options.port}",
         "params": {
-            "producers": options.producers, "consumers": options.consumers, "queues": options.queues,
-            "size": options.body_bytes, "duration": options.duration_s, "warmup": options.warmup_s,
-            "rate": options.rate_total, "confirm": options.confirm_window, "persistent": int(options.persistent),
-            "durable": int(options.durable), "autoack": int(not options.manual_ack), "prefetch": options.prefetch,
-            "multi_ack": options.multi_ack, "fanout": int(options.fanout),
+            "producers": options.producers,
+            "consumers": options.consumers,
+            "queues": options.queues,
+            "size": options.body_bytes,
+            "duration": options.duration_s,
+            "warmup": options.warmup_s,
+            "rate": options.rate_total,
+            "confirm": options.confirm_window,
+            "persistent": int(options.persistent),
+            "durable": int(options.durable),
+            "autoack": int(not options.manual_ack),
+            "prefetch": options.prefetch,
+            "multi_ack": options.multi_ack,
+            "fanout": int(options.fanout),
             "qargs": {k: str(v) for k, v in options.queue_args.items()},
         },
     }
 
 
-def cpu_fields(pids: list[int], elapsed_s: float, broker_cpu_s: float, client_cpu_s: float, busy_s: float,
-               published: int, consumed: int, rss_start_mb, rss_end_mb) -> dict:
+def cpu_fields(
+    pids: list[int],
+    elapsed_s: float,
+    broker_cpu_s: float,
+    client_cpu_s: float,
+    busy_s: float,
+    published: int,
+    consumed: int,
+    rss_start_mb,
+    rss_end_mb,
+) -> dict:
     out: dict = {}
     if pids:
         out["broker_cpu_s"] = round(broker_cpu_s, 2)
@@ -121,10 +139,15 @@ def _cell(value) -> str:
 
 def render_table(result: dict) -> str:
     p = result.get("params", {})
-    title = (f"maxq-perf {result.get('scenario')} {result.get('target')}  x{p.get('producers')} y{p.get('consumers')} "
-             f"Q{p.get('queues')} s{p.get('size')}" + (f" confirm {p['confirm']}" if p.get("confirm") else "")
-             + (" persistent" if p.get("persistent") else "") + ("" if p.get("autoack") else " manual-ack")
-             + (f" rate {p['rate']:.0f}" if p.get("rate") else "") + (" fanout" if p.get("fanout") else ""))
+    title = (
+        f"maxq-perf {result.get('scenario')} {result.get('target')}  x{p.get('producers')} y{p.get('consumers')} "
+        f"Q{p.get('queues')} s{p.get('size')}"
+        + (f" confirm {p['confirm']}" if p.get("confirm") else "")
+        + (" persistent" if p.get("persistent") else "")
+        + ("" if p.get("autoack") else " manual-ack")
+        + (f" rate {p['rate']:.0f}" if p.get("rate") else "")
+        + (" fanout" if p.get("fanout") else "")
+    )
     lines = [title]
     for key, label in _ROWS:
         if result.get(key) is not None:

@@ -82,14 +82,34 @@ def run_throughput(options: PerfOptions, deadline: float) -> dict:
 
     elapsed = t1 - t0
     out = common_fields(options)
-    out.update(elapsed=round(elapsed, 3), pub_rate=round_rate((pub1 - pub0) / elapsed),
-               cons_rate=round_rate((cons1 - cons0) / elapsed))
+    out.update(
+        elapsed=round(elapsed, 3),
+        pub_rate=round_rate((pub1 - pub0) / elapsed),
+        cons_rate=round_rate((cons1 - cons0) / elapsed),
+    )
     if options.confirm_window:
         out["confirm_rate"] = round_rate((conf1 - conf0) / elapsed)
-    out.update(published_total=published_total, consumed_total=consumed_total, nacked=nacked, drained=drained,
-               lat_us=latency.summary(), confirm_lat_us=confirm_latency.summary())
-    out.update(cpu_fields(pids, elapsed, broker_cpu1 - broker_cpu0, client_cpu1 - client_cpu0, busy1 - busy0,
-                          pub1 - pub0, cons1 - cons0, rss0, rss1))
+    out.update(
+        published_total=published_total,
+        consumed_total=consumed_total,
+        nacked=nacked,
+        drained=drained,
+        lat_us=latency.summary(),
+        confirm_lat_us=confirm_latency.summary(),
+    )
+    out.update(
+        cpu_fields(
+            pids,
+            elapsed,
+            broker_cpu1 - broker_cpu0,
+            client_cpu1 - client_cpu0,
+            busy1 - busy0,
+            pub1 - pub0,
+            cons1 - cons0,
+            rss0,
+            rss1,
+        )
+    )
     full = [v for v in (per_sec_cons if options.consumers else per_sec_pub)]
     if len(full) > 1 and elapsed < len(full) - 0.5:
         full = full[:-1]  # a partial last second

@@ -15,8 +15,14 @@ from .workers import exchange_name, queue_name
 
 
 def connect(options: PerfOptions) -> AmqpClient:
-    return AmqpClient(options.host, options.port, user=options.user, password=options.password,
-                      vhost=options.vhost, frame_max=options.frame_max).connect()
+    return AmqpClient(
+        options.host,
+        options.port,
+        user=options.user,
+        password=options.password,
+        vhost=options.vhost,
+        frame_max=options.frame_max,
+    ).connect()
 
 
 def declare(options: PerfOptions) -> None:

@@ -48,8 +48,18 @@ CONSUME_OK = spec.BasicConsumeOk.INDEX
 class PublishBatch:
     """Up to `count_max` identical publishes in one buffer; `stamp()` readies the first n."""
 
-    def __init__(self, *, channel: int, exchange: str, routing_key: str, body_size: int, persistent: bool,
-                 frame_max: int, producer_id: int, batch_bytes: int = BATCH_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        body_size: int,
+        persistent: bool,
+        frame_max: int,
+        producer_id: int,
+        batch_bytes: int = BATCH_BYTES,
+    ) -> None:
         if body_size < BODY_SIZE_MIN:
             raise ValueError(f"body size must be at least {BODY_SIZE_MIN} bytes (the timestamp)")
         method = spec.BasicPublish(exchange=exchange, routing_key=routing_key)
@@ -134,8 +144,7 @@ def encode_connection_close() -> bytes:
 class DeliveryParser:
     """Deliveries from a consumer's byte stream (one channel), counted as each completes."""
 
-    __slots__ = ("manual_ack", "body_left", "delivery_tag", "first_body", "consumed", "tags", "samples",
-                 "methods")
+    __slots__ = ("manual_ack", "body_left", "delivery_tag", "first_body", "consumed", "tags", "samples", "methods")
 
     def __init__(self, *, manual_ack: bool) -> None:
         self.manual_ack = manual_ack

@@ -79,8 +79,14 @@ def exchange_name(options: PerfOptions) -> str:
 
 
 def _connect(options: PerfOptions) -> AmqpClient:
-    return AmqpClient(options.host, options.port, user=options.user, password=options.password,
-                      vhost=options.vhost, frame_max=options.frame_max).connect()
+    return AmqpClient(
+        options.host,
+        options.port,
+        user=options.user,
+        password=options.password,
+        vhost=options.vhost,
+        frame_max=options.frame_max,
+    ).connect()
 
 
 class _Guard:
@@ -140,9 +146,16 @@ def _produce(control: Control, index: int, options: PerfOptions, limit: int, dea
         exchange, routing_key = exchange_name(options), ""
     else:
         exchange, routing_key = "", queue_name(options, index % options.queues)
-    batch = PublishBatch(channel=channel, exchange=exchange, routing_key=routing_key, body_size=options.body_bytes,
-                         persistent=options.persistent, frame_max=frame_max, producer_id=index,
-                         batch_bytes=options.batch_bytes)
+    batch = PublishBatch(
+        channel=channel,
+        exchange=exchange,
+        routing_key=routing_key,
+        body_size=options.body_bytes,
+        persistent=options.persistent,
+        frame_max=frame_max,
+        producer_id=index,
+        batch_bytes=options.batch_bytes,
+    )
     stream = RawStream(client.detach(), frame_max)
     tracker = ConfirmTracker()
     parser = ConfirmParser(tracker)
@@ -224,8 +237,14 @@ def _produce(control: Control, index: int, options: PerfOptions, limit: int, dea
             parser.methods.clear()
     confirmed[index] = tracker.confirmed
     stream.close(parser, encode_connection_close())
-    result.update(published=seq, confirmed=tracker.confirmed, nacked=tracker.nacked,
-                  confirm_histogram=tracker.histogram.to_wire(), reads=stream.reads, writes=stream.writes)
+    result.update(
+        published=seq,
+        confirmed=tracker.confirmed,
+        nacked=tracker.nacked,
+        confirm_histogram=tracker.histogram.to_wire(),
+        reads=stream.reads,
+        writes=stream.writes,
+    )
 
 
 def consumer_main(control: Control, index: int, options: PerfOptions, pipe, deadline: float) -> None:
@@ -253,8 +272,11 @@ def _consume(control: Control, index: int, options: PerfOptions, deadline: float
     stream = RawStream(client.detach(), client.frame_max)
     parser = DeliveryParser(manual_ack=options.manual_ack)
     recorder = Recorder()
-    stream.write_all(encode_consume(channel, queue_name(options, index % options.queues),
-                                    no_ack=not options.manual_ack), parser, deadline)
+    stream.write_all(
+        encode_consume(channel, queue_name(options, index % options.queues), no_ack=not options.manual_ack),
+        parser,
+        deadline,
+    )
     consumed = control.consumed
     multi_ack = options.multi_ack
     tags = parser.tags
@@ -285,8 +307,9 @@ def _consume(control: Control, index: int, options: PerfOptions, deadline: float
     consumed[index] = parser.consumed
     parser.samples = None
     stream.close(parser, encode_connection_close())
-    result.update(consumed=parser.consumed, latency_histogram=recorder.fold().to_wire(), reads=stream.reads,
-                  writes=stream.writes)
+    result.update(
+        consumed=parser.consumed, latency_histogram=recorder.fold().to_wire(), reads=stream.reads, writes=stream.writes
+    )
 
 
 assert CONSUME_OK == spec.BasicConsumeOk.INDEX

@@ -74,14 +74,27 @@ MEMBER_PROBE_S = 5.0
 
 
 class ReplicationNode:
-    def __init__(self, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
-                 cluster_secret: bytes, data_dir: Path, groups: list[str], fsync: bool = True,
-                 on_commit: Callable[[str, list[tuple[int, bytes]]], None], propose_timeout_s: float = 10.0,
-                 on_snapshot: Callable[[str, Any], None] | None = None,
-                 joining: bool = False, tick_interval_s: float = 0.02, proposals_pending_max: int = 10_000,
-                 member_change_timeout_s: float = 30.0, peer_timeout_s: float = 3.0,
-                 raft_settings: dict[str, Any] | None = None,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        raft_addr: tuple[str, int],
+        peers: dict[str, tuple[str, int]],
+        cluster_secret: bytes,
+        data_dir: Path,
+        groups: list[str],
+        fsync: bool = True,
+        on_commit: Callable[[str, list[tuple[int, bytes]]], None],
+        propose_timeout_s: float = 10.0,
+        on_snapshot: Callable[[str, Any], None] | None = None,
+        joining: bool = False,
+        tick_interval_s: float = 0.02,
+        proposals_pending_max: int = 10_000,
+        member_change_timeout_s: float = 30.0,
+        peer_timeout_s: float = 3.0,
+        raft_settings: dict[str, Any] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
         for g in groups:
@@ -105,8 +118,15 @@ class ReplicationNode:
         self.raft_settings = dict(raft_settings or {})
         self.on_fatal = on_fatal
         self.fatal: str | None = None  # why the node stopped by itself (fail-stop), once it has
-        self.hub = Hub(node_id, self.raft_addr, cluster_secret, on_frame=self._on_frame, on_peer_up=self._on_peer_up,
-                       on_peer_down=self._on_peer_down, peer_timeout_s=peer_timeout_s)
+        self.hub = Hub(
+            node_id,
+            self.raft_addr,
+            cluster_secret,
+            on_frame=self._on_frame,
+            on_peer_up=self._on_peer_up,
+            on_peer_down=self._on_peer_down,
+            peer_timeout_s=peer_timeout_s,
+        )
         self.groups: dict[str, Group] = {}
         self._peer_groups: dict[str, set[str]] = collections.defaultdict(set)
         self._unwant_at: dict[str, float] = {}
@@ -133,15 +153,27 @@ class ReplicationNode:
         try:
             for name in self.group_names:
                 self.groups[name] = Group(
-                    name, node_id=self.node_id, raft_addr=self.raft_addr, peers=self.peers, data_dir=self.data_dir,
-                    fsync=self.fsync, link=self, on_commit=self.on_commit, on_durable=self._on_durable,
+                    name,
+                    node_id=self.node_id,
+                    raft_addr=self.raft_addr,
+                    peers=self.peers,
+                    data_dir=self.data_dir,
+                    fsync=self.fsync,
+                    link=self,
+                    on_commit=self.on_commit,
+                    on_durable=self._on_durable,
                     on_snapshot=self.on_snapshot,
-                    propose_timeout_s=self.propose_timeout_s, proposals_pending_max=self.proposals_pending_max,
-                    joining=self.joining, settings=self.raft_settings)
+                    propose_timeout_s=self.propose_timeout_s,
+                    proposals_pending_max=self.proposals_pending_max,
+                    joining=self.joining,
+                    settings=self.raft_settings,
+                )
                 g = self.groups[name]
                 g.forward = self._forward
                 g.on_failed = self._group_failed
-                g.raft_log.journal.on_failed = lambda exc, g=g: self._post(lambda: g.fail(f"journal write failed: {exc}"))
+                g.raft_log.journal.on_failed = lambda exc, g=g: self._post(
+                    lambda: g.fail(f"journal write failed: {exc}")
+                )
             self.hub.listen()
         except BaseException:
             for g in self.groups.values():
@@ -150,8 +182,9 @@ class ReplicationNode:
             self._stopped = True
             raise
         if not self.fsync:
-            log.warning("replication node %s runs with fsync=False: confirms are NOT durable (benchmarks only)",
-                        self.node_id)
+            log.warning(
+                "replication node %s runs with fsync=False: confirms are NOT durable (benchmarks only)", self.node_id
+            )
         self._thread = threading.Thread(target=self._run, name=f"raft-hub:{self.node_id}", daemon=True)
         self._thread.start()
 
@@ -197,8 +230,9 @@ class ReplicationNode:
     def status(self) -> dict:
         return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
 
-    def take_snapshot(self, group: str, index: int, body: list[bytes],
-                      callback: Callable[[Any, str | None], None]) -> None:
+    def take_snapshot(
+        self, group: str, index: int, body: list[bytes], callback: Callable[[Any, str | None], None]
+    ) -> None:
         """Save `body` (the machines' state after applying `index`) as the group's snapshot, then
         compact its log below it. callback(header, None) once durable, or (None, why) when a
         snapshot cannot be taken at that index now (the hub thread, or the writer thread)."""
@@ -232,8 +266,9 @@ class ReplicationNode:
         """Remove node_id from every group (leadership moves off it first); stop it afterwards."""
         self._member(("rem", node_id, None), callback)
 
-    def transfer_leadership(self, group: str, node_id: str,
-                            callback: Callable[[str | None], None] | None = None) -> None:
+    def transfer_leadership(
+        self, group: str, node_id: str, callback: Callable[[str | None], None] | None = None
+    ) -> None:
         """Move leadership of group to node_id (pysyncobj's TimeoutNow, retried until node_id has
         caught up; new proposals wait meanwhile, at most 3 s). callback(None) once it leads."""
         g = self._group(group)
@@ -335,8 +370,15 @@ class ReplicationNode:
         if leader is None or leader == self.node_id or not self.hub.is_up(leader):
             return False
         req = next(self._req_ids)
-        body = wire.encode_control({"op": "propose", "req": req, "group": g.name, "payload": payload,
-                                    "ttl_s": max(0.0, deadline - time.monotonic())})
+        body = wire.encode_control(
+            {
+                "op": "propose",
+                "req": req,
+                "group": g.name,
+                "payload": payload,
+                "ttl_s": max(0.0, deadline - time.monotonic()),
+            }
+        )
         if not self.hub.send(leader, wire.KIND_CONTROL, body):
             return False
         self._forwards[req] = (leader, callback, deadline, g)
@@ -345,14 +387,22 @@ class ReplicationNode:
 
     def _on_forwarded_proposal(self, peer: str, m: dict) -> None:
         req, name, payload, ttl_s = m.get("req"), m.get("group"), m.get("payload"), m.get("ttl_s")
-        if (type(req) is not int or type(name) is not str or type(payload) is not bytes
-                or type(ttl_s) not in (int, float) or len(payload) > PAYLOAD_BYTES_MAX):
+        if (
+            type(req) is not int
+            or type(name) is not str
+            or type(payload) is not bytes
+            or type(ttl_s) not in (int, float)
+            or len(payload) > PAYLOAD_BYTES_MAX
+        ):
             raise wire.WireError(f"bad forwarded proposal from {peer}")
         hub = self.hub
 
         def reply(index: int | None, error: str | None) -> None:
-            hub.send(peer, wire.KIND_CONTROL, wire.encode_control(
-                {"op": "propose_reply", "req": req, "index": index, "error": error}))
+            hub.send(
+                peer,
+                wire.KIND_CONTROL,
+                wire.encode_control({"op": "propose_reply", "req": req, "index": index, "error": error}),
+            )
 
         reply.forwarded = True  # a proposal answered here, never sent on to another node
         g = self.groups.get(name)
@@ -419,13 +469,21 @@ class ReplicationNode:
         if op == "member":
             req, name, action, nid = m.get("req"), m.get("group"), m.get("action"), m.get("node")
             host, port = m.get("host"), m.get("port")
-            if (type(req) is not int or type(name) is not str or action not in ("add", "rem") or type(nid) is not str
-                    or (action == "add" and (type(host) is not str or type(port) is not int))):
+            if (
+                type(req) is not int
+                or type(name) is not str
+                or action not in ("add", "rem")
+                or type(nid) is not str
+                or (action == "add" and (type(host) is not str or type(port) is not int))
+            ):
                 raise wire.WireError(f"bad member request {m!r}")
 
             def reply(err: str | None) -> None:
-                self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(
-                    {"op": "member_reply", "req": req, "group": name, "error": err}))
+                self.hub.send(
+                    peer,
+                    wire.KIND_CONTROL,
+                    wire.encode_control({"op": "member_reply", "req": req, "group": name, "error": err}),
+                )
 
             g = self.groups.get(name)
             if g is None:
@@ -444,8 +502,12 @@ class ReplicationNode:
             for name in names:
                 g = self.groups.get(name) if type(name) is str else None
                 if g is not None and not g.removed:
-                    log.warning("node %s: %s says this node was removed from group %s; it goes silent there",
-                                self.node_id, peer, name)
+                    log.warning(
+                        "node %s: %s says this node was removed from group %s; it goes silent there",
+                        self.node_id,
+                        peer,
+                        name,
+                    )
                     g.mark_removed()
         elif op == "member_reply":
             req, name, err = m.get("req"), m.get("group"), m.get("error")
@@ -464,10 +526,16 @@ class ReplicationNode:
             callback(None)
             return
         self._member_change = {
-            "action": action, "node": nid, "addr": addr, "callback": callback,
-            "deadline": now + self.member_change_timeout_s, "probe_until": None,
-            "groups": {name: {"state": "todo", "retry_at": now, "req": 0, "sent_at": 0.0, "error": None}
-                       for name in self.groups},
+            "action": action,
+            "node": nid,
+            "addr": addr,
+            "callback": callback,
+            "deadline": now + self.member_change_timeout_s,
+            "probe_until": None,
+            "groups": {
+                name: {"state": "todo", "retry_at": now, "req": 0, "sent_at": 0.0, "error": None}
+                for name in self.groups
+            },
         }
         if action == "add":
             # pysyncobj adds a node that never starts without a word, and the group then needs a
@@ -499,8 +567,11 @@ class ReplicationNode:
                     self._member_change = None
                     if not self._peer_groups.get(mc["node"]):
                         self._unwant_at[mc["node"]] = now
-                    call_safely(mc["callback"], f"unreachable: {mc['node']} did not complete the handshake at {mc['addr']} "
-                                          f"within {MEMBER_PROBE_S:.0f} s (start it, with the cluster secret, first)")
+                    call_safely(
+                        mc["callback"],
+                        f"unreachable: {mc['node']} did not complete the handshake at {mc['addr']} "
+                        f"within {MEMBER_PROBE_S:.0f} s (start it, with the cluster secret, first)",
+                    )
                 return
             mc["probe_until"] = None
         for name, st in mc["groups"].items():
@@ -516,13 +587,27 @@ class ReplicationNode:
             req = next(self._req_ids)
             st.update(state="wait", req=req, sent_at=now)
             if leader == self.node_id:
-                g.member_request(mc["action"], mc["node"], mc["addr"],
-                                 lambda err, name=name, req=req: self._member_reply(name, req, err), now)
+                g.member_request(
+                    mc["action"],
+                    mc["node"],
+                    mc["addr"],
+                    lambda err, name=name, req=req: self._member_reply(name, req, err),
+                    now,
+                )
                 self._touched.add(g)
             else:
                 host, port = mc["addr"] if mc["addr"] is not None else (None, None)
-                body = wire.encode_control({"op": "member", "req": req, "group": name, "action": mc["action"],
-                                            "node": mc["node"], "host": host, "port": port})
+                body = wire.encode_control(
+                    {
+                        "op": "member",
+                        "req": req,
+                        "group": name,
+                        "action": mc["action"],
+                        "node": mc["node"],
+                        "host": host,
+                        "port": port,
+                    }
+                )
                 if not self.hub.send(leader, wire.KIND_CONTROL, body):
                     st.update(state="todo", retry_at=now + MEMBER_RETRY_S, error=f"leader {leader} unreachable")
         if all(st["state"] == "done" for st in mc["groups"].values()):
@@ -534,8 +619,11 @@ class ReplicationNode:
                     for g in self.groups.values():
                         g.mark_removed()
                 else:
-                    self.hub.send(mc["node"], wire.KIND_CONTROL, wire.encode_control(
-                        {"op": "removed", "groups": list(self.groups)}))
+                    self.hub.send(
+                        mc["node"],
+                        wire.KIND_CONTROL,
+                        wire.encode_control({"op": "removed", "groups": list(self.groups)}),
+                    )
             call_safely(mc["callback"], None)
         elif now > mc["deadline"]:
             self._member_change = None
@@ -624,4 +712,3 @@ class ReplicationNode:
                 except IndexError:
                     break
                 call_safely(cb, None, "stopped")
-

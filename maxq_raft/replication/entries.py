@@ -34,12 +34,43 @@ from ..machines.shard import ALL_QUEUES
 
 ENTRY_VERSION = 1
 
-QUEUE_COMMANDS = {cls.__name__: cls for cls in (qc.Enqueue, qc.Checkout, qc.Cancel, qc.Settle, qc.Requeue, qc.Discard,
-                                                qc.Credit, qc.Get, qc.Purge, qc.Down, qc.DeleteQueue, qc.Create, qc.Sync, qc.Reply, qc.Tick, qc.Touch, qc.DeadLettered,
-                                                qc.UpdateSettings)}
-METADATA_COMMANDS = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
-                                                   md.DeleteQueueRecord, md.Bind, md.Unbind, md.OwnerDown,
-                                                   md.SetPolicy, md.ClearPolicy)}
+QUEUE_COMMANDS = {
+    cls.__name__: cls
+    for cls in (
+        qc.Enqueue,
+        qc.Checkout,
+        qc.Cancel,
+        qc.Settle,
+        qc.Requeue,
+        qc.Discard,
+        qc.Credit,
+        qc.Get,
+        qc.Purge,
+        qc.Down,
+        qc.DeleteQueue,
+        qc.Create,
+        qc.Sync,
+        qc.Reply,
+        qc.Tick,
+        qc.Touch,
+        qc.DeadLettered,
+        qc.UpdateSettings,
+    )
+}
+METADATA_COMMANDS = {
+    cls.__name__: cls
+    for cls in (
+        md.DeclareExchange,
+        md.DeleteExchange,
+        md.DeclareQueue,
+        md.DeleteQueueRecord,
+        md.Bind,
+        md.Unbind,
+        md.OwnerDown,
+        md.SetPolicy,
+        md.ClearPolicy,
+    )
+}
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)
 
 
@@ -61,8 +92,13 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        return ["Enqueue", [[m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
-                            for m in command.messages]]
+        return [
+            "Enqueue",
+            [
+                [m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
+                for m in command.messages
+            ],
+        ]
     if type(command) is qc.UpdateSettings:
         return ["UpdateSettings", list(command.settings)]
     return [type(command).__name__, *(_field(v) for v in command)]
@@ -71,8 +107,12 @@ def encode_command(command) -> list:
 def decode_command(raw: list, metadata: bool):
     name, *fields = raw
     if name == "Enqueue" and not metadata:
-        return qc.Enqueue([Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
-                           for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]])
+        return qc.Enqueue(
+            [
+                Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
+                for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
+            ]
+        )
     if name == "UpdateSettings" and not metadata:
         return qc.UpdateSettings(QueueSettings(*fields[0]))
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
@@ -94,8 +134,13 @@ def encode_entry(time_ms: int, items: list, origin: str = "", seq: int = 0) -> b
     body = []
     for item in items:
         target = item[0]
-        body.append(["" if target is None else target if target == ALL_QUEUES else list(target),
-                     encode_command(item[1]), item[2] if len(item) > 2 else 0])
+        body.append(
+            [
+                "" if target is None else target if target == ALL_QUEUES else list(target),
+                encode_command(item[1]),
+                item[2] if len(item) > 2 else 0,
+            ]
+        )
     return msgpack.packb([ENTRY_VERSION, time_ms, body, origin, seq], use_bin_type=True)
 
 

@@ -105,12 +105,27 @@ class Proposal:
 
 
 class Group:
-    def __init__(self, name: str, *, node_id: str, raft_addr: tuple[str, int], peers: dict[str, tuple[str, int]],
-                 data_dir: Path, fsync: bool, link: Any, on_commit: Callable[[str, list[tuple[int, bytes]]], None],
-                 on_durable: Callable[[Group], None], propose_timeout_s: float, proposals_pending_max: int,
-                 on_snapshot: Callable[[str, SnapshotHeader], None] | None = None,
-                 joining: bool = False, settings: dict[str, Any] | None = None, seams: bool = True,
-                 journal_factory: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        node_id: str,
+        raft_addr: tuple[str, int],
+        peers: dict[str, tuple[str, int]],
+        data_dir: Path,
+        fsync: bool,
+        link: Any,
+        on_commit: Callable[[str, list[tuple[int, bytes]]], None],
+        on_durable: Callable[[Group], None],
+        propose_timeout_s: float,
+        proposals_pending_max: int,
+        on_snapshot: Callable[[str, SnapshotHeader], None] | None = None,
+        joining: bool = False,
+        settings: dict[str, Any] | None = None,
+        seams: bool = True,
+        journal_factory: Callable[..., Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.node_id = node_id
         self.on_commit = on_commit
@@ -142,25 +157,35 @@ class Group:
         self.transfer: dict | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         conf_kw = dict(settings or {})
-        self.raft_log = RaftLog(self.folder, fsync=fsync, on_durable=lambda _i: on_durable(self),
-                                journal_factory=journal_factory)
+        self.raft_log = RaftLog(
+            self.folder, fsync=fsync, on_durable=lambda _i: on_durable(self), journal_factory=journal_factory
+        )
         install_journal_hook()
         token = register_log(self.raft_log)
         box: dict[str, GroupTransport] = {}
 
         def make_transport(so, self_node, other_nodes):
-            t = GroupTransport(so, self_node, other_nodes, group=name, link=link, raft_log=self.raft_log,
-                               joining=joining, heartbeat_s=conf_kw.get("appendEntriesPeriod",
-                                                                          RAFT_SETTINGS["appendEntriesPeriod"]),
-                               seams=seams, clock=clock)
+            t = GroupTransport(
+                so,
+                self_node,
+                other_nodes,
+                group=name,
+                link=link,
+                raft_log=self.raft_log,
+                joining=joining,
+                heartbeat_s=conf_kw.get("appendEntriesPeriod", RAFT_SETTINGS["appendEntriesPeriod"]),
+                seams=seams,
+                clock=clock,
+            )
             box["t"] = t
             return t
 
         try:
             self_node = wire.RaftNode(node_id, raft_addr)
             others = [wire.RaftNode(pid, addr) for pid, addr in sorted(peers.items()) if pid != node_id]
-            self.so = SyncObj(self_node, others, raft_conf(token, **conf_kw), nodeClass=Node,
-                              transportClass=make_transport)
+            self.so = SyncObj(
+                self_node, others, raft_conf(token, **conf_kw), nodeClass=Node, transportClass=make_transport
+            )
         except BaseException:
             unregister_log(token)
             self.raft_log.close()
@@ -187,18 +212,26 @@ class Group:
         header = latest_snapshot(self.snap_dir)
         if header is None:
             if rl.first_index > 1:
-                raise SnapshotError(f"group {self.name}: the log starts at {rl.first_index} and no snapshot "
-                                    f"in {self.snap_dir} covers what came before")
+                raise SnapshotError(
+                    f"group {self.name}: the log starts at {rl.first_index} and no snapshot "
+                    f"in {self.snap_dir} covers what came before"
+                )
             return
         if header.index > rl.last_index or rl.term_at(header.index) != header.term:
             # A received snapshot whose base did not reach the log before a crash: lay it now.
             rl.install_base(header.prev, header.last)
         elif rl.first_index > header.index:
-            raise SnapshotError(f"group {self.name}: the log starts at {rl.first_index}, after the snapshot at "
-                                f"{header.index}")
+            raise SnapshotError(
+                f"group {self.name}: the log starts at {rl.first_index}, after the snapshot at {header.index}"
+            )
         self._adopt(header)
-        log.info("group %s: starting from the snapshot at index %d; the log holds %d..%d", self.name, header.index,
-                 rl.first_index, rl.last_index)
+        log.info(
+            "group %s: starting from the snapshot at index %d; the log holds %d..%d",
+            self.name,
+            header.index,
+            rl.first_index,
+            rl.last_index,
+        )
 
     def _adopt(self, header: SnapshotHeader) -> None:
         """pysyncobj's view: everything through header.index is committed and applied, and the
@@ -230,7 +263,12 @@ class Group:
         """The header of a snapshot of the state at `index` (applied here), or None when one cannot
         be taken there now (not applied yet, already covered, a membership change after it)."""
         rl = self.raft_log
-        if index < 2 or index > self.applied or index <= rl.first_index or (self.snapshot and index <= self.snapshot.index):
+        if (
+            index < 2
+            or index > self.applied
+            or index <= rl.first_index
+            or (self.snapshot and index <= self.snapshot.index)
+        ):
             return None
         if any(i > index for i in rl.membership_indexes):
             return None  # the members at `index` are not the current ones: wait until it is older
@@ -270,8 +308,12 @@ class Group:
         self._orig_on_truncate(first_index, count)
         if first_index <= self.applied:
             self.stats["applied_entries_truncated"] += self.applied - first_index + 1
-            log.critical("group %s: truncating entries from %d, already delivered through %d", self.name,
-                         first_index, self.applied)
+            log.critical(
+                "group %s: truncating entries from %d, already delivered through %d",
+                self.name,
+                first_index,
+                self.applied,
+            )
 
     def mark_removed(self) -> None:
         """This node is no longer a member: stop sending (no more campaigns), fail proposals."""
@@ -329,7 +371,11 @@ class Group:
             if not leader:
                 # One hop to the leader we know of; a proposal that was already forwarded here is
                 # not sent on again (leadership moving under it would make it bounce).
-                if getattr(cb, "forwarded", False) or self.forward is None or not self.forward(self, payload, cb, deadline):
+                if (
+                    getattr(cb, "forwarded", False)
+                    or self.forward is None
+                    or not self.forward(self, payload, cb, deadline)
+                ):
                     call_safely(cb, None, "not leader")
             elif self.n_pending >= self.proposals_pending_max or disk_behind:
                 self.stats["busy"] += 1
@@ -452,15 +498,23 @@ class Group:
                         if self._added_back_after(idx):
                             # Removed, then added back under the same name: that removal was an
                             # earlier life's (a restart replays it before the addition).
-                            log.info("group %s: removal of %s at index %d, added back later in the log",
-                                     self.name, self.node_id, idx)
+                            log.info(
+                                "group %s: removal of %s at index %d, added back later in the log",
+                                self.name,
+                                self.node_id,
+                                idx,
+                            )
                         elif self.joining:
                             # A node that joined with a fresh log replays the cluster's history,
                             # where its name may have been removed (and added back) before: those
                             # are earlier lives'. Its own removal reaches it as the remover's
                             # notice ("removed", engine.py), which makes it silent at once.
-                            log.info("group %s: removal of an earlier %s at index %d (this node joined later)",
-                                     self.name, self.node_id, idx)
+                            log.info(
+                                "group %s: removal of an earlier %s at index %d (this node joined later)",
+                                self.name,
+                                self.node_id,
+                                idx,
+                            )
                         else:
                             log.warning("group %s: this node was removed from the group at index %d", self.name, idx)
                             self.mark_removed()
@@ -475,8 +529,12 @@ class Group:
                 try:
                     self.on_commit(self.name, batch)
                 except Exception:
-                    log.exception("group %s: on_commit raised (entries %d..%d count as applied)", self.name,
-                                  batch[0][0], batch[-1][0])
+                    log.exception(
+                        "group %s: on_commit raised (entries %d..%d count as applied)",
+                        self.name,
+                        batch[0][0],
+                        batch[-1][0],
+                    )
         confirms = self.confirms
         while confirms and confirms[0][0] <= self.applied:
             idx, p = confirms.popleft()
@@ -504,8 +562,9 @@ class Group:
 
     # ----------------------------------------------------------------------- leadership
 
-    def start_transfer(self, target: str, callback: Callable[[str | None], None] | None, now: float,
-                       timeout_s: float = 3.0) -> None:
+    def start_transfer(
+        self, target: str, callback: Callable[[str | None], None] | None, now: float, timeout_s: float = 3.0
+    ) -> None:
         if self.transfer is not None:
             call_safely(callback, "busy")
             return
@@ -541,8 +600,9 @@ class Group:
             self.transfer = None
             call_safely(t["callback"], done)
 
-    def member_request(self, action: str, node_id: str, addr: tuple[str, int] | None,
-                       reply: Callable[[str | None], None], now: float) -> None:
+    def member_request(
+        self, action: str, node_id: str, addr: tuple[str, int] | None, reply: Callable[[str | None], None], now: float
+    ) -> None:
         """Leader side of add_member/remove_member for this group; reply(None) once committed."""
         so = self.so
         if self.failed is not None or not so._isLeader():
@@ -581,21 +641,37 @@ class Group:
         match = getattr(so, "_SyncObj__raftMatchIndex", {})
         nxt = getattr(so, "_SyncObj__raftNextIndex", {})
         leader = so._isLeader()
-        members: dict[str, dict] = {self.node_id: {"self": True, "match_index": rl.durable_index,
-                                                   "lag": rl.last_index - rl.durable_index}}
+        members: dict[str, dict] = {
+            self.node_id: {"self": True, "match_index": rl.durable_index, "lag": rl.last_index - rl.durable_index}
+        }
         for n in so.otherNodes:
             m = match.get(n) if leader else None
-            members[n.id] = {"self": False, "connected": n.id in self.transport.connected,
-                             "match_index": m, "next_index": nxt.get(n) if leader else None,
-                             "lag": (rl.last_index - m) if m is not None else None}
+            members[n.id] = {
+                "self": False,
+                "connected": n.id in self.transport.connected,
+                "match_index": m,
+                "next_index": nxt.get(n) if leader else None,
+                "lag": (rl.last_index - m) if m is not None else None,
+            }
         return {
-            "role": _STATE.get(so._SyncObj__raftState, "?"), "leader": self.leader_id, "term": so._getTerm(),
-            "commit_index": so.raftCommitIndex, "applied_index": self.applied, "last_index": rl.last_index,
-            "first_index": rl.first_index, "snapshot_index": self.snapshot.index if self.snapshot else 0,
-            "durable_index": rl.durable_index, "members": members, "pending_proposals": self.n_pending,
-            "held_messages": self.transport.held_count(), "failed": self.failed, "removed": self.removed,
+            "role": _STATE.get(so._SyncObj__raftState, "?"),
+            "leader": self.leader_id,
+            "term": so._getTerm(),
+            "commit_index": so.raftCommitIndex,
+            "applied_index": self.applied,
+            "last_index": rl.last_index,
+            "first_index": rl.first_index,
+            "snapshot_index": self.snapshot.index if self.snapshot else 0,
+            "durable_index": rl.durable_index,
+            "members": members,
+            "pending_proposals": self.n_pending,
+            "held_messages": self.transport.held_count(),
+            "failed": self.failed,
+            "removed": self.removed,
             "membership_change_pending": self.membership_change_pending(),
-            "seams": dict(self.transport.stats), "log": dict(rl.stats), "group": dict(self.stats),
+            "seams": dict(self.transport.stats),
+            "log": dict(rl.stats),
+            "group": dict(self.stats),
             "journal": rl.journal.stats() if not rl.journal.closed else {},
         }
 

@@ -82,16 +82,35 @@ class Link(Protocol):
 class _Held:
     __slots__ = ("need", "check_idx", "check_term", "body", "is_ack", "term", "ack_idx")
 
-    def __init__(self, need: int, check_idx: int, check_term: int | None, body: bytes, is_ack: bool,
-                 term: int | None, ack_idx: int) -> None:
+    def __init__(
+        self,
+        need: int,
+        check_idx: int,
+        check_term: int | None,
+        body: bytes,
+        is_ack: bool,
+        term: int | None,
+        ack_idx: int,
+    ) -> None:
         self.need, self.check_idx, self.check_term = need, check_idx, check_term
         self.body, self.is_ack, self.term, self.ack_idx = body, is_ack, term, ack_idx
 
 
 class GroupTransport(Transport):
-    def __init__(self, syncObj, selfNode, otherNodes, *, group: str, link: Link, raft_log: Any,  # noqa: N803
-                 joining: bool = False, heartbeat_s: float = 0.05, seams: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        syncObj,
+        selfNode,
+        otherNodes,
+        *,
+        group: str,
+        link: Link,
+        raft_log: Any,  # noqa: N803
+        joining: bool = False,
+        heartbeat_s: float = 0.05,
+        seams: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(syncObj, selfNode, otherNodes)
         self.so = syncObj
         self.group = group
@@ -258,8 +277,11 @@ class GroupTransport(Transport):
                 return False
             if "transmission" in message or "serialized" in message:
                 self.stats["refused_snapshot_or_chunk"] += 1
-                log.error("group %s: pysyncobj tried to send a chunked/snapshot append_entries to %s; refused",
-                          self.group, nid)
+                log.error(
+                    "group %s: pysyncobj tried to send a chunked/snapshot append_entries to %s; refused",
+                    self.group,
+                    nid,
+                )
                 return False
             entries = message.get("entries")
             if entries:
@@ -344,8 +366,14 @@ class GroupTransport(Transport):
                     break
                 q.popleft()
                 self.held_bytes[nid] -= len(h.body)
-                if h.is_ack and q and q[0].is_ack and q[0].need <= durable and q[0].ack_idx >= h.ack_idx \
-                        and self.log.term_at(q[0].check_idx) == q[0].check_term:
+                if (
+                    h.is_ack
+                    and q
+                    and q[0].is_ack
+                    and q[0].need <= durable
+                    and q[0].ack_idx >= h.ack_idx
+                    and self.log.term_at(q[0].check_idx) == q[0].check_term
+                ):
                     self.stats["acks_coalesced"] += 1
                     continue
                 if not self._wire(nid, h.body, h.is_ack, h.ack_idx, h.term):
@@ -367,8 +395,10 @@ class GroupTransport(Transport):
         self.stats["dedup_entries"] += k
         if k < len(ents):
             return dict(message, prevLogIdx=ents[k - 1][1], prevLogTerm=ents[k - 1][2], entries=ents[k:])
-        if message["commit_index"] <= self.commit_sent.get(nid, 0) \
-                and self.clock() - self.last_wire.get(nid, 0.0) < self.heartbeat_s:
+        if (
+            message["commit_index"] <= self.commit_sent.get(nid, 0)
+            and self.clock() - self.last_wire.get(nid, 0.0) < self.heartbeat_s
+        ):
             self.stats["dedup_msgs_dropped"] += 1
             return None
         return dict(message, prevLogIdx=ents[-1][1], prevLogTerm=ents[-1][2], entries=[])
@@ -403,8 +433,13 @@ class GroupTransport(Transport):
         if term == self.so._getTerm() and first_index <= idx:
             n = idx - first_index + 1
             self.stats["acked_entries_truncated"] += n  # a Raft safety violation: must stay 0
-            log.critical("group %s: truncating %d entries already acknowledged in term %d (from index %d)",
-                         self.group, n, term, first_index)
+            log.critical(
+                "group %s: truncating %d entries already acknowledged in term %d (from index %d)",
+                self.group,
+                n,
+                term,
+                first_index,
+            )
 
     # ------------------------------------------------------------------------- incoming
 
@@ -449,8 +484,9 @@ class GroupTransport(Transport):
                 message, ack = self._guard(message)
                 self._onMessageReceived(node, message)
                 if ack is not None:
-                    self.send(node, {"type": "next_node_idx", "next_node_idx": ack + 1, "reset": False,
-                                     "success": True})
+                    self.send(
+                        node, {"type": "next_node_idx", "next_node_idx": ack + 1, "reset": False, "success": True}
+                    )
                 return
         self._onMessageReceived(node, message)
 
@@ -500,8 +536,10 @@ class GroupTransport(Transport):
         if self.rejected_requests:
             ids, self.rejected_requests = self.rejected_requests, []
             for rid in ids:
-                self._onMessageReceived(self.self_node, {"type": "apply_command_response", "request_id": rid,
-                                                         "error": FAIL_REASON.NOT_LEADER})
+                self._onMessageReceived(
+                    self.self_node,
+                    {"type": "apply_command_response", "request_id": rid, "error": FAIL_REASON.NOT_LEADER},
+                )
 
     # ------------------------------------------------------------------------ snapshots
 
@@ -566,8 +604,13 @@ class GroupTransport(Transport):
         index = sender.header.index
         node = self.nodes.get(nid)
         self.stats["installs_done"] += 1
-        log.info("group %s: %s installed the snapshot at index %d (%.1f s)", self.group, nid, index,
-                 self.clock() - sender.started)
+        log.info(
+            "group %s: %s installed the snapshot at index %d (%.1f s)",
+            self.group,
+            nid,
+            index,
+            self.clock() - sender.started,
+        )
         if node is None:
             return
         # pysyncobj's per-follower progress: its log now ends at the snapshot's index (durably).
@@ -614,6 +657,9 @@ class GroupTransport(Transport):
         self.on_installed(header, nid, m["term"])  # the group acks `done` once the new base is durable
 
     def _send_install_ack(self, nid: str, term: int, index: int, offset: int, done: bool) -> None:
-        body = wire.encode_raft(self.group, {"type": "snapshot_ack", "term": term, "index": index, "offset": offset,
-                                             "done": done}, self.membership_cache)
+        body = wire.encode_raft(
+            self.group,
+            {"type": "snapshot_ack", "term": term, "index": index, "offset": offset, "done": done},
+            self.membership_cache,
+        )
         self.link.send_raft(nid, body)

@@ -253,12 +253,12 @@ class _SegmentReader:
         if avail < n:
             want = min(max(n - avail, READ_CHUNK_BYTES), self.end - self.file_pos)
             more = _pread_exact(self.fd, want, self.file_pos) if want > 0 else b""
-            self.buf = self.buf[self.pos:] + more
+            self.buf = self.buf[self.pos :] + more
             self.pos = 0
             self.file_pos += len(more)
             if len(self.buf) < n:
                 raise JournalCorruption(self.path, self.offset, "record runs past the end of the segment")
-        out = self.buf[self.pos:self.pos + n]
+        out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -313,7 +313,7 @@ def _valid_record_after(mm: mmap.mmap, mv: memoryview, bad_offset: int, expected
             if rec + HEADER_BYTES <= size:
                 length, crc, _, _ = RECORD_HEADER.unpack_from(mm, rec)
                 end = rec + HEADER_BYTES + length
-                if length <= PAYLOAD_BYTES_MAX and end <= size and zlib.crc32(mv[rec + 8:end]) == crc:
+                if length <= PAYLOAD_BYTES_MAX and end <= size and zlib.crc32(mv[rec + 8 : end]) == crc:
                     return rec
             pos = mm.find(pattern, pos + 1)
     return None
@@ -347,21 +347,29 @@ def _scan_segment(seg: _Segment, is_last: bool) -> tuple[_Torn | None, JournalCo
                         what = f"implausible record length {length}"
                     elif end > size:
                         what = f"incomplete record ({length} byte payload, {size - off - HEADER_BYTES} bytes left)"
-                    elif zlib.crc32(mv[off + 8:end]) != crc:
+                    elif zlib.crc32(mv[off + 8 : end]) != crc:
                         what = "crc mismatch"
                     elif index != expected:
                         kind = "gap" if index > expected else "repeat"
                         where = " (segment name)" if off == 0 else ""
-                        return None, JournalCorruption(path, off, f"{kind} in indexes: index {index} where {expected} expected{where}")
+                        return None, JournalCorruption(
+                            path, off, f"{kind} in indexes: index {index} where {expected} expected{where}"
+                        )
                     elif term < last_term:
-                        return None, JournalCorruption(path, off, f"term goes backwards: {term} after {last_term} at index {index}")
+                        return None, JournalCorruption(
+                            path, off, f"term goes backwards: {term} after {last_term} at index {index}"
+                        )
                 if what is not None:
                     if not is_last:
-                        return None, JournalCorruption(path, off, what, "only the last segment may end in a torn record")
+                        return None, JournalCorruption(
+                            path, off, what, "only the last segment may end in a torn record"
+                        )
                     after = _valid_record_after(mm, mv, off, expected, size)
                     if after is None:
                         return _Torn(path, off, size, what), None
-                    return None, JournalCorruption(path, off, what, f"a valid record follows at offset {after}, so this is no torn tail")
+                    return None, JournalCorruption(
+                        path, off, what, f"a valid record follows at offset {after}, so this is no torn tail"
+                    )
                 seg.add_checkpoint(index, off)
                 seg.size = end
                 seg.last = index
@@ -416,7 +424,13 @@ def _scan_folder(folder: Path, *, stop_at_first: bool) -> _Scan:
     while len(segments) >= 2 and segments[1].start <= first_index:  # segments[0] holds only < first_index
         leftovers.append(segments.pop(0).path)
     if segments and segments[0].start > first_index:
-        problem(JournalCorruption(segments[0].path, 0, f"missing segment: the log begins at index {first_index} ({META_NAME}) but the first segment starts at {segments[0].start}"))
+        problem(
+            JournalCorruption(
+                segments[0].path,
+                0,
+                f"missing segment: the log begins at index {first_index} ({META_NAME}) but the first segment starts at {segments[0].start}",
+            )
+        )
 
     torn = None
     prev: _Segment | None = None
@@ -424,7 +438,14 @@ def _scan_folder(folder: Path, *, stop_at_first: bool) -> _Scan:
         is_last = k == len(segments) - 1
         if prev is not None and seg.start != prev.last + 1:
             kind = "gap" if seg.start > prev.last + 1 else "repeat"
-            problem(JournalCorruption(seg.path, 0, f"{kind} in indexes: the previous segment ends at index {prev.last}, this one starts at {seg.start}" + (" (missing segment?)" if kind == "gap" else "")))
+            problem(
+                JournalCorruption(
+                    seg.path,
+                    0,
+                    f"{kind} in indexes: the previous segment ends at index {prev.last}, this one starts at {seg.start}"
+                    + (" (missing segment?)" if kind == "gap" else ""),
+                )
+            )
         seg_torn, bad = _scan_segment(seg, is_last)
         if bad is not None:
             problem(bad)
@@ -468,7 +489,13 @@ def verify(folder: Path | str) -> list[str]:
         if lock_fd is not None:
             os.close(lock_fd)
     if scan.torn is not None:
-        log.info("torn tail (%s) at offset %d in %s: open would cut %d bytes", scan.torn.what, scan.torn.offset, scan.torn.path, scan.torn.file_size - scan.torn.offset)
+        log.info(
+            "torn tail (%s) at offset %d in %s: open would cut %d bytes",
+            scan.torn.what,
+            scan.torn.offset,
+            scan.torn.path,
+            scan.torn.file_size - scan.torn.offset,
+        )
     for path in scan.leftovers:
         log.info("leftover segment below first_index %d: open would delete %s", scan.first_index, path)
     return [str(p) for p in scan.problems]
@@ -501,10 +528,20 @@ class Journal:
         """
         if segment_max_bytes < 1 or queue_bytes_max < 1 or tail_cache_bytes_max < 0 or append_wait_s_max < 0:
             raise ValueError("segment_max_bytes and queue_bytes_max must be positive, the others >= 0")
-        return cls(Path(folder), fsync, segment_max_bytes, on_durable, queue_bytes_max, tail_cache_bytes_max, append_wait_s_max)
+        return cls(
+            Path(folder), fsync, segment_max_bytes, on_durable, queue_bytes_max, tail_cache_bytes_max, append_wait_s_max
+        )
 
-    def __init__(self, folder: Path, fsync: bool, segment_max_bytes: int, on_durable: Callable[[int], None] | None,
-                 queue_bytes_max: int, tail_cache_bytes_max: int, append_wait_s_max: float) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        fsync: bool,
+        segment_max_bytes: int,
+        on_durable: Callable[[int], None] | None,
+        queue_bytes_max: int,
+        tail_cache_bytes_max: int,
+        append_wait_s_max: float,
+    ) -> None:
         """Use Journal.open."""
         self.folder = folder
         self._fsync = fsync
@@ -578,7 +615,13 @@ class Journal:
             _fsync_dir(folder)
         if scan.torn is not None:
             t = scan.torn
-            log.warning("torn tail (%s) at offset %d in %s: cutting %d bytes (a crash before fsync)", t.what, t.offset, t.path, t.file_size - t.offset)
+            log.warning(
+                "torn tail (%s) at offset %d in %s: cutting %d bytes (a crash before fsync)",
+                t.what,
+                t.offset,
+                t.path,
+                t.file_size - t.offset,
+            )
             fd = os.open(t.path, os.O_WRONLY)
             try:
                 os.ftruncate(fd, t.offset)
@@ -632,8 +675,12 @@ class Journal:
         """Counters: appends, batches, fdatasyncs (per-batch and rollover), bytes_written,
         batch_entries_max, queue_bytes (now), tail_cache_bytes (now)."""
         with self._lock:
-            return {**self._stats, "appends": self._appends, "queue_bytes": self._queue_bytes_in - self._queue_bytes_out,
-                    "tail_cache_bytes": self._mem_bytes_in - self._mem_bytes_out}
+            return {
+                **self._stats,
+                "appends": self._appends,
+                "queue_bytes": self._queue_bytes_in - self._queue_bytes_out,
+                "tail_cache_bytes": self._mem_bytes_in - self._mem_bytes_out,
+            }
 
     # ---------------------------------------------------------------------------------- append
 
@@ -682,7 +729,9 @@ class Journal:
                 self._check_usable()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise JournalStalled(f"journal writer is {held} bytes behind for more than {self._append_wait_s_max} s")
+                    raise JournalStalled(
+                        f"journal writer is {held} bytes behind for more than {self._append_wait_s_max} s"
+                    )
                 if self._writer_idle:
                     self._writer_idle = False
                     self._writer_wake.notify()
@@ -733,8 +782,12 @@ class Journal:
                     except Exception:
                         log.exception("on_durable(%d) raised; the journal carries on", durable)
         except BaseException as exc:
-            log.critical("journal writer for %s failed (%s); no entry after durable_index %d is durable",
-                         self.folder, exc, self._durable_index)
+            log.critical(
+                "journal writer for %s failed (%s); no entry after durable_index %d is durable",
+                self.folder,
+                exc,
+                self._durable_index,
+            )
             with self._lock:
                 self._error = exc
                 self._progress.notify_all()
@@ -757,7 +810,9 @@ class Journal:
             seg = self._segments[-1] if self._segments else None
             expected = seg.last + 1 if seg is not None else self._written_index + 1
         if batch[0][0] != expected:  # the pair of append's contiguity check, before writing
-            raise AssertionError(f"journal writer: batch starts at index {batch[0][0]}, the files end before {expected}")
+            raise AssertionError(
+                f"journal writer: batch starts at index {batch[0][0]}, the files end before {expected}"
+            )
         if seg is not None and self._active_fd is None:
             self._active_fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
         fd = self._active_fd
@@ -835,8 +890,11 @@ class Journal:
         """Under the state lock: drop written entries from the tail cache beyond its budget."""
         mem = self._mem
         head = self._mem_head
-        while (self._mem_bytes_in - self._mem_bytes_out > self._tail_cache_bytes_max and head < len(mem)
-               and mem[head][0] <= self._written_index):
+        while (
+            self._mem_bytes_in - self._mem_bytes_out > self._tail_cache_bytes_max
+            and head < len(mem)
+            and mem[head][0] <= self._written_index
+        ):
             self._mem_bytes_out += HEADER_BYTES + len(mem[head][2])
             head += 1
         if head > 1024 and head * 2 > len(mem):
@@ -873,7 +931,7 @@ class Journal:
                 mem_first = self._mem_first()
                 if i >= mem_first:
                     k = self._mem_head + (i - mem_first)
-                    chunk = self._mem[k:k + min(stop - i + 1, READ_MEM_CHUNK_ENTRIES)]
+                    chunk = self._mem[k : k + min(stop - i + 1, READ_MEM_CHUNK_ENTRIES)]
                     disk = None
                 else:
                     s = bisect.bisect_right(self._segments, i, key=lambda seg: seg.start) - 1
@@ -895,7 +953,9 @@ class Journal:
                     yield entry
                 i = j + 1
 
-    def _read_disk(self, path: Path, size: int, cp_index: int, cp_offset: int, i: int, j: int, generation: int) -> Iterator[tuple[int, int, bytes]]:
+    def _read_disk(
+        self, path: Path, size: int, cp_index: int, cp_offset: int, i: int, j: int, generation: int
+    ) -> Iterator[tuple[int, int, bytes]]:
         fd = os.open(path, os.O_RDONLY)
         try:
             reader = _SegmentReader(fd, path, cp_offset, size)
@@ -986,7 +1046,12 @@ class Journal:
                 self._written_index = min(self._written_index, index)
                 self._durable_index = min(self._durable_index, index)
                 self._progress.notify_all()
-            log.info("journal %s truncated after index %d%s", self.folder, index, " (segments deleted)" if changed_dir else "")
+            log.info(
+                "journal %s truncated after index %d%s",
+                self.folder,
+                index,
+                " (segments deleted)" if changed_dir else "",
+            )
         finally:
             self._io_lock.release()
 
@@ -1066,7 +1131,13 @@ class Journal:
                 if reset:
                     self._written_index = self._durable_index = index - 1
                     self._progress.notify_all()
-            log.info("journal %s compacted before index %d: %d segment(s) deleted%s", self.folder, index, len(doomed), " (log emptied)" if reset else "")
+            log.info(
+                "journal %s compacted before index %d: %d segment(s) deleted%s",
+                self.folder,
+                index,
+                len(doomed),
+                " (log emptied)" if reset else "",
+            )
         finally:
             self._io_lock.release()
 
@@ -1111,7 +1182,9 @@ class Journal:
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = None
         if error is not None:
-            raise JournalError(f"journal {self.folder} failed: {error!r}; entries after {self._durable_index} were not made durable") from error
+            raise JournalError(
+                f"journal {self.folder} failed: {error!r}; entries after {self._durable_index} were not made durable"
+            ) from error
 
     def __enter__(self) -> Journal:
         return self
@@ -1120,4 +1193,6 @@ class Journal:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Journal {self.folder} first={self._first_index} last={self._last_index} durable={self._durable_index}>"
+        return (
+            f"<Journal {self.folder} first={self._first_index} last={self._last_index} durable={self._durable_index}>"
+        )

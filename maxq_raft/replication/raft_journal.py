@@ -141,7 +141,7 @@ def read_term_file(folder: Path) -> tuple[int, str | None]:
     end = _TERM_REC.size + n
     if magic != _TERM_MAGIC or len(data) != end + 4 or zlib.crc32(data[:end]) != struct.unpack(">I", data[end:])[0]:
         raise JournalCorruption(path, 0, "bad term file (magic, size or crc)")
-    voted = data[_TERM_REC.size:end].decode() if n else None
+    voted = data[_TERM_REC.size : end].decode() if n else None
     return term, voted
 
 
@@ -218,9 +218,16 @@ class LogView:
 class RaftLog(ps_journal.Journal):
     """pysyncobj's Journal interface over our Journal; entries are (command, index, term)."""
 
-    def __init__(self, folder: Path | str, *, fsync: bool = True, on_durable: Callable[[int], None] | None = None,
-                 tail_bytes_max: int = TAIL_BYTES_MAX_DEFAULT, tail_entries_max: int = TAIL_ENTRIES_MAX_DEFAULT,
-                 journal_factory: Callable[..., Journal] | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path | str,
+        *,
+        fsync: bool = True,
+        on_durable: Callable[[int], None] | None = None,
+        tail_bytes_max: int = TAIL_BYTES_MAX_DEFAULT,
+        tail_entries_max: int = TAIL_ENTRIES_MAX_DEFAULT,
+        journal_factory: Callable[..., Journal] | None = None,
+    ) -> None:
         self.folder = Path(folder)
         self._fsync = fsync
         self._tail_bytes_max = tail_bytes_max
@@ -228,8 +235,9 @@ class RaftLog(ps_journal.Journal):
         self.on_truncate: Callable[[int, int], None] | None = None  # (first index removed, count)
         factory = journal_factory or Journal.open
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.journal = factory(self.folder, fsync=fsync, on_durable=on_durable, tail_cache_bytes_max=1024 * 1024,
-                               append_wait_s_max=10.0)
+        self.journal = factory(
+            self.folder, fsync=fsync, on_durable=on_durable, tail_cache_bytes_max=1024 * 1024, append_wait_s_max=10.0
+        )
         try:
             self._term, self._voted = read_term_file(self.folder)
             self._commit = self._commit_saved = read_commit_file(self.folder)
@@ -310,8 +318,9 @@ class RaftLog(ps_journal.Journal):
         self._tail.append(entry)
         self._tail_bytes += len(entry[0]) + ENTRY_OVERHEAD_BYTES
         tail, head = self._tail, self._tail_head
-        while (len(tail) - head > 1 and (self._tail_bytes > self._tail_bytes_max
-                                         or len(tail) - head > self._tail_entries_max)):
+        while len(tail) - head > 1 and (
+            self._tail_bytes > self._tail_bytes_max or len(tail) - head > self._tail_entries_max
+        ):
             self._tail_bytes -= len(tail[head][0]) + ENTRY_OVERHEAD_BYTES
             tail[head] = None  # type: ignore[call-overload]
             head += 1
@@ -355,7 +364,7 @@ class RaftLog(ps_journal.Journal):
             lo = tf
         if lo <= hi:
             base = self._tail_head - tf
-            yield from self._tail[base + lo:base + hi + 1]
+            yield from self._tail[base + lo : base + hi + 1]
 
     def slice_abs(self, lo: int, hi: int):
         """Entries lo..hi as a list when they are in the tail, else a LogView."""
@@ -364,7 +373,7 @@ class RaftLog(ps_journal.Journal):
         tf = self._tail_first()
         if lo >= tf:
             base = self._tail_head - tf
-            return self._tail[base + lo:base + hi + 1]
+            return self._tail[base + lo : base + hi + 1]
         return LogView(self, lo, hi)
 
     # ------------------------------------------------------------------- pysyncobj Journal

@@ -25,8 +25,16 @@ from pathlib import Path
 
 import msgpack
 
-__all__ = ["SnapshotError", "SnapshotHeader", "write_snapshot", "read_header", "read_body", "latest_snapshot",
-           "prune_snapshots", "snapshot_path"]
+__all__ = [
+    "SnapshotError",
+    "SnapshotHeader",
+    "write_snapshot",
+    "read_header",
+    "read_body",
+    "latest_snapshot",
+    "prune_snapshots",
+    "snapshot_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +54,18 @@ class SnapshotError(Exception):
 class SnapshotHeader:
     __slots__ = ("group", "index", "term", "prev", "last", "members", "path", "body_offset", "body_bytes")
 
-    def __init__(self, group: str, index: int, term: int, prev: tuple, last: tuple, members: list,
-                 path: Path | None = None, body_offset: int = 0, body_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        group: str,
+        index: int,
+        term: int,
+        prev: tuple,
+        last: tuple,
+        members: list,
+        path: Path | None = None,
+        body_offset: int = 0,
+        body_bytes: int = 0,
+    ) -> None:
         self.group = group
         self.index = index
         self.term = term
@@ -59,23 +77,42 @@ class SnapshotHeader:
         self.body_bytes = body_bytes
 
     def encode(self) -> bytes:
-        return msgpack.packb({"group": self.group, "index": self.index, "term": self.term,
-                              "prev": list(self.prev), "last": list(self.last),
-                              "members": [list(m) for m in self.members]}, use_bin_type=True)
+        return msgpack.packb(
+            {
+                "group": self.group,
+                "index": self.index,
+                "term": self.term,
+                "prev": list(self.prev),
+                "last": list(self.last),
+                "members": [list(m) for m in self.members],
+            },
+            use_bin_type=True,
+        )
 
     @classmethod
     def decode(cls, raw: bytes, path: Path) -> SnapshotHeader:
         try:
             h = msgpack.unpackb(raw, raw=False, strict_map_key=True)
             prev, last = h["prev"], h["last"]
-            header = cls(h["group"], h["index"], h["term"], (bytes(prev[0]), prev[1], prev[2]),
-                         (bytes(last[0]), last[1], last[2]),
-                         [(str(m[0]), str(m[1]), int(m[2])) for m in h["members"]], path)
+            header = cls(
+                h["group"],
+                h["index"],
+                h["term"],
+                (bytes(prev[0]), prev[1], prev[2]),
+                (bytes(last[0]), last[1], last[2]),
+                [(str(m[0]), str(m[1]), int(m[2])) for m in h["members"]],
+                path,
+            )
         except Exception as exc:  # msgpack and the lookups raise several types on garbage
             raise SnapshotError(f"{path}: bad header: {exc}") from None
-        if not (type(header.index) is int and header.index >= 2 and header.last[1] == header.index
-                and header.prev[1] == header.index - 1 and header.last[2] == header.term
-                and header.prev[2] <= header.term):
+        if not (
+            type(header.index) is int
+            and header.index >= 2
+            and header.last[1] == header.index
+            and header.prev[1] == header.index - 1
+            and header.last[2] == header.term
+            and header.prev[2] <= header.term
+        ):
             raise SnapshotError(f"{path}: inconsistent header (index {header.index})")
         return header
 

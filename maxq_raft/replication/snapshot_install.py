@@ -96,8 +96,16 @@ class InstallSender:
             data = os.pread(self.fd, n, self.sent)
             if len(data) != n:
                 raise OSError(f"snapshot {self.header.path} shrank while being sent")
-            out.append({"type": "snapshot_chunk", "term": self.term, "index": self.header.index, "offset": self.sent,
-                        "data": data, "is_last": self.sent + n == self.size})
+            out.append(
+                {
+                    "type": "snapshot_chunk",
+                    "term": self.term,
+                    "index": self.header.index,
+                    "offset": self.sent,
+                    "data": data,
+                    "is_last": self.sent + n == self.size,
+                }
+            )
             self.sent += n
         return out
 

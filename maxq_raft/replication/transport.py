@@ -45,8 +45,19 @@ PENDING_INCOMING_MAX = 64
 
 
 class _Out:
-    __slots__ = ("peer", "sock", "state", "rbuf", "wbuf", "nonce_a", "nonce_c", "deadline", "last_tx", "up_since",
-                 "events")
+    __slots__ = (
+        "peer",
+        "sock",
+        "state",
+        "rbuf",
+        "wbuf",
+        "nonce_a",
+        "nonce_c",
+        "deadline",
+        "last_tx",
+        "up_since",
+        "events",
+    )
 
     def __init__(self, peer: str, sock: socket.socket, deadline: float) -> None:
         self.peer, self.sock, self.state = peer, sock, "connecting"
@@ -71,11 +82,23 @@ class _In:
 
 
 class Hub:
-    def __init__(self, node_id: str, bind_addr: tuple[str, int], secret: bytes, *,
-                 on_frame: Callable[[str, int, bytes], None], on_peer_up: Callable[[str], None],
-                 on_peer_down: Callable[[str], None], connect_timeout_s: float = 2.0, peer_timeout_s: float = 3.0,
-                 ping_interval_s: float = 0.5, retry_s_min: float = 0.1, retry_s_max: float = 1.0,
-                 wbuf_bytes_max: int = WBUF_BYTES_MAX_DEFAULT, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        bind_addr: tuple[str, int],
+        secret: bytes,
+        *,
+        on_frame: Callable[[str, int, bytes], None],
+        on_peer_up: Callable[[str], None],
+        on_peer_down: Callable[[str], None],
+        connect_timeout_s: float = 2.0,
+        peer_timeout_s: float = 3.0,
+        ping_interval_s: float = 0.5,
+        retry_s_min: float = 0.1,
+        retry_s_max: float = 1.0,
+        wbuf_bytes_max: int = WBUF_BYTES_MAX_DEFAULT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not secret:
             raise ValueError("cluster_secret must not be empty")
         wire._id_bytes(node_id)  # length check
@@ -97,8 +120,17 @@ class Hub:
         self.last_rx: dict[str, float] = {}
         self.retry_at: dict[str, float] = {}
         self.retry_s: dict[str, float] = {}
-        self.stats = {"frames_in": 0, "frames_out": 0, "bytes_in": 0, "bytes_out": 0, "auth_rejected": 0,
-                      "protocol_errors": 0, "connects": 0, "peer_timeouts": 0, "send_refused_full": 0}
+        self.stats = {
+            "frames_in": 0,
+            "frames_out": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "auth_rejected": 0,
+            "protocol_errors": 0,
+            "connects": 0,
+            "peer_timeouts": 0,
+            "send_refused_full": 0,
+        }
         self.sel = selectors.DefaultSelector()
         self.lsock: socket.socket | None = None
         self.wake_r, self.wake_w = socket.socketpair()
@@ -256,8 +288,9 @@ class Hub:
                 got = wire.parse_client_auth(buf, self.secret, c.nonce_a)
             except wire.WireError as exc:
                 self.stats["auth_rejected"] += 1
-                log.warning("raft port %s: rejected connection from %s:%s: %s", self.bind_addr[0], c.addr[0],
-                            c.addr[1], exc)
+                log.warning(
+                    "raft port %s: rejected connection from %s:%s: %s", self.bind_addr[0], c.addr[0], c.addr[1], exc
+                )
                 self._close_in(c, None)
                 return
             if got is None:
@@ -297,7 +330,7 @@ class Hub:
                 return
             if n - off - 4 < ln:
                 break
-            body = bytes(buf[off + 5:off + 4 + ln])
+            body = bytes(buf[off + 5 : off + 4 + ln])
             off += 4 + ln
             got = True
             self.stats["frames_in"] += 1
@@ -312,8 +345,9 @@ class Hub:
 
     def _close_in(self, c: _In, why: str | None) -> None:
         if why:
-            log.info("raft port %s: closing connection from %s (%s): %s", self.bind_addr[0], c.peer or c.addr, c.addr,
-                     why)
+            log.info(
+                "raft port %s: closing connection from %s (%s): %s", self.bind_addr[0], c.peer or c.addr, c.addr, why
+            )
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -393,7 +427,7 @@ class Hub:
                 nonce_a = wire.parse_server_hello(o.rbuf)
                 if nonce_a is None:
                     return
-                del o.rbuf[:wire.SERVER_HELLO_BYTES]
+                del o.rbuf[: wire.SERVER_HELLO_BYTES]
                 msg, o.nonce_c = wire.client_auth(self.secret, nonce_a, self.node_id)
                 o.nonce_a = nonce_a
                 o.sock.send(msg)
@@ -406,7 +440,9 @@ class Hub:
                     return
                 peer_id, used = got
                 if peer_id != o.peer:
-                    raise wire.WireError(f"address {self.addrs.get(o.peer)} answers as {peer_id!r}, expected {o.peer!r}")
+                    raise wire.WireError(
+                        f"address {self.addrs.get(o.peer)} answers as {peer_id!r}, expected {o.peer!r}"
+                    )
                 del o.rbuf[:used]
                 if o.rbuf:
                     raise wire.WireError("bytes after the proof")

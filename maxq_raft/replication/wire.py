@@ -46,12 +46,33 @@ import msgpack
 from pysyncobj.node import Node
 
 __all__ = [
-    "WireError", "FRAME_HEADER", "FRAME_BYTES_MAX", "KIND_RAFT", "KIND_CONTROL", "KIND_PING",
-    "CMD_NO_OP", "CMD_MEMBERSHIP", "CMD_PAYLOAD", "NODE_ID_BYTES_MAX",
-    "encode_raft", "decode_raft", "encode_control", "decode_control", "frame",
-    "membership_command", "membership_of", "RaftNode",
-    "server_hello", "parse_server_hello", "client_auth", "parse_client_auth", "server_proof",
-    "parse_server_proof", "SERVER_HELLO_BYTES", "CLIENT_AUTH_BYTES_MAX", "SERVER_PROOF_BYTES_MAX",
+    "WireError",
+    "FRAME_HEADER",
+    "FRAME_BYTES_MAX",
+    "KIND_RAFT",
+    "KIND_CONTROL",
+    "KIND_PING",
+    "CMD_NO_OP",
+    "CMD_MEMBERSHIP",
+    "CMD_PAYLOAD",
+    "NODE_ID_BYTES_MAX",
+    "encode_raft",
+    "decode_raft",
+    "encode_control",
+    "decode_control",
+    "frame",
+    "membership_command",
+    "membership_of",
+    "RaftNode",
+    "server_hello",
+    "parse_server_hello",
+    "client_auth",
+    "parse_client_auth",
+    "server_proof",
+    "parse_server_proof",
+    "SERVER_HELLO_BYTES",
+    "CLIENT_AUTH_BYTES_MAX",
+    "SERVER_PROOF_BYTES_MAX",
 ]
 
 FRAME_HEADER = struct.Struct(">IB")
@@ -107,11 +128,13 @@ class RaftNode(Node):
 
 # ----------------------------------------------------------------------------------- frames
 
+
 def frame(kind: int, body: bytes) -> bytes:
     return FRAME_HEADER.pack(len(body) + 1, kind) + body
 
 
 # ------------------------------------------------------------------------------- membership
+
 
 def membership_command(action: str, node_id: str, raft_addr: tuple[str, int] | None) -> bytes:
     """The log command pysyncobj's addNodeToCluster/removeNodeFromCluster would build (byte 2 +
@@ -129,6 +152,7 @@ def membership_of(command: bytes) -> tuple[str, str, tuple[str, int] | None]:
 
 
 # --------------------------------------------------------------------------- raft messages
+
 
 def _entry_to_wire(entry: Any, cache: dict) -> list:
     cmd, idx, term = entry[0], entry[1], entry[2]
@@ -155,18 +179,38 @@ def encode_raft(group: str, message: dict, membership_cache: dict) -> bytes:
         if "transmission" in message or "serialized" in message or "prevLogIdx" not in message:
             raise WireError("chunked or snapshot append_entries are not supported")
         entries = [_entry_to_wire(e, membership_cache) for e in message["entries"]]
-        body = [group, _T_APPEND_ENTRIES, message["term"], message["commit_index"], message["prevLogIdx"],
-                message["prevLogTerm"], entries]
+        body = [
+            group,
+            _T_APPEND_ENTRIES,
+            message["term"],
+            message["commit_index"],
+            message["prevLogIdx"],
+            message["prevLogTerm"],
+            entries,
+        ]
     elif t == "snapshot_chunk":
         if type(message["data"]) is not bytes or len(message["data"]) > SNAPSHOT_CHUNK_BYTES_MAX:
             raise WireError("snapshot chunk is not bytes of a bounded size")
-        body = [group, _T_SNAPSHOT_CHUNK, message["term"], message["index"], message["offset"], message["data"],
-                bool(message["is_last"])]
+        body = [
+            group,
+            _T_SNAPSHOT_CHUNK,
+            message["term"],
+            message["index"],
+            message["offset"],
+            message["data"],
+            bool(message["is_last"]),
+        ]
     elif t == "snapshot_ack":
         body = [group, _T_SNAPSHOT_ACK, message["term"], message["index"], message["offset"], bool(message["done"])]
     elif t == "next_node_idx":
-        body = [group, _T_NEXT_NODE_IDX, message["next_node_idx"], bool(message["reset"]), bool(message["success"]),
-                message["term"]]
+        body = [
+            group,
+            _T_NEXT_NODE_IDX,
+            message["next_node_idx"],
+            bool(message["reset"]),
+            bool(message["success"]),
+            message["term"],
+        ]
     elif t == "request_vote":
         body = [group, _T_REQUEST_VOTE, message["term"], message["last_log_index"], message["last_log_term"]]
     elif t == "response_vote":
@@ -207,9 +251,16 @@ def _entry_from_wire(e: Any) -> list:
             m = msgpack.unpackb(cmd[1:], raw=False, use_list=True)
         except Exception as exc:  # msgpack raises several types on garbage
             raise WireError(f"membership entry is not msgpack: {exc}") from None
-        if (type(m) is not list or len(m) != 4 or m[0] not in ("add", "rem") or type(m[1]) is not str
-                or not 0 < len(m[1].encode()) <= NODE_ID_BYTES_MAX or type(m[2]) is not str or type(m[3]) is not int
-                or not 0 <= m[3] <= 65535):
+        if (
+            type(m) is not list
+            or len(m) != 4
+            or m[0] not in ("add", "rem")
+            or type(m[1]) is not str
+            or not 0 < len(m[1].encode()) <= NODE_ID_BYTES_MAX
+            or type(m[2]) is not str
+            or type(m[3]) is not int
+            or not 0 <= m[3] <= 65535
+        ):
             raise WireError(f"bad membership entry {m!r}")
         cmd = membership_command(m[0], m[1], (m[2], m[3]) if m[2] else None)
     else:
@@ -239,22 +290,48 @@ def decode_raft(body: bytes) -> tuple[str, dict]:
             if e[1] != expect or e[2] < last_term or e[2] > term:
                 raise WireError(f"entries out of order at index {e[1]}")
             expect, last_term = expect + 1, e[2]
-        return group, {"type": "append_entries", "term": term, "commit_index": _int(m[3], "commit_index"),
-                       "prevLogIdx": prev, "prevLogTerm": prev_term, "entries": entries}
+        return group, {
+            "type": "append_entries",
+            "term": term,
+            "commit_index": _int(m[3], "commit_index"),
+            "prevLogIdx": prev,
+            "prevLogTerm": prev_term,
+            "entries": entries,
+        }
     if t == _T_SNAPSHOT_CHUNK and len(m) == 7:
         if type(m[5]) is not bytes or len(m[5]) > SNAPSHOT_CHUNK_BYTES_MAX:
             raise WireError("snapshot chunk is not bytes of a bounded size")
-        return group, {"type": "snapshot_chunk", "term": _int(m[2], "term"), "index": _int(m[3], "index"),
-                       "offset": _int(m[4], "offset"), "data": m[5], "is_last": _bool(m[6], "is_last")}
+        return group, {
+            "type": "snapshot_chunk",
+            "term": _int(m[2], "term"),
+            "index": _int(m[3], "index"),
+            "offset": _int(m[4], "offset"),
+            "data": m[5],
+            "is_last": _bool(m[6], "is_last"),
+        }
     if t == _T_SNAPSHOT_ACK and len(m) == 6:
-        return group, {"type": "snapshot_ack", "term": _int(m[2], "term"), "index": _int(m[3], "index"),
-                       "offset": _int(m[4], "offset"), "done": _bool(m[5], "done")}
+        return group, {
+            "type": "snapshot_ack",
+            "term": _int(m[2], "term"),
+            "index": _int(m[3], "index"),
+            "offset": _int(m[4], "offset"),
+            "done": _bool(m[5], "done"),
+        }
     if t == _T_NEXT_NODE_IDX and len(m) == 6:
-        return group, {"type": "next_node_idx", "next_node_idx": _int(m[2], "next_node_idx"),
-                       "reset": _bool(m[3], "reset"), "success": _bool(m[4], "success"), "term": _int(m[5], "term")}
+        return group, {
+            "type": "next_node_idx",
+            "next_node_idx": _int(m[2], "next_node_idx"),
+            "reset": _bool(m[3], "reset"),
+            "success": _bool(m[4], "success"),
+            "term": _int(m[5], "term"),
+        }
     if t == _T_REQUEST_VOTE and len(m) == 5:
-        return group, {"type": "request_vote", "term": _int(m[2], "term"),
-                       "last_log_index": _int(m[3], "last_log_index"), "last_log_term": _int(m[4], "last_log_term")}
+        return group, {
+            "type": "request_vote",
+            "term": _int(m[2], "term"),
+            "last_log_index": _int(m[3], "last_log_index"),
+            "last_log_term": _int(m[4], "last_log_term"),
+        }
     if t == _T_RESPONSE_VOTE and len(m) == 3:
         return group, {"type": "response_vote", "term": _int(m[2], "term")}
     if t == _T_TIMEOUT_NOW and len(m) == 3:
@@ -277,6 +354,7 @@ def decode_control(body: bytes) -> dict:
 
 
 # ------------------------------------------------------------------------------- handshake
+
 
 def _mac(secret: bytes, label: bytes, n1: bytes, n2: bytes, node_id: bytes) -> bytes:
     return hmac.new(secret, label + n1 + n2 + bytes([len(node_id)]) + node_id, hashlib.sha256).digest()
@@ -308,8 +386,14 @@ def client_auth(secret: bytes, nonce_a: bytes, node_id: str) -> tuple[bytes, byt
     """(bytes to send, nonce_c)."""
     nonce_c = os.urandom(NONCE_BYTES)
     nid = _id_bytes(node_id)
-    return (MAGIC + bytes([VERSION]) + nonce_c + bytes([len(nid)]) + nid
-            + _mac(secret, _CLIENT_LABEL, nonce_a, nonce_c, nid)), nonce_c
+    return (
+        MAGIC
+        + bytes([VERSION])
+        + nonce_c
+        + bytes([len(nid)])
+        + nid
+        + _mac(secret, _CLIENT_LABEL, nonce_a, nonce_c, nid)
+    ), nonce_c
 
 
 def parse_client_auth(buf: bytes | bytearray, secret: bytes, nonce_a: bytes) -> tuple[str, bytes, int] | None:
@@ -320,15 +404,15 @@ def parse_client_auth(buf: bytes | bytearray, secret: bytes, nonce_a: bytes) -> 
         return None
     if bytes(buf[:4]) != MAGIC or buf[4] != VERSION:
         raise WireError("not a maxq-raft client")
-    nonce_c = bytes(buf[5:5 + NONCE_BYTES])
+    nonce_c = bytes(buf[5 : 5 + NONCE_BYTES])
     n = buf[head - 1]
     if n == 0:
         raise WireError("empty node id")
     end = head + n + MAC_BYTES
     if len(buf) < end:
         return None
-    nid = bytes(buf[head:head + n])
-    mac = bytes(buf[head + n:end])
+    nid = bytes(buf[head : head + n])
+    mac = bytes(buf[head + n : end])
     if not hmac.compare_digest(mac, _mac(secret, _CLIENT_LABEL, nonce_a, nonce_c, nid)):
         raise WireError("bad HMAC")
     try:
@@ -352,8 +436,8 @@ def parse_server_proof(buf: bytes | bytearray, secret: bytes, nonce_a: bytes, no
         raise WireError("empty node id in proof")
     if len(buf) < end:
         return None
-    nid = bytes(buf[1:1 + n])
-    if not hmac.compare_digest(bytes(buf[1 + n:end]), _mac(secret, _SERVER_LABEL, nonce_c, nonce_a, nid)):
+    nid = bytes(buf[1 : 1 + n])
+    if not hmac.compare_digest(bytes(buf[1 + n : end]), _mac(secret, _SERVER_LABEL, nonce_c, nonce_a, nid)):
         raise WireError("bad HMAC in the acceptor's proof")
     try:
         return nid.decode(), end

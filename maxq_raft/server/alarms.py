@@ -45,8 +45,11 @@ def disk_free_bytes(path: str) -> int:
 class ResourceAlarms:
     def __init__(self, data_dir: str, memory_high_watermark_mb: int, disk_free_limit_mb: int) -> None:
         self.data_dir = data_dir
-        self.memory_limit_bytes = (memory_high_watermark_mb << 20) if memory_high_watermark_mb else int(
-            machine_memory_bytes() * DEFAULT_MEMORY_RATIO)
+        self.memory_limit_bytes = (
+            (memory_high_watermark_mb << 20)
+            if memory_high_watermark_mb
+            else int(machine_memory_bytes() * DEFAULT_MEMORY_RATIO)
+        )
         self.disk_limit_bytes = disk_free_limit_mb << 20
         self.memory_alarm = False
         self.free_space_alarm = False
@@ -83,16 +86,23 @@ class ResourceAlarms:
         was = self.active
         if rss > self.memory_limit_bytes:
             if not self.memory_alarm:
-                log.warning("memory alarm: RSS %d MiB above the high watermark %d MiB; blocking publishers",
-                            rss >> 20, self.memory_limit_bytes >> 20)
+                log.warning(
+                    "memory alarm: RSS %d MiB above the high watermark %d MiB; blocking publishers",
+                    rss >> 20,
+                    self.memory_limit_bytes >> 20,
+                )
             self.memory_alarm = True
         elif self.memory_alarm and rss < self.memory_limit_bytes * CLEAR_RATIO:
             log.warning("memory alarm cleared: RSS %d MiB", rss >> 20)
             self.memory_alarm = False
         if free < self.disk_limit_bytes:
             if not self.free_space_alarm:
-                log.warning("disk alarm: %d MiB free in %s, below the limit %d MiB; blocking publishers",
-                            free >> 20, self.data_dir, self.disk_limit_bytes >> 20)
+                log.warning(
+                    "disk alarm: %d MiB free in %s, below the limit %d MiB; blocking publishers",
+                    free >> 20,
+                    self.data_dir,
+                    self.disk_limit_bytes >> 20,
+                )
             self.free_space_alarm = True
         elif self.free_space_alarm and free > self.disk_limit_bytes * 1.05:
             log.warning("disk alarm cleared: %d MiB free", free >> 20)

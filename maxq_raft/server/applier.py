@@ -52,8 +52,16 @@ class Applier:
         self.log = log_  # the log that applies through us: submit, lives_down
         self.topology: Any = NoTopologyRecord()
 
-    def apply(self, group: Any, meta: Meta, target: Any, command: Any, origin: str, mine: bool,
-              then: Callable[[Any], None] | None) -> None:
+    def apply(
+        self,
+        group: Any,
+        meta: Meta,
+        target: Any,
+        command: Any,
+        origin: str,
+        mine: bool,
+        then: Callable[[Any], None] | None,
+    ) -> None:
         broker = self.broker
         if target is None:
             reply = self._apply_meta(group, meta, command, origin, mine)
@@ -90,7 +98,9 @@ class Applier:
                 self.topology.after(machine, command, effects, log_it)
             except StoreFailed as exc:
                 # Applied, and kept in the store's redo log (storage/guarded.py), but not durable yet.
-                return Rejected(541, f"the message store cannot write ({exc}): {type(command).__name__} is not stored yet")
+                return Rejected(
+                    541, f"the message store cannot write ({exc}): {type(command).__name__} is not stored yet"
+                )
         return reply
 
     def _group_effects(self, effects: list) -> list:
@@ -112,4 +122,3 @@ class Applier:
             else:
                 rest.append(effect)
         return rest
-

@@ -165,11 +165,14 @@ class Broker:
     def delete_queue(self, queue_key: tuple, then=None) -> None:
         """Delete a queue: its messages, its record and bindings; its consumers are told.
         `then(message count)`."""
+
         def record_gone(count) -> None:
             def done(reply) -> None:
                 if then is not None:
                     then(count if isinstance(count, int) and not isinstance(count, bool) else 0)
+
             self.meta_call(md.DeleteQueueRecord(*queue_key), done)
+
         self.queue_call(queue_key, qc.DeleteQueue(), record_gone)
 
     def maybe_auto_delete(self, queue_key: tuple, then=None) -> None:
@@ -177,8 +180,13 @@ class Broker:
         `then(deleted)` once it has gone (or at once, False, when it stays)."""
         queue = self.queues.get(queue_key)
         record = self.meta.queue(*queue_key)
-        if queue is not None and record is not None and record.auto_delete and queue.ever_had_consumer \
-                and queue.active_consumer_count == 0:
+        if (
+            queue is not None
+            and record is not None
+            and record.auto_delete
+            and queue.ever_had_consumer
+            and queue.active_consumer_count == 0
+        ):
             self.delete_queue(queue_key, None if then is None else lambda _count: then(True))
         elif then is not None:
             then(False)

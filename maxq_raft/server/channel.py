@@ -57,7 +57,9 @@ class ChannelHost(Protocol):
     def flush_publishes(self) -> dict: ...
     def defer_settles(self, kind, entries: list) -> None: ...
     def flush_settles(self) -> None: ...
-    def write_delivery(self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message) -> None: ...
+    def write_delivery(
+        self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message
+    ) -> None: ...
     def wake(self) -> None: ...
 
 
@@ -85,8 +87,10 @@ class Channel:
     def handle(self, method) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
-            raise HardError(spec.COMMAND_INVALID if method.CLASS_ID in (10, 20, 40, 50, 60, 85, 90) else spec.NOT_IMPLEMENTED,
-                            f"method {method.NAME} is not supported from a client")
+            raise HardError(
+                spec.COMMAND_INVALID if method.CLASS_ID in (10, 20, 40, 50, 60, 85, 90) else spec.NOT_IMPLEMENTED,
+                f"method {method.NAME} is not supported from a client",
+            )
         handler(self, method)
 
     def _reply(self, method) -> None:
@@ -107,6 +111,7 @@ class Channel:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             then(reply)
+
         self.broker.meta_call(command, self._then(checked))
 
     def _queue_key(self, name: str) -> tuple:
@@ -125,10 +130,12 @@ class Channel:
         if record is None:
             raise ChannelError(spec.NOT_FOUND, f"no queue '{name}' in vhost '{self.session.vhost}'")
         if record.exclusive_owner is not None and record.exclusive_owner != self.session.id:
-            raise ChannelError(spec.RESOURCE_LOCKED,
-                               f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.session.vhost}'. "
-                               "It could be originally declared on another connection or the exclusive property value "
-                               "does not match that of the original declaration.")
+            raise ChannelError(
+                spec.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.session.vhost}'. "
+                "It could be originally declared on another connection or the exclusive property value "
+                "does not match that of the original declaration.",
+            )
         return record
 
     # ----------------------------------------------------------- exchange
@@ -137,21 +144,41 @@ class Channel:
         # rabbit_channel: check_not_default_exchange runs for passive declares too.
         if m.exchange == "":
             raise ChannelError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        self._meta(md.DeclareExchange(self.session.vhost, m.exchange, m.type, m.passive, m.durable,
-                                      m.auto_delete, m.internal, m.arguments or {}),
-                   lambda _: m.no_wait or self._reply(spec.ExchangeDeclareOk()))
+        self._meta(
+            md.DeclareExchange(
+                self.session.vhost,
+                m.exchange,
+                m.type,
+                m.passive,
+                m.durable,
+                m.auto_delete,
+                m.internal,
+                m.arguments or {},
+            ),
+            lambda _: m.no_wait or self._reply(spec.ExchangeDeclareOk()),
+        )
 
     def exchange_delete(self, m) -> None:
-        self._meta(md.DeleteExchange(self.session.vhost, m.exchange, m.if_unused),
-                   lambda _: m.no_wait or self._reply(spec.ExchangeDeleteOk()))
+        self._meta(
+            md.DeleteExchange(self.session.vhost, m.exchange, m.if_unused),
+            lambda _: m.no_wait or self._reply(spec.ExchangeDeleteOk()),
+        )
 
     def exchange_bind(self, m) -> None:
-        self._meta(md.Bind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id),
-                   lambda _: m.no_wait or self._reply(spec.ExchangeBindOk()))
+        self._meta(
+            md.Bind(
+                self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id
+            ),
+            lambda _: m.no_wait or self._reply(spec.ExchangeBindOk()),
+        )
 
     def exchange_unbind(self, m) -> None:
-        self._meta(md.Unbind(self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id),
-                   lambda _: m.no_wait or self._reply(spec.ExchangeUnbindOk()))
+        self._meta(
+            md.Unbind(
+                self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id
+            ),
+            lambda _: m.no_wait or self._reply(spec.ExchangeUnbindOk()),
+        )
 
     # -------------------------------------------------------------- queue
 
@@ -161,7 +188,7 @@ class Channel:
         if name == REPLY_TO_QUEUE or name.startswith(REPLY_TO_PREFIX):
             # rabbit_channel: every declare of the pseudo-queue is in effect passive; it exists
             # (with its one consumer) if the address is live.
-            if name != REPLY_TO_QUEUE and name[len(REPLY_TO_PREFIX):] not in self.broker.reply_to:
+            if name != REPLY_TO_QUEUE and name[len(REPLY_TO_PREFIX) :] not in self.broker.reply_to:
                 raise ChannelError(spec.NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
             if not m.no_wait:
                 self._reply(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=1))
@@ -175,9 +202,11 @@ class Channel:
         arguments = m.arguments or {}
         queue_type = arguments.get("x-queue-type")
         if queue_type is not None and _str(queue_type) not in SUPPORTED_QUEUE_TYPES:
-            raise ChannelError(spec.PRECONDITION_FAILED,
-                               f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
-                               f"'{_str(queue_type)}' is not supported (use classic or quorum)")
+            raise ChannelError(
+                spec.PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{vhost}': "
+                f"'{_str(queue_type)}' is not supported (use classic or quorum)",
+            )
         if arguments and not m.passive:
             try:
                 validate_queue_arguments(vhost, name, arguments)
@@ -193,27 +222,41 @@ class Channel:
                 self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
             if not m.no_wait:
                 # In a cluster the counts are this replica's, which may trail the leader's a little.
-                self._reply(spec.QueueDeclareOk(queue=name, message_count=queue.ready_count if queue else 0,
-                                                consumer_count=queue.active_consumer_count if queue else 0))
-        self.broker.declare_queue(md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                                  arguments, self.session.id), self._then(declared))
+                self._reply(
+                    spec.QueueDeclareOk(
+                        queue=name,
+                        message_count=queue.ready_count if queue else 0,
+                        consumer_count=queue.active_consumer_count if queue else 0,
+                    )
+                )
+
+        self.broker.declare_queue(
+            md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, arguments, self.session.id),
+            self._then(declared),
+        )
 
     def queue_bind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
-        self._meta(md.Bind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
-                   lambda _: m.no_wait or self._reply(spec.QueueBindOk()))
+        self._meta(
+            md.Bind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
+            lambda _: m.no_wait or self._reply(spec.QueueBindOk()),
+        )
 
     def queue_unbind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
-        self._meta(md.Unbind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
-                   lambda _: self._reply(spec.QueueUnbindOk()))
+        self._meta(
+            md.Unbind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
+            lambda _: self._reply(spec.QueueUnbindOk()),
+        )
 
     def queue_purge(self, m) -> None:
         name = self._expand_queue_name(m.queue)
         self._existing_queue(name)
+
         def purged(count) -> None:
             if not m.no_wait:
                 self._reply(spec.QueuePurgeOk(message_count=count if isinstance(count, int) else 0))
+
         self.broker.queue_call(self._queue_key(name), qc.Purge(), self._then(purged))
 
     def queue_delete(self, m) -> None:
@@ -232,7 +275,11 @@ class Channel:
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
             if m.if_empty and queue is not None and queue.ready_count:
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
-            self.broker.delete_queue((vhost, name), self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))))
+            self.broker.delete_queue(
+                (vhost, name),
+                self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))),
+            )
+
         # The checks read the queue: in a cluster, once its shard has what this node sent before.
         self.broker.queue_call((vhost, name), qc.Sync(), self._then(delete))
 
@@ -259,7 +306,9 @@ class Channel:
         arguments = m.arguments or {}
         priority = arguments.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ChannelError(spec.PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}': expected an integer")
+            raise ChannelError(
+                spec.PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}': expected an integer"
+            )
         prefetch = self.state.consumer_prefetch_count()
         handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack)
         # Register before checkout: the checkout may deliver at once.
@@ -275,8 +324,12 @@ class Channel:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             if not m.no_wait and type(reply) is not Unavailable:
                 self._reply(spec.BasicConsumeOk(consumer_tag=tag))  # before the first delivery
-        self.broker.queue_call(queue_key, qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack,
-                                                       priority, m.exclusive, FLOW_CREDIT), self._then(checked_out))
+
+        self.broker.queue_call(
+            queue_key,
+            qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT),
+            self._then(checked_out),
+        )
 
     def _consume_reply_to(self, m, tag: str) -> None:
         if not m.no_ack:
@@ -306,8 +359,11 @@ class Channel:
                     if self.state.held:
                         self._return_held(handle)
                     # An auto-delete queue is gone by the time cancel-ok is sent.
-                    self.broker.maybe_auto_delete(handle.queue_key, self._then(
-                        lambda _deleted: m.no_wait or self._reply(spec.BasicCancelOk(consumer_tag=tag))))
+                    self.broker.maybe_auto_delete(
+                        handle.queue_key,
+                        self._then(lambda _deleted: m.no_wait or self._reply(spec.BasicCancelOk(consumer_tag=tag))),
+                    )
+
                 self.broker.queue_call(handle.queue_key, qc.Cancel(handle.consumer_id), self._then(cancelled))
                 return
         if not m.no_wait:
@@ -322,6 +378,7 @@ class Channel:
         self._existing_queue(name)
         queue_key = self._queue_key(name)
         self.queues_touched[queue_key] = None
+
         def got(reply) -> None:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
@@ -330,9 +387,19 @@ class Channel:
                 return
             message, redelivered, remaining = reply
             tag = self.state.deliver(None if m.no_ack else (queue_key, self.get_consumer_id, message.seq))
-            self.conn.send_content(self.number, spec.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
-                                                                routing_key=message.routing_key, message_count=remaining),
-                                   delivery_props(message), message.body)
+            self.conn.send_content(
+                self.number,
+                spec.BasicGetOk(
+                    delivery_tag=tag,
+                    redelivered=redelivered,
+                    exchange=message.exchange,
+                    routing_key=message.routing_key,
+                    message_count=remaining,
+                ),
+                delivery_props(message),
+                message.body,
+            )
+
         self.broker.queue_call(queue_key, qc.Get(self.get_consumer_id, self.owner, m.no_ack), self._then(got))
 
     def basic_ack(self, m) -> None:
@@ -392,6 +459,7 @@ class Channel:
             progress["left"] -= 1
             if progress["left"] == 0:
                 committed(progress["failure"])
+
         for queue_key in queue_keys:
             self.broker.queue_call(queue_key, qc.Sync(), synced)
 
@@ -423,8 +491,18 @@ class Channel:
 
     def deliver_reply(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> None:
         tag = self.state.deliver(None)  # a reply consumer is no-ack
-        self.conn.send_content(self.number, spec.BasicDeliver(consumer_tag=self.reply_tag, delivery_tag=tag, redelivered=False,
-                                                              exchange=exchange, routing_key=routing_key), props_raw, body)
+        self.conn.send_content(
+            self.number,
+            spec.BasicDeliver(
+                consumer_tag=self.reply_tag,
+                delivery_tag=tag,
+                redelivered=False,
+                exchange=exchange,
+                routing_key=routing_key,
+            ),
+            props_raw,
+            body,
+        )
         self.session.wake()
 
     # --------------------------------------------------------- deliveries

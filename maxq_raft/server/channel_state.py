@@ -56,10 +56,19 @@ _NOTHING: list = []  # returned (never mutated) when a settle inside a transacti
 
 class ChannelState:
     __slots__ = (
-        "next_delivery_tag", "unacked", "prefetch_count", "prefetch_count_global",
-        "flow_active", "held", "holding",
-        "confirm", "publish_seq", "confirmed_upto",
-        "tx", "tx_publishes", "tx_settles",
+        "next_delivery_tag",
+        "unacked",
+        "prefetch_count",
+        "prefetch_count_global",
+        "flow_active",
+        "held",
+        "holding",
+        "confirm",
+        "publish_seq",
+        "confirmed_upto",
+        "tx",
+        "tx_publishes",
+        "tx_settles",
     )
 
     def __init__(self) -> None:

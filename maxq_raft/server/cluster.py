@@ -242,6 +242,7 @@ class ClusterLog(CommandLog):
                 token.run_sync_soon(self._snapshot_saved, group, index, header, error)
             except trio.RunFinishedError:
                 pass
+
         self.node.take_snapshot(group, index, body, saved)
 
     def _snapshot_saved(self, group: str, index: int, header, error: str | None) -> None:
@@ -253,8 +254,9 @@ class ClusterLog(CommandLog):
         self.snapshots_taken += 1
         self.log_bytes_since[group] = 0
         self.snapshot_next_try.pop(group, None)
-        log.info("%s: snapshot at index %d saved (%d bytes); the log before it is compacted", group, index,
-                 header.body_bytes)
+        log.info(
+            "%s: snapshot at index %d saved (%d bytes); the log before it is compacted", group, index, header.body_bytes
+        )
 
     def on_snapshot(self, group: str, header) -> None:
         """The engine's callback (hub thread): this member's state for `group` is the snapshot's
@@ -268,14 +270,18 @@ class ClusterLog(CommandLog):
         if self.broker.sessions:
             # Caught up by a snapshot while serving: the clients' view of this member jumps; they
             # reconnect and see the new state (their consumers are cancelled through the log).
-            log.warning("%s: this member fell behind the compacted log and installs a snapshot; closing %d "
-                        "client connections", group, len(self.broker.sessions))
+            log.warning(
+                "%s: this member fell behind the compacted log and installs a snapshot; closing %d client connections",
+                group,
+                len(self.broker.sessions),
+            )
             self.close_sessions("this member caught up from a snapshot; reconnect")
         try:
             cluster_snapshot.load_group(self, group, header)
         except Exception:
-            log.critical("%s: the snapshot at %d cannot be loaded; this member stops", group, header.index,
-                         exc_info=True)
+            log.critical(
+                "%s: the snapshot at %d cannot be loaded; this member stops", group, header.index, exc_info=True
+            )
             raise
         self.applied_index[group] = header.index
         self.log_bytes_since[group] = 0
@@ -316,8 +322,11 @@ class ClusterLog(CommandLog):
     def lives_down(self, effect) -> None:
         """A node's lives were declared dead in a group: if it is this node's name and another
         life of it did so (it was cut off and the others moved on), start a new life."""
-        if (effect.prefix == self.node_id + "@" and not effect.origin.startswith(effect.prefix)
-                and effect.group == self.shards[0]):
+        if (
+            effect.prefix == self.node_id + "@"
+            and not effect.origin.startswith(effect.prefix)
+            and effect.group == self.shards[0]
+        ):
             self._cut_off()
 
     def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:
@@ -340,7 +349,9 @@ class ClusterLog(CommandLog):
         in the machines and its life's entries are skipped from here on, so it starts a new life
         and its clients reconnect and start over."""
         if self.broker.sessions:
-            log.warning("this node was declared down by the cluster; closing %d client connections", len(self.broker.sessions))
+            log.warning(
+                "this node was declared down by the cluster; closing %d client connections", len(self.broker.sessions)
+            )
         self.close_sessions("node was cut off from the cluster; reconnect")
         self.proposer.new_life()
 
@@ -356,23 +367,31 @@ class ClusterLog(CommandLog):
     async def barrier(self) -> None:
         """Commit this node's `Down` in every group: once applied here, the log before it is too
         (the retained log replays first), and nothing of an earlier life holds messages."""
-        pending = {META_GROUP: md.OwnerDown(self.node_id + "@"), **{g: qc.Down(self.node_id + "@") for g in self.shards}}
+        pending = {
+            META_GROUP: md.OwnerDown(self.node_id + "@"),
+            **{g: qc.Down(self.node_id + "@") for g in self.shards},
+        }
         announced = False
         while pending:
             results: dict[str, Any] = {}
             done = trio.Event()
             for group, command in pending.items():
+
                 def answered(reply, group=group) -> None:
                     results[group] = reply
                     if len(results) == len(pending):
                         done.set()
+
                 self.submit(None if group == META_GROUP else ALL_QUEUES, command, answered, group=group)
             await done.wait()
             pending = {g: c for g, c in pending.items() if type(results[g]) is Unavailable}
             if pending:
                 if not announced:
-                    log.info("waiting for a quorum of the cluster (%s: %s)", ", ".join(sorted(pending)),
-                             results[next(iter(pending))].reason)
+                    log.info(
+                        "waiting for a quorum of the cluster (%s: %s)",
+                        ", ".join(sorted(pending)),
+                        results[next(iter(pending))].reason,
+                    )
                     announced = True
                 await trio.sleep(BARRIER_RETRY_S)
 
@@ -382,9 +401,11 @@ class ClusterLog(CommandLog):
 
 def _guarded(then: Callable[[Any], None]) -> Callable[[Any], None]:
     """A continuation whose own exceptions are logged, never raised into the apply loop."""
+
     def call(reply: Any) -> None:
         try:
             then(reply)
         except Exception:  # the channel continuations handle their own errors; this is the backstop
             log.exception("continuation failed")
+
     return call

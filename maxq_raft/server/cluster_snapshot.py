@@ -65,10 +65,17 @@ def load_group(cluster, group: str, header) -> None:
     unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False, max_buffer_size=256 << 20)
     records = _records(unpacker, header)
     first = next(records, None)
-    if (type(first) is not list or len(first) != 2 or first[0] != "group" or type(first[1]) is not dict
-            or first[1].get("version") != FORMAT_VERSION or first[1].get("group") != group):
-        raise SnapshotError(f"snapshot of {group} at {header.index}: not a group snapshot of this version: "
-                            f"{str(first)[:80]}")
+    if (
+        type(first) is not list
+        or len(first) != 2
+        or first[0] != "group"
+        or type(first[1]) is not dict
+        or first[1].get("version") != FORMAT_VERSION
+        or first[1].get("group") != group
+    ):
+        raise SnapshotError(
+            f"snapshot of {group} at {header.index}: not a group snapshot of this version: {str(first)[:80]}"
+        )
     order = next(records, None)
     if type(order) is not list or len(order) != 4 or order[0] != "order":
         raise SnapshotError(f"snapshot of {group} at {header.index}: no apply-order record")

@@ -58,7 +58,9 @@ class CommandLog:
     flow_blocked: bool  # publishers are not read while this is True (a cluster's flow control)
     flow_room: trio.Event  # set when flow_blocked goes False
 
-    def submit(self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None) -> Pending:
+    def submit(
+        self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None
+    ) -> Pending:
         raise NotImplementedError
 
     def group_of(self, target: Any) -> str:
@@ -106,6 +108,7 @@ class CommandLog:
                 then(reply)
             else:
                 self.submit(key, qc.Sync(), lambda _r: then(reply))
+
         if command.passive or broker.meta.queue(*key) is not None:
             self.submit(None, command, synced)
             return
@@ -127,6 +130,7 @@ class CommandLog:
                 then(reply)
             else:
                 self.submit(None, command, recorded)
+
         self.submit(key, qc.Create(durable, arguments), created)
 
     async def tick_queues(self) -> None:
@@ -160,8 +164,13 @@ class CommandLog:
                 continue
             effects = held_dead_letters(queue, now_ms, lambda seq, key=key: (key, seq) in self.dead_letters_in_flight)
             for effect in effects:
-                log.warning("queue '%s' in vhost '%s': performing %d held dead letters (%s) again", key[1], key[0],
-                            len(effect.messages), effect.reason)
+                log.warning(
+                    "queue '%s' in vhost '%s': performing %d held dead letters (%s) again",
+                    key[1],
+                    key[0],
+                    len(effect.messages),
+                    effect.reason,
+                )
                 if queue.settings.dead_letter_exchange is None:  # the policy took the DLX away: drop them
                     self.submit(key, qc.DeadLettered([m.seq for m in effect.messages]), None)
                 else:

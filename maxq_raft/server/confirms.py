@@ -130,8 +130,11 @@ class Confirms:
                 refused = batch.refused.get(channel.number) if batch.refused else None
                 if alive and batch.unknown:
                     # Neither ack nor nack is true: the publisher must treat them as in doubt.
-                    session.conn.close(spec.CONNECTION_FORCED, "publish outcome unknown after a leader change; "
-                                       "reconnect and republish what was not confirmed", now=trio.current_time())
+                    session.conn.close(
+                        spec.CONNECTION_FORCED,
+                        "publish outcome unknown after a leader change; reconnect and republish what was not confirmed",
+                        now=trio.current_time(),
+                    )
                     alive = False
                     sent = True
                 elif alive and refused and not batch.failed:
@@ -142,8 +145,11 @@ class Confirms:
                     sent = True
                 elif alive:
                     # In order; multiple=true when it covers more than one publish, as RabbitMQ.
-                    kind = spec.BasicNack(delivery_tag=last_seq, multiple=multiple) if batch.failed else \
-                        spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
+                    kind = (
+                        spec.BasicNack(delivery_tag=last_seq, multiple=multiple)
+                        if batch.failed
+                        else spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
+                    )
                     session.conn.send_method(channel.number, kind)
                     sent = True
             if not waits:

@@ -58,15 +58,22 @@ def _cc_keys(headers: dict) -> list[str]:
     return []
 
 
-def update_x_death(headers: dict, reason: str, queue: str, time_s: int, exchange: str, routing_keys: list,
-                   expiration: str | None) -> None:
+def update_x_death(
+    headers: dict, reason: str, queue: str, time_s: int, exchange: str, routing_keys: list, expiration: str | None
+) -> None:
     """Record one death in `headers`, as rabbit_dead_letter / mc do.
 
     x-death is an array of tables, most recent death first, one per (queue, reason): a repeated
     death increments that entry's `count` and moves it to the front. x-first-death-* are set
     once, x-last-death-* every time (RabbitMQ 3.13 and later)."""
-    info = {"count": Long(1), "reason": reason, "queue": queue, "time": Timestamp(time_s), "exchange": exchange,
-            "routing-keys": list(routing_keys)}
+    info = {
+        "count": Long(1),
+        "reason": reason,
+        "queue": queue,
+        "time": Timestamp(time_s),
+        "exchange": exchange,
+        "routing-keys": list(routing_keys),
+    }
     if expiration is not None:
         info["original-expiration"] = expiration
     deaths = headers.get("x-death")
@@ -79,8 +86,12 @@ def update_x_death(headers: dict, reason: str, queue: str, time_s: int, exchange
         others = []
         match = None
         for entry in deaths:
-            if (match is None and isinstance(entry, dict) and _text(entry.get("queue", "")) == queue
-                    and _text(entry.get("reason", "")) == reason):
+            if (
+                match is None
+                and isinstance(entry, dict)
+                and _text(entry.get("queue", "")) == queue
+                and _text(entry.get("reason", "")) == reason
+            ):
                 match = entry
             else:
                 others.append(entry)
@@ -124,8 +135,12 @@ def dead_letter(broker, effect: DeadLetter) -> None:
     exchange = effect.exchange
     targets: dict[str, list] = {}
     if broker.meta.exchange(vhost, exchange) is None:
-        log.debug("dead-letter exchange '%s' of queue '%s' does not exist: %d messages dropped", exchange,
-                  effect.queue, len(effect.messages))
+        log.debug(
+            "dead-letter exchange '%s' of queue '%s' does not exist: %d messages dropped",
+            exchange,
+            effect.queue,
+            len(effect.messages),
+        )
     else:
         time_s = effect.time_ms // 1000
         for message in effect.messages:
@@ -139,13 +154,20 @@ def dead_letter(broker, effect: DeadLetter) -> None:
 
     def committed(ok: bool) -> None:
         if ok and seqs:
-            log_.submit(source_key, qc.DeadLettered(seqs), lambda _reply: in_flight.difference_update(
-                (source_key, seq) for seq in seqs))
+            log_.submit(
+                source_key,
+                qc.DeadLettered(seqs),
+                lambda _reply: in_flight.difference_update((source_key, seq) for seq in seqs),
+            )
             return
         in_flight.difference_update((source_key, seq) for seq in seqs)
         if not ok:
-            log.warning("dead letters of queue '%s' not committed; they stay held in it (performed again "
-                        "later by its shard's leader)", effect.queue)
+            log.warning(
+                "dead letters of queue '%s' not committed; they stay held in it (performed again "
+                "later by its shard's leader)",
+                effect.queue,
+            )
+
     log_.when_committed(entries, committed)
 
 
@@ -160,9 +182,18 @@ def held_dead_letters(queue, now_ms: int, skip) -> list[DeadLetter]:
             continue
         by_reason.setdefault(death[0], []).append(message)
     settings = queue.settings
-    return [DeadLetter(queue.vhost, queue.name, reason, messages, messages[0].death[1],
-                       settings.dead_letter_exchange or "", settings.dead_letter_routing_key)
-            for reason, messages in by_reason.items()]
+    return [
+        DeadLetter(
+            queue.vhost,
+            queue.name,
+            reason,
+            messages,
+            messages[0].death[1],
+            settings.dead_letter_exchange or "",
+            settings.dead_letter_routing_key,
+        )
+        for reason, messages in by_reason.items()
+    ]
 
 
 def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, targets: dict) -> None:
@@ -186,8 +217,9 @@ def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, target
             log.warning("message dropped: dead-letter cycle through queue '%s' in vhost '%s'", name, effect.vhost)
             continue
         batch = targets.get(name)
-        copy = Message(effect.exchange, routing_keys[0], props_raw, message.body, message.persistent,
-                       priority=props.priority or 0)
+        copy = Message(
+            effect.exchange, routing_keys[0], props_raw, message.body, message.persistent, priority=props.priority or 0
+        )
         if batch is None:
             targets[name] = [copy]
         else:

@@ -69,10 +69,13 @@ class LocalLog(CommandLog):
         self.index += 1
         return Meta(self.index, self.broker.clock_ms())
 
-    def submit(self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None) -> Pending:
+    def submit(
+        self, target: Any, command: Any, then: Callable[[Any], None] | None, group: str | None = None
+    ) -> Pending:
         broker = self.broker
-        self.applier.apply(broker.groups[group or self.group_of(target)], self.stamp(), target, command,
-                           self.origin, True, then)
+        self.applier.apply(
+            broker.groups[group or self.group_of(target)], self.stamp(), target, command, self.origin, True, then
+        )
         pending = Pending()
         syncer = broker.syncer
         if syncer is not None and syncer.dirty:
@@ -134,8 +137,9 @@ class LocalLog(CommandLog):
             queue_id = broker.next_queue_id
             broker.next_queue_id += 1
             if broker.store is not None:
-                broker.store.write((), (), {persistence.NEXT_QUEUE_ID_KEY: broker.next_queue_id.to_bytes(8, "big")},
-                                   wal=create.durable)
+                broker.store.write(
+                    (), (), {persistence.NEXT_QUEUE_ID_KEY: broker.next_queue_id.to_bytes(8, "big")}, wal=create.durable
+                )
         else:
             broker.next_queue_id = max(broker.next_queue_id, queue_id + 1)
         broker.queue_ids[key] = queue_id

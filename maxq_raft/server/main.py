@@ -180,23 +180,38 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
     shard_count = settings.shards or default_shards()
-    cluster = ClusterLog(broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20))))
+    cluster = ClusterLog(
+        broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
+    )
     broker.attach(cluster)
     try:
         node = ReplicationNode(
-            node_id=settings.node_id, raft_addr=parse_addr(settings.raft_addr, "raft_addr"), peers=settings.peers(),
-            cluster_secret=settings.cluster_secret.encode(), data_dir=Path(settings.data_dir) / "raft",
-            groups=[META_GROUP, *cluster.shards], fsync=settings.fsync == "on", on_commit=cluster.on_commit,
-            on_snapshot=cluster.on_snapshot, joining=settings.join == "on", on_fatal=stop.fail)
+            node_id=settings.node_id,
+            raft_addr=parse_addr(settings.raft_addr, "raft_addr"),
+            peers=settings.peers(),
+            cluster_secret=settings.cluster_secret.encode(),
+            data_dir=Path(settings.data_dir) / "raft",
+            groups=[META_GROUP, *cluster.shards],
+            fsync=settings.fsync == "on",
+            on_commit=cluster.on_commit,
+            on_snapshot=cluster.on_snapshot,
+            joining=settings.join == "on",
+            on_fatal=stop.fail,
+        )
         node.start()
     except OSError as exc:
         raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
     except SnapshotError as exc:
         raise StartupError(f"cannot start from the Raft data in {settings.data_dir}: {exc}") from None
     cluster.node = node
-    log.info("node %s: Raft on %s, %d shard groups, peers %s%s", settings.node_id, settings.raft_addr, shard_count,
-             ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
-             " (joining: waiting to be added)" if settings.join == "on" else "")
+    log.info(
+        "node %s: Raft on %s, %d shard groups, peers %s%s",
+        settings.node_id,
+        settings.raft_addr,
+        shard_count,
+        ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
+        " (joining: waiting to be added)" if settings.join == "on" else "",
+    )
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cluster.retry_proposals)
@@ -228,18 +243,25 @@ async def _stop_on_signal(signals, stop: StopRequest) -> None:
         return
 
 
-async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequest,
-                 watch: StoreWatch | None = None) -> None:
+async def _serve(
+    broker: Broker, settings: Settings, task_status, stop: StopRequest, watch: StoreWatch | None = None
+) -> None:
     """Serve clients until `stop`; `watch` recovers a single node's store when it cannot write."""
     broker.alarms = ResourceAlarms(settings.data_dir, settings.memory_high_watermark_mb, settings.disk_free_limit_mb)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         # Bind every port before serving anything: a busy port must fail the start cleanly
         # (raised inside the nursery, trio would wrap it in an ExceptionGroup).
-        listeners = await _bind("AMQP", settings.amqp_host, settings.amqp_port,
-                                partial(trio.open_tcp_listeners, settings.amqp_port, host=settings.amqp_host))
+        listeners = await _bind(
+            "AMQP",
+            settings.amqp_host,
+            settings.amqp_port,
+            partial(trio.open_tcp_listeners, settings.amqp_port, host=settings.amqp_host),
+        )
         admin_listeners = []
         if settings.http_port:
-            admin_listeners = await _bind("HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings))
+            admin_listeners = await _bind(
+                "HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings)
+            )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
             if watch is not None:
@@ -251,9 +273,14 @@ async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequ
             http_addr = None
             if admin_listeners:
                 http_addr = await nursery.start(serve_admin, broker, admin_listeners)
-            log.info("maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s, data in %s",
-                     settings.node_id, amqp_addr[0], amqp_addr[1],
-                     f", HTTP admin on {http_addr[0]}:{http_addr[1]}" if http_addr else "", os.path.abspath(settings.data_dir))
+            log.info(
+                "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s, data in %s",
+                settings.node_id,
+                amqp_addr[0],
+                amqp_addr[1],
+                f", HTTP admin on {http_addr[0]}:{http_addr[1]}" if http_addr else "",
+                os.path.abspath(settings.data_dir),
+            )
             task_status.started((amqp_addr, http_addr, broker))
             nursery.start_soon(_stop_on_signal, signals, stop)
             await stop.event.wait()
@@ -261,8 +288,11 @@ async def _serve(broker: Broker, settings: Settings, task_status, stop: StopRequ
             # (bounded) for the clients' close-ok, then cancel whatever is left.
             reason = "shutdown" if stop.failure is None else "storage failure"
             for session in list(broker.sessions.values()):
-                session.conn.close(spec.CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'",
-                                   now=trio.current_time())
+                session.conn.close(
+                    spec.CONNECTION_FORCED,
+                    f"broker forced connection closure with reason '{reason}'",
+                    now=trio.current_time(),
+                )
                 session.wake()
             with trio.move_on_after(SHUTDOWN_GRACE_S):
                 while broker.sessions:
@@ -281,14 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"maxq-server: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.check:
         lock.close()
         return check_data_dir(settings)
     path = store_path(settings)
     try:
-        store = GuardedStore(lambda read_only: RocksSegmentStore(path, read_only=read_only), redo=not settings.clustered)
+        store = GuardedStore(
+            lambda read_only: RocksSegmentStore(path, read_only=read_only), redo=not settings.clustered
+        )
     except StorageError as exc:
         lock.close()
         print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
@@ -315,8 +348,13 @@ def restart_when_room(settings: Settings, failure: str) -> int:
     needed = RESTART_FREE_BYTES_MIN + (settings.disk_free_limit_mb << 20)
     stopped_at = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    log.critical("node %s stopped (%s); it starts again from its files once %s has %d MiB free",
-                 settings.node_id, failure, settings.data_dir, needed >> 20)
+    log.critical(
+        "node %s stopped (%s); it starts again from its files once %s has %d MiB free",
+        settings.node_id,
+        failure,
+        settings.data_dir,
+        needed >> 20,
+    )
     logged_at = stopped_at
     try:
         while True:  # bounded by RESTART_WAIT_S_MAX; each turn sleeps
@@ -329,8 +367,13 @@ def restart_when_room(settings: Settings, failure: str) -> int:
                 return 75
             if now - logged_at >= RESTART_LOG_EVERY_S:
                 logged_at = now
-                log.warning("node %s still waits for room: %d MiB free in %s, %d MiB wanted", settings.node_id,
-                            free >> 20, settings.data_dir, needed >> 20)
+                log.warning(
+                    "node %s still waits for room: %d MiB free in %s, %d MiB wanted",
+                    settings.node_id,
+                    free >> 20,
+                    settings.data_dir,
+                    needed >> 20,
+                )
             time.sleep(1.0)
     except KeyboardInterrupt:
         return 0

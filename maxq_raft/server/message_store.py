@@ -57,19 +57,45 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
         # Not enqueued yet: its TTL and priority apply when it falls due.
         ttl = -1 if message.ttl_ms is None else message.ttl_ms
         priority = message.priority if type(message.priority) is int and 0 <= message.priority <= 255 else 0
-        return b"".join((_HEADER.pack(flags | FLAG_DELAYED, epoch, len(exchange), len(routing_key)),
-                         _DELAYED.pack(message.due_ms, ttl, priority), exchange, routing_key,
-                         _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
+        return b"".join(
+            (
+                _HEADER.pack(flags | FLAG_DELAYED, epoch, len(exchange), len(routing_key)),
+                _DELAYED.pack(message.due_ms, ttl, priority),
+                exchange,
+                routing_key,
+                _PROPS_LEN.pack(len(message.props_raw)),
+                message.props_raw,
+                message.body,
+            )
+        )
     extra = b""
     if message.count_header and message.delivery_count:
         flags |= FLAG_RETURNS
         extra = _U32.pack(min(message.delivery_count, 0xFFFFFFFF))
     if expires_at is not None:
-        return b"".join((_HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
-                         _U64.pack(expires_at), extra, exchange, routing_key,
-                         _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
-    return b"".join((_HEADER.pack(flags, epoch, len(exchange), len(routing_key)), extra, exchange, routing_key,
-                     _PROPS_LEN.pack(len(message.props_raw)), message.props_raw, message.body))
+        return b"".join(
+            (
+                _HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
+                _U64.pack(expires_at),
+                extra,
+                exchange,
+                routing_key,
+                _PROPS_LEN.pack(len(message.props_raw)),
+                message.props_raw,
+                message.body,
+            )
+        )
+    return b"".join(
+        (
+            _HEADER.pack(flags, epoch, len(exchange), len(routing_key)),
+            extra,
+            exchange,
+            routing_key,
+            _PROPS_LEN.pack(len(message.props_raw)),
+            message.props_raw,
+            message.body,
+        )
+    )
 
 
 def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
@@ -87,14 +113,14 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     if flags & FLAG_RETURNS:
         (returns,) = _U32.unpack_from(record, offset)
         offset += 4
-    exchange = record[offset:offset + exchange_len].decode()
+    exchange = record[offset : offset + exchange_len].decode()
     offset += exchange_len
-    routing_key = record[offset:offset + routing_key_len].decode()
+    routing_key = record[offset : offset + routing_key_len].decode()
     offset += routing_key_len
     (props_len,) = _PROPS_LEN.unpack_from(record, offset)
     offset += 4
-    props_raw = record[offset:offset + props_len]
-    body = record[offset + props_len:]
+    props_raw = record[offset : offset + props_len]
+    body = record[offset + props_len :]
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
     message.expires_at_ms = expires_at
@@ -145,8 +171,10 @@ class QueueBacking:
         self.delayed_stored, self.delayed_next = _DELAYED_COUNTERS.unpack(raw) if raw else (0, 0)
 
     def _counters(self) -> dict:
-        return {counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto),
-                delayed_key(self.queue_id): _DELAYED_COUNTERS.pack(self.delayed_stored, self.delayed_next)}
+        return {
+            counters_key(self.queue_id): encode_counters(self.persistent, self.next_seq, self.delivered_upto),
+            delayed_key(self.queue_id): _DELAYED_COUNTERS.pack(self.delayed_stored, self.delayed_next),
+        }
 
     def write(self, messages: list) -> None:
         durable_puts = []
@@ -215,8 +243,12 @@ class QueueBacking:
                 # of it too (once per queue: every later read of the queue meets it again).
                 if not self.damage_logged:
                     self.damage_logged = True
-                    log.critical("queue %d cannot be read from seq %d: %s (maxq-server --check lists the damage)",
-                                 self.queue_id, seq_from, exc)
+                    log.critical(
+                        "queue %d cannot be read from seq %d: %s (maxq-server --check lists the damage)",
+                        self.queue_id,
+                        seq_from,
+                        exc,
+                    )
                 if out:
                     return out  # what comes before the damage can still be delivered
                 raise

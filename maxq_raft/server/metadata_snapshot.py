@@ -56,12 +56,22 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         yield ["vhost", vhost_name]
         count("vhost")
         for ex in vhost.exchanges.values():
-            yield ["exchange", vhost_name, ex.name, ex.type, ex.durable, ex.auto_delete, ex.internal,
-                   _table(ex.arguments), ex.builtin, ex.routing_type]
+            yield [
+                "exchange",
+                vhost_name,
+                ex.name,
+                ex.type,
+                ex.durable,
+                ex.auto_delete,
+                ex.internal,
+                _table(ex.arguments),
+                ex.builtin,
+                ex.routing_type,
+            ]
             count("exchange")
             bindings = ex.router.bindings()
             for start in range(0, len(bindings), CHUNK_BINDINGS_MAX):
-                chunk = [[dest, key, _table(args)] for dest, key, args in bindings[start:start + CHUNK_BINDINGS_MAX]]
+                chunk = [[dest, key, _table(args)] for dest, key, args in bindings[start : start + CHUNK_BINDINGS_MAX]]
                 yield ["bindings", vhost_name, ex.name, chunk]
                 count("bindings", len(chunk))
         for q in vhost.queues.values():
@@ -69,7 +79,9 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
             count("queue")
         for dest, entries in vhost.bindings_to.items():
             for start in range(0, len(entries), CHUNK_BINDINGS_MAX):
-                chunk = [[source, key, _table(args)] for source, key, args in entries[start:start + CHUNK_BINDINGS_MAX]]
+                chunk = [
+                    [source, key, _table(args)] for source, key, args in entries[start : start + CHUNK_BINDINGS_MAX]
+                ]
                 yield ["bindings_to", vhost_name, dest, chunk]
                 count("bindings_to", len(chunk))
         for p in vhost.policies.values():
@@ -86,8 +98,9 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
         raise SnapshotError(f"metadata snapshot: the first record is not a header: {str(first)[:80]}")
     version = first[1].get("version")
     if version != FORMAT_VERSION:
-        raise SnapshotError(f"metadata snapshot: unknown format version {version!r} "
-                            f"(this code reads version {FORMAT_VERSION})")
+        raise SnapshotError(
+            f"metadata snapshot: unknown format version {version!r} (this code reads version {FORMAT_VERSION})"
+        )
     machine = md.MetadataMachine()
     machine.vhosts = {}  # rebuilt from the records, builtin exchanges included, in their order
     machine.users = dict(first[1]["users"])
@@ -121,8 +134,17 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
     vhost = machine.vhosts[record[1]]
     if kind == "exchange":
         _, _, name, type_, durable, auto_delete, internal, arguments, builtin, routing_type = record
-        vhost.exchanges[name] = md.ExchangeRecord(name, type_, durable, auto_delete, internal, _untable(arguments),
-                                                  make_router(routing_type), builtin, routing_type)
+        vhost.exchanges[name] = md.ExchangeRecord(
+            name,
+            type_,
+            durable,
+            auto_delete,
+            internal,
+            _untable(arguments),
+            make_router(routing_type),
+            builtin,
+            routing_type,
+        )
     elif kind == "bindings":
         router = vhost.exchanges[record[2]].router
         for dest, key, arguments in record[3]:
@@ -136,7 +158,8 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
         entries.extend((source, key, _untable(arguments)) for source, key, arguments in record[3])
     elif kind == "policy":
         _, _, name, pattern, definition, priority, apply_to = record
-        vhost.policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to,
-                                               re.compile(pattern))
+        vhost.policies[name] = md.PolicyRecord(
+            name, pattern, _untable(definition), priority, apply_to, re.compile(pattern)
+        )
     else:
         raise SnapshotError(f"metadata snapshot: unknown record {str(kind)[:40]!r}")

@@ -39,9 +39,19 @@ LOG_NEXT_KEY = "metadata/log-next"
 NEXT_QUEUE_ID_KEY = "metadata/next-queue-id"
 EPOCH_KEY = "node/epoch"
 
-COMMAND_TYPES = {cls.__name__: cls for cls in (md.DeclareExchange, md.DeleteExchange, md.DeclareQueue,
-                                               md.DeleteQueueRecord, md.Bind, md.Unbind, md.SetPolicy,
-                                               md.ClearPolicy)}
+COMMAND_TYPES = {
+    cls.__name__: cls
+    for cls in (
+        md.DeclareExchange,
+        md.DeleteExchange,
+        md.DeclareQueue,
+        md.DeleteQueueRecord,
+        md.Bind,
+        md.Unbind,
+        md.SetPolicy,
+        md.ClearPolicy,
+    )
+}
 
 
 class MetadataCorruption(Exception):
@@ -62,8 +72,7 @@ def unstorable(command) -> Rejected | None:
     try:
         encode_entry(command, None)
     except Exception as exc:  # msgpack's OverflowError/TypeError, UnicodeEncodeError, AMQP table errors
-        return Rejected(406, f"Validation failed\n\na value of {type(command).__name__} "
-                             f"cannot be stored: {exc}"[:250])
+        return Rejected(406, f"Validation failed\n\na value of {type(command).__name__} cannot be stored: {exc}"[:250])
     return None
 
 
@@ -108,8 +117,9 @@ class MetadataLog:
         kept for redo, so the index stays taken: no hole either way)."""
         entry = encode_entry(command, queue_id)  # before anything changes: may raise
         index = self.next
-        self.store.write((), (), {f"metadata/log/{index:020d}": entry, LOG_NEXT_KEY: (index + 1).to_bytes(8, "big")},
-                         wal=True)
+        self.store.write(
+            (), (), {f"metadata/log/{index:020d}": entry, LOG_NEXT_KEY: (index + 1).to_bytes(8, "big")}, wal=True
+        )
         self.next = index + 1
         if self.next - self.first > LOG_ENTRIES_MAX:
             self.needs_snapshot = True
@@ -119,8 +129,11 @@ class MetadataLog:
 
     def write_snapshot(self, entries: list[bytes]) -> None:
         """Replace snapshot and log by `entries` in one atomic batch."""
-        meta = {SNAPSHOT_KEY: msgpack.packb(entries, use_bin_type=True), LOG_FIRST_KEY: self.next.to_bytes(8, "big"),
-                LOG_NEXT_KEY: self.next.to_bytes(8, "big")}
+        meta = {
+            SNAPSHOT_KEY: msgpack.packb(entries, use_bin_type=True),
+            LOG_FIRST_KEY: self.next.to_bytes(8, "big"),
+            LOG_NEXT_KEY: self.next.to_bytes(8, "big"),
+        }
         for index in range(self.first, self.next):
             meta[f"metadata/log/{index:020d}"] = None
         self.store.write((), (), meta, wal=True)
@@ -152,8 +165,11 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         return before and durable_queue(machine, command.vhost, command.name)
     if kind is md.Bind or kind is md.Unbind:
         source_durable = durable_exchange(machine, command.vhost, command.source)
-        dest_durable = (durable_exchange(machine, command.vhost, command.destination) if command.to_exchange
-                        else durable_queue(machine, command.vhost, command.destination))
+        dest_durable = (
+            durable_exchange(machine, command.vhost, command.destination)
+            if command.to_exchange
+            else durable_queue(machine, command.vhost, command.destination)
+        )
         return source_durable and dest_durable
     # policies are always durable (RabbitMQ's runtime parameters)
     return kind is md.SetPolicy or kind is md.ClearPolicy
@@ -165,20 +181,36 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
     for vhost_name, vhost in machine.vhosts.items():
         for ex in vhost.exchanges.values():
             if ex.durable and not ex.builtin:
-                entries.append(encode_entry(md.DeclareExchange(vhost_name, ex.name, ex.type, False, True, ex.auto_delete,
-                                                               ex.internal, ex.arguments), None))
+                entries.append(
+                    encode_entry(
+                        md.DeclareExchange(
+                            vhost_name, ex.name, ex.type, False, True, ex.auto_delete, ex.internal, ex.arguments
+                        ),
+                        None,
+                    )
+                )
         for q in vhost.queues.values():
             if q.durable and q.exclusive_owner is None:
-                entries.append(encode_entry(md.DeclareQueue(vhost_name, q.name, False, True, False, q.auto_delete,
-                                                            q.arguments, ""), queue_ids[(vhost_name, q.name)]))
+                entries.append(
+                    encode_entry(
+                        md.DeclareQueue(vhost_name, q.name, False, True, False, q.auto_delete, q.arguments, ""),
+                        queue_ids[(vhost_name, q.name)],
+                    )
+                )
         for source, kind, dest, key, args in machine.bindings(vhost_name):
             to_exchange = kind == "exchange"
             bind = md.Bind(vhost_name, source, dest, to_exchange, key, args, "")
             if concerns_durable(machine, bind, before=False):
                 entries.append(encode_entry(bind, None))
         for policy in vhost.policies.values():
-            entries.append(encode_entry(md.SetPolicy(vhost_name, policy.name, policy.pattern, policy.definition,
-                                                     policy.priority, policy.apply_to), None))
+            entries.append(
+                encode_entry(
+                    md.SetPolicy(
+                        vhost_name, policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to
+                    ),
+                    None,
+                )
+            )
     return entries
 
 
@@ -194,15 +226,21 @@ class DurableTopology:
 
     def start(self, machine: md.MetadataMachine) -> None:
         """After a replay: which durable auto-delete exchanges exist."""
-        self.durable_auto_delete = {(vhost_name, ex.name): None for vhost_name, vhost in machine.vhosts.items()
-                                    for ex in vhost.exchanges.values() if ex.durable and ex.auto_delete}
+        self.durable_auto_delete = {
+            (vhost_name, ex.name): None
+            for vhost_name, vhost in machine.vhosts.items()
+            for ex in vhost.exchanges.values()
+            if ex.durable and ex.auto_delete
+        }
 
     def before(self, machine: md.MetadataMachine, command) -> bool:
         """Whether the command is to be logged, as far as the state before it tells."""
         kind = type(command)
         if kind is md.DeclareExchange:
             # Only a new exchange is logged: clients redeclare on every start.
-            return machine.exchange(command.vhost, command.name) is None and concerns_durable(machine, command, before=False)
+            return machine.exchange(command.vhost, command.name) is None and concerns_durable(
+                machine, command, before=False
+            )
         if kind is md.DeclareQueue:
             return False  # decided after: only a queue this command created
         return concerns_durable(machine, command, before=True)

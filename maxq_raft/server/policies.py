@@ -23,7 +23,8 @@ def apply_policies(broker, vhost: str) -> None:
             continue
         settings = queue_settings(broker, vhost, name)
         # (a policy cannot change a queue's kind: those two come from its own arguments only)
-        settings = settings._replace(max_priority=queue.settings.max_priority,
-                                     single_active_consumer=queue.settings.single_active_consumer)
+        settings = settings._replace(
+            max_priority=queue.settings.max_priority, single_active_consumer=queue.settings.single_active_consumer
+        )
         if settings != queue.settings:
             broker.queue_cast((vhost, name), qc.UpdateSettings(settings))  # in a cluster: through its shard

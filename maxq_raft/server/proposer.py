@@ -53,8 +53,20 @@ FLOW_LOG_EVERY_S = 10.0
 class OpenEntry(Pending):
     """Commands gathered for one group, proposed together (done once committed and applied here)."""
 
-    __slots__ = ("group", "items", "requests", "size", "payload", "first_proposed",
-                 "seq", "origin", "committed", "maybe_appended", "tombstone", "flow_bytes")
+    __slots__ = (
+        "group",
+        "items",
+        "requests",
+        "size",
+        "payload",
+        "first_proposed",
+        "seq",
+        "origin",
+        "committed",
+        "maybe_appended",
+        "tombstone",
+        "flow_bytes",
+    )
 
     def __init__(self, group: str) -> None:
         super().__init__()
@@ -113,8 +125,9 @@ class Proposer:
             entry.requests.append(request)
         entry.items.append((target, command, request))
         if type(command) is qc.Enqueue:
-            entry.size += sum(len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES
-                              for m in command.messages)
+            entry.size += sum(
+                len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES for m in command.messages
+            )
         else:
             entry.size += 256
         if entry.size >= ENTRY_BYTES_TARGET:
@@ -156,8 +169,11 @@ class Proposer:
                     now = trio.current_time()
                     if now - self._flow_logged_at >= FLOW_LOG_EVERY_S:
                         self._flow_logged_at = now
-                        log.info("publishers paused: %d KiB proposed and not yet committed (%d pauses so far)",
-                                 self.flow_bytes // 1024, self.flow_blocks)
+                        log.info(
+                            "publishers paused: %d KiB proposed and not yet committed (%d pauses so far)",
+                            self.flow_bytes // 1024,
+                            self.flow_blocks,
+                        )
         payload = entry.payload
         token = self._token
 
@@ -166,6 +182,7 @@ class Proposer:
                 token.run_sync_soon(self._proposed, entry, error)
             except trio.RunFinishedError:
                 pass
+
         try:
             self.node.propose(entry.group, payload, proposed)
         except ValueError as exc:  # a payload over the engine's cap: a bug of ours, not the client's
@@ -205,8 +222,11 @@ class Proposer:
         # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
         # safe to apply late (an owner id names one connection or channel of one life), so they
         # go again in a new entry: if the original commits after all, the copy finds nothing.
-        cleanup = [(target, command) for target, command, _request in entry.items
-                   if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")]  # not a node's lives
+        cleanup = [
+            (target, command)
+            for target, command, _request in entry.items
+            if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")
+        ]  # not a node's lives
         if cleanup and error != "stopped":  # stopping: the others release this node's consumers
             log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
             for target, command in cleanup:

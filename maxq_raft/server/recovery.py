@@ -45,6 +45,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
             call_soon(local_log.on_sync, ticket, mark)
         except RuntimeError:
             pass  # the loop is closing
+
     broker.syncer = WalSyncer(store, sync_outcome, fsync=broker.fsync)
     metadata_log = persistence.MetadataLog(store)
     local_log.applier.topology = NoTopologyRecord()  # replaying: nothing is logged again
@@ -76,7 +77,9 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
         # Seqs are never reused, not even those of transient messages that are gone: a new
         # message at or below the delivered watermark would come back redelivered=true.
         # (The counters' next_seq moves only with durable writes; delivered with deliveries.)
-        next_seq = max(next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds and bounds[1] < DELAYED_BASE else 0)
+        next_seq = max(
+            next_seq, delivered + 1, (bounds[1] & SEQ_MASK) + 1 if bounds and bounds[1] < DELAYED_BASE else 0
+        )
         if bounds and not persistent:
             # Nothing durable is stored, so whatever is there is transient records of an
             # earlier run that RocksDB had flushed: one range tombstone frees them, where
@@ -91,8 +94,11 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
             # basic.get. Damage deeper in is met when read (logged), or by `--check`.
             store.get(queue_id, bounds[0])
             store.get(queue_id, bounds[1])
-        queue.recover(next_seq=backing.next_seq, spilled_count=persistent if bounds else 0,
-                      spill_cursor=bounds[0] if bounds else 0)
+        queue.recover(
+            next_seq=backing.next_seq,
+            spilled_count=persistent if bounds else 0,
+            spill_cursor=bounds[0] if bounds else 0,
+        )
     for queue_id in store.queue_ids():
         if queue_id not in live_ids:
             store.drop_queue(queue_id)
@@ -101,6 +107,9 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
     metadata_log.write_snapshot(persistence.snapshot_entries(meta, broker.queue_ids))
     store.sync_wal()
     local_log.applier.topology = topology
-    log.info("recovered %d durable queues (%d messages), %d exchanges", len(broker.queues),
-             sum(q.ready_count for q in broker.queues.values()),
-             sum(len(v.exchanges) for v in meta.vhosts.values()))
+    log.info(
+        "recovered %d durable queues (%d messages), %d exchanges",
+        len(broker.queues),
+        sum(q.ready_count for q in broker.queues.values()),
+        sum(len(v.exchanges) for v in meta.vhosts.values()),
+    )

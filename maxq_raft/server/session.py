@@ -132,7 +132,9 @@ class Session:
     def _authenticate(self, mechanism: str, username: str, password: str) -> bool:
         expected = self.broker.meta.users.get(username)
         if expected is None or expected != password:
-            log.warning("connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism)
+            log.warning(
+                "connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism
+            )
             return False
         if username == "guest" and not self.peer_host.startswith(LOOPBACK_PREFIXES):
             # As RabbitMQ's loopback_users: guest may only connect from localhost.
@@ -291,7 +293,9 @@ class Session:
                     self._fail(channel, HardError(err.reply_code, err.reply_text), event.method)
                 except Exception:
                     log.exception("connection %s: internal error performing basic.publish", self.id)
-                    self._fail(channel, HardError(spec.INTERNAL_ERROR, "internal error performing basic.publish"), event.method)
+                    self._fail(
+                        channel, HardError(spec.INTERNAL_ERROR, "internal error performing basic.publish"), event.method
+                    )
                 continue
             if kind is MethodReceived and type(event.method) in COALESCED_METHODS:
                 pass  # acks gather until the end of the read, like publishes
@@ -312,7 +316,11 @@ class Session:
                     # A bug in the broker: log it, and close this connection as RabbitMQ does
                     # when a channel process crashes (541), never the node.
                     log.exception("connection %s: internal error performing %s", self.id, event.method.NAME)
-                    self._fail(channel, HardError(spec.INTERNAL_ERROR, f"internal error performing {event.method.NAME}"), event.method)
+                    self._fail(
+                        channel,
+                        HardError(spec.INTERNAL_ERROR, f"internal error performing {event.method.NAME}"),
+                        event.method,
+                    )
             elif kind is ChannelOpened:
                 channels[event.channel] = Channel(self, event.channel)
             elif kind is ChannelClosed:
@@ -329,15 +337,26 @@ class Session:
                 self.client_properties = event.client_properties
                 self.broker.sessions[self.id] = self
                 if not self.broker.log.quorum_ok:
-                    self.conn.close(spec.CONNECTION_FORCED, "this node is cut off from the cluster majority; "
-                                    "connect to another node", now=trio.current_time())
-                log.debug("connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost)
+                    self.conn.close(
+                        spec.CONNECTION_FORCED,
+                        "this node is cut off from the cluster majority; connect to another node",
+                        now=trio.current_time(),
+                    )
+                log.debug(
+                    "connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost
+                )
             elif kind is ConnectionClosed:
                 self.finished = True
                 # A peer's own close is routine whatever its code (py-amqp sends 0); ours and
                 # a peer's error codes are worth a line.
                 if not event.by_peer or event.reply_code >= 300 and event.reply_code != spec.CONNECTION_FORCED:
-                    log.info("connection %s from %s closed: %s %s", self.id, self.peer_host, event.reply_code, event.reply_text)
+                    log.info(
+                        "connection %s from %s closed: %s %s",
+                        self.id,
+                        self.peer_host,
+                        event.reply_code,
+                        event.reply_text,
+                    )
         if self.pending or self.pending_confirms or self.pending_settles:
             self.flush_publishes()
 
@@ -370,17 +389,21 @@ class Session:
             if record is None:
                 raise ChannelError(spec.NOT_FOUND, f"no exchange '{exchange}' in vhost '{vhost}'")
             if record.internal:
-                raise ChannelError(spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'")
+                raise ChannelError(
+                    spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'"
+                )
         if flags & (REPLY_TO_FLAG | USER_ID_FLAG):
             if flags & USER_ID_FLAG:
                 user_id = decode_properties(props_raw).user_id
                 if user_id is not None and user_id != self.user:
-                    raise ChannelError(spec.PRECONDITION_FAILED,
-                                       f"user_id property set to '{user_id}' but authenticated user was '{self.user}'")
+                    raise ChannelError(
+                        spec.PRECONDITION_FAILED,
+                        f"user_id property set to '{user_id}' but authenticated user was '{self.user}'",
+                    )
             if flags & REPLY_TO_FLAG and REPLY_TO_QUEUE.encode() in props_raw:
                 props_raw = channel.rewrite_reply_to(props_raw)
         if not exchange and routing_key.startswith(REPLY_TO_PREFIX):
-            key = routing_key[len(REPLY_TO_PREFIX):]
+            key = routing_key[len(REPLY_TO_PREFIX) :]
             target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
@@ -432,9 +455,17 @@ class Session:
                 confirms.append(seq)
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
-        self.conn.send_content(channel.number, spec.BasicReturn(reply_code=spec.NO_ROUTE, reply_text="NO_ROUTE",
-                                                                exchange=method.exchange, routing_key=method.routing_key),
-                               props_raw, body)
+        self.conn.send_content(
+            channel.number,
+            spec.BasicReturn(
+                reply_code=spec.NO_ROUTE,
+                reply_text="NO_ROUTE",
+                exchange=method.exchange,
+                routing_key=method.routing_key,
+            ),
+            props_raw,
+            body,
+        )
 
     def defer_settles(self, kind, entries: list) -> None:
         settles = self.pending_settles
@@ -469,6 +500,7 @@ class Session:
         def note_overflow(reply, queue_refs) -> None:  # a reject-publish queue refused some
             if type(reply) is Overflowed:
                 batch.refused = note_refused(batch.refused, queue_refs, reply.rejected)
+
         for queue_key, messages in pending.items():
             queue = broker.queues.get(queue_key)
             then = None
@@ -497,8 +529,10 @@ class Session:
             method = channel.waiting_method
             try:
                 if type(reply) is Unavailable:
-                    raise HardError(spec.CONNECTION_FORCED,
-                                    f"cluster unavailable ({reply.reason}): this node cannot commit; reconnect to another node")
+                    raise HardError(
+                        spec.CONNECTION_FORCED,
+                        f"cluster unavailable ({reply.reason}): this node cannot commit; reconnect to another node",
+                    )
                 fn(reply)
             except ChannelError as err:
                 self._fail(channel, err, method)
@@ -515,6 +549,7 @@ class Session:
             if self.pending or self.pending_confirms or self.pending_settles:
                 self.flush_publishes()
             self.wake()
+
         return resume
 
     # -------------------------------------------------------- deliveries
@@ -524,9 +559,19 @@ class Session:
         wire_routing = _wire_routing.get((message.exchange, message.routing_key))
         if wire_routing is None:
             wire_routing = wire_routing_of(message.exchange, message.routing_key)
-        self.conn.send_raw(channel_number, encode_delivery(channel_number, handle.wire_tag, delivery_tag, redelivered, wire_routing,
-                                           message.props_raw if not message.count_header else delivery_props(message),
-                                           message.body, self.conn.frame_max))
+        self.conn.send_raw(
+            channel_number,
+            encode_delivery(
+                channel_number,
+                handle.wire_tag,
+                delivery_tag,
+                redelivered,
+                wire_routing,
+                message.props_raw if not message.count_header else delivery_props(message),
+                message.body,
+                self.conn.frame_max,
+            ),
+        )
         self.messages_out += 1
         entry = self.credit_pending.get(handle.consumer_id)
         if entry is None:

@@ -80,8 +80,11 @@ class MembershipWatchdog:
                 self._quorum_lost_at = now
             elif now - self._quorum_lost_at >= QUORUM_LOST_AFTER_S:
                 cluster.quorum_ok = False
-                log.warning("cut off from the majority (%d of %d members reachable): closing client connections",
-                            connected, len(members) + 1)
+                log.warning(
+                    "cut off from the majority (%d of %d members reachable): closing client connections",
+                    connected,
+                    len(members) + 1,
+                )
                 cluster.close_sessions("this node is cut off from the cluster majority; reconnect to another node")
 
     def _watch_members(self, now: float, members: list[str], leading: bool) -> None:
@@ -94,12 +97,14 @@ class MembershipWatchdog:
             since = self._down_since.setdefault(member, now)
             if leading and member not in self._declared_down and now - since >= NODE_DOWN_AFTER_S:
                 self._declared_down[member] = None
-                log.warning("member %s silent for %.1f s: releasing its consumers and exclusive queues",
-                            member, now - since)
+                log.warning(
+                    "member %s silent for %.1f s: releasing its consumers and exclusive queues", member, now - since
+                )
                 cluster.submit(None, md.OwnerDown(member + "@"), None)
                 for group in cluster.shards:
-                    cluster.submit(ALL_QUEUES, qc.Down(member + "@"),
-                                   lambda _r, g=group: cluster.auto_delete_idle(g), group=group)
+                    cluster.submit(
+                        ALL_QUEUES, qc.Down(member + "@"), lambda _r, g=group: cluster.auto_delete_idle(g), group=group
+                    )
 
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another
@@ -117,6 +122,11 @@ class MembershipWatchdog:
         mine = [g for g in leads.get(cluster.node_id, []) if g != META_GROUP]
         target = min(others, key=lambda m: len(leads.get(m, [])))
         if mine and len(leads[cluster.node_id]) - len(leads.get(target, [])) >= 2:
-            log.info("moving the leadership of %s to %s (this node leads %d of %d groups)",
-                     mine[-1], target, len(leads[cluster.node_id]), len(cluster.shards) + 1)
+            log.info(
+                "moving the leadership of %s to %s (this node leads %d of %d groups)",
+                mine[-1],
+                target,
+                len(leads[cluster.node_id]),
+                len(cluster.shards) + 1,
+            )
             node.transfer_leadership(mine[-1], target)

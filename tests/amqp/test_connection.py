@@ -112,16 +112,25 @@ def start_ok(mechanism="PLAIN", user="guest", password="guest", capabilities=Non
         response = encode_table({"LOGIN": user, "PASSWORD": password})[4:]  # a table without its length
     else:
         response = b"\x00" + user.encode() + b"\x00" + password.encode()
-    props = {"product": "test-client", "capabilities": capabilities if capabilities is not None else {"authentication_failure_close": True}}
+    props = {
+        "product": "test-client",
+        "capabilities": capabilities if capabilities is not None else {"authentication_failure_close": True},
+    }
     return spec.ConnectionStartOk(client_properties=props, mechanism=mechanism, response=response, locale="en_US")
 
 
 def client_handshake_bytes(frame_max=131072, channel_max=2047, heartbeat=0, vhost="/", mechanism="PLAIN") -> bytes:
     """Everything a client sends up to connection.open, in one stream (a pipelining client)."""
-    return b"".join((PROTOCOL_HEADER,
-                     encode_method_frame(0, start_ok(mechanism)),
-                     encode_method_frame(0, spec.ConnectionTuneOk(channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat)),
-                     encode_method_frame(0, spec.ConnectionOpen(virtual_host=vhost))))
+    return b"".join(
+        (
+            PROTOCOL_HEADER,
+            encode_method_frame(0, start_ok(mechanism)),
+            encode_method_frame(
+                0, spec.ConnectionTuneOk(channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat)
+            ),
+            encode_method_frame(0, spec.ConnectionOpen(virtual_host=vhost)),
+        )
+    )
 
 
 def open_peer(frame_max=131072, heartbeat=0, **kwargs) -> Peer:
@@ -143,7 +152,9 @@ def open_channel(peer: Peer, number: int = 1) -> None:
     peer.one_method(spec.ChannelOpenOk, number)
 
 
-def assert_hard_close(peer: Peer, code: int, text_part: str = "", class_id: int | None = None, method_id: int | None = None):
+def assert_hard_close(
+    peer: Peer, code: int, text_part: str = "", class_id: int | None = None, method_id: int | None = None
+):
     """The server sent connection.close with `code`, and then honours the closing handshake."""
     close = peer.one_method(spec.ConnectionClose, 0)
     assert close.reply_code == code, close
@@ -174,12 +185,22 @@ def test_full_handshake(mechanism):
     peer.one_method(spec.ConnectionOpenOk, 0)
     assert len(events) == 1 and isinstance(events[0], ConnectionOpened)
     opened = events[0]
-    assert (opened.user, opened.vhost, opened.channel_max, opened.frame_max, opened.heartbeat_s) == ("ann", "/", 50, 8192, 10)
+    assert (opened.user, opened.vhost, opened.channel_max, opened.frame_max, opened.heartbeat_s) == (
+        "ann",
+        "/",
+        50,
+        8192,
+        10,
+    )
     assert opened.client_properties["product"] == "test-client"
     # The negotiated frame_max now bounds what the server sends: a big body is split.
     open_channel(peer)
-    peer.conn.send_content(1, spec.BasicDeliver(consumer_tag="c", delivery_tag=1, redelivered=False, exchange="", routing_key="q"),
-                           PROPS, b"x" * 20000)
+    peer.conn.send_content(
+        1,
+        spec.BasicDeliver(consumer_tag="c", delivery_tag=1, redelivered=False, exchange="", routing_key="q"),
+        PROPS,
+        b"x" * 20000,
+    )
     frames = peer.received()
     bodies = [f for f in frames if f[0] == spec.FRAME_BODY]
     assert len(bodies) == 3 and all(len(f[2]) <= 8192 - 8 for f in bodies)
@@ -201,12 +222,21 @@ def test_amqp_0_9_header_is_served_as_0_9_1():
     peer.one_method(spec.ConnectionStart, 0)
 
 
-@pytest.mark.parametrize("header", [b"AMQP\x00\x00\x09\x00", b"AMQP\x01\x01\x00\x0a", b"HTTP/1.1 200", b"GET / HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x00\x00\x09\x00",
+        b"AMQP\x01\x01\x00\x0a",
+        b"HTTP/1.1 200",
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01",
+    ],
+)
 def test_wrong_protocol_header_gets_our_header_and_close(header):
     peer = Peer()
     # Fed a byte at a time: the header is refused as soon as it cannot be ours.
     for i in range(len(header)):
-        peer.send(header[i:i + 1])
+        peer.send(header[i : i + 1])
         if peer.closed_events():
             break
     assert peer.received() == [("header", PROTOCOL_HEADER)]
@@ -237,7 +267,10 @@ def test_bad_credentials_with_authentication_failure_close(mechanism):
     peer = Peer()
     _login(peer, mechanism=mechanism, password="wrong")
     close = assert_hard_close(peer, spec.ACCESS_REFUSED)
-    assert close.reply_text == f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+    assert (
+        close.reply_text
+        == f"ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+    )
     assert peer.closed_events() == []
     peer.method(0, spec.ConnectionCloseOk())
     [closed] = peer.closed_events()
@@ -267,8 +300,15 @@ def test_malformed_plain_response_is_refused(response):
     peer = Peer()
     peer.send(PROTOCOL_HEADER)
     peer.received()
-    peer.method(0, spec.ConnectionStartOk(client_properties={"capabilities": {"authentication_failure_close": True}},
-                                          mechanism="PLAIN", response=response, locale="en_US"))
+    peer.method(
+        0,
+        spec.ConnectionStartOk(
+            client_properties={"capabilities": {"authentication_failure_close": True}},
+            mechanism="PLAIN",
+            response=response,
+            locale="en_US",
+        ),
+    )
     assert_hard_close(peer, spec.ACCESS_REFUSED)
 
 
@@ -282,12 +322,15 @@ def test_unknown_mechanism_closes_silently():
     assert closed.reply_code == spec.COMMAND_INVALID and "EXTERNAL" in closed.reply_text
 
 
-@pytest.mark.parametrize("frame_max, channel_max, text", [
-    (131073, 2047, "negotiated frame_max = 131073 is higher than the maximum allowed value (131072)"),
-    (4095, 2047, "negotiated frame_max = 4095 is lower than the minimum allowed value (4096)"),
-    (0, 2047, "negotiated frame_max = 0 is higher than the maximum allowed value (131072)"),
-    (131072, 2048, "negotiated channel_max = 2048 is higher than the maximum allowed value (2047)"),
-])
+@pytest.mark.parametrize(
+    "frame_max, channel_max, text",
+    [
+        (131073, 2047, "negotiated frame_max = 131073 is higher than the maximum allowed value (131072)"),
+        (4095, 2047, "negotiated frame_max = 4095 is lower than the minimum allowed value (4096)"),
+        (0, 2047, "negotiated frame_max = 0 is higher than the maximum allowed value (131072)"),
+        (131072, 2048, "negotiated channel_max = 2048 is higher than the maximum allowed value (2047)"),
+    ],
+)
 def test_tune_ok_out_of_range_is_530(frame_max, channel_max, text):
     peer = Peer()
     _login(peer)
@@ -366,7 +409,12 @@ def test_channel_close_by_server_drops_frames_until_close_ok():
     open_channel(peer, 1)
     peer.conn.close_channel(1, spec.NOT_FOUND, "no queue 'x' in vhost '/'", 50, 10)
     close = peer.one_method(spec.ChannelClose, 1)
-    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (404, "NOT_FOUND - no queue 'x' in vhost '/'", 50, 10)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        404,
+        "NOT_FOUND - no queue 'x' in vhost '/'",
+        50,
+        10,
+    )
     # Methods and content on the closing channel are discarded; nothing is sent there.
     assert peer.method(1, spec.QueueDeclare(queue="q")) == []
     assert peer.send(encode_content(1, PUBLISH, PROPS, b"body", 4096)) == []
@@ -495,7 +543,9 @@ def test_method_frame_when_header_expected_is_505():
     open_channel(peer)
     peer.method(1, PUBLISH)
     peer.method(1, spec.BasicQos(prefetch_count=1))
-    assert_hard_close(peer, spec.UNEXPECTED_FRAME, "expected content header for class 60, got non content header frame instead")
+    assert_hard_close(
+        peer, spec.UNEXPECTED_FRAME, "expected content header for class 60, got non content header frame instead"
+    )
 
 
 def test_method_frame_when_body_expected_is_505():
@@ -544,8 +594,15 @@ def test_message_above_max_size_closes_the_channel():
     assert peer.conn.state is State.OPEN
 
 
-@pytest.mark.parametrize("payload, code", [(b"", spec.FRAME_ERROR), (b"\x00\x3c", spec.FRAME_ERROR),
-                                           (b"\x00\x3c\x00\x28\x00", spec.SYNTAX_ERROR), (b"\x00\x63\x00\x01", spec.NOT_IMPLEMENTED)])
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        (b"", spec.FRAME_ERROR),
+        (b"\x00\x3c", spec.FRAME_ERROR),
+        (b"\x00\x3c\x00\x28\x00", spec.SYNTAX_ERROR),
+        (b"\x00\x63\x00\x01", spec.NOT_IMPLEMENTED),
+    ],
+)
 def test_short_or_unknown_method_frames(payload, code):
     peer = open_peer()
     open_channel(peer)
@@ -571,11 +628,14 @@ def test_content_frame_on_channel_0_is_505(frame_type):
 # ----------------------------------------------------------------- fatal frame errors
 
 
-@pytest.mark.parametrize("wire, text", [
-    (b"\x01\x00\x01\x00\x00\x00\x04\x00\x3c\x00\x28\x00", "frame end marker missing"),  # bad end octet
-    (b"\x07\x00\x01\x00\x00\x00\x00\xce", "unknown frame type 7"),
-    (b"\x03\x00\x01\x00\x00\x10\x01" + b"x" * 10, "exceeds frame_max"),  # a payload of 4097 > frame_max 4096
-])
+@pytest.mark.parametrize(
+    "wire, text",
+    [
+        (b"\x01\x00\x01\x00\x00\x00\x04\x00\x3c\x00\x28\x00", "frame end marker missing"),  # bad end octet
+        (b"\x07\x00\x01\x00\x00\x00\x00\xce", "unknown frame type 7"),
+        (b"\x03\x00\x01\x00\x00\x10\x01" + b"x" * 10, "exceeds frame_max"),  # a payload of 4097 > frame_max 4096
+    ],
+)
 def test_fatal_frame_errors_close_and_stop_reading(wire, text):
     peer = open_peer(frame_max=4096)
     open_channel(peer)
@@ -597,8 +657,11 @@ def test_frames_up_to_8_bytes_over_frame_max_are_tolerated():
     peer = open_peer(frame_max=4096)
     open_channel(peer)
     body = b"b" * 4096  # a body frame of 4096 + 8 bytes
-    wire = (encode_method_frame(1, PUBLISH) + encode_frame(spec.FRAME_HEADER, 1, encode_content_header(60, len(body), PROPS))
-            + encode_frame(spec.FRAME_BODY, 1, body))
+    wire = (
+        encode_method_frame(1, PUBLISH)
+        + encode_frame(spec.FRAME_HEADER, 1, encode_content_header(60, len(body), PROPS))
+        + encode_frame(spec.FRAME_BODY, 1, body)
+    )
     assert peer.send(wire) == [ContentReceived(1, PUBLISH, PROPS, body)]
     assert peer.conn.state is State.OPEN
 
@@ -637,9 +700,14 @@ def test_after_our_close_only_close_and_close_ok_count():
     close = assert_hard_close(peer, spec.CONNECTION_FORCED)
     assert close.reply_text == "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
     # Everything else is ignored: methods, content, channel opens, garbage methods.
-    quiet = [encode_method_frame(1, spec.QueueDeclare(queue="q")), publish_bytes(1, b"x"),
-             encode_method_frame(2, spec.ChannelOpen()), encode_frame(spec.FRAME_METHOD, 1, b"\x00\x63\x00\x01"),
-             encode_frame(spec.FRAME_BODY, 0, b"zz"), HEARTBEAT_FRAME]
+    quiet = [
+        encode_method_frame(1, spec.QueueDeclare(queue="q")),
+        publish_bytes(1, b"x"),
+        encode_method_frame(2, spec.ChannelOpen()),
+        encode_frame(spec.FRAME_METHOD, 1, b"\x00\x63\x00\x01"),
+        encode_frame(spec.FRAME_BODY, 0, b"zz"),
+        HEARTBEAT_FRAME,
+    ]
     for wire in quiet:
         assert peer.send(wire) == []
     peer.conn.send_method(1, spec.BasicQosOk())
@@ -729,7 +797,10 @@ def test_peer_dropped_after_two_silent_intervals():
         peer.received()
     assert not peer.tick(30.01)
     [closed] = peer.closed_events()
-    assert closed.reply_code == spec.CONNECTION_FORCED and "missed heartbeats from client, timeout: 5s" == closed.reply_text
+    assert (
+        closed.reply_code == spec.CONNECTION_FORCED
+        and "missed heartbeats from client, timeout: 5s" == closed.reply_text
+    )
     assert peer.received() == []  # RabbitMQ sends nothing: the socket just closes
 
 
@@ -763,16 +834,29 @@ def _client_stream() -> tuple[bytes, list]:
     declare = spec.QueueDeclare(queue="q", arguments={"x-queue-type": "quorum", "nested": {"a": [1, 2.5, None]}})
     consume = spec.BasicConsume(queue="q", consumer_tag="ctag")
     bodies = [b"", b"a", b"b" * 4088, bytes(range(256)) * 40]
-    parts = [client_handshake_bytes(frame_max=4096, heartbeat=0), encode_method_frame(1, spec.ChannelOpen()),
-             encode_method_frame(2, spec.ChannelOpen()), encode_method_frame(1, declare), HEARTBEAT_FRAME]
+    parts = [
+        client_handshake_bytes(frame_max=4096, heartbeat=0),
+        encode_method_frame(1, spec.ChannelOpen()),
+        encode_method_frame(2, spec.ChannelOpen()),
+        encode_method_frame(1, declare),
+        HEARTBEAT_FRAME,
+    ]
     for i, body in enumerate(bodies):
         parts.append(publish_bytes(1 + i % 2, body))
-    parts += [encode_method_frame(2, consume), encode_method_frame(2, spec.ChannelFlow(active=True)),
-              encode_method_frame(2, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0)),
-              encode_method_frame(0, spec.ConnectionClose(reply_code=200, reply_text="bye", class_id=0, method_id=0))]
+    parts += [
+        encode_method_frame(2, consume),
+        encode_method_frame(2, spec.ChannelFlow(active=True)),
+        encode_method_frame(2, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0)),
+        encode_method_frame(0, spec.ConnectionClose(reply_code=200, reply_text="bye", class_id=0, method_id=0)),
+    ]
     expected = [ChannelOpened(1), ChannelOpened(2), MethodReceived(1, declare)]
     expected += [ContentReceived(1 + i % 2, PUBLISH, PROPS, body) for i, body in enumerate(bodies)]
-    expected += [MethodReceived(2, consume), ChannelFlow(2, True), ChannelClosed(2, 200, ""), ConnectionClosed(200, "bye", True)]
+    expected += [
+        MethodReceived(2, consume),
+        ChannelFlow(2, True),
+        ChannelClosed(2, 200, ""),
+        ConnectionClosed(200, "bye", True),
+    ]
     return b"".join(parts), expected
 
 

@@ -156,16 +156,45 @@ def test_encode_content_unlimited_and_invalid_frame_max():
         encode_content(1, method, b"\x20\x00" + b"\x00" * 5000, b"", FRAME_MAX)
 
 
-@given(st.integers(1, 65535), st.text(max_size=40), st.integers(0, 2**64 - 1), st.booleans(), st.text(max_size=30),
-       st.text(max_size=60), st.binary(max_size=40), st.binary(max_size=9000), st.sampled_from([0, 4096, 131072]))
-def test_encode_delivery_matches_the_general_encoder(channel, tag, delivery_tag, redelivered, exchange, routing_key,
-                                                      props_raw, body, frame_max):
+@given(
+    st.integers(1, 65535),
+    st.text(max_size=40),
+    st.integers(0, 2**64 - 1),
+    st.booleans(),
+    st.text(max_size=30),
+    st.text(max_size=60),
+    st.binary(max_size=40),
+    st.binary(max_size=9000),
+    st.sampled_from([0, 4096, 131072]),
+)
+def test_encode_delivery_matches_the_general_encoder(
+    channel, tag, delivery_tag, redelivered, exchange, routing_key, props_raw, body, frame_max
+):
     from maxq_raft.amqp.frames import encode_delivery, encode_shortstr_field
     from maxq_raft.amqp.spec import BasicDeliver
 
     assume(all(len(s.encode()) <= 255 for s in (tag, exchange, routing_key)))
-    expected = encode_content(channel, BasicDeliver(consumer_tag=tag, delivery_tag=delivery_tag, redelivered=redelivered,
-                                                    exchange=exchange, routing_key=routing_key), props_raw, body, frame_max)
-    got = encode_delivery(channel, encode_shortstr_field(tag), delivery_tag, redelivered,
-                          encode_shortstr_field(exchange) + encode_shortstr_field(routing_key), props_raw, body, frame_max)
+    expected = encode_content(
+        channel,
+        BasicDeliver(
+            consumer_tag=tag,
+            delivery_tag=delivery_tag,
+            redelivered=redelivered,
+            exchange=exchange,
+            routing_key=routing_key,
+        ),
+        props_raw,
+        body,
+        frame_max,
+    )
+    got = encode_delivery(
+        channel,
+        encode_shortstr_field(tag),
+        delivery_tag,
+        redelivered,
+        encode_shortstr_field(exchange) + encode_shortstr_field(routing_key),
+        props_raw,
+        body,
+        frame_max,
+    )
     assert got == expected

@@ -168,10 +168,17 @@ def test_equality_and_repr():
     assert repr(BasicProperties(priority=1)) == "BasicProperties(priority=1)"
 
 
-@given(st.builds(BasicProperties, content_type=st.none() | st.text(max_size=20),
-                 content_encoding=st.none() | st.text(max_size=20),
-                 headers=st.none() | st.dictionaries(st.text(max_size=10), st.integers(-5, 5), max_size=3),
-                 delivery_mode=st.none() | st.integers(1, 2), priority=st.none() | st.integers(0, 9)))
+@given(
+    st.builds(
+        BasicProperties,
+        content_type=st.none() | st.text(max_size=20),
+        content_encoding=st.none() | st.text(max_size=20),
+        headers=st.none() | st.dictionaries(st.text(max_size=10), st.integers(-5, 5), max_size=3),
+        delivery_mode=st.none() | st.integers(1, 2),
+        priority=st.none() | st.integers(0, 9),
+    )
+)
 def test_delivery_mode_of_matches_full_decode(props):
     from maxq_raft.amqp.properties import delivery_mode_of
+
     assert delivery_mode_of(encode_properties(props)) == (props.delivery_mode or 0)

@@ -22,8 +22,9 @@ MAX_MESSAGE = 64
 
 
 def publish(channel: int, body: bytes, routing_key: str = "q", props: bytes = PROPS, mandatory: bool = False) -> bytes:
-    return encode_content(channel, spec.BasicPublish(exchange="", routing_key=routing_key, mandatory=mandatory),
-                          props, body, 131072)
+    return encode_content(
+        channel, spec.BasicPublish(exchange="", routing_key=routing_key, mandatory=mandatory), props, body, 131072
+    )
 
 
 def split_frames(data: bytes) -> list[bytes]:
@@ -34,8 +35,13 @@ def split_frames(data: bytes) -> list[bytes]:
 
 def assembled(ch: int, declared_size: int, props: bytes, *after: bytes, class_id: int = 60) -> bytes:
     """basic.publish, a content header (class, declared body size, properties), then `after`."""
-    return b"".join((encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
-                     encode_frame(spec.FRAME_HEADER, ch, encode_content_header(class_id, declared_size, props)), *after))
+    return b"".join(
+        (
+            encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
+            encode_frame(spec.FRAME_HEADER, ch, encode_content_header(class_id, declared_size, props)),
+            *after,
+        )
+    )
 
 
 # Pieces of a stream: good publishes and the ways a publish can go wrong.
@@ -43,21 +49,32 @@ PIECES = {
     "publish": lambda ch: publish(ch, b"body"),
     "publish-empty-body": lambda ch: publish(ch, b""),
     "publish-other-key": lambda ch: publish(ch, b"x" * 10, routing_key="other", mandatory=True),
-    "publish-two-body-frames": lambda ch: assembled(ch, 6, PROPS, encode_frame(spec.FRAME_BODY, ch, b"abc"),
-                                                    encode_frame(spec.FRAME_BODY, ch, b"def")),
+    "publish-two-body-frames": lambda ch: assembled(
+        ch, 6, PROPS, encode_frame(spec.FRAME_BODY, ch, b"abc"), encode_frame(spec.FRAME_BODY, ch, b"def")
+    ),
     "publish-too-big": lambda ch: publish(ch, b"y" * (MAX_MESSAGE + 1)),
     "publish-on-unopened-channel": lambda ch: publish(9, b"body"),
-    "header-of-other-class": lambda ch: assembled(ch, 4, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body"), class_id=50),
+    "header-of-other-class": lambda ch: assembled(
+        ch, 4, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body"), class_id=50
+    ),
     "header-without-flags": lambda ch: assembled(ch, 4, b"", encode_frame(spec.FRAME_BODY, ch, b"body")),
     "body-longer-than-header-says": lambda ch: assembled(ch, 2, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body")),
-    "method-instead-of-body": lambda ch: assembled(ch, 4, PROPS, encode_method_frame(ch, spec.BasicQos(prefetch_count=1))),
-    "malformed-publish-method": lambda ch: b"".join((
-        encode_frame(spec.FRAME_METHOD, ch, b"\x00\x3c\x00\x28\x00\x00\x05ab"),
-        encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 4, PROPS)),
-        encode_frame(spec.FRAME_BODY, ch, b"body"))),
-    "immediate-publish": lambda ch: encode_content(ch, spec.BasicPublish(routing_key="q", immediate=True), PROPS, b"b", 131072),
-    "headers-properties": lambda ch: publish(ch, b"h", props=encode_properties(
-        BasicProperties(headers={"k": 1}, delivery_mode=1))),
+    "method-instead-of-body": lambda ch: assembled(
+        ch, 4, PROPS, encode_method_frame(ch, spec.BasicQos(prefetch_count=1))
+    ),
+    "malformed-publish-method": lambda ch: b"".join(
+        (
+            encode_frame(spec.FRAME_METHOD, ch, b"\x00\x3c\x00\x28\x00\x00\x05ab"),
+            encode_frame(spec.FRAME_HEADER, ch, encode_content_header(60, 4, PROPS)),
+            encode_frame(spec.FRAME_BODY, ch, b"body"),
+        )
+    ),
+    "immediate-publish": lambda ch: encode_content(
+        ch, spec.BasicPublish(routing_key="q", immediate=True), PROPS, b"b", 131072
+    ),
+    "headers-properties": lambda ch: publish(
+        ch, b"h", props=encode_properties(BasicProperties(headers={"k": 1}, delivery_mode=1))
+    ),
     "ack": lambda ch: encode_method_frame(ch, spec.BasicAck(delivery_tag=1)),
     "channel-close": lambda ch: encode_method_frame(ch, spec.ChannelClose(reply_code=200, reply_text="bye")),
 }
@@ -68,7 +85,7 @@ def run(data: bytes, per_frame: bool) -> tuple[list, bytes, str]:
     open_channel(peer, 1)
     open_channel(peer, 2)
     events: list = []
-    for chunk in (split_frames(data) if per_frame else [data]):
+    for chunk in split_frames(data) if per_frame else [data]:
         peer.conn.receive_data(chunk, 0.0)
         events += peer.conn.next_events()
     return events, peer.conn.data_to_send(0.0), peer.conn.state.name
@@ -103,5 +120,6 @@ def test_a_publish_split_across_reads_is_assembled():
         events = peer.conn.next_events()
         peer.conn.receive_data(whole[cut:], 0.0)
         events += peer.conn.next_events()
-        assert [(type(e), e.body, e.props_raw, e.method.routing_key) for e in events] == \
-            [(ContentReceived, b"hello", PROPS, "q")], cut
+        assert [(type(e), e.body, e.props_raw, e.method.routing_key) for e in events] == [
+            (ContentReceived, b"hello", PROPS, "q")
+        ], cut

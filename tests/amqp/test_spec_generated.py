@@ -13,8 +13,18 @@ GENERATED = ("spec.py", "properties.py")  # in amqp/
 
 
 def generate(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GENERATOR), "--output", str(folder / "spec.py"),
-                           "--properties-output", str(folder / "properties.py"), *extra], capture_output=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(GENERATOR),
+            "--output",
+            str(folder / "spec.py"),
+            "--properties-output",
+            str(folder / "properties.py"),
+            *extra,
+        ],
+        capture_output=True,
+    )
 
 
 @pytest.mark.parametrize("name", GENERATED)

@@ -41,8 +41,10 @@ class Cluster:
     def __init__(self, root: Path, size: int = 3, extra: list[str] | None = None) -> None:
         names = [f"n{i + 1}" for i in range(size)]
         ports = {name: free_port() for name in names}
-        self.members = {name: Member(name, root, ports[name], {p: ports[p] for p in names if p != name}, extra or [])
-                        for name in names}
+        self.members = {
+            name: Member(name, root, ports[name], {p: ports[p] for p in names if p != name}, extra or [])
+            for name in names
+        }
 
     def __getitem__(self, name: str) -> Member:
         return self.members[name]

@@ -97,8 +97,10 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
         publisher.join(30)
     times = [t for _, t in publisher.confirmed]
     gaps = [b - a for a, b in pairwise(times) if b >= killed_at]
-    print(f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
-          f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt")
+    print(
+        f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
+        f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt"
+    )
     new_leader = wait_for(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
     assert new_leader != leader
     got = drain(survivors[1], queue)
@@ -161,8 +163,11 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
             outcome = "confirmed"
         except pika.exceptions.NackError:
             outcome = "nack"
-        except (pika.exceptions.AMQPConnectionError, pika.exceptions.ChannelClosedByBroker,
-                pika.exceptions.StreamLostError) as exc:
+        except (
+            pika.exceptions.AMQPConnectionError,
+            pika.exceptions.ChannelClosedByBroker,
+            pika.exceptions.StreamLostError,
+        ) as exc:
             outcome = f"closed: {exc!r}"
         elapsed = time.monotonic() - started
         print(f"\ncut-off node answered a publish with {outcome} after {elapsed:.2f} s")
@@ -175,6 +180,7 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
     finally:
         for member in others:
             os.kill(member.pid, signal.SIGCONT)
+
     # Back together: n1 serves again and what the majority has is on it.
     def publishes_on_lone() -> bool:
         try:
@@ -193,6 +199,7 @@ def test_a_cut_off_node_stops_confirming_and_catches_up_when_back(cluster):
                 c.close()
             except Exception:
                 pass
+
     wait_for(publishes_on_lone, 60, "the healed node to confirm again", step_s=0.5)
     bodies = [body for body, _ in drain(cluster["n2"], queue)]
     assert b"after" in bodies
@@ -299,6 +306,7 @@ def test_an_auto_delete_queue_goes_when_its_consumers_node_dies(cluster):
             return exc.reply_code == 404
         probe.close()
         return False
+
     wait_for(gone, 30, "the auto-delete queue to go with its consumer's node", step_s=0.5)
     observer.close()
 
@@ -310,10 +318,35 @@ def test_a_publisher_faster_than_the_cluster_is_paused_and_nothing_is_given_up(c
     # load piled proposals into the hub until heartbeats starved and commands timed out).
     perf = Path(sys.executable).parent / "maxq-perf"
     member = cluster["n1"]
-    done = subprocess.run([str(perf), "--port", str(member.amqp_port), "--scenario", "s1", "-P", "1", "-C", "1",
-                           "-s", "4096", "-d", "6", "--warmup", "1", "--durable", "--qarg", "x-queue-type=quorum",
-                           "--queue-prefix", "flooded", "--drain-timeout", "60"],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            str(perf),
+            "--port",
+            str(member.amqp_port),
+            "--scenario",
+            "s1",
+            "-P",
+            "1",
+            "-C",
+            "1",
+            "-s",
+            "4096",
+            "-d",
+            "6",
+            "--warmup",
+            "1",
+            "--durable",
+            "--qarg",
+            "x-queue-type=quorum",
+            "--queue-prefix",
+            "flooded",
+            "--drain-timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["drained"] and result["consumed_total"] == result["published_total"] > 0, result

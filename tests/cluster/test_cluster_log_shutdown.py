@@ -19,6 +19,7 @@ def make_cluster_log() -> ClusterLog:
 
     async def build() -> None:
         box.append(ClusterLog(broker, None, 2))
+
     trio.run(build)
     return box[0]
 

@@ -43,8 +43,12 @@ def publish(member, first: int, count: int, until=None) -> set[int]:
             channel.confirm_delivery()
             while number < first + count:
                 number += 1
-                channel.basic_publish("", "q", struct.pack(">Q", number - 1) + b"m" * (BODY_BYTES - 8),
-                                      pika.BasicProperties(delivery_mode=2))
+                channel.basic_publish(
+                    "",
+                    "q",
+                    struct.pack(">Q", number - 1) + b"m" * (BODY_BYTES - 8),
+                    pika.BasicProperties(delivery_mode=2),
+                )
                 acked.add(number - 1)
                 if until is not None and number % 50 == 0 and until():
                     return acked
@@ -97,8 +101,9 @@ def test_a_member_whose_disk_fails_stops_and_catches_up_once_it_works(tmp_path, 
             n3.data_dir = mount_point / "n3"
             heal = lambda: grow_filesystem(mount_point)  # noqa: E731
         else:
-            n3.env = dict(os.environ, LD_PRELOAD=str(request.getfixturevalue("fsync_shim")),
-                          MAXQ_FAIL_FSYNC_FILE=str(trigger))
+            n3.env = dict(
+                os.environ, LD_PRELOAD=str(request.getfixturevalue("fsync_shim")), MAXQ_FAIL_FSYNC_FILE=str(trigger)
+            )
             heal = trigger.unlink  # noqa: E731
         try:
             cluster.start()

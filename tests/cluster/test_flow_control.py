@@ -35,6 +35,7 @@ def run_with_cluster_log(body) -> None:
         broker = types.SimpleNamespace(node_id="n1", clock_ms=lambda: 0, sessions={})
         cluster = ClusterLog(broker, RecordingNode(), 2)
         body(cluster)
+
     trio.run(main)
 
 
@@ -58,6 +59,7 @@ def test_publishers_pause_above_the_high_mark_and_resume_under_the_low_one():
         assert cluster.proposer.flow_bytes == 0
         cluster.proposer.complete(entries[0], None)  # a second completion counts nothing twice
         assert cluster.proposer.flow_bytes == 0
+
     run_with_cluster_log(body)
 
 
@@ -72,6 +74,7 @@ def test_an_entry_given_up_and_its_filler_leave_nothing_counted():
         assert entry.done and entry.error == "not leader"
         filler = cluster.node.proposed[-1]
         assert filler[0] == entry.group and cluster.proposer.flow_bytes == 0, "the filler is not counted"
+
     run_with_cluster_log(body)
 
 
@@ -82,4 +85,5 @@ def test_a_node_cut_off_releases_its_paused_publishers():
         room = cluster.flow_room
         cluster._cut_off()  # its life's entries are all given up
         assert cluster.proposer.flow_bytes == 0 and not cluster.flow_blocked and room.is_set()
+
     run_with_cluster_log(body)

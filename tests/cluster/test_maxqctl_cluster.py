@@ -24,8 +24,9 @@ GROUPS = ["meta", "shard-0", "shard-1"]  # the cluster conftest starts members w
 
 
 def maxqctl(member, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([MAXQCTL, "--node", f"127.0.0.1:{member.http_port}", *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        [MAXQCTL, "--node", f"127.0.0.1:{member.http_port}", *args], capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def status_of(member) -> dict:
@@ -45,7 +46,9 @@ def memberships(status: dict) -> dict[str, list[str]]:
 def settled(member, names: list[str]):
     """The status once every group lists exactly `names` and has a leader among them (else None)."""
     status = status_of(member)
-    ok = all(ms == names for ms in memberships(status).values()) and all(leader in names for leader in leaders(status).values())
+    ok = all(ms == names for ms in memberships(status).values()) and all(
+        leader in names for leader in leaders(status).values()
+    )
     return status if ok else None
 
 
@@ -64,7 +67,9 @@ def test_status_shows_members_leaders_and_lag(cluster):
     led = status_of(cluster[meta_leader])
     [meta] = [g for g in led["groups"] if g["group"] == "meta"]
     assert meta["role"] == "leader"
-    assert all(isinstance(m["match_index"], int) and isinstance(m["lag"], int) and m["lag"] >= 0 for m in meta["members"]), meta
+    assert all(
+        isinstance(m["match_index"], int) and isinstance(m["lag"], int) and m["lag"] >= 0 for m in meta["members"]
+    ), meta
 
     table = maxqctl(cluster["n2"], "status")
     assert table.returncode == 0, table.stderr
@@ -73,7 +78,9 @@ def test_status_shows_members_leaders_and_lag(cluster):
     rows = [line.split() for line in lines]
     assert ["node", "state", "role", "leads", "groups"] in rows
     for name in NAMES:
-        assert any(r[:2] == [name, "up"] and r[2] in ("leader", "follower") and r[-1] == "3/3" for r in rows), table.stdout
+        assert any(r[:2] == [name, "up"] and r[2] in ("leader", "follower") and r[-1] == "3/3" for r in rows), (
+            table.stdout
+        )
     for group in GROUPS:
         [row] = [r for r in rows if r and r[0] == group]
         # group, leader, term, commit, applied, here, [change], lag...
@@ -112,7 +119,9 @@ def test_transfer_leadership_moves_the_meta_leader(cluster):
     unknown_group = maxqctl(cluster[bystander], "transfer-leadership", "shard-99", new)
     assert unknown_group.returncode == 4 and "no group 'shard-99'" in unknown_group.stderr, unknown_group
     unknown_node = maxqctl(cluster[bystander], "transfer-leadership", "meta", "ghost")
-    assert unknown_node.returncode == 4 and "node ghost is not a member of group meta" in unknown_node.stderr, unknown_node
+    assert unknown_node.returncode == 4 and "node ghost is not a member of group meta" in unknown_node.stderr, (
+        unknown_node
+    )
 
 
 def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster, tmp_path):
@@ -155,7 +164,9 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
     confirmed = publisher.confirmed_numbers()
     got = {int(body) for body, _ in drain(n2, "ctl-load", quiet_s=5.0, limit_s=120.0)}
     lost = sorted(confirmed - got)
-    print(f"\n{len(confirmed)} confirmed, {publisher.in_doubt} in doubt, {len(got)} consumed; errors {publisher.errors[:3]}")
+    print(
+        f"\n{len(confirmed)} confirmed, {publisher.in_doubt} in doubt, {len(got)} consumed; errors {publisher.errors[:3]}"
+    )
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:10]}"
 
 
@@ -187,8 +198,20 @@ def test_refusals_exit_non_zero_with_a_clear_message(cluster):
     # A node nobody started: the handshake probe fails after 5 s (exit 5). While that change is
     # under way, another change asked of the same node is refused as pending (exit 4). Which of
     # the two requests reaches the engine first is up to the scheduler: one of each is expected.
-    first = subprocess.Popen([MAXQCTL, "--node", f"127.0.0.1:{n1.http_port}", "add-node", "ghost", "--raft-addr",
-                              f"127.0.0.1:{free_port()}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            MAXQCTL,
+            "--node",
+            f"127.0.0.1:{n1.http_port}",
+            "add-node",
+            "ghost",
+            "--raft-addr",
+            f"127.0.0.1:{free_port()}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     outcomes: list[tuple[int, str]] = []
     try:
         time.sleep(0.5)
@@ -205,15 +228,20 @@ def test_refusals_exit_non_zero_with_a_clear_message(cluster):
         if first.poll() is None:
             first.kill()
             first.wait(10)
-    assert [o for o in outcomes if o[0] == 5 and "unreachable: ghost" in o[1] and "did not complete the handshake" in o[1]], outcomes
+    assert [
+        o for o in outcomes if o[0] == 5 and "unreachable: ghost" in o[1] and "did not complete the handshake" in o[1]
+    ], outcomes
     assert [o for o in outcomes if o[0] == 4 and "a membership change is already in progress" in o[1]], outcomes
     assert not [o for o in outcomes if o[0] not in (4, 5)], outcomes
     wait_for(lambda: settled(n1, list(NAMES)), 30, "the membership to be unchanged")
 
     # A member is down: removing another connected member would leave 1 of 2 reachable.
     cluster["n3"].stop()
-    wait_for(lambda: [m["state"] for m in status_of(n1)["members"] if m["node"] == "n3"] == ["unreachable"], 60,
-             "n1 to see n3 down")
+    wait_for(
+        lambda: [m["state"] for m in status_of(n1)["members"] if m["node"] == "n3"] == ["unreachable"],
+        60,
+        "n1 to see n3 down",
+    )
     refused = maxqctl(n1, "remove-node", "n2")
     assert refused.returncode == 4, refused
     assert "removing n2 would leave groups without a quorum" in refused.stderr and "--force" in refused.stderr
@@ -226,8 +254,12 @@ def test_refusals_exit_non_zero_with_a_clear_message(cluster):
 
 def test_a_single_node_is_no_cluster_member(start_broker):
     single = start_broker()
-    for args in (["add-node", "n2", "--raft-addr", "127.0.0.1:7102"], ["remove-node", "n2"],
-                 ["remove-node", "n2", "--force"], ["transfer-leadership", "meta", "n2"]):
+    for args in (
+        ["add-node", "n2", "--raft-addr", "127.0.0.1:7102"],
+        ["remove-node", "n2"],
+        ["remove-node", "n2", "--force"],
+        ["transfer-leadership", "meta", "n2"],
+    ):
         result = maxqctl(single, *args)
         assert result.returncode == 4, (args, result)
         assert "this node is not a cluster member (started without --raft-addr/--peer)" in result.stderr, result.stderr
@@ -245,9 +277,14 @@ def test_quorum_after_removal_counts_the_reachable_members_of_the_new_configurat
     assert quorum_after_removal(three_one_down, "n2") == ["meta: 1 of 2 remaining members reachable"]
     all_up = {g: _group({"n1": (True, True), "n2": (False, True), "n3": (False, True)}) for g in GROUPS}
     assert quorum_after_removal(all_up, "n2") == []
-    five_two_down = {"meta": _group({"a": (True, True), "b": (False, True), "c": (False, True), "d": (False, False),
-                                     "e": (False, False)})}
+    five_two_down = {
+        "meta": _group(
+            {"a": (True, True), "b": (False, True), "c": (False, True), "d": (False, False), "e": (False, False)}
+        )
+    }
     assert quorum_after_removal(five_two_down, "d") == []  # 3 of 4 up
     assert quorum_after_removal(five_two_down, "c") == ["meta: 2 of 4 remaining members reachable"]
-    assert quorum_after_removal({"meta": _group({"a": (True, True)})}, "a") == ["meta: 0 of 0 remaining members reachable"]
+    assert quorum_after_removal({"meta": _group({"a": (True, True)})}, "a") == [
+        "meta: 0 of 0 remaining members reachable"
+    ]
     assert quorum_after_removal(three_one_down, "ghost") == []  # not a member: the caller says so

@@ -63,8 +63,9 @@ def test_snapshots_compact_the_log_and_a_member_that_fell_behind_is_installed(sn
     first_on_n1 = groups(n1)[shard]["first_index"]
 
     snap_cluster.restart("n3")
-    wait_for(lambda: "installed the snapshot" in n1.log_text() + n2.log_text(), 30,
-             "the leader installs a snapshot on n3")
+    wait_for(
+        lambda: "installed the snapshot" in n1.log_text() + n2.log_text(), 30, "the leader installs a snapshot on n3"
+    )
     assert "state loaded from the snapshot" in n3.log_text()
     g3 = groups(n3)[shard]
     assert g3["first_index"] >= first_on_n1 - 1 and g3["snapshot_index"] > 0, g3
@@ -106,20 +107,38 @@ def test_a_node_added_after_compaction_is_installed_and_serves_the_queues(snap_c
     ch = conn.channel()
     ch.confirm_delivery()
     for i in range(30):
-        ch.basic_publish("events", f"{'alpha' if i % 2 else 'beta'}.x", str(i).encode(),
-                         pika.BasicProperties(delivery_mode=2))
+        ch.basic_publish(
+            "events", f"{'alpha' if i % 2 else 'beta'}.x", str(i).encode(), pika.BasicProperties(delivery_mode=2)
+        )
     conn.close()
     for m in (n1, n2):
-        wait_for(lambda m=m: groups(m)["meta"]["first_index"] > 1 and sum(
-            g["first_index"] > 1 for g in groups(m).values()) >= 2, 20, f"{m.name} compacts the logs")
+        wait_for(
+            lambda m=m: (
+                groups(m)["meta"]["first_index"] > 1 and sum(g["first_index"] > 1 for g in groups(m).values()) >= 2
+            ),
+            20,
+            f"{m.name} compacts the logs",
+        )
 
     ports = {name: snap_cluster[name].raft_port for name in ("n1", "n2", "n3")}
     new = Member("n4", tmp_path, free_port(), ports, ["--join", "on", "--snapshot-every-mb", "1"])
     maxqctl = str(Path(sys.executable).parent / "maxqctl")
     try:
         new.launch()
-        added = subprocess.run([maxqctl, "--node", f"127.0.0.1:{n2.http_port}", "add-node", "n4", "--raft-addr",
-                                f"127.0.0.1:{new.raft_port}"], capture_output=True, text=True, timeout=90)
+        added = subprocess.run(
+            [
+                maxqctl,
+                "--node",
+                f"127.0.0.1:{n2.http_port}",
+                "add-node",
+                "n4",
+                "--raft-addr",
+                f"127.0.0.1:{new.raft_port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-3000:])
         new.wait_ready(90)
         assert "state loaded from the snapshot" in new.log_text()
@@ -150,11 +169,15 @@ def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serve
     conn.close()
     os.kill(n3.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: "member n3 silent" in n1.log_text() + snap_cluster["n2"].log_text(), 30,
-                 "the others to declare n3 down")
+        wait_for(
+            lambda: "member n3 silent" in n1.log_text() + snap_cluster["n2"].log_text(),
+            30,
+            "the others to declare n3 down",
+        )
         # ~200 KB through each shard: both compact past the Down (shard-0's is the one a member
         # notices its own Down by, when it applies it)
         from maxq_raft.server.cluster import shard_of
+
         for shard in ("shard-0", "shard-1"):
             name = next(f"away-{i}" for i in range(1000) if shard_of(("/", f"away-{i}"), 2) == shard)
             publish_and_consume(n1, name, 50)
@@ -171,10 +194,12 @@ def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serve
         os.kill(n3.pid, signal.SIGCONT)
 
     # Each try in its own process, killed after 10 s: the bug made a declare wait forever.
-    probe = ("import pika, sys\n"
-             "c = pika.BlockingConnection(pika.ConnectionParameters('127.0.0.1', int(sys.argv[1]), socket_timeout=5))\n"
-             "ch = c.channel()\nch.confirm_delivery()\nch.queue_declare('after', durable=True)\n"
-             "ch.basic_publish('', 'after', b'back', pika.BasicProperties(delivery_mode=2))\nc.close()\n")
+    probe = (
+        "import pika, sys\n"
+        "c = pika.BlockingConnection(pika.ConnectionParameters('127.0.0.1', int(sys.argv[1]), socket_timeout=5))\n"
+        "ch = c.channel()\nch.confirm_delivery()\nch.queue_declare('after', durable=True)\n"
+        "ch.basic_publish('', 'after', b'back', pika.BasicProperties(delivery_mode=2))\nc.close()\n"
+    )
 
     def declares_and_confirms_on_n3() -> bool:
         try:

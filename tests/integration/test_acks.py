@@ -98,9 +98,16 @@ def test_reject_and_nack_without_requeue_discard(env):
     assert counts(check, name) == (0, 0)
 
 
-@pytest.mark.parametrize("action, tag_index", [
-    ("ack-unknown", None), ("ack-twice", 0), ("ack-multiple-acked", 0), ("nack-unknown", None), ("reject-unknown", None),
-])
+@pytest.mark.parametrize(
+    "action, tag_index",
+    [
+        ("ack-unknown", None),
+        ("ack-twice", 0),
+        ("ack-multiple-acked", 0),
+        ("nack-unknown", None),
+        ("reject-unknown", None),
+    ],
+)
 def test_unknown_delivery_tag_is_precondition_failed(env, action, tag_index):
     connection, channel, name = setup_queue(env, 2)
     first = channel.basic_get(name)[0].delivery_tag

@@ -41,13 +41,17 @@ class Publisher:
         self.connection = server.connect(heartbeat=0)
         self.events: list[tuple[str, str]] = []
         self.connection.add_on_connection_blocked_callback(
-            lambda _conn, frame: self.events.append(("blocked", frame.method.reason)))
-        self.connection.add_on_connection_unblocked_callback(lambda _conn, _frame: self.events.append(("unblocked", "")))
+            lambda _conn, frame: self.events.append(("blocked", frame.method.reason))
+        )
+        self.connection.add_on_connection_unblocked_callback(
+            lambda _conn, _frame: self.events.append(("unblocked", ""))
+        )
         self.channel = self.connection.channel()
 
     def wait_for(self, kind: str, timeout_s: float = BLOCK_TIMEOUT_S) -> bool:
-        return wait_until(lambda: any(event == kind for event, _ in self.events), timeout_s,
-                          connections=[self.connection])
+        return wait_until(
+            lambda: any(event == kind for event, _ in self.events), timeout_s, connections=[self.connection]
+        )
 
 
 def check_blocked_publisher_and_free_consumer(server, reason: str) -> None:
@@ -130,7 +134,13 @@ def test_memory_alarm_trips_and_clears_at_runtime_and_loses_nothing(start_broker
     while len(received) < sent and time.monotonic() < deadline:
         received.extend(body[:6] for body in get_bodies(consumer, "q", 50))
         publisher.connection.process_data_events(time_limit=0.05)
-    assert ("unblocked", "") in publisher.events, (publisher.events, rss_mb(server.pid), watermark_mb, len(received), sent)
+    assert ("unblocked", "") in publisher.events, (
+        publisher.events,
+        rss_mb(server.pid),
+        watermark_mb,
+        len(received),
+        sent,
+    )
     assert received == [b"%06d" % i for i in range(sent)], "every message, in order, none lost"
     # Read again: a confirm comes back.
     publisher.channel.confirm_delivery()

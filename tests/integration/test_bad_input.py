@@ -43,12 +43,21 @@ FUZZ_BUDGET_S = 60.0
 CASE_TIMEOUT_S = 5.0
 FRAME_MAX = 4096
 
-START_OK = spec.ConnectionStartOk(client_properties={"product": "fuzz", "capabilities": {"authentication_failure_close": True}},
-                                  mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US")
-HANDSHAKE = b"".join((PROTOCOL_HEADER, encode_method_frame(0, START_OK),
-                      encode_method_frame(0, spec.ConnectionTuneOk(channel_max=2047, frame_max=FRAME_MAX, heartbeat=0)),
-                      encode_method_frame(0, spec.ConnectionOpen(virtual_host="/")),
-                      encode_method_frame(1, spec.ChannelOpen())))
+START_OK = spec.ConnectionStartOk(
+    client_properties={"product": "fuzz", "capabilities": {"authentication_failure_close": True}},
+    mechanism="PLAIN",
+    response=b"\x00guest\x00guest",
+    locale="en_US",
+)
+HANDSHAKE = b"".join(
+    (
+        PROTOCOL_HEADER,
+        encode_method_frame(0, START_OK),
+        encode_method_frame(0, spec.ConnectionTuneOk(channel_max=2047, frame_max=FRAME_MAX, heartbeat=0)),
+        encode_method_frame(0, spec.ConnectionOpen(virtual_host="/")),
+        encode_method_frame(1, spec.ChannelOpen()),
+    )
+)
 PROPS = encode_properties(BasicProperties(content_type="text/plain", headers={"k": "v"}, delivery_mode=1))
 PUBLISH = spec.BasicPublish(exchange="", routing_key="fz-q")
 
@@ -71,8 +80,12 @@ ANY = None  # any close with a known, non-internal code, or a drop
 def valid_methods(rng: random.Random) -> list:
     """Well-formed client methods on channel 1 (a queue and exchange the fuzzer owns)."""
     return [
-        spec.QueueDeclare(queue="fz-q", arguments={"x-max-length": rng.randint(1, 10_000), "n": {"a": [1, 2.5, None, "s"]}}),
-        spec.ExchangeDeclare(exchange="fz-x", type=rng.choice(["direct", "topic", "fanout", "headers"]), auto_delete=True),
+        spec.QueueDeclare(
+            queue="fz-q", arguments={"x-max-length": rng.randint(1, 10_000), "n": {"a": [1, 2.5, None, "s"]}}
+        ),
+        spec.ExchangeDeclare(
+            exchange="fz-x", type=rng.choice(["direct", "topic", "fanout", "headers"]), auto_delete=True
+        ),
         spec.QueueBind(queue="fz-q", exchange="amq.topic", routing_key="a.#", arguments={"x": b"y"}),
         spec.BasicQos(prefetch_count=rng.randint(0, 100)),
         spec.BasicConsume(queue="fz-q", consumer_tag=f"c{rng.randint(0, 9)}", arguments={"x-priority": 1}),
@@ -96,7 +109,9 @@ def valid_stream(rng: random.Random) -> bytes:
     return b"".join(parts)
 
 
-def frame_raw(frame_type: int, channel: int, payload: bytes, size: int | None = None, end: int = spec.FRAME_END) -> bytes:
+def frame_raw(
+    frame_type: int, channel: int, payload: bytes, size: int | None = None, end: int = spec.FRAME_END
+) -> bytes:
     return struct.pack(">BHI", frame_type, channel, len(payload) if size is None else size) + payload + bytes([end])
 
 
@@ -168,14 +183,20 @@ def _garbage_table(rng):
     tables = [
         struct.pack(">I", rng.randint(10, 1000)) + b"\x01a",  # longer than the payload
         struct.pack(">I", 4) + b"\x01a" + rng.choice([b"Z", b"\x00", b"q", b"!"]) + b"",  # unknown tag / truncated
-        struct.pack(">I", 3) + b"\x05ab" ,  # key longer than the table
+        struct.pack(">I", 3) + b"\x05ab",  # key longer than the table
         struct.pack(">I", 7) + b"\x01aS\x00\x00\x00\x10",  # string longer than the table
         struct.pack(">I", 6) + b"\x01aI\x00\x01",  # truncated int
         _deep_table(rng.randint(70, 200)),  # nesting beyond the bound
     ]
     table = rng.choice(tables)
-    method = rng.choice([spec.QueueDeclare(queue="fz-q"), spec.ExchangeDeclare(exchange="fz-x", type="direct"),
-                         spec.BasicConsume(queue="fz-q"), spec.QueueBind(queue="fz-q", exchange="amq.direct")])
+    method = rng.choice(
+        [
+            spec.QueueDeclare(queue="fz-q"),
+            spec.ExchangeDeclare(exchange="fz-x", type="direct"),
+            spec.BasicConsume(queue="fz-q"),
+            spec.QueueBind(queue="fz-q", exchange="amq.direct"),
+        ]
+    )
     payload = method.encode()
     assert payload.endswith(b"\x00\x00\x00\x00")  # the empty arguments table comes last
     return frame_raw(spec.FRAME_METHOD, 1, payload[:-4] + table), conn(502)
@@ -209,8 +230,11 @@ def _method_instead_of_header(rng):
 
 
 def _method_instead_of_body(rng):
-    return (encode_method_frame(1, PUBLISH) + frame_raw(spec.FRAME_HEADER, 1, encode_content_header(60, 10, PROPS))
-            + encode_method_frame(1, rng.choice(valid_methods(rng)))), conn(505)
+    return (
+        encode_method_frame(1, PUBLISH)
+        + frame_raw(spec.FRAME_HEADER, 1, encode_content_header(60, 10, PROPS))
+        + encode_method_frame(1, rng.choice(valid_methods(rng)))
+    ), conn(505)
 
 
 def _body_too_large(rng):
@@ -224,11 +248,15 @@ def _body_too_large(rng):
 
 def _header_wrong_class(rng):
     class_id = rng.choice([10, 20, 40, 50, 85, 90, 0, 999])
-    return encode_method_frame(1, PUBLISH) + frame_raw(spec.FRAME_HEADER, 1, encode_content_header(class_id, 3, PROPS)), conn(505)
+    return encode_method_frame(1, PUBLISH) + frame_raw(
+        spec.FRAME_HEADER, 1, encode_content_header(class_id, 3, PROPS)
+    ), conn(505)
 
 
 def _short_header(rng):
-    return encode_method_frame(1, PUBLISH) + frame_raw(spec.FRAME_HEADER, 1, rng.randbytes(rng.randint(0, 11))), conn(501)
+    return encode_method_frame(1, PUBLISH) + frame_raw(spec.FRAME_HEADER, 1, rng.randbytes(rng.randint(0, 11))), conn(
+        501
+    )
 
 
 def _unopened_channel(rng):
@@ -243,16 +271,36 @@ def _channel_reopen_or_beyond_max(rng):
 
 
 def _server_methods_from_client(rng):
-    server_only = [spec.QueueDeclareOk(queue="q", message_count=0, consumer_count=0), spec.BasicQosOk(), spec.ExchangeDeclareOk(),
-                   spec.BasicConsumeOk(consumer_tag="x"), spec.TxSelectOk(), spec.BasicGetEmpty()]
+    server_only = [
+        spec.QueueDeclareOk(queue="q", message_count=0, consumer_count=0),
+        spec.BasicQosOk(),
+        spec.ExchangeDeclareOk(),
+        spec.BasicConsumeOk(consumer_tag="x"),
+        spec.TxSelectOk(),
+        spec.BasicGetEmpty(),
+    ]
     if rng.random() < 0.3:
         # Content-bearing server methods (deliver, return, get-ok)
-        method = rng.choice([spec.BasicDeliver(consumer_tag="c", delivery_tag=1, redelivered=False, exchange="", routing_key="q"),
-                             spec.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange="", routing_key="q")])
+        method = rng.choice(
+            [
+                spec.BasicDeliver(consumer_tag="c", delivery_tag=1, redelivered=False, exchange="", routing_key="q"),
+                spec.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange="", routing_key="q"),
+            ]
+        )
         return encode_content(1, method, PROPS, b"x", FRAME_MAX), conn(503)
     if rng.random() < 0.3:
-        return encode_method_frame(0, rng.choice([spec.ConnectionStart(), spec.ConnectionTune(), spec.ConnectionOpenOk(),
-                                                  spec.ConnectionOpen(virtual_host="/"), spec.ConnectionCloseOk()])), conn(504)
+        return encode_method_frame(
+            0,
+            rng.choice(
+                [
+                    spec.ConnectionStart(),
+                    spec.ConnectionTune(),
+                    spec.ConnectionOpenOk(),
+                    spec.ConnectionOpen(virtual_host="/"),
+                    spec.ConnectionCloseOk(),
+                ]
+            ),
+        ), conn(504)
     if rng.random() < 0.3:
         return encode_method_frame(1, spec.ConnectionOpen(virtual_host="/")), conn(503)
     return encode_method_frame(1, rng.choice(server_only)), conn(503, 540)
@@ -264,8 +312,17 @@ def _publish_to_missing_exchange(rng):
 
 
 def _bad_protocol_header(rng):
-    header = rng.choice([b"AMQP\x00\x00\x09\x00", b"AMQP\x00\x00\x08\x00", b"AMQP\x01\x01\x00\x0a", b"HTTP/1.1",
-                         b"GET / HT", b"\x16\x03\x01\x00\xa5\x01\x00\x00", rng.randbytes(8)])
+    header = rng.choice(
+        [
+            b"AMQP\x00\x00\x09\x00",
+            b"AMQP\x00\x00\x08\x00",
+            b"AMQP\x01\x01\x00\x0a",
+            b"HTTP/1.1",
+            b"GET / HT",
+            b"\x16\x03\x01\x00\xa5\x01\x00\x00",
+            rng.randbytes(8),
+        ]
+    )
     if header in (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"):
         header = b"AMQX\x00\x00\x09\x01"
     return header, {("header",)}
@@ -278,15 +335,39 @@ def _bad_tune(rng):
 
 
 def _bad_login(rng):
-    start_ok = spec.ConnectionStartOk(client_properties={"capabilities": {"authentication_failure_close": True}}, mechanism="PLAIN",
-                                      response=b"\x00guest\x00" + rng.randbytes(rng.randint(0, 10)) + b"!", locale="en_US")
+    start_ok = spec.ConnectionStartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="PLAIN",
+        response=b"\x00guest\x00" + rng.randbytes(rng.randint(0, 10)) + b"!",
+        locale="en_US",
+    )
     return PROTOCOL_HEADER + encode_method_frame(0, start_ok), conn(403)
 
 
-KINDS = [_bad_end, _size_too_small, _size_too_large, _unknown_frame_type, _oversize, _unknown_method, _content_without_publish,
-         _content_on_channel_0, _heartbeat_misuse, _garbage_table, _truncated_method, _short_method, _trailing_bytes,
-         _method_instead_of_header, _method_instead_of_body, _body_too_large, _header_wrong_class, _short_header,
-         _unopened_channel, _channel_reopen_or_beyond_max, _server_methods_from_client, _publish_to_missing_exchange]
+KINDS = [
+    _bad_end,
+    _size_too_small,
+    _size_too_large,
+    _unknown_frame_type,
+    _oversize,
+    _unknown_method,
+    _content_without_publish,
+    _content_on_channel_0,
+    _heartbeat_misuse,
+    _garbage_table,
+    _truncated_method,
+    _short_method,
+    _trailing_bytes,
+    _method_instead_of_header,
+    _method_instead_of_body,
+    _body_too_large,
+    _header_wrong_class,
+    _short_header,
+    _unopened_channel,
+    _channel_reopen_or_beyond_max,
+    _server_methods_from_client,
+    _publish_to_missing_exchange,
+]
 HANDSHAKE_KINDS = [_bad_protocol_header, _bad_tune, _bad_login]  # these replace the handshake
 
 
@@ -302,23 +383,52 @@ def _random_value(rng: random.Random, kind: str):
     if kind == "longlong":
         return rng.choice([0, 1, 2, 2**63, 2**64 - 1, rng.randrange(2**64)])
     if kind == "shortstr":
-        return rng.choice(["", "fz-q", "fz-x", "amq.direct", "amq.topic", "amq.rabbitmq.reply-to", "amq.gen-abc", "direct",
-                           "fanout", "topic", "headers", "x-bogus", "é" * rng.randint(1, 100), "".join(rng.choices("ab.#*", k=8))])
+        return rng.choice(
+            [
+                "",
+                "fz-q",
+                "fz-x",
+                "amq.direct",
+                "amq.topic",
+                "amq.rabbitmq.reply-to",
+                "amq.gen-abc",
+                "direct",
+                "fanout",
+                "topic",
+                "headers",
+                "x-bogus",
+                "é" * rng.randint(1, 100),
+                "".join(rng.choices("ab.#*", k=8)),
+            ]
+        )
     if kind == "longstr":
         return rng.randbytes(rng.randint(0, 20))
     if kind == "table":
-        return rng.choice([{}, {"x-max-length": rng.randint(-5, 5)}, {"x-queue-type": rng.choice(["quorum", "stream", "bogus", 7])},
-                           {"x-message-ttl": rng.choice([-1, 0, 10, "x"])}, {"x-dead-letter-exchange": "amq.direct"},
-                           {"x-priority": rng.choice([1, "a", None, 2**40])}, {"x-expires": 0}, {"x-max-priority": rng.randint(0, 300)},
-                           {"x-match": rng.choice(["all", "any", "bogus"]), "a": 1}, {"x-single-active-consumer": True},
-                           {"nested": {"a": [1, {"b": None}]}}])
+        return rng.choice(
+            [
+                {},
+                {"x-max-length": rng.randint(-5, 5)},
+                {"x-queue-type": rng.choice(["quorum", "stream", "bogus", 7])},
+                {"x-message-ttl": rng.choice([-1, 0, 10, "x"])},
+                {"x-dead-letter-exchange": "amq.direct"},
+                {"x-priority": rng.choice([1, "a", None, 2**40])},
+                {"x-expires": 0},
+                {"x-max-priority": rng.randint(0, 300)},
+                {"x-match": rng.choice(["all", "any", "bogus"]), "a": 1},
+                {"x-single-active-consumer": True},
+                {"nested": {"a": [1, {"b": None}]}},
+            ]
+        )
     raise AssertionError(kind)
 
 
 ALL_METHODS = list(spec.METHODS_BY_INDEX.values())
 SERVER_ONLY = {"basic.deliver", "basic.return", "basic.get-ok", "basic.get-empty", "channel.close", "channel.open"}
-CLIENT_METHODS = [cls for cls in ALL_METHODS if cls.CLASS_ID in (40, 50, 60, 85, 90) and not cls.NAME.endswith("-ok")
-                  and cls.NAME not in SERVER_ONLY] + [spec.ChannelFlow]
+CLIENT_METHODS = [
+    cls
+    for cls in ALL_METHODS
+    if cls.CLASS_ID in (40, 50, 60, 85, 90) and not cls.NAME.endswith("-ok") and cls.NAME not in SERVER_ONLY
+] + [spec.ChannelFlow]
 
 
 def random_method_stream(rng: random.Random) -> bytes:
@@ -366,7 +476,14 @@ def generate_cases(rng: random.Random) -> list[tuple[str, bool, bytes, set | Non
         elif pick == 1:
             cases.append(("random_methods", True, random_method_stream(rng), ANY))
         else:
-            cases.append(("random_bytes", True, valid_stream(rng)[: rng.randint(0, 30)] + rng.randbytes(rng.randint(1, 300)), ANY))
+            cases.append(
+                (
+                    "random_bytes",
+                    True,
+                    valid_stream(rng)[: rng.randint(0, 30)] + rng.randbytes(rng.randint(1, 300)),
+                    ANY,
+                )
+            )
     rng.shuffle(cases)
     return cases
 
@@ -454,8 +571,9 @@ class GoodClient(threading.Thread):
 
     def run(self) -> None:
         try:
-            connection = pika.BlockingConnection(pika.ConnectionParameters(port=self.port, socket_timeout=5,
-                                                                           blocked_connection_timeout=10))
+            connection = pika.BlockingConnection(
+                pika.ConnectionParameters(port=self.port, socket_timeout=5, blocked_connection_timeout=10)
+            )
             publisher = connection.channel()
             publisher.confirm_delivery()
             consumer = connection.channel()
@@ -485,7 +603,9 @@ class GoodClient(threading.Thread):
 
 
 def open_connections(http_port: int) -> list:
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://127.0.0.1:{http_port}/api/connections", timeout=5) as r:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        f"http://127.0.0.1:{http_port}/api/connections", timeout=5
+    ) as r:
         return json.loads(r.read())
 
 
@@ -523,8 +643,10 @@ def test_malformed_input_never_hurts_the_server_or_other_clients(start_broker):
         good.stop.set()
         good.join(30)
     elapsed = time.monotonic() - started
-    print(f"\n{done} malformed inputs in {elapsed:.1f}s; good client: {len(good.published)} published, "
-          f"{len(good.consumed)} consumed; outcomes: {json.dumps({k: {str(o): n for o, n in v.items()} for k, v in outcomes.items()})}")
+    print(
+        f"\n{done} malformed inputs in {elapsed:.1f}s; good client: {len(good.published)} published, "
+        f"{len(good.consumed)} consumed; outcomes: {json.dumps({k: {str(o): n for o, n in v.items()} for k, v in outcomes.items()})}"
+    )
     assert not good.is_alive(), "the good client did not finish"
     assert good.error is None, repr(good.error)
     assert len(good.published) >= 100, "the good client barely ran"
@@ -542,7 +664,7 @@ def test_malformed_input_never_hurts_the_server_or_other_clients(start_broker):
     connection.close()
     assert server.alive()
     log = server.log_text()
-    assert "Traceback" not in log, log[log.index("Traceback") - 500:][:4000]
+    assert "Traceback" not in log, log[log.index("Traceback") - 500 :][:4000]
     assert "internal error" not in log
 
 
@@ -554,8 +676,12 @@ def test_truncated_property_flags_are_a_syntax_error_not_a_crash(start_broker):
     It must be a syntax error (502) or a drop, never an internal error with a traceback."""
     server = start_broker()
     header = encode_content_header(60, 1, b"\x10\x01")
-    data = (encode_method_frame(1, spec.QueueDeclare(queue="fz-q", exclusive=True))  # so that the publish is routed
-            + encode_method_frame(1, PUBLISH) + frame_raw(spec.FRAME_HEADER, 1, header) + frame_raw(spec.FRAME_BODY, 1, b"x"))
+    data = (
+        encode_method_frame(1, spec.QueueDeclare(queue="fz-q", exclusive=True))  # so that the publish is routed
+        + encode_method_frame(1, PUBLISH)
+        + frame_raw(spec.FRAME_HEADER, 1, header)
+        + frame_raw(spec.FRAME_BODY, 1, b"x")
+    )
     outcome = run_case(server.amqp_port, True, data)
     assert "Traceback" not in server.log_text()
     assert outcome[:2] in conn(502) | DROP, outcome
@@ -574,12 +700,24 @@ def test_pipelined_frames_before_a_fatal_frame_error_are_still_handled(start_bro
     reader = FrameReader(0)
     reader.feed(reply)
     names = [spec.decode_method(p).NAME for t, _, p in reader.read_frames() if t == spec.FRAME_METHOD]
-    assert names == ["connection.start", "connection.tune", "connection.open-ok", "channel.open-ok", "connection.close"], names
+    assert names == [
+        "connection.start",
+        "connection.tune",
+        "connection.open-ok",
+        "channel.open-ok",
+        "connection.close",
+    ], names
 
 
 def test_heartbeat_frames_between_content_frames_are_fine(broker):
-    data = (encode_method_frame(1, PUBLISH) + HEARTBEAT_FRAME + frame_raw(spec.FRAME_HEADER, 1, encode_content_header(60, 2, PROPS))
-            + HEARTBEAT_FRAME + frame_raw(spec.FRAME_BODY, 1, b"ab") + encode_method_frame(1, spec.QueueDeclare(queue="", exclusive=True)))
+    data = (
+        encode_method_frame(1, PUBLISH)
+        + HEARTBEAT_FRAME
+        + frame_raw(spec.FRAME_HEADER, 1, encode_content_header(60, 2, PROPS))
+        + HEARTBEAT_FRAME
+        + frame_raw(spec.FRAME_BODY, 1, b"ab")
+        + encode_method_frame(1, spec.QueueDeclare(queue="", exclusive=True))
+    )
     names = []
     with socket.create_connection(("127.0.0.1", broker.amqp_port), timeout=CASE_TIMEOUT_S) as sock:
         sock.sendall(HANDSHAKE)

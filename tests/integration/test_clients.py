@@ -35,14 +35,31 @@ def test_pika_blocking_topology_publish_get_consume(broker):
         channel.queue_declare(queue, auto_delete=False, arguments={"x-max-length": 1000})
         channel.queue_bind(queue, exchange, "orders.*")
         channel.confirm_delivery()
-        props = pika.BasicProperties(content_type="application/json", headers={"n": 1, "list": [1, "a"]}, message_id="m1",
-                                     correlation_id="c1", priority=3, delivery_mode=2, timestamp=1_700_000_000, app_id="tests")
+        props = pika.BasicProperties(
+            content_type="application/json",
+            headers={"n": 1, "list": [1, "a"]},
+            message_id="m1",
+            correlation_id="c1",
+            priority=3,
+            delivery_mode=2,
+            timestamp=1_700_000_000,
+            app_id="tests",
+        )
         channel.basic_publish(exchange, "orders.new", b'{"a": 1}', props)
         with pytest.raises(pika.exceptions.UnroutableError):
             channel.basic_publish(exchange, "nothing.matches.this", b"x", mandatory=True)
         method, got_props, body = channel.basic_get(queue)
         assert body == b'{"a": 1}' and method.routing_key == "orders.new" and method.exchange == exchange
-        for name in ("content_type", "headers", "message_id", "correlation_id", "priority", "delivery_mode", "timestamp", "app_id"):
+        for name in (
+            "content_type",
+            "headers",
+            "message_id",
+            "correlation_id",
+            "priority",
+            "delivery_mode",
+            "timestamp",
+            "app_id",
+        ):
             assert getattr(got_props, name) == getattr(props, name), name
         channel.basic_ack(method.delivery_tag)
         for i in range(50):
@@ -131,8 +148,9 @@ def test_pika_select_connection_async_round_trip(broker):
         state["error"] = f"timed out: {state['confirmed']} confirmed, {len(state['received'])} received"
         connection.ioloop.stop()
 
-    connection = pika.SelectConnection(params, on_open_callback=on_open, on_open_error_callback=on_open_error,
-                                       on_close_callback=on_closed)
+    connection = pika.SelectConnection(
+        params, on_open_callback=on_open, on_open_error_callback=on_open_error, on_close_callback=on_closed
+    )
     timer = connection.ioloop.call_later(TIMEOUT_S, on_timeout)
     try:
         connection.ioloop.start()
@@ -160,7 +178,8 @@ def test_aio_pika_confirms_manual_ack_and_direct_reply_to(broker):
             queue = await channel.declare_queue(unique("aq"), auto_delete=True)
             for i in range(20):
                 confirmation = await channel.default_exchange.publish(
-                    aio_pika.Message(b"%d" % i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue.name)
+                    aio_pika.Message(b"%d" % i, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue.name
+                )
                 assert isinstance(confirmation, pamqp.commands.Basic.Ack), confirmation
             # Manual ack: reject the first one with requeue, then take all 20.
             seen = []
@@ -187,12 +206,14 @@ def test_aio_pika_confirms_manual_ack_and_direct_reply_to(broker):
                     assert message.reply_to.startswith("amq.rabbitmq.reply-to.")
                     await server_channel.default_exchange.publish(
                         aio_pika.Message(b"re:" + message.body, correlation_id=message.correlation_id),
-                        routing_key=message.reply_to)
+                        routing_key=message.reply_to,
+                    )
 
             await requests.consume(serve)
             client_channel = await connection.channel()
             reply_queue = await client_channel.get_queue("amq.rabbitmq.reply-to", ensure=False)
             replies: asyncio.Queue = asyncio.Queue()
+
             async def on_reply(message: aio_pika.abc.AbstractIncomingMessage) -> None:
                 await replies.put(message)
 
@@ -200,7 +221,8 @@ def test_aio_pika_confirms_manual_ack_and_direct_reply_to(broker):
             for i in range(3):
                 await client_channel.default_exchange.publish(
                     aio_pika.Message(b"ping%d" % i, correlation_id=str(i), reply_to="amq.rabbitmq.reply-to"),
-                    routing_key=requests.name)
+                    routing_key=requests.name,
+                )
             answers = {}
             for _ in range(3):
                 reply = await replies.get()
@@ -223,7 +245,9 @@ def test_kombu_producer_consumer_round_trip(broker):
         assert type(connection.transport).__module__ == "kombu.transport.pyamqp"
         producer = connection.Producer(serializer="json")
         for i in range(10):
-            producer.publish({"job": i, "text": "héllo"}, exchange=exchange, routing_key="jobs", declare=[queue], retry=False)
+            producer.publish(
+                {"job": i, "text": "héllo"}, exchange=exchange, routing_key="jobs", declare=[queue], retry=False
+            )
 
         def on_message(body, message):
             received.append(body)
@@ -246,7 +270,7 @@ def test_kombu_producer_consumer_round_trip(broker):
 # ---------------------------------------------------------------------------------- celery
 
 
-CELERY_TASKS = '''
+CELERY_TASKS = """
 from celery import Celery
 
 app = Celery("maxqtasks", broker="{broker_url}", backend="rpc://")
@@ -262,7 +286,7 @@ def add(x, y):
 @app.task
 def fail():
     raise ValueError("boom")
-'''
+"""
 
 
 def test_celery_task_with_rpc_result(broker, tmp_path):
@@ -273,9 +297,23 @@ def test_celery_task_with_rpc_result(broker, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "MAXQ_"))}
     env["PYTHONPATH"] = str(tmp_path)  # the task module only; never the repo root (docs/design.md §1)
     with open(log_path, "wb") as log:
-        worker = subprocess.Popen([celery_bin, "-A", "maxqtasks", "worker", "--pool=solo", "--concurrency=1",
-                                   "--loglevel=INFO", "--hostname", f"w-{uuid.uuid4().hex[:6]}@test"],
-                                  cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [
+                celery_bin,
+                "-A",
+                "maxqtasks",
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                "--loglevel=INFO",
+                "--hostname",
+                f"w-{uuid.uuid4().hex[:6]}@test",
+            ],
+            cwd=str(tmp_path),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     sys.path.insert(0, str(tmp_path))
     try:
         import maxqtasks
@@ -305,6 +343,10 @@ def test_celery_task_with_rpc_result(broker, tmp_path):
             worker.kill()
             worker.wait(5)
     text = log_path.read_text(errors="replace")
-    errors = [line for line in text.splitlines() if ("ERROR/" in line or "CRITICAL/" in line) and "ValueError('boom')" not in line]
+    errors = [
+        line
+        for line in text.splitlines()
+        if ("ERROR/" in line or "CRITICAL/" in line) and "ValueError('boom')" not in line
+    ]
     assert errors == [], text
     assert "Connection to broker lost" not in text, text

@@ -112,7 +112,11 @@ def test_mandatory_unroutable_with_confirms_is_returned_then_acked(env):
     with pytest.raises(UnroutableError) as exc:
         channel.basic_publish("amq.direct", key, b"back", mandatory=True)
     [returned] = exc.value.messages
-    assert (returned.method.reply_code, returned.method.reply_text, returned.method.routing_key) == (312, "NO_ROUTE", key)
+    assert (returned.method.reply_code, returned.method.reply_text, returned.method.routing_key) == (
+        312,
+        "NO_ROUTE",
+        key,
+    )
     assert returned.body == b"back"
 
 
@@ -202,10 +206,13 @@ def test_tx_ack_of_a_tag_already_acked_in_the_tx_is_refused(env):
     assert ready_count(connection, name) == 1
 
 
-@pytest.mark.parametrize("first, second, text", [
-    ("confirm", "tx", "PRECONDITION_FAILED - cannot switch from confirm to tx mode"),
-    ("tx", "confirm", "PRECONDITION_FAILED - cannot switch from tx to confirm mode"),
-])
+@pytest.mark.parametrize(
+    "first, second, text",
+    [
+        ("confirm", "tx", "PRECONDITION_FAILED - cannot switch from confirm to tx mode"),
+        ("tx", "confirm", "PRECONDITION_FAILED - cannot switch from tx to confirm mode"),
+    ],
+)
 def test_switching_between_confirm_and_tx_is_refused(env, first, second, text):
     channel = env.connect().channel()
     select = {"confirm": channel.confirm_delivery, "tx": channel.tx_select}

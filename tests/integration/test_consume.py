@@ -43,7 +43,12 @@ def test_mandatory_unroutable_publish_is_returned(env):
     pump([connection], 0.2)
     assert len(returned) == 1
     method, props, body = returned[0]
-    assert (method.reply_code, method.reply_text, method.exchange, method.routing_key) == (312, "NO_ROUTE", "amq.direct", key)
+    assert (method.reply_code, method.reply_text, method.exchange, method.routing_key) == (
+        312,
+        "NO_ROUTE",
+        "amq.direct",
+        key,
+    )
     assert body == b"back" and props.headers == {"h": "v"}
 
 
@@ -82,8 +87,9 @@ def test_cancel_of_an_unknown_tag_is_answered(env):
 def test_publish_with_immediate_is_not_implemented(env):
     connection = env.connect()
     channel = connection.channel()
-    channel._impl._send_method(spec.Basic.Publish(exchange="", routing_key="x", immediate=True),
-                               (pika.BasicProperties(), b"now"))
+    channel._impl._send_method(
+        spec.Basic.Publish(exchange="", routing_key="x", immediate=True), (pika.BasicProperties(), b"now")
+    )
     with pytest.raises(ConnectionClosedByBroker) as exc:
         pump([connection], 2.0)
     assert (exc.value.reply_code, exc.value.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
@@ -123,13 +129,19 @@ def test_exclusive_consumer_refuses_others(env):
     other = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         other.basic_consume(name, lambda *a: None)
-    assert (exc.value.reply_code, exc.value.reply_text) == (403, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        403,
+        f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use",
+    )
     # And an exclusive consume is refused while the queue has any consumer.
     channel.basic_consume(busy, lambda *a: None)
     other = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         other.basic_consume(busy, lambda *a: None, exclusive=True)
-    assert (exc.value.reply_code, exc.value.reply_text) == (403, f"ACCESS_REFUSED - queue '{busy}' in vhost '/' in exclusive use")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        403,
+        f"ACCESS_REFUSED - queue '{busy}' in vhost '/' in exclusive use",
+    )
 
 
 def test_consume_from_missing_queue_is_404(env):

@@ -73,11 +73,13 @@ def run_server(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     command = [MAXQ_SERVER, "--data-dir", str(data_dir), "--amqp-port", str(free_port()), "--http-port", "0", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAXQ_")}
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env,
-                              cwd=str(data_dir.parent))
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=str(data_dir.parent)
+        )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"maxq-server {' '.join(args)} did not exit: it started on a damaged store\n"
-                             f"{exc.stderr}") from None
+        raise AssertionError(
+            f"maxq-server {' '.join(args)} did not exit: it started on a damaged store\n{exc.stderr}"
+        ) from None
 
 
 def assert_refused(data_dir: Path, exit_code: int, *words: str) -> None:

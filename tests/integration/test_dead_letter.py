@@ -65,8 +65,9 @@ def test_queue_ttl_expiry_dead_letters_without_original_expiration(env):
     channel = env.channel()
     source, dead = env.queue_name(), env.queue_name()
     channel.queue_declare(dead)
-    channel.queue_declare(source, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "",
-                                             "x-dead-letter-routing-key": dead})
+    channel.queue_declare(
+        source, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    )
     channel.basic_publish("", source, b"m")
     _, props, _ = get_one(channel, dead)
     (death,) = props.headers["x-death"]
@@ -77,8 +78,9 @@ def test_maxlen_drop_head_is_dead_lettered(env):
     channel = env.channel()
     source, dead = env.queue_name(), env.queue_name()
     channel.queue_declare(dead)
-    channel.queue_declare(source, arguments={"x-max-length": 1, "x-dead-letter-exchange": "",
-                                             "x-dead-letter-routing-key": dead})
+    channel.queue_declare(
+        source, arguments={"x-max-length": 1, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    )
     channel.basic_publish("", source, b"old")
     channel.basic_publish("", source, b"new")
     _, props, body = get_one(channel, dead)
@@ -115,8 +117,9 @@ def test_x_death_count_increases_on_repeated_dead_lettering(env):
     channel = env.channel()
     work, retry = env.queue_name(), env.queue_name()
     # work --reject--> retry --expire after 50 ms--> work: the classic retry loop.
-    channel.queue_declare(retry, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "",
-                                            "x-dead-letter-routing-key": work})
+    channel.queue_declare(
+        retry, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": work}
+    )
     channel.queue_declare(work, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})
     channel.basic_publish("", work, b"job")
     for attempt in range(1, 4):
@@ -134,8 +137,12 @@ def test_x_death_count_increases_on_repeated_dead_lettering(env):
 def test_fully_automatic_cycle_is_dropped(env, broker):
     channel = env.channel()
     a, b = env.queue_name(), env.queue_name()
-    channel.queue_declare(a, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b})
-    channel.queue_declare(b, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": a})
+    channel.queue_declare(
+        a, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b}
+    )
+    channel.queue_declare(
+        b, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": a}
+    )
     channel.basic_publish("", a, b"loop")
     assert wait_until(lambda: f"dead-letter cycle through queue '{a}'" in broker.logs_text(), 10), "no cycle detected"
     assert message_count(channel, a) == 0 and message_count(channel, b) == 0
@@ -144,7 +151,9 @@ def test_fully_automatic_cycle_is_dropped(env, broker):
 def test_cycle_with_the_same_queue_as_its_own_dlx_drops_expired(env, broker):
     channel = env.channel()
     q = env.queue_name()
-    channel.queue_declare(q, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q})
+    channel.queue_declare(
+        q, arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q}
+    )
     channel.basic_publish("", q, b"self")
     assert wait_until(lambda: f"dead-letter cycle through queue '{q}'" in broker.logs_text(), 10), "no cycle detected"
     assert message_count(channel, q) == 0
@@ -180,8 +189,10 @@ def test_dead_letter_routing_key_without_exchange_is_406(env):
     q = env.queue_name()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(q, arguments={"x-dead-letter-routing-key": "k"})
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue '{q}' "
-                                    "in vhost '/': routing_key_but_no_dlx_defined")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue '{q}' "
+        "in vhost '/': routing_key_but_no_dlx_defined"
+    )
 
 
 def test_dead_lettered_persistent_message_survives_a_restart(start_broker):
@@ -189,8 +200,9 @@ def test_dead_lettered_persistent_message_survives_a_restart(start_broker):
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
     channel.queue_declare("dl-target", durable=True)
-    channel.queue_declare("dl-source", durable=True, arguments={"x-dead-letter-exchange": "",
-                                                                "x-dead-letter-routing-key": "dl-target"})
+    channel.queue_declare(
+        "dl-source", durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dl-target"}
+    )
     channel.confirm_delivery()
     channel.basic_publish("", "dl-source", b"keep", pika.BasicProperties(delivery_mode=2))
     method, _, _ = get_one(channel, "dl-source")

@@ -102,7 +102,10 @@ def test_x_delayed_type_must_be_an_exchange_type(env, arguments):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.exchange_declare(exchange, "x-delayed-message", arguments=arguments)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
+    assert (
+        exc.value.reply_text
+        == "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
+    )
 
 
 def test_zero_negative_and_non_integer_delays_are_no_delay(env):

@@ -25,8 +25,9 @@ def test_delivery_limit_dead_letters_with_delivery_count_headers(env):
     channel = env.channel()
     work, dead = env.queue_name(), env.queue_name()
     channel.queue_declare(dead)
-    channel.queue_declare(work, arguments={"x-delivery-limit": 2, "x-dead-letter-exchange": "",
-                                           "x-dead-letter-routing-key": dead})
+    channel.queue_declare(
+        work, arguments={"x-delivery-limit": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    )
     channel.basic_publish("", work, b"poison", pika.BasicProperties(headers={"app": 1}))
     counts = []
     for _ in range(3):
@@ -68,8 +69,9 @@ def test_a_lost_consumer_counts_as_a_return(env):
 def test_retry_backoff_hides_a_returned_message_until_its_delay(env):
     channel = env.channel()
     name = env.queue_name()
-    channel.queue_declare(name, arguments={"x-retry-backoff-ms": 1000, "x-retry-backoff-multiplier": 2,
-                                           "x-retry-backoff-max-ms": 60000})
+    channel.queue_declare(
+        name, arguments={"x-retry-backoff-ms": 1000, "x-retry-backoff-multiplier": 2, "x-retry-backoff-max-ms": 60000}
+    )
     channel.basic_publish("", name, b"retry-me")
     method, _, _ = get_one(channel, name)
     returned_at = time.monotonic()
@@ -90,8 +92,15 @@ def test_retry_backoff_hides_a_returned_message_until_its_delay(env):
 def test_retry_backoff_with_a_waiting_consumer(env):
     channel = env.channel()
     name = env.queue_name()
-    channel.queue_declare(name, arguments={"x-retry-backoff-ms": 200, "x-delivery-limit": 3,
-                                           "x-dead-letter-exchange": "", "x-dead-letter-routing-key": name + "-dead"})
+    channel.queue_declare(
+        name,
+        arguments={
+            "x-retry-backoff-ms": 200,
+            "x-delivery-limit": 3,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": name + "-dead",
+        },
+    )
     env.queues.append(name + "-dead")
     channel.queue_declare(name + "-dead")
     seen = []
@@ -106,13 +115,18 @@ def test_retry_backoff_with_a_waiting_consumer(env):
     assert seen == [None, 1, 2, 3]  # 4 deliveries, then the 4th return is over the limit of 3
 
 
-@pytest.mark.parametrize("arguments, error", [
-    ({"x-delivery-limit": -1}, "'x-delivery-limit' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
-    ({"x-delivery-limit": "5"}, "'x-delivery-limit' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}"),
-    ({"x-retry-backoff-ms": -5}, "'x-retry-backoff-ms' for queue '{q}' in vhost '/': {{value_negative,-5}}"),
-    ({"x-retry-backoff-multiplier": Decimal("0.5")},  # pika sends no floats: a decimal
-     "'x-retry-backoff-multiplier' for queue '{q}' in vhost '/': {{value_out_of_range,0.5,1,1000}}"),
-])
+@pytest.mark.parametrize(
+    "arguments, error",
+    [
+        ({"x-delivery-limit": -1}, "'x-delivery-limit' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
+        ({"x-delivery-limit": "5"}, "'x-delivery-limit' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}"),
+        ({"x-retry-backoff-ms": -5}, "'x-retry-backoff-ms' for queue '{q}' in vhost '/': {{value_negative,-5}}"),
+        (
+            {"x-retry-backoff-multiplier": Decimal("0.5")},  # pika sends no floats: a decimal
+            "'x-retry-backoff-multiplier' for queue '{q}' in vhost '/': {{value_out_of_range,0.5,1,1000}}",
+        ),
+    ],
+)
 def test_bad_arguments_are_406(env, arguments, error):
     channel = env.channel()
     name = env.queue_name()
@@ -127,8 +141,11 @@ def test_delivery_counts_survive_a_restart(start_broker):
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
     channel.queue_declare("poison-dead", durable=True)
-    channel.queue_declare("poison", durable=True, arguments={"x-delivery-limit": 2, "x-dead-letter-exchange": "",
-                                                             "x-dead-letter-routing-key": "poison-dead"})
+    channel.queue_declare(
+        "poison",
+        durable=True,
+        arguments={"x-delivery-limit": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "poison-dead"},
+    )
     channel.confirm_delivery()
     channel.basic_publish("", "poison", b"p", pika.BasicProperties(delivery_mode=2))
     for _ in range(2):

@@ -188,14 +188,14 @@ def test_durable_exchanges_and_bindings_survive_transient_ones_do_not(start_brok
     channel.exchange_declare("dx", "direct", durable=True)
     channel.exchange_declare("dtop", "topic", durable=True)
     channel.exchange_declare("tx", "fanout", durable=False)
-    channel.queue_bind("dq", "dx", "k")                 # durable -> durable queue: survives
-    channel.queue_bind("dq", "amq.topic", "a.*")        # built-in -> durable queue: survives
-    channel.exchange_bind("dx", "dtop", "#")            # durable -> durable exchange: survives
-    channel.queue_bind("tq", "dx", "k")                 # to a transient queue: goes with it
-    channel.queue_bind("dq", "tx")                      # from a transient exchange: goes with it
-    channel.exchange_bind("tx", "dx", "k")              # durable -> transient exchange: goes
+    channel.queue_bind("dq", "dx", "k")  # durable -> durable queue: survives
+    channel.queue_bind("dq", "amq.topic", "a.*")  # built-in -> durable queue: survives
+    channel.exchange_bind("dx", "dtop", "#")  # durable -> durable exchange: survives
+    channel.queue_bind("tq", "dx", "k")  # to a transient queue: goes with it
+    channel.queue_bind("dq", "tx")  # from a transient exchange: goes with it
+    channel.exchange_bind("tx", "dx", "k")  # durable -> transient exchange: goes
     channel.queue_bind("dq", "dx", "gone")
-    channel.queue_unbind("dq", "dx", "gone")            # an unbind is durable too
+    channel.queue_unbind("dq", "dx", "gone")  # an unbind is durable too
     channel.exchange_declare("dx-deleted", "direct", durable=True)
     channel.exchange_delete("dx-deleted")
     connection.close()
@@ -374,10 +374,12 @@ class ConfirmingPublisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            connection = pika.SelectConnection(pika.ConnectionParameters(port=self.port, heartbeat=0),
-                                               on_open_callback=self._on_open,
-                                               on_open_error_callback=self._on_closed,
-                                               on_close_callback=self._on_closed)
+            connection = pika.SelectConnection(
+                pika.ConnectionParameters(port=self.port, heartbeat=0),
+                on_open_callback=self._on_open,
+                on_open_error_callback=self._on_closed,
+                on_close_callback=self._on_closed,
+            )
             self.connection = connection
             connection.ioloop.start()
         except BaseException as exc:  # noqa: BLE001 - reported by the test

@@ -33,10 +33,16 @@ def test_default_exchange_routes_by_queue_name(env):
     assert channel.basic_get(queue, auto_ack=True) == (None, None, None)
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
-    ("amq.headers", "headers"), ("amq.match", "headers"),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("amq.direct", "direct"),
+        ("amq.fanout", "fanout"),
+        ("amq.topic", "topic"),
+        ("amq.headers", "headers"),
+        ("amq.match", "headers"),
+    ],
+)
 def test_builtin_exchanges_exist_with_their_type(env, name, kind):
     channel = env.channel()
     channel.exchange_declare(name, passive=True)
@@ -47,8 +53,10 @@ def test_builtin_exchanges_exist_with_their_type(env, name, kind):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.exchange_declare(name, other, durable=True)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{name}' "
-                                    f"in vhost '/': received '{other}' but current is '{kind}'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{name}' "
+        f"in vhost '/': received '{other}' but current is '{kind}'"
+    )
 
 
 def test_passive_declare_of_missing_exchange_is_404(env):
@@ -62,9 +70,11 @@ def test_passive_declare_of_missing_exchange_is_404(env):
 
 def test_default_exchange_cannot_be_declared_or_deleted(env):
     connection = env.connect()
-    for action in (lambda ch: ch.exchange_declare("", "direct"),
-                   lambda ch: ch.exchange_declare("", passive=True),  # check_not_default_exchange runs for passive too
-                   lambda ch: ch.exchange_delete("")):
+    for action in (
+        lambda ch: ch.exchange_declare("", "direct"),
+        lambda ch: ch.exchange_declare("", passive=True),  # check_not_default_exchange runs for passive too
+        lambda ch: ch.exchange_delete(""),
+    ):
         channel = connection.channel()
         with pytest.raises(ChannelClosedByBroker) as exc:
             action(channel)
@@ -80,8 +90,10 @@ def test_durable_equivalence(env):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.exchange_declare(name, "direct", durable=False)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'durable' for exchange '{name}' "
-                                    "in vhost '/': received 'false' but current is 'true'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'durable' for exchange '{name}' "
+        "in vhost '/': received 'false' but current is 'true'"
+    )
 
 
 def test_type_equivalence(env):
@@ -91,8 +103,10 @@ def test_type_equivalence(env):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.exchange_declare(name, "fanout")
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{name}' "
-                                    "in vhost '/': received 'fanout' but current is 'topic'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{name}' "
+        "in vhost '/': received 'fanout' but current is 'topic'"
+    )
 
 
 def test_alternate_exchange_argument_equivalence(env):
@@ -102,8 +116,10 @@ def test_alternate_exchange_argument_equivalence(env):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.exchange_declare(name, "direct", arguments={"alternate-exchange": "ae-two"})
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange "
-                                    f"'{name}' in vhost '/': received 'ae-two' but current is 'ae-one'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange "
+        f"'{name}' in vhost '/': received 'ae-two' but current is 'ae-one'"
+    )
 
 
 def test_reserved_prefix_is_refused(env):
@@ -225,8 +241,14 @@ def test_topic_routing_with_star_and_hash(env):
     channel = env.channel()
     name = env.exchange_name()
     channel.exchange_declare(name, "topic")
-    patterns = {"star": "stock.*.nyse", "hash": "stock.#", "all": "#", "exact": "stock.ibm.nyse",
-                "two": "*.*", "mid": "*.ibm.#"}
+    patterns = {
+        "star": "stock.*.nyse",
+        "hash": "stock.#",
+        "all": "#",
+        "exact": "stock.ibm.nyse",
+        "two": "*.*",
+        "mid": "*.ibm.#",
+    }
     queues = {}
     for label, pattern in patterns.items():
         queues[label] = env.queue_name(label)

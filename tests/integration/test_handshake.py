@@ -86,14 +86,31 @@ class RawClient:
             data += chunk
         raise AssertionError(f"server did not close the socket within {timeout_s}s (got {data!r})")
 
-    def handshake(self, heartbeat: int = 0, frame_max: int = 131072, vhost: str = "/", user: str = "guest",
-                  password: str = "guest", capabilities: dict | None = None):
+    def handshake(
+        self,
+        heartbeat: int = 0,
+        frame_max: int = 131072,
+        vhost: str = "/",
+        user: str = "guest",
+        password: str = "guest",
+        capabilities: dict | None = None,
+    ):
         """Up to connection.open; returns connection.tune, or whatever came instead (None: EOF)."""
         self.send(PROTOCOL_HEADER)
         self.expect(spec.ConnectionStart)
-        props = {"product": "raw-test", "capabilities": {"authentication_failure_close": True} if capabilities is None else capabilities}
-        self.method(0, spec.ConnectionStartOk(client_properties=props, mechanism="PLAIN",
-                                              response=b"\x00" + user.encode() + b"\x00" + password.encode(), locale="en_US"))
+        props = {
+            "product": "raw-test",
+            "capabilities": {"authentication_failure_close": True} if capabilities is None else capabilities,
+        }
+        self.method(
+            0,
+            spec.ConnectionStartOk(
+                client_properties=props,
+                mechanism="PLAIN",
+                response=b"\x00" + user.encode() + b"\x00" + password.encode(),
+                locale="en_US",
+            ),
+        )
         tune = self.next_frame()
         if tune is None or not isinstance(tune[2], spec.ConnectionTune):
             return None if tune is None else tune[2]
@@ -116,14 +133,17 @@ def raw(broker):
         client.close()
 
 
-@pytest.mark.parametrize("header", [
-    b"AMQP\x00\x00\x09\x00",  # 0-9-0
-    b"AMQP\x00\x00\x08\x00",  # 0-8
-    b"AMQP\x03\x01\x00\x00",  # AMQP 1.0 SASL
-    b"HTTP/1.1 200 OK\r\n\r\n",
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"\x16\x03\x01\x00\xa5\x01\x00\x00",  # a TLS client hello
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x00\x00\x09\x00",  # 0-9-0
+        b"AMQP\x00\x00\x08\x00",  # 0-8
+        b"AMQP\x03\x01\x00\x00",  # AMQP 1.0 SASL
+        b"HTTP/1.1 200 OK\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00",  # a TLS client hello
+    ],
+)
 def test_wrong_protocol_header_gets_ours_then_close(raw, header):
     client = raw()
     client.send(header)
@@ -152,7 +172,10 @@ def test_wrong_password_raw_gets_403(raw):
     close = client.handshake(password="wrong")
     assert isinstance(close, spec.ConnectionClose), close
     assert close.reply_code == 403
-    assert close.reply_text == "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
+    assert (
+        close.reply_text
+        == "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
+    )
     client.method(0, spec.ConnectionCloseOk())
     assert client.read_until_eof() == b""
 
@@ -165,8 +188,13 @@ def test_wrong_password_without_capability_just_closes(raw):
 
 @pytest.mark.parametrize("user, password", [("guest", "wrong"), ("nobody", "guest")])
 def test_pika_bad_credentials(broker, user, password):
-    params = pika.ConnectionParameters(port=broker.amqp_port, credentials=pika.PlainCredentials(user, password),
-                                       connection_attempts=1, socket_timeout=5, blocked_connection_timeout=5)
+    params = pika.ConnectionParameters(
+        port=broker.amqp_port,
+        credentials=pika.PlainCredentials(user, password),
+        connection_attempts=1,
+        socket_timeout=5,
+        blocked_connection_timeout=5,
+    )
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
         pika.BlockingConnection(params)
     assert "403" in str(info.value) and "ACCESS_REFUSED" in str(info.value)
@@ -177,7 +205,9 @@ def test_unknown_vhost_is_530(raw, broker):
     client.handshake(vhost="x")
     close = client.expect(spec.ConnectionClose)
     assert (close.reply_code, close.reply_text) == (530, "NOT_ALLOWED - vhost x not found")
-    params = pika.ConnectionParameters(port=broker.amqp_port, virtual_host="nope", connection_attempts=1, socket_timeout=5)
+    params = pika.ConnectionParameters(
+        port=broker.amqp_port, virtual_host="nope", connection_attempts=1, socket_timeout=5
+    )
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
         pika.BlockingConnection(params)
     assert "530" in str(info.value) and "vhost nope not found" in str(info.value)

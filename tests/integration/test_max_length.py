@@ -93,8 +93,15 @@ def test_reject_publish_dlx_dead_letters_the_refused(env):
     channel = env.channel()
     name, dead = env.queue_name(), env.queue_name()
     channel.queue_declare(dead)
-    channel.queue_declare(name, arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
-                                           "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    channel.queue_declare(
+        name,
+        arguments={
+            "x-max-length": 1,
+            "x-overflow": "reject-publish-dlx",
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead,
+        },
+    )
     channel.confirm_delivery()
     channel.basic_publish("", name, b"1")
     with pytest.raises(NackError):
@@ -107,12 +114,18 @@ def test_reject_publish_dlx_dead_letters_the_refused(env):
     assert drain(channel, name) == [b"1"]
 
 
-@pytest.mark.parametrize("arguments, error", [
-    ({"x-max-length": -1}, "'x-max-length' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
-    ({"x-max-length-bytes": "big"}, "'x-max-length-bytes' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}"),
-    ({"x-overflow": "drop-tail"}, "'x-overflow' for queue '{q}' in vhost '/': invalid_overflow"),
-    ({"x-overflow": 1}, "'x-overflow' for queue '{q}' in vhost '/': {{unacceptable_type,signedint}}"),
-])
+@pytest.mark.parametrize(
+    "arguments, error",
+    [
+        ({"x-max-length": -1}, "'x-max-length' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
+        (
+            {"x-max-length-bytes": "big"},
+            "'x-max-length-bytes' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}",
+        ),
+        ({"x-overflow": "drop-tail"}, "'x-overflow' for queue '{q}' in vhost '/': invalid_overflow"),
+        ({"x-overflow": 1}, "'x-overflow' for queue '{q}' in vhost '/': {{unacceptable_type,signedint}}"),
+    ],
+)
 def test_bad_length_arguments_are_406(env, arguments, error):
     channel = env.channel()
     name = env.queue_name()

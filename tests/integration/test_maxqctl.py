@@ -20,7 +20,10 @@ MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 
 
 # These check the single node's answers; MAXQ_TEST_CLUSTER=1 runs the shared broker as a cluster member.
-single_node_only = pytest.mark.skipif(bool(os.environ.get("MAXQ_TEST_CLUSTER")), reason="checks a single node's answers")
+single_node_only = pytest.mark.skipif(
+    bool(os.environ.get("MAXQ_TEST_CLUSTER")), reason="checks a single node's answers"
+)
+
 
 def maxqctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([MAXQCTL, *args], capture_output=True, text=True, timeout=30, env=env)
@@ -30,10 +33,18 @@ def maxqctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def topology(broker):
     """A pika client's exchange, queue, binding, consumer and 3 ready messages."""
     suffix = uuid.uuid4().hex[:8]
-    names = {"exchange": f"ctl-x-{suffix}", "queue": f"ctl-q-{suffix}", "idle": f"ctl-idle-{suffix}", "key": f"k.{suffix}",
-             "tag": f"ctl-tag-{suffix}"}
-    connection = pika.BlockingConnection(pika.ConnectionParameters(
-        port=broker.amqp_port, socket_timeout=5, client_properties={"product": "ctl-test-client"}))
+    names = {
+        "exchange": f"ctl-x-{suffix}",
+        "queue": f"ctl-q-{suffix}",
+        "idle": f"ctl-idle-{suffix}",
+        "key": f"k.{suffix}",
+        "tag": f"ctl-tag-{suffix}",
+    }
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            port=broker.amqp_port, socket_timeout=5, client_properties={"product": "ctl-test-client"}
+        )
+    )
     channel = connection.channel()
     channel.exchange_declare(names["exchange"], "topic", durable=True)
     channel.queue_declare(names["queue"], durable=True)
@@ -76,7 +87,14 @@ def test_lists_show_what_a_client_created(broker, topology):
     t = topology
     queues = maxqctl("--node", node(broker), "list", "queues")
     assert queues.returncode == 0, queues.stderr
-    assert table_rows(queues.stdout)[0] == ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]
+    assert table_rows(queues.stdout)[0] == [
+        "vhost",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+        "consumers",
+        "durable",
+    ]
     assert ["/", t["queue"], "0", "0", "1", "True"] in table_rows(queues.stdout)
     assert ["/", t["idle"], "3", "0", "0", "False"] in table_rows(queues.stdout)
 
@@ -88,7 +106,9 @@ def test_lists_show_what_a_client_created(broker, topology):
     assert ["/", t["exchange"], "queue", t["queue"], t["key"]] in table_rows(bindings)
 
     connections = maxqctl("--node", node(broker), "list", "connections").stdout
-    assert any(row[-1] == "ctl-test-client" and row[1:4] == ["127.0.0.1", "guest", "/"] for row in table_rows(connections))
+    assert any(
+        row[-1] == "ctl-test-client" and row[1:4] == ["127.0.0.1", "guest", "/"] for row in table_rows(connections)
+    )
 
     consumers = maxqctl("--node", node(broker), "list", "consumers").stdout
     assert any(row[:3] == ["/", t["queue"], t["tag"]] and row[-1] == "True" for row in table_rows(consumers))
@@ -108,8 +128,13 @@ def test_lists_as_json(broker, topology, position):
     assert queue["durable"] is True and queue["consumers"] == 1 and queue["vhost"] == "/"
     [idle] = [q for q in listing("queues") if q["name"] == t["idle"]]
     assert idle["messages_ready"] == 3
-    assert {"vhost": "/", "name": t["exchange"], "type": "topic"}.items() <= [e for e in listing("exchanges") if e["name"] == t["exchange"]][0].items()
-    assert any(b["source"] == t["exchange"] and b["destination"] == t["queue"] and b["routing_key"] == t["key"] for b in listing("bindings"))
+    assert {"vhost": "/", "name": t["exchange"], "type": "topic"}.items() <= [
+        e for e in listing("exchanges") if e["name"] == t["exchange"]
+    ][0].items()
+    assert any(
+        b["source"] == t["exchange"] and b["destination"] == t["queue"] and b["routing_key"] == t["key"]
+        for b in listing("bindings")
+    )
     assert any(c["client"] == "ctl-test-client" and c["channels"] == 1 for c in listing("connections"))
     [consumer] = [c for c in listing("consumers") if c["consumer_tag"] == t["tag"]]
     assert consumer["queue"] == t["queue"] and consumer["ack_required"] is True and consumer["channel"] == 1
@@ -121,15 +146,22 @@ def test_a_proxy_in_the_environment_is_not_used(broker):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["frob"], 2, "invalid choice: 'frob'"),
-    (["list", "widgets"], 2, "invalid choice: 'widgets'"),
-    ([], 2, "the following arguments are required: COMMAND"),
-    (["--node", "nope", "status"], 2, "--node must be HOST:PORT with a port 1-65535, got 'nope'"),
-    (["--node", "127.0.0.1:99999", "status"], 2, "--node must be HOST:PORT with a port 1-65535, got '127.0.0.1:99999'"),
-    (["--node", "127.0.0.1:", "status"], 2, "--node must be HOST:PORT"),
-    (["--timeout", "0", "status"], 2, "--timeout must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["frob"], 2, "invalid choice: 'frob'"),
+        (["list", "widgets"], 2, "invalid choice: 'widgets'"),
+        ([], 2, "the following arguments are required: COMMAND"),
+        (["--node", "nope", "status"], 2, "--node must be HOST:PORT with a port 1-65535, got 'nope'"),
+        (
+            ["--node", "127.0.0.1:99999", "status"],
+            2,
+            "--node must be HOST:PORT with a port 1-65535, got '127.0.0.1:99999'",
+        ),
+        (["--node", "127.0.0.1:", "status"], 2, "--node must be HOST:PORT"),
+        (["--timeout", "0", "status"], 2, "--timeout must be a positive number"),
+    ],
+)
 def test_bad_command_lines(args, code, message):
     result = maxqctl(*args)
     assert result.returncode == code, result
@@ -170,14 +202,20 @@ def test_the_admin_api_takes_bounded_json_bodies(broker):
     assert status == 400 and answer["error"].startswith("malformed JSON body"), answer
     status, answer = http_request(broker, "POST", "/api/cluster/members", b"[1, 2]")
     assert status == 400 and answer["error"] == "the JSON body must be an object"
-    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "x"}).encode())
+    status, answer = http_request(
+        broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "x"}).encode()
+    )
     assert status == 400 and "raft_addr must be HOST:PORT" in answer["error"]
-    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n 2", "raft_addr": "h:1"}).encode())
+    status, answer = http_request(
+        broker, "POST", "/api/cluster/members", json.dumps({"node": "n 2", "raft_addr": "h:1"}).encode()
+    )
     assert status == 400 and "node must be 1-64 of letters" in answer["error"]
     status, answer = http_request(broker, "POST", "/api/cluster/members", b"x" * 20000)
     assert status == 413 and "16384" in answer["error"]
     # A well-formed change on a single node: not a cluster member.
-    status, answer = http_request(broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "h:1"}).encode())
+    status, answer = http_request(
+        broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "h:1"}).encode()
+    )
     assert status == 409 and answer["error"] == "this node is not a cluster member (started without --raft-addr/--peer)"
     status, answer = http_request(broker, "DELETE", "/api/cluster/members/n2?force=1")
     assert status == 409 and answer["reason"] == "not clustered"

@@ -26,8 +26,9 @@ MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 
 
 def maxqctl(broker, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", *args], capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(
+        [MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", *args], capture_output=True, text=True, timeout=30
+    )
 
 
 def fill(channel, name: str, n: int) -> None:
@@ -63,8 +64,14 @@ def test_policy_applies_to_matching_queues_new_and_existing(env, broker, prefix)
     assert drain(channel, later) == [b"3", b"4"]
     assert len(drain(channel, other)) == 5  # does not match
     listed = json.loads(maxqctl(broker, "--json", "list", "policies").stdout)
-    assert {"name": f"limit-{tag}", "pattern": f"^pol-{tag}", "definition": {"max-length": 2}, "priority": 0,
-            "apply-to": "queues", "vhost": "/"} in listed
+    assert {
+        "name": f"limit-{tag}",
+        "pattern": f"^pol-{tag}",
+        "definition": {"max-length": 2},
+        "priority": 0,
+        "apply-to": "queues",
+        "vhost": "/",
+    } in listed
 
 
 def test_queue_arguments_win_over_the_policy(env, broker, prefix):
@@ -81,8 +88,14 @@ def test_queue_arguments_win_over_the_policy(env, broker, prefix):
 def test_highest_priority_policy_applies_and_clearing_restores(env, broker, prefix):
     tag, names = prefix
     names += [f"low-{tag}", f"high-{tag}"]
-    assert maxqctl(broker, "set-policy", f"low-{tag}", f"^prio-{tag}", '{"max-length": 1}', "--priority", "1").returncode == 0
-    assert maxqctl(broker, "set-policy", f"high-{tag}", f"prio-{tag}", '{"max-length": 2}', "--priority", "5").returncode == 0
+    assert (
+        maxqctl(broker, "set-policy", f"low-{tag}", f"^prio-{tag}", '{"max-length": 1}', "--priority", "1").returncode
+        == 0
+    )
+    assert (
+        maxqctl(broker, "set-policy", f"high-{tag}", f"prio-{tag}", '{"max-length": 2}', "--priority", "5").returncode
+        == 0
+    )
     channel = env.channel()
     name = env.queue_name(f"prio-{tag}")
     channel.queue_declare(name)
@@ -110,11 +123,14 @@ def test_policy_dead_letter_and_ttl(env, broker, prefix):
     assert props.headers["x-death"][0]["reason"] == "expired" and props.headers["x-death"][0]["queue"] == name
 
 
-@pytest.mark.parametrize("definition, error", [
-    ('{"max-length": -1}', "{value_negative,-1}"),
-    ('{"no-such-key": 1}', "are not recognised policy settings"),
-    ('{"max-priority": 5}', "are not recognised policy settings"),
-])
+@pytest.mark.parametrize(
+    "definition, error",
+    [
+        ('{"max-length": -1}', "{value_negative,-1}"),
+        ('{"no-such-key": 1}', "are not recognised policy settings"),
+        ('{"max-priority": 5}', "are not recognised policy settings"),
+    ],
+)
 def test_bad_policies_are_refused(broker, definition, error):
     result = maxqctl(broker, "set-policy", "bad", ".*", definition)
     assert result.returncode == 4 and error in result.stderr
@@ -143,8 +159,12 @@ def test_policies_survive_a_restart(start_broker):
 
 
 def put_policy(broker, name: str, raw_json: bytes) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies/%2F/{name}", data=raw_json,
-                                     method="PUT", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.http_port}/api/policies/%2F/{name}",
+        data=raw_json,
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read().decode()
@@ -152,11 +172,14 @@ def put_policy(broker, name: str, raw_json: bytes) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-@pytest.mark.parametrize("raw_json", [
-    b'{"pattern": ".*", "definition": {"max-length": 1}, "priority": 1000000000000000000000000000000}',
-    b'{"pattern": ".*", "definition": {"max-length": 100000000000000000000000}}',
-    b'{"pattern": "\\ud800", "definition": {"max-length": 1}}',
-])
+@pytest.mark.parametrize(
+    "raw_json",
+    [
+        b'{"pattern": ".*", "definition": {"max-length": 1}, "priority": 1000000000000000000000000000000}',
+        b'{"pattern": ".*", "definition": {"max-length": 100000000000000000000000}}',
+        b'{"pattern": "\\ud800", "definition": {"max-length": 1}}',
+    ],
+)
 def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, raw_json):
     """Before the fix the value reached the metadata log after its index was taken: 500, and a
     node that refused to start ("metadata log entry N missing") and failed --check."""
@@ -167,8 +190,12 @@ def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, r
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
         assert [p["name"] for p in json.load(response)] == ["after"]
     assert broker.stop() == 0
-    check = subprocess.run([sys.executable, "-m", "maxq_raft", "--check", "--data-dir", str(broker.data_dir)],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [sys.executable, "-m", "maxq_raft", "--check", "--data-dir", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     broker = start_broker(data_dir=broker.data_dir)
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:

@@ -100,16 +100,20 @@ def test_deep_durable_priority_queue_keeps_order_across_a_restart(start_broker):
     connection.close()
 
 
-@pytest.mark.parametrize("value, error", [
-    (256, "{{max_value_exceeded,256}}"),
-    (-1, "{{value_negative,-1}}"),
-    ("high", "{{unacceptable_type,longstr}}"),
-])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (256, "{{max_value_exceeded,256}}"),
+        (-1, "{{value_negative,-1}}"),
+        ("high", "{{unacceptable_type,longstr}}"),
+    ],
+)
 def test_bad_max_priority_is_406(env, value, error):
     channel = env.channel()
     name = env.queue_name()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(name, arguments={"x-max-priority": value})
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in vhost '/': "
-                                    + error.format())
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in vhost '/': " + error.format()
+    )

@@ -18,9 +18,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def locked_text(name: str) -> str:
-    return (f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'. "
-            "It could be originally declared on another connection or the exclusive property value does not "
-            "match that of the original declaration.")
+    return (
+        f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'. "
+        "It could be originally declared on another connection or the exclusive property value does not "
+        "match that of the original declaration."
+    )
 
 
 def queue_exists(env, name: str) -> bool:
@@ -66,11 +68,14 @@ def test_reserved_prefix_is_refused_for_client_named_queues(env):
     assert exc.value.reply_text == f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"
 
 
-@pytest.mark.parametrize("first, second, field, received, current", [
-    ({"durable": True}, {"durable": False}, "durable", "false", "true"),
-    ({"durable": False}, {"durable": True}, "durable", "true", "false"),
-    ({"auto_delete": False}, {"auto_delete": True}, "auto_delete", "true", "false"),
-])
+@pytest.mark.parametrize(
+    "first, second, field, received, current",
+    [
+        ({"durable": True}, {"durable": False}, "durable", "false", "true"),
+        ({"durable": False}, {"durable": True}, "durable", "true", "false"),
+        ({"auto_delete": False}, {"auto_delete": True}, "auto_delete", "true", "false"),
+    ],
+)
 def test_property_equivalence(env, first, second, field, received, current):
     channel = env.channel()
     name = env.queue_name()
@@ -79,8 +84,10 @@ def test_property_equivalence(env, first, second, field, received, current):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(name, **second)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg '{field}' for queue '{name}' in vhost '/': "
-                                    f"received '{received}' but current is '{current}'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg '{field}' for queue '{name}' in vhost '/': "
+        f"received '{received}' but current is '{current}'"
+    )
 
 
 def test_exclusive_mismatch_is_resource_locked(env):
@@ -114,14 +121,18 @@ def test_argument_equivalence(env):
         channel.queue_declare(name, arguments={"x-message-ttl": 2000})
     assert exc.value.reply_code == 406
     # Both present: rabbit_misc:val/1 shows the bare values.
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue '{name}' in "
-                                    "vhost '/': received '2000' but current is '1000'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue '{name}' in "
+        "vhost '/': received '2000' but current is '1000'"
+    )
     channel = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(name)
     # One missing: val({Type, Value}) and val(undefined); pika sends 1000 as a signedint.
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue '{name}' in "
-                                    "vhost '/': received none but current is the value '1000' of type 'signedint'")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue '{name}' in "
+        "vhost '/': received none but current is the value '1000' of type 'signedint'"
+    )
 
 
 def test_queue_types_classic_and_quorum_are_accepted(env):
@@ -140,7 +151,9 @@ def test_queue_types_classic_and_quorum_are_accepted(env):
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(quorum, durable=True, arguments={"x-queue-type": "classic"})
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text.startswith(f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{quorum}'")
+    assert exc.value.reply_text.startswith(
+        f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{quorum}'"
+    )
 
 
 def test_declare_ok_counts_ready_messages_and_consumers(env):
@@ -262,7 +275,10 @@ def test_bind_to_missing_queue_or_exchange_is_404(env):
     channel = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_bind(name, missing_exchange, "k")
-    assert (exc.value.reply_code, exc.value.reply_text) == (404, f"NOT_FOUND - no exchange '{missing_exchange}' in vhost '/'")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        404,
+        f"NOT_FOUND - no exchange '{missing_exchange}' in vhost '/'",
+    )
 
 
 def test_bind_to_the_default_exchange_is_refused(env):
@@ -271,7 +287,10 @@ def test_bind_to_the_default_exchange_is_refused(env):
     channel.queue_declare(name)
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_bind(name, "", name)
-    assert (exc.value.reply_code, exc.value.reply_text) == (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        403,
+        "ACCESS_REFUSED - operation not permitted on the default exchange",
+    )
 
 
 def test_purge_returns_the_ready_count(env):
@@ -297,14 +316,20 @@ def test_delete_if_unused_and_if_empty(env):
     channel.basic_publish("", name, b"b")
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_delete(name, if_empty=True)
-    assert (exc.value.reply_code, exc.value.reply_text) == (406, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' not empty")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        406,
+        f"PRECONDITION_FAILED - queue '{name}' in vhost '/' not empty",
+    )
     consumer = connection.channel()
     consumer.basic_qos(prefetch_count=1)
     tag = consumer.basic_consume(name, lambda *a: None)
     channel = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_delete(name, if_unused=True)
-    assert (exc.value.reply_code, exc.value.reply_text) == (406, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        406,
+        f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use",
+    )
     consumer.basic_cancel(tag)
     consumer.close()  # the unacked one goes back: two ready again
     channel = connection.channel()

@@ -27,7 +27,9 @@ def test_rpc_round_trip(env):
 
     def serve(channel, method, props, body):
         assert props.reply_to.startswith(REPLY_TO + ".") and props.reply_to != REPLY_TO + "."
-        channel.basic_publish("", props.reply_to, body.upper(), pika.BasicProperties(correlation_id=props.correlation_id))
+        channel.basic_publish(
+            "", props.reply_to, body.upper(), pika.BasicProperties(correlation_id=props.correlation_id)
+        )
         channel.basic_ack(method.delivery_tag)
         seen_reply_to.append(props.reply_to)
 
@@ -38,8 +40,9 @@ def test_rpc_round_trip(env):
     replies = []
     reply_tag = client.basic_consume(REPLY_TO, lambda ch, m, p, b: replies.append((m, p, b)), auto_ack=True)
     for i in range(3):
-        client.basic_publish("", request_queue, b"ping%d" % i,
-                             pika.BasicProperties(reply_to=REPLY_TO, correlation_id=f"c{i}"))
+        client.basic_publish(
+            "", request_queue, b"ping%d" % i, pika.BasicProperties(reply_to=REPLY_TO, correlation_id=f"c{i}")
+        )
     assert wait_until(lambda: len(replies) == 3, 5.0, connections=[server_connection, client_connection])
     assert [(p.correlation_id, b) for _m, p, b in replies] == [("c0", b"PING0"), ("c1", b"PING1"), ("c2", b"PING2")]
     method = replies[0][0]
@@ -53,7 +56,10 @@ def test_rpc_round_trip(env):
     client_connection.close()
     with pytest.raises(ChannelClosedByBroker) as exc:
         server.queue_declare(seen_reply_to[0], passive=True)
-    assert (exc.value.reply_code, exc.value.reply_text) == (404, f"NOT_FOUND - no queue '{seen_reply_to[0]}' in vhost '/'")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        404,
+        f"NOT_FOUND - no queue '{seen_reply_to[0]}' in vhost '/'",
+    )
 
 
 def test_reply_pseudo_queue_can_be_declared(env):
@@ -66,7 +72,10 @@ def test_reply_consumer_must_be_no_ack(env):
     channel = env.connect().channel()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.basic_consume(REPLY_TO, lambda *a: None, auto_ack=False)
-    assert (exc.value.reply_code, exc.value.reply_text) == (406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        406,
+        "PRECONDITION_FAILED - reply consumer cannot acknowledge",
+    )
 
 
 def test_only_one_reply_consumer_per_channel(env):
@@ -85,7 +94,10 @@ def test_publishing_with_reply_to_needs_a_reply_consumer(env):
     channel.basic_publish("", name, b"req", pika.BasicProperties(reply_to=REPLY_TO))
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(name, passive=True)
-    assert (exc.value.reply_code, exc.value.reply_text) == (406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        406,
+        "PRECONDITION_FAILED - fast reply consumer does not exist",
+    )
     assert connection.channel().queue_declare(name, passive=True).method.message_count == 0
 
 

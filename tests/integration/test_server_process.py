@@ -37,8 +37,13 @@ class Server:
         self.log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")
         # cwd outside the repo: the repo root must not be on sys.path (docs/design.md §1).
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
-                                     env=env if env is not None else clean_env())
+        self.proc = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=str(tmp_path),
+            env=env if env is not None else clean_env(),
+        )
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -80,8 +85,14 @@ def servers(tmp_path):
 
 def run_server(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a server that is expected to refuse to start."""
-    return subprocess.run([MAXQ_SERVER, *args], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S, cwd=str(tmp_path),
-                          env=env if env is not None else clean_env())
+    return subprocess.run(
+        [MAXQ_SERVER, *args],
+        capture_output=True,
+        text=True,
+        timeout=EXIT_TIMEOUT_S,
+        cwd=str(tmp_path),
+        env=env if env is not None else clean_env(),
+    )
 
 
 def ports_args(tmp_path: Path, name: str = "data") -> tuple[int, list[str]]:
@@ -94,8 +105,14 @@ def raw_open(port: int) -> tuple[socket.socket, FrameReader]:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     reader = FrameReader(0)
     sock.sendall(PROTOCOL_HEADER)
-    sock.sendall(encode_method_frame(0, spec.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
-                                                                response=b"\x00guest\x00guest", locale="en_US")))
+    sock.sendall(
+        encode_method_frame(
+            0,
+            spec.ConnectionStartOk(
+                client_properties={}, mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US"
+            ),
+        )
+    )
     sock.sendall(encode_method_frame(0, spec.ConnectionTuneOk(channel_max=10, frame_max=131072, heartbeat=0)))
     sock.sendall(encode_method_frame(0, spec.ConnectionOpen(virtual_host="/")))
     methods = read_methods(sock, reader, until=spec.ConnectionOpenOk)
@@ -107,8 +124,14 @@ def offered_tune(port: int) -> spec.ConnectionTune:
     """The connection.tune the server offers a client that logs in."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(PROTOCOL_HEADER)
-        sock.sendall(encode_method_frame(0, spec.ConnectionStartOk(client_properties={}, mechanism="PLAIN",
-                                                                    response=b"\x00guest\x00guest", locale="en_US")))
+        sock.sendall(
+            encode_method_frame(
+                0,
+                spec.ConnectionStartOk(
+                    client_properties={}, mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US"
+                ),
+            )
+        )
         methods = read_methods(sock, FrameReader(0), until=spec.ConnectionTune)
     assert isinstance(methods[-1], spec.ConnectionTune), methods
     return methods[-1]
@@ -193,8 +216,10 @@ def test_shutdown_does_not_wait_forever_for_a_silent_client(servers, tmp_path):
 def test_settings_from_file_env_and_command_line(servers, tmp_path):
     file_port, env_port, cli_port = free_port(), free_port(), free_port()
     config = tmp_path / "maxq.toml"
-    config.write_text(f'amqp_port = {file_port}\nhttp_port = 0\nnode_id = "from-file"\ndata-dir = "{tmp_path / "d1"}"\n'
-                      f'heartbeat_s = 7\nlog_level = "debug"\n')
+    config.write_text(
+        f'amqp_port = {file_port}\nhttp_port = 0\nnode_id = "from-file"\ndata-dir = "{tmp_path / "d1"}"\n'
+        f'heartbeat_s = 7\nlog_level = "debug"\n'
+    )
     # The file alone.
     server = servers(["--config", str(config)])
     line = server.wait_ready()
@@ -213,28 +238,33 @@ def test_settings_from_file_env_and_command_line(servers, tmp_path):
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0
     # The command line over both.
-    server = servers(["--config", str(config), "--amqp-port", str(cli_port), "--data-dir", str(tmp_path / "d2")], env=env)
+    server = servers(
+        ["--config", str(config), "--amqp-port", str(cli_port), "--data-dir", str(tmp_path / "d2")], env=env
+    )
     line = server.wait_ready()
     assert f"node from-env accepting AMQP 0-9-1 on 127.0.0.1:{cli_port}" in line and str(tmp_path / "d2") in line
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0
 
 
-@pytest.mark.parametrize("args, env, config, message", [
-    (["--amqp-port", "abc"], {}, None, "--amqp-port: amqp_port must be an integer, got 'abc'"),
-    (["--amqp-port", "70000"], {}, None, "amqp_port must be a port number 0-65535, got 70000"),
-    (["--heartbeat-s", "-1"], {}, None, "heartbeat_s must not be negative"),
-    (["--heartbeat-s", "70000"], {}, None, "heartbeat_s must be at most 65535"),
-    (["--frame-max", "100"], {}, None, "frame_max must be at least 4096"),
-    (["--handshake-timeout-s", "0"], {}, None, "handshake_timeout_s must be a positive number"),
-    (["--log-level", "loud"], {}, None, "log_level must be debug, info, warning or error"),
-    ([], {"MAXQ_HTTP_PORT": "x"}, None, "environment MAXQ_HTTP_PORT: http_port must be an integer"),
-    ([], {}, 'bogus = 1\n', "unknown setting 'bogus'"),
-    ([], {}, 'amqp_port = "5672"\nheartbeat_s = true\n', "heartbeat_s must be an integer, got True"),
-    ([], {}, 'amqp_port = [\n', "config file"),
-    (["--config", "/nonexistent/maxq.toml"], {}, None, "config file /nonexistent/maxq.toml does not exist"),
-    (["--no-such-option"], {}, None, "unrecognized arguments: --no-such-option"),
-])
+@pytest.mark.parametrize(
+    "args, env, config, message",
+    [
+        (["--amqp-port", "abc"], {}, None, "--amqp-port: amqp_port must be an integer, got 'abc'"),
+        (["--amqp-port", "70000"], {}, None, "amqp_port must be a port number 0-65535, got 70000"),
+        (["--heartbeat-s", "-1"], {}, None, "heartbeat_s must not be negative"),
+        (["--heartbeat-s", "70000"], {}, None, "heartbeat_s must be at most 65535"),
+        (["--frame-max", "100"], {}, None, "frame_max must be at least 4096"),
+        (["--handshake-timeout-s", "0"], {}, None, "handshake_timeout_s must be a positive number"),
+        (["--log-level", "loud"], {}, None, "log_level must be debug, info, warning or error"),
+        ([], {"MAXQ_HTTP_PORT": "x"}, None, "environment MAXQ_HTTP_PORT: http_port must be an integer"),
+        ([], {}, "bogus = 1\n", "unknown setting 'bogus'"),
+        ([], {}, 'amqp_port = "5672"\nheartbeat_s = true\n', "heartbeat_s must be an integer, got True"),
+        ([], {}, "amqp_port = [\n", "config file"),
+        (["--config", "/nonexistent/maxq.toml"], {}, None, "config file /nonexistent/maxq.toml does not exist"),
+        (["--no-such-option"], {}, None, "unrecognized arguments: --no-such-option"),
+    ],
+)
 def test_bad_settings_exit_non_zero_with_a_clear_message(tmp_path, args, env, config, message):
     if config is not None:
         path = tmp_path / "bad.toml"
@@ -255,12 +285,18 @@ def test_port_in_use_exits_non_zero(tmp_path, which):
     try:
         amqp_port = busy_port if which == "amqp" else free_port()
         http_port = busy_port if which == "http" else free_port()
-        result = run_server(["--data-dir", str(tmp_path / "data"), "--amqp-port", str(amqp_port), "--http-port", str(http_port)], tmp_path)
+        result = run_server(
+            ["--data-dir", str(tmp_path / "data"), "--amqp-port", str(amqp_port), "--http-port", str(http_port)],
+            tmp_path,
+        )
     finally:
         busy.close()
     assert result.returncode == 1, result
     what = "AMQP" if which == "amqp" else "HTTP"
-    assert f"maxq-server: cannot listen for {what} on 127.0.0.1:{busy_port}: the port is in use by another process" in result.stderr
+    assert (
+        f"maxq-server: cannot listen for {what} on 127.0.0.1:{busy_port}: the port is in use by another process"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr + result.stdout
 
 

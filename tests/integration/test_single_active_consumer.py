@@ -74,5 +74,7 @@ def test_bad_argument_is_406(env):
     name = env.queue_name()
     with pytest.raises(ChannelClosedByBroker) as exc:
         channel.queue_declare(name, arguments={"x-single-active-consumer": "yes"})
-    assert exc.value.reply_text == (f"PRECONDITION_FAILED - invalid arg 'x-single-active-consumer' for queue '{name}' "
-                                    "in vhost '/': {unacceptable_type,longstr}")
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - invalid arg 'x-single-active-consumer' for queue '{name}' "
+        "in vhost '/': {unacceptable_type,longstr}"
+    )

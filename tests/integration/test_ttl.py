@@ -159,14 +159,22 @@ def test_redeclare_postpones_expiry(env, broker):
 # ------------------------------------------------------------------- bad arguments
 
 
-@pytest.mark.parametrize("arguments, text", [
-    ({"x-message-ttl": -1}, "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
-    ({"x-message-ttl": "1000"}, "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}"),
-    ({"x-expires": 0}, "invalid arg 'x-expires' for queue '{q}' in vhost '/': {{value_zero,0}}"),
-    ({"x-expires": -5}, "invalid arg 'x-expires' for queue '{q}' in vhost '/': {{value_negative,-5}}"),
-    ({"x-message-ttl": 4294967296},
-     "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{value_too_large,4294967296,4294967295}}"),
-])
+@pytest.mark.parametrize(
+    "arguments, text",
+    [
+        ({"x-message-ttl": -1}, "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{value_negative,-1}}"),
+        (
+            {"x-message-ttl": "1000"},
+            "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{unacceptable_type,longstr}}",
+        ),
+        ({"x-expires": 0}, "invalid arg 'x-expires' for queue '{q}' in vhost '/': {{value_zero,0}}"),
+        ({"x-expires": -5}, "invalid arg 'x-expires' for queue '{q}' in vhost '/': {{value_negative,-5}}"),
+        (
+            {"x-message-ttl": 4294967296},
+            "invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': {{value_too_large,4294967296,4294967295}}",
+        ),
+    ],
+)
 def test_bad_ttl_arguments_are_406(env, arguments, text):
     channel = env.channel()
     name = env.queue_name()
@@ -176,11 +184,14 @@ def test_bad_ttl_arguments_are_406(env, arguments, text):
     assert exc.value.reply_text == "PRECONDITION_FAILED - " + text.format(q=name)
 
 
-@pytest.mark.parametrize("expiration, reason", [
-    ("-1", "{value_negative,-1}"),
-    ("abc", "no_integer"),
-    ("10s", '{leftover_string,"s"}'),
-])
+@pytest.mark.parametrize(
+    "expiration, reason",
+    [
+        ("-1", "{value_negative,-1}"),
+        ("abc", "no_integer"),
+        ("10s", '{leftover_string,"s"}'),
+    ],
+)
 def test_bad_expiration_property_is_406(env, expiration, reason):
     channel = env.channel()
     name = env.queue_name()

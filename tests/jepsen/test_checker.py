@@ -43,8 +43,16 @@ class H:
         self.records.append(record)
         return record
 
-    def publish(self, mid: str, outcome: str | None = "ok", process: str = "pub0", session: int = 1, node: str = "n1",
-                crc: int = 7, error: str | None = None) -> None:
+    def publish(
+        self,
+        mid: str,
+        outcome: str | None = "ok",
+        process: str = "pub0",
+        session: int = 1,
+        node: str = "n1",
+        crc: int = 7,
+        error: str | None = None,
+    ) -> None:
         seq = int(mid.rsplit("-", 1)[1])
         self.add("invoke", "publish", process, id=mid, seq=seq, session=session, node=node, crc=crc)
         if outcome is not None:
@@ -52,10 +60,28 @@ class H:
                 error = "nack"
             self.add(outcome, "publish", process, id=mid, seq=seq, session=session, node=node, error=error)
 
-    def deliver(self, mid: str, redelivered: bool = False, process: str = "con0", session: int = 1, crc: int = 7,
-                queue: str | None = None, x_death: list | None = None) -> None:
-        self.add("ok", "deliver", process, id=mid, redelivered=redelivered, session=session, crc=crc, node="n1",
-                 queue=queue, x_death=x_death)
+    def deliver(
+        self,
+        mid: str,
+        redelivered: bool = False,
+        process: str = "con0",
+        session: int = 1,
+        crc: int = 7,
+        queue: str | None = None,
+        x_death: list | None = None,
+    ) -> None:
+        self.add(
+            "ok",
+            "deliver",
+            process,
+            id=mid,
+            redelivered=redelivered,
+            session=session,
+            crc=crc,
+            node="n1",
+            queue=queue,
+            x_death=x_death,
+        )
         self.add("ok", "ack", process, id=mid, session=session)
 
     def phase(self, name: str, **value) -> None:
@@ -204,11 +230,14 @@ def test_a_minority_node_confirming_is_fatal():
     assert result.verdict == FAILED and result.fatal == {"minority_confirmed": 1}
 
 
-@pytest.mark.parametrize("node, invoke_inside, ok_inside", [
-    ("n1", True, True),    # the majority side may confirm
-    ("n3", False, True),   # invoked before the cut: it may have been committed before
-    ("n3", True, False),   # confirmed after the heal
-])
+@pytest.mark.parametrize(
+    "node, invoke_inside, ok_inside",
+    [
+        ("n1", True, True),  # the majority side may confirm
+        ("n3", False, True),  # invoked before the cut: it may have been committed before
+        ("n3", True, False),  # confirmed after the heal
+    ],
+)
 def test_confirms_that_are_not_minority_confirms(node, invoke_inside, ok_inside):
     result = check(partition_history(node, invoke_inside, ok_inside).records)
     assert result.verdict == PASS, result.to_dict()
@@ -308,8 +337,14 @@ OUTCOMES = ("ok", "ok", "ok", "fail", "info_in", "info_out", "pending_in", "pend
 # Weighted towards publishes and deliveries, so that consumers often hold several messages when
 # one of them crashes: that is what brings redeliveries after later messages (the case a FIFO
 # rule that forgot the redelivered flag would flag). one_of would weigh the op kinds equally.
-OP_WEIGHTS = (("publish", 30), ("deliver", 35), ("ack", 15), ("crash_consumer", 12), ("reconnect_publisher", 4),
-              ("crash_broker", 4))
+OP_WEIGHTS = (
+    ("publish", 30),
+    ("deliver", 35),
+    ("ack", 15),
+    ("crash_consumer", 12),
+    ("reconnect_publisher", 4),
+    ("crash_broker", 4),
+)
 
 
 def _op(draw: tuple[int, int, int]) -> tuple:
@@ -327,8 +362,9 @@ def _op(draw: tuple[int, int, int]) -> tuple:
     return (kind,)
 
 
-op_strategy = st.tuples(st.integers(0, sum(w for _, w in OP_WEIGHTS) - 1), st.integers(0, 1),
-                        st.integers(0, len(OUTCOMES) - 1)).map(_op)
+op_strategy = st.tuples(
+    st.integers(0, sum(w for _, w in OP_WEIGHTS) - 1), st.integers(0, 1), st.integers(0, len(OUTCOMES) - 1)
+).map(_op)
 
 
 def model_history(ops: list[tuple]) -> list[dict]:
@@ -359,14 +395,23 @@ def model_history(ops: list[tuple]) -> list[dict]:
             if enqueued:
                 queue.append({"id": mid, "held_by": None, "redelivered": False})
             if completion is not None:
-                h.add(completion, "publish", p, id=mid, seq=pub_seq[p], session=pub_session[p],
-                      error="nack" if completion == "fail" else None)
+                h.add(
+                    completion,
+                    "publish",
+                    p,
+                    id=mid,
+                    seq=pub_seq[p],
+                    session=pub_session[p],
+                    error="nack" if completion == "fail" else None,
+                )
         elif kind == "deliver":
             c = op[1]
             ready = next((m for m in queue if m["held_by"] is None), None)
             if ready is not None:
                 ready["held_by"] = c
-                h.add("ok", "deliver", c, id=ready["id"], redelivered=ready["redelivered"], session=con_session[c], crc=7)
+                h.add(
+                    "ok", "deliver", c, id=ready["id"], redelivered=ready["redelivered"], session=con_session[c], crc=7
+                )
         elif kind == "ack":
             c = op[1]
             held = next((m for m in queue if m["held_by"] == c), None)
@@ -432,8 +477,16 @@ def test_one_injected_loss_is_always_fatal(ops, data):
 def test_one_injected_unexpected_delivery_is_always_fatal(ops, data):
     records = model_history(ops)
     at = data.draw(st.integers(1, len(records)))
-    ghost = {"time": records[at - 1]["time"], "process": "con0", "type": "ok", "f": "deliver", "id": "ghost-1",
-             "redelivered": data.draw(st.booleans()), "session": 1, "crc": 7}
+    ghost = {
+        "time": records[at - 1]["time"],
+        "process": "con0",
+        "type": "ok",
+        "f": "deliver",
+        "id": "ghost-1",
+        "redelivered": data.draw(st.booleans()),
+        "session": 1,
+        "crc": 7,
+    }
     records.insert(at, ghost)
     result = check(records)
     assert result.verdict == FAILED and result.counts["unexpected"] == 1
@@ -463,8 +516,10 @@ def test_one_injected_nack_of_a_delivered_message_is_always_fatal(ops, data):
     candidates = _confirmed_delivered(records)
     assume(candidates)
     victim = data.draw(st.sampled_from(candidates))
-    records = [{**r, "type": "fail", "error": "nack"} if r["f"] == "publish" and r["type"] == "ok" and r["id"] == victim
-               else r for r in records]
+    records = [
+        {**r, "type": "fail", "error": "nack"} if r["f"] == "publish" and r["type"] == "ok" and r["id"] == victim else r
+        for r in records
+    ]
     result = check(records)
     assert result.verdict == FAILED and result.counts["nacked_delivered"] == 1
 
@@ -484,8 +539,7 @@ def test_one_injected_reordering_is_always_a_fifo_violation(ops, data):
                 firsts.setdefault((r["process"], r["session"], p["process"], p["session"]), []).append(i)
     invoked_at = {r["id"]: i for i, r in enumerate(records) if r["f"] == "publish" and r["type"] == "invoke"}
     # Both published before the first of the two deliveries (else the swap makes an unexpected one).
-    pairs = [(a, b) for idx in firsts.values() for a in idx for b in idx
-             if a < b and invoked_at[records[b]["id"]] < a]
+    pairs = [(a, b) for idx in firsts.values() for a in idx for b in idx if a < b and invoked_at[records[b]["id"]] < a]
     assert pairs  # the prefix made one
     a, b = data.draw(st.sampled_from(pairs))
     records[a], records[b] = {**records[a], "id": records[b]["id"]}, {**records[b], "id": records[a]["id"]}
@@ -528,10 +582,24 @@ def test_schedule_is_a_function_of_the_seed():
 def test_nemesis_names():
     assert parse_nemeses("kill,pause,kill") == ["kill", "pause"]
     assert parse_nemeses("none") == []
-    assert parse_nemeses("all") == ["kill", "kill-leader", "kill-majority", "pause", "pause-leader", "partition-one",
-                                    "partition-leader", "partition-halves", "one-way", "bridge",
-                                    "partition-majorities-ring", "loss", "delay", "disk-stall", "clock-skew",
-                                    "membership"]
+    assert parse_nemeses("all") == [
+        "kill",
+        "kill-leader",
+        "kill-majority",
+        "pause",
+        "pause-leader",
+        "partition-one",
+        "partition-leader",
+        "partition-halves",
+        "one-way",
+        "bridge",
+        "partition-majorities-ring",
+        "loss",
+        "delay",
+        "disk-stall",
+        "clock-skew",
+        "membership",
+    ]
     assert parse_nemeses("kill,disk-stall") == ["kill", "disk-stall"]  # the whole menu is built
     with pytest.raises(NemesisError, match="unknown nemesis"):
         parse_nemeses("meteor")
@@ -542,7 +610,9 @@ def test_nemesis_names():
     assert set(unsupported(["membership"], 1, "local")) == {"membership"}
     assert unsupported(["membership"], 3, "local") == {}
     # On 3 members only the ring is refused for its shape (a tool missing on this machine is refused too, loudly).
-    shape = {k: v for k, v in unsupported(list(parse_nemeses("all")), 3, "netns").items() if not v.startswith("MISSING")}
+    shape = {
+        k: v for k, v in unsupported(list(parse_nemeses("all")), 3, "netns").items() if not v.startswith("MISSING")
+    }
     assert set(shape) == {"partition-majorities-ring"}
 
 
@@ -639,15 +709,18 @@ def test_dlx_a_confirmed_message_delivered_by_neither_route_is_lost():
     assert result.verdict == FAILED and result.fatal == {"lost": 1} and result.examples["lost"] == ["pub0-2"]
 
 
-@pytest.mark.parametrize("x_death", [
-    None,  # no header at all
-    [],  # an empty one
-    [{"queue": WORK, "reason": "rejected", "count": 1}],  # nobody rejects in this workload
-    [{"queue": WORK, "reason": "maxlen", "count": 1}],  # and the queue has no length limit
-    [{"queue": "elsewhere", "reason": "expired", "count": 1}],  # died in a queue that is not ours
-    [{"queue": DLQ, "reason": "expired", "count": 1}, *EXPIRED_DEATH],  # the latest death is not the work queue's
-    ["not a table"],
-])
+@pytest.mark.parametrize(
+    "x_death",
+    [
+        None,  # no header at all
+        [],  # an empty one
+        [{"queue": WORK, "reason": "rejected", "count": 1}],  # nobody rejects in this workload
+        [{"queue": WORK, "reason": "maxlen", "count": 1}],  # and the queue has no length limit
+        [{"queue": "elsewhere", "reason": "expired", "count": 1}],  # died in a queue that is not ours
+        [{"queue": DLQ, "reason": "expired", "count": 1}, *EXPIRED_DEATH],  # the latest death is not the work queue's
+        ["not a table"],
+    ],
+)
 def test_dlx_a_dead_letter_without_a_matching_x_death_is_fatal(x_death):
     h = dlx_h()
     h.publish("pub0-1")
@@ -726,8 +799,15 @@ def dlx_model_history(ops: list[tuple]) -> list[dict]:
             h.add("invoke", "publish", "pub0", id=mid, seq=seq, session=1, crc=7)
             if outcome in ("ok", "info"):
                 work.append({"id": mid, "held": False, "redelivered": False})
-            h.add({"ok": "ok", "fail": "fail", "info": "info"}[outcome], "publish", "pub0", id=mid, seq=seq, session=1,
-                  error="nack" if outcome == "fail" else None)
+            h.add(
+                {"ok": "ok", "fail": "fail", "info": "info"}[outcome],
+                "publish",
+                "pub0",
+                id=mid,
+                seq=seq,
+                session=1,
+                error="nack" if outcome == "fail" else None,
+            )
         elif kind == "expire":
             head = next((m for m in work if not m["held"]), None)
             if head is not None:
@@ -740,8 +820,17 @@ def dlx_model_history(ops: list[tuple]) -> list[dict]:
                 m = next((m for m in queue if not m["held"]), None)
                 if m is not None:
                     m["held"] = True
-                    h.add("ok", "deliver", consumer, id=m["id"], redelivered=m["redelivered"], session=session[consumer],
-                          crc=7, queue=name, x_death=EXPIRED_DEATH if queue is dlq else None)
+                    h.add(
+                        "ok",
+                        "deliver",
+                        consumer,
+                        id=m["id"],
+                        redelivered=m["redelivered"],
+                        session=session[consumer],
+                        crc=7,
+                        queue=name,
+                        x_death=EXPIRED_DEATH if queue is dlq else None,
+                    )
             elif kind == "ack":
                 m = next((m for m in queue if m["held"]), None)
                 if m is not None:
@@ -758,8 +847,17 @@ def dlx_model_history(ops: list[tuple]) -> list[dict]:
     h.phase("drain")
     for queue, name in ((work, WORK), (dlq, DLQ)):
         for m in list(queue):
-            h.add("ok", "deliver", "drain", id=m["id"], redelivered=m["redelivered"] or m["held"], session=1, crc=7,
-                  queue=name, x_death=EXPIRED_DEATH if queue is dlq else None)
+            h.add(
+                "ok",
+                "deliver",
+                "drain",
+                id=m["id"],
+                redelivered=m["redelivered"] or m["held"],
+                session=1,
+                crc=7,
+                queue=name,
+                x_death=EXPIRED_DEATH if queue is dlq else None,
+            )
     h.drain_done()
     return h.records
 

@@ -40,10 +40,32 @@ def test_a_short_cluster_run_with_leader_faults_passes(tmp_path):
     netns = _netns_ok()
     nemeses = "kill-leader,pause-leader" + (",partition-leader" if netns else "")
     # Seed 10 with these ranges: kill-leader, pause-leader, partition-leader (on loopback: two faults).
-    done = subprocess.run([str(RUN), "--store", str(tmp_path / "store"), "--profile", "cluster", "--runs", "1",
-                           "--seed", "10", "--nemesis", nemeses, "--time", "24", "--quiet-s", "2:3", "--fault-s", "4:5",
-                           "--lab", "netns" if netns else "local"],
-                          capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        [
+            str(RUN),
+            "--store",
+            str(tmp_path / "store"),
+            "--profile",
+            "cluster",
+            "--runs",
+            "1",
+            "--seed",
+            "10",
+            "--nemesis",
+            nemeses,
+            "--time",
+            "24",
+            "--quiet-s",
+            "2:3",
+            "--fault-s",
+            "4:5",
+            "--lab",
+            "netns" if netns else "local",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     lines = done.stdout.strip().splitlines()
     assert lines, done.stderr
     match = SUMMARY_RE.match(lines[-1])
@@ -72,9 +94,30 @@ def test_a_short_run_of_the_new_network_faults_passes(tmp_path):
     if not _netns_ok():
         pytest.skip("needs network namespaces and nft (root): bridge and loss cut links")
     # Seed 10 with these ranges: loss, bridge, kill-majority (~20 s of workload).
-    done = subprocess.run([str(RUN), "--store", str(tmp_path / "store"), "--profile", "cluster", "--runs", "1",
-                           "--seed", "10", "--nemesis", "loss,bridge,kill-majority", "--time", "22",
-                           "--quiet-s", "1.5:2.5", "--fault-s", "4:5"], capture_output=True, text=True, timeout=200)
+    done = subprocess.run(
+        [
+            str(RUN),
+            "--store",
+            str(tmp_path / "store"),
+            "--profile",
+            "cluster",
+            "--runs",
+            "1",
+            "--seed",
+            "10",
+            "--nemesis",
+            "loss,bridge,kill-majority",
+            "--time",
+            "22",
+            "--quiet-s",
+            "1.5:2.5",
+            "--fault-s",
+            "4:5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     match = SUMMARY_RE.match(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
     assert match, done.stdout + done.stderr
     (results_path,) = [p for p in (tmp_path / "store").glob("*/results.json") if p.parent.name != "latest"]
@@ -82,8 +125,11 @@ def test_a_short_run_of_the_new_network_faults_passes(tmp_path):
     assert r["fatal"] == {}, (r.get("examples"), done.stdout + done.stderr)
     assert match.group(6) == "PASS" and done.returncode == 0, done.stdout + done.stderr
     history = [json.loads(line) for line in (Path(r["run_dir"]) / "history.jsonl").read_text().splitlines()]
-    faults = {rec["f"]: rec["value"] for rec in history
-              if rec.get("process") == "nemesis" and rec.get("type") == "ok" and rec["f"] != "heal"}
+    faults = {
+        rec["f"]: rec["value"]
+        for rec in history
+        if rec.get("process") == "nemesis" and rec.get("type") == "ok" and rec["f"] != "heal"
+    }
     assert set(faults) == {"loss", "bridge", "kill-majority"}, faults
     assert faults["bridge"]["minority"] == [] and faults["bridge"]["bridge"] in ("n1", "n2", "n3")
     assert len(faults["kill-majority"]["targets"]) == 2 and len(faults["kill-majority"]["minority"]) == 1

@@ -23,9 +23,12 @@ from maxq_jepsen.workload import WorkloadConfig, queue_arguments, x_death  # noq
 def test_the_work_queue_has_the_ttl_and_the_dead_letter_target_the_other_queue_none():
     config = workload_for("dlx", WorkloadConfig(consumers=1))
     assert config.queues() == ["jepsen", DLX_QUEUE] and config.consumers == 2
-    assert queue_arguments(config, "jepsen") == {"x-queue-type": "quorum", "x-message-ttl": 300,
-                                                 "x-dead-letter-exchange": "",
-                                                 "x-dead-letter-routing-key": DLX_QUEUE}
+    assert queue_arguments(config, "jepsen") == {
+        "x-queue-type": "quorum",
+        "x-message-ttl": 300,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": DLX_QUEUE,
+    }
     assert queue_arguments(config, DLX_QUEUE) == {"x-queue-type": "quorum"}
     plain = WorkloadConfig()
     assert plain.queues() == ["jepsen"] and queue_arguments(plain, "jepsen") == queue_arguments()
@@ -34,16 +37,42 @@ def test_the_work_queue_has_the_ttl_and_the_dead_letter_target_the_other_queue_n
 
 
 def test_x_death_is_read_as_pika_delivers_it():
-    props = SimpleNamespace(headers={"x-death": [{"count": 1, "reason": b"expired", "queue": "jepsen",
-                                                  "time": 1, "exchange": "", "routing-keys": [b"jepsen"]}]})
+    props = SimpleNamespace(
+        headers={
+            "x-death": [
+                {
+                    "count": 1,
+                    "reason": b"expired",
+                    "queue": "jepsen",
+                    "time": 1,
+                    "exchange": "",
+                    "routing-keys": [b"jepsen"],
+                }
+            ]
+        }
+    )
     assert x_death(props) == [{"queue": "jepsen", "reason": "expired", "count": 1}]
     assert x_death(SimpleNamespace(headers=None)) is None and x_death(SimpleNamespace(headers={})) is None
     assert x_death(SimpleNamespace(headers={"x-death": "junk"})) == [{"malformed": "'junk'"}]
 
 
 def test_cli_workload_dlx_and_ttl():
-    (spec,) = cli.build_specs(cli.parse_args(["--profile", "cluster", "--workload", "dlx", "--nemesis", "kill-leader",
-                                              "--ttl-ms", "150", "--lab", "local"]))
+    (spec,) = cli.build_specs(
+        cli.parse_args(
+            [
+                "--profile",
+                "cluster",
+                "--workload",
+                "dlx",
+                "--nemesis",
+                "kill-leader",
+                "--ttl-ms",
+                "150",
+                "--lab",
+                "local",
+            ]
+        )
+    )
     assert spec.workload_kind == "dlx" and spec.workload.dead_letter_queue == DLX_QUEUE
     assert spec.workload.message_ttl_ms == 150
     assert spec.workload.rate_per_publisher_hz == CI_CLUSTER_WORKLOAD.rate_per_publisher_hz
@@ -56,6 +85,6 @@ def test_the_long_profile_has_one_dlx_cluster_run_and_ci_has_none():
     runs = get_profile("long").runs
     dlx = [i for i, r in enumerate(runs) if r.workload_kind == "dlx"]
     assert len(dlx) == 1 and runs[dlx[0]].nodes == 5 and "clock-skew" in runs[dlx[0]].nemeses
-    assert all(r.nodes == 5 for r in runs[:dlx[0] + 1])  # among the cluster runs, which come first
+    assert all(r.nodes == 5 for r in runs[: dlx[0] + 1])  # among the cluster runs, which come first
     assert [r.seed for r in runs[:10]] == list(range(2001, 2011))  # the first ten keep their seeds
     assert all(r.workload_kind != "dlx" for name in ("ci", "cluster") for r in get_profile(name).runs)

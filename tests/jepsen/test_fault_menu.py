@@ -189,8 +189,14 @@ def test_kill_majority_claims_the_survivors_as_minority():
 
 
 def test_schedule_without_overlap_is_unchanged_by_the_option():
-    args = (54, ["kill", "kill-leader", "pause-leader", "partition-one", "partition-leader"], 35.0, (2.0, 4.0),
-            (4.0, 6.0), 3.0)
+    args = (
+        54,
+        ["kill", "kill-leader", "pause-leader", "partition-one", "partition-leader"],
+        35.0,
+        (2.0, 4.0),
+        (4.0, 6.0),
+        3.0,
+    )
     assert nem.make_schedule(*args) == nem.make_schedule(*args, overlap=("membership",))  # no membership in it
     assert all("with_" not in c.to_dict() for c in nem.make_schedule(*args))  # the history's meta as before
 

@@ -18,8 +18,18 @@ from maxq_jepsen.lab import MAXQCTL_ENV, Node, maxqctl_command  # noqa: E402
 
 def member(name: str, i: int, netns: bool = True, tmp: Path = Path("/tmp/x")) -> Node:
     ns = f"mxqj-1-{name}" if netns else None
-    node = Node(name, f"10.77.0.{i}" if netns else "127.0.0.1", 5672, tmp / name / "data", tmp / f"{name}.log", [],
-                http_port=15672, raft_port=7000, prefix=["ip", "netns", "exec", ns] if netns else [], netns=ns)
+    node = Node(
+        name,
+        f"10.77.0.{i}" if netns else "127.0.0.1",
+        5672,
+        tmp / name / "data",
+        tmp / f"{name}.log",
+        [],
+        http_port=15672,
+        raft_port=7000,
+        prefix=["ip", "netns", "exec", ns] if netns else [],
+        netns=ns,
+    )
     node.shards = 2
     return node
 
@@ -27,12 +37,29 @@ def member(name: str, i: int, netns: bool = True, tmp: Path = Path("/tmp/x")) ->
 def test_maxqctl_runs_in_the_askers_namespace_against_its_loopback_admin_api(monkeypatch):
     monkeypatch.delenv(MAXQCTL_ENV, raising=False)
     cmd = maxqctl_command(member("n3", 3), "remove-node", "n2")
-    assert cmd == ["ip", "netns", "exec", "mxqj-1-n3", sys.executable, "-m", "maxq_raft.cli.maxqctl",
-                   "--node", "127.0.0.1:15672", "--json", "remove-node", "n2"]
+    assert cmd == [
+        "ip",
+        "netns",
+        "exec",
+        "mxqj-1-n3",
+        sys.executable,
+        "-m",
+        "maxq_raft.cli.maxqctl",
+        "--node",
+        "127.0.0.1:15672",
+        "--json",
+        "remove-node",
+        "n2",
+    ]
     local = member("n1", 1, netns=False)
     local.http_port = 21001
     assert maxqctl_command(local, "add-node", "n2", "--raft-addr", "127.0.0.1:7002")[:5] == [
-        sys.executable, "-m", "maxq_raft.cli.maxqctl", "--node", "127.0.0.1:21001"]
+        sys.executable,
+        "-m",
+        "maxq_raft.cli.maxqctl",
+        "--node",
+        "127.0.0.1:21001",
+    ]
     monkeypatch.setenv(MAXQCTL_ENV, "env PYTHONPATH=/tmp/b python -P -m maxq_raft.cli.maxqctl")
     assert maxqctl_command(local, "status")[:4] == ["env", "PYTHONPATH=/tmp/b", "python", "-P"]
 
@@ -49,8 +76,9 @@ def test_a_wiped_member_starts_with_join_on_and_its_own_address():
 
 
 def test_reading_maxqctl_answers():
-    body = json.dumps({"error": "a membership change is already in progress in shard-0; wait and retry",
-                       "reason": "pending"})
+    body = json.dumps(
+        {"error": "a membership change is already in progress in shard-0; wait and retry", "reason": "pending"}
+    )
     assert nem.change_reason(body, "maxqctl: a membership change ...") == "pending"
     assert nem.change_reason("", "maxqctl: cannot reach 127.0.0.1:15672\n") == "maxqctl: cannot reach 127.0.0.1:15672"
     assert nem.change_outcome("remove-node", 0, "ok") == "done"
@@ -87,7 +115,10 @@ def test_a_refused_change_is_retried_on_live_members_and_bounded(monkeypatch):
     monkeypatch.setattr(nem, "run_maxqctl", lambda asker, *a, timeout_s: (4, json.dumps({"reason": "pending"}), ""))
     out = nem.membership_change(None, "add-node", ["n2"], [n1], sleep=lambda s: None)
     assert out["done"] is False and len(out["attempts"]) == nem.CHANGE_TRIES_MAX
-    assert nem.membership_change(None, "add-node", ["n2"], [n2], sleep=lambda s: None) == {"done": False, "attempts": []}
+    assert nem.membership_change(None, "add-node", ["n2"], [n2], sleep=lambda s: None) == {
+        "done": False,
+        "attempts": [],
+    }
 
 
 def test_heal_with_nothing_removed_does_nothing():

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run(tmp_path: Path, *args: str, timeout_s: float = 90) -> tuple[subprocess.CompletedProcess, dict | None]:
-    done = subprocess.run([str(RUN), "--store", str(tmp_path / "store"), *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run(
+        [str(RUN), "--store", str(tmp_path / "store"), *args], capture_output=True, text=True, timeout=timeout_s
+    )
     results = sorted((tmp_path / "store").glob("*/results.json"))
     return done, (json.loads(results[-1].read_text()) if results else None)
 
@@ -47,8 +48,21 @@ def last_line(done: subprocess.CompletedProcess) -> re.Match:
 
 def test_a_short_run_with_kills_and_a_pause_passes(tmp_path):
     # Seed 3 with these ranges: kill, pause, kill.
-    done, results = run(tmp_path, "--runs", "1", "--seed", "3", "--nemesis", "kill,pause", "--time", "16",
-                        "--quiet-s", "1.5:2.5", "--fault-s", "1.5:2.5")
+    done, results = run(
+        tmp_path,
+        "--runs",
+        "1",
+        "--seed",
+        "3",
+        "--nemesis",
+        "kill,pause",
+        "--time",
+        "16",
+        "--quiet-s",
+        "1.5:2.5",
+        "--fault-s",
+        "1.5:2.5",
+    )
     match = last_line(done)
     assert done.returncode == 0, done.stdout + done.stderr
     assert match.group(1) == "1" and int(match.group(2)) > 100 and match.group(3) == "0" and match.group(4) == "0"
@@ -70,8 +84,23 @@ def test_a_short_dead_letter_run_with_kills_passes_by_both_routes(tmp_path):
     """--workload dlx on one node: a 300 ms TTL on the work queue, dead letters to jepsen-dlq,
     a pausing work consumer; kills in between. Every confirmed message arrives by one of the two
     routes, every dead letter carries x-death (work queue, expired), and both routes are used."""
-    done, results = run(tmp_path, "--runs", "1", "--seed", "5", "--workload", "dlx", "--nemesis", "kill",
-                        "--time", "14", "--quiet-s", "1.5:2.5", "--fault-s", "1.5:2.5")
+    done, results = run(
+        tmp_path,
+        "--runs",
+        "1",
+        "--seed",
+        "5",
+        "--workload",
+        "dlx",
+        "--nemesis",
+        "kill",
+        "--time",
+        "14",
+        "--quiet-s",
+        "1.5:2.5",
+        "--fault-s",
+        "1.5:2.5",
+    )
     match = last_line(done)
     assert done.returncode == 0 and match.group(6) == "PASS", done.stdout + done.stderr
     (r,) = results["runs"]
@@ -84,8 +113,24 @@ def test_a_short_dead_letter_run_with_kills_passes_by_both_routes(tmp_path):
 
 def test_an_unsafe_client_under_kills_is_caught_losing_messages(tmp_path):
     # Seed 2 with these ranges: four kills while three publishers push 300 msg/s each.
-    done, results = run(tmp_path, "--runs", "1", "--seed", "2", "--unsafe-confirm-early", "--nemesis", "kill",
-                        "--time", "12", "--rate", "300", "--quiet-s", "1:2", "--fault-s", "0.5:1")
+    done, results = run(
+        tmp_path,
+        "--runs",
+        "1",
+        "--seed",
+        "2",
+        "--unsafe-confirm-early",
+        "--nemesis",
+        "kill",
+        "--time",
+        "12",
+        "--rate",
+        "300",
+        "--quiet-s",
+        "1:2",
+        "--fault-s",
+        "0.5:1",
+    )
     match = last_line(done)
     assert done.returncode == 1, done.stdout + done.stderr
     assert int(match.group(3)) > 0 and match.group(6) == "FAIL"

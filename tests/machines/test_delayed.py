@@ -25,8 +25,14 @@ from .test_queue_machine import DictBacking
 
 
 def machine_with(backing=None, window: int = 3, **settings) -> QueueMachine:
-    return make_queue_machine("/", "q", settings=QueueSettings(**settings), backing=backing,
-                              durable=backing is not None, delayed_window_max=window)
+    return make_queue_machine(
+        "/",
+        "q",
+        settings=QueueSettings(**settings),
+        backing=backing,
+        durable=backing is not None,
+        delayed_window_max=window,
+    )
 
 
 def test_delayed_message_is_invisible_until_due():
@@ -130,7 +136,9 @@ class DelayedModel(RuleBasedStateMachine):
         assert reply == len(delays)
         for delay, message in zip(delays, batch, strict=True):
             if delay:
-                self.pending.append((self.now + delay, self.counter - len(delays) + 1 + batch.index(message), message.body))
+                self.pending.append(
+                    (self.now + delay, self.counter - len(delays) + 1 + batch.index(message), message.body)
+                )
             else:
                 self.ready.append(message.body)
 
@@ -155,8 +163,9 @@ class DelayedModel(RuleBasedStateMachine):
         old = self.machine
         self.machine = machine_with(self.backing, max_priority=self.max_priority)
         fifo = [s for s in self.backing.records if s < DELAYED_BASE]
-        self.machine.recover(next_seq=old.next_seq, spilled_count=len(self.backing.records),
-                             spill_cursor=min(fifo) if fifo else 0)
+        self.machine.recover(
+            next_seq=old.next_seq, spilled_count=len(self.backing.records), spill_cursor=min(fifo) if fifo else 0
+        )
 
     @invariant()
     def agrees(self) -> None:
@@ -186,8 +195,13 @@ def test_regression_an_earlier_due_message_stored_behind_a_full_window_of_its_sl
     + one load of 3) filled with messages due at 15, so the one due at 10 stayed on disk until 15."""
     q = machine_with(DictBacking())
     q.apply(Meta(1, 5), Enqueue([Message("", "q", b"", b"m%d" % i, delay_ms=10) for i in range(1, 4)]))
-    q.apply(Meta(2, 5), Enqueue([Message("", "q", b"", b"m%d" % i, delay_ms=10) for i in range(4, 7)]
-                                + [Message("", "q", b"", b"early", delay_ms=5)]))
+    q.apply(
+        Meta(2, 5),
+        Enqueue(
+            [Message("", "q", b"", b"m%d" % i, delay_ms=10) for i in range(4, 7)]
+            + [Message("", "q", b"", b"early", delay_ms=5)]
+        ),
+    )
     q.apply(Meta(3, 10), Tick())
     assert q.ready_count == 1 and q.ready[0].body == b"early"
     q.check_invariants()
@@ -200,8 +214,16 @@ def test_regression_due_order_across_memory_and_store_in_one_slot():
     window was released before the rest of the slot was loaded."""
     q = machine_with(DictBacking())
     q.apply(Meta(1, 5), Enqueue([Message("", "q", b"", b"m%d" % i, delay_ms=10) for i in range(1, 5)]))
-    q.apply(Meta(2, 5), Enqueue([Message("", "q", b"", b"m5", delay_ms=10), Message("", "q", b"", b"m6", delay_ms=10),
-                                 Message("", "q", b"", b"early", delay_ms=5)]))
+    q.apply(
+        Meta(2, 5),
+        Enqueue(
+            [
+                Message("", "q", b"", b"m5", delay_ms=10),
+                Message("", "q", b"", b"m6", delay_ms=10),
+                Message("", "q", b"", b"early", delay_ms=5),
+            ]
+        ),
+    )
     q.apply(Meta(3, 15), Tick())
     assert [m.body for m in q.ready] == [b"early", b"m1", b"m2", b"m3", b"m4", b"m5", b"m6"]
     q.check_invariants()

@@ -30,8 +30,17 @@ HEADER_ARGS = [{}, {"x-match": "any", "h": 1}, {"x-match": "all", "h": "v", "k":
 
 
 def exchange_view(record: md.ExchangeRecord):
-    return (record.name, record.type, record.durable, record.auto_delete, record.internal, record.arguments,
-            record.builtin, record.routing_type, record.router.bindings())
+    return (
+        record.name,
+        record.type,
+        record.durable,
+        record.auto_delete,
+        record.internal,
+        record.arguments,
+        record.builtin,
+        record.routing_type,
+        record.router.bindings(),
+    )
 
 
 def view(value):
@@ -47,9 +56,16 @@ def view(value):
 def observe(machine: md.MetadataMachine):
     out = [dict(machine.users)]
     for name, vhost in machine.vhosts.items():
-        out.append((name, [exchange_view(x) for x in vhost.exchanges.values()], list(vhost.queues.values()),
-                    machine.bindings(name), {d: list(e) for d, e in vhost.bindings_to.items()},
-                    [(p.name, p.pattern, p.definition, p.priority, p.apply_to) for p in vhost.policies.values()]))
+        out.append(
+            (
+                name,
+                [exchange_view(x) for x in vhost.exchanges.values()],
+                list(vhost.queues.values()),
+                machine.bindings(name),
+                {d: list(e) for d, e in vhost.bindings_to.items()},
+                [(p.name, p.pattern, p.definition, p.priority, p.apply_to) for p in vhost.policies.values()],
+            )
+        )
         for exchange in [*EXCHANGES, "amq.topic", "amq.headers", ""]:
             for key in KEYS + QUEUES:
                 for headers in ({"h": 1}, {"h": "v", "k": 2}):
@@ -66,39 +82,78 @@ def round_trip(records):
 
 exchange_types = st.sampled_from(["direct", "fanout", "topic", "headers", "x-delayed-message"])
 commands = st.one_of(
-    st.builds(lambda name, kind, passive, durable, auto_delete, ae: md.DeclareExchange(
-        V, name, kind, passive, durable, auto_delete, False,
-        {**({"x-delayed-type": "topic"} if kind == "x-delayed-message" else {}), **({"alternate-exchange": ae} if ae else {})}),
-        st.sampled_from(EXCHANGES), exchange_types, st.sampled_from([False] * 5 + [True]), st.booleans(), st.booleans(),
-        st.sampled_from([None, None, "e1"])),
+    st.builds(
+        lambda name, kind, passive, durable, auto_delete, ae: md.DeclareExchange(
+            V,
+            name,
+            kind,
+            passive,
+            durable,
+            auto_delete,
+            False,
+            {
+                **({"x-delayed-type": "topic"} if kind == "x-delayed-message" else {}),
+                **({"alternate-exchange": ae} if ae else {}),
+            },
+        ),
+        st.sampled_from(EXCHANGES),
+        exchange_types,
+        st.sampled_from([False] * 5 + [True]),
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from([None, None, "e1"]),
+    ),
     st.builds(lambda name, if_unused: md.DeleteExchange(V, name, if_unused), st.sampled_from(EXCHANGES), st.booleans()),
-    st.builds(lambda name, passive, durable, exclusive, auto_delete, ttl, owner: md.DeclareQueue(
-        V, name, passive, durable, exclusive, auto_delete, {"x-message-ttl": ttl} if ttl else {}, owner),
-        st.sampled_from(QUEUES), st.sampled_from([False] * 5 + [True]), st.booleans(), st.booleans(), st.booleans(),
-        st.sampled_from([None, 5]), st.sampled_from(OWNERS)),
+    st.builds(
+        lambda name, passive, durable, exclusive, auto_delete, ttl, owner: md.DeclareQueue(
+            V, name, passive, durable, exclusive, auto_delete, {"x-message-ttl": ttl} if ttl else {}, owner
+        ),
+        st.sampled_from(QUEUES),
+        st.sampled_from([False] * 5 + [True]),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from([None, 5]),
+        st.sampled_from(OWNERS),
+    ),
     st.builds(lambda name: md.DeleteQueueRecord(V, name), st.sampled_from(QUEUES)),
-    st.builds(lambda kind, source, to_exchange, q, x, key, args, owner: kind(
-        V, source, x if to_exchange else q, to_exchange, key, args, owner),
-        st.sampled_from([md.Bind, md.Bind, md.Bind, md.Unbind]), st.sampled_from([*EXCHANGES, "amq.topic", "amq.headers"]),
-        st.booleans(), st.sampled_from(QUEUES), st.sampled_from(EXCHANGES), st.sampled_from(KEYS),
-        st.sampled_from(HEADER_ARGS), st.sampled_from(OWNERS)),
+    st.builds(
+        lambda kind, source, to_exchange, q, x, key, args, owner: kind(
+            V, source, x if to_exchange else q, to_exchange, key, args, owner
+        ),
+        st.sampled_from([md.Bind, md.Bind, md.Bind, md.Unbind]),
+        st.sampled_from([*EXCHANGES, "amq.topic", "amq.headers"]),
+        st.booleans(),
+        st.sampled_from(QUEUES),
+        st.sampled_from(EXCHANGES),
+        st.sampled_from(KEYS),
+        st.sampled_from(HEADER_ARGS),
+        st.sampled_from(OWNERS),
+    ),
     st.builds(md.OwnerDown, st.sampled_from([*OWNERS, "n1@"])),
-    st.builds(lambda name, pattern, definition, priority, apply_to: md.SetPolicy(
-        V, name, pattern, definition, priority, apply_to),
-        st.sampled_from(["p0", "p1"]), st.sampled_from(["^q[01]", "q", "^e"]),
+    st.builds(
+        lambda name, pattern, definition, priority, apply_to: md.SetPolicy(
+            V, name, pattern, definition, priority, apply_to
+        ),
+        st.sampled_from(["p0", "p1"]),
+        st.sampled_from(["^q[01]", "q", "^e"]),
         st.sampled_from([{"message-ttl": 10}, {"max-length": 2, "overflow": "reject-publish"}]),
-        st.integers(0, 1), st.sampled_from(["queues", "all", "exchanges"])),
+        st.integers(0, 1),
+        st.sampled_from(["queues", "all", "exchanges"]),
+    ),
     st.builds(lambda name: md.ClearPolicy(V, name), st.sampled_from(["p0", "p1"])),
 )
 
 
 # A topology to start from, so that bindings (and several to one destination) are common.
-SETUP = [md.DeclareExchange(V, "e0", "topic", False, True, False, False, {}),
-         md.DeclareExchange(V, "e1", "direct", False, False, True, False, {}),
-         md.DeclareExchange(V, "e2", "headers", False, False, False, False, {}),
-         md.DeclareQueue(V, "q0", False, True, False, False, {}, OWNERS[0]),
-         md.DeclareQueue(V, "q1", False, False, True, False, {}, OWNERS[1]),
-         md.DeclareQueue(V, "q2", False, False, False, True, {}, OWNERS[2])]
+SETUP = [
+    md.DeclareExchange(V, "e0", "topic", False, True, False, False, {}),
+    md.DeclareExchange(V, "e1", "direct", False, False, True, False, {}),
+    md.DeclareExchange(V, "e2", "headers", False, False, False, False, {}),
+    md.DeclareQueue(V, "q0", False, True, False, False, {}, OWNERS[0]),
+    md.DeclareQueue(V, "q1", False, False, True, False, {}, OWNERS[1]),
+    md.DeclareQueue(V, "q2", False, False, False, True, {}, OWNERS[2]),
+]
 
 
 @settings(max_examples=200, deadline=None)
@@ -122,10 +177,12 @@ def test_restored_metadata_machine_behaves_as_the_original(ops, data) -> None:
 
 def example_machine() -> md.MetadataMachine:
     machine = md.MetadataMachine()
-    for command in [md.DeclareExchange(V, "transient", "topic", False, False, True, False, {}),
-                    md.DeclareQueue(V, "excl", False, False, True, False, {}, "n1@1/1"),
-                    md.DeclareQueue(V, "gone-on-restart", False, False, False, True, {}, "n1@1/1"),
-                    md.Bind(V, "transient", "excl", False, "a.#", {}, "n1@1/1")]:
+    for command in [
+        md.DeclareExchange(V, "transient", "topic", False, False, True, False, {}),
+        md.DeclareQueue(V, "excl", False, False, True, False, {}, "n1@1/1"),
+        md.DeclareQueue(V, "gone-on-restart", False, False, False, True, {}, "n1@1/1"),
+        md.Bind(V, "transient", "excl", False, "a.#", {}, "n1@1/1"),
+    ]:
         reply, _ = machine.apply(Meta(1, 0), command)
         assert type(reply) is not md.Rejected
     return machine

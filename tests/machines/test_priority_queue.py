@@ -23,14 +23,23 @@ from .test_queue_machine import DictBacking
 
 
 def pq(max_priority: int = 10, backing=None, window_max: int = 1 << 20) -> PriorityQueueMachine:
-    machine = make_queue_machine("/", "q", settings=QueueSettings(max_priority=max_priority), backing=backing,
-                                 durable=backing is not None, window_max=window_max, window_bytes_max=1 << 20)
+    machine = make_queue_machine(
+        "/",
+        "q",
+        settings=QueueSettings(max_priority=max_priority),
+        backing=backing,
+        durable=backing is not None,
+        window_max=window_max,
+        window_bytes_max=1 << 20,
+    )
     assert type(machine) is PriorityQueueMachine
     return machine
 
 
 def publish(machine, index: int, *pairs) -> list:
-    reply, effects = machine.apply(Meta(index, 0), Enqueue([Message("", "q", b"", body, priority=p) for body, p in pairs]))
+    reply, effects = machine.apply(
+        Meta(index, 0), Enqueue([Message("", "q", b"", body, priority=p) for body, p in pairs])
+    )
     machine.check_invariants()
     return effects
 
@@ -139,7 +148,12 @@ class PriorityModel(RuleBasedStateMachine):
         self.give_back([m.seq for m in batch])
         self.observe(effects)
 
-    @rule(consumer=st.sampled_from(["c0", "c1"]), prefetch=st.integers(0, 2), no_ack=st.booleans(), credit=st.integers(0, 3))
+    @rule(
+        consumer=st.sampled_from(["c0", "c1"]),
+        prefetch=st.integers(0, 2),
+        no_ack=st.booleans(),
+        credit=st.integers(0, 3),
+    )
     def checkout(self, consumer, prefetch, no_ack, credit) -> None:
         if consumer in self.machine.consumers:
             return

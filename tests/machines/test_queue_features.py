@@ -29,8 +29,14 @@ class Clocked:
     """A machine driven with explicit entry times."""
 
     def __init__(self, backing=None, **settings) -> None:
-        self.machine = QueueMachine("/", "q", settings=QueueSettings(**settings), backing=backing,
-                                    durable=backing is not None, window_max=3 if backing else 1 << 20)
+        self.machine = QueueMachine(
+            "/",
+            "q",
+            settings=QueueSettings(**settings),
+            backing=backing,
+            durable=backing is not None,
+            window_max=3 if backing else 1 << 20,
+        )
         self.index = 0
 
     def at(self, time_ms: int, command):
@@ -73,7 +79,9 @@ def test_an_entry_from_a_proposer_whose_clock_is_behind_does_not_revive_an_expir
     # later entry may carry an earlier time. At 1200 "short" is past its deadline (1100) but
     # waits behind an unexpired head; an entry stamped 1050 must not make it deliverable again.
     q = Clocked()
-    q.at(1000, Enqueue([Message("ex", "rk", b"", b"long", ttl_ms=1000), Message("ex", "rk", b"", b"short", ttl_ms=100)]))
+    q.at(
+        1000, Enqueue([Message("ex", "rk", b"", b"long", ttl_ms=1000), Message("ex", "rk", b"", b"short", ttl_ms=100)])
+    )
     q.at(1200, Tick())
     assert q.machine.ready_count == 2 and q.machine.now_ms == 1200
     _, effects = q.at(1050, Checkout("c", "o", 0, True, 0, False, 10))
@@ -218,8 +226,12 @@ def test_reject_publish_refuses_what_would_go_over():
 def test_overflowed_positions_are_in_the_enqueue_with_delayed_messages_among_them():
     # A delayed message is held, not judged against the limit; the positions skip nothing.
     q = Clocked(max_length=1, overflow="reject-publish")
-    batch = [Message("ex", "rk", b"", b"a"), Message("ex", "rk", b"", b"later", delay_ms=50),
-             Message("ex", "rk", b"", b"b"), Message("ex", "rk", b"", b"c")]
+    batch = [
+        Message("ex", "rk", b"", b"a"),
+        Message("ex", "rk", b"", b"later", delay_ms=50),
+        Message("ex", "rk", b"", b"b"),
+        Message("ex", "rk", b"", b"c"),
+    ]
     reply, _ = q.at(0, Enqueue(batch))
     assert reply == Overflowed(2, [2, 3])
     assert [m.body for m in q.machine.ready] == [b"a"]
@@ -264,8 +276,9 @@ def test_rejected_expired_and_maxlen_are_dead_lettered_and_held_until_done():
     from tests.machines.test_queue_machine import DictBacking
 
     backing = DictBacking()
-    q = Clocked(backing=backing, dead_letter_exchange="dlx", dead_letter_routing_key="dead", max_length=3,
-                message_ttl_ms=1000)
+    q = Clocked(
+        backing=backing, dead_letter_exchange="dlx", dead_letter_routing_key="dead", max_length=3, message_ttl_ms=1000
+    )
     q.at(0, Checkout("c", "o", 1, False, 0, False, 10))
     for i in range(5):
         q.at(0, Enqueue([Message("ex", "rk", b"", b"%d" % i, persistent=True)]))
@@ -457,9 +470,11 @@ def test_held_dead_letters_are_found_again_by_reason_once_stale():
     assert held_dead_letters(q.machine, DEAD_LETTER_STALE_MS - 1, lambda seq: False) == []
     found = held_dead_letters(q.machine, DEAD_LETTER_STALE_MS + 100, lambda seq: False)
     assert [(e.reason, [m.seq for m in e.messages], e.time_ms, e.exchange, e.routing_key) for e in found] == [
-        ("rejected", [0], 100, "dlx", "dead"), ("maxlen", [1], 0, "dlx", "dead")]
+        ("rejected", [0], 100, "dlx", "dead"),
+        ("maxlen", [1], 0, "dlx", "dead"),
+    ]
     in_flight = {0}
     found = held_dead_letters(q.machine, DEAD_LETTER_STALE_MS + 100, lambda seq: seq in in_flight)
     assert [(e.reason, [m.seq for m in e.messages]) for e in found] == [("maxlen", [1])]
     q.at(200, DeadLettered([0, 1]))
-    assert held_dead_letters(q.machine, 10 ** 9, lambda seq: False) == []
+    assert held_dead_letters(q.machine, 10**9, lambda seq: False) == []

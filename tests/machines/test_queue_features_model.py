@@ -50,10 +50,19 @@ GETTERS = {"g0": "o0", "g1": "o1"}
 
 
 def snapshot(machine: QueueMachine):
-    return (machine.next_seq, [norm(m) for m in machine.ready], [(s, norm(m)) for s, m in machine.returned],
-            [(c.consumer_id, c.credit, c.active, list(c.checked_out)) for c in machine.consumers.values()],
-            sorted(machine.dead_lettering), machine.spilled_count, machine.ready_bytes, dict(machine.dropped),
-            dict(machine.dead_lettered), sorted(machine.backing.records.items()), machine.next_deadline_ms)
+    return (
+        machine.next_seq,
+        [norm(m) for m in machine.ready],
+        [(s, norm(m)) for s, m in machine.returned],
+        [(c.consumer_id, c.credit, c.active, list(c.checked_out)) for c in machine.consumers.values()],
+        sorted(machine.dead_lettering),
+        machine.spilled_count,
+        machine.ready_bytes,
+        dict(machine.dropped),
+        dict(machine.dead_lettered),
+        sorted(machine.backing.records.items()),
+        machine.next_deadline_ms,
+    )
 
 
 class FeaturesModel(RuleBasedStateMachine):
@@ -75,21 +84,36 @@ class FeaturesModel(RuleBasedStateMachine):
         self.dl_counts = {"rejected": 0, "expired": 0, "maxlen": 0, "delivery_limit": 0}
         self.refused = 0
 
-    @initialize(ttl=st.sampled_from([None, None, 0, 5, 30]), max_length=st.sampled_from([None, None, 0, 1, 3]),
-                max_bytes=st.sampled_from([None, None, 12]),
-                overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
-                dlx=st.booleans(), max_priority=st.sampled_from([None, None, 2]),
-                delivery_limit=st.sampled_from([None, None, 0, 1]), backoff=st.sampled_from([None, None, 5]),
-                sac=st.booleans())
+    @initialize(
+        ttl=st.sampled_from([None, None, 0, 5, 30]),
+        max_length=st.sampled_from([None, None, 0, 1, 3]),
+        max_bytes=st.sampled_from([None, None, 12]),
+        overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
+        dlx=st.booleans(),
+        max_priority=st.sampled_from([None, None, 2]),
+        delivery_limit=st.sampled_from([None, None, 0, 1]),
+        backoff=st.sampled_from([None, None, 5]),
+        sac=st.booleans(),
+    )
     def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff, sac) -> None:
-        self.settings = QueueSettings(message_ttl_ms=ttl, max_length=max_length, max_length_bytes=max_bytes,
-                                      overflow=overflow, dead_letter_exchange="dlx" if dlx else None,
-                                      max_priority=max_priority, delivery_limit=delivery_limit,
-                                      retry_backoff_ms=backoff, retry_backoff_max_ms=20, single_active_consumer=sac)
-        self.machine = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
-                                          window_bytes_max=12, settings=self.settings)
-        self.twin = make_queue_machine("/", "q", backing=DictBacking(), durable=True, window_max=3,
-                                       window_bytes_max=12, settings=self.settings)
+        self.settings = QueueSettings(
+            message_ttl_ms=ttl,
+            max_length=max_length,
+            max_length_bytes=max_bytes,
+            overflow=overflow,
+            dead_letter_exchange="dlx" if dlx else None,
+            max_priority=max_priority,
+            delivery_limit=delivery_limit,
+            retry_backoff_ms=backoff,
+            retry_backoff_max_ms=20,
+            single_active_consumer=sac,
+        )
+        self.machine = make_queue_machine(
+            "/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
+        )
+        self.twin = make_queue_machine(
+            "/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
+        )
 
     # ------------------------------------------------------------------ applying
 
@@ -193,8 +217,12 @@ class FeaturesModel(RuleBasedStateMachine):
             if self.settings.max_length_bytes is not None:
                 assert self.machine.ready_bytes <= max(self.settings.max_length_bytes, before[1])
 
-    @rule(consumer_id=st.sampled_from(sorted(CONSUMERS)), prefetch=st.integers(0, 2), no_ack=st.booleans(),
-          credit=st.integers(0, 3))
+    @rule(
+        consumer_id=st.sampled_from(sorted(CONSUMERS)),
+        prefetch=st.integers(0, 2),
+        no_ack=st.booleans(),
+        credit=st.integers(0, 3),
+    )
     def checkout(self, consumer_id, prefetch, no_ack, credit) -> None:
         self.apply(lambda: Checkout(consumer_id, CONSUMERS[consumer_id], prefetch, no_ack, 0, False, credit))
 
@@ -206,8 +234,11 @@ class FeaturesModel(RuleBasedStateMachine):
     def credit(self, consumer_id, n) -> None:
         self.apply(lambda: Credit(consumer_id, n))
 
-    @rule(holder=st.sampled_from(sorted(CONSUMERS) + sorted(GETTERS)), kind=st.sampled_from([Settle, Requeue, Discard]),
-          data=st.data())
+    @rule(
+        holder=st.sampled_from(sorted(CONSUMERS) + sorted(GETTERS)),
+        kind=st.sampled_from([Settle, Requeue, Discard]),
+        data=st.data(),
+    )
     def settle(self, holder, kind, data) -> None:
         held = list(self.held.get(holder, {}))
         seqs = data.draw(st.lists(st.sampled_from(held), unique=True, max_size=3) if held else st.just([]))
@@ -269,11 +300,13 @@ class FeaturesModel(RuleBasedStateMachine):
             for lane in m.lanes.values():
                 out += [x.seq for x in lane.ready]
                 if lane.may_load():
-                    out += sorted(s for s in m.backing.records if lane.spill_cursor <= s < lane.end
-                                  and s not in m.dead_lettering)
+                    out += sorted(
+                        s for s in m.backing.records if lane.spill_cursor <= s < lane.end and s not in m.dead_lettering
+                    )
             return out
-        spilled = sorted(s for s in m.backing.records if m.spilled_count and s >= m.spill_cursor
-                         and s not in m.dead_lettering)
+        spilled = sorted(
+            s for s in m.backing.records if m.spilled_count and s >= m.spill_cursor and s not in m.dead_lettering
+        )
         return [s for s, _ in m.returned] + [x.seq for x in m.ready] + spilled
 
     def heads(self) -> list[Message]:
@@ -313,8 +346,16 @@ class FeaturesModel(RuleBasedStateMachine):
             # waiting out its back-off (released by the first command at or after `due`)
             assert due > m.now_ms and due - m.now_ms <= self.settings.retry_backoff_max_ms
             assert self.settings.retry_backoff_ms is not None
-        places = [set(ready), {s for held in self.held.values() for s in held}, set(self.pending_dl), self.acked,
-                  self.noack, self.dl_done, self.purged, set(waiting)]
+        places = [
+            set(ready),
+            {s for held in self.held.values() for s in held},
+            set(self.pending_dl),
+            self.acked,
+            self.noack,
+            self.dl_done,
+            self.purged,
+            set(waiting),
+        ]
         seen = set()
         for place in places:
             assert not (place & seen), "a message in two places"

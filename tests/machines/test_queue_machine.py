@@ -53,14 +53,25 @@ def body_of(seq: int) -> bytes:
 def messages(first_seq: int, n: int) -> list[Message]:
     """Fresh messages whose body names the sequence number the machine should give them."""
     # some persistent, some not: a durable backing stores only the persistent ones until it spills
-    return [Message("ex", "rk", b"\x00\x00", body_of(seq), persistent=seq % 3 != 0) for seq in range(first_seq, first_seq + n)]
+    return [
+        Message("ex", "rk", b"\x00\x00", body_of(seq), persistent=seq % 3 != 0)
+        for seq in range(first_seq, first_seq + n)
+    ]
 
 
 def norm(value):
     """A value-comparable form of replies, effects and state (Message has identity equality)."""
     if type(value) is Message:
-        return ("Message", value.seq, value.exchange, value.routing_key, value.props_raw, value.body,
-                value.delivery_count, value.redelivered)
+        return (
+            "Message",
+            value.seq,
+            value.exchange,
+            value.routing_key,
+            value.props_raw,
+            value.body,
+            value.delivery_count,
+            value.redelivered,
+        )
     if isinstance(value, tuple):
         return (type(value).__name__, *(norm(v) for v in value))
     if isinstance(value, list):
@@ -71,13 +82,32 @@ def norm(value):
 def digest(machine: QueueMachine):
     """The whole state of a machine, by value (all but `last_index`, which every apply sets)."""
     return (
-        machine.vhost, machine.name, machine.next_seq, machine.deleted, machine.ever_had_consumer,
-        machine.exclusive_consumer, [norm(m) for m in machine.ready],
+        machine.vhost,
+        machine.name,
+        machine.next_seq,
+        machine.deleted,
+        machine.ever_had_consumer,
+        machine.exclusive_consumer,
+        [norm(m) for m in machine.ready],
         [(seq, norm(m)) for seq, m in machine.returned],
-        [(c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active,
-          [(seq, norm(m)) for seq, m in c.checked_out.items()]) for c in machine.consumers.values()],
-        [(p, list(ring)) for p, ring in machine._rings.items()], list(machine._priorities),
-        machine.spilled_count, machine.spill_cursor if machine.spilled_count else None, machine.delivered_upto,
+        [
+            (
+                c.consumer_id,
+                c.owner,
+                c.prefetch,
+                c.no_ack,
+                c.priority,
+                c.credit,
+                c.active,
+                [(seq, norm(m)) for seq, m in c.checked_out.items()],
+            )
+            for c in machine.consumers.values()
+        ],
+        [(p, list(ring)) for p, ring in machine._rings.items()],
+        list(machine._priorities),
+        machine.spilled_count,
+        machine.spill_cursor if machine.spilled_count else None,
+        machine.delivered_upto,
         sorted(machine.backing.records.items()) if machine.backing is not None else None,
     )
 
@@ -177,12 +207,13 @@ class Model:
             for other_id, other in self.consumers.items():
                 assert not (other.priority > consumer.priority and other.room()), (
                     f"delivery to {effect.consumer_id} (priority {consumer.priority}) while {other_id} "
-                    f"(priority {other.priority}) had room")
+                    f"(priority {other.priority}) had room"
+                )
             ring = self.rings[consumer.priority]
             turn = [cid for cid in ring if self.consumers[cid].room()][0]
             assert effect.consumer_id == turn, f"delivery to {effect.consumer_id}, but it was {turn}'s turn ({ring})"
             i = ring.index(turn)
-            self.rings[consumer.priority] = ring[i + 1:] + ring[:i + 1]
+            self.rings[consumer.priority] = ring[i + 1 :] + ring[: i + 1]
             seq = self.pop()
             assert seq is not None, "delivery from an empty queue"
             message = effect.message
@@ -198,7 +229,8 @@ class Model:
                 consumer.held[seq] = None
         # Nothing stuck: after any command the machine has served all it could.
         assert not (self.fresh or self.returned) or not any(c.room() for c in self.consumers.values()), (
-            "ready messages left while a consumer had room")
+            "ready messages left while a consumer had room"
+        )
 
 
 # ----------------------------------------------------------------- garbage commands
@@ -286,11 +318,17 @@ class QueueMachineStateful(RuleBasedStateMachine):
         self.model.fresh.extend(range(first, first + n))
         self.model.check_deliveries(effects)
 
-    @rule(consumer_id=st.sampled_from(CONSUMER_IDS), prefetch=st.integers(0, 3), no_ack=st.booleans(),
-          priority=st.sampled_from([0, 0, 0, 1, -1]), credit=st.integers(0, 4),
-          exclusive=st.sampled_from([False] * 9 + [True]))
-    def checkout(self, consumer_id: str, prefetch: int, no_ack: bool, priority: int, credit: int,
-                 exclusive: bool) -> None:
+    @rule(
+        consumer_id=st.sampled_from(CONSUMER_IDS),
+        prefetch=st.integers(0, 3),
+        no_ack=st.booleans(),
+        priority=st.sampled_from([0, 0, 0, 1, -1]),
+        credit=st.integers(0, 4),
+        exclusive=st.sampled_from([False] * 9 + [True]),
+    )
+    def checkout(
+        self, consumer_id: str, prefetch: int, no_ack: bool, priority: int, credit: int, exclusive: bool
+    ) -> None:
         model = self.model
         owner = OWNER[consumer_id]
         reply, effects = self.apply(lambda: Checkout(consumer_id, owner, prefetch, no_ack, priority, exclusive, credit))
@@ -305,8 +343,9 @@ class QueueMachineStateful(RuleBasedStateMachine):
         # A tag may be reused after basic.cancel while the old consumer's deliveries are still
         # unacked (RabbitMQ allows it): the consumer comes back holding them.
         held = existing.held if existing is not None else {}
-        model.attach(consumer_id, ModelConsumer(owner, prefetch, no_ack, priority, credit, True, held,
-                                                max(prefetch, len(held))))
+        model.attach(
+            consumer_id, ModelConsumer(owner, prefetch, no_ack, priority, credit, True, held, max(prefetch, len(held)))
+        )
         if exclusive:
             model.exclusive = consumer_id
         model.check_deliveries(effects)
@@ -320,8 +359,11 @@ class QueueMachineStateful(RuleBasedStateMachine):
             self.model.forget_if_idle(consumer_id)
         assert reply == self.model.active_count() and effects == []
 
-    @rule(kind=st.sampled_from([Settle, Requeue, Discard]),
-          consumer_id=st.sampled_from(CONSUMER_IDS + GET_IDS + ["nobody"]), data=st.data())
+    @rule(
+        kind=st.sampled_from([Settle, Requeue, Discard]),
+        consumer_id=st.sampled_from(CONSUMER_IDS + GET_IDS + ["nobody"]),
+        data=st.data(),
+    )
     def settle(self, kind, consumer_id: str, data) -> None:
         model = self.model
         own = _held_by(model, consumer_id)
@@ -425,7 +467,13 @@ class QueueMachineStateful(RuleBasedStateMachine):
         for consumer_id, c in machine.consumers.items():
             m = model.consumers[consumer_id]
             assert (c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active) == (
-                m.owner, m.prefetch, m.no_ack, m.priority, m.credit, m.active), consumer_id
+                m.owner,
+                m.prefetch,
+                m.no_ack,
+                m.priority,
+                m.credit,
+                m.active,
+            ), consumer_id
             assert list(c.checked_out) == list(m.held), consumer_id
             for seq, message in c.checked_out.items():
                 assert message.seq == seq and message.body == body_of(seq)
@@ -455,8 +503,18 @@ class DictBacking:
             assert m.seq not in self.records, "a message is written once"
             if m.seq >= 1 << 63:
                 self.delayed_next = max(self.delayed_next, m.delay_counter + 1)
-            self.records[m.seq] = (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.expires_at_ms,
-                                   m.due_ms, m.ttl_ms, m.priority, m.delivery_count if m.count_header else 0)
+            self.records[m.seq] = (
+                m.exchange,
+                m.routing_key,
+                m.props_raw,
+                m.body,
+                m.persistent,
+                m.expires_at_ms,
+                m.due_ms,
+                m.ttl_ms,
+                m.priority,
+                m.delivery_count if m.count_header else 0,
+            )
 
     def rewrite(self, messages: list) -> None:
         for m in messages:
@@ -483,7 +541,9 @@ class DictBacking:
     def load(self, seq_from: int, limit: int, seq_below: int | None = None) -> list:
         out = []
         for seq in sorted(s for s in self.records if s >= seq_from and (seq_below is None or s < seq_below))[:limit]:
-            exchange, routing_key, props_raw, body, persistent, expires_at_ms, due_ms, ttl_ms, priority, returns = self.records[seq]
+            exchange, routing_key, props_raw, body, persistent, expires_at_ms, due_ms, ttl_ms, priority, returns = (
+                self.records[seq]
+            )
             m = Message(exchange, routing_key, props_raw, body, persistent)
             m.seq = seq
             m.expires_at_ms = expires_at_ms
@@ -529,9 +589,15 @@ class QueueMachineWithBackingStateful(QueueMachineStateful):
             return
         records = machine.backing.records
         assert len(records) == in_memory_stored(machine) + machine.spilled_count
-        assert all(seq >= machine.spill_cursor for seq in records if machine.spilled_count and seq not in
-                   {m.seq for m in machine.ready} | {s for s, _ in machine.returned}
-                   | {q for c in machine.consumers.values() for q in c.checked_out})
+        assert all(
+            seq >= machine.spill_cursor
+            for seq in records
+            if machine.spilled_count
+            and seq
+            not in {m.seq for m in machine.ready}
+            | {s for s, _ in machine.returned}
+            | {q for c in machine.consumers.values() for q in c.checked_out}
+        )
         assert len(machine.ready) <= 3 or not machine.spilled_count
 
 
@@ -584,8 +650,16 @@ class Driver:
         assert reply == n
         return effects
 
-    def checkout(self, consumer_id: str, prefetch: int = 0, no_ack: bool = False, priority: int = 0,
-                 credit: int = 100, owner: str = "o0", exclusive: bool = False) -> list:
+    def checkout(
+        self,
+        consumer_id: str,
+        prefetch: int = 0,
+        no_ack: bool = False,
+        priority: int = 0,
+        credit: int = 100,
+        owner: str = "o0",
+        exclusive: bool = False,
+    ) -> list:
         reply, effects = self(Checkout(consumer_id, owner, prefetch, no_ack, priority, exclusive, credit))
         assert reply is True, reply
         return effects
@@ -687,8 +761,12 @@ def test_down_returned_messages_go_before_never_delivered_ones() -> None:
     q.checkout("a", prefetch=2, owner="conn-a")
     q.enqueue(4)
     q(Down("conn-a"))
-    assert delivered(q.checkout("b", owner="conn-b")) == [("b", 0, True), ("b", 1, True), ("b", 2, False),
-                                                           ("b", 3, False)]
+    assert delivered(q.checkout("b", owner="conn-b")) == [
+        ("b", 0, True),
+        ("b", 1, True),
+        ("b", 2, False),
+        ("b", 3, False),
+    ]
 
 
 def test_get_with_manual_ack_then_requeue() -> None:
@@ -762,8 +840,9 @@ def test_apply_never_raises_on_garbage(make) -> None:
     model = Model()
     model.next_seq = q.machine.next_seq
     for consumer_id, c in q.machine.consumers.items():
-        model.consumers[consumer_id] = ModelConsumer(c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active,
-                                                     dict.fromkeys(c.checked_out))
+        model.consumers[consumer_id] = ModelConsumer(
+            c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active, dict.fromkeys(c.checked_out)
+        )
     before = digest(q.machine)
     reply, effects = q(make(model))
     assert type(reply) is Rejected, reply

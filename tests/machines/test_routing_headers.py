@@ -101,9 +101,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "arguments, headers, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
+@pytest.mark.parametrize("arguments, headers, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_headers_matching(arguments: dict, headers: dict | None, expected: bool) -> None:
     assert matches(arguments, headers) is expected
 
@@ -219,9 +217,7 @@ def reference(arguments: dict, headers: dict | None) -> bool:
     arguments=st.dictionaries(KEYS.filter(lambda k: k != "x-match"), VALUES, max_size=3),
     headers=st.one_of(st.none(), st.dictionaries(KEYS, VALUES, max_size=4)),
 )
-def test_headers_agree_with_reference(
-    x_match: object, arguments: dict, headers: dict | None
-) -> None:
+def test_headers_agree_with_reference(x_match: object, arguments: dict, headers: dict | None) -> None:
     if x_match is not MISSING:
         arguments = {"x-match": x_match, **arguments}
     assert validate_binding_arguments("headers", arguments) is None

@@ -274,14 +274,10 @@ def test_single_binding_agrees_with_reference(binding_key: str, routing_key: str
 
 @settings(max_examples=150, deadline=None)
 @given(
-    bindings=st.lists(
-        st.tuples(st.sampled_from(["q1", "q2", "q3", "q4"]), binding_keys), max_size=25
-    ),
+    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3", "q4"]), binding_keys), max_size=25),
     routing_keys_=st.lists(routing_keys, min_size=1, max_size=8),
 )
-def test_many_bindings_agree_with_reference(
-    bindings: list[tuple[str, str]], routing_keys_: list[str]
-) -> None:
+def test_many_bindings_agree_with_reference(bindings: list[tuple[str, str]], routing_keys_: list[str]) -> None:
     router = TopicRouter()
     model: list[tuple[str, str]] = []
     for destination, key in bindings:

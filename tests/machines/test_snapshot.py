@@ -57,9 +57,25 @@ HOLDERS = sorted(CONSUMERS) + sorted(GETTERS)
 def full(value):
     """Replies and effects by value, messages with every field the machine or the shell reads."""
     if type(value) is Message:
-        return ("Message", value.seq, value.exchange, value.routing_key, value.props_raw, value.body,
-                value.delivery_count, value.redelivered, value.persistent, value.stored, value.ttl_ms,
-                value.expires_at_ms, value.priority, value.count_header, value.delay_ms, value.due_ms, value.death)
+        return (
+            "Message",
+            value.seq,
+            value.exchange,
+            value.routing_key,
+            value.props_raw,
+            value.body,
+            value.delivery_count,
+            value.redelivered,
+            value.persistent,
+            value.stored,
+            value.ttl_ms,
+            value.expires_at_ms,
+            value.priority,
+            value.count_header,
+            value.delay_ms,
+            value.due_ms,
+            value.death,
+        )
     if isinstance(value, tuple):
         return (type(value).__name__, *(full(v) for v in value))
     if isinstance(value, list):
@@ -69,12 +85,22 @@ def full(value):
 
 def observe(machine: QueueMachine):
     """What the shell, management and the store can see of a queue."""
-    return (machine.ready_count, machine.unacked_count, machine.active_consumer_count, machine.next_deadline_ms,
-            dict(machine.dropped), dict(machine.dead_lettered), machine.rejected_publishes, machine.expired,
-            machine.deleted, machine.exclusive_consumer, len(machine.delayed.window) + machine.delayed.spilled,
-            [(cid, c.active, list(c.checked_out)) for cid, c in machine.consumers.items()],
-            sorted(machine.dead_lettering),
-            sorted(machine.backing.records) if machine.backing is not None else None)
+    return (
+        machine.ready_count,
+        machine.unacked_count,
+        machine.active_consumer_count,
+        machine.next_deadline_ms,
+        dict(machine.dropped),
+        dict(machine.dead_lettered),
+        machine.rejected_publishes,
+        machine.expired,
+        machine.deleted,
+        machine.exclusive_consumer,
+        len(machine.delayed.window) + machine.delayed.spilled,
+        [(cid, c.active, list(c.checked_out)) for cid, c in machine.consumers.items()],
+        sorted(machine.dead_lettering),
+        sorted(machine.backing.records) if machine.backing is not None else None,
+    )
 
 
 def round_trip(records):
@@ -103,15 +129,32 @@ queue_settings = st.builds(
 
 holders = st.sampled_from(HOLDERS)
 picks = st.lists(st.integers(0, 7), max_size=3)
-enqueues = st.tuples(st.just("enqueue"), st.integers(1, 4), st.sampled_from([None, None, 0, 3, 50]),
-                     st.sampled_from([0, 1, 5]), st.sampled_from([None, None, 0, 7, 25]), st.booleans())
-checkouts = st.tuples(st.just("checkout"), st.sampled_from(sorted(CONSUMERS)), st.integers(0, 2),
-                      st.sampled_from([False, False, True]), st.sampled_from([0, 0, 1]),
-                      st.sampled_from([False] * 7 + [True]), st.integers(0, 3))
+enqueues = st.tuples(
+    st.just("enqueue"),
+    st.integers(1, 4),
+    st.sampled_from([None, None, 0, 3, 50]),
+    st.sampled_from([0, 1, 5]),
+    st.sampled_from([None, None, 0, 7, 25]),
+    st.booleans(),
+)
+checkouts = st.tuples(
+    st.just("checkout"),
+    st.sampled_from(sorted(CONSUMERS)),
+    st.integers(0, 2),
+    st.sampled_from([False, False, True]),
+    st.sampled_from([0, 0, 1]),
+    st.sampled_from([False] * 7 + [True]),
+    st.integers(0, 3),
+)
 operations = st.one_of(
     st.tuples(st.just("advance"), st.sampled_from([1, 3, 10, 40])),
-    enqueues, enqueues, enqueues, enqueues, enqueues,
-    checkouts, checkouts,
+    enqueues,
+    enqueues,
+    enqueues,
+    enqueues,
+    enqueues,
+    checkouts,
+    checkouts,
     st.tuples(st.just("cancel"), st.sampled_from(sorted(CONSUMERS))),
     st.tuples(st.just("credit"), st.sampled_from(sorted(CONSUMERS)), st.integers(1, 3)),
     st.tuples(st.sampled_from(["settle", "requeue", "discard"]), holders, picks),
@@ -145,8 +188,12 @@ class Pair:
             _, n, ttl, priority, delay, persistent = op
             start = self.bodies
             self.bodies += n
-            return lambda: Enqueue([Message("ex", f"rk{i % 2}", b"p%d" % i, b"body-%d" % i, persistent, ttl, priority,
-                                            delay or None) for i in range(start, start + n)])
+            return lambda: Enqueue(
+                [
+                    Message("ex", f"rk{i % 2}", b"p%d" % i, b"body-%d" % i, persistent, ttl, priority, delay or None)
+                    for i in range(start, start + n)
+                ]
+            )
         if kind == "checkout":
             _, cid, prefetch, no_ack, priority, exclusive, credit = op
             return lambda: Checkout(cid, CONSUMERS[cid], prefetch, no_ack, priority, exclusive, credit)
@@ -171,8 +218,11 @@ class Pair:
             return lambda: DeadLettered(list(seqs))
         if kind == "update":
             _, ttl, limit, dlx = op
-            new = first.settings._replace(message_ttl_ms=ttl, delivery_limit=limit,
-                                          dead_letter_exchange="dlx2" if dlx else first.settings.dead_letter_exchange)
+            new = first.settings._replace(
+                message_ttl_ms=ttl,
+                delivery_limit=limit,
+                dead_letter_exchange="dlx2" if dlx else first.settings.dead_letter_exchange,
+            )
             return lambda: UpdateSettings(new)
         simple = {"tick": Tick, "purge": Purge, "touch": Touch, "delete": DeleteQueue}
         return simple[kind]
@@ -210,21 +260,47 @@ class Pair:
 
 
 # Round robin shows the rings' rotation; then everything comes out: ready, spilled, delayed, backed off.
-DRAIN = [("credit", "c0", 3), ("credit", "c1", 3), ("credit", "c2", 3), ("enqueue", 4, None, 0, None, False),
-         ("advance", 10_000), ("checkout", "c0", 0, False, 5, False, 0), ("credit", "c0", 1000), ("tick",),
-         ("advance", 100_000), ("tick",), ("get", "g0", False), ("down", "o0"), ("down", "o1"), ("tick",), ("delete",)]
+DRAIN = [
+    ("credit", "c0", 3),
+    ("credit", "c1", 3),
+    ("credit", "c2", 3),
+    ("enqueue", 4, None, 0, None, False),
+    ("advance", 10_000),
+    ("checkout", "c0", 0, False, 5, False, 0),
+    ("credit", "c0", 1000),
+    ("tick",),
+    ("advance", 100_000),
+    ("tick",),
+    ("get", "g0", False),
+    ("down", "o0"),
+    ("down", "o1"),
+    ("tick",),
+    ("delete",),
+]
 
 
 def make_machine(queue_settings: QueueSettings, backing: str) -> QueueMachine:
     if backing == "none":
         return make_queue_machine("/", "q", settings=queue_settings)
-    return make_queue_machine("/", "q", backing=DictBacking(), durable=backing == "durable", window_max=3,
-                              window_bytes_max=12, delayed_window_max=2, settings=queue_settings)
+    return make_queue_machine(
+        "/",
+        "q",
+        backing=DictBacking(),
+        durable=backing == "durable",
+        window_max=3,
+        window_bytes_max=12,
+        delayed_window_max=2,
+        settings=queue_settings,
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(queue_settings=queue_settings, backing=st.sampled_from(["none", "spilling", "durable"]),
-       ops=st.lists(operations, min_size=25, max_size=80), data=st.data())
+@given(
+    queue_settings=queue_settings,
+    backing=st.sampled_from(["none", "spilling", "durable"]),
+    ops=st.lists(operations, min_size=25, max_size=80),
+    data=st.data(),
+)
 def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, data) -> None:
     split = data.draw(st.integers(len(ops) // 3, len(ops)), label="snapshot after")
     # A tiny per-command budget for expiry, drops and releases, so that "more is due" happens.
@@ -246,11 +322,26 @@ def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, 
 
 def busy_machine() -> QueueMachine:
     """A priority queue with messages in every place: spilled, delayed, checked out, returned."""
-    pair = Pair(make_machine(QueueSettings(max_priority=2, dead_letter_exchange="dlx", retry_backoff_ms=5,
-                                           retry_backoff_max_ms=20, delivery_limit=3), "spilling"))
-    for op in [("enqueue", 4, None, 0, None, True), ("enqueue", 4, None, 2, 30, False),
-               ("checkout", "c0", 2, False, 0, False, 3), ("requeue", "c0", [0]),
-               ("enqueue", 4, 500, 1, None, False), ("discard", "c0", [0])]:
+    pair = Pair(
+        make_machine(
+            QueueSettings(
+                max_priority=2,
+                dead_letter_exchange="dlx",
+                retry_backoff_ms=5,
+                retry_backoff_max_ms=20,
+                delivery_limit=3,
+            ),
+            "spilling",
+        )
+    )
+    for op in [
+        ("enqueue", 4, None, 0, None, True),
+        ("enqueue", 4, None, 2, 30, False),
+        ("checkout", "c0", 2, False, 0, False, 3),
+        ("requeue", "c0", [0]),
+        ("enqueue", 4, 500, 1, None, False),
+        ("discard", "c0", [0]),
+    ]:
         pair.step(op)
     return pair.machines[0]
 
@@ -292,10 +383,15 @@ def test_refused_after_release_the_dead_letters_go_out_at_once() -> None:
     # `dying`), so the snapshot has nothing of it (a refused publish never had a seq, so it is
     # not in `dead_lettering`). Shrunk by hypothesis from the property test; test_queue_features.py
     # has the example.
-    pair = Pair(make_machine(QueueSettings(max_length=0, overflow="reject-publish-dlx", dead_letter_exchange="dlx"),
-                             "none"))
-    for op in [("enqueue", 1, None, 0, 7, False), ("checkout", "c0", 0, False, 0, False, 0), ("advance", 10),
-               ("checkout", "c0", 0, False, 0, False, 0)]:
+    pair = Pair(
+        make_machine(QueueSettings(max_length=0, overflow="reject-publish-dlx", dead_letter_exchange="dlx"), "none")
+    )
+    for op in [
+        ("enqueue", 1, None, 0, 7, False),
+        ("checkout", "c0", 0, False, 0, False, 0),
+        ("advance", 10),
+        ("checkout", "c0", 0, False, 0, False, 0),
+    ]:
         pair.step(op)
     assert not pair.machines[0]._dying
     pair.restore()

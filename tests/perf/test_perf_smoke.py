@@ -49,8 +49,24 @@ def test_transient_autoack_run_is_drained(broker):
 
 
 def test_persistent_confirms_manual_ack_run_is_drained(broker):
-    result = run_perf(broker, "-d", "1", "--warmup", "0.2", "-s", "1024", "--persistent", "--durable",
-                      "--confirm", "100", "--manual-ack", "--multi-ack", "10", "--queue-prefix", "smoke-p")
+    result = run_perf(
+        broker,
+        "-d",
+        "1",
+        "--warmup",
+        "0.2",
+        "-s",
+        "1024",
+        "--persistent",
+        "--durable",
+        "--confirm",
+        "100",
+        "--manual-ack",
+        "--multi-ack",
+        "10",
+        "--queue-prefix",
+        "smoke-p",
+    )
     assert result["pub_rate"] > 0 and result["confirm_rate"] > 0
     assert result["nacked"] == 0
     assert result["drained"] is True
@@ -93,10 +109,12 @@ def test_delivery_parser_reads_split_stream_and_tags():
     props = encode_properties(BasicProperties(delivery_mode=1))
     stream = bytearray()
     for tag in range(1, 4):
-        stream += encode_method_frame(1, spec.BasicDeliver(consumer_tag="ctag", delivery_tag=tag, exchange="",
-                                                           routing_key="q"))
+        stream += encode_method_frame(
+            1, spec.BasicDeliver(consumer_tag="ctag", delivery_tag=tag, exchange="", routing_key="q")
+        )
         stream += encode_content(1, spec.BasicPublish(), props, (1234).to_bytes(8, "little") + b"x" * 3000, 1024)[
-            len(encode_method_frame(1, spec.BasicPublish())):]
+            len(encode_method_frame(1, spec.BasicPublish())) :
+        ]
     parser = DeliveryParser(manual_ack=True)
     parser.samples = array("q")
     buf = bytes(stream)
@@ -111,13 +129,21 @@ def test_delivery_parser_reads_split_stream_and_tags():
 
 
 def test_publish_batch_stamps_time_and_sequence():
-    batch = PublishBatch(channel=1, exchange="", routing_key="q", body_size=16, persistent=True,
-                         frame_max=131072, producer_id=3, batch_bytes=4096)
+    batch = PublishBatch(
+        channel=1,
+        exchange="",
+        routing_key="q",
+        body_size=16,
+        persistent=True,
+        frame_max=131072,
+        producer_id=3,
+        batch_bytes=4096,
+    )
     data = bytes(batch.stamp(2, 99, 7))
     assert len(data) == 2 * batch.message_bytes
     first = batch.body_offsets[0]
-    assert int.from_bytes(data[first:first + 8], "little") == 99
-    assert int.from_bytes(data[first + 8:first + 16], "little") == (3 << 48) | 7
+    assert int.from_bytes(data[first : first + 8], "little") == 99
+    assert int.from_bytes(data[first + 8 : first + 16], "little") == (3 << 48) | 7
 
 
 def test_histogram_percentiles_and_merge():

@@ -31,8 +31,9 @@ from maxq_raft.replication.engine import ReplicationNode
 from maxq_raft.replication.snapshot_file import read_body
 
 cfg = json.loads(sys.argv[1])
-logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                    format=f"%(asctime)s {cfg['node_id']} %(levelname)s %(name)s: %(message)s")
+logging.basicConfig(
+    level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {cfg['node_id']} %(levelname)s %(name)s: %(message)s"
+)
 threading.Timer(cfg.get("hard_timeout_s", 120), lambda: os._exit(3)).start()
 out_dir = Path(cfg["out_dir"])
 tag = f"{cfg['node_id']}_{cfg.get('incarnation', 1)}"
@@ -82,10 +83,19 @@ def on_snapshot(group: str, header) -> None:
 
 
 node = ReplicationNode(
-    node_id=cfg["node_id"], raft_addr=tuple(cfg["raft_addr"]), peers={k: tuple(v) for k, v in cfg["peers"].items()},
-    cluster_secret=bytes.fromhex(cfg["secret"]), data_dir=Path(cfg["data_dir"]), groups=cfg["groups"],
-    fsync=cfg.get("fsync", True), on_commit=on_commit, on_snapshot=on_snapshot, propose_timeout_s=cfg.get("propose_timeout_s", 5.0),
-    joining=cfg.get("joining", False), raft_settings=cfg.get("settings"))
+    node_id=cfg["node_id"],
+    raft_addr=tuple(cfg["raft_addr"]),
+    peers={k: tuple(v) for k, v in cfg["peers"].items()},
+    cluster_secret=bytes.fromhex(cfg["secret"]),
+    data_dir=Path(cfg["data_dir"]),
+    groups=cfg["groups"],
+    fsync=cfg.get("fsync", True),
+    on_commit=on_commit,
+    on_snapshot=on_snapshot,
+    propose_timeout_s=cfg.get("propose_timeout_s", 5.0),
+    joining=cfg.get("joining", False),
+    raft_settings=cfg.get("settings"),
+)
 node.start()
 seq = [0]
 seq_lock = threading.Lock()
@@ -99,8 +109,13 @@ def make_payload(size: int) -> bytes:
     return head + b"x" * max(0, size - len(head))
 
 
-def proposal_cb(group: str, payload: bytes, results: collections.Counter, done: threading.Semaphore | None,
-                record: list | None = None):
+def proposal_cb(
+    group: str,
+    payload: bytes,
+    results: collections.Counter,
+    done: threading.Semaphore | None,
+    record: list | None = None,
+):
     def cb(idx, err):
         if err is None:
             os.write(confirmed_fd, f"{group} {idx} {digest(payload)}\n".encode())
@@ -111,6 +126,7 @@ def proposal_cb(group: str, payload: bytes, results: collections.Counter, done: 
             record.append([idx, err])
         if done is not None:
             done.release()
+
     return cb
 
 
@@ -193,6 +209,7 @@ for line in sys.stdin:
         def cb(err, box=box, ev=ev):
             box.append(err)
             ev.set()
+
         t0 = time.monotonic()
         if op == "add_member":
             node.add_member(cmd["node"], tuple(cmd["addr"]), cb)

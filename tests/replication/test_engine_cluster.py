@@ -36,13 +36,29 @@ SECRET_HEX = "6d6178712d726166742d74657374"
 class NodeProc:
     def __init__(self, cluster: Cluster, nid: str, incarnation: int, *, joining: bool, peers: dict) -> None:
         self.nid, self.incarnation = nid, incarnation
-        cfg = {"node_id": nid, "raft_addr": cluster.addrs[nid], "peers": peers, "secret": SECRET_HEX,
-               "data_dir": str(cluster.root / nid), "groups": cluster.groups, "fsync": True, "joining": joining,
-               "propose_timeout_s": cluster.propose_timeout_s, "out_dir": str(cluster.root),
-               "incarnation": incarnation, "hard_timeout_s": 150}
+        cfg = {
+            "node_id": nid,
+            "raft_addr": cluster.addrs[nid],
+            "peers": peers,
+            "secret": SECRET_HEX,
+            "data_dir": str(cluster.root / nid),
+            "groups": cluster.groups,
+            "fsync": True,
+            "joining": joining,
+            "propose_timeout_s": cluster.propose_timeout_s,
+            "out_dir": str(cluster.root),
+            "incarnation": incarnation,
+            "hard_timeout_s": 150,
+        }
         self.err = open(cluster.root / f"{nid}_{incarnation}.err", "w")
-        self.p = subprocess.Popen([sys.executable, str(NODE_SCRIPT), json.dumps(cfg)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=self.err, text=True, cwd=str(cluster.root))
+        self.p = subprocess.Popen(
+            [sys.executable, str(NODE_SCRIPT), json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            cwd=str(cluster.root),
+        )
         self.q: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -118,8 +134,7 @@ class Cluster:
             self.addrs[nid] = ["127.0.0.1", free_port()]
         self.incarnations[nid] += 1
         peer_ids = peers if peers is not None else [i for i in self.members if i != nid]
-        p = NodeProc(self, nid, self.incarnations[nid], joining=joining,
-                     peers={i: self.addrs[i] for i in peer_ids})
+        p = NodeProc(self, nid, self.incarnations[nid], joining=joining, peers={i: self.addrs[i] for i in peer_ids})
         self.procs[nid] = p
         return p
 
@@ -150,6 +165,7 @@ class Cluster:
                 if st[group]["role"] == "leader":
                     return i
             return None
+
         return wait_until(find, timeout_s, step_s=0.02)
 
     # -------------------------------------------------------------------------- evidence
@@ -188,6 +204,7 @@ class Cluster:
         def check():
             m = {i: self.missing(i, confirmed) for i in ids}
             return m if all(not v for v in m.values()) else None
+
         ok = wait_until(check, timeout_s, step_s=0.1)
         return ok if ok is not None else {i: self.missing(i, confirmed)[:5] for i in ids}
 
@@ -200,7 +217,7 @@ class Cluster:
                 assert idx == sorted(set(idx)), f"{i} applied {g} out of order or twice"
             longest = max(seqs.values(), key=len)
             for i, s in seqs.items():
-                assert s == longest[:len(s)], f"{i} diverges from the longest applied sequence of {g}"
+                assert s == longest[: len(s)], f"{i} diverges from the longest applied sequence of {g}"
 
 
 @pytest.fixture
@@ -231,6 +248,7 @@ def seam_totals(statuses: dict[str, dict]) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------------- tests
+
 
 def test_single_node_commits_and_replays_after_kill(cluster):
     c = cluster(["solo"], ["g"])
@@ -325,8 +343,10 @@ def test_kill9_the_leader_under_load_loses_no_confirmed_entry(cluster):
     tot = seam_totals(sts)
     assert tot.get("acked_entries_truncated", 0) == 0 and tot.get("applied_entries_truncated", 0) == 0, tot
     assert tot.get("ack_regressions", 0) == 0 and tot.get("tick_errors", 0) == 0, tot
-    print(f"\n{kills} leader kills: {len(confirmed)} confirmed entries, 0 lost; failover (kill -> new leader "
-          f"seen) max {max(failovers):.2f} s, all {[round(x, 2) for x in failovers]}; seams {tot}")
+    print(
+        f"\n{kills} leader kills: {len(confirmed)} confirmed entries, 0 lost; failover (kill -> new leader "
+        f"seen) max {max(failovers):.2f} s, all {[round(x, 2) for x in failovers]}; seams {tot}"
+    )
     assert max(failovers) < 3.0, failovers
 
 
@@ -376,12 +396,18 @@ def test_add_then_remove_a_member_under_load(cluster):
     r = c.procs["n2"].cmd("add_member", 40, node="n4", addr=c.addrs["n4"], wait_s=35)
     assert r["error"] is None, r
     for g in c.groups:  # every member lists n4, and n4 has caught up with the leader's commit index
+
         def caught_up(g=g):
             sts = c.statuses()
             lead = [s[g] for s in sts.values() if s[g]["role"] == "leader"]
-            return (len(sts) == 4 and lead and all("n4" in s[g]["members"] for s in sts.values())
-                    and lead[0]["members"]["n4"]["match_index"] is not None
-                    and sts["n4"][g]["applied_index"] >= lead[0]["commit_index"] - 50 > 100)
+            return (
+                len(sts) == 4
+                and lead
+                and all("n4" in s[g]["members"] for s in sts.values())
+                and lead[0]["members"]["n4"]["match_index"] is not None
+                and sts["n4"][g]["applied_index"] >= lead[0]["commit_index"] - 50 > 100
+            )
+
         assert wait_until(caught_up, 15), f"n4 did not catch up in {g}: {c.statuses()}"
     n4_applied = {g: len(v) for g, v in c.applied("n4").items()}
     assert all(n4_applied.get(g, 0) > 50 for g in c.groups), n4_applied
@@ -465,8 +491,14 @@ def test_snapshots_compact_the_log_restart_from_them_and_install_a_member_that_f
     assert c.procs[leader].cmd("propose", 20, group="g", n=50, size=2000)["results"] == {"ok": 50}
 
     c.start(behind)
-    same = wait_until(lambda: (lambda ch: len({tuple(v) for v in ch.values() if v}) == 1
-                               and all(ch.values()) and ch[leader][0] >= snap_index + 50)(_chains(c, c.ids)), 30)
+    same = wait_until(
+        lambda: (
+            lambda ch: (
+                len({tuple(v) for v in ch.values() if v}) == 1 and all(ch.values()) and ch[leader][0] >= snap_index + 50
+            )
+        )(_chains(c, c.ids)),
+        30,
+    )
     assert same, _chains(c, c.ids)
     text = (c.root / f"applied_{behind}_2.log").read_text()
     assert f"g {snap_index} snapshot:" in text or " snapshot:" in text  # installed, not replayed
@@ -486,7 +518,8 @@ def test_snapshots_compact_the_log_restart_from_them_and_install_a_member_that_f
     assert not first_replayed or first_replayed[0] == int(new[0].split(" ")[1]) + 1
     l2 = c.leader("g", 10)
     assert c.procs[l2].cmd("propose", 20, group="g", n=20, size=100)["results"] == {"ok": 20}
-    same = wait_until(lambda: (lambda ch: all(ch.values()) and len({tuple(v) for v in ch.values()}) == 1)(
-        _chains(c, c.ids)), 20)
+    same = wait_until(
+        lambda: (lambda ch: all(ch.values()) and len({tuple(v) for v in ch.values()}) == 1)(_chains(c, c.ids)), 20
+    )
     assert same, _chains(c, c.ids)
     assert all(st["order_errors"] == 0 for st in [c.procs[i].cmd("status", 5) for i in c.ids])

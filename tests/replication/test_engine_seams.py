@@ -96,7 +96,7 @@ class ManualJournal:
 
     def read(self, lo: int, hi: int | None = None):
         hi = self.last_index if hi is None else min(hi, self.last_index)
-        return iter(list(self.entries[lo - 1:hi]))
+        return iter(list(self.entries[lo - 1 : hi]))
 
     def stats(self) -> dict:
         return {}
@@ -106,8 +106,17 @@ class ManualJournal:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, *, seams: bool = True, auto_durable: bool = True, node_id: str = "f",
-                 peers=("L", "L2"), settings: dict | None = None, real_journal: bool = False) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        seams: bool = True,
+        auto_durable: bool = True,
+        node_id: str = "f",
+        peers=("L", "L2"),
+        settings: dict | None = None,
+        real_journal: bool = False,
+    ) -> None:
         self.link = FakeLink(set(peers))
         self.journal: ManualJournal | None = None
         self.committed: list[tuple[int, bytes]] = []
@@ -116,11 +125,22 @@ class Harness:
             self.journal = ManualJournal(auto_durable, kw.get("on_durable"))
             return self.journal
 
-        self.group = Group("g", node_id=node_id, raft_addr=("127.0.0.1", 1),
-                           peers={p: ("127.0.0.1", 2) for p in peers}, data_dir=tmp_path, fsync=False, link=self.link,
-                           on_commit=lambda _g, es: self.committed.extend(es), on_durable=lambda _g: None,
-                           propose_timeout_s=5.0, proposals_pending_max=1000, settings=settings, seams=seams,
-                           journal_factory=None if real_journal else factory)
+        self.group = Group(
+            "g",
+            node_id=node_id,
+            raft_addr=("127.0.0.1", 1),
+            peers={p: ("127.0.0.1", 2) for p in peers},
+            data_dir=tmp_path,
+            fsync=False,
+            link=self.link,
+            on_commit=lambda _g, es: self.committed.extend(es),
+            on_durable=lambda _g: None,
+            propose_timeout_s=5.0,
+            proposals_pending_max=1000,
+            settings=settings,
+            seams=seams,
+            journal_factory=None if real_journal else factory,
+        )
         self.t = self.group.transport
         self.log = self.group.raft_log
 
@@ -150,8 +170,14 @@ def P(i: int) -> bytes:  # noqa: N802 - a payload command
 
 def ae(term: int, prev: int, prev_term: int, entries: list[tuple[int, int]], commit: int = 1) -> dict:
     """append_entries; entries as (index, term)."""
-    return {"type": "append_entries", "term": term, "commit_index": commit, "prevLogIdx": prev, "prevLogTerm": prev_term,
-            "entries": [[P(i), i, t] for i, t in entries]}
+    return {
+        "type": "append_entries",
+        "term": term,
+        "commit_index": commit,
+        "prevLogIdx": prev,
+        "prevLogTerm": prev_term,
+        "entries": [[P(i), i, t] for i, t in entries],
+    }
 
 
 def run(lo: int, hi: int, term: int) -> list[tuple[int, int]]:
@@ -173,6 +199,7 @@ def harness(tmp_path):
 
 
 # ------------------------------------------------------------------------ 3. stale-append guard
+
 
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
 def test_stale_append_truncates_nothing(harness, seams):
@@ -232,6 +259,7 @@ def test_longer_tail_of_an_older_term_is_neither_cut_nor_claimed(harness):
 
 # ------------------------------------------------------------------------- 4. conflict clamp
 
+
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
 def test_conflict_clamp_points_at_the_conflicting_term(harness, seams):
     h = harness(seams=seams)
@@ -250,6 +278,7 @@ def test_conflict_clamp_points_at_the_conflicting_term(harness, seams):
 
 
 # ------------------------------------------------------------------------ 2. held messages
+
 
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
 def test_follower_acks_only_durable_entries(harness, seams):
@@ -324,6 +353,7 @@ def test_single_node_confirms_only_durable_entries(harness):
 
 # --------------------------------------------------------------------------- 5. leader dedup
 
+
 def sent_entries(h: Harness, nid: str) -> list[int]:
     return [e[1] for m in h.link.of(nid, "append_entries") for e in m["entries"]]
 
@@ -363,6 +393,7 @@ def test_reconnect_forgets_what_was_sent(harness):
 
 
 # ------------------------------------------------------------- terms on acks, forwarding
+
 
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
 def test_leader_ignores_acks_from_another_term(harness, seams):
@@ -406,6 +437,7 @@ def test_messages_from_non_members_are_dropped(harness):
 
 # ---------------------------------------------------------------- 1. term and vote on disk
 
+
 def test_vote_is_on_disk_before_it_is_sent_and_survives_a_restart(tmp_path):
     folder = tmp_path / "n"
     h = Harness(folder, real_journal=True)
@@ -427,6 +459,7 @@ def test_vote_is_on_disk_before_it_is_sent_and_survives_a_restart(tmp_path):
 
 # ----------------------------------------------------------------------------- 7. settings
 
+
 def test_settings_avoid_the_measured_cliffs(harness):
     conf = harness().group.so.conf
     assert conf.autoTick is False and conf.appendEntriesUseBatch is False
@@ -434,5 +467,5 @@ def test_settings_avoid_the_measured_cliffs(harness):
     assert conf.appendEntriesPeriod == pytest.approx(0.05)
     assert conf.dynamicMembershipChange is True
     assert conf.appendEntriesBatchSizeBytes > PAYLOAD_BYTES_MAX + 1  # never the chunked (pickling) path
-    assert conf.logCompactionMinEntries > 10 ** 15 and conf.logCompactionMinTime > 10 ** 15
+    assert conf.logCompactionMinEntries > 10**15 and conf.logCompactionMinTime > 10**15
     assert RAFT_SETTINGS["commandsWaitLeader"] is False

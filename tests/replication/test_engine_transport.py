@@ -37,6 +37,7 @@ class Evil:
 
 # -------------------------------------------------------------------------------- codec
 
+
 def roundtrip(msg: dict) -> dict:
     return wire.decode_raft(wire.encode_raft("g", msg, {}))[1]
 
@@ -47,8 +48,14 @@ def test_every_message_type_roundtrips():
         {"type": "response_vote", "term": 3},
         {"type": "timeout_now", "term": 3},
         {"type": "next_node_idx", "next_node_idx": 11, "reset": False, "success": True, "term": 3},
-        {"type": "append_entries", "term": 3, "commit_index": 5, "prevLogIdx": 4, "prevLogTerm": 2,
-         "entries": [[b"\x04abc", 5, 3], [b"\x01", 6, 3]]},
+        {
+            "type": "append_entries",
+            "term": 3,
+            "commit_index": 5,
+            "prevLogIdx": 4,
+            "prevLogTerm": 2,
+            "entries": [[b"\x04abc", 5, 3], [b"\x01", 6, 3]],
+        },
     ]
     for m in msgs:
         assert roundtrip(m) == m
@@ -56,8 +63,14 @@ def test_every_message_type_roundtrips():
 
 def test_membership_entries_travel_as_msgpack_and_are_pickled_again_locally():
     cmd = wire.membership_command("add", "n4", ("127.0.0.1", 7000))
-    msg = {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
-           "entries": [(cmd, 2, 2)]}
+    msg = {
+        "type": "append_entries",
+        "term": 2,
+        "commit_index": 1,
+        "prevLogIdx": 1,
+        "prevLogTerm": 0,
+        "entries": [(cmd, 2, 2)],
+    }
     body = wire.encode_raft("g", msg, {})
     assert b"pysyncobj" not in body and b"RaftNode" not in body  # no pickle on the wire
     got = wire.decode_raft(body)[1]["entries"][0][0]
@@ -73,32 +86,51 @@ def test_pickles_in_entries_are_refused(tmp_path, kind):
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("body", [
-    pickle.dumps({"type": "append_entries", "term": 1}),  # what stock pysyncobj sends
-    b"\xc1garbage",
-    msgpack.packb(["g", 3, True, 1, 1, 0, []]),  # a bool is not a term
-    msgpack.packb(["g", 3, -1, 1, 1, 0, []]),
-    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x01x", 2, 1]]]),  # a no-op with a body
-    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 3, 1]]]),  # not consecutive after prevLogIdx
-    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 2]]]),  # entry term above the message term
-    msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 1], [b"\x04b", 3, 0]]]),  # terms falling
-    msgpack.packb(["g", 99, 1]),
-    msgpack.packb({"type": "append_entries"}),
-    msgpack.packb(["g", 4, 5, False, True]),  # next_node_idx without a term
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pickle.dumps({"type": "append_entries", "term": 1}),  # what stock pysyncobj sends
+        b"\xc1garbage",
+        msgpack.packb(["g", 3, True, 1, 1, 0, []]),  # a bool is not a term
+        msgpack.packb(["g", 3, -1, 1, 1, 0, []]),
+        msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x01x", 2, 1]]]),  # a no-op with a body
+        msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 3, 1]]]),  # not consecutive after prevLogIdx
+        msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 2]]]),  # entry term above the message term
+        msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x04a", 2, 1], [b"\x04b", 3, 0]]]),  # terms falling
+        msgpack.packb(["g", 99, 1]),
+        msgpack.packb({"type": "append_entries"}),
+        msgpack.packb(["g", 4, 5, False, True]),  # next_node_idx without a term
+    ],
+)
 def test_malformed_frames_are_refused(body):
     with pytest.raises(wire.WireError):
         wire.decode_raft(body)
 
 
-@pytest.mark.parametrize("msg", [
-    {"type": "apply_command", "command": b"x", "request_id": 1},
-    {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
-     "transmission": "start", "data": b"x"},
-    {"type": "append_entries", "term": 1, "commit_index": 1, "serialized": b"x"},
-    {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1, "prevLogTerm": 0,
-     "entries": [(b"\x00" + pickle.dumps((0, ())), 2, 1)]},
-])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"type": "apply_command", "command": b"x", "request_id": 1},
+        {
+            "type": "append_entries",
+            "term": 1,
+            "commit_index": 1,
+            "prevLogIdx": 1,
+            "prevLogTerm": 0,
+            "transmission": "start",
+            "data": b"x",
+        },
+        {"type": "append_entries", "term": 1, "commit_index": 1, "serialized": b"x"},
+        {
+            "type": "append_entries",
+            "term": 1,
+            "commit_index": 1,
+            "prevLogIdx": 1,
+            "prevLogTerm": 0,
+            "entries": [(b"\x00" + pickle.dumps((0, ())), 2, 1)],
+        },
+    ],
+)
 def test_messages_that_would_need_pickle_are_never_encoded(msg):
     with pytest.raises(wire.WireError):
         wire.encode_raft("g", msg, {})
@@ -120,13 +152,20 @@ def test_handshake_helpers():
 
 # ---------------------------------------------------------------------------------- port
 
+
 @pytest.fixture
 def node(tmp_path):
     port = free_port()
     commits: list = []
-    n = ReplicationNode(node_id="n1", raft_addr=("127.0.0.1", port), peers={"n2": ("127.0.0.1", free_port())},
-                        cluster_secret=SECRET, data_dir=tmp_path / "n1", groups=["g"],
-                        on_commit=lambda g, es: commits.extend(es))
+    n = ReplicationNode(
+        node_id="n1",
+        raft_addr=("127.0.0.1", port),
+        peers={"n2": ("127.0.0.1", free_port())},
+        cluster_secret=SECRET,
+        data_dir=tmp_path / "n1",
+        groups=["g"],
+        on_commit=lambda g, es: commits.extend(es),
+    )
     n.start()
     try:
         yield n, port
@@ -203,10 +242,12 @@ def test_pickles_from_an_authenticated_peer_never_reach_pickle(node, tmp_path):
     evil = pickle.dumps(Evil(marker))
     s = handshake(port, SECRET)
     try:
-        for body in (msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x00" + evil, 2, 1]]]),
-                     msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x02" + evil, 2, 1]]]),
-                     msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x03" + evil, 2, 1]]]),
-                     evil):
+        for body in (
+            msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x00" + evil, 2, 1]]]),
+            msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x02" + evil, 2, 1]]]),
+            msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x03" + evil, 2, 1]]]),
+            evil,
+        ):
             s.sendall(wire.frame(wire.KIND_RAFT, body))
         assert wait_until(lambda: n.stats["bad_raft_frames"] == 4, 3.0)
     finally:
@@ -224,10 +265,18 @@ def test_the_port_is_bound_to_the_configured_address_only(node):
 
 def test_nodes_with_different_secrets_never_connect(tmp_path):
     ports = {"a": free_port(), "b": free_port()}
-    nodes = {k: ReplicationNode(node_id=k, raft_addr=("127.0.0.1", ports[k]),
-                                peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
-                                cluster_secret=b"secret-" + k.encode(), data_dir=tmp_path / k, groups=["g"],
-                                on_commit=lambda g, es: None) for k in ports}
+    nodes = {
+        k: ReplicationNode(
+            node_id=k,
+            raft_addr=("127.0.0.1", ports[k]),
+            peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
+            cluster_secret=b"secret-" + k.encode(),
+            data_dir=tmp_path / k,
+            groups=["g"],
+            on_commit=lambda g, es: None,
+        )
+        for k in ports
+    }
     for x in nodes.values():
         x.start()
     try:

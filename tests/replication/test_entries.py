@@ -15,36 +15,89 @@ from maxq_raft.replication.entries import EntryError, decode_entry, encode_entry
 names = st.text(max_size=12)
 seqs = st.lists(st.integers(0, 2**63), max_size=5)
 optional_ints = st.one_of(st.none(), st.integers(0, 2**40))
-tables = st.dictionaries(st.text(min_size=1, max_size=8),
-                         st.one_of(st.integers(-2**31, 2**31 - 1), st.text(max_size=8), st.booleans(), st.none(),
-                                   st.just(Decimal("1.5")), st.just(Timestamp(1700000000))), max_size=3)
-messages = st.builds(Message, names, names, st.binary(max_size=20), st.binary(max_size=50), st.booleans(),
-                     st.one_of(st.none(), st.integers(0, 2**32)), st.integers(0, 255),
-                     st.one_of(st.none(), st.integers(0, 2**40)))
+tables = st.dictionaries(
+    st.text(min_size=1, max_size=8),
+    st.one_of(
+        st.integers(-(2**31), 2**31 - 1),
+        st.text(max_size=8),
+        st.booleans(),
+        st.none(),
+        st.just(Decimal("1.5")),
+        st.just(Timestamp(1700000000)),
+    ),
+    max_size=3,
+)
+messages = st.builds(
+    Message,
+    names,
+    names,
+    st.binary(max_size=20),
+    st.binary(max_size=50),
+    st.booleans(),
+    st.one_of(st.none(), st.integers(0, 2**32)),
+    st.integers(0, 255),
+    st.one_of(st.none(), st.integers(0, 2**40)),
+)
 
 queue_commands = st.one_of(
     st.builds(qc.Enqueue, st.lists(messages, max_size=4)),
-    st.builds(qc.Checkout, names, names, st.integers(0, 1000), st.booleans(), st.integers(-5, 5), st.booleans(),
-              st.integers(0, 5000)),
+    st.builds(
+        qc.Checkout,
+        names,
+        names,
+        st.integers(0, 1000),
+        st.booleans(),
+        st.integers(-5, 5),
+        st.booleans(),
+        st.integers(0, 5000),
+    ),
     st.builds(qc.Cancel, names),
-    st.builds(qc.Settle, names, seqs), st.builds(qc.Requeue, names, seqs), st.builds(qc.Discard, names, seqs),
+    st.builds(qc.Settle, names, seqs),
+    st.builds(qc.Requeue, names, seqs),
+    st.builds(qc.Discard, names, seqs),
     st.builds(qc.Credit, names, st.integers(0, 10**6)),
     st.builds(qc.Get, names, names, st.booleans()),
-    st.just(qc.Purge()), st.builds(qc.Down, names), st.just(qc.DeleteQueue()),
-    st.builds(qc.Create, st.booleans(), tables), st.just(qc.Sync()), st.just(qc.Tick()), st.just(qc.Touch()),
+    st.just(qc.Purge()),
+    st.builds(qc.Down, names),
+    st.just(qc.DeleteQueue()),
+    st.builds(qc.Create, st.booleans(), tables),
+    st.just(qc.Sync()),
+    st.just(qc.Tick()),
+    st.just(qc.Touch()),
     st.builds(qc.DeadLettered, seqs),
-    st.builds(qc.UpdateSettings, st.builds(
-        QueueSettings, message_ttl_ms=optional_ints, expires_ms=optional_ints, max_length=optional_ints,
-        max_length_bytes=optional_ints, overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
-        dead_letter_exchange=st.one_of(st.none(), names), dead_letter_routing_key=st.one_of(st.none(), names),
-        max_priority=st.one_of(st.none(), st.integers(0, 255)), delivery_limit=optional_ints,
-        retry_backoff_ms=optional_ints, retry_backoff_multiplier=st.floats(1, 10), retry_backoff_max_ms=st.integers(0, 2**40),
-        single_active_consumer=st.booleans())),
+    st.builds(
+        qc.UpdateSettings,
+        st.builds(
+            QueueSettings,
+            message_ttl_ms=optional_ints,
+            expires_ms=optional_ints,
+            max_length=optional_ints,
+            max_length_bytes=optional_ints,
+            overflow=st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
+            dead_letter_exchange=st.one_of(st.none(), names),
+            dead_letter_routing_key=st.one_of(st.none(), names),
+            max_priority=st.one_of(st.none(), st.integers(0, 255)),
+            delivery_limit=optional_ints,
+            retry_backoff_ms=optional_ints,
+            retry_backoff_multiplier=st.floats(1, 10),
+            retry_backoff_max_ms=st.integers(0, 2**40),
+            single_active_consumer=st.booleans(),
+        ),
+    ),
     st.builds(qc.Reply, names, names, names, st.binary(max_size=10), st.binary(max_size=10)),
 )
 metadata_commands = st.one_of(
-    st.builds(md.DeclareExchange, names, names, st.sampled_from(["direct", "topic"]), st.booleans(), st.booleans(),
-              st.booleans(), st.booleans(), tables),
+    st.builds(
+        md.DeclareExchange,
+        names,
+        names,
+        st.sampled_from(["direct", "topic"]),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+        tables,
+    ),
     st.builds(md.DeleteExchange, names, names, st.booleans()),
     st.builds(md.DeclareQueue, names, names, st.booleans(), st.booleans(), st.booleans(), st.booleans(), tables, names),
     st.builds(md.DeleteQueueRecord, names, names),
@@ -55,16 +108,25 @@ metadata_commands = st.one_of(
     st.builds(md.ClearPolicy, names, names),
 )
 requests = st.integers(0, 2**40)
-items = st.lists(st.one_of(st.tuples(st.none(), metadata_commands, requests),
-                           st.tuples(st.tuples(names, names), queue_commands, requests),
-                           st.tuples(st.just("*"), st.builds(qc.Down, names), requests)),
-                 max_size=6)
+items = st.lists(
+    st.one_of(
+        st.tuples(st.none(), metadata_commands, requests),
+        st.tuples(st.tuples(names, names), queue_commands, requests),
+        st.tuples(st.just("*"), st.builds(qc.Down, names), requests),
+    ),
+    max_size=6,
+)
 
 
 def comparable(command):
     if type(command) is qc.Enqueue:
-        return ("Enqueue", [(m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms)
-                            for m in command.messages])
+        return (
+            "Enqueue",
+            [
+                (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms)
+                for m in command.messages
+            ],
+        )
     return (type(command).__name__, tuple(command))
 
 

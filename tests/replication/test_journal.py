@@ -56,9 +56,9 @@ def parse(path: Path) -> list[tuple[int, int, int, bytes, int]]:
     while off + HEADER.size <= len(data):
         length, crc, index, term = HEADER.unpack_from(data, off)
         end = off + HEADER.size + length
-        if end > len(data) or zlib.crc32(data[off + 8:end]) != crc:
+        if end > len(data) or zlib.crc32(data[off + 8 : end]) != crc:
             break
-        out.append((off, index, term, data[off + HEADER.size:end], end))
+        out.append((off, index, term, data[off + HEADER.size : end], end))
         off = end
     return out
 
@@ -120,7 +120,7 @@ def test_round_trip_across_rollovers_reopen_and_disk_reads(tmp_path: Path) -> No
         for _ in range(50):
             a = rng.randint(1, 3000)
             b = rng.randint(a, 3100)
-            assert list(j.read(a, b)) == entries[a - 1:b]
+            assert list(j.read(a, b)) == entries[a - 1 : b]
         assert list(j.read(3001)) == []
         for i in range(3001, 3101):  # appends continue in the last segment / new ones
             j.append(i, term_for(i), payload_for(i))
@@ -144,7 +144,7 @@ def test_checkpoints_inside_big_segments(tmp_path: Path) -> None:
         for _ in range(40):
             a = rng.randint(1, 2500)
             b = a + rng.randint(0, 300)
-            assert list(j.read(a, b)) == entries[a - 1:b]
+            assert list(j.read(a, b)) == entries[a - 1 : b]
             assert list(j.read(a, a)) == [entries[a - 1]]
         assert list(j.read(1)) == entries
     assert len(seg_files(folder)) == 3
@@ -330,7 +330,10 @@ def test_torn_tail_cut_at_random_positions(tmp_path: Path, caplog: pytest.LogCap
     last_off, last_index, _, _, last_end = parse(last_seg)[-1]
     assert last_index == len(entries)
     rng = random.Random(1234)
-    cuts = sorted({rng.randint(last_off + 1, last_end - 1) for _ in range(25)} | {last_off + 1, last_off + 23, last_off + 24, last_end - 1})
+    cuts = sorted(
+        {rng.randint(last_off + 1, last_end - 1) for _ in range(25)}
+        | {last_off + 1, last_off + 23, last_off + 24, last_end - 1}
+    )
     for k, cut in enumerate(cuts):
         folder = tmp_path / f"cut{k}"
         shutil.copytree(base, folder)
@@ -715,8 +718,12 @@ def test_random_operations_against_a_model(tmp_path: Path) -> None:
         first, last, term = 1, 0, 1
 
         def open_() -> Journal:
-            return Journal.open(folder, segment_max_bytes=rng.choice([300, 1000, 5000]),
-                                tail_cache_bytes_max=rng.choice([0, 500, 1 << 20]), fsync=rng.random() < 0.5)
+            return Journal.open(
+                folder,
+                segment_max_bytes=rng.choice([300, 1000, 5000]),
+                tail_cache_bytes_max=rng.choice([0, 500, 1 << 20]),
+                fsync=rng.random() < 0.5,
+            )
 
         j = open_()
         try:
@@ -820,7 +827,9 @@ def test_append_wait_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         assert j.last_index == 1
 
 
-def test_writer_failure_is_reported_never_hidden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_writer_failure_is_reported_never_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     j = Journal.open(tmp_path / "j")
 
     def failing(fd: int) -> None:

@@ -21,8 +21,14 @@ PAYLOAD = b"\x03"  # wire.CMD_PAYLOAD
 
 
 def header(index: int, term: int = 2) -> SnapshotHeader:
-    return SnapshotHeader("g", index, term, (PAYLOAD + b"prev", index - 1, term), (PAYLOAD + b"last", index, term),
-                          [("n1", "127.0.0.1", 7001), ("n2", "127.0.0.1", 7002)])
+    return SnapshotHeader(
+        "g",
+        index,
+        term,
+        (PAYLOAD + b"prev", index - 1, term),
+        (PAYLOAD + b"last", index, term),
+        [("n1", "127.0.0.1", 7001), ("n2", "127.0.0.1", 7002)],
+    )
 
 
 def test_a_snapshot_file_round_trips_and_a_damaged_one_is_refused(tmp_path):

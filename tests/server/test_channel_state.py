@@ -27,9 +27,21 @@ ACK, REQUEUE, DISCARD = "ack", "requeue", "discard"  # the shell passes queue co
 
 def snapshot(state: ChannelState) -> tuple:
     """Everything the state holds, comparable: a refused method must leave all of it as it was."""
-    return (state.next_delivery_tag, list(state.unacked.items()), state.prefetch_count, state.prefetch_count_global,
-            state.flow_active, list(state.held), state.holding, state.confirm, state.publish_seq,
-            state.confirmed_upto, state.tx, list(state.tx_publishes), [(k, list(t)) for k, t in state.tx_settles])
+    return (
+        state.next_delivery_tag,
+        list(state.unacked.items()),
+        state.prefetch_count,
+        state.prefetch_count_global,
+        state.flow_active,
+        list(state.held),
+        state.holding,
+        state.confirm,
+        state.publish_seq,
+        state.confirmed_upto,
+        state.tx,
+        list(state.tx_publishes),
+        [(k, list(t)) for k, t in state.tx_settles],
+    )
 
 
 def refused(state: ChannelState, call, *args) -> ChannelError:
@@ -317,7 +329,7 @@ class Model:
         taken, prefix = [], []
         for i, (current, entry) in enumerate(self.outstanding):
             if current == tag:
-                self.outstanding = prefix + self.outstanding[i + 1:]
+                self.outstanding = prefix + self.outstanding[i + 1 :]
                 return taken + [(current, entry)]
             (taken if multiple else prefix).append((current, entry))
         raise ChannelError(406, f"unknown delivery tag {tag}")
@@ -384,11 +396,18 @@ class ChannelStateModel(RuleBasedStateMachine):
             assert not (self.model.limit and len(self.model.outstanding) >= self.model.limit)
             assert item == self.model.held.pop(0)
             self.write(item[2])
-        assert not self.model.held or not self.model.flow or \
-            (self.model.limit and len(self.model.outstanding) >= self.model.limit)
+        assert (
+            not self.model.held
+            or not self.model.flow
+            or (self.model.limit and len(self.model.outstanding) >= self.model.limit)
+        )
 
-    @rule(kind=st.sampled_from([ACK, REQUEUE, DISCARD]), multiple=st.booleans(), data=st.data(),
-          pick=st.sampled_from(["outstanding", "outstanding", "outstanding", "settled", "zero", "future", "no-ack"]))
+    @rule(
+        kind=st.sampled_from([ACK, REQUEUE, DISCARD]),
+        multiple=st.booleans(),
+        data=st.data(),
+        pick=st.sampled_from(["outstanding", "outstanding", "outstanding", "settled", "zero", "future", "no-ack"]),
+    )
     def settle(self, kind, multiple, pick, data):
         model = self.model
         if pick == "outstanding" and model.outstanding:
@@ -440,7 +459,9 @@ class ChannelStateModel(RuleBasedStateMachine):
     @rule()
     def confirm_select(self):
         if self.model.tx:
-            self.expect_refusal(self.state.confirm_select, (), ChannelError(406, "cannot switch from tx to confirm mode"))
+            self.expect_refusal(
+                self.state.confirm_select, (), ChannelError(406, "cannot switch from tx to confirm mode")
+            )
             return
         self.state.confirm_select()
         self.model.confirm = True
@@ -505,8 +526,10 @@ class ChannelStateModel(RuleBasedStateMachine):
     @rule(which=st.integers(0, 2))
     def take_held(self, which):
         """A consumer goes: its held deliveries (here: those whose index is `which` mod 3) leave."""
+
         def select(item):
             return item[1] % 3 == which
+
         taken = self.state.take_held(select)
         assert taken == [item for item in self.model.held if select(item)]
         self.model.held = [item for item in self.model.held if not select(item)]
@@ -521,8 +544,12 @@ class ChannelStateModel(RuleBasedStateMachine):
         assert state.next_delivery_tag == model.next_tag
         assert list(state.held) == model.held
         assert state.holding == model.must_hold()
-        assert (state.tx, state.confirm, state.publish_seq, state.confirmed_upto) == \
-            (model.tx, model.confirm, model.publish_seq, model.confirmed_upto)
+        assert (state.tx, state.confirm, state.publish_seq, state.confirmed_upto) == (
+            model.tx,
+            model.confirm,
+            model.publish_seq,
+            model.confirmed_upto,
+        )
 
     @invariant()
     def each_delivery_settled_at_most_once_and_in_one_place(self):

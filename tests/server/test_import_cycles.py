@@ -95,6 +95,8 @@ def test_no_import_cycles():
 
 
 def test_channel_does_not_load_session_and_channel_state_loads_no_trio():
-    code = ("import sys, maxq_raft.server.channel_state as s; assert 'trio' not in sys.modules, 'trio'; "
-            "import maxq_raft.server.channel; assert 'maxq_raft.server.session' not in sys.modules, 'session'")
+    code = (
+        "import sys, maxq_raft.server.channel_state as s; assert 'trio' not in sys.modules, 'trio'; "
+        "import maxq_raft.server.channel; assert 'maxq_raft.server.session' not in sys.modules, 'session'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

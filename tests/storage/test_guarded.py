@@ -109,8 +109,12 @@ class GuardAgainstModel(RuleBasedStateMachine):
 
     # -- writes ----------------------------------------------------------------------------
 
-    @rule(queue_id=queue_ids, puts=st.lists(st.tuples(seqs, records), max_size=4),
-          deletes=st.lists(seqs, max_size=3), meta=st.dictionaries(meta_keys, st.one_of(st.none(), records), max_size=2))
+    @rule(
+        queue_id=queue_ids,
+        puts=st.lists(st.tuples(seqs, records), max_size=4),
+        deletes=st.lists(seqs, max_size=3),
+        meta=st.dictionaries(meta_keys, st.one_of(st.none(), records), max_size=2),
+    )
     def write(self, queue_id, puts, deletes, meta):
         self.guard.write([(queue_id, s, r) for s, r in puts], [(queue_id, s) for s in deletes], meta or None)
         for seq, record in puts:
@@ -196,7 +200,7 @@ class GuardAgainstModel(RuleBasedStateMachine):
             return
         # The disk as a reopen would at least find it: only its fsynced writes.
         view = Disk()
-        view.ops = list(self.disk.ops[:self.disk.durable])
+        view.ops = list(self.disk.ops[: self.disk.durable])
         on_disk = DiskLike(view, len(view.ops))
         synced_queues, synced_meta = self.synced_model
         if self.guard.failure is None and not self.guard.unsynced_writes and self.pending_mark is None:

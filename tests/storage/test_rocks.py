@@ -110,8 +110,9 @@ CRASHING_WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("mode", ["wal", "nowal"])
 def test_crash_after_flush(tmp_path, mode):
     path = tmp_path / "store"
-    subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(path), mode], check=True,
-                   cwd=tmp_path, timeout=SUBPROCESS_TIMEOUT_S)
+    subprocess.run(
+        [sys.executable, "-c", CRASHING_WRITER, str(path), mode], check=True, cwd=tmp_path, timeout=SUBPROCESS_TIMEOUT_S
+    )
     with RocksSegmentStore(path, wal=mode == "wal") as store:
         records = store.scan(1, 0, 1000)
         assert records[:100] == [(seq, b"flushed-%d" % seq) for seq in range(100)]
@@ -210,7 +211,7 @@ def test_damaged_sst_file_is_reported_with_its_name(tmp_path):
     sst = max((e for e in os.scandir(path) if e.name.endswith(".sst")), key=lambda e: e.stat().st_size).path
     with open(sst, "r+b") as f:  # clobber bytes inside the first data blocks
         f.seek(5000)
-        f.write(b"\xAA" * 64)
+        f.write(b"\xaa" * 64)
     with RocksSegmentStore(path, wal=False) as store:
         # rocksdict's items() would just stop here; scan() must raise, naming the file.
         with pytest.raises(StoreCorruption, match=r"block checksum mismatch.*\.sst") as caught:

@@ -56,7 +56,7 @@ def test_scan_is_ascending_whatever_the_write_order(store):
     seqs = list(range(200))
     random.Random(7).shuffle(seqs)
     for start in range(0, 200, 50):
-        store.put_batch([(4, seq, b"%d" % seq) for seq in seqs[start:start + 50]])
+        store.put_batch([(4, seq, b"%d" % seq) for seq in seqs[start : start + 50]])
     assert all_records(store, 4) == [(seq, b"%d" % seq) for seq in range(200)]
 
 
@@ -74,8 +74,16 @@ def test_scan_from_and_limit(store):
 
 def test_queues_never_bleed_into_each_other(store):
     # Adjacent key ranges: the last possible key of queue 1 is right before queue 2's first.
-    store.put_batch([(0, U64_MAX, b"q0-last"), (1, 0, b"q1-first"), (1, U64_MAX, b"q1-last"),
-                     (2, 0, b"q2-first"), (2, 1, b"q2-second"), (U64_MAX, 0, b"qmax")])
+    store.put_batch(
+        [
+            (0, U64_MAX, b"q0-last"),
+            (1, 0, b"q1-first"),
+            (1, U64_MAX, b"q1-last"),
+            (2, 0, b"q2-first"),
+            (2, 1, b"q2-second"),
+            (U64_MAX, 0, b"qmax"),
+        ]
+    )
     assert all_records(store, 1) == [(0, b"q1-first"), (U64_MAX, b"q1-last")]
     assert store.scan(1, 1, 10) == [(U64_MAX, b"q1-last")]
     assert all_records(store, 2) == [(0, b"q2-first"), (1, b"q2-second")]
@@ -178,9 +186,15 @@ def test_ids_out_of_range_are_rejected_before_any_write(store, bad):
     with pytest.raises((ValueError, TypeError)):
         store.put_batch([(1, 2, b"good"), (1, bad, b"bad")])
     assert store.get(1, 1) is None and store.get(1, 2) is None
-    for call in (lambda: store.get(bad, 0), lambda: store.get(0, bad), lambda: store.scan(bad, 0, 1),
-                 lambda: store.bounds(bad), lambda: store.delete(1, [bad]), lambda: store.delete_range(bad, 0, 1),
-                 lambda: store.drop_queue(bad)):
+    for call in (
+        lambda: store.get(bad, 0),
+        lambda: store.get(0, bad),
+        lambda: store.scan(bad, 0, 1),
+        lambda: store.bounds(bad),
+        lambda: store.delete(1, [bad]),
+        lambda: store.delete_range(bad, 0, 1),
+        lambda: store.drop_queue(bad),
+    ):
         with pytest.raises((ValueError, TypeError)):
             call()
 
@@ -202,8 +216,15 @@ def test_flush_then_everything_still_readable(store):
 def test_closed_store_refuses_calls(store):
     store.close()
     store.close()  # idempotent
-    for call in (lambda: store.get(1, 1), lambda: store.put_batch([(1, 1, b"")]), lambda: store.scan(1, 0, 1),
-                 lambda: store.bounds(1), lambda: store.queue_ids(), lambda: store.get_meta("m"), lambda: store.flush()):
+    for call in (
+        lambda: store.get(1, 1),
+        lambda: store.put_batch([(1, 1, b"")]),
+        lambda: store.scan(1, 0, 1),
+        lambda: store.bounds(1),
+        lambda: store.queue_ids(),
+        lambda: store.get_meta("m"),
+        lambda: store.flush(),
+    ):
         with pytest.raises(StoreClosed):
             call()
 
@@ -221,9 +242,11 @@ def _write_raw(store, queue_id, seq, value):
 def test_get_and_scan_verify_checksums(store, damage):
     store.put_batch([(3, seq, b"body-%d" % seq) for seq in range(40, 45)])
     good = encode_value(pack_key(3, 42), b"body-42")
-    bad = {"flip": good[:6] + bytes([good[6] ^ 0x10]) + good[7:],
-           "truncate": good[:3],
-           "other-key": encode_value(pack_key(3, 43), b"body-42")}[damage]
+    bad = {
+        "flip": good[:6] + bytes([good[6] ^ 0x10]) + good[7:],
+        "truncate": good[:3],
+        "other-key": encode_value(pack_key(3, 43), b"body-42"),
+    }[damage]
     _write_raw(store, 3, 42, bad)
     with pytest.raises(CorruptRecord) as caught:
         store.get(3, 42)

@@ -48,9 +48,7 @@ def make_router(exchange_type: str) -> Router:
     return EXCHANGE_TYPES[exchange_type]()
 
 
-def validate_binding_arguments(
-    exchange_type: str, arguments: Mapping[str, object] | None
-) -> str | None:
+def validate_binding_arguments(exchange_type: str, arguments: Mapping[str, object] | None) -> str | None:
     """The text of RabbitMQ's 406 PRECONDITION_FAILED for a binding with these arguments, or
     None if they are acceptable. KeyError if the type is unknown, as for `make_router`.
 

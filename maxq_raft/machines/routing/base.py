@@ -108,10 +108,7 @@ class Binding:
         self.seq = seq
 
     def __repr__(self) -> str:
-        return (
-            f"Binding({self.destination!r}, {self.routing_key!r}, {self.arguments!r}, "
-            f"seq={self.seq})"
-        )
+        return f"Binding({self.destination!r}, {self.routing_key!r}, {self.arguments!r}, seq={self.seq})"
 
 
 def distinct_destinations(bindings: Iterable[Binding]) -> list[str]:
@@ -145,9 +142,7 @@ class Router:
         any arguments."""
         return None
 
-    def add(
-        self, destination: str, routing_key: str, arguments: Mapping[str, object] | None
-    ) -> bool:
+    def add(self, destination: str, routing_key: str, arguments: Mapping[str, object] | None) -> bool:
         """Bind; False if this exact (destination, routing_key, arguments) is already bound."""
         identity = _identity(destination, routing_key, arguments)
         if identity in self._bindings:
@@ -159,9 +154,7 @@ class Router:
         self._index_add(binding)
         return True
 
-    def remove(
-        self, destination: str, routing_key: str, arguments: Mapping[str, object] | None
-    ) -> bool:
+    def remove(self, destination: str, routing_key: str, arguments: Mapping[str, object] | None) -> bool:
         """Unbind; False if no such binding exists."""
         binding = self._bindings.get(_identity(destination, routing_key, arguments))
         if binding is None:
@@ -237,7 +230,5 @@ class Router:
             del self._by_destination[binding.destination]
 
 
-def _identity(
-    destination: str, routing_key: str, arguments: Mapping[str, object] | None
-) -> BindingIdentity:
+def _identity(destination: str, routing_key: str, arguments: Mapping[str, object] | None) -> BindingIdentity:
     return (destination, routing_key, canonical_arguments(arguments))

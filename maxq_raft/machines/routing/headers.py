@@ -65,8 +65,7 @@ def _compile(binding: Binding) -> _Spec:
     return _Spec(binding, is_all, pattern)
 
 
-def headers_match(spec_is_all: bool, pattern: list[tuple[str, object]],
-                  headers: Mapping[str, object]) -> bool:
+def headers_match(spec_is_all: bool, pattern: list[tuple[str, object]], headers: Mapping[str, object]) -> bool:
     """RabbitMQ's headers_match/5 for one compiled binding. Its merge over key-sorted tables
     is a lookup per binding key here; both stop at the first decisive key."""
     if spec_is_all:
@@ -146,14 +145,12 @@ class HeadersRouter(Router):
             if text in _X_MATCH_KINDS:
                 return None
             return (
-                f"Invalid x-match field value {format_erlang_term(value)}; "
-                "expected all, any, all-with-x, or any-with-x"
+                f"Invalid x-match field value {format_erlang_term(value)}; expected all, any, all-with-x, or any-with-x"
             )
         if isinstance(value, (bytes, bytearray, memoryview)):
             # A longstr that is not UTF-8 cannot be one of the four kinds.
             return (
-                f"Invalid x-match field value {format_erlang_term(value)}; "
-                "expected all, any, all-with-x, or any-with-x"
+                f"Invalid x-match field value {format_erlang_term(value)}; expected all, any, all-with-x, or any-with-x"
             )
         return (
             f"Invalid x-match field type {_field_type_name(value)} "
@@ -230,8 +227,15 @@ def _field_type_name(value: object) -> str:
 
 
 _ERLANG_ESCAPES: Final = {
-    '"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-    "\v": "\\v", "\b": "\\b", "\f": "\\f", "\x1b": "\\e",
+    '"': '\\"',
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\x1b": "\\e",
 }
 
 
@@ -255,14 +259,11 @@ def format_erlang_term(value: object) -> str:
         return _format_binary(_longstr_bytes(value) or b"")
     if isinstance(value, Mapping):
         items = ",".join(
-            f"{{{format_erlang_term(k)},{_field_type_name(v)},{format_erlang_term(v)}}}"
-            for k, v in value.items()
+            f"{{{format_erlang_term(k)},{_field_type_name(v)},{format_erlang_term(v)}}}" for k, v in value.items()
         )
         return f"[{items}]"
     if isinstance(value, (list, tuple)):
-        items = ",".join(
-            f"{{{_field_type_name(v)},{format_erlang_term(v)}}}" for v in value
-        )
+        items = ",".join(f"{{{_field_type_name(v)},{format_erlang_term(v)}}}" for v in value)
         return f"[{items}]"
     return repr(value)
 
