@@ -15,14 +15,18 @@ that life (1, 2, ...), and every replica applies an origin's entries in that ord
 
 This is replicated state: every replica decides alike from the same log, and a snapshot carries
 it (`dump`/`load`). Dicts only, no sets: iteration order is the same on every replica.
-Entries with seq 0 are not sequenced and are applied as they come (the caller's business).
+Entries with seq 0 are not sequenced and are applied as they come.
+
+`apply_committed` is the loop every replica runs for each committed entry (server/cluster.py,
+and the seeded simulation in tests/sim/): admit it, apply it, then apply the held ones it unblocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ApplyOrder"]
+__all__ = ["ApplyOrder", "apply_committed"]
 
 
 class ApplyOrder:
@@ -102,3 +106,28 @@ class ApplyOrder:
         """A comparable summary, for replicas that must agree (tests, simulation)."""
         return (tuple(sorted(self.expected.items())), tuple(sorted((o, tuple(sorted(h))) for o, h in self.held.items())),
                 tuple(sorted(self.dead)))
+
+
+def apply_committed(order: ApplyOrder, origin: str, seq: int, item: Any, entry: Any,
+                    apply_one: Callable[[Any], None], decode: Callable[[Any], Any]) -> int:
+    """Apply one committed entry in its origin's order; returns how many entries were applied.
+
+    `item` is the entry as committed (kept as it is if it came early, so a snapshot carries it),
+    `entry` the same decoded; `apply_one(entry)` applies a decoded entry to the machines, and
+    `decode(item)` decodes a held one once it is due. 0: a copy of one applied already, one that
+    came early (held now), or one of a life declared dead (the caller may want to know which:
+    `order.is_dead(origin)`). Seq 0: not sequenced, applied as it comes."""
+    if not seq:
+        apply_one(entry)
+        return 1
+    if not order.admit(origin, seq, item):
+        return 0
+    apply_one(entry)
+    applied = 1
+    for _ in range(len(order.held.get(origin, ()))):  # bounded: each turn applies a held one
+        waiting = order.next_due(origin)
+        if waiting is None:
+            break
+        apply_one(decode(waiting))
+        applied += 1
+    return applied

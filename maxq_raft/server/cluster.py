@@ -44,6 +44,7 @@ import trio
 from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.apply_order import apply_committed
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import Meta, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
@@ -356,24 +357,16 @@ class ClusterLog(CommandLog):
                 log.error("%s: entry %d skipped: %s", group, index, exc)
                 continue
             origin, seq = entry.origin, entry.seq
-            if not seq:  # not sequenced (nothing of ours proposes these): as it comes
-                self._apply_entry(group, index, entry)
-                continue
-            if order.is_dead(origin):
+            if seq and order.is_dead(origin):
                 if origin == self.origin:
                     # The cluster declared this life gone, in an entry this member never applied
                     # (it came inside a snapshot): nothing of this life will be applied again.
                     log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
                     self._cut_off()
                 continue
-            if not order.admit(origin, seq, payload):  # raw: a snapshot carries a held one as it came
-                continue
-            self._apply_entry(group, index, entry)
-            for _ in range(len(order.held.get(origin, ()))):  # bounded: each turn applies a held one
-                waiting = order.next_due(origin)
-                if waiting is None:
-                    break
-                self._apply_entry(group, index, decode_entry(waiting))
+            # (the payload as it came: a snapshot carries a held one raw)
+            apply_committed(order, origin, seq, payload, entry, lambda e: self._apply_entry(group, index, e),
+                            decode_entry)
         if self.log_bytes_since.get(group, 0) >= self.snapshot_next_try.get(group, self.snapshot_every_bytes):
             self._maybe_snapshot(group)
 
