@@ -7,8 +7,8 @@ So every entry names its origin (a node and one life of its process) and a seque
 that life (1, 2, ...), and every replica applies an origin's entries in that order, each once:
 
 - `admit(origin, seq, item)`: True when the entry is the origin's next: apply it now (and then
-  ask `next_due` for the ones it unblocks). A copy of one already applied is skipped; one that
-  came early is held (`item` is kept as given, e.g. the raw payload, so a snapshot carries it);
+  ask `next_due` for the ones it unblocks). A copy of one already applied or held is skipped
+  (the first committed copy of a seq counts); one that came early is held (`item` is kept as given, e.g. the raw payload, so a snapshot carries it);
   an entry of a life declared dead is skipped.
 - `lives_down(prefix, keep)`: a node went (its `Down`): its lives other than `keep` are dead from
   here on, and what they had held is dropped (never applied here, so never confirmed to anyone).
@@ -46,7 +46,14 @@ class ApplyOrder:
             self.duplicates += 1
             return False
         if seq > next_seq:
-            self.held.setdefault(origin, {})[seq] = item
+            waiting = self.held.setdefault(origin, {})
+            if seq in waiting:
+                # A copy of one held already: the first committed counts, here as when applied
+                # (a tombstone filling the seq of an entry given up on, or that entry committing
+                # after all: whichever came first). Replacing it would lose a committed entry.
+                self.duplicates += 1
+                return False
+            waiting[seq] = item
             self.held_count += 1
             return False
         self.expected[origin] = next_seq + 1
