@@ -25,8 +25,9 @@ Nodes that go: consumers are owned by "node@connection/channel". A node that sta
 `Down("node@")` in every shard before it serves (its consumers of an earlier life go, their
 unacked messages come back redelivered); the metadata leader commits the same for a member it
 has not heard from for NODE_DOWN_AFTER_S. Shard leaders are spread over the members (a member
-leading more than its share hands one over every BALANCE_EVERY_S), so the leaders' work is too. A node that finds its own name downed by another (it was
-cut off, and the others moved on) closes its client connections: they reconnect and start over.
+leading more than its share hands one over every BALANCE_EVERY_S), so the leaders' work is too.
+A node whose current life such a Down ended in any group (it was cut off, and the others moved
+on) starts a new life and closes its client connections: they reconnect and start over.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from ..machines.apply_order import apply_committed
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import Meta, QueueMachine, Rejected
 from ..machines.queue_args import settings_or_default
-from ..machines.shard import ALL_QUEUES
+from ..machines.shard import ALL_QUEUES, ends_life
 from ..replication.entries import EntryError, decode_entry, encode_entry
 from . import cluster_snapshot
 from .applier import Applier
@@ -486,10 +487,13 @@ class ClusterLog(CommandLog):
                 self._complete(own, None)
 
     def lives_down(self, effect) -> None:
-        """A node's lives were declared dead in a group: if it is this node's name and another
-        life of it did so (it was cut off and the others moved on), start a new life."""
-        if (effect.prefix == self.node_id + "@" and not effect.origin.startswith(effect.prefix)
-                and effect.group == self.shards[0]):
+        """A node's lives were declared dead in a group: if that ended this life there (the
+        others declared this node gone and moved on), start a new life. Heeded in any group:
+        the Downs of one declaration commit in each group at its own pace, and one that comes
+        after this node's new life had entries in that group ends the new life there too and
+        takes its consumers (found by tests/sim: before, only shard-0's was heeded, and the
+        node kept serving a consumer its queue no longer had)."""
+        if ends_life(effect, self.origin, self.broker.groups[effect.group].order):
             self._cut_off()
 
     def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:

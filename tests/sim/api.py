@@ -21,7 +21,7 @@ from maxq_raft.machines.apply_order import ApplyOrder, apply_committed
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import Deliver, Message, Meta, Rejected
 from maxq_raft.machines.queue_args import settings_or_default
-from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine
+from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine, ends_life
 from maxq_raft.machines.snapshot import dump_queue
 from maxq_raft.replication.entries import decode_entry, encode_entry
 from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
@@ -32,7 +32,7 @@ from maxq_raft.storage.memory import MemorySegmentStore
 __all__ = [
     "qc", "md", "ApplyOrder", "apply_committed", "make_queue_machine", "Deliver", "Message", "Meta",
     "Rejected", "settings_or_default", "ALL_QUEUES", "LivesDown", "MetaGroup", "QueueAdded",
-    "ShardMachine", "dump_queue", "decode_entry", "encode_entry", "dump_group", "load_group_body",
+    "ShardMachine", "ends_life", "dump_queue", "decode_entry", "encode_entry", "dump_group", "load_group_body",
     "QueueBacking", "dump_metadata", "MemorySegmentStore", "META_GROUP", "VHOST", "shard_of",
 ]
 

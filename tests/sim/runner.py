@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, md, qc, shard_of
+from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, ends_life, md, qc, shard_of
 from .checks import Ledger, SimFailure, check_agreement, check_consumers
 from .fake_log import FakeLog
 from .proposer import Node
@@ -131,7 +131,6 @@ class World:
         node.replica = replica
         prefix = node.name + "@"
         get_prefix = "get:" + prefix
-        first_shard = self.shards[0]
 
         def observe(group: str, index: int, entry: Any, target: Any, command: Any, reply: Any, effects: list) -> None:
             for effect in effects:
@@ -140,9 +139,8 @@ class World:
                     if effect.consumer_id.startswith(prefix):
                         node.on_deliver(effect.consumer_id, effect.message.seq)
                 elif kind is LivesDown:
-                    # ClusterLog.lives_down: another node declared this one's lives dead.
-                    if (effect.prefix == prefix and not effect.origin.startswith(prefix)
-                            and effect.group == first_shard):
+                    # ClusterLog.lives_down: did that end this node's life there?
+                    if ends_life(effect, node.life, replica.broker.groups[group].order):
                         node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
             if type(command) is qc.Checkout and entry.origin == node.life:
                 node.on_checkout(group, entry.seq, command.consumer_id, reply is True)

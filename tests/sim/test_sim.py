@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 # scripted tests below); after such a change, plant the bug again and pick its seed anew.
 REGRESSION_SEEDS = {
     47: "a held entry was replaced by a later tombstone of its seq; the committed publish was lost",
+    9037: "a Down of a node declared down that came late in a shard other than shard-0 took its new "
+          "life's consumer, and the node did not notice",
 }
 
 
@@ -89,6 +91,32 @@ def declare_down(world: World, judge: Node, node: Node) -> dict:
     for group in world.shards:
         downs[group] = judge.submit(group, [(ALL_QUEUES, qc.Down(prefix))])
     return downs
+
+
+def test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too():
+    """Found by the simulation (seed 3193 of its first version): n1 declares n2 down; shard-0's Down applies and n2 starts a new life, whose
+    client consumes from a queue of shard-1; shard-1's Down (retried after a leader change)
+    commits after that consume and takes the consumer. n2 must notice (its new life is dead in
+    shard-1) and start again, closing the channel, rather than serve a consumer that is gone."""
+    world = scripted()
+    n1, n2 = world.nodes
+    key = queue_in(world, "shard-1")
+    n1.submit("shard-1", [(key, qc.Create(False, {}))])
+    world.settle()
+    downs = declare_down(world, n1, n2)
+    lose(world, downs["shard-1"], "not leader")
+    first = n2.life
+    world.settle()
+    assert n2.life != first, "shard-0's Down cut n2 off"
+    second = n2.life
+    channel, view = consume(world, n2, key)
+    world.settle()
+    assert view.confirmed
+    n1.retry()
+    world.settle()
+    assert n2.life not in (first, second) and channel.owner not in n2.channels
+    world.drain()
+    world.final_checks()
 
 
 # --------------------------------------------------------------------- the simulation itself
