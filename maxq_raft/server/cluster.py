@@ -523,6 +523,14 @@ class ClusterLog(CommandLog):
         in_flight, self.in_flight = self.in_flight, {}
         for entry in in_flight.values():
             self._complete(entry, "timeout")
+        # The channel and connection clean-ups among them go again from the new life, as when an
+        # entry is given up (_proposed): the old life's entries may never be applied where it
+        # was not declared dead, and a consumer whose channel closed would stay registered for
+        # good, taking its share of the messages (found by tests/sim).
+        for entry in in_flight.values():
+            for target, command, _request in entry.items:
+                if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"):
+                    self.submit(target, command, None, group=entry.group)
 
     def _close_sessions(self, reason: str) -> None:
         for session in list(self.broker.sessions.values()):

@@ -140,8 +140,16 @@ class Node:
         for proposal in in_flight.values():
             self._complete(proposal, "timeout")
         # The sessions close (server/session.py): each releases its consumers in the queues it
-        # used, `Down("node@session/channel")`, proposed by the new life.
+        # used, `Down("node@session/channel")`, proposed by the new life; and the clean-ups that
+        # were in flight go again (ClusterLog._cut_off).
         by_group: dict[str, list] = {}
+        for proposal in in_flight.values():
+            for target, command in proposal.items:
+                if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"):
+                    by_group.setdefault(proposal.group, []).append((target, command))
+        for group, items in by_group.items():
+            self.submit(group, items)
+        by_group = {}
         for channel in channels.values():
             for group, target, command in self.closing(channel):
                 by_group.setdefault(group, []).append((target, command))

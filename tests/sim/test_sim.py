@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 # scripted tests below); after such a change, plant the bug again and pick its seed anew.
 REGRESSION_SEEDS = {
     47: "a held entry was replaced by a later tombstone of its seq; the committed publish was lost",
+    3156: "channel clean-ups in flight when a node was cut off were lost with its old life: a consumer "
+          "stayed registered for good",
     9037: "a Down of a node declared down that came late in a shard other than shard-0 took its new "
           "life's consumer, and the node did not notice",
 }
@@ -117,6 +119,34 @@ def test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too():
     assert n2.life not in (first, second) and channel.owner not in n2.channels
     world.drain()
     world.final_checks()
+
+
+def test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life():
+    """Found by the simulation (seed 3156 of its first version): n1's client closes a channel (its Down is in flight) just as n2 declares n1
+    down; shard-1's node Down is given up (node Downs are not proposed again), and the channel's
+    Down, an entry of the life that was cut off, never commits. Unless the new life proposes the
+    clean-up again, the consumer stays registered for good."""
+    world = scripted()
+    n1, n2 = world.nodes
+    key = queue_in(world, "shard-1")
+    n1.submit("shard-1", [(key, qc.Create(False, {}))])
+    world.settle()
+    channel, view = consume(world, n1, key)
+    world.settle()
+    assert view.confirmed
+    del n1.channels[channel.owner]
+    close = n1.submit("shard-1", [(key, qc.Down(channel.owner))])
+    downs = declare_down(world, n2, n1)
+    world.now_ms += world.outcome_wait_ms  # n2 gives up on shard-1's Down at its first failure
+    lose(world, downs["shard-1"], "not leader")
+    assert downs["shard-1"].outcome == "not leader"
+    first = n1.life
+    world.settle([META_GROUP, "shard-0"])
+    assert n1.life != first
+    lose(world, close, "not leader")  # (heard by a life that is over: ignored)
+    world.drain()
+    world.final_checks()
+    assert not world.witness.consumers("shard-1", key)
 
 
 # --------------------------------------------------------------------- the simulation itself
