@@ -13,7 +13,9 @@ Theory of operation: two kinds of checks, in pairs.
    - after each committed entry, every number the entry's queues held before or got from it is
      still held exactly once (in any place of the queue: ready, returned, with a consumer ...)
      or it left with a licence from that entry: an ack or reject naming its seq, a delivery to a
-     no-ack consumer or a no-ack basic.get, a purge; and a number that left never comes back;
+     no-ack consumer or a no-ack basic.get, a purge, or the queue's own count of what it dropped
+     (expired, over x-max-length or x-delivery-limit) going up as much; and a number that left
+     never comes back;
    - what callers heard: a proposal answered "ok" had its messages enqueued (exactly once); one
      answered with a definite error ("not leader", "busy": no attempt can have been appended)
      never has them enqueued;
@@ -86,6 +88,7 @@ class Ledger:
         self.queue_of: dict[int, tuple[str, str]] = {}  # number -> its queue
         self.held: dict[tuple[str, str], frozenset] = {}  # queue -> numbers it held after the last entry
         self.gone: dict[int, str] = {}  # number -> why it left
+        self.dropped: dict[tuple[str, str], int] = {}  # queue -> its count of dropped messages
         self.no_ack: dict[tuple[tuple[str, str], str], bool] = {}  # (queue, consumer id) -> no-ack?
         # Within one committed entry (and the held ones it releases):
         self.touched: dict[tuple[str, str], None] = {}
@@ -184,7 +187,7 @@ class Ledger:
         else:
             keys = [key for key in self.touched if key in witness.queues(group)]
         for key in keys:
-            numbers = witness.queue_state(group, key)[1]
+            _digest, numbers, dropped = witness.queue_state(group, key)
             now = frozenset(numbers)
             if len(now) != len(numbers):
                 doubles = sorted(n for n in now if numbers.count(n) > 1)
@@ -195,14 +198,24 @@ class Ledger:
                 why = self.gone.get(number)
                 raise SimFailure(f"m{number} appeared in queue {key[1]} from nowhere"
                                  + (f" (it had left: {why})" if why else ""))
+            drops = dropped - self.dropped.get(key, 0)  # what the queue says it dropped in this entry
+            unlicensed = []
             for number in before.union(entered).difference(now):
                 licence = self.licences.get(number)
-                if licence is None and key not in self.purged:
-                    raise SimFailure(f"m{number} left queue {key[1]} with no ack, no-ack delivery or purge: lost")
+                if licence is None:
+                    if key in self.purged:
+                        licence = "purged"
+                    else:
+                        unlicensed.append(number)
+                        licence = "dropped"
                 if number in self.gone:
                     raise SimFailure(f"m{number} left queue {key[1]} twice")
-                self.gone[number] = licence or "purged"
+                self.gone[number] = licence
+            if len(unlicensed) > drops:
+                raise SimFailure(f"{sorted(unlicensed)} left queue {key[1]} with no ack, no-ack delivery or purge, "
+                                 f"and the queue dropped only {drops} (expired, over a limit): lost")
             self.held[key] = now
+            self.dropped[key] = dropped
         self.touched.clear()
         self.entered.clear()
         self.licences.clear()
@@ -237,8 +250,8 @@ class Ledger:
                 raise SimFailure(f"m{number} of {proposal} was refused ({proposal.outcome}) yet enqueued")
 
 
-def new_messages(numbers: list[int], queue: str) -> list:
-    return [Message("", queue, b"", b"m%d" % n) for n in numbers]
+def new_messages(numbers: list[int], queue: str, ttl_ms: int | None = None, priority: int = 0) -> list:
+    return [Message("", queue, b"", b"m%d" % n, ttl_ms=ttl_ms, priority=priority) for n in numbers]
 
 
 def check_consumers(witness: Replica, nodes: list) -> None:

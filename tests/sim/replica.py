@@ -79,7 +79,7 @@ class Replica:
         # group -> the queues whose cached state is stale ({key: None}, or True: all of them)
         self._stale: dict[str, Any] = {group: True for group in shards}
         self._unchecked: dict[str, Any] = {group: True for group in shards}  # the same, for check_invariants
-        self._queue_cache: dict[str, dict[tuple[str, str], tuple[bytes, tuple[int, ...]]]] = {}
+        self._queue_cache: dict[str, dict[tuple[str, str], tuple[bytes, tuple[int, ...], int]]] = {}
         self._digests: dict[str, bytes] = {}
 
     def _make_queue(self, key: tuple[str, str], create: Any):
@@ -135,8 +135,9 @@ class Replica:
     def queues(self, group: str) -> dict:
         return self.broker.groups[group].queues
 
-    def queue_state(self, group: str, key: tuple[str, str]) -> tuple[bytes, tuple[int, ...]]:
-        """(digest, numbers of the messages it holds) of one queue, from its dump."""
+    def queue_state(self, group: str, key: tuple[str, str]) -> tuple[bytes, tuple[int, ...], int]:
+        """(digest, numbers of the messages it holds, how many it dropped) of one queue, from its
+        dump. (Dropped: expired, over its length limit or its delivery limit, rejected.)"""
         self._refresh(group)
         return self._queue_cache[group][key]
 
@@ -154,12 +155,13 @@ class Replica:
         for key in keys:
             records = list(dump_queue(queues[key]))
             numbers = []
+            dropped = sum(records[0][1]["dropped"].values())
             for record in records:
                 if record[0] == "messages" and record[1] in PRESENT_PLACES:
                     numbers.extend(message_number(m[4]) for m in record[3])
                 elif record[0] == "messages" and record[1] == "backoff":
                     numbers.extend(message_number(m[1][4]) for m in record[3])
-            cache[key] = (hashlib.blake2b(_pack(records), digest_size=16).digest(), tuple(numbers))
+            cache[key] = (hashlib.blake2b(_pack(records), digest_size=16).digest(), tuple(numbers), dropped)
         self._stale[group] = {}
 
     def consumers(self, group: str, key: tuple[str, str]) -> list[tuple[str, str, bool, int]]:

@@ -7,7 +7,9 @@ once the shard has it; publishes are `Enqueue`s of uniquely numbered messages (b
 to queues that exist; consumers attach (`Checkout`, ack or no-ack, with prefetch and a credit
 window), ack, requeue or reject what was delivered to them (`Settle`, `Requeue`, `Discard`),
 take credit (`Credit`), cancel, `Get`; a channel closes (`Down` of its owner in each queue it
-used); time passes for a queue (`Tick`); a queue is purged. An action may do a few operations
+used); time passes for a queue (`Tick`); a queue is purged. Each queue name has arguments for
+the run (TTL, length limits, priorities, a delivery limit with or without retry back-off, single
+active consumer) and some publishes carry a TTL and a priority. An action may do a few operations
 whose commands for one group go in one entry, as one scheduler pass of the server batches them.
 
 Clients act on what their node knows, which may be stale by the time their entry applies (an
@@ -32,6 +34,17 @@ TAGS = ("t1", "t2", "t3")  # few tags per channel, so a cancelled tag is often r
 CHANNELS_PER_NODE_MAX = 4
 OPERATIONS = ("declare", "record", "bind", "publish", "consume", "ack", "requeue", "reject", "cancel", "credit",
               "get", "close", "tick", "purge")
+# Queue features whose state the machines keep: their digests and the ledger cover them too.
+# (Not here: reject-publish overflow, x-expires, x-delay and dead-lettering, which the ledger
+# does not follow yet.)
+QUEUE_ARGUMENTS = (
+    (), (), (),
+    (("x-message-ttl", 0),), (("x-message-ttl", 50),), (("x-message-ttl", 1000),),
+    (("x-max-length", 3),), (("x-max-length-bytes", 10),),
+    (("x-max-priority", 5),), (("x-max-priority", 10), ("x-message-ttl", 100)),
+    (("x-delivery-limit", 1),), (("x-single-active-consumer", True),),
+    (("x-retry-backoff-ms", 20), ("x-delivery-limit", 3)),
+)
 BASE_WEIGHTS = {"declare": 2, "record": 1, "bind": 1, "publish": 12, "consume": 4, "ack": 8, "requeue": 2,
                 "reject": 1, "cancel": 1, "credit": 3, "get": 2, "close": 1, "tick": 2, "purge": 0.3}
 
@@ -47,6 +60,9 @@ class Workload:
         self.weights[OPERATIONS.index("publish")] += 1
         self.queue_count = rng.randint(1, len(QUEUE_NAMES))
         self.batch_max = rng.choice((1, 1, 2, 4))
+        # Each queue name's arguments for the run (a later Create of it changes nothing).
+        self.arguments = {name: dict(rng.choice(QUEUE_ARGUMENTS)) for name in QUEUE_NAMES}
+        self.message_ttl = rng.random() < 0.2  # some publishes carry an expiration
         self.messages_max = rng.choice((1, 3, 8))
         self._batch: dict[str, tuple[list, list]] = {}
 
@@ -97,7 +113,7 @@ class Workload:
 
     def _declare(self, node: Node) -> None:
         key = (VHOST, self.rng.choice(QUEUE_NAMES[:self.queue_count]))
-        self._add(self.world.group_of(key), key, qc.Create(False, {}))
+        self._add(self.world.group_of(key), key, qc.Create(False, self.arguments[key[1]]))
 
     def _record(self, node: Node) -> None:
         key = self._pick_queue()
@@ -118,7 +134,9 @@ class Workload:
             return
         group = self.world.group_of(key)
         numbers = [self.world.next_number() for _ in range(self.rng.randint(1, self.messages_max))]
-        self._add(group, key, qc.Enqueue(new_messages(numbers, key[1])), numbers)
+        ttl_ms = self.rng.choice((None, 0, 20, 300)) if self.message_ttl else None
+        messages = new_messages(numbers, key[1], ttl_ms, self.rng.choice((0, 0, 1, 5, 9)))
+        self._add(group, key, qc.Enqueue(messages), numbers)
 
     def _consume(self, node: Node) -> None:
         key = self._pick_queue()
