@@ -408,14 +408,19 @@ class Outcome:
     steps: int = 0
 
 
-def run_seed(seed: int, tracing: bool = False, steps: int | None = None) -> tuple[Outcome, World]:
-    world = World(seed, tracing=tracing, steps=steps)
-    try:
-        world.run()
-    except Exception as exc:  # an assertion of the machines, the glue's, or a check: all failures
-        if world.lines is not None:
-            world.lines.append(f"FAILED at step {world.step_no}: {type(exc).__name__}: {exc}")
-        return Outcome(seed, False, f"{type(exc).__name__}: {exc}", world.step_no), world
+def run_seed(seed: int, tracing: bool = False, steps: int | None = None,
+             plant: str | None = None) -> tuple[Outcome, World]:
+    """One seed; `plant`: with that bug put back (plants.py)."""
+    from .plants import planted
+
+    with planted(plant):
+        world = World(seed, tracing=tracing, steps=steps)
+        try:
+            world.run()
+        except Exception as exc:  # an assertion of the machines, the glue's, or a check: all failures
+            if world.lines is not None:
+                world.lines.append(f"FAILED at step {world.step_no}: {type(exc).__name__}: {exc}")
+            return Outcome(seed, False, f"{type(exc).__name__}: {exc}", world.step_no), world
     return Outcome(seed, True, "", world.step_no), world
 
 
@@ -423,21 +428,22 @@ def replay_command(seed: int) -> str:
     return f"python -m tests.sim --seed {seed}"
 
 
-def _run_range(args: tuple[int, int]) -> tuple[int, list[Outcome]]:
-    start, count = args
+def _run_range(args: tuple[int, int, str | None]) -> tuple[int, list[Outcome]]:
+    start, count, plant = args
     failures = []
     for seed in range(start, start + count):
-        outcome, _world = run_seed(seed)
+        outcome, _world = run_seed(seed, plant=plant)
         if not outcome.ok:
             failures.append(outcome)
     return count, failures
 
 
-def run_seeds(first: int, count: int, workers: int = 1, chunk: int = 500, progress=None) -> tuple[int, list[Outcome], float]:
+def run_seeds(first: int, count: int, workers: int = 1, chunk: int = 500, progress=None,
+              plant: str | None = None) -> tuple[int, list[Outcome], float]:
     """Seeds first .. first+count-1; returns (seeds run, failures, seconds). Worker processes
     are started here and always joined here (a pool in a `with`)."""
     started = time.monotonic()
-    chunks = [(s, min(chunk, first + count - s)) for s in range(first, first + count, chunk)]
+    chunks = [(s, min(chunk, first + count - s), plant) for s in range(first, first + count, chunk)]
     ran = 0
     failures: list[Outcome] = []
     if workers <= 1:

@@ -17,30 +17,48 @@ import pytest
 
 from .api import ALL_QUEUES, META_GROUP, VHOST, md, qc, shard_of
 from .checks import SimFailure
+from .plants import planted
 from .proposer import Channel, ConsumerView, Node
 from .runner import EVENTS, Config, World, replay_command, run_seed, run_seeds
 
+CI_SEEDS = 5000
+SEED_HELD, SEED_LIVES, SEED_CLEANUP = 47, 4976, 3156
 REPO = Path(__file__).resolve().parents[2]
 
 
-# Seeds that reproduce a bug found by the simulation (each fixed in its own commit) when the fix
-# is taken out. A change to the simulation changes what a seed draws, so each bug is also held
-# by a transcript that does not depend on the draws (tests/machines/test_apply_order.py, the
-# scripted tests below); after such a change, plant the bug again and pick its seed anew.
+def test_thousands_of_seeds():
+    workers = min(2, os.cpu_count() or 1)
+    ran, failures, seconds = run_seeds(0, CI_SEEDS, workers=workers)
+    print(f"\nsimulation: {ran} seeds, {len(failures)} failed, {seconds:.1f} s "
+          f"({ran / seconds:.0f} seeds/s, {workers} workers)")
+    assert ran == CI_SEEDS
+    assert not failures, "\n".join(f"seed {f.seed} (step {f.steps}): {f.error}\n  replay: {replay_command(f.seed)}"
+                                   for f in failures[:10])
+
+
+# Seeds that find a bug the simulation found (each fixed in its own commit): each fails with
+# the bug planted back (plants.py) and passes without it. A change to the simulation changes
+# what a seed draws; if a seed here stops finding its bug, pick another with
+# `python -m tests.sim --seeds 20000 --workers 2 --plant NAME`. The transcripts below and
+# tests/machines/test_apply_order.py hold the same bugs whatever the draws.
 REGRESSION_SEEDS = {
-    47: "a held entry was replaced by a later tombstone of its seq; the committed publish was lost",
-    3156: "channel clean-ups in flight when a node was cut off were lost with its old life: a consumer "
-          "stayed registered for good",
-    9037: "a Down of a node declared down that came late in a shard other than shard-0 took its new "
-          "life's consumer, and the node did not notice",
+    SEED_HELD: ("held-replaced", "a held entry was replaced by a later tombstone of its seq; the committed "
+                                 "publish was lost"),
+    SEED_LIVES: ("lives-down-shard-0", "a Down of a node declared down that came late in a shard other than "
+                                       "shard-0 took its new life's consumer, and the node did not notice"),
+    SEED_CLEANUP: ("cut-off-drops-clean-ups", "channel clean-ups in flight when a node was cut off were lost with "
+                                              "its old life: a consumer stayed registered for good"),
 }
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
 def test_regression_seed(seed):
+    plant, what = REGRESSION_SEEDS[seed]
     outcome, world = run_seed(seed, tracing=True)
-    assert outcome.ok, f"{REGRESSION_SEEDS[seed]}\n{outcome.error}\n  replay: {replay_command(seed)}\n" + \
+    assert outcome.ok, f"{what}\n{outcome.error}\n  replay: {replay_command(seed)}\n" + \
         "\n".join((world.lines or [])[-40:])
+    with_bug, _world = run_seed(seed, plant=plant)
+    assert not with_bug.ok, f"seed {seed} no longer finds {plant!r} ({what}): pick another (see above)"
 
 
 # ------------------------------------------------------------------ scripted transcripts
@@ -96,8 +114,8 @@ def declare_down(world: World, judge: Node, node: Node) -> dict:
 
 
 def test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too():
-    """Found by the simulation (seed 3193 of its first version): n1 declares n2 down; shard-0's Down applies and n2 starts a new life, whose
-    client consumes from a queue of shard-1; shard-1's Down (retried after a leader change)
+    """Found by the simulation (seed 3193 of its first version): n1 declares n2 down; shard-0's
+    Down applies and n2 starts a new life, whose client consumes from a queue of shard-1; shard-1's Down (retried after a leader change)
     commits after that consume and takes the consumer. n2 must notice (its new life is dead in
     shard-1) and start again, closing the channel, rather than serve a consumer that is gone."""
     world = scripted()
@@ -122,8 +140,8 @@ def test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too():
 
 
 def test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life():
-    """Found by the simulation (seed 3156 of its first version): n1's client closes a channel (its Down is in flight) just as n2 declares n1
-    down; shard-1's node Down is given up (node Downs are not proposed again), and the channel's
+    """Found by the simulation (seed 3156 of its first version): n1's client closes a channel
+    (its Down is in flight) just as n2 declares n1 down; shard-1's node Down is given up (node Downs are not proposed again), and the channel's
     Down, an entry of the life that was cut off, never commits. Unless the new life proposes the
     clean-up again, the consumer stays registered for good."""
     world = scripted()
@@ -149,23 +167,22 @@ def test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life()
     assert not world.witness.consumers("shard-1", key)
 
 
+@pytest.mark.parametrize("transcript, plant", [
+    (test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too, "lives-down-shard-0"),
+    (test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life, "cut-off-drops-clean-ups"),
+])
+def test_a_transcript_fails_with_its_bug_planted(transcript, plant):
+    with planted(plant), pytest.raises(AssertionError):
+        transcript()
+
+
 # --------------------------------------------------------------------- the simulation itself
 
 
-def test_the_simulation_finds_a_planted_bug(monkeypatch):
+def test_the_simulation_finds_a_planted_bug():
     """A replica that applies a repeated proposal again: the ledger must say so within a few
     hundred seeds, or the simulation has lost its teeth."""
-    from maxq_raft.machines import apply_order
-
-    admit = apply_order.ApplyOrder.admit
-
-    def admit_copies_too(self, origin, seq, item):
-        if origin not in self.dead and seq < self.expected.get(origin, 1):
-            return True
-        return admit(self, origin, seq, item)
-
-    monkeypatch.setattr(apply_order.ApplyOrder, "admit", admit_copies_too)
-    ran, failures, _seconds = run_seeds(0, 300)
+    ran, failures, _seconds = run_seeds(0, 300, plant="copies-applied")
     assert failures and "enqueued twice" in failures[0].error, failures[:1]
 
 
