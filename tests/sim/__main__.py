@@ -12,6 +12,7 @@ Exit status 1 when a seed failed; each failing seed is printed with the command 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .plants import PLANTS
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plant", choices=sorted(PLANTS), help="put a bug the simulation found back (plants.py)")
     parser.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (stderr)")
     args = parser.parse_args(argv)
+    # A TERM ends the run like ^C: the worker pool is torn down on the way out (no orphans).
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
     if args.seed is not None:
         outcome, world = run_seed(args.seed, tracing=True, steps=args.steps, plant=args.plant)
