@@ -571,7 +571,13 @@ class ClusterLog(CommandLog):
             await trio.sleep(NOT_LEADER_RETRY_EVERY_S)
             retries, self._retries = self._retries, []
             for entry in retries:
-                self._propose(entry)
+                # Not an entry of a life cut off since (_cut_off): its callers were answered and
+                # its clean-ups proposed again by the new life. Proposed now, it would commit
+                # after the new life's entries and could fill a gap of the old life's seqs where
+                # that life was not declared dead, releasing its held entries late: a consume of
+                # a channel whose close was applied already (found by tests/sim).
+                if entry.origin == self.origin:
+                    self._propose(entry)
 
     # ------------------------------------------------------------ watchdog
 

@@ -57,6 +57,14 @@ def _cut_off_dropping_clean_ups(self, why: str) -> None:
         proposer.CLEANUP_COMMANDS = saved
 
 
+def _retry_any_life(self) -> int:
+    """ClusterLog.retry_proposals before its fix: entries of a life cut off were proposed again."""
+    retries, self.retries = self.retries, []
+    for proposal in retries:
+        self.world.log.append(proposal)
+    return len(retries)
+
+
 _ADMIT = ApplyOrder.admit
 _CUT_OFF = proposer.Node.cut_off
 
@@ -65,6 +73,7 @@ PLANTS = {
     "copies-applied": (ApplyOrder, "admit", _admit_copies_too),
     "lives-down-shard-0": (runner, "ends_life", _ends_life_shard_0_only),
     "cut-off-drops-clean-ups": (proposer.Node, "cut_off", _cut_off_dropping_clean_ups),
+    "retries-outlive-cut-off": (proposer.Node, "retry", _retry_any_life),
 }
 
 

@@ -205,10 +205,12 @@ class Node:
             self.submit(proposal.group, cleanup)
 
     def retry(self) -> int:
-        """ClusterLog.retry_proposals: every entry on the list is proposed again."""
+        """ClusterLog.retry_proposals: the entries on the list are proposed again, but those of
+        a life cut off since."""
         retries, self.retries = self.retries, []
         for proposal in retries:
-            self.world.log.append(proposal)
+            if proposal.origin == self.life:
+                self.world.log.append(proposal)
         return len(retries)
 
     def applied_own(self, group: str, seq: int) -> None:

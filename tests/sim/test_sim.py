@@ -22,7 +22,7 @@ from .proposer import Channel, ConsumerView, Node
 from .runner import EVENTS, Config, World, replay_command, run_seed, run_seeds
 
 CI_SEEDS = 5000
-SEED_HELD, SEED_LIVES, SEED_CLEANUP = 47, 4976, 3156
+SEED_HELD, SEED_LIVES, SEED_CLEANUP, SEED_RETRIES = 47, 4976, 3156, 6346
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +48,8 @@ REGRESSION_SEEDS = {
                                        "shard-0 took its new life's consumer, and the node did not notice"),
     SEED_CLEANUP: ("cut-off-drops-clean-ups", "channel clean-ups in flight when a node was cut off were lost with "
                                               "its old life: a consumer stayed registered for good"),
+    SEED_RETRIES: ("retries-outlive-cut-off", "a life cut off had its lost entry proposed again, which released its "
+                                              "consume after the channel's close: a consumer registered for good"),
 }
 
 
@@ -167,9 +169,43 @@ def test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life()
     assert not world.witness.consumers("shard-1", key)
 
 
+def test_the_retries_of_a_life_cut_off_are_not_proposed_again():
+    """Found by the long run (seed 6346): n1's second life (started at a cut-off, so without a
+    barrier) has an entry lost (on its retry list) and a consume after it, which the log takes
+    after n2's Down of n1 in that shard: the shard never saw the life, so it is not dead there.
+    n1 is cut off again (through the metadata group) and closes the channel. If the lost entry
+    is proposed again, it fills the old life's gap and the consume is applied after the
+    channel's close: a consumer registered for good."""
+    world = scripted(shards=1)
+    n1, n2 = world.nodes
+    key = queue_in(world, "shard-0")
+    n1.submit("shard-0", [(key, qc.Create(False, {}))])
+    world.settle()
+    declare_down(world, n2, n1)
+    world.settle()
+    second = n1.life
+    n1.submit(META_GROUP, [(None, md.DeclareQueue(VHOST, key[1], False, False, False, False, {}, "n1@9"))])
+    world.settle()
+    tick = n1.submit("shard-0", [(key, qc.Tick())])
+    lose(world, tick, "not leader")
+    assert n1.retries == [tick]
+    channel, view = consume(world, n1, key)
+    downs = declare_down(world, n2, n1)
+    copies = world.log.in_flight["shard-0"]
+    world.commit("shard-0", next(i for i, copy in enumerate(copies) if copy.proposal is downs["shard-0"]), False)
+    world.settle([META_GROUP])
+    assert n1.life != second and channel.owner not in n1.channels
+    world.settle()
+    n1.retry()
+    world.drain()
+    world.final_checks()
+    assert not world.witness.consumers("shard-0", key)
+
+
 @pytest.mark.parametrize("transcript, plant", [
     (test_a_down_that_commits_late_in_another_shard_ends_the_new_life_too, "lives-down-shard-0"),
     (test_clean_ups_in_flight_when_a_node_is_cut_off_go_again_from_its_new_life, "cut-off-drops-clean-ups"),
+    (test_the_retries_of_a_life_cut_off_are_not_proposed_again, "retries-outlive-cut-off"),
 ])
 def test_a_transcript_fails_with_its_bug_planted(transcript, plant):
     with planted(plant), pytest.raises(AssertionError):
