@@ -8,8 +8,9 @@ that life (1, 2, ...), and every replica applies an origin's entries in that ord
 
 - `admit(origin, seq, item)`: True when the entry is the origin's next: apply it now (and then
   ask `next_due` for the ones it unblocks). A copy of one already applied or held is skipped
-  (the first committed copy of a seq counts); one that came early is held (`item` is kept as given, e.g. the raw payload, so a snapshot carries it);
-  an entry of a life declared dead is skipped.
+  (the first committed copy of a seq counts); one that came early is held (`item` is kept as
+  given, e.g. the raw payload, so a snapshot carries it); an entry of a life declared dead is
+  skipped.
 - `lives_down(prefix, keep)`: a node went (its `Down`): its lives other than `keep` are dead from
   here on, and what they had held is dropped (never applied here, so never confirmed to anyone).
 
