@@ -7,22 +7,27 @@ So every entry names its origin (a node and one life of its process) and a seque
 that life (1, 2, ...), and every replica applies an origin's entries in that order, each once:
 
 - `admit(origin, seq, item)`: True when the entry is the origin's next: apply it now (and then
-  ask `next_due` for the ones it unblocks). A copy of one already applied is skipped; one that
-  came early is held (`item` is kept as given, e.g. the raw payload, so a snapshot carries it);
-  an entry of a life declared dead is skipped.
+  ask `next_due` for the ones it unblocks). A copy of one already applied or held is skipped
+  (the first committed copy of a seq counts); one that came early is held (`item` is kept as
+  given, e.g. the raw payload, so a snapshot carries it); an entry of a life declared dead is
+  skipped.
 - `lives_down(prefix, keep)`: a node went (its `Down`): its lives other than `keep` are dead from
   here on, and what they had held is dropped (never applied here, so never confirmed to anyone).
 
 This is replicated state: every replica decides alike from the same log, and a snapshot carries
 it (`dump`/`load`). Dicts only, no sets: iteration order is the same on every replica.
-Entries with seq 0 are not sequenced and are applied as they come (the caller's business).
+Entries with seq 0 are not sequenced and are applied as they come.
+
+`apply_committed` is the loop every replica runs for each committed entry (server/cluster.py,
+and the seeded simulation in tests/sim/): admit it, apply it, then apply the held ones it unblocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ApplyOrder"]
+__all__ = ["ApplyOrder", "apply_committed"]
 
 
 class ApplyOrder:
@@ -42,7 +47,14 @@ class ApplyOrder:
             self.duplicates += 1
             return False
         if seq > next_seq:
-            self.held.setdefault(origin, {})[seq] = item
+            waiting = self.held.setdefault(origin, {})
+            if seq in waiting:
+                # A copy of one held already: the first committed counts, here as when applied
+                # (a tombstone filling the seq of an entry given up on, or that entry committing
+                # after all: whichever came first). Replacing it would lose a committed entry.
+                self.duplicates += 1
+                return False
+            waiting[seq] = item
             self.held_count += 1
             return False
         self.expected[origin] = next_seq + 1
@@ -105,3 +117,35 @@ class ApplyOrder:
             tuple(sorted((o, tuple(sorted(h))) for o, h in self.held.items())),
             tuple(sorted(self.dead)),
         )
+
+
+def apply_committed(
+    order: ApplyOrder,
+    origin: str,
+    seq: int,
+    item: Any,
+    entry: Any,
+    apply_one: Callable[[Any], None],
+    decode: Callable[[Any], Any],
+) -> int:
+    """Apply one committed entry in its origin's order; returns how many entries were applied.
+
+    `item` is the entry as committed (kept as it is if it came early, so a snapshot carries it),
+    `entry` the same decoded; `apply_one(entry)` applies a decoded entry to the machines, and
+    `decode(item)` decodes a held one once it is due. 0: a copy of one applied already, one that
+    came early (held now), or one of a life declared dead (the caller may want to know which:
+    `order.is_dead(origin)`). Seq 0: not sequenced, applied as it comes."""
+    if not seq:
+        apply_one(entry)
+        return 1
+    if not order.admit(origin, seq, item):
+        return 0
+    apply_one(entry)
+    applied = 1
+    for _ in range(len(order.held.get(origin, ()))):  # bounded: each turn applies a held one
+        waiting = order.next_due(origin)
+        if waiting is None:
+            break
+        apply_one(decode(waiting))
+        applied += 1
+    return applied

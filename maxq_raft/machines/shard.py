@@ -34,7 +34,7 @@ from .apply_order import ApplyOrder
 from .queue import QueueMachine, QueueReply
 from .queue_types import Effect, Meta, Rejected
 
-__all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo"]
+__all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo", "ends_life"]
 
 ALL_QUEUES = "*"  # the target of a command for every queue of the shard
 
@@ -60,6 +60,15 @@ class LivesDown(NamedTuple):
     group: str
     prefix: str
     origin: str
+
+
+def ends_life(effect: LivesDown, life: str, order: ApplyOrder) -> bool:
+    """Whether `effect` ended `life`, a node's current one, in the effect's group (`order` is
+    that group's): its entries are skipped there from now on and its consumers there are gone,
+    so the node must start a new life. That is so only if the group had seen the life (it is
+    dead there now); whoever declared it (another node, an earlier life's late Down) and in
+    whichever group."""
+    return life.startswith(effect.prefix) and order.is_dead(life)
 
 
 class ReplyTo(NamedTuple):

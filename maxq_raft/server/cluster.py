@@ -26,8 +26,9 @@ Nodes that go: consumers are owned by "node@connection/channel". A node that sta
 `Down("node@")` in every shard before it serves (its consumers of an earlier life go, their
 unacked messages come back redelivered); the metadata leader commits the same for a member it
 has not heard from for NODE_DOWN_AFTER_S. Shard leaders are spread over the members (a member
-leading more than its share hands one over every BALANCE_EVERY_S), so the leaders' work is too. A node that finds its own name downed by another (it was
-cut off, and the others moved on) closes its client connections: they reconnect and start over.
+leading more than its share hands one over every BALANCE_EVERY_S), so the leaders' work is too.
+A node whose current life such a Down ended in any group (it was cut off, and the others moved
+on) starts a new life and closes its client connections: they reconnect and start over.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ import trio
 from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.apply_order import apply_committed
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Meta, Rejected
 from ..machines.queue_args import settings_or_default
-from ..machines.shard import ALL_QUEUES
+from ..machines.shard import ALL_QUEUES, ends_life
 from ..replication.entries import EntryError, decode_entry
 from . import cluster_snapshot
 from .applier import Applier
@@ -182,24 +184,17 @@ class ClusterLog(CommandLog):
                 log.error("%s: entry %d skipped: %s", group, index, exc)
                 continue
             origin, seq = entry.origin, entry.seq
-            if not seq:  # not sequenced (nothing of ours proposes these): as it comes
-                self._apply_entry(group, index, entry)
-                continue
-            if order.is_dead(origin):
+            if seq and order.is_dead(origin):
                 if origin == self.origin:
                     # The cluster declared this life gone, in an entry this member never applied
                     # (it came inside a snapshot): nothing of this life will be applied again.
                     log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
                     self._cut_off()
                 continue
-            if not order.admit(origin, seq, payload):  # raw: a snapshot carries a held one as it came
-                continue
-            self._apply_entry(group, index, entry)
-            for _ in range(len(order.held.get(origin, ()))):  # bounded: each turn applies a held one
-                waiting = order.next_due(origin)
-                if waiting is None:
-                    break
-                self._apply_entry(group, index, decode_entry(waiting))
+            # (the payload as it came: a snapshot carries a held one raw)
+            apply_committed(
+                order, origin, seq, payload, entry, lambda e: self._apply_entry(group, index, e), decode_entry
+            )
         if self.log_bytes_since.get(group, 0) >= self.snapshot_next_try.get(group, self.snapshot_every_bytes):
             self._maybe_snapshot(group)
 
@@ -320,13 +315,13 @@ class ClusterLog(CommandLog):
             proposer.applied(group, entry.seq)
 
     def lives_down(self, effect) -> None:
-        """A node's lives were declared dead in a group: if it is this node's name and another
-        life of it did so (it was cut off and the others moved on), start a new life."""
-        if (
-            effect.prefix == self.node_id + "@"
-            and not effect.origin.startswith(effect.prefix)
-            and effect.group == self.shards[0]
-        ):
+        """A node's lives were declared dead in a group: if that ended this life there (the
+        others declared this node gone and moved on), start a new life. Heeded in any group:
+        the Downs of one declaration commit in each group at its own pace, and one that comes
+        after this node's new life had entries in that group ends the new life there too and
+        takes its consumers (found by tests/sim: before, only shard-0's was heeded, and the
+        node kept serving a consumer its queue no longer had)."""
+        if ends_life(effect, self.origin, self.broker.groups[effect.group].order):
             self._cut_off()
 
     def reply_elsewhere(self, key: str, exchange: str, routing_key: str, props_raw: bytes, body: bytes) -> bool:

@@ -22,6 +22,7 @@ which load_queue writes what the original had spilled.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -33,7 +34,7 @@ from ..replication.snapshot_file import read_body
 from .message_store import QueueBacking
 from .metadata_snapshot import dump_metadata, load_metadata
 
-__all__ = ["dump_group", "load_group", "FORMAT_VERSION"]
+__all__ = ["dump_group", "load_group", "load_group_body", "FORMAT_VERSION"]
 
 log = logging.getLogger("maxq.cluster")
 
@@ -62,8 +63,14 @@ def dump_group(cluster, group: str, index: int) -> list[bytes]:
 
 def load_group(cluster, group: str, header) -> None:
     """Make the group's state on this member the snapshot's (the trio thread)."""
+    load_group_body(cluster, group, header.index, read_body(header))
+
+
+def load_group_body(cluster, group: str, index: int, chunks: Iterable[bytes]) -> None:
+    """`load_group` from the body's chunks as `dump_group` made them (a file's, or in memory:
+    tests/sim restarts replicas from these)."""
     unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False, max_buffer_size=256 << 20)
-    records = _records(unpacker, header)
+    records = _records(unpacker, chunks)
     first = next(records, None)
     if (
         type(first) is not list
@@ -73,12 +80,10 @@ def load_group(cluster, group: str, header) -> None:
         or first[1].get("version") != FORMAT_VERSION
         or first[1].get("group") != group
     ):
-        raise SnapshotError(
-            f"snapshot of {group} at {header.index}: not a group snapshot of this version: {str(first)[:80]}"
-        )
+        raise SnapshotError(f"snapshot of {group} at {index}: not a group snapshot of this version: {str(first)[:80]}")
     order = next(records, None)
     if type(order) is not list or len(order) != 4 or order[0] != "order":
-        raise SnapshotError(f"snapshot of {group} at {header.index}: no apply-order record")
+        raise SnapshotError(f"snapshot of {group} at {index}: no apply-order record")
     broker = cluster.broker
     loaded: dict[tuple, Any] = {}
     meta = None
@@ -102,9 +107,9 @@ def load_group(cluster, group: str, header) -> None:
             ended = record[1]
             break
         else:
-            raise SnapshotError(f"snapshot of {group} at {header.index}: unknown record {str(record)[:60]}")
+            raise SnapshotError(f"snapshot of {group} at {index}: unknown record {str(record)[:60]}")
     if ended is None or ended.get("queues") != len(loaded):
-        raise SnapshotError(f"snapshot of {group} at {header.index}: truncated or miscounted")
+        raise SnapshotError(f"snapshot of {group} at {index}: truncated or miscounted")
     _, expected, held, dead = order
     for _origin, _seq, payload in held:
         decode_entry(payload)  # checked now: a bad one fails the load, not a later apply
@@ -112,7 +117,7 @@ def load_group(cluster, group: str, header) -> None:
     machines = broker.groups[group]
     if group == cluster.meta_group:
         if meta is None:
-            raise SnapshotError(f"snapshot of {group} at {header.index}: no metadata record")
+            raise SnapshotError(f"snapshot of {group} at {index}: no metadata record")
         machines.machine = meta
     else:
         for key in [k for k in machines.queues if k not in loaded]:
@@ -131,7 +136,7 @@ def load_group(cluster, group: str, header) -> None:
     machines.order = ApplyOrder.load(expected, held, dead)
 
 
-def _records(unpacker, header):
-    for chunk in read_body(header):
+def _records(unpacker, chunks: Iterable[bytes]):
+    for chunk in chunks:
         unpacker.feed(chunk)
         yield from unpacker

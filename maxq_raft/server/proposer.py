@@ -239,7 +239,13 @@ class Proposer:
             await trio.sleep(NOT_LEADER_RETRY_EVERY_S)
             retries, self._retries = self._retries, []
             for entry in retries:
-                self._propose(entry)
+                # Not an entry of a life cut off since (new_life): its callers were answered and
+                # its clean-ups proposed again by the new life. Proposed now, it would commit
+                # after the new life's entries and could fill a gap of the old life's seqs where
+                # that life was not declared dead, releasing its held entries late: a consume of
+                # a channel whose close was applied already (found by tests/sim).
+                if entry.origin == self.origin:
+                    self._propose(entry)
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -267,6 +273,14 @@ class Proposer:
         in_flight, self.in_flight = self.in_flight, {}
         for entry in in_flight.values():
             self.complete(entry, "timeout")
+        # The channel and connection clean-ups among them go again from the new life, as when an
+        # entry is given up (`_proposed`): the old life's entries may never be applied where it
+        # was not declared dead, and a consumer whose channel closed would stay registered for
+        # good, taking its share of the messages (found by tests/sim).
+        for entry in in_flight.values():
+            for target, command, _request in entry.items:
+                if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"):
+                    self.submit(entry.group, target, command, None)
 
     def complete(self, entry: OpenEntry, error: str | None) -> None:
         self.in_flight.pop((entry.group, entry.seq), None)

@@ -1,0 +1,70 @@
+"""Everything the simulation takes from the system under test, imported here and nowhere else.
+
+The queue machine is used only through its public surface: `apply(meta, command) -> (reply,
+effects)`, `check_invariants()`, the commands, `Message`, `Meta`, the `Deliver` effect and the
+`Rejected` reply; its state is read only as `dump_queue` writes it (machines/snapshot.py). So a
+rename or a split of machines/queue.py is a change to this file alone.
+
+The rest is the replicated glue as the server runs it: the shard and metadata groups, the
+per-origin apply order and its loop (`apply_committed`, also what server/cluster.py runs), the
+log entry encoding, a group's snapshot (server/cluster_snapshot.py) over the member's real
+queue backings (server/message_store.py) on an in-memory segment store. No trio, no sockets.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from maxq_raft.machines import commands as qc
+from maxq_raft.machines import metadata as md
+from maxq_raft.machines.apply_order import ApplyOrder, apply_committed
+from maxq_raft.machines.priority_queue import make_queue_machine
+from maxq_raft.machines.queue import Deliver, Message, Meta, Rejected
+from maxq_raft.machines.queue_args import settings_or_default
+from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine, ends_life
+from maxq_raft.machines.snapshot import dump_queue
+from maxq_raft.replication.entries import decode_entry, encode_entry
+from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
+from maxq_raft.server.message_store import QueueBacking
+from maxq_raft.server.metadata_snapshot import dump_metadata
+from maxq_raft.storage.memory import MemorySegmentStore
+
+__all__ = [
+    "qc",
+    "md",
+    "ApplyOrder",
+    "apply_committed",
+    "make_queue_machine",
+    "Deliver",
+    "Message",
+    "Meta",
+    "Rejected",
+    "settings_or_default",
+    "ALL_QUEUES",
+    "LivesDown",
+    "MetaGroup",
+    "QueueAdded",
+    "ShardMachine",
+    "ends_life",
+    "dump_queue",
+    "decode_entry",
+    "encode_entry",
+    "dump_group",
+    "load_group_body",
+    "QueueBacking",
+    "dump_metadata",
+    "MemorySegmentStore",
+    "META_GROUP",
+    "VHOST",
+    "shard_of",
+]
+
+META_GROUP = "meta"  # server/command_log.py's META_GROUP
+VHOST = "/"
+
+
+def shard_of(queue_key: tuple[str, str], count: int) -> str:
+    """server/cluster.py's shard_of, copied: importing cluster.py would bring trio in."""
+    vhost, name = queue_key
+    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
+    return f"shard-{digest % count}"

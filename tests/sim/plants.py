@@ -1,0 +1,90 @@
+"""Bugs the simulation found (and one it must find), planted back on purpose.
+
+Theory of operation: a seed reproduces a bug only as long as the simulation draws what it drew
+when the bug was found; any change to the simulation changes that. So each bug found is kept
+here as a plant, the code as it was before its fix, and a regression seed is one that fails
+with the plant and passes without it (test_sim.py checks both). After a change to the
+simulation, find new seeds with `python -m tests.sim --seeds 20000 --workers 2 --plant NAME`.
+
+`planted(name)` is a context manager that puts the old code back for its duration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from . import proposer, runner
+from .api import ApplyOrder
+
+
+def _admit_replacing_held(self, origin: str, seq: int, item) -> bool:
+    """ApplyOrder.admit before 9d0325e: a later copy of a held seq replaced the held entry."""
+    if origin in self.dead:
+        return False
+    next_seq = self.expected.get(origin, 1)
+    if seq < next_seq:
+        self.duplicates += 1
+        return False
+    if seq > next_seq:
+        self.held.setdefault(origin, {})[seq] = item
+        self.held_count += 1
+        return False
+    self.expected[origin] = next_seq + 1
+    return True
+
+
+def _admit_copies_too(self, origin: str, seq: int, item) -> bool:
+    """Never was: a repeated proposal applied again (the simulation must catch it at once)."""
+    if origin not in self.dead and seq < self.expected.get(origin, 1):
+        return True
+    return _ADMIT(self, origin, seq, item)
+
+
+def _ends_life_shard_0_only(effect, life: str, order) -> bool:
+    """ClusterLog.lives_down before 20ba793: only shard-0's Down, and only from another node."""
+    return life.startswith(effect.prefix) and not effect.origin.startswith(effect.prefix) and effect.group == "shard-0"
+
+
+def _cut_off_dropping_clean_ups(self, why: str) -> None:
+    """Proposer.new_life before d43b8b3: the clean-ups it abandoned were not proposed again."""
+    saved = proposer.CLEANUP_COMMANDS
+    proposer.CLEANUP_COMMANDS = ()
+    try:
+        _CUT_OFF(self, why)
+    finally:
+        proposer.CLEANUP_COMMANDS = saved
+
+
+def _retry_any_life(self) -> int:
+    """Proposer.retry_proposals before its fix: entries of a life cut off were proposed again."""
+    retries, self.retries = self.retries, []
+    for proposal in retries:
+        self.world.log.append(proposal)
+    return len(retries)
+
+
+_ADMIT = ApplyOrder.admit
+_CUT_OFF = proposer.Node.cut_off
+
+PLANTS = {
+    "held-replaced": (ApplyOrder, "admit", _admit_replacing_held),
+    "copies-applied": (ApplyOrder, "admit", _admit_copies_too),
+    "lives-down-shard-0": (runner, "ends_life", _ends_life_shard_0_only),
+    "cut-off-drops-clean-ups": (proposer.Node, "cut_off", _cut_off_dropping_clean_ups),
+    "retries-outlive-cut-off": (proposer.Node, "retry", _retry_any_life),
+}
+
+
+@contextlib.contextmanager
+def planted(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    owner, attribute, bug = PLANTS[name]
+    fixed = getattr(owner, attribute)
+    setattr(owner, attribute, bug)
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, fixed)

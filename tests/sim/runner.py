@@ -1,0 +1,516 @@
+"""One seed of the simulation, start to end; and many seeds, on several processes.
+
+Theory of operation: `World(seed)` draws everything from one `random.Random(seed)`: the shape
+of the run (nodes, shards, steps, window size, how long a proposer retries, how often each
+fault comes: swarm testing, so runs differ in kind, not only in detail) and every step. A step
+moves the fake clock, then does one thing: a client action on a serving node (workload.py), or
+a fault or a turn of the log (fake_log.py, proposer.py):
+
+  commit    the oldest attempt in a group's log commits (with chaos: sometimes another one)
+  lose      an attempt is lost; its proposer hears "not leader" or "busy"
+  timeout   its proposer hears "timeout"; the attempt stays, and may commit later
+  leader    a leader change: a suffix of a group's attempts is lost (with chaos: any of them,
+            the rest shuffled), some are answered "timeout" although they will commit
+  retry     the proposers propose again what they must
+  watchdog  a node declares another down: OwnerDown("n@") and Down("n@") in every group
+  restart   a node crashes and starts again from its replica's last snapshot, with a new life
+  snapshot  a node's replica snapshots its groups
+  pause / resume / install   a replica stops applying; catches up; or gets the witness's snapshot
+  clock     a node's clock moves (entries' times go backwards between proposers)
+
+Two kinds of run (`chaos`): as Raft orders a group's log, where an attempt commits only after
+every attempt appended before it that survives, and a later seq overtakes an earlier one only
+through a retry; or in any order at all, which the apply order must still make right for each
+life (the checks that rest on Raft's order, the consumers', are off then).
+
+Then every replica not paused applies what was committed (the witness at once, entry by entry,
+with the ledger's check after each), and checks.py's checks run. At the end the faults stop,
+everything in flight commits (`drain`), and the final checks run. No wall clock, no set of
+strings iterated, no hash-dependent order: a seed replays exactly (`python -m tests.sim --seed N`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, ends_life, md, qc, shard_of
+from .checks import Ledger, SimFailure, check_agreement, check_consumers
+from .fake_log import FakeLog
+from .proposer import Node
+from .replica import Replica
+from .workload import Workload
+
+EVENTS = (
+    "client",
+    "commit",
+    "lose",
+    "timeout",
+    "leader",
+    "retry",
+    "watchdog",
+    "restart",
+    "snapshot",
+    "pause",
+    "resume",
+    "install",
+    "clock",
+)
+BASE_WEIGHTS = {
+    "client": 16,
+    "commit": 16,
+    "lose": 1,
+    "timeout": 1,
+    "leader": 0.5,
+    "retry": 3,
+    "watchdog": 0.3,
+    "restart": 0.3,
+    "snapshot": 0.7,
+    "pause": 0.5,
+    "resume": 1,
+    "install": 0.3,
+    "clock": 0.5,
+}
+START_MS = 1_800_000_000_000
+DRAIN_ROUNDS_MAX = 40
+DRAIN_COMMITS_MAX = 10_000
+
+
+@dataclass
+class Config:
+    nodes: int
+    shards: int
+    steps: int
+    window_max: int  # a queue's in-memory window: small ones spill to the backing
+    outcome_wait_ms: int  # how long a proposer retries before it gives up (OUTCOME_WAIT_S)
+    step_ms_max: int  # how far the clock moves in a step
+    skew_ms_max: int  # how far a node's clock is off
+    chaos: bool  # attempts commit in any order (else as Raft allows: see _commit)
+    reorder: float  # with chaos: how often a commit takes another attempt than the oldest
+    unknown: float  # how often a commit is answered "timeout" anyway
+    weights: list[float]
+
+    @classmethod
+    def draw(cls, rng: random.Random, steps: int | None = None) -> Config:
+        weights = [BASE_WEIGHTS[e] * rng.choice((0, 1, 1, 3)) for e in EVENTS]
+        for always in ("client", "commit", "retry"):
+            weights[EVENTS.index(always)] += BASE_WEIGHTS[always]
+        return cls(
+            nodes=rng.randint(2, 4),
+            shards=rng.randint(1, 3),
+            steps=steps if steps is not None else rng.randint(40, 240),
+            window_max=rng.choice((2, 5, 65536, 65536)),
+            outcome_wait_ms=rng.choice((0, 50, 1000, 10_000)),
+            step_ms_max=rng.choice((0, 10, 200)),
+            skew_ms_max=rng.choice((0, 5, 500)),
+            chaos=rng.random() < 0.4,
+            reorder=rng.choice((0.1, 0.5)),
+            unknown=rng.choice((0.0, 0.05, 0.3)),
+            weights=weights,
+        )
+
+
+class World:
+    def __init__(
+        self, seed: int, tracing: bool = False, steps: int | None = None, config: Config | None = None
+    ) -> None:
+        """`config`: a given shape instead of one drawn from the seed (scripted tests)."""
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.lines: list[str] | None = [] if tracing else None
+        self.tracing = tracing
+        self.config = config = config if config is not None else Config.draw(rng, steps)
+        self.shards = [f"shard-{i}" for i in range(config.shards)]
+        self.groups = [META_GROUP, *self.shards]
+        self.outcome_wait_ms = config.outcome_wait_ms
+        self.now_ms = START_MS
+        self.step_no = 0
+        self._pids = 0
+        self._numbers = 0
+        self.log = FakeLog(self.groups)
+        self.ledger = Ledger(self.log)
+        self.witness = Replica("witness", self.shards, config.window_max)
+        self.witness.observer = self.ledger.observe
+        self.witness.on_entry = self.ledger.on_entry
+        self.log.on_commit = self.ledger.on_commit
+        self.nodes = [Node(self, f"n{i + 1}") for i in range(config.nodes)]
+        for node in self.nodes:
+            self._attach(node, Replica(node.name, self.shards, config.window_max))
+        self.workload = Workload(self, rng)
+        self.trace(f"seed {seed}: {config}")
+        for node in self.nodes:
+            node.start()
+
+    # ---------------------------------------------------------------- helpers
+
+    def trace(self, line: str) -> None:
+        if self.lines is not None:
+            self.lines.append(line)
+
+    def next_pid(self) -> int:
+        self._pids += 1
+        return self._pids
+
+    def next_number(self) -> int:
+        self._numbers += 1
+        return self._numbers
+
+    def group_of(self, key: tuple[str, str]) -> str:
+        return shard_of(key, len(self.shards))
+
+    def _attach(self, node: Node, replica: Replica) -> None:
+        """The node performs what its own replica applies: completions, deliveries, cut-offs."""
+        node.replica = replica
+        prefix = node.name + "@"
+        get_prefix = "get:" + prefix
+
+        def observe(group: str, index: int, entry: Any, target: Any, command: Any, reply: Any, effects: list) -> None:
+            for effect in effects:
+                kind = type(effect)
+                if kind is Deliver:
+                    if effect.consumer_id.startswith(prefix):
+                        node.on_deliver(effect.consumer_id, effect.message.seq)
+                elif kind is LivesDown and ends_life(effect, node.life, replica.broker.groups[group].order):
+                    # ClusterLog.lives_down: that ended this node's life there
+                    node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
+            if type(command) is qc.Checkout and entry.origin == node.life:
+                node.on_checkout(group, entry.seq, command.consumer_id, reply is True)
+            elif (
+                type(command) is qc.Get
+                and type(reply) is tuple
+                and not command.no_ack
+                and command.consumer_id.startswith(get_prefix)
+            ):
+                node.on_get(command.consumer_id, target, reply[0].seq)
+
+        def on_entry(group: str, index: int, entry: Any) -> None:
+            if entry.origin == node.life:
+                node.applied_own(group, entry.seq)
+
+        def on_dead_origin(group: str, origin: str) -> None:
+            if origin == node.life:
+                node.cut_off(f"an entry of its life came to {group}, where the life is dead")
+
+        replica.observer = observe
+        replica.on_entry = on_entry
+        replica.on_dead_origin = on_dead_origin
+
+    # ------------------------------------------------------------------ steps
+
+    def run(self) -> None:
+        for _ in range(self.config.steps):
+            self.step()
+        self.drain()
+        self.final_checks()
+
+    def step(self) -> None:
+        self.step_no += 1
+        rng = self.rng
+        self.now_ms += rng.randint(0, self.config.step_ms_max)
+        event = rng.choices(EVENTS, self.config.weights)[0]
+        if self.tracing:
+            self.trace(f"step {self.step_no} t={self.now_ms - START_MS}: {event}")
+        getattr(self, "_" + event)()
+        self.catch_up()
+        self.check()
+
+    def _serving(self) -> list[Node]:
+        return [node for node in self.nodes if node.serving]
+
+    def _client(self) -> None:
+        serving = self._serving()
+        if serving:
+            self.workload.act(self.rng.choice(serving))
+
+    def _pick_copy(self, unanswered: bool = False) -> tuple[str, int] | None:
+        choices = [
+            (group, i)
+            for group, copies in self.log.in_flight.items()
+            for i, copy in enumerate(copies)
+            if not unanswered or not copy.answered
+        ]
+        return self.rng.choice(choices) if choices else None
+
+    def _commit(self) -> None:
+        groups = [group for group, copies in self.log.in_flight.items() if copies]
+        if not groups:
+            return
+        group = self.rng.choice(groups)
+        position = 0
+        if self.config.chaos and self.rng.random() < self.config.reorder:
+            position = self.rng.randrange(len(self.log.in_flight[group]))
+        self.commit(group, position, self.rng.random() < self.config.unknown)
+
+    def commit(self, group: str, position: int, unknown: bool) -> None:
+        copy, index = self.log.commit(group, position)
+        proposal = copy.proposal
+        if self.tracing:
+            self.trace(f"  commit {proposal} at {group}:{index}{' (answered timeout)' if unknown else ''}")
+        if not copy.answered:
+            proposal.node.answer(proposal, "timeout" if unknown else None)
+        self.witness.apply(group, index, proposal.payload)
+        self.ledger.after_entry(self.witness, group)
+
+    def _lose(self) -> None:
+        picked = self._pick_copy()
+        if picked is not None:
+            copy = self.log.lose(*picked)
+            error = self.rng.choice(("not leader", "busy"))
+            if self.tracing:
+                self.trace(f"  lose {copy.proposal}{'' if copy.answered else ': ' + error}")
+            if not copy.answered:
+                copy.proposal.node.answer(copy.proposal, error)
+
+    def _timeout(self) -> None:
+        picked = self._pick_copy(unanswered=True)
+        if picked is not None:
+            copy = self.log.in_flight[picked[0]][picked[1]]
+            copy.answered = True
+            if self.tracing:
+                self.trace(f"  timeout {copy.proposal} (it may still commit)")
+            copy.proposal.node.answer(copy.proposal, "timeout")
+
+    def _leader(self) -> None:
+        """A leader change in one group. As Raft: the new leader's log has a prefix of the old
+        leader's uncommitted entries and the rest is gone; the old leader answered some of them,
+        the others hear "timeout" (they may be in the new log) or "not leader". With chaos, the
+        new leader has any of them, in any order."""
+        group = self.rng.choice(self.groups)
+        copies = self.log.in_flight[group]
+        if self.config.chaos:
+            self.rng.shuffle(copies)
+            survives = [self.rng.random() < 0.7 for _ in copies]
+        else:
+            keep = self.rng.randint(0, len(copies))
+            survives = [i < keep for i in range(len(copies))]
+        if self.tracing:
+            self.trace(f"  leader change in {group}: {sum(survives)} of {len(copies)} attempts survive")
+        answers = []
+        for copy, survived in zip(copies, survives, strict=False):
+            if not copy.answered and (not survived or self.rng.random() < 0.5):
+                copy.answered = True
+                answers.append((copy.proposal, "timeout" if survived or self.rng.random() < 0.5 else "not leader"))
+        self.log.in_flight[group] = [copy for copy, survived in zip(copies, survives, strict=False) if survived]
+        for proposal, error in answers:  # (after: an answer may propose, a tombstone say)
+            proposal.node.answer(proposal, error)
+
+    def _retry(self) -> None:
+        for node in self.nodes:
+            node.retry()
+
+    def _watchdog(self) -> None:
+        serving = self._serving()
+        if not serving:
+            return
+        judge = self.rng.choice(serving)
+        others = [node for node in self.nodes if node is not judge]
+        node = self.rng.choice(others)
+        prefix = node.name + "@"
+        self.trace(f"  {judge.name} declares {prefix} down")
+        judge.submit(META_GROUP, [(None, md.OwnerDown(prefix))])
+        for group in self.shards:
+            judge.submit(group, [(ALL_QUEUES, qc.Down(prefix))])
+
+    def _restart(self) -> None:
+        node = self.rng.choice(self.nodes)
+        snapshot = node.snapshot
+        self.trace(
+            f"  {node.name} restarts from {'nothing' if snapshot is None else {g: i for g, (i, _) in snapshot.items()}}"
+        )
+        replica = Replica.restored(node.name, self.shards, self.config.window_max, snapshot)
+        replica.check_invariants()
+        self._attach(node, replica)
+        node.paused = False
+        node.restart()
+
+    def _snapshot(self) -> None:
+        node = self.rng.choice(self.nodes)
+        node.snapshot = node.replica.snapshot()
+        self.trace(f"  {node.name} snapshots at {node.replica.applied}")
+
+    def _pause(self) -> None:
+        node = self.rng.choice(self.nodes)
+        node.paused = True
+        self.trace(f"  {node.name}'s replica pauses at {node.replica.applied}")
+
+    def _resume(self) -> None:
+        paused = [node for node in self.nodes if node.paused]
+        if paused:
+            node = self.rng.choice(paused)
+            node.paused = False
+            self.trace(f"  {node.name}'s replica resumes")
+
+    def _install(self) -> None:
+        """A member behind the compacted log gets the leader's snapshot (here the witness's)."""
+        paused = [node for node in self.nodes if node.paused]
+        if not paused:
+            return
+        node = self.rng.choice(paused)
+        snapshot = self.witness.snapshot()
+        self.trace(f"  {node.name} installs a snapshot at {self.witness.applied}")
+        replica = Replica.restored(node.name, self.shards, self.config.window_max, snapshot)
+        replica.check_invariants()
+        old_life = node.life
+        self._attach(node, replica)
+        node.paused = False
+        # ClusterLog._load_snapshot: this life's entries the snapshot covers are done; a life
+        # the snapshot says is dead starts again.
+        for group in self.groups:
+            order = replica.broker.groups[group].order
+            below = order.applied_below(node.life)
+            for (g, seq), _proposal in list(node.in_flight.items()):
+                if g == group and seq < below:
+                    node.applied_own(g, seq)
+            if node.life == old_life and order.is_dead(node.life):
+                node.cut_off(f"the snapshot of {group} says its life is dead")
+
+    def _clock(self) -> None:
+        node = self.rng.choice(self.nodes)
+        node.skew_ms = self.rng.randint(-self.config.skew_ms_max, self.config.skew_ms_max)
+
+    # ---------------------------------------------------------------- applying
+
+    def catch_up(self) -> None:
+        committed = self.log.committed
+        for node in self.nodes:
+            if node.paused:
+                continue
+            replica = node.replica
+            for group in self.groups:
+                entries = committed[group]
+                # (bounded by the log's length; a reaction may commit nothing, only propose)
+                for index in range(replica.applied[group] + 1, len(entries) + 1):
+                    if replica is not node.replica:
+                        break  # (a reaction replaced the replica: never, but say so if it did)
+                    replica.apply(group, index, entries[index - 1].payload)
+
+    def check(self) -> None:
+        check_agreement(self.witness, [node.replica for node in self.nodes if not node.paused])
+        self.witness.check_invariants()
+
+    # ------------------------------------------------------------------- the end
+
+    def drain(self) -> None:
+        """The faults stop: every replica applies, every attempt commits, until nothing moves."""
+        self.trace("drain")
+        for node in self.nodes:
+            node.paused = False
+        for _ in range(DRAIN_ROUNDS_MAX):
+            for node in self.nodes:
+                node.retry()
+            self.settle()
+            if self._quiet():
+                return
+            self.now_ms += self.outcome_wait_ms + 1  # what still waits gives up
+        raise SimFailure(f"drain: still moving after {DRAIN_ROUNDS_MAX} rounds: {self._unsettled()}")
+
+    def settle(self, groups: list[str] | None = None) -> None:
+        """Commit every attempt in flight (in the groups given), oldest first, and apply."""
+        for _ in range(DRAIN_COMMITS_MAX):
+            pending = [group for group in groups or self.groups if self.log.in_flight[group]]
+            if not pending:
+                break
+            self.commit(pending[0], 0, False)
+        else:
+            raise SimFailure(f"settle: more than {DRAIN_COMMITS_MAX} commits")
+        self.catch_up()
+        self.check()
+
+    def _quiet(self) -> bool:
+        return not self.log.pending() and all(
+            not node.retries and not node.in_flight and node.serving for node in self.nodes
+        )
+
+    def _unsettled(self) -> str:
+        return "; ".join(
+            f"{node.name} ({node.life}): in flight {list(node.in_flight.values())}, "
+            f"retries {node.retries}, barrier waiting {list(node.barrier_waiting)}"
+            for node in self.nodes
+        )
+
+    def final_checks(self) -> None:
+        replicas = [node.replica for node in self.nodes]
+        for group in self.groups:
+            for replica in replicas:
+                assert replica.applied[group] == self.witness.applied[group] == len(self.log.committed[group])
+        check_agreement(self.witness, replicas)
+        for replica in replicas:
+            replica.check_invariants(all_queues=True)
+        self.ledger.final(self.witness, [node.life for node in self.nodes])
+        if not self.config.chaos:
+            check_consumers(self.witness, self.nodes)
+
+
+# ---------------------------------------------------------------------- many
+
+
+@dataclass
+class Outcome:
+    seed: int
+    ok: bool
+    error: str = ""
+    steps: int = 0
+
+
+def run_seed(
+    seed: int, tracing: bool = False, steps: int | None = None, plant: str | None = None
+) -> tuple[Outcome, World]:
+    """One seed; `plant`: with that bug put back (plants.py)."""
+    from .plants import planted
+
+    with planted(plant):
+        world = World(seed, tracing=tracing, steps=steps)
+        try:
+            world.run()
+        except Exception as exc:  # an assertion of the machines, the glue's, or a check: all failures
+            if world.lines is not None:
+                world.lines.append(f"FAILED at step {world.step_no}: {type(exc).__name__}: {exc}")
+            return Outcome(seed, False, f"{type(exc).__name__}: {exc}", world.step_no), world
+    return Outcome(seed, True, "", world.step_no), world
+
+
+def replay_command(seed: int) -> str:
+    return f"python -m tests.sim --seed {seed}"
+
+
+def _run_range(args: tuple[int, int, str | None]) -> tuple[int, list[Outcome]]:
+    start, count, plant = args
+    failures = []
+    for seed in range(start, start + count):
+        outcome, _world = run_seed(seed, plant=plant)
+        if not outcome.ok:
+            failures.append(outcome)
+    return count, failures
+
+
+def run_seeds(
+    first: int, count: int, workers: int = 1, chunk: int = 500, progress=None, plant: str | None = None
+) -> tuple[int, list[Outcome], float]:
+    """Seeds first .. first+count-1; returns (seeds run, failures, seconds). Worker processes
+    are started here and always joined here (a pool in a `with`)."""
+    started = time.monotonic()
+    chunks = [(s, min(chunk, first + count - s), plant) for s in range(first, first + count, chunk)]
+    ran = 0
+    failures: list[Outcome] = []
+    if workers <= 1:
+        for args in chunks:
+            n, failed = _run_range(args)
+            ran += n
+            failures.extend(failed)
+            if progress:
+                progress(ran, failures, time.monotonic() - started)
+    else:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+        with context.Pool(workers) as pool:
+            for n, failed in pool.imap(_run_range, chunks):
+                ran += n
+                failures.extend(failed)
+                if progress:
+                    progress(ran, failures, time.monotonic() - started)
+    failures.sort(key=lambda o: o.seed)
+    return ran, failures, time.monotonic() - started
