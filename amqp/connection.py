@@ -5,9 +5,11 @@ Theory of operation: the owner feeds received bytes with `receive_data(data, now
 socket or a clock; time comes in as an argument (the latest `now` seen by `receive_data`,
 `tick` or `data_to_send` is the connection's idea of the present). It answers the protocol's own
 methods itself (protocol header, start/start-ok, tune/tune-ok, open, close both ways,
-heartbeats, channel open/close/flow) and assembles content (method + header + body frames), so
-the broker sees only `ConnectionOpened`, `ChannelOpened`, `MethodReceived`, `ContentReceived`,
-`ChannelFlow`, `ChannelClosed` and finally `ConnectionClosed`.
+heartbeats, channel open/close/flow, update-secret) and assembles content (method + header +
+body frames), so the broker sees only `ConnectionOpened`, `ChannelOpened`, `MethodReceived`,
+`ContentReceived`, `ChannelClosed` and finally `ConnectionClosed`. One answer is the shell's:
+the close-ok of a channel the peer closed (`finish_peer_close`), because what the broker still
+owes that channel (the confirms of its publishes) must reach the peer before it.
 
 Errors follow the spec and RabbitMQ: a hard error (bad frame, unexpected frame, a method on a
 closed channel) sends connection.close with the reply code and then ignores everything but
@@ -41,7 +43,6 @@ from . import spec
 from .errors import AMQPError, DecodeError, FrameError
 from .events import (
     ChannelClosed,
-    ChannelFlow,
     ChannelOpened,
     ConnectionClosed,
     ConnectionOpened,
@@ -74,6 +75,7 @@ PUBLISH_METHODS_CACHED_MAX = 256
 METHOD_MIN_BYTES = 4  # class u16, method u16
 FRAME_SIZE_FUDGE_BYTES = 8  # see _tune_ok
 CONNECTION_TUNE = (10, 30)  # RabbitMQ names connection.tune in a refused tune-ok's close
+CHANNEL_OPEN = (20, 10)
 
 
 class State(enum.Enum):
@@ -107,11 +109,23 @@ class _ConnectionError(AMQPError):
 class _Channel:
     """Per-channel protocol state: open/closing, and a partly assembled content."""
 
-    __slots__ = ("number", "closing", "content_method", "content_props", "content_size", "content_parts", "content_got")
+    __slots__ = (
+        "number",
+        "closing",
+        "peer_closed",
+        "content_method",
+        "content_props",
+        "content_size",
+        "content_parts",
+        "content_got",
+    )
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.closing = False  # we sent channel.close; frames are dropped until close-ok
+        # The peer sent channel.close: its frames are dropped, and our close-ok waits for the
+        # shell's `finish_peer_close` (confirms of its publishes go first, as RabbitMQ's).
+        self.peer_closed = False
         self.content_method: spec.BasicPublish | None = None  # awaiting its header/body frames
         self.content_props = b""
         self.content_size = -1  # -1 until the header frame arrived
@@ -279,18 +293,33 @@ class ServerConnection:
         self._out = []
         return data
 
+    # Output for a channel goes only while it is open for us: never on a channel we are closing
+    # (its frames would be discarded), and never on one whose close-ok was sent (the peer has
+    # forgotten it, and some clients treat a frame on an unknown channel as fatal).
+
     def send_method(self, channel: int, method: spec.Method) -> None:
-        if self.state is State.OPEN and not self._channel_closing(channel):
+        if self.state is State.OPEN and self._writable(channel):
             self._send_method(channel, method)
 
     def send_content(self, channel: int, method: spec.Method, props_raw: bytes, body: bytes) -> None:
-        if self.state is State.OPEN and not self._channel_closing(channel):
+        if self.state is State.OPEN and self._writable(channel):
             self._out.append(encode_content(channel, method, props_raw, body, self.frame_max))
 
     def send_raw(self, channel: int, data: bytes) -> None:
         """Pre-encoded frames on `channel` (the delivery fast path builds them itself)."""
-        if self.state is State.OPEN and not self._channel_closing(channel):
+        if self.state is State.OPEN and self._writable(channel):
             self._out.append(data)
+
+    def finish_peer_close(self, channel: int) -> None:
+        """Send the close-ok of a channel the peer closed (its `ChannelClosed` event came), now
+        that everything owed to it was written; its number may be opened again after this. A
+        no-op for any other channel."""
+        ch = self._channels.get(channel)
+        if ch is None or not ch.peer_closed:
+            return
+        del self._channels[channel]
+        if self.state is State.OPEN:
+            self._send_method(channel, spec.ChannelCloseOk())
 
     def close(
         self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0, now: float | None = None
@@ -387,9 +416,11 @@ class ServerConnection:
         else:
             self._terminate(reply_code, reply_text, by_peer=False)
 
-    def _channel_closing(self, channel: int) -> bool:
+    def _writable(self, channel: int) -> bool:
+        if channel == 0:
+            return True
         ch = self._channels.get(channel)
-        return ch is not None and ch.closing
+        return ch is not None and not ch.closing
 
     def _terminate(self, reply_code: int, reply_text: str, by_peer: bool) -> None:
         self.state = State.CLOSED
@@ -439,6 +470,13 @@ class ServerConnection:
                     # rabbit_channel:handle_method in state 'starting'
                     raise AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
                 return
+            if ch.peer_closed:
+                # Spec 2.2.4: after its close the peer sends nothing on the channel until our
+                # close-ok; what it sends is dropped, but an open of the same number is an error
+                # there (as RabbitMQ's: its channel process is still there).
+                if isinstance(method, spec.ChannelOpen):
+                    raise _ConnectionError(spec.CHANNEL_ERROR, "second 'channel.open' seen", *CHANNEL_OPEN)
+                return
             if ch.closing:
                 if isinstance(method, spec.ChannelCloseOk):
                     del self._channels[channel]
@@ -463,7 +501,7 @@ class ServerConnection:
         if ch is None:
             # RabbitMQ creates the channel on any frame; its assembler then wants a method.
             raise AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
-        if ch.closing:
+        if ch.closing or ch.peer_closed:
             return
         if frame_type == spec.FRAME_HEADER:
             if ch.content_method is None:
@@ -520,7 +558,7 @@ class ServerConnection:
         if self.state is not State.OPEN:
             return 0
         ch = self._channels.get(channel)
-        if ch is None or ch.closing or ch.content_method is not None:
+        if ch is None or ch.closing or ch.peer_closed or ch.content_method is not None:
             return 0
         header_type, header_channel, header = frames[i + 1]
         if header_type != 2 or header_channel != channel or len(header) < _CONTENT_HEADER_MIN_WITH_FLAGS:
@@ -564,9 +602,13 @@ class ServerConnection:
         ch.content_got = 0
 
     def _open_channel(self, channel: int) -> None:
-        if channel > self.channel_max > 0:
+        # rabbit_reader:create_channel: channel_max bounds how many channels are open at once
+        # (closing ones included, until their close-ok), not their numbers; 0 is no limit.
+        if self.channel_max and len(self._channels) >= self.channel_max:
             raise AMQPError(
-                spec.CHANNEL_ERROR, f"channel number {channel} exceeds the negotiated channel_max {self.channel_max}"
+                spec.NOT_ALLOWED,
+                f"number of channels opened ({len(self._channels)}) has reached the "
+                f"negotiated channel_max ({self.channel_max})",
             )
         self._channels[channel] = _Channel(channel)
         self._send_method(channel, spec.ChannelOpenOk())
@@ -584,20 +626,21 @@ class ServerConnection:
         cls = type(method)
         if cls is spec.ChannelClose:
             close = cast(spec.ChannelClose, method)
-            del self._channels[ch.number]
-            self._send_method(ch.number, spec.ChannelCloseOk())
+            ch.peer_closed = True  # the close-ok waits for finish_peer_close
             self._events.append(ChannelClosed(ch.number, close.reply_code, close.reply_text))
         elif cls is spec.ChannelOpen:
-            raise AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen")
+            raise _ConnectionError(spec.CHANNEL_ERROR, "second 'channel.open' seen", *CHANNEL_OPEN)
         elif cls is spec.ChannelFlow:
-            active = cast(spec.ChannelFlow, method).active
-            self._send_method(ch.number, spec.ChannelFlowOk(active=active))
-            self._events.append(ChannelFlow(ch.number, active))
+            # rabbit_channel: a client may not pause the server's deliveries this way (basic.qos
+            # does it); active=false is a connection error, active=true a no-op.
+            if not cast(spec.ChannelFlow, method).active:
+                raise _ConnectionError(spec.NOT_IMPLEMENTED, "active=false", method.CLASS_ID, method.METHOD_ID)
+            self._send_method(ch.number, spec.ChannelFlowOk(active=True))
         elif cls is spec.ChannelCloseOk or cls is spec.ChannelFlowOk:
             pass  # replies to nothing we sent; harmless
         elif method.CLASS_ID == 10:
             # rabbit_channel:handle_method's catch-all
-            raise AMQPError(spec.COMMAND_INVALID, f"unimplemented method {method.NAME} on channel {ch.number}")
+            raise _ConnectionError(spec.COMMAND_INVALID, "unimplemented method", method.CLASS_ID, method.METHOD_ID)
         else:
             self._events.append(MethodReceived(ch.number, method))
 
@@ -605,9 +648,15 @@ class ServerConnection:
         if type(method) is spec.ConnectionClose:
             self._send_method(0, spec.ConnectionCloseOk())
             self._terminate(method.reply_code, method.reply_text, by_peer=True)
+        elif type(method) is spec.ConnectionUpdateSecret:
+            # rabbit_reader:handle_method0: the user's backend takes the new secret; ours (the
+            # internal one) checked the credentials at login and keeps no token that expires.
+            self._send_method(0, spec.ConnectionUpdateSecretOk())
         else:
             # rabbit_reader:handle_method0's catch-all (a stray close-ok included)
-            raise AMQPError(spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state running")
+            raise _ConnectionError(
+                spec.CHANNEL_ERROR, "unexpected method in connection state running", method.CLASS_ID, method.METHOD_ID
+            )
 
     def _handle_handshake(self, frame_type: int, channel: int, payload: bytes | memoryview) -> None:
         if frame_type != spec.FRAME_METHOD or channel != 0:
@@ -626,8 +675,11 @@ class ServerConnection:
         elif self.state is State.AWAIT_OPEN and type(method) is spec.ConnectionOpen:
             self._open(method)
         else:
-            raise AMQPError(
-                spec.CHANNEL_ERROR, f"unexpected method {method.NAME} in connection state {_RABBIT_STATE[self.state]}"
+            raise _ConnectionError(
+                spec.CHANNEL_ERROR,
+                f"unexpected method in connection state {_RABBIT_STATE[self.state]}",
+                method.CLASS_ID,
+                method.METHOD_ID,
             )
 
     def _start_ok(self, method: spec.ConnectionStartOk) -> None:

@@ -37,20 +37,15 @@ class ChannelOpened:
 class ChannelClosed:
     """The channel is gone: closed by the peer, or our close was acknowledged.
 
-    The broker releases everything the channel held (consumers, unacked deliveries).
+    The broker releases everything the channel held (consumers, unacked deliveries). When the
+    peer closed it, the broker then calls `finish_peer_close` once what it owes the channel
+    (confirms) is written; until then the number stays taken and the peer's frames on it are
+    dropped.
     """
 
     channel: int
     reply_code: int
     reply_text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelFlow:
-    """channel.flow from the peer; flow-ok has already been sent."""
-
-    channel: int
-    active: bool
 
 
 @dataclass(slots=True)
@@ -88,5 +83,5 @@ class ConnectionClosed:
 
 
 Event: TypeAlias = (
-    ConnectionOpened | ChannelOpened | ChannelClosed | ChannelFlow | MethodReceived | ContentReceived | ConnectionClosed
+    ConnectionOpened | ChannelOpened | ChannelClosed | MethodReceived | ContentReceived | ConnectionClosed
 )

@@ -579,11 +579,19 @@ class MetadataMachine:
         return True, []
 
     def _unbind(self, cmd: Unbind) -> MetaResult:
+        """Idempotent, as RabbitMQ's (rabbit_binding:remove ignores a missing source or
+        destination): unbinding what is not bound, from or to what does not exist, succeeds.
+        Clients rely on it (aio-pika's RPC unbinds a reply queue its cancel may have removed)."""
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        if cmd.source == "" or (cmd.to_exchange and cmd.destination == ""):
+            return Rejected(403, "operation not permitted on the default exchange"), []
+        missing = cmd.destination not in (v.exchanges if cmd.to_exchange else v.queues)
+        if missing or cmd.source not in v.exchanges:
+            return True, []
         source = self._check_binding(v, cmd)
-        if isinstance(source, Rejected):
+        if isinstance(source, Rejected):  # (an exclusive queue of another connection)
             return source, []
         dest = ("e:" if cmd.to_exchange else "q:") + cmd.destination
         args = dict(cmd.arguments or {})

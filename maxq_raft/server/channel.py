@@ -61,6 +61,7 @@ class ChannelHost(Protocol):
         self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message
     ) -> None: ...
     def wake(self) -> None: ...
+    def cancel_later(self, channel: int, consumer_tag: str) -> None: ...
 
 
 class Channel:
@@ -531,12 +532,6 @@ class Channel:
             tag = state.deliver(None if handle.no_ack else (handle.queue_key, handle.consumer_id, message.seq))
             write_delivery(self.number, handle, tag, redelivered, message)
 
-    def set_flow(self, active: bool) -> None:
-        state = self.state
-        state.set_flow(active)
-        if state.held:
-            self.release_held()
-
     def consumer_gone(self, handle: ConsumerHandle) -> None:
         """The queue was deleted: tell the client (consumer_cancel_notify) and forget the consumer."""
         if self.consumers.pop(handle.tag, None) is None:
@@ -544,8 +539,7 @@ class Channel:
         if self.state.held:
             self.state.take_held(lambda item: item[0] is handle)
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
-            self.conn.send_method(self.number, spec.BasicCancel(consumer_tag=handle.tag, no_wait=True))
-            self.session.wake()
+            self.session.cancel_later(self.number, handle.tag)
 
     # ------------------------------------------------------------- close
 

@@ -1,6 +1,6 @@
 """One channel's delivery and publish bookkeeping, sans-IO: delivery tags, the unacked map and
 what basic.ack/nack/reject take, basic.recover, publisher-confirm numbering, the tx buffer, and
-when a delivery must be held back (channel.flow, the channel-wide prefetch).
+when a delivery must be held back (the channel-wide prefetch).
 
 Theory of operation: `ChannelState` is a pure object. The channel shell (`channel.py`) calls it
 with each client method or delivery; it answers with what to do (the tag to write, the entries
@@ -35,11 +35,11 @@ RabbitMQ; tx.commit hands over the publishes, then the settles in the order they
 tx.rollback drops the publishes and puts the settled entries back under their tags. A channel
 is in confirm mode or transactional, never both (406 either way round).
 
-Held deliveries: a delivery is written at once unless the client paused the channel
-(channel.flow), the channel-wide limit (basic.qos global) is reached, or earlier deliveries are
-already held (order is kept). `holding` says which, in one attribute read for the hot path; the
-shell then `hold`s the item and, when acks or flow make room, writes what `next_released`
-gives back. No-ack deliveries count against no limit but wait in line behind held ones.
+Held deliveries: a delivery is written at once unless the channel-wide limit (basic.qos global)
+is reached or earlier deliveries are already held (order is kept). `holding` says which, in one
+attribute read for the hot path; the shell then `hold`s the item and, when acks make room,
+writes what `next_released` gives back. (channel.flow active=false, which would pause a channel,
+is refused as RabbitMQ refuses it: amqp/connection.py.) No-ack deliveries count against no limit but wait in line behind held ones.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class ChannelState:
         "unacked",
         "prefetch_count",
         "prefetch_count_global",
-        "flow_active",
         "held",
         "holding",
         "confirm",
@@ -76,7 +75,6 @@ class ChannelState:
         self.unacked: dict[int, Any] = {}  # delivery tag -> entry, in tag order
         self.prefetch_count = 0  # basic.qos(global=false): for consumers started after it
         self.prefetch_count_global = 0  # basic.qos(global=true): unacked deliveries on the channel
-        self.flow_active = True  # channel.flow from the client
         self.held: deque = deque()  # items of deliveries not written yet, in order
         self.holding = False  # a delivery now must be held: see _must_hold
         self.confirm = False
@@ -109,7 +107,7 @@ class ChannelState:
     def next_released(self):
         """The oldest held item that may be written now (the caller then `deliver`s it), or None."""
         held = self.held
-        if not held or not self.flow_active:
+        if not held:
             return None
         limit = self.prefetch_count_global
         if limit and len(self.unacked) >= limit:
@@ -131,11 +129,6 @@ class ChannelState:
         self.holding = self._must_hold()
         return taken
 
-    def set_flow(self, active: bool) -> None:
-        """channel.flow from the client: while inactive nothing is written (held instead)."""
-        self.flow_active = active
-        self.holding = self._must_hold()
-
     def qos(self, prefetch_size_bytes: int, prefetch_count: int, global_: bool) -> None:
         if prefetch_size_bytes:
             # rabbit_channel: a byte limit is refused with a connection error.
@@ -153,7 +146,7 @@ class ChannelState:
 
     def _must_hold(self) -> bool:
         limit = self.prefetch_count_global
-        return bool(self.held) or not self.flow_active or bool(limit and len(self.unacked) >= limit)
+        return bool(self.held) or bool(limit and len(self.unacked) >= limit)
 
     # ---------------------------------------------------------- settling
 

@@ -121,7 +121,9 @@ class Confirms:
     def _ready(self) -> None:
         for channel, waits in list(self.waits.items()):
             session = channel.session
-            alive = session.channels.get(channel.number) is channel and not session.finished
+            number = channel.number
+            closing = session.closing_channels.get(number) is channel  # closed by the client
+            alive = (closing or session.channels.get(number) is channel) and not session.finished
             sent = False
             while waits and waits[0][0].remaining == 0:
                 batch, seqs = waits.popleft()
@@ -154,6 +156,10 @@ class Confirms:
                     sent = True
             if not waits:
                 del self.waits[channel]
+                if closing:
+                    del session.closing_channels[number]
+                    session.conn.finish_peer_close(number)  # its close-ok, after its last confirm
+                    sent = True
             if sent:
                 session.wake()
 

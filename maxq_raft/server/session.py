@@ -26,7 +26,6 @@ from ..amqp.connection import ServerConnection, State
 from ..amqp.errors import AMQPError
 from ..amqp.events import (
     ChannelClosed,
-    ChannelFlow,
     ChannelOpened,
     ConnectionClosed,
     ConnectionOpened,
@@ -105,6 +104,13 @@ class Session:
             now=trio.current_time(),
         )
         self.channels: dict[int, Channel] = {}
+        # Channels the client closed whose close-ok waits for their confirms (Confirms sends it
+        # after the last of them): RabbitMQ sends a channel's confirms before its close-ok, and a
+        # client that closes right after publishing must not get them on a channel it forgot.
+        self.closing_channels: dict[int, Channel] = {}
+        # basic.cancel of consumers whose queue went, written by the writer: after the reply of
+        # the method that removed the queue (queue.delete-ok first, as RabbitMQ orders them).
+        self.cancels: list[tuple[int, str]] = []
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
         # queue key -> [(position in its pending batch, (channel number, confirm seq))]: kept beside
         # the batch for publishes awaiting a confirm, to nack those a reject-publish queue refuses
@@ -223,6 +229,8 @@ class Session:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
+                if self.cancels:
+                    self._write_cancels()
                 data = conn.data_to_send(trio.current_time())
                 if data:
                     try:
@@ -267,6 +275,25 @@ class Session:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def cancel_later(self, channel: int, consumer_tag: str) -> None:
+        """Tell the client its consumer is gone (consumer_cancel_notify), once the replies that
+        are due now are written: a queue removed by this connection's own queue.delete (or the
+        cancel that auto-deleted it) answers that method before the consumers' basic.cancel."""
+        self.cancels.append((channel, consumer_tag))
+        self.wake()
+
+    def _write_cancels(self) -> None:
+        kept = []
+        for number, tag in self.cancels:
+            channel = self.channels.get(number)
+            if channel is not None and channel in self.holding:
+                # It waits for a commit (in a cluster, its queue.delete: the shard removes the
+                # queue before the reply is due); the cancel follows that reply (`continuation`).
+                kept.append((number, tag))
+            else:
+                self.conn.send_method(number, spec.BasicCancel(consumer_tag=tag, no_wait=True))
+        self.cancels = kept
 
     # ------------------------------------------------------------ events
 
@@ -327,10 +354,10 @@ class Session:
                 channel = channels.pop(event.channel, None)
                 if channel is not None:
                     channel.close()
-            elif kind is ChannelFlow:
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel.set_flow(event.active)
+                    if self.broker.log.confirms.waits.get(channel):
+                        self.closing_channels[event.channel] = channel
+                        continue
+                self.conn.finish_peer_close(event.channel)  # (a no-op when we closed it)
             elif kind is ConnectionOpened:
                 self.vhost = event.vhost
                 self.user = event.user

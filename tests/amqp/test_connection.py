@@ -23,7 +23,6 @@ from maxq_raft.amqp.connection import (
 )
 from maxq_raft.amqp.events import (
     ChannelClosed,
-    ChannelFlow,
     ChannelOpened,
     ConnectionClosed,
     ConnectionOpened,
@@ -360,7 +359,8 @@ def test_out_of_order_handshake_method():
     peer.received()
     peer.method(0, spec.ConnectionTuneOk(channel_max=10, frame_max=4096, heartbeat=0))
     peer.method(0, spec.ConnectionTuneOk(channel_max=10, frame_max=4096, heartbeat=0))
-    assert_hard_close(peer, spec.CHANNEL_ERROR, "unexpected method connection.tune-ok in connection state opening")
+    close = assert_hard_close(peer, spec.CHANNEL_ERROR, class_id=10, method_id=31)
+    assert close.reply_text == "CHANNEL_ERROR - unexpected method in connection state opening"
     # ... in 'starting' it just drops the socket.
     peer = Peer()
     peer.send(PROTOCOL_HEADER)
@@ -398,10 +398,28 @@ def test_channel_open_and_close_by_client():
     assert sorted(peer.conn.open_channels) == [1, 7]
     events = peer.method(7, spec.ChannelClose(reply_code=200, reply_text="ok", class_id=0, method_id=0))
     assert events == [ChannelClosed(7, 200, "ok")]
+    # The close-ok is the shell's to send (after what it still owes the channel: confirms);
+    # until then the number is taken and the peer's frames on it are dropped.
+    assert peer.received() == []
+    peer.conn.send_method(7, spec.BasicAck(delivery_tag=1, multiple=False))
+    assert peer.method(7, spec.QueueDeclare(queue="q")) == []
+    peer.one_method(spec.BasicAck, 7)
+    peer.conn.finish_peer_close(7)
     peer.one_method(spec.ChannelCloseOk, 7)
     assert peer.conn.open_channels == [1]
-    # The number can be reused.
+    # Nothing is written on it any more, and the number can be reused.
+    peer.conn.send_method(7, spec.BasicAck(delivery_tag=2, multiple=False))
+    peer.conn.finish_peer_close(7)
+    assert peer.received() == []
     open_channel(peer, 7)
+
+
+def test_finish_peer_close_is_a_no_op_for_other_channels():
+    peer = open_peer()
+    open_channel(peer, 1)
+    peer.conn.finish_peer_close(1)  # open, not closed by the peer
+    peer.conn.finish_peer_close(9)  # never opened
+    assert peer.received() == [] and peer.conn.open_channels == [1]
 
 
 def test_channel_close_by_server_drops_frames_until_close_ok():
@@ -444,13 +462,42 @@ def test_second_channel_open_is_504():
     peer = open_peer()
     open_channel(peer, 1)
     peer.method(1, spec.ChannelOpen())
-    assert_hard_close(peer, spec.CHANNEL_ERROR, "second 'channel.open' seen")
+    assert_hard_close(peer, spec.CHANNEL_ERROR, "second 'channel.open' seen", class_id=20, method_id=10)
 
 
-def test_channel_above_channel_max_is_refused():
-    peer = open_peer(channel_max=10)
-    peer.method(11, spec.ChannelOpen())
-    assert_hard_close(peer, spec.CHANNEL_ERROR, "channel_max")
+def test_channel_max_bounds_how_many_channels_are_open_not_their_numbers():
+    peer = open_peer(channel_max=2)
+    open_channel(peer, 65535)
+    open_channel(peer, 11)
+    peer.method(1, spec.ChannelOpen())
+    close = assert_hard_close(peer, spec.NOT_ALLOWED, class_id=0, method_id=0)
+    assert close.reply_text == "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+
+
+def test_a_channel_closing_still_counts_against_channel_max():
+    peer = open_peer(channel_max=2)
+    open_channel(peer, 1)
+    open_channel(peer, 2)
+    peer.method(2, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0))
+    peer.method(3, spec.ChannelOpen())  # 2's close-ok is not sent yet
+    assert_hard_close(peer, spec.NOT_ALLOWED, "channel_max (2)")
+
+
+def test_channel_flow():
+    peer = open_peer()
+    open_channel(peer, 1)
+    assert peer.method(1, spec.ChannelFlow(active=True)) == []
+    assert peer.one_method(spec.ChannelFlowOk, 1).active is True
+    peer.method(1, spec.ChannelFlow(active=False))  # RabbitMQ: not implemented, a hard error
+    close = assert_hard_close(peer, spec.NOT_IMPLEMENTED, class_id=20, method_id=20)
+    assert close.reply_text == "NOT_IMPLEMENTED - active=false"
+
+
+def test_update_secret_is_answered():
+    peer = open_peer()
+    assert peer.method(0, spec.ConnectionUpdateSecret(new_secret=b"s", reason="rotation")) == []
+    peer.one_method(spec.ConnectionUpdateSecretOk, 0)
+    assert peer.conn.state is State.OPEN
 
 
 def test_channel_methods_become_events():
@@ -459,21 +506,29 @@ def test_channel_methods_become_events():
     declare = spec.QueueDeclare(queue="q", durable=True, arguments={"x-max-length": 10})
     [event] = peer.method(1, declare)
     assert event == MethodReceived(1, declare)
-    assert peer.method(1, spec.ChannelFlow(active=False)) == [ChannelFlow(1, False)]
-    assert peer.one_method(spec.ChannelFlowOk, 1).active is False
 
 
 def test_connection_method_on_a_channel_is_503():
     peer = open_peer()
     open_channel(peer, 1)
-    peer.method(1, spec.ConnectionOpen(virtual_host="/"))
-    assert_hard_close(peer, spec.COMMAND_INVALID)
+    peer.method(1, spec.ConnectionUpdateSecret(new_secret=b"s", reason=""))
+    close = assert_hard_close(peer, spec.COMMAND_INVALID, class_id=10, method_id=70)
+    assert close.reply_text == "COMMAND_INVALID - unimplemented method"  # RabbitMQ 3.10's, side by side
+
+
+def test_channel_open_again_before_our_close_ok_is_504():
+    peer = open_peer()
+    open_channel(peer, 1)
+    peer.method(1, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0))
+    peer.method(1, spec.ChannelOpen())
+    assert_hard_close(peer, spec.CHANNEL_ERROR, "second 'channel.open' seen", class_id=20, method_id=10)
 
 
 def test_other_methods_on_channel_0_are_504():
     peer = open_peer()
     peer.method(0, spec.QueueDeclare(queue="q"))
-    assert_hard_close(peer, spec.CHANNEL_ERROR, "unexpected method queue.declare in connection state running")
+    close = assert_hard_close(peer, spec.CHANNEL_ERROR, class_id=50, method_id=10)
+    assert close.reply_text == "CHANNEL_ERROR - unexpected method in connection state running"
 
 
 def test_content_method_other_than_publish_is_503():
@@ -853,7 +908,6 @@ def _client_stream() -> tuple[bytes, list]:
     expected += [ContentReceived(1 + i % 2, PUBLISH, PROPS, body) for i, body in enumerate(bodies)]
     expected += [
         MethodReceived(2, consume),
-        ChannelFlow(2, True),
         ChannelClosed(2, 200, ""),
         ConnectionClosed(200, "bye", True),
     ]

@@ -306,46 +306,35 @@ def test_closing_a_channel_requeues_its_unacked_messages(env):
     assert all(m[2] for m in late.messages), "requeued messages are redelivered=True"
 
 
-def test_channel_flow_pauses_and_resumes_deliveries(env):
-    # pika's BlockingChannel has no flow(); its underlying Channel does: channel._impl.flow(active,
-    # callback) sends channel.flow and calls back with flow-ok's `active`.
-    # NB: this is the AMQP 0-9-1 spec's semantics. RabbitMQ (rabbit_channel handle_method
-    # channel.flow) answers active=false with 540 NOT_IMPLEMENTED "active=false"; see the report.
+def test_channel_flow_active_false_closes_the_connection_as_rabbitmq(env):
+    # pika's BlockingChannel has no flow(); its underlying Channel does. The spec lets a client
+    # pause deliveries with channel.flow; RabbitMQ refuses it (540, a connection error) and so
+    # do we: clients use basic.qos (docs/compatibility.md).
     connection = env.connect()
     channel = connection.channel()
-    name = env.queue_name()
-    channel.queue_declare(name)
-    collector = Collector()
-    channel.basic_consume(name, collector, auto_ack=True)
     flow_ok = []
-    channel._impl.flow(False, flow_ok.append)
-    assert wait_until(lambda: flow_ok, 5.0, connections=[connection]) and flow_ok == [False]
-    publisher = connection.channel()
-    for i in range(3):
-        publisher.basic_publish("", name, b"m%d" % i)
-    pump([connection], 0.3)
-    assert collector.messages == []
     channel._impl.flow(True, flow_ok.append)
-    assert wait_until(lambda: len(collector.messages) == 3, 5.0, connections=[connection])
-    assert flow_ok == [False, True]
-    assert collector.bodies == [b"m0", b"m1", b"m2"]
+    assert wait_until(lambda: flow_ok, 5.0, connections=[connection]) and flow_ok == [True]
+    channel._impl.flow(False, flow_ok.append)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        pump([connection], 2.0)
+    assert (closed.value.reply_code, closed.value.reply_text) == (540, "NOT_IMPLEMENTED - active=false")
 
 
-def test_closing_a_paused_channel_gives_its_held_messages_back(env):
+def test_closing_a_channel_gives_its_held_messages_back(env):
     connection = env.connect()
     channel = connection.channel()
     name = env.queue_name()
     channel.queue_declare(name)
+    channel.basic_qos(prefetch_count=1, global_qos=True)  # the channel-wide limit holds the rest
     collector = Collector()
     channel.basic_consume(name, collector)
-    flow_ok = []
-    channel._impl.flow(False, flow_ok.append)
-    assert wait_until(lambda: flow_ok, 5.0, connections=[connection])
     publisher = connection.channel()
     for i in range(3):
         publisher.basic_publish("", name, b"m%d" % i)
+    assert wait_until(lambda: collector.messages, 5.0, connections=[connection])
     pump([connection], 0.2)
-    assert collector.messages == []
+    assert collector.bodies == [b"m0"]  # one unacked, two held back
     channel.close()
     ok = publisher.queue_declare(name, passive=True).method
     assert (ok.message_count, ok.consumer_count) == (3, 0)

@@ -32,7 +32,6 @@ def snapshot(state: ChannelState) -> tuple:
         list(state.unacked.items()),
         state.prefetch_count,
         state.prefetch_count_global,
-        state.flow_active,
         list(state.held),
         state.holding,
         state.confirm,
@@ -212,7 +211,6 @@ def test_close_forgets_everything():
     state.tx_select()
     state.settle(ACK, 1, False)
     state.buffer_publish("p")
-    state.set_flow(False)
     state.hold("item")
     state.close()
     assert (state.unacked, list(state.held), state.tx_publishes, state.tx_settles) == ({}, [], [], [])
@@ -267,28 +265,16 @@ def test_no_ack_deliveries_count_against_no_limit_but_wait_their_turn():
     assert state.holding
 
 
-def test_flow_pauses_writes_and_resumes_them():
-    state = ChannelState()
-    state.set_flow(False)
-    assert state.holding
-    state.hold("a")
-    state.hold("b")
-    assert state.next_released() is None
-    state.set_flow(True)
-    assert state.holding  # still behind the held ones
-    assert [state.next_released(), state.next_released(), state.next_released()] == ["a", "b", None]
-    assert not state.holding
-
-
 def test_take_held_of_one_consumer():
     state = ChannelState()
-    state.set_flow(False)
+    state.qos(0, 1, True)
+    state.deliver("m0")  # at the limit: later deliveries are held
     for item in [("c1", 1), ("c2", 2), ("c1", 3)]:
         state.hold(item)
     assert state.take_held(lambda item: item[0] == "c1") == [("c1", 1), ("c1", 3)]
     assert list(state.held) == [("c2", 2)]
     assert state.take_held() == [("c2", 2)]
-    state.set_flow(True)
+    state.settle(ACK, 1, False)
     assert not state.holding
 
 
@@ -317,7 +303,6 @@ class Model:
         self.tx_publishes: list[str] = []
         self.publish_seq = 0
         self.confirmed_upto = 0
-        self.flow = True
         self.limit = 0
         self.held: list = []
 
@@ -335,7 +320,7 @@ class Model:
         raise ChannelError(406, f"unknown delivery tag {tag}")
 
     def must_hold(self) -> bool:
-        return bool(self.held) or not self.flow or bool(self.limit and len(self.outstanding) >= self.limit)
+        return bool(self.held) or bool(self.limit and len(self.outstanding) >= self.limit)
 
 
 class ChannelStateModel(RuleBasedStateMachine):
@@ -392,15 +377,11 @@ class ChannelStateModel(RuleBasedStateMachine):
     @rule()
     def release(self):
         while (item := self.state.next_released()) is not None:
-            assert self.model.held and self.model.flow
+            assert self.model.held
             assert not (self.model.limit and len(self.model.outstanding) >= self.model.limit)
             assert item == self.model.held.pop(0)
             self.write(item[2])
-        assert (
-            not self.model.held
-            or not self.model.flow
-            or (self.model.limit and len(self.model.outstanding) >= self.model.limit)
-        )
+        assert not self.model.held or (self.model.limit and len(self.model.outstanding) >= self.model.limit)
 
     @rule(
         kind=st.sampled_from([ACK, REQUEUE, DISCARD]),
@@ -444,11 +425,6 @@ class ChannelStateModel(RuleBasedStateMachine):
         assert answer == [entry for _t, entry in self.model.outstanding]
         self.model.outstanding = []
         self.hand_out(answer)
-
-    @rule(active=st.booleans())
-    def flow(self, active):
-        self.state.set_flow(active)
-        self.model.flow = active
 
     @rule(count=st.integers(0, 4), global_=st.booleans())
     def qos(self, count, global_):
