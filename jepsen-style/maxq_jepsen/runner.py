@@ -286,22 +286,40 @@ class Run:
         """Consumers keep going until the queue(s) show no ready message twice in a row (bounded)."""
         from .workload import blocking_connection  # local: only the settle step needs a blocking client
 
+        def ready_on(name: str, host: str, port: int) -> int:
+            with self.lab.enter(name):
+                conn = blocking_connection(host, port, self.spec.workload)
+            try:
+                channel = conn.channel()
+                return sum(
+                    channel.queue_declare(q, passive=True).method.message_count for q in self.spec.workload.queues()
+                )
+            finally:
+                conn.close()
+
         deadline = time.monotonic() + self.spec.settle_s
         zeros = 0
         while time.monotonic() < deadline and zeros < 2:
             ready = 0
-            try:
-                for name, host, port in nodes:
-                    with self.lab.enter(name):
-                        conn = blocking_connection(host, port, self.spec.workload)
+            for name, host, port in nodes:
+                # In a thread, waited for until the deadline: a node that never answers (a bug the
+                # probes report) must not stall the run; the thread ends when the node is stopped.
+                box: list = []
+
+                def ask(name=name, host=host, port=port, box=box) -> None:
                     try:
-                        channel = conn.channel()
-                        for queue in self.spec.workload.queues():
-                            ready += channel.queue_declare(queue, passive=True).method.message_count
-                    finally:
-                        conn.close()
-            except Exception:
-                ready = -1
+                        box.append(ready_on(name, host, port))
+                    except Exception:
+                        box.append(-1)
+
+                thread = threading.Thread(target=ask, daemon=True, name=f"settle-{name}")
+                thread.start()
+                thread.join(max(0.1, deadline - time.monotonic()))
+                count = box[0] if box else -1
+                if count < 0:
+                    ready = -1
+                    break
+                ready += count
             zeros = zeros + 1 if ready == 0 else 0
             time.sleep(SETTLE_POLL_S)
 

@@ -29,7 +29,8 @@ repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
 3. conflict clamp (follower): after a prevLogTerm mismatch at p, pysyncobj answers the
    leader's other pipelined appends with "send from my end", undoing the back-up (a livelock
    measured on stock pysyncobj, docs/design.md §3). Until the first entry of the conflicting
-   term is gone, every "reset" reply points at it (which is also Raft's fast back-up).
+   term is gone, every "reset" reply points at it (which is also Raft's fast back-up), but
+   never at or below the first entry a compaction kept (`_hint_floor`).
 4. dedup (leader): entries already put on the current connection are not sent again when
    pysyncobj rewinds nextIndex; an all-duplicate message becomes a heartbeat (or is dropped
    if a message went out less than a heartbeat ago and it carries no new commit index). A
@@ -403,6 +404,16 @@ class GroupTransport(Transport):
             return None
         return dict(message, prevLogIdx=ents[-1][1], prevLogTerm=ents[-1][2], entries=[])
 
+    def _hint_floor(self, f: int) -> int:
+        """The leader answers "from f" with prevLogIdx f - 1, which this log must still hold:
+        never at or below the first entry kept after a compaction (it and everything before it
+        were committed, so the conflict cannot begin there). Pointing there was a livelock
+        (jepsen seed 300, 2026-12-01): a member whose conflicting run began before its snapshot
+        answered every append "from my first entry", the leader's append from there named an
+        entry the member no longer had, pysyncobj answered "from my end", clamped back to the
+        first entry: that shard never replicated to the member again."""
+        return max(f, self.log.first_index + 1)
+
     def _clamp(self, message: dict) -> dict:
         if self.hint is None:
             return message
@@ -410,6 +421,7 @@ class GroupTransport(Transport):
         if self.log.term_at(f) != t:
             self.hint = None  # the conflicting run was truncated: resolved
             return message
+        f = self._hint_floor(f)  # (a compaction since the hint was taken may have reached it)
         if message["next_node_idx"] > f:
             self.stats["hint_clamps"] += 1
             message["next_node_idx"] = f
@@ -498,7 +510,7 @@ class GroupTransport(Transport):
         if tp is None:
             return msg, None  # a gap: pysyncobj answers reset (clamped)
         if tp != pt:
-            f = rl.run_start(p)
+            f = self._hint_floor(rl.run_start(p))
             if self.hint is None or f < self.hint[0]:
                 self.hint = (f, tp)
             self.stats["guard_prev_mismatch"] += 1

@@ -94,6 +94,9 @@ class ManualJournal:
         del self.entries[index:]
         self._durable = min(self._durable, index)
 
+    def compact_before(self, first: int) -> None:
+        self.first_index = first  # (the entries stay readable here; RaftLog no longer asks for them)
+
     def read(self, lo: int, hi: int | None = None):
         hi = self.last_index if hi is None else min(hi, self.last_index)
         return iter(list(self.entries[lo - 1 : hi]))
@@ -275,6 +278,26 @@ def test_conflict_clamp_points_at_the_conflicting_term(harness, seams):
     assert h.log.last_index == 8 and h.log.term_at(6) == 3
     assert h.link.acks("L2")[-1] == 8
     assert h.t.hint is None
+
+
+def test_conflict_clamp_never_points_below_what_a_compacted_log_holds(harness):
+    # jepsen seed 300 (2026-12-01): a member that led term 2 and then snapshotted had its
+    # conflicting term-2 run begin before its first kept entry; every reset pointed the new
+    # leader at that first entry, whose predecessor the member no longer had, so pysyncobj
+    # answered "from my end", clamped back again: the shard never replicated to it again.
+    h = harness()
+    h.feed("L", ae(1, 1, 0, run(2, 5, 1)))
+    h.feed("L", ae(2, 5, 1, run(6, 20, 2), commit=15))
+    h.log.compact(10)  # a snapshot covered the entries before 10
+    h.feed("L2", ae(3, 20, 3, run(21, 22, 3)))  # prevLogTerm mismatch at 20: the term-2 run began at 6
+    h.feed("L2", ae(3, 25, 3, [(26, 3)]))  # beyond our log
+    resets = h.link.resets("L2")
+    assert resets and all(r - 1 >= h.log.first_index for r in resets), (resets, h.log.first_index)
+    # the leader backs up to the reset, with prevLogIdx an entry we hold: one truncation resolves it
+    r = min(resets)
+    h.feed("L2", ae(3, r - 1, 2, run(r, 19, 2) + run(20, 22, 3)))
+    assert h.log.last_index == 22 and h.log.term_at(20) == 3 and h.log.term_at(19) == 2
+    assert h.link.acks("L2")[-1] == 22
 
 
 # ------------------------------------------------------------------------ 2. held messages
