@@ -207,3 +207,20 @@ def test_queue_delete_ok_comes_before_the_cancel_of_its_consumers(raw):
     client.method(1, spec.QueueDelete(queue=queue))
     kinds = [(ch, type(m)) for ch, m in client.frames_until_quiet()]
     assert kinds == [(1, spec.QueueDeleteOk), (1, spec.BasicCancel)]
+
+
+def test_kombu_consumer_whose_queue_its_own_channel_deletes(broker):
+    # Seen in kombu's event-loop tests (py-amqp transport): py-amqp dispatches a basic.cancel that
+    # arrives while it waits for queue.delete-ok, so the order shows; RabbitMQ's is delete-ok first.
+    import kombu
+
+    with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}//", connect_timeout=5) as connection:
+        channel = connection.default_channel  # a py-amqp Channel
+        name = "compat-kombu-" + uuid.uuid4().hex[:8]
+        channel.queue_declare(name, auto_delete=False)
+        cancelled: list[str] = []
+        tag = channel.basic_consume(name, callback=lambda message: None, on_cancel=cancelled.append)
+        assert channel.queue_delete(name) == 0
+        assert cancelled == [], "basic.cancel came before queue.delete-ok"
+        connection.drain_events(timeout=5)
+        assert cancelled == [tag]
