@@ -355,6 +355,9 @@ async def put_policy(broker, request: Request) -> dict:
         spec.get("priority", 0),
         spec.get("apply-to", "all"),
     )
+    refused = md.policy_record(command)  # before anything is proposed: a refusal leaves the log as it was
+    if isinstance(refused, Rejected):
+        raise HttpError("400 Bad Request", refused.reply_text)
     return await _meta_change(broker, command)
 
 

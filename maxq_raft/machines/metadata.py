@@ -15,11 +15,11 @@ the machine stays deterministic.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
+from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
 from .routing import EXCHANGE_TYPES, Router, make_router, validate_binding_arguments
@@ -105,7 +105,7 @@ class PolicyRecord:
     definition: dict[str, Any]  # policy keys -> values
     priority: int
     apply_to: str
-    regex: Any = None  # compiled `pattern`
+    regex: Any = None  # `pattern` compiled (policy_pattern.PolicyPattern)
 
     def arguments(self) -> Arguments:
         return {POLICY_KEYS[key]: value for key, value in self.definition.items()}
@@ -486,27 +486,9 @@ class MetadataMachine:
         v = self.vhosts.get(cmd.vhost)
         if v is None:
             return Rejected(404, f"no vhost '{cmd.vhost}'"), []
-        if type(cmd.name) is not str or not cmd.name or type(cmd.pattern) is not str:
-            return Rejected(406, "Validation failed\n\na policy needs a name and a pattern"), []
-        if type(cmd.priority) is not int or isinstance(cmd.priority, bool):
-            return Rejected(406, f"Validation failed\n\npriority {cmd.priority!r} is not an integer"), []
-        if cmd.apply_to not in POLICY_APPLY_TO:
-            return Rejected(406, f"Validation failed\n\n'{cmd.apply_to}' is not a valid apply-to value"), []
-        try:
-            regex = re.compile(cmd.pattern)
-        except re.error as exc:
-            return Rejected(406, f"Validation failed\n\n{cmd.pattern!r} is not a valid regular expression: {exc}"), []
-        definition = cmd.definition
-        if not isinstance(definition, dict) or not definition:
-            return Rejected(406, "Validation failed\n\na policy needs a non-empty definition"), []
-        unknown = sorted(key for key in definition if key not in POLICY_KEYS)
-        if unknown:
-            return Rejected(406, f"Validation failed\n\n{unknown} are not recognised policy settings"), []
-        record = PolicyRecord(cmd.name, cmd.pattern, dict(definition), cmd.priority, cmd.apply_to, regex)
-        try:
-            validate_queue_arguments(cmd.vhost, cmd.name, record.arguments())
-        except QueueArgumentError as exc:
-            return Rejected(406, f"Validation failed\n\n{exc.reply_text}"), []
+        record = policy_record(cmd)
+        if isinstance(record, Rejected):
+            return record, []
         v.policies[cmd.name] = record
         return True, [PolicyChanged(cmd.vhost)]
 
@@ -526,7 +508,7 @@ class MetadataMachine:
         best = None
         for name in sorted(v.policies):
             policy = v.policies[name]
-            if policy.apply_to == "exchanges" or policy.regex.search(queue) is None:
+            if policy.apply_to == "exchanges" or not policy.regex.matches(queue):
                 continue
             if best is None or policy.priority > best.priority:
                 best = policy
@@ -698,3 +680,31 @@ def _erlang_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def policy_record(cmd: SetPolicy) -> PolicyRecord | Rejected:
+    """The policy `cmd` sets, or why it is refused (406, RabbitMQ's "Validation failed" texts).
+    Pure: the admin API runs it before proposing, so nothing it refuses reaches the log; the
+    machine runs it again on apply (and on replay), where it decides."""
+    if type(cmd.name) is not str or not cmd.name or type(cmd.pattern) is not str:
+        return Rejected(406, "Validation failed\n\na policy needs a name and a pattern")
+    if type(cmd.priority) is not int or isinstance(cmd.priority, bool):
+        return Rejected(406, f"Validation failed\n\npriority {cmd.priority!r} is not an integer")
+    if cmd.apply_to not in POLICY_APPLY_TO:
+        return Rejected(406, f"Validation failed\n\n'{cmd.apply_to}' is not a valid apply-to value")
+    try:
+        regex = compile_pattern(cmd.pattern)  # linear-time matching (policy_pattern.py)
+    except PatternError as exc:
+        return Rejected(406, f"Validation failed\n\n{exc}")
+    definition = cmd.definition
+    if not isinstance(definition, dict) or not definition:
+        return Rejected(406, "Validation failed\n\na policy needs a non-empty definition")
+    unknown = sorted(key for key in definition if key not in POLICY_KEYS)
+    if unknown:
+        return Rejected(406, f"Validation failed\n\n{unknown} are not recognised policy settings")
+    record = PolicyRecord(cmd.name, cmd.pattern, dict(definition), cmd.priority, cmd.apply_to, regex)
+    try:
+        validate_queue_arguments(cmd.vhost, cmd.name, record.arguments())
+    except QueueArgumentError as exc:
+        return Rejected(406, f"Validation failed\n\n{exc.reply_text}")
+    return record

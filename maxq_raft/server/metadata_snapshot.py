@@ -24,13 +24,16 @@ node-local queue ids (the store's key prefix, given by each member as it creates
 
 from __future__ import annotations
 
-import re
+import logging
 from collections.abc import Iterable, Iterator
 
 from ..amqp.values import decode_table, encode_table
 from ..machines import metadata as md
+from ..machines.policy_pattern import PatternError, compile_pattern
 from ..machines.routing import make_router
 from ..machines.snapshot import SnapshotError
+
+log = logging.getLogger("maxq.metadata")
 
 FORMAT_VERSION = 1
 CHUNK_BINDINGS_MAX = 1024
@@ -118,7 +121,7 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
             _load_record(machine, kind, record)
         except SnapshotError:
             raise
-        except (IndexError, KeyError, TypeError, ValueError, re.error) as exc:
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"metadata snapshot: malformed record {str(record)[:80]}: {exc!r}") from None
     if ended is None:
         raise SnapshotError("metadata snapshot: truncated: no end record")
@@ -158,8 +161,13 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
         entries.extend((source, key, _untable(arguments)) for source, key, arguments in record[3])
     elif kind == "policy":
         _, _, name, pattern, definition, priority, apply_to = record
-        vhost.policies[name] = md.PolicyRecord(
-            name, pattern, _untable(definition), priority, apply_to, re.compile(pattern)
-        )
+        try:
+            regex = compile_pattern(pattern)
+        except PatternError as exc:
+            # Written by a version that accepted it (a backtracking engine); replaying its
+            # SetPolicy refuses it now, so skipping it here keeps every member alike.
+            log.warning("metadata snapshot: policy %r in vhost %r skipped: %s", name, vhost.name, exc)
+            return
+        vhost.policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to, regex)
     else:
         raise SnapshotError(f"metadata snapshot: unknown record {str(kind)[:40]!r}")

@@ -200,3 +200,38 @@ def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, r
     broker = start_broker(data_dir=broker.data_dir)
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
         assert [p["name"] for p in json.load(response)] == ["after"]
+
+
+def test_a_catastrophic_pattern_cannot_freeze_the_node(env, broker, prefix):
+    """`^(a+)+$` against a 40-character name ran for hours with Python's `re`, on every member
+    and again at each restart; patterns are matched by RE2 now (machines/policy_pattern.py)."""
+    tag, names = prefix
+    names.append("redos")
+    assert maxqctl(broker, "set-policy", "redos", "^(a+)+$", '{"max-length": 1}').returncode == 0
+    channel = env.channel()
+    slow = "a" * 40 + "!"  # no match: the backtracking worst case
+    fits = "a" * 200  # a match: the policy applies
+    for name in (slow, fits):
+        env.queues.append(name)
+        channel.queue_declare(name)
+        fill(channel, name, 3)
+    assert len(drain(channel, slow)) == 3
+    assert drain(channel, fits) == [b"2"]
+
+
+@pytest.mark.parametrize("pattern", [r"(?=a)b", r"(a)\1", "("])
+def test_a_pattern_rabbitmq_might_take_but_re2_cannot_is_refused_before_the_log(start_broker, pattern):
+    broker = start_broker()
+    status, text = put_policy(broker, "p", json.dumps({"pattern": pattern, "definition": {"max-length": 1}}).encode())
+    assert status == 400 and "is not a valid regular expression" in text, (status, text)
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/overview", timeout=5) as response:
+        overview = json.load(response)
+    assert broker.stop() == 0
+    check = subprocess.run(
+        [sys.executable, "-m", "maxq_raft", "--check", "--data-dir", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert overview is not None
