@@ -15,6 +15,8 @@ messages return to their queues, exclusive queues are deleted.
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import itertools
 import logging
 from functools import partial
@@ -59,7 +61,6 @@ PROPS_CACHED_MAX = 64  # per connection: property lists -> persistent
 PROPS_CACHED_BYTES_MAX = 128
 WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their wire encoding
 _wire_routing: dict[tuple[str, str], bytes] = {}
-LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
 
 _session_numbers = itertools.count(1)
 
@@ -137,12 +138,13 @@ class Session:
 
     def _authenticate(self, mechanism: str, username: str, password: str) -> bool:
         expected = self.broker.meta.users.get(username)
-        if expected is None or expected != password:
+        # (compared in constant time: the time a refusal takes says nothing of the password)
+        if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
             log.warning(
                 "connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism
             )
             return False
-        if username == "guest" and not self.peer_host.startswith(LOOPBACK_PREFIXES):
+        if username == "guest" and not is_loopback(self.peer_host):
             # As RabbitMQ's loopback_users: guest may only connect from localhost.
             log.warning("connection %s: user 'guest' can only connect via localhost (peer %s)", self.id, self.peer_host)
             return False
@@ -638,6 +640,18 @@ class Session:
             self.broker.owner_down(self.id + "/", list(queue_keys), connection_id=self.id)
         except ChannelError as err:  # a refusal here must not take the node down
             log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
+
+
+def is_loopback(host: str) -> bool:
+    """RabbitMQ's rabbit_net:is_loopback: 127.0.0.0/8, ::1, and IPv4-mapped 127.x; an exact
+    address check (a prefix test let "::1:2:3", which is not loopback, pass as "::1")."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # (an IPv6 zone id is not the address)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 async def tick_sessions(broker) -> None:
