@@ -190,6 +190,7 @@ class ServerConnection:
         self._reader = FrameReader(FRAME_MAX_BEFORE_TUNE)
         self._header_buf = b""
         self._out: list[bytes] = []
+        self._out_bytes = 0  # len of what `_out` holds: see pending_output_bytes
         self._events: list[Event] = []
         self._channels: dict[int, _Channel] = {}
         self._now = now
@@ -226,6 +227,7 @@ class ServerConnection:
                 # Spec 4.2.2: answer a bad header with the header we support, then close. A
                 # header that cannot be ours is refused at once, without waiting for 8 bytes.
                 self._out.append(PROTOCOL_HEADER)
+                self._out_bytes += len(PROTOCOL_HEADER)
                 self._terminate(spec.FRAME_ERROR, f"bad protocol header {bytes(header)!r}", by_peer=False)
                 return
             self._send_method(
@@ -291,6 +293,7 @@ class ServerConnection:
         self._last_send = self._now
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
         self._out = []
+        self._out_bytes = 0
         return data
 
     # Output for a channel goes only while it is open for us: never on a channel we are closing
@@ -303,12 +306,15 @@ class ServerConnection:
 
     def send_content(self, channel: int, method: spec.Method, props_raw: bytes, body: bytes) -> None:
         if self.state is State.OPEN and self._writable(channel):
-            self._out.append(encode_content(channel, method, props_raw, body, self.frame_max))
+            data = encode_content(channel, method, props_raw, body, self.frame_max)
+            self._out.append(data)
+            self._out_bytes += len(data)
 
     def send_raw(self, channel: int, data: bytes) -> None:
         """Pre-encoded frames on `channel` (the delivery fast path builds them itself)."""
         if self.state is State.OPEN and self._writable(channel):
             self._out.append(data)
+            self._out_bytes += len(data)
 
     def finish_peer_close(self, channel: int) -> None:
         """Send the close-ok of a channel the peer closed (its `ChannelClosed` event came), now
@@ -382,7 +388,14 @@ class ServerConnection:
                 return False
             if now - self._last_send >= self.heartbeat_s / 2 and not self._out:
                 self._out.append(HEARTBEAT_FRAME)
+                self._out_bytes += len(HEARTBEAT_FRAME)
         return True
+
+    @property
+    def pending_output_bytes(self) -> int:
+        """Bytes produced and not yet taken by `data_to_send`: the owner stops reading a peer
+        that does not read its replies once this grows too large."""
+        return self._out_bytes
 
     @property
     def open_channels(self) -> list[int]:
@@ -391,7 +404,9 @@ class ServerConnection:
     # -------------------------------------------------------------- internals
 
     def _send_method(self, channel: int, method: spec.Method) -> None:
-        self._out.append(encode_frame(spec.FRAME_METHOD, channel, method.encode()))
+        frame = encode_frame(spec.FRAME_METHOD, channel, method.encode())
+        self._out.append(frame)
+        self._out_bytes += len(frame)
 
     def _send_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int, timeout_s: float) -> None:
         text = _reply_text(reply_code, reply_text)

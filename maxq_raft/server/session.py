@@ -52,6 +52,11 @@ COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 TICK_INTERVAL_S = 0.25
 CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before it is cut
+# A peer that does not read what it asked for (basic.get in a loop, never reading the get-oks)
+# is not read either once this much output waits for it, until it has taken most of it: the
+# server's memory per connection stays bounded and TCP slows the peer down.
+OUTPUT_BYTES_MAX = 16 << 20
+OUTPUT_BYTES_RESUME = 4 << 20
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
@@ -133,6 +138,9 @@ class Session:
         self._writer_done = trio.Event()
         self.messages_in = 0
         self.messages_out = 0
+        self._sending_bytes = 0  # what the writer's send_all holds now
+        self._drained = trio.Event()  # set by the writer after each send
+        self.output_pauses = 0  # times reading stopped for unread output
 
     # -------------------------------------------------------------- auth
 
@@ -188,12 +196,19 @@ class Session:
                 await self._blocked(alarms)
             if log_.flow_blocked and self.messages_in:
                 await self._flow_wait(log_)
+            if conn.pending_output_bytes + self._sending_bytes > OUTPUT_BYTES_MAX:
+                await self._output_wait()
             try:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
             conn.receive_data(data, trio.current_time())
-            self.handle_events(conn.next_events())
+            rest = self.handle_events(conn.next_events(), bounded=True)
+            # (bounded in count: each turn performs at least one event of the read)
+            while rest and not self.finished and conn.state is State.OPEN:
+                self.wake()
+                await self._output_wait()
+                rest = self.handle_events(rest, bounded=True)
             self.wake()
             if conn.state is State.CLOSED:
                 break
@@ -207,6 +222,23 @@ class Session:
             self.conn.note_peer_alive(trio.current_time())
             with trio.move_on_after(1.0):
                 await log_.flow_room.wait()
+
+    async def _output_wait(self) -> None:
+        """The peer leaves more than OUTPUT_BYTES_MAX of replies unread: read nothing more from
+        it until the writer got all but OUTPUT_BYTES_RESUME of it out."""
+        self.output_pauses += 1
+        conn = self.conn
+        while (
+            conn.pending_output_bytes + self._sending_bytes > OUTPUT_BYTES_RESUME
+            and not self.finished
+            and conn.state is State.OPEN
+        ):
+            # We are the ones not reading: unread heartbeats must not count against the peer.
+            conn.note_peer_alive(trio.current_time())
+            self.wake()
+            with trio.move_on_after(1.0):
+                await self._drained.wait()
+            self._drained = trio.Event()
 
     async def _blocked(self, alarms) -> None:
         """A resource alarm is on and this connection publishes: stop reading it until it clears."""
@@ -235,11 +267,15 @@ class Session:
                     self._write_cancels()
                 data = conn.data_to_send(trio.current_time())
                 if data:
+                    self._sending_bytes = len(data)
                     try:
                         await self.stream.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         self.finished = True
                         break
+                    finally:
+                        self._sending_bytes = 0
+                    self._drained.set()
                 if self.credit_pending:
                     self._refill_credit()
                 if self.finished and conn.state is State.CLOSED and not conn._out:
@@ -299,10 +335,14 @@ class Session:
 
     # ------------------------------------------------------------ events
 
-    def handle_events(self, events: list) -> None:
+    def handle_events(self, events: list, bounded: bool = False) -> list:
+        """Perform `events` in order. `bounded` (the reader's own read): stop after a method
+        whose replies took the unsent output past OUTPUT_BYTES_MAX, and return the events not
+        performed yet (the reader waits for the peer to read, then goes on with them)."""
         channels = self.channels
         holding = self.holding
-        for event in events:
+        conn = self.conn
+        for i, event in enumerate(events):
             kind = type(event)
             if holding:  # (only in a cluster; a single node answers at once)
                 channel = channels.get(getattr(event, "channel", 0))
@@ -350,6 +390,10 @@ class Session:
                         HardError(spec.INTERNAL_ERROR, f"internal error performing {event.method.NAME}"),
                         event.method,
                     )
+                if bounded and conn.pending_output_bytes > OUTPUT_BYTES_MAX and i + 1 < len(events):
+                    if self.pending or self.pending_confirms or self.pending_settles:
+                        self.flush_publishes()
+                    return events[i + 1 :]
             elif kind is ChannelOpened:
                 channels[event.channel] = Channel(self, event.channel)
             elif kind is ChannelClosed:
@@ -388,6 +432,7 @@ class Session:
                     )
         if self.pending or self.pending_confirms or self.pending_settles:
             self.flush_publishes()
+        return []
 
     def _fail(self, channel: Channel, err: ChannelError, method) -> None:
         if self.pending or self.pending_confirms or self.pending_settles:
