@@ -191,6 +191,10 @@ class ServerConnection:
         self._header_buf = b""
         self._out: list[bytes] = []
         self._out_bytes = 0  # len of what `_out` holds: see pending_output_bytes
+        # A basic.publish method was taken whose content is still coming: the owner's resource
+        # alarms stop reading a publisher from its publish method on (rabbit_reader's
+        # "blocking"), not only once a message is complete, or a huge body streams on.
+        self.content_started = False
         self._events: list[Event] = []
         self._channels: dict[int, _Channel] = {}
         self._now = now
@@ -635,6 +639,7 @@ class ServerConnection:
                 raise AMQPError(spec.COMMAND_INVALID, f"method {method.NAME} is not allowed from a client")
             ch.content_method = method
             ch.content_size = -1
+            self.content_started = True
             return
         # One type() for the chain (a basic.ack runs all of it); the rare branches tell the type
         # checker what `cls is` proved with a cast, which costs nothing on the common path.

@@ -192,7 +192,7 @@ class Session:
         alarms = self.broker.alarms
         log_ = self.broker.log
         while not self.finished:
-            if alarms is not None and alarms.active and self.messages_in:
+            if alarms is not None and alarms.active and (self.messages_in or conn.content_started):
                 await self._blocked(alarms)
             if log_.flow_blocked and self.messages_in:
                 await self._flow_wait(log_)

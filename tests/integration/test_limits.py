@@ -4,13 +4,14 @@ hold in memory is bounded. Every wait is bounded."""
 from __future__ import annotations
 
 import os
+import struct
 import time
 
 import pika
 import pytest
 
 from maxq_raft.amqp import spec
-from maxq_raft.amqp.frames import encode_method_frame
+from maxq_raft.amqp.frames import encode_frame, encode_method_frame
 
 from ..raw_client import RawClient
 
@@ -62,4 +63,36 @@ def test_a_peer_that_never_reads_its_get_oks_stops_being_read(start_broker):
             got += 1
             assert frame[2].delivery_tag == got
     assert got == ROUNDS
+    client.close()
+
+
+def test_the_memory_alarm_stops_reading_a_publisher_in_the_middle_of_a_huge_body(start_broker):
+    """A publish whose body never ends was never paused: only connections that had completed a
+    publish were (issue 16). The alarm (a 1 MiB watermark: on from the first sample) now stops
+    reading a connection from its basic.publish method on, as RabbitMQ's reader does."""
+    server = start_broker(["--memory-high-watermark-mb", "1"])
+    time.sleep(1.5)  # the alarm samples once a second
+    before_mb = rss_mb(server.proc.pid)
+    client = RawClient(server.amqp_port)
+    client.open()
+    client.open_channel(1)
+    body_bytes = 256 << 20
+    frame_max = 131072
+    client.send(
+        encode_method_frame(1, spec.BasicPublish(exchange="", routing_key="nowhere"))
+        + encode_frame(spec.FRAME_HEADER, 1, struct.pack(">HHQH", 60, 0, body_bytes, 0))
+    )
+    chunk = encode_frame(spec.FRAME_BODY, 1, b"b" * (frame_max - 8))
+    client.sock.settimeout(0.5)
+    sent = 0
+    deadline = time.monotonic() + 8
+    while sent < body_bytes and time.monotonic() < deadline:
+        try:
+            client.sock.sendall(chunk)
+        except TimeoutError:
+            break  # the server stopped reading: the kernel's buffers are full
+        sent += len(chunk)
+    grown_mb = rss_mb(server.proc.pid) - before_mb
+    assert sent < 64 << 20, f"{sent >> 20} MiB of the body were read during the alarm"
+    assert grown_mb < 64, f"the server grew {grown_mb} MiB"
     client.close()
