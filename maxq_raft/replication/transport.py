@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 RECV_BYTES = 256 * 1024
 WBUF_BYTES_MAX_DEFAULT = 32 * 1024 * 1024
-PENDING_INCOMING_MAX = 64
+PENDING_INCOMING_MAX = 64  # connections that have not authenticated yet, in all
+PENDING_PER_SOURCE_MAX = 8  # ... and from one source address
 
 
 class _Out:
@@ -130,6 +131,7 @@ class Hub:
             "connects": 0,
             "peer_timeouts": 0,
             "send_refused_full": 0,
+            "pending_evicted": 0,
         }
         self.sel = selectors.DefaultSelector()
         self.lsock: socket.socket | None = None
@@ -253,11 +255,7 @@ class Hub:
             except OSError as exc:
                 log.warning("raft port %s: accept failed: %s", self.bind_addr, exc)
                 return
-            pending = sum(1 for c in self.inc.values() if c.state == "auth")
-            if pending >= PENDING_INCOMING_MAX:
-                log.warning("raft port %s: too many unauthenticated connections; dropping %s", self.bind_addr, addr)
-                sock.close()
-                continue
+            self._make_room_for(addr[0])
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello, nonce_a = wire.server_hello()
@@ -269,6 +267,34 @@ class Hub:
                 continue
             self.inc[sock] = c
             self.sel.register(sock, selectors.EVENT_READ, ("in", c))
+
+    def _make_room_for(self, source: str) -> None:
+        """Before a new connection from `source` waits for its handshake: at most
+        PENDING_PER_SOURCE_MAX from one address and PENDING_INCOMING_MAX in all wait, and the one
+        that goes to make room is the oldest of the address holding the most. Refusing the new
+        one instead let anyone who reached the port hold every slot with idle connections
+        (renewed as their 2 s deadline ran out) and keep real peers out; a peer's own handshake
+        takes one round trip, so it is through long before it could be the oldest."""
+        pending: dict[str, list[_In]] = {}
+        for c in self.inc.values():  # (in accept order)
+            if c.state == "auth":
+                pending.setdefault(c.addr[0], []).append(c)
+        mine = pending.get(source, [])
+        if len(mine) >= PENDING_PER_SOURCE_MAX:
+            victim = mine[0]
+        elif sum(len(cs) for cs in pending.values()) >= PENDING_INCOMING_MAX:
+            victim = max(pending.values(), key=len)[0]
+        else:
+            return
+        self.stats["pending_evicted"] += 1
+        if self.stats["pending_evicted"] <= 10 or self.stats["pending_evicted"] % 1000 == 0:
+            log.warning(
+                "raft port %s: too many unauthenticated connections (%d evicted so far); closing the oldest, from %s",
+                self.bind_addr,
+                self.stats["pending_evicted"],
+                victim.addr[0],
+            )
+        self._close_in(victim, None)
 
     def _read_in(self, c: _In) -> None:
         try:

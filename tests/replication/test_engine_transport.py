@@ -286,3 +286,32 @@ def test_nodes_with_different_secrets_never_connect(tmp_path):
     finally:
         for x in nodes.values():
             x.stop()
+
+
+def idle_from(port: int, source: str) -> socket.socket:
+    """A connection from `source` (a loopback address) that reads the hello and then says nothing."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_idle_unauthenticated_connections_cannot_keep_a_real_peer_out(node):
+    # Before: 64 idle connections to the port (renewed every 2 s as their deadline ran out) made
+    # it refuse every new one, real peers included.
+    n, port = node
+    idle = [idle_from(port, f"127.0.0.{2 + i % 16}") for i in range(80)]  # 16 addresses, 5 each
+    try:
+        pending = lambda: sum(1 for c in list(n.hub.inc.values()) if c.state == "auth")  # noqa: E731
+        assert wait_until(lambda: pending() >= 64, 5), pending()  # every slot is taken
+        s = handshake(port, SECRET)  # the peer gets its proof back: it is in
+        s.close()
+        evicted = n.hub.stats["pending_evicted"]
+        idle += [idle_from(port, "127.0.0.99") for _ in range(20)]  # one address: at most 8 wait
+        assert wait_until(lambda: n.hub.stats["pending_evicted"] - evicted >= 20 - 8, 5)
+        s = handshake(port, SECRET)
+        s.close()
+    finally:
+        for s in idle:
+            s.close()
