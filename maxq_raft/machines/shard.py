@@ -34,7 +34,17 @@ from .apply_order import ApplyOrder
 from .queue import QueueMachine, QueueReply
 from .queue_types import Effect, Meta, Rejected
 
-__all__ = ["ALL_QUEUES", "MetaGroup", "ShardMachine", "QueueAdded", "QueueRemoved", "LivesDown", "ReplyTo", "ends_life"]
+__all__ = [
+    "ALL_QUEUES",
+    "SHARD_EFFECT_COMMANDS",
+    "MetaGroup",
+    "ShardMachine",
+    "QueueAdded",
+    "QueueRemoved",
+    "LivesDown",
+    "ReplyTo",
+    "ends_life",
+]
 
 ALL_QUEUES = "*"  # the target of a command for every queue of the shard
 
@@ -78,6 +88,10 @@ class ReplyTo(NamedTuple):
 
 
 ShardEffect: TypeAlias = Effect | QueueAdded | QueueRemoved | LivesDown | ReplyTo
+# Besides the commands to ALL_QUEUES, the only ones whose effects include the shard's own
+# (QueueAdded, QueueRemoved): the rest return their queue's effects as they are, which lets the
+# shell skip looking for shard effects on the hot path (every publish, ack, delivery).
+SHARD_EFFECT_COMMANDS = (qc.Create, qc.DeleteQueue)
 MetaGroupEffect: TypeAlias = md.MetaEffect | LivesDown
 
 

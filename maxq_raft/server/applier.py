@@ -29,7 +29,7 @@ from typing import Any
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Meta, Rejected
-from ..machines.shard import LivesDown, QueueAdded, QueueRemoved, ReplyTo
+from ..machines.shard import ALL_QUEUES, SHARD_EFFECT_COMMANDS, LivesDown, QueueAdded, QueueRemoved, ReplyTo
 from ..storage.errors import StoreFailed
 from . import policies
 
@@ -68,7 +68,7 @@ class Applier:
             effects = None
         else:
             reply, effects = group.apply(meta, target, command, origin)
-            if effects:
+            if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
                 effects = self._group_effects(effects)
         try:
             if then is not None:
