@@ -27,6 +27,10 @@ class Settings:
     amqp_port: int = 5672
     http_host: str = "127.0.0.1"
     http_port: int = 15672
+    # Host names the admin API answers to besides IP literals, localhost and this machine's
+    # name (comma-separated; e.g. the name of a proxy in front of it): a DNS-rebinding page
+    # reaches the API under its own name, which is refused.
+    http_allowed_hosts: str = ""
     node_id: str = "maxq1"
     frame_max: int = 131072
     channel_max: int = 2047
@@ -69,6 +73,7 @@ CLI_SETTINGS = (
     "amqp_port",
     "http_host",
     "http_port",
+    "http_allowed_hosts",
     "node_id",
     "frame_max",
     "channel_max",
@@ -125,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--amqp-port", help="AMQP port (default 5672)")
     parser.add_argument("--http-host", help="address for the HTTP admin API (default 127.0.0.1)")
     parser.add_argument("--http-port", help="HTTP admin API port (default 15672; 0 disables it)")
+    parser.add_argument(
+        "--http-allowed-hosts",
+        help="host names the admin API answers to besides IP addresses, localhost and this machine's name "
+        "(comma-separated)",
+    )
     parser.add_argument("--node-id", help="this node's name (default maxq1)")
     parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
     parser.add_argument("--channel-max", help="most channels per connection (default 2047)")

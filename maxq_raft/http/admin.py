@@ -18,9 +18,11 @@ itself as a one-member cluster and refuses membership commands with 409.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -629,7 +631,38 @@ def _response(status: str, body: dict | list, extra_headers: str = "") -> bytes:
     return head.encode() + payload
 
 
-async def _read_request(stream: trio.SocketStream) -> Request:
+def allowed_hosts(configured: str) -> frozenset[str]:
+    """The host names (lower case) the API answers to: localhost, this machine's name and the
+    configured ones. IP literals are always allowed (`host_allowed`)."""
+    names = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+    names.update(name.strip().lower() for name in configured.split(",") if name.strip())
+    return frozenset(names)
+
+
+def host_allowed(host_header: str, allowed: frozenset[str]) -> bool:
+    """A Host header naming this node: an IP address (a page cannot rebind a literal) or an
+    allowed name, with or without a port. A web page the operator opens can make the browser
+    send requests to 127.0.0.1 under a name of its own that resolves there (DNS rebinding);
+    that name is not on the list."""
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        literal, bracket, _rest = host[1:].partition("]")
+        return bool(bracket) and _is_ip(literal)
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    if port and not port.isdigit():
+        return False
+    return _is_ip(name) or name.rstrip(".") in allowed
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+async def _read_request(stream: trio.SocketStream, allowed: frozenset[str] = frozenset({"localhost"})) -> Request:
     """One request, head and body within REQUEST_MAX_BYTES (the caller bounds the time)."""
     data = b""
     while b"\r\n\r\n" not in data:
@@ -651,6 +684,15 @@ async def _read_request(stream: trio.SocketStream) -> Request:
         if not colon:
             raise HttpError("400 Bad Request", f"malformed header line {line[:80]!r}")
         headers[key.strip().lower()] = value.strip()
+    host = headers.get("host")
+    if host is None:
+        raise HttpError("400 Bad Request", "a Host header is required (HTTP/1.1)")
+    if not host_allowed(host, allowed):
+        raise HttpError(
+            "403 Forbidden",
+            f"host {host[:80]!r} is not this node's: use its IP address or localhost, or list the name with "
+            "--http-allowed-hosts",
+        )
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise HttpError("411 Length Required", "send the body with a Content-Length, not chunked")
     length_text = headers.get("content-length", "0")
@@ -664,6 +706,12 @@ async def _read_request(stream: trio.SocketStream) -> Request:
         if not chunk:
             raise HttpError("400 Bad Request", f"body ended after {len(body)} of {length} bytes")
         body += chunk
+    if length and headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
+        # A body is JSON, and said to be: a page's form post (text/plain, form-urlencoded) cannot
+        # send application/json across origins without a preflight this API never answers.
+        raise HttpError(
+            "415 Unsupported Media Type", "a request body must be JSON, sent as Content-Type: application/json"
+        )
     url = urlsplit(target)
     path = url.path.rstrip("/") or "/"
     return Request(method, path, parse_qs(url.query), body[:length])
@@ -689,13 +737,13 @@ async def _dispatch(broker, request: Request) -> bytes:
         return _response(exc.status, {"error": str(exc), **exc.extra})
 
 
-async def _handle(broker, stream: trio.SocketStream) -> None:
+async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) -> None:
     try:
         request: Request | None = None
         reply: bytes | None = None
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             try:
-                request = await _read_request(stream)
+                request = await _read_request(stream, allowed)
             except HttpError as exc:
                 reply = _response(exc.status, {"error": str(exc)})
         if request is not None:
@@ -735,6 +783,8 @@ async def open_admin_listeners(settings) -> list:
     return await trio.open_tcp_listeners(settings.http_port, host=settings.http_host)
 
 
-async def serve_admin(broker, listeners: list, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_admin(
+    broker, listeners: list, allowed: frozenset[str] = frozenset({"localhost"}), task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     task_status.started(listeners[0].socket.getsockname())
-    await trio.serve_listeners(partial(_handle, broker), listeners)
+    await trio.serve_listeners(partial(_handle, broker, allowed), listeners)

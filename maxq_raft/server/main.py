@@ -29,7 +29,7 @@ import trio
 
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
-from ..http.admin import open_admin_listeners, serve_admin
+from ..http.admin import allowed_hosts, open_admin_listeners, serve_admin
 from ..replication.engine import ReplicationNode
 from ..replication.snapshot_file import SnapshotError
 from ..storage.errors import StorageError
@@ -272,7 +272,9 @@ async def _serve(
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None
             if admin_listeners:
-                http_addr = await nursery.start(serve_admin, broker, admin_listeners)
+                http_addr = await nursery.start(
+                    serve_admin, broker, admin_listeners, allowed_hosts(settings.http_allowed_hosts)
+                )
             log.info(
                 "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s, data in %s",
                 settings.node_id,

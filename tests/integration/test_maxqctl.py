@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -187,8 +188,10 @@ def test_a_node_that_is_not_the_admin_api(broker):
 
 def http_request(broker, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
+    if headers is None:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read())
     finally:
@@ -233,3 +236,27 @@ def test_the_admin_api_answers_404_and_405(broker):
     assert status == 405
     status, answer = http_request(broker, "GET", "/api/cluster/status")
     assert status == 200 and answer["clustered"] is False
+
+
+def test_the_admin_api_answers_only_under_this_nodes_names(broker):
+    # DNS rebinding: a page under a name of its own that resolves to 127.0.0.1 sends that name.
+    for host in ("evil.example", "evil.example:15672", "127.0.0.1.evil.example"):
+        status, answer = http_request(broker, "GET", "/api/overview", headers={"Host": host})
+        assert status == 403 and "is not this node's" in answer["error"], (host, status, answer)
+    for host in (f"127.0.0.1:{broker.http_port}", "localhost", f"LOCALHOST:{broker.http_port}", "[::1]:15672"):
+        status, _ = http_request(broker, "GET", "/api/overview", headers={"Host": host})
+        assert status == 200, host
+    with socket.create_connection(("127.0.0.1", broker.http_port), timeout=5) as sock:
+        sock.sendall(b"GET /api/overview HTTP/1.1\r\n\r\n")  # no Host at all
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 Bad Request")
+
+
+def test_a_body_that_is_not_declared_json_is_refused_and_changes_nothing(broker):
+    # A page's form post (text/plain or form-urlencoded) reaches the API without a preflight.
+    body = json.dumps({"pattern": ".*", "definition": {"max-length": 0}}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": content_type} if content_type else {"Content-Length": str(len(body))}
+        status, answer = http_request(broker, "PUT", "/api/policies/%2F/from-a-page", body, headers=headers)
+        assert status == 415 and "application/json" in answer["error"], (content_type, status, answer)
+    status, policies = http_request(broker, "GET", "/api/policies")
+    assert status == 200 and "from-a-page" not in [p["name"] for p in policies]
