@@ -8,6 +8,7 @@ OS; data goes to pytest's tmp_path. Tests use `broker.amqp_port` with any client
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,8 +23,33 @@ READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 
 
+def _ephemeral_ports() -> range:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+
+
+_EPHEMERAL = _ephemeral_ports()
+_port_rng = random.Random()  # (its own: tests that seed `random` must not make every run pick the same ports)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, and outside the kernel's ephemeral range. A port the kernel hands out
+    for bind(0) comes from that range, and between this call and the server's bind any
+    outgoing connection (the members' Raft links, the clients') may take it as its local port:
+    "Address already in use" at start-up under load. Below the range only listeners compete."""
+    for _ in range(200):  # bounded; each try is one bind
+        port = _port_rng.randrange(20000, min(_EPHEMERAL.start, 32768))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
