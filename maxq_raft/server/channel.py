@@ -61,7 +61,7 @@ class ChannelHost(Protocol):
         self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message
     ) -> None: ...
     def wake(self) -> None: ...
-    def cancel_later(self, channel: int, consumer_tag: str) -> None: ...
+    def cancel_later(self, channel: Channel, consumer_tag: str) -> None: ...
 
 
 class Channel:
@@ -539,7 +539,7 @@ class Channel:
         if self.state.held:
             self.state.take_held(lambda item: item[0] is handle)
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
-            self.session.cancel_later(self.number, handle.tag)
+            self.session.cancel_later(self, handle.tag)
 
     # ------------------------------------------------------------- close
 

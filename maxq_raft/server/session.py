@@ -116,7 +116,7 @@ class Session:
         self.closing_channels: dict[int, Channel] = {}
         # basic.cancel of consumers whose queue went, written by the writer: after the reply of
         # the method that removed the queue (queue.delete-ok first, as RabbitMQ orders them).
-        self.cancels: list[tuple[int, str]] = []
+        self.cancels: list[tuple[Channel, str]] = []
         self.pending: dict[tuple, list] = {}  # queue key -> messages routed in this read
         # queue key -> [(position in its pending batch, (channel number, confirm seq))]: kept beside
         # the batch for publishes awaiting a confirm, to nack those a reject-publish queue refuses
@@ -314,7 +314,7 @@ class Session:
     def wake(self) -> None:
         self._wake.set()
 
-    def cancel_later(self, channel: int, consumer_tag: str) -> None:
+    def cancel_later(self, channel: Channel, consumer_tag: str) -> None:
         """Tell the client its consumer is gone (consumer_cancel_notify), once the replies that
         are due now are written: a queue removed by this connection's own queue.delete (or the
         cancel that auto-deleted it) answers that method before the consumers' basic.cancel."""
@@ -323,14 +323,15 @@ class Session:
 
     def _write_cancels(self) -> None:
         kept = []
-        for number, tag in self.cancels:
-            channel = self.channels.get(number)
-            if channel is not None and channel in self.holding:
+        for channel, tag in self.cancels:
+            if self.channels.get(channel.number) is not channel:
+                continue  # closed since (its number may be another channel's now): nothing to tell
+            if channel in self.holding:
                 # It waits for a commit (in a cluster, its queue.delete: the shard removes the
                 # queue before the reply is due); the cancel follows that reply (`continuation`).
-                kept.append((number, tag))
+                kept.append((channel, tag))
             else:
-                self.conn.send_method(number, spec.BasicCancel(consumer_tag=tag, no_wait=True))
+                self.conn.send_method(channel.number, spec.BasicCancel(consumer_tag=tag, no_wait=True))
         self.cancels = kept
 
     # ------------------------------------------------------------ events
