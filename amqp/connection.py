@@ -353,8 +353,8 @@ class ServerConnection:
     ) -> None:
         """A soft error: close one channel; its frames are dropped until the peer's close-ok."""
         ch = self._channels.get(channel)
-        if ch is None or ch.closing or self.state is not State.OPEN:
-            return
+        if ch is None or ch.closing or ch.peer_closed or self.state is not State.OPEN:
+            return  # (a channel the peer closed is answered with its close-ok, never a close)
         ch.closing = True
         ch.content_method = None
         ch.content_size = -1

@@ -414,6 +414,16 @@ def test_channel_open_and_close_by_client():
     open_channel(peer, 7)
 
 
+def test_no_close_of_our_own_on_a_channel_the_peer_closed():
+    peer = open_peer()
+    open_channel(peer, 1)
+    peer.method(1, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0))
+    peer.conn.close_channel(1, spec.NOT_FOUND, "no queue 'q' in vhost '/'")
+    assert peer.received() == []
+    peer.conn.finish_peer_close(1)
+    peer.one_method(spec.ChannelCloseOk, 1)
+
+
 def test_finish_peer_close_is_a_no_op_for_other_channels():
     peer = open_peer()
     open_channel(peer, 1)
