@@ -41,15 +41,16 @@ def free_port() -> int:
     for bind(0) comes from that range, and between this call and the server's bind any
     outgoing connection (the members' Raft links, the clients') may take it as its local port:
     "Address already in use" at start-up under load. Below the range only listeners compete."""
-    for _ in range(200):  # bounded; each try is one bind
-        port = _port_rng.randrange(20000, min(_EPHEMERAL.start, 32768))
+    top = min(_EPHEMERAL.start, 32768)
+    for _ in range(200 if top > 21000 else 0):  # bounded; each try is one bind
+        port = _port_rng.randrange(20000, top)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
+    with socket.socket() as s:  # a crowded range, or none below the ephemeral one: the kernel chooses
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
