@@ -191,10 +191,6 @@ class ServerConnection:
         self._header_buf = b""
         self._out: list[bytes] = []
         self._out_bytes = 0  # len of what `_out` holds: see pending_output_bytes
-        # A basic.publish method was taken whose content is still coming: the owner's resource
-        # alarms stop reading a publisher from its publish method on (rabbit_reader's
-        # "blocking"), not only once a message is complete, or a huge body streams on.
-        self.content_started = False
         self._events: list[Event] = []
         self._channels: dict[int, _Channel] = {}
         self._now = now
@@ -394,6 +390,12 @@ class ServerConnection:
                 self._out.append(HEARTBEAT_FRAME)
                 self._out_bytes += len(HEARTBEAT_FRAME)
         return True
+
+    @property
+    def content_bytes_in_progress(self) -> int:
+        """Body bytes taken for messages not complete yet (O(channels): the owner asks only
+        while a resource alarm is on, to stop reading a body that never ends)."""
+        return sum(ch.content_got for ch in self._channels.values() if ch.content_method is not None)
 
     @property
     def pending_output_bytes(self) -> int:
@@ -639,7 +641,6 @@ class ServerConnection:
                 raise AMQPError(spec.COMMAND_INVALID, f"method {method.NAME} is not allowed from a client")
             ch.content_method = method
             ch.content_size = -1
-            self.content_started = True
             return
         # One type() for the chain (a basic.ack runs all of it); the rare branches tell the type
         # checker what `cls is` proved with a cast, which costs nothing on the common path.

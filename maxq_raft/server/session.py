@@ -57,6 +57,7 @@ CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before i
 # server's memory per connection stays bounded and TCP slows the peer down.
 OUTPUT_BYTES_MAX = 16 << 20
 OUTPUT_BYTES_RESUME = 4 << 20
+PARTIAL_BODY_BLOCK_BYTES = 1 << 20  # see _streaming_a_big_body
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
@@ -192,7 +193,7 @@ class Session:
         alarms = self.broker.alarms
         log_ = self.broker.log
         while not self.finished:
-            if alarms is not None and alarms.active and (self.messages_in or conn.content_started):
+            if alarms is not None and alarms.active and (self.messages_in or self._streaming_a_big_body()):
                 await self._blocked(alarms)
             if log_.flow_blocked and self.messages_in:
                 await self._flow_wait(log_)
@@ -222,6 +223,12 @@ class Session:
             self.conn.note_peer_alive(trio.current_time())
             with trio.move_on_after(1.0):
                 await log_.flow_room.wait()
+
+    def _streaming_a_big_body(self) -> bool:
+        """During an alarm a connection that has not completed a publish is still stopped once a
+        message it is sending holds PARTIAL_BODY_BLOCK_BYTES: a body that never ends would
+        otherwise be read whole. (A small message split over reads still completes.)"""
+        return self.conn.content_bytes_in_progress > PARTIAL_BODY_BLOCK_BYTES
 
     async def _output_wait(self) -> None:
         """The peer leaves more than OUTPUT_BYTES_MAX of replies unread: read nothing more from

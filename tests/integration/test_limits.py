@@ -68,15 +68,15 @@ def test_a_peer_that_never_reads_its_get_oks_stops_being_read(start_broker):
 
 def test_the_memory_alarm_stops_reading_a_publisher_in_the_middle_of_a_huge_body(start_broker):
     """A publish whose body never ends was never paused: only connections that had completed a
-    publish were (issue 16). The alarm (a 1 MiB watermark: on from the first sample) now stops
-    reading a connection from its basic.publish method on, as RabbitMQ's reader does."""
+    publish were (issue 16). During an alarm (a 1 MiB watermark: on from the first sample) a
+    connection is now also stopped once a message it is sending holds 1 MiB of body."""
     server = start_broker(["--memory-high-watermark-mb", "1"])
     time.sleep(1.5)  # the alarm samples once a second
     before_mb = rss_mb(server.proc.pid)
     client = RawClient(server.amqp_port)
     client.open()
     client.open_channel(1)
-    body_bytes = 256 << 20
+    body_bytes = 100 << 20  # (under the 128 MiB a message may have)
     frame_max = 131072
     client.send(
         encode_method_frame(1, spec.BasicPublish(exchange="", routing_key="nowhere"))
