@@ -55,7 +55,8 @@ from .properties import decode_content_header
 from .values import FieldTable, FieldValue, decode_table
 
 Authenticator = Callable[[str, str, str], bool]  # (mechanism, username, password) -> allowed
-VhostCheck = Callable[[str, str], bool]  # (username, vhost) -> allowed
+VhostCheck = Callable[[str, str], str | None]  # (username, vhost) -> why refused (530), or None
+ChannelCheck = Callable[[], str | None]  # before a channel opens: why refused (530), or None
 Frame = tuple[int, int, bytes | memoryview]  # (frame type, channel, payload) from FrameReader
 
 FRAME_MAX_BEFORE_TUNE = 131072  # generous: some clients send large client_properties
@@ -169,6 +170,7 @@ class ServerConnection:
         vhost_allowed: VhostCheck,
         server_properties: FieldTable,
         channel_max: int = 2047,
+        channel_allowed: ChannelCheck | None = None,
         frame_max: int = 131072,
         heartbeat_s: int = 60,
         max_message_size_bytes: int = 128 * 1024 * 1024,
@@ -177,6 +179,7 @@ class ServerConnection:
         self.state = State.AWAIT_HEADER
         self._authenticate = authenticate
         self._vhost_allowed = vhost_allowed
+        self._channel_allowed = channel_allowed
         self._server_properties = server_properties
         self.channel_max = channel_max
         self.frame_max = frame_max
@@ -631,6 +634,9 @@ class ServerConnection:
                 f"number of channels opened ({len(self._channels)}) has reached the "
                 f"negotiated channel_max ({self.channel_max})",
             )
+        refused = self._channel_allowed() if self._channel_allowed is not None else None
+        if refused:
+            raise AMQPError(spec.NOT_ALLOWED, refused)  # e.g. a user's max-channels
         self._channels[channel] = _Channel(channel)
         self._send_method(channel, spec.ChannelOpenOk())
         self._events.append(ChannelOpened(channel))
@@ -768,8 +774,9 @@ class ServerConnection:
 
     def _open(self, method: spec.ConnectionOpen) -> None:
         vhost = method.virtual_host
-        if not self._vhost_allowed(self.user, vhost):
-            raise AMQPError(spec.NOT_ALLOWED, f"vhost {vhost} not found")
+        refused = self._vhost_allowed(self.user, vhost)
+        if refused:
+            raise AMQPError(spec.NOT_ALLOWED, refused)
         self.vhost = vhost
         self.state = State.OPEN
         self._send_method(0, spec.ConnectionOpenOk())

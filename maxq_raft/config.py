@@ -31,6 +31,12 @@ class Settings:
     # name (comma-separated; e.g. the name of a proxy in front of it): a DNS-rebinding page
     # reaches the API under its own name, which is refused.
     http_allowed_hosts: str = ""
+    # The first administrator of a node whose users were never changed (replaces guest, who can
+    # only log in from loopback); the password from default_pass, or the first line of a file.
+    default_user: str = ""
+    default_pass: str = ""
+    default_pass_file: str = ""
+    max_connections: int = 0  # AMQP connections this node accepts at once (0: no limit), RabbitMQ's connection_max
     node_id: str = "maxq1"
     frame_max: int = 131072
     channel_max: int = 2047
@@ -74,6 +80,10 @@ CLI_SETTINGS = (
     "http_host",
     "http_port",
     "http_allowed_hosts",
+    "default_user",
+    "default_pass",
+    "default_pass_file",
+    "max_connections",
     "node_id",
     "frame_max",
     "channel_max",
@@ -135,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="host names the admin API answers to besides IP addresses, localhost and this machine's name "
         "(comma-separated)",
     )
+    parser.add_argument(
+        "--default-user",
+        help="first administrator, made on a node whose users were never changed; replaces guest (MAXQ_DEFAULT_USER)",
+    )
+    parser.add_argument("--default-pass", help="its password (better: MAXQ_DEFAULT_PASS or --default-pass-file)")
+    parser.add_argument("--default-pass-file", help="file whose first line is the default user's password")
+    parser.add_argument("--max-connections", help="AMQP connections this node accepts at once (default 0: no limit)")
     parser.add_argument("--node-id", help="this node's name (default maxq1)")
     parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
     parser.add_argument("--channel-max", help="most channels per connection (default 2047)")
@@ -216,6 +233,21 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
     for name, most in (("heartbeat_s", 65535), ("channel_max", 65535), ("frame_max", 2**32 - 1)):  # tune's field sizes
         if getattr(settings, name) > most:
             raise SettingsError(f"{name} must be at most {most}, got {getattr(settings, name)}")
+    if settings.default_pass_file:
+        try:
+            with open(settings.default_pass_file, encoding="utf-8") as file:
+                settings.default_pass = file.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(f"default_pass_file {settings.default_pass_file}: {exc}") from None
+    if settings.default_user and not settings.default_pass:
+        raise SettingsError("default_user needs a password: MAXQ_DEFAULT_PASS, --default-pass or --default-pass-file")
+    if settings.default_user:
+        from .machines.access import AccessError, check_name
+
+        try:
+            check_name(settings.default_user, "user")
+        except AccessError as exc:
+            raise SettingsError(f"default_user: {exc}") from None
     if settings.frame_max and settings.frame_max < 4096:
         raise SettingsError(f"frame_max must be at least 4096 (the AMQP minimum), got {settings.frame_max}")
     return settings, args

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# The admin API wants a user's credentials: guest's work from loopback, as in RabbitMQ.
+GUEST_AUTH = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}  # guest:guest
+
 # --------------------------------------------------------------------------------- waiting
 
 

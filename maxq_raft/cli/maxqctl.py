@@ -17,10 +17,14 @@ it. With --json, an error's JSON body is printed on stdout too.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
+import os
 import re
+import stat
 import sys
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,7 +36,12 @@ LISTS = {
     "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
     "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
+    "users": ("/api/users", ["name", "tags", "limits"]),
+    "vhosts": ("/api/vhosts", ["name", "limits"]),
+    "permissions": ("/api/permissions", ["vhost", "user", "configure", "write", "read"]),
+    "topic-permissions": ("/api/topic-permissions", ["vhost", "user", "exchange", "write", "read"]),
 }
+CREDENTIALS_FILE = "~/.maxqctl.toml"  # user = "...", password = "..."; mode 0600
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
 MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
@@ -49,21 +58,54 @@ class CtlError(Exception):
 # The node is named explicitly: never route admin requests through an http_proxy from the
 # environment (a proxy would answer for the node, or not at all).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_AUTH_HEADERS: dict[str, str] = {}  # set by main() from the credentials
 
 
-def fetch(node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None):
+def credentials(args, environ) -> tuple[str, str]:
+    """(user, password): --user/--password, else MAXQCTL_USER/MAXQCTL_PASSWORD, else the
+    credentials file (--credentials-file, MAXQCTL_CREDENTIALS or ~/.maxqctl.toml, which must be
+    readable by its owner only), else guest/guest (which works from loopback only)."""
+    user = args.user or environ.get("MAXQCTL_USER")
+    password = args.password if args.password is not None else environ.get("MAXQCTL_PASSWORD")
+    path = args.credentials_file or environ.get("MAXQCTL_CREDENTIALS")
+    if path or (user is None or password is None) and os.path.exists(os.path.expanduser(CREDENTIALS_FILE)):
+        path = os.path.expanduser(path or CREDENTIALS_FILE)
+        try:
+            mode = os.stat(path).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise CtlError(f"credentials file {path} is readable by others: chmod 600 {path}", 2)
+            with open(path, "rb") as file:
+                data = tomllib.load(file)
+        except OSError as exc:
+            raise CtlError(f"cannot read credentials file {path}: {exc.strerror or exc}", 2) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise CtlError(f"credentials file {path} is not TOML: {exc}", 2) from None
+        if not isinstance(data.get("user"), str) or not isinstance(data.get("password"), str):
+            raise CtlError(f'credentials file {path} needs user = "..." and password = "..."', 2)
+        user = user or data["user"]
+        password = password if password is not None else data["password"]
+    return user or "guest", password if password is not None else "guest"
+
+
+def fetch(
+    node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None, missing_ok: bool = False
+):
     url = f"http://{node}{path}"
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"} if data is not None else {}
-    )
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    request = urllib.request.Request(url, data=data, method=method, headers={**headers, **_AUTH_HEADERS})
     try:
         with _OPENER.open(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
+            raw = response.read()
+            return json.loads(raw) if raw else None  # 201/204 may carry no body
     except urllib.error.HTTPError as exc:
+        if missing_ok and exc.code == 404:
+            return None
         try:
             answer = json.loads(exc.read())
             detail = answer.get("error", "") if isinstance(answer, dict) else ""
+            if isinstance(answer, dict) and answer.get("reason"):
+                detail = f"{detail} ({answer['reason']})"
         except ValueError:
             answer, detail = None, ""
         code = 5 if exc.code >= 500 else 4
@@ -121,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--user", "-u", help="the admin API user (or MAXQCTL_USER; default guest)")
+    parser.add_argument("--password", "-p", help="its password (better: MAXQCTL_PASSWORD or a credentials file)")
+    parser.add_argument(
+        "--credentials-file",
+        help=f"TOML file with user and password, mode 0600 (or MAXQCTL_CREDENTIALS; default {CREDENTIALS_FILE})",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -159,12 +207,159 @@ def build_parser() -> argparse.ArgumentParser:
     clear_policy = sub.add_parser("clear-policy", help="remove a policy")
     clear_policy.add_argument("name")
     clear_policy.add_argument("--vhost", default="/")
+    _add_access_verbs(sub)
     for command in (status, listing, add, remove, transfer):
         # --json may also follow the command (`maxqctl list queues --json`).
         command.add_argument(
             "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables"
         )
     return parser
+
+
+def _add_access_verbs(sub) -> None:
+    add_user = sub.add_parser("add-user", help="add a user (the password is read from stdin when not given)")
+    add_user.add_argument("name")
+    add_user.add_argument("password", nargs="?")
+    add_user.add_argument(
+        "--tags", default="", help="comma-separated: administrator, monitoring, policymaker, management"
+    )
+    sub.add_parser("delete-user", help="delete a user").add_argument("name")
+    change = sub.add_parser("change-password", help="set a user's password (read from stdin when not given)")
+    change.add_argument("name")
+    change.add_argument("password", nargs="?")
+    tags = sub.add_parser("set-user-tags", help="replace a user's tags (none: no tags)")
+    tags.add_argument("name")
+    tags.add_argument("tags", nargs="*")
+    sub.add_parser("list-users", help="users and their tags")
+    sub.add_parser("add-vhost", help="add a vhost").add_argument("name")
+    sub.add_parser("delete-vhost", help="delete a vhost with everything in it").add_argument("name")
+    sub.add_parser("list-vhosts", help="vhosts")
+    perms = sub.add_parser("set-permissions", help="a user's configure, write and read patterns in a vhost")
+    perms.add_argument("user")
+    perms.add_argument("configure")
+    perms.add_argument("write")
+    perms.add_argument("read")
+    clear = sub.add_parser("clear-permissions", help="remove a user's permissions in a vhost")
+    clear.add_argument("user")
+    listing = sub.add_parser("list-permissions", help="permissions (of one vhost with --vhost)")
+    topic = sub.add_parser(
+        "set-topic-permissions", help="a user's write and read routing-key patterns on a topic exchange"
+    )
+    topic.add_argument("user")
+    topic.add_argument("exchange")
+    topic.add_argument("write")
+    topic.add_argument("read")
+    clear_topic = sub.add_parser("clear-topic-permissions", help="remove a user's topic permissions in a vhost")
+    clear_topic.add_argument("user")
+    vhost_limits = sub.add_parser(
+        "set-vhost-limits", help='replace a vhost\'s limits: \'{"max-connections": 64, "max-queues": 1000}\''
+    )
+    vhost_limits.add_argument("limits", help="JSON object; {} clears them")
+    user_limits = sub.add_parser(
+        "set-user-limits", help='replace a user\'s limits: \'{"max-connections": 10, "max-channels": 100}\''
+    )
+    user_limits.add_argument("user")
+    user_limits.add_argument("limits", help="JSON object; {} clears them")
+    for verb in (perms, clear, topic, clear_topic, vhost_limits):
+        verb.add_argument("--vhost", default="/", help="default /")
+    listing.add_argument("--vhost", default=None, help="only this vhost's")
+
+
+def _quote(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+def _password(given: str | None) -> str:
+    if given is not None:
+        return given
+    line = sys.stdin.readline()
+    if not line:
+        raise CtlError("no password: give it after the name or on stdin", 2)
+    return line.rstrip("\r\n")
+
+
+def _limits(text: str) -> dict:
+    try:
+        limits = json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"limits must be a JSON object: {exc}", 2) from None
+    if not isinstance(limits, dict) or not all(type(v) is int for v in limits.values()):
+        raise CtlError('limits must be a JSON object of integers, e.g. {"max-connections": 10}', 2)
+    return limits
+
+
+KNOWN_LIMITS = {"vhost": ("max-connections", "max-queues"), "user": ("max-connections", "max-channels")}
+
+
+def _set_limits(args, kind: str, owner: str, text: str) -> str:
+    limits = _limits(text)
+    unknown = sorted(set(limits) - set(KNOWN_LIMITS[kind]))
+    if unknown:
+        raise CtlError(f"unknown {kind} limits {unknown} (known: {', '.join(KNOWN_LIMITS[kind])})", 2)
+    base = f"/api/{kind}-limits/{_quote(owner)}/"
+    for name in KNOWN_LIMITS[kind]:  # the whole set is replaced, as rabbitmqctl set_{kind}_limits
+        if name in limits:
+            fetch(args.node, base + name, args.timeout or READ_TIMEOUT_S, "PUT", {"value": limits[name]})
+        else:
+            fetch(args.node, base + name, args.timeout or READ_TIMEOUT_S, "DELETE")
+    return f"limits of {kind} '{owner}' set to {json.dumps(limits)}"
+
+
+def run_access(args) -> str | None:
+    """The user, vhost, permission and limit verbs; None for any other command."""
+    node, timeout, command = args.node, args.timeout or READ_TIMEOUT_S, args.command
+    if command == "add-user":
+        tags = [t.strip() for t in args.tags.split(",") if t.strip()]
+        if fetch(node, f"/api/users/{_quote(args.name)}", timeout, "GET", None, missing_ok=True) is not None:
+            raise CtlError(f"user '{args.name}' already exists", 4)
+        body = {"password": _password(args.password), "tags": tags}
+        fetch(node, f"/api/users/{_quote(args.name)}", timeout, "PUT", body)
+        return f"user '{args.name}' added" + (f" with tags {', '.join(tags)}" if tags else "")
+    if command == "delete-user":
+        fetch(node, f"/api/users/{_quote(args.name)}", timeout, "DELETE")
+        return f"user '{args.name}' deleted"
+    if command in ("change-password", "set-user-tags"):
+        user = fetch(node, f"/api/users/{_quote(args.name)}", timeout)
+        if command == "change-password":
+            body = {"password": _password(args.password), "tags": user["tags"]}
+            done = "password changed"
+        else:
+            body = {"tags": [t for arg in args.tags for t in arg.split(",") if t]}
+            done = f"tags set to [{', '.join(body['tags'])}]"
+        fetch(node, f"/api/users/{_quote(args.name)}", timeout, "PUT", body)
+        return f"user '{args.name}': {done}"
+    if command == "add-vhost":
+        fetch(node, f"/api/vhosts/{_quote(args.name)}", timeout, "PUT", {})
+        return f"vhost '{args.name}' added"
+    if command == "delete-vhost":
+        fetch(node, f"/api/vhosts/{_quote(args.name)}", timeout, "DELETE")
+        return f"vhost '{args.name}' deleted"
+    if command == "set-permissions":
+        body = {"configure": args.configure, "write": args.write, "read": args.read}
+        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "PUT", body)
+        return f"permissions of user '{args.user}' in vhost '{args.vhost}' set"
+    if command == "clear-permissions":
+        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "DELETE")
+        return f"permissions of user '{args.user}' in vhost '{args.vhost}' cleared"
+    if command == "set-topic-permissions":
+        body = {"exchange": args.exchange, "write": args.write, "read": args.read}
+        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "PUT", body)
+        return f"topic permissions of user '{args.user}' on '{args.exchange}' in vhost '{args.vhost}' set"
+    if command == "clear-topic-permissions":
+        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "DELETE")
+        return f"topic permissions of user '{args.user}' in vhost '{args.vhost}' cleared"
+    if command == "set-vhost-limits":
+        return _set_limits(args, "vhost", args.vhost, args.limits)
+    if command == "set-user-limits":
+        return _set_limits(args, "user", args.user, args.limits)
+    listings = {"list-users": "users", "list-vhosts": "vhosts", "list-permissions": "permissions"}
+    if command in listings:
+        path, columns = LISTS[listings[command]]
+        rows = fetch(node, path, timeout)
+        if command == "list-permissions" and args.vhost:
+            rows = [r for r in rows if r["vhost"] == args.vhost]
+        return json.dumps(rows, indent=1) if args.json else table(rows, columns)
+    return None
 
 
 def _valid_node(node: str) -> bool:
@@ -229,6 +424,9 @@ def _policy_path(vhost: str, name: str) -> str:
 
 def run(args) -> str:
     timeout = args.timeout
+    done = run_access(args)
+    if done is not None:
+        return done
     if args.command == "set-policy":
         try:
             definition = json.loads(args.definition)
@@ -296,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maxqctl: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
         return 2
     try:
+        user, password = credentials(args, os.environ)
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        _AUTH_HEADERS["Authorization"] = f"Basic {token}"
         print(run(args))
     except CtlError as exc:
         if args.json and exc.body is not None:

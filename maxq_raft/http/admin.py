@@ -25,7 +25,6 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -34,8 +33,8 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from ..server.confirms import Unavailable
-from ..server.errors import ChannelError
+from . import access_api, auth
+from .requests import HttpError, Reply, Request, commit
 
 log = logging.getLogger("maxq.http")
 
@@ -49,36 +48,6 @@ DRAIN_BYTES_MAX = 1 << 20  # ... up to this much
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as config.NODE_ID
 META_GROUP = "meta"
 NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/--peer)"
-POLICY_TIMEOUT_S = 15.0
-
-
-class HttpError(Exception):
-    """Answered as `status` with {"error": message, **extra}."""
-
-    def __init__(self, status: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    body: bytes = b""
-    params: dict[str, str] = field(default_factory=dict)  # from the path (e.g. a member's name)
-
-    def json(self) -> dict:
-        if not self.body:
-            raise HttpError("400 Bad Request", "a JSON object body is required")
-        try:
-            value = json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError("400 Bad Request", f"malformed JSON body: {exc}") from None
-        if not isinstance(value, dict):
-            raise HttpError("400 Bad Request", "the JSON body must be an object")
-        return value
 
 
 def _text(value):
@@ -317,31 +286,8 @@ def view_policies(broker) -> list:
 
 
 async def _meta_change(broker, command) -> dict:
-    """Commit a metadata command (through the metadata group in a cluster) and wait, bounded."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-    box: list = []
-
-    def then(reply) -> None:
-        box.append(reply)
-        done.set()
-
-    try:
-        broker.meta_call(command, lambda reply: token.run_sync_soon(then, reply))
-    except ChannelError as err:  # a single node refuses at once
-        box.append(Rejected(err.reply_code, err.reply_text))
-        done.set()
-    with trio.move_on_after(POLICY_TIMEOUT_S):
-        await done.wait()
-    if not box:
-        raise HttpError(
-            "504 Gateway Timeout", f"no answer within {POLICY_TIMEOUT_S:.0f} s (the change may still happen)"
-        )
-    reply = box[0]
-    if type(reply) is Unavailable:
-        raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
-    if type(reply) is Rejected:
-        raise HttpError("404 Not Found" if reply.reply_code == 404 else "400 Bad Request", reply.reply_text)
+    """Commit a metadata command and wait, bounded; {"ok": true} once applied."""
+    await commit(broker, command)
     return {"ok": True}
 
 
@@ -583,31 +529,90 @@ async def transfer_leadership(broker, request: Request) -> dict:
 
 
 def _view(fn: Callable[[Any], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
+    """A GET of `fn(broker)`; a list is filtered to what the caller may see (auth.visible)."""
+
     async def handler(broker, request: Request) -> Any:
-        return fn(broker)
+        value = fn(broker)
+        if isinstance(value, list) and request.caller is not None:
+            return auth.visible(request.caller, broker.meta, value)
+        return value
 
     return handler
 
 
+def _sync(fn: Callable[[Any, Request], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
+    async def handler(broker, request: Request) -> Any:
+        return fn(broker, request)
+
+    return handler
+
+
+async def _whoami(broker, request: Request) -> Any:
+    return access_api.whoami(broker, request.caller)
+
+
 Handler = Callable[[Any, Request], Awaitable[Any]]
-ROUTES: dict[str, dict[str, Handler]] = {
-    "/api/overview": {"GET": _view(view_overview)},
-    "/api/cluster/status": {"GET": view_status},
-    "/api/cluster/members": {"POST": add_member},
-    "/api/cluster/members/{name}": {"DELETE": remove_member},
-    "/api/cluster/transfer-leadership": {"POST": transfer_leadership},
-    "/api/queues": {"GET": _view(view_queues)},
-    "/api/exchanges": {"GET": _view(view_exchanges)},
-    "/api/bindings": {"GET": _view(view_bindings)},
-    "/api/connections": {"GET": _view(view_connections)},
-    "/api/consumers": {"GET": _view(view_consumers)},
-    "/api/policies": {"GET": _view(view_policies)},
-    "/api/policies/{vhost}/{name}": {"PUT": put_policy, "DELETE": delete_policy},
+MANAGEMENT, POLICYMAKER, MONITORING, ADMINISTRATOR = (
+    auth.Need.MANAGEMENT,
+    auth.Need.POLICYMAKER,
+    auth.Need.MONITORING,
+    auth.Need.ADMINISTRATOR,
+)
+# path -> method -> (what the caller needs, handler). A policymaker's change is also checked
+# against the vhost in its path (auth.check).
+ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
+    "/api/whoami": {"GET": (MANAGEMENT, _whoami)},
+    "/api/overview": {"GET": (MANAGEMENT, _view(view_overview))},
+    "/api/cluster/status": {"GET": (MONITORING, view_status)},
+    "/api/cluster/members": {"POST": (ADMINISTRATOR, add_member)},
+    "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},
+    "/api/cluster/transfer-leadership": {"POST": (ADMINISTRATOR, transfer_leadership)},
+    "/api/queues": {"GET": (MANAGEMENT, _view(view_queues))},
+    "/api/exchanges": {"GET": (MANAGEMENT, _view(view_exchanges))},
+    "/api/bindings": {"GET": (MANAGEMENT, _view(view_bindings))},
+    "/api/connections": {"GET": (MANAGEMENT, _view(view_connections))},
+    "/api/consumers": {"GET": (MANAGEMENT, _view(view_consumers))},
+    "/api/policies": {"GET": (MANAGEMENT, _view(view_policies))},
+    "/api/policies/{vhost}/{name}": {"PUT": (POLICYMAKER, put_policy), "DELETE": (POLICYMAKER, delete_policy)},
+    "/api/users": {"GET": (ADMINISTRATOR, _view(access_api.list_users))},
+    "/api/users/{name}": {
+        "GET": (ADMINISTRATOR, _sync(access_api.get_user)),
+        "PUT": (ADMINISTRATOR, access_api.put_user),
+        "DELETE": (ADMINISTRATOR, access_api.delete_user),
+    },
+    "/api/vhosts": {"GET": (MANAGEMENT, _view(access_api.list_vhosts))},
+    "/api/vhosts/{name}": {
+        "GET": (MANAGEMENT, _sync(access_api.get_vhost)),
+        "PUT": (ADMINISTRATOR, access_api.put_vhost),
+        "DELETE": (ADMINISTRATOR, access_api.delete_vhost),
+    },
+    "/api/permissions": {"GET": (ADMINISTRATOR, _view(access_api.list_permissions))},
+    "/api/permissions/{vhost}/{name}": {
+        "GET": (ADMINISTRATOR, _sync(access_api.get_permissions)),
+        "PUT": (ADMINISTRATOR, access_api.put_permissions),
+        "DELETE": (ADMINISTRATOR, access_api.delete_permissions),
+    },
+    "/api/topic-permissions": {"GET": (ADMINISTRATOR, _view(access_api.list_topic_permissions))},
+    "/api/topic-permissions/{vhost}/{name}": {
+        "GET": (ADMINISTRATOR, _sync(access_api.get_topic_permissions)),
+        "PUT": (ADMINISTRATOR, access_api.put_topic_permissions),
+        "DELETE": (ADMINISTRATOR, access_api.delete_topic_permissions),
+    },
+    "/api/vhost-limits": {"GET": (MONITORING, _view(access_api.list_vhost_limits))},
+    "/api/vhost-limits/{vhost}/{name}": {
+        "PUT": (ADMINISTRATOR, access_api.put_vhost_limit),
+        "DELETE": (ADMINISTRATOR, access_api.delete_vhost_limit),
+    },
+    "/api/user-limits": {"GET": (ADMINISTRATOR, _view(access_api.list_user_limits))},
+    "/api/user-limits/{vhost}/{name}": {  # {vhost} is the user's name here
+        "PUT": (ADMINISTRATOR, access_api.put_user_limit),
+        "DELETE": (ADMINISTRATOR, access_api.delete_user_limit),
+    },
 }
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
 
-def route(path: str) -> tuple[dict[str, Handler] | None, dict[str, str]]:
+def route(path: str) -> tuple[dict[str, tuple[auth.Need, Handler]] | None, dict[str, str]]:
     methods = ROUTES.get(path)
     if methods is not None:
         return methods, {}
@@ -714,27 +719,70 @@ async def _read_request(stream: trio.SocketStream, allowed: frozenset[str] = fro
         )
     url = urlsplit(target)
     path = url.path.rstrip("/") or "/"
-    return Request(method, path, parse_qs(url.query), body[:length])
+    return Request(method, path, parse_qs(url.query), body[:length], authorization=headers.get("authorization"))
+
+
+def _unauthorized(reason: str) -> bytes:
+    # RabbitMQ answers 401 both without valid credentials and for a user without the tag a
+    # route needs; the challenge makes browsers and curl ask for credentials.
+    return _response(
+        "401 Unauthorized",
+        {"error": "not_authorized", "reason": reason},
+        f'WWW-Authenticate: Basic realm="{auth.REALM}"\r\n',
+    )
+
+
+def _reply_bytes(value: Any) -> bytes:
+    if type(value) is Reply:
+        if value.body is None:
+            return f"HTTP/1.1 {value.status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+        return _response(value.status, value.body)
+    return _response("200 OK", value)
 
 
 async def _dispatch(broker, request: Request) -> bytes:
+    # Authenticated before anything else is said, the list of endpoints included.
+    try:
+        request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
+    except auth.Unauthorized as exc:
+        return _unauthorized(str(exc))
     methods, params = route(request.path)
     if methods is None:
         endpoints = sorted(f"{m} {p}" for p, ms in ROUTES.items() for m in ms)
         return _response("404 Not Found", {"error": f"no such endpoint {request.path}", "endpoints": endpoints})
-    handler = methods.get(request.method)
-    if handler is None:
+    entry = methods.get(request.method)
+    if entry is None:
         allowed = ", ".join(methods)
         return _response(
             "405 Method Not Allowed",
             {"error": f"method {request.method} not allowed on {request.path}", "allowed": list(methods)},
             f"Allow: {allowed}\r\n",
         )
+    need, handler = entry
     request.params = params
     try:
-        return _response("200 OK", await handler(broker, request))
+        auth.check(request.caller, need, broker.meta, params.get("vhost") if need is auth.Need.POLICYMAKER else None)
+    except auth.Forbidden as exc:
+        return _unauthorized(str(exc))
+    try:
+        return _reply_bytes(await handler(broker, request))
     except HttpError as exc:
         return _response(exc.status, {"error": str(exc), **exc.extra})
+
+
+def _peer_host(stream: Any) -> str:
+    """The client's address, from the socket under any wrapping stream (TLS)."""
+    for _ in range(4):  # bounded: a stream wraps at most a few others
+        sock = getattr(stream, "socket", None)
+        if sock is not None:
+            try:
+                return str(sock.getpeername()[0])
+            except OSError:
+                return ""
+        stream = getattr(stream, "transport_stream", None)
+        if stream is None:
+            break
+    return ""
 
 
 async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) -> None:
@@ -744,6 +792,7 @@ async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) ->
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             try:
                 request = await _read_request(stream, allowed)
+                request.peer_host = _peer_host(stream)
             except HttpError as exc:
                 reply = _response(exc.status, {"error": str(exc)})
         if request is not None:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
+from . import access
+from .access import AccessError, Permission, TopicPermission, UserRecord
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -119,6 +121,9 @@ class VHost:
     queues: dict[str, QueueRecord] = field(default_factory=dict)
     # destination ("q:x"/"e:x") -> list of (source exchange, routing key, arguments)
     bindings_to: dict[str, list[tuple[str, str, Arguments]]] = field(default_factory=dict)
+    permissions: dict[str, Permission] = field(default_factory=dict)  # user -> patterns
+    topic_permissions: dict[str, dict[str, TopicPermission]] = field(default_factory=dict)  # user -> exchange -> ...
+    limits: dict[str, int] = field(default_factory=dict)  # access.VHOST_LIMITS
 
 
 # ------------------------------------------------------------------ commands
@@ -200,6 +205,93 @@ class ClearPolicy(NamedTuple):
     name: str
 
 
+# Users, vhosts and permissions (machines/access.py). A password arrives hashed, its salt drawn by
+# the proposer, so applying a command is deterministic.
+
+
+class PutUser(NamedTuple):
+    """Create a user or replace its password hash and tags (RabbitMQ's PUT /api/users/NAME)."""
+
+    name: str
+    password_hash: str  # "": no password login
+    hashing_algorithm: str
+    tags: list[str]
+
+
+class DeleteUser(NamedTuple):
+    name: str
+
+
+class SeedDefaultUser(NamedTuple):
+    """--default-user on a node whose users were never changed: the user replaces guest, as an
+    administrator with every permission on "/". Ignored once any user command has applied, so
+    the first of several members proposing it wins and restarts change nothing."""
+
+    name: str
+    password_hash: str
+
+
+class PutVhost(NamedTuple):
+    name: str
+
+
+class DeleteVhost(NamedTuple):
+    name: str
+
+
+class SetPermissions(NamedTuple):
+    vhost: str
+    user: str
+    configure: str
+    write: str
+    read: str
+
+
+class ClearPermissions(NamedTuple):
+    vhost: str
+    user: str
+
+
+class SetTopicPermissions(NamedTuple):
+    vhost: str
+    user: str
+    exchange: str
+    write: str
+    read: str
+
+
+class ClearTopicPermissions(NamedTuple):
+    vhost: str
+    user: str
+    exchange: str  # "": all of the user's topic permissions in the vhost
+
+
+class SetLimits(NamedTuple):
+    """A vhost's or a user's limits, replaced whole ({} clears them)."""
+
+    kind: str  # "vhost" or "user"
+    name: str
+    limits: dict[str, int]
+
+
+ACCESS_COMMANDS = (
+    PutUser,
+    DeleteUser,
+    SeedDefaultUser,
+    PutVhost,
+    DeleteVhost,
+    SetPermissions,
+    ClearPermissions,
+    SetTopicPermissions,
+    ClearTopicPermissions,
+    SetLimits,
+)
+GUEST = "guest"
+# guest's hash in a fresh machine: a fixed salt, so every member starts alike.
+GUEST_PASSWORD_HASH = access.hash_password("guest", salt=bytes(access.SALT_BYTES))
+FULL_PERMISSION = (".*", ".*", ".*")
+
+
 # ------------------------------------------------------------------- effects
 
 
@@ -219,7 +311,13 @@ class PolicyChanged(NamedTuple):
     vhost: str
 
 
-MetaEffect: TypeAlias = QueueCreated | QueueDeleted | PolicyChanged
+class VhostDeleted(NamedTuple):
+    """Its connections are closed (RabbitMQ: 320 CONNECTION_FORCED)."""
+
+    name: str
+
+
+MetaEffect: TypeAlias = QueueCreated | QueueDeleted | PolicyChanged | VhostDeleted
 # What a command answers: True/False (done, or nothing to do), the record declared, the number
 # of queues an OwnerDown deleted, or a refusal.
 MetaReply: TypeAlias = bool | int | ExchangeRecord | QueueRecord | Rejected
@@ -247,8 +345,12 @@ def _value_text(value: Any) -> str:
 class MetadataMachine:
     def __init__(self) -> None:
         self.vhosts: dict[str, VHost] = {}
-        self.users: dict[str, str] = {"guest": "guest"}
+        self.users: dict[str, UserRecord] = {GUEST: UserRecord(GUEST, GUEST_PASSWORD_HASH, tags=["administrator"])}
+        self.users_seeded = False  # a user command applied: SeedDefaultUser does nothing
+        # Bumped by every change of users, permissions or limits: sessions cache what they checked.
+        self.access_version = 0
         self._add_vhost(DEFAULT_VHOST)
+        self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
             DeclareExchange: self._declare_exchange,
             DeleteExchange: self._delete_exchange,
@@ -259,6 +361,16 @@ class MetadataMachine:
             OwnerDown: self._owner_down,
             SetPolicy: self._set_policy,
             ClearPolicy: self._clear_policy,
+            PutUser: self._put_user,
+            DeleteUser: self._delete_user,
+            SeedDefaultUser: self._seed_default_user,
+            PutVhost: self._put_vhost,
+            DeleteVhost: self._delete_vhost,
+            SetPermissions: self._set_permissions,
+            ClearPermissions: self._clear_permissions,
+            SetTopicPermissions: self._set_topic_permissions,
+            ClearTopicPermissions: self._clear_topic_permissions,
+            SetLimits: self._set_limits,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -434,6 +546,12 @@ class MetadataMachine:
         if existing is None:
             if cmd.name.startswith("amq.") and not cmd.name.startswith("amq.gen-"):
                 return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []
+            limit = v.limits.get("max-queues")
+            if limit is not None and len(v.queues) >= limit:
+                # rabbit_vhost_limit: checked where the queue is created, so racing declares agree
+                return Rejected(
+                    406, f"cannot declare queue '{cmd.name}': queue limit in vhost '{cmd.vhost}' ({limit}) is reached"
+                ), []
             record = QueueRecord(
                 cmd.name, durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {})
             )
@@ -498,6 +616,136 @@ class MetadataMachine:
             return Rejected(404, f"no policy '{cmd.name}' in vhost '{cmd.vhost}'"), []
         del v.policies[cmd.name]
         return True, [PolicyChanged(cmd.vhost)]
+
+    # --------------------------------------------------- users, vhosts, permissions
+
+    def _access_changed(self) -> None:
+        self.users_seeded = True
+        self.access_version += 1
+
+    def _put_user(self, cmd: PutUser) -> MetaResult:
+        refused = access_refusal(cmd)
+        if refused:
+            return refused, []
+        old = self.users.get(cmd.name)
+        limits = old.limits if old else {}
+        self.users[cmd.name] = UserRecord(cmd.name, cmd.password_hash, cmd.hashing_algorithm, list(cmd.tags), limits)
+        self._access_changed()
+        return old is None, []
+
+    def _delete_user(self, cmd: DeleteUser) -> MetaResult:
+        if cmd.name not in self.users:
+            return Rejected(404, f"no user '{cmd.name}'"), []
+        del self.users[cmd.name]
+        for v in self.vhosts.values():
+            v.permissions.pop(cmd.name, None)
+            v.topic_permissions.pop(cmd.name, None)
+        self._access_changed()
+        return True, []
+
+    def _seed_default_user(self, cmd: SeedDefaultUser) -> MetaResult:
+        if self.users_seeded:
+            return False, []
+        refused = access_refusal(PutUser(cmd.name, cmd.password_hash, access.SHA256, ["administrator"]))
+        if refused:
+            return refused, []
+        self._delete_user(DeleteUser(GUEST))
+        self.users[cmd.name] = UserRecord(cmd.name, cmd.password_hash, access.SHA256, ["administrator"])
+        if DEFAULT_VHOST in self.vhosts:
+            self.vhosts[DEFAULT_VHOST].permissions[cmd.name] = Permission(*FULL_PERMISSION)
+        self._access_changed()
+        return True, []
+
+    def _put_vhost(self, cmd: PutVhost) -> MetaResult:
+        refused = access_refusal(cmd)
+        if refused:
+            return refused, []
+        if cmd.name in self.vhosts:
+            return False, []
+        self._add_vhost(cmd.name)
+        self.access_version += 1
+        return True, []
+
+    def _delete_vhost(self, cmd: DeleteVhost) -> MetaResult:
+        v = self.vhosts.get(cmd.name)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.name}'"), []
+        effects: list[MetaEffect] = []
+        for name in list(v.queues):
+            effects.extend(self._delete_queue(DeleteQueueRecord(cmd.name, name))[1])
+        del self.vhosts[cmd.name]
+        self.access_version += 1
+        effects.append(VhostDeleted(cmd.name))
+        return True, effects
+
+    def _vhost_and_user(self, vhost: str, user: str) -> VHost | Rejected:
+        v = self.vhosts.get(vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{vhost}'")
+        if user not in self.users:
+            return Rejected(404, f"no user '{user}'")
+        return v
+
+    def _set_permissions(self, cmd: SetPermissions) -> MetaResult:
+        refused = access_refusal(cmd)
+        if refused:
+            return refused, []
+        v = self._vhost_and_user(cmd.vhost, cmd.user)
+        if isinstance(v, Rejected):
+            return v, []
+        v.permissions[cmd.user] = Permission(cmd.configure, cmd.write, cmd.read)
+        self._access_changed()
+        return True, []
+
+    def _clear_permissions(self, cmd: ClearPermissions) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        if v is None or v.permissions.pop(cmd.user, None) is None:
+            return Rejected(404, f"no permissions for user '{cmd.user}' in vhost '{cmd.vhost}'"), []
+        v.topic_permissions.pop(cmd.user, None)
+        self._access_changed()
+        return True, []
+
+    def _set_topic_permissions(self, cmd: SetTopicPermissions) -> MetaResult:
+        refused = access_refusal(cmd)
+        if refused:
+            return refused, []
+        v = self._vhost_and_user(cmd.vhost, cmd.user)
+        if isinstance(v, Rejected):
+            return v, []
+        v.topic_permissions.setdefault(cmd.user, {})[cmd.exchange] = TopicPermission(cmd.write, cmd.read)
+        self._access_changed()
+        return True, []
+
+    def _clear_topic_permissions(self, cmd: ClearTopicPermissions) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        mine = v.topic_permissions.get(cmd.user) if v else None
+        if v is None or not mine or (cmd.exchange and cmd.exchange not in mine):
+            return Rejected(404, f"no topic permissions for user '{cmd.user}' in vhost '{cmd.vhost}'"), []
+        if cmd.exchange:
+            del mine[cmd.exchange]
+        if not cmd.exchange or not mine:
+            del v.topic_permissions[cmd.user]
+        self._access_changed()
+        return True, []
+
+    def _set_limits(self, cmd: SetLimits) -> MetaResult:
+        refused = access_refusal(cmd)
+        if refused:
+            return refused, []
+        if cmd.kind == "vhost":
+            if cmd.name not in self.vhosts:
+                return Rejected(404, f"no vhost '{cmd.name}'"), []
+            self.vhosts[cmd.name].limits = dict(cmd.limits)
+        else:
+            if cmd.name not in self.users:
+                return Rejected(404, f"no user '{cmd.name}'"), []
+            self.users[cmd.name].limits = dict(cmd.limits)
+        self._access_changed()
+        return True, []
+
+    def permission(self, vhost: str, user: str) -> Permission | None:
+        v = self.vhosts.get(vhost)
+        return v.permissions.get(user) if v else None
 
     def policy_for(self, vhost: str, queue: str) -> PolicyRecord | None:
         """The policy that applies to a queue: of those whose pattern matches its name (anywhere,
@@ -708,3 +956,31 @@ def policy_record(cmd: SetPolicy) -> PolicyRecord | Rejected:
     except QueueArgumentError as exc:
         return Rejected(406, f"Validation failed\n\n{exc.reply_text}")
     return record
+
+
+def access_refusal(cmd: Any) -> Rejected | None:
+    """Why a user, vhost, permission or limits command is refused (400-class, before anything
+    is proposed, and again on apply), or None. Pure."""
+    try:
+        kind = type(cmd)
+        if kind is PutUser:
+            access.check_name(cmd.name, "user")
+            access.check_hash(cmd.password_hash, cmd.hashing_algorithm)
+            access.check_tags(cmd.tags)
+        elif kind is PutVhost:
+            access.check_name(cmd.name, "vhost")
+        elif kind is SetPermissions:
+            access.check_patterns(cmd.configure, cmd.write, cmd.read)
+        elif kind is SetTopicPermissions:
+            if type(cmd.exchange) is not str:
+                raise AccessError("the exchange must be a string")
+            access.check_patterns(cmd.write, cmd.read)
+        elif kind is SetLimits:
+            if cmd.kind not in ("vhost", "user"):
+                raise AccessError(f"unknown kind of limits {cmd.kind!r}")
+            known = access.VHOST_LIMITS if cmd.kind == "vhost" else access.USER_LIMITS
+            if access.check_limits(cmd.limits, known, cmd.kind) != cmd.limits:
+                raise AccessError("negative limits are cleared, not stored: leave them out")
+    except AccessError as exc:
+        return Rejected(400, str(exc))
+    return None

@@ -69,6 +69,7 @@ METADATA_COMMANDS = {
         md.OwnerDown,
         md.SetPolicy,
         md.ClearPolicy,
+        *md.ACCESS_COMMANDS,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)

@@ -91,6 +91,8 @@ class Applier:
                 self.log.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
             elif kind is md.PolicyChanged and mine:
                 policies.apply_policies(self.broker, effect.vhost)
+            elif kind is md.VhostDeleted:
+                self.broker.close_vhost_connections(effect.name)  # each member closes its own
             elif kind is LivesDown:
                 self.log.lives_down(effect)
         if type(reply) is not Rejected:

@@ -200,6 +200,12 @@ class Broker:
         if connection_id is not None:
             self.meta_call(md.OwnerDown(connection_id), _ignore)
 
+    def close_vhost_connections(self, vhost: str) -> None:
+        """A vhost was deleted: this node's connections to it go (RabbitMQ: 320 CONNECTION_FORCED)."""
+        for session in list(self.sessions.values()):
+            if session.vhost == vhost:
+                session.force_close(f"vhost '{vhost}' is deleted")
+
     @staticmethod
     def generate_name(prefix: str) -> str:
         return prefix + secrets.token_urlsafe(16)

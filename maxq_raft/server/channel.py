@@ -28,6 +28,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
 from ..machines.queue_types import Rejected
+from .authorization import Authorization
 from .broker import Broker, ConsumerHandle
 from .channel_state import ChannelState
 from .confirms import Unavailable
@@ -51,6 +52,7 @@ class ChannelHost(Protocol):
     conn: ServerConnection
     id: str  # the connection's id: exclusive queues and consumers' owners name it
     vhost: str
+    authorization: Authorization
 
     def continuation(self, channel: Channel, fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
     def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
@@ -145,6 +147,14 @@ class Channel:
         # rabbit_channel: check_not_default_exchange runs for passive declares too.
         if m.exchange == "":
             raise ChannelError(spec.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        if not m.passive:
+            authz = self.session.authorization
+            authz.check("configure", "exchange", m.exchange)
+            alternate = (m.arguments or {}).get("alternate-exchange")
+            if isinstance(alternate, (str, bytes)):
+                # rabbit_channel: using an alternate exchange writes to it and reads this one
+                authz.check("write", "exchange", _str(alternate))
+                authz.check("read", "exchange", m.exchange)
         self._meta(
             md.DeclareExchange(
                 self.session.vhost,
@@ -160,12 +170,24 @@ class Channel:
         )
 
     def exchange_delete(self, m) -> None:
+        if m.exchange and not m.exchange.startswith("amq."):  # those are refused as system exchanges first
+            self.session.authorization.check("configure", "exchange", m.exchange)
         self._meta(
             md.DeleteExchange(self.session.vhost, m.exchange, m.if_unused),
             lambda _: m.no_wait or self._reply(spec.ExchangeDeleteOk()),
         )
 
+    def _check_binding(self, source: str, destination: str, destination_type: str, routing_key: str) -> None:
+        # rabbit_channel:binding_action: write the destination, read the source, and a topic
+        # source's read permission on the routing key.
+        authz = self.session.authorization
+        authz.check("write", destination_type, destination)
+        authz.check("read", "exchange", source)
+        if authz.is_topic_exchange(source):
+            authz.check_topic("read", source, routing_key)
+
     def exchange_bind(self, m) -> None:
+        self._check_binding(m.source, m.destination, "exchange", m.routing_key)
         self._meta(
             md.Bind(
                 self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id
@@ -174,6 +196,7 @@ class Channel:
         )
 
     def exchange_unbind(self, m) -> None:
+        self._check_binding(m.source, m.destination, "exchange", m.routing_key)
         self._meta(
             md.Unbind(
                 self.session.vhost, m.source, m.destination, True, m.routing_key, m.arguments or {}, self.session.id
@@ -213,6 +236,15 @@ class Channel:
                 validate_queue_arguments(vhost, name, arguments)
             except QueueArgumentError as err:
                 raise ChannelError(spec.PRECONDITION_FAILED, err.reply_text) from None
+        if not m.passive:
+            authz = self.session.authorization
+            authz.check("configure", "queue", name)
+            dlx = arguments.get("x-dead-letter-exchange")
+            if isinstance(dlx, (str, bytes)):
+                # rabbit_channel:check_dead_letter_exchange: dead-lettering reads this queue and
+                # writes to the exchange
+                authz.check("read", "queue", name)
+                authz.check("write", "exchange", _str(dlx))
 
         def declared(reply) -> None:
             if type(reply) is Rejected:
@@ -238,6 +270,7 @@ class Channel:
 
     def queue_bind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
+        self._check_binding(m.exchange, name, "queue", m.routing_key)
         self._meta(
             md.Bind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
             lambda _: m.no_wait or self._reply(spec.QueueBindOk()),
@@ -245,6 +278,7 @@ class Channel:
 
     def queue_unbind(self, m) -> None:
         name = self._expand_queue_name(m.queue)
+        self._check_binding(m.exchange, name, "queue", m.routing_key)
         self._meta(
             md.Unbind(self.session.vhost, m.exchange, name, False, m.routing_key, m.arguments or {}, self.session.id),
             lambda _: self._reply(spec.QueueUnbindOk()),
@@ -252,6 +286,7 @@ class Channel:
 
     def queue_purge(self, m) -> None:
         name = self._expand_queue_name(m.queue)
+        self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
 
         def purged(count) -> None:
@@ -263,6 +298,7 @@ class Channel:
     def queue_delete(self, m) -> None:
         name = self._expand_queue_name(m.queue)
         vhost = self.session.vhost
+        self.session.authorization.check("configure", "queue", name)
         if self.broker.meta.queue(vhost, name) is None:
             # Idempotent in RabbitMQ 3.x: deleting a missing queue succeeds.
             if not m.no_wait:
@@ -301,6 +337,7 @@ class Channel:
             self._consume_reply_to(m, tag)
             return
         name = self._expand_queue_name(m.queue)
+        self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
         queue_key = self._queue_key(name)
         consumer_id = f"{self.owner}/{tag}"
@@ -376,6 +413,7 @@ class Channel:
 
     def basic_get(self, m) -> None:
         name = self._expand_queue_name(m.queue)
+        self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
         queue_key = self._queue_key(name)
         self.queues_touched[queue_key] = None

@@ -30,6 +30,8 @@ import trio
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
 from ..http.admin import allowed_hosts, open_admin_listeners, serve_admin
+from ..machines import metadata as md
+from ..machines.access import hash_password
 from ..replication.engine import ReplicationNode
 from ..replication.snapshot_file import SnapshotError
 from ..storage.errors import StorageError
@@ -41,6 +43,7 @@ from .alarms import ResourceAlarms, disk_free_bytes
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
+from .errors import ChannelError
 from .local_log import LocalLog
 from .recovery import recover
 from .session import Session, tick_sessions
@@ -231,6 +234,42 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
         await trio.to_thread.run_sync(node.stop)
 
 
+DEFAULT_USER_TIMEOUT_S = 30.0
+
+
+async def _seed_default_user(broker: Broker, settings: Settings) -> None:
+    """--default-user on a node whose users were never changed: it replaces guest. In a cluster
+    every member may propose it; the machine takes the first and ignores the rest."""
+    if not settings.default_user or broker.meta.users_seeded:
+        return
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    replies: list = []
+
+    def then(reply) -> None:
+        replies.append(reply)
+        token.run_sync_soon(done.set)
+
+    command = md.SeedDefaultUser(settings.default_user, hash_password(settings.default_pass))
+    try:
+        broker.meta_call(command, then)
+    except ChannelError as err:
+        replies.append(err)
+        done.set()
+    with trio.move_on_after(DEFAULT_USER_TIMEOUT_S):
+        await done.wait()
+    reply = replies[0] if replies else None
+    if reply is True:
+        log.info(
+            "default user %r created (administrator, all permissions on vhost '/'); guest removed",
+            settings.default_user,
+        )
+    elif reply is False:
+        pass  # another member's seeding, or a user change, came first
+    else:
+        log.warning("default user %r not created (%s): the next start tries again", settings.default_user, reply)
+
+
 async def _cancel_when_stopped(stop: StopRequest, scope: trio.CancelScope) -> None:
     await stop.event.wait()
     scope.cancel()  # (a no-op once the scope has been left)
@@ -262,6 +301,7 @@ async def _serve(
             admin_listeners = await _bind(
                 "HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings)
             )
+        await _seed_default_user(broker, settings)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
             if watch is not None:

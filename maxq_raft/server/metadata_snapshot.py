@@ -10,13 +10,17 @@ tables round-trip exactly); `load_metadata(records)` builds the machine state di
 replaying declares, so that the order of every dict and binding list (route results follow
 binding order, auto-delete cascades follow the reverse index) is the original's.
 
-Records: `["metadata", {"version", "users"}]`; per vhost `["vhost", name]`, then
+Records: `["metadata", {"version", "users", "users_seeded", "access_version"}]` (users as
+`[name, password_hash, hashing_algorithm, tags, limits]`); per vhost `["vhost", name]`, then
 `["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
 in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
 each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
 exclusive_owner, auto_delete, arguments]`, `["bindings_to", vhost, destination, [[source, key,
 arguments], ...]]` (the reverse index, in its order), `["policy", vhost, name, pattern,
-definition, priority, apply_to]`; last `["end", counts]`, checked by the loader.
+definition, priority, apply_to]`, `["access", vhost, [[user, configure, write, read], ...],
+[[user, exchange, write, read], ...], limits]`; last `["end", counts]`, checked by the loader.
+Version 1 (before users had hashes and permissions) is read too: its plain passwords are hashed
+as a fresh machine hashes guest's, and guest gets every permission on "/" as it had.
 
 Not here: queue placement (a hash of vhost and name: cluster.shard_of, nothing to keep) and the
 node-local queue ids (the store's key prefix, given by each member as it creates the machine).
@@ -28,6 +32,7 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from ..amqp.values import decode_table, encode_table
+from ..machines import access
 from ..machines import metadata as md
 from ..machines.policy_pattern import PatternError, compile_pattern
 from ..machines.routing import make_router
@@ -35,7 +40,8 @@ from ..machines.snapshot import SnapshotError
 
 log = logging.getLogger("maxq.metadata")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CHUNK_BINDINGS_MAX = 1024
 
 
@@ -49,7 +55,16 @@ def _untable(raw: bytes) -> dict:
 
 def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
     """Every vhost, exchange, binding, queue and policy of `machine`, in its own order."""
-    yield ["metadata", {"version": FORMAT_VERSION, "users": dict(machine.users)}]
+    users = [
+        [u.name, u.password_hash, u.hashing_algorithm, list(u.tags), dict(u.limits)] for u in machine.users.values()
+    ]
+    header = {
+        "version": FORMAT_VERSION,
+        "users": users,
+        "users_seeded": machine.users_seeded,
+        "access_version": machine.access_version,
+    }
+    yield ["metadata", header]
     counts: dict[str, int] = {}
 
     def count(kind: str, n: int = 1) -> None:
@@ -90,6 +105,14 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         for p in vhost.policies.values():
             yield ["policy", vhost_name, p.name, p.pattern, _table(p.definition), p.priority, p.apply_to]
             count("policy")
+        permissions = [[user, p.configure, p.write, p.read] for user, p in vhost.permissions.items()]
+        topics = [
+            [user, exchange, t.write, t.read]
+            for user, by_exchange in vhost.topic_permissions.items()
+            for exchange, t in by_exchange.items()
+        ]
+        yield ["access", vhost_name, permissions, topics, dict(vhost.limits)]
+        count("access")
     yield ["end", counts]
 
 
@@ -100,13 +123,27 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
     if type(first) is not list or len(first) != 2 or first[0] != "metadata" or type(first[1]) is not dict:
         raise SnapshotError(f"metadata snapshot: the first record is not a header: {str(first)[:80]}")
     version = first[1].get("version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise SnapshotError(
             f"metadata snapshot: unknown format version {version!r} (this code reads version {FORMAT_VERSION})"
         )
     machine = md.MetadataMachine()
     machine.vhosts = {}  # rebuilt from the records, builtin exchanges included, in their order
-    machine.users = dict(first[1]["users"])
+    header = first[1]
+    if version == 1:  # {name: plain password}
+        machine.users = {
+            name: access.UserRecord(name, access.hash_password(password, salt=bytes(access.SALT_BYTES)))
+            for name, password in header["users"].items()
+        }
+        if md.GUEST in machine.users:
+            machine.users[md.GUEST].tags = ["administrator"]
+    else:
+        machine.users = {
+            name: access.UserRecord(name, password_hash, algorithm, list(tags), dict(limits))
+            for name, password_hash, algorithm, tags, limits in header["users"]
+        }
+        machine.users_seeded = bool(header["users_seeded"])
+        machine.access_version = int(header["access_version"])
     counts: dict[str, int] = {}
     ended = None
     for record in it:  # bounded by the records given
@@ -127,6 +164,8 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
         raise SnapshotError("metadata snapshot: truncated: no end record")
     if ended != counts:
         raise SnapshotError(f"metadata snapshot: counts differ from the end record: {counts} != {ended}")
+    if version == 1 and md.GUEST in machine.users and md.DEFAULT_VHOST in machine.vhosts:
+        machine.vhosts[md.DEFAULT_VHOST].permissions[md.GUEST] = access.Permission(*md.FULL_PERMISSION)
     return machine
 
 
@@ -169,5 +208,12 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
             log.warning("metadata snapshot: policy %r in vhost %r skipped: %s", name, vhost.name, exc)
             return
         vhost.policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to, regex)
+    elif kind == "access":
+        _, _, permissions, topics, limits = record
+        for user, configure, write, read in permissions:
+            vhost.permissions[user] = access.Permission(configure, write, read)
+        for user, exchange, write, read in topics:
+            vhost.topic_permissions.setdefault(user, {})[exchange] = access.TopicPermission(write, read)
+        vhost.limits = dict(limits)
     else:
         raise SnapshotError(f"metadata snapshot: unknown record {str(kind)[:40]!r}")

@@ -50,6 +50,7 @@ COMMAND_TYPES = {
         md.Unbind,
         md.SetPolicy,
         md.ClearPolicy,
+        *md.ACCESS_COMMANDS,
     )
 }
 
@@ -171,13 +172,13 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
             else durable_queue(machine, command.vhost, command.destination)
         )
         return source_durable and dest_durable
-    # policies are always durable (RabbitMQ's runtime parameters)
-    return kind is md.SetPolicy or kind is md.ClearPolicy
+    # policies (RabbitMQ's runtime parameters), users, vhosts and permissions are always durable
+    return kind is md.SetPolicy or kind is md.ClearPolicy or kind in md.ACCESS_COMMANDS
 
 
 def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes]:
     """Declares and binds that recreate the durable part of `machine`."""
-    entries = []
+    entries = [encode_entry(command, None) for command in access_commands(machine)]
     for vhost_name, vhost in machine.vhosts.items():
         for ex in vhost.exchanges.values():
             if ex.durable and not ex.builtin:
@@ -212,6 +213,35 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
                 )
             )
     return entries
+
+
+def access_commands(machine: md.MetadataMachine) -> list:
+    """Commands that recreate the machine's users, vhosts, permissions and limits from a fresh
+    machine (which has guest and "/"), in an order that applies: vhosts and users before the
+    permissions that name them."""
+    commands: list = [md.PutVhost(name) for name in machine.vhosts if name != md.DEFAULT_VHOST]
+    if md.DEFAULT_VHOST not in machine.vhosts:
+        commands.append(md.DeleteVhost(md.DEFAULT_VHOST))
+    if not machine.users_seeded:
+        return commands  # users and permissions as in a fresh machine (every change of them seeds)
+    if md.GUEST not in machine.users:
+        commands.append(md.DeleteUser(md.GUEST))
+    for user in machine.users.values():
+        commands.append(md.PutUser(user.name, user.password_hash, user.hashing_algorithm, list(user.tags)))
+        if user.limits:
+            commands.append(md.SetLimits("user", user.name, dict(user.limits)))
+    guest_default = machine.vhosts.get(md.DEFAULT_VHOST)
+    if md.GUEST in machine.users and guest_default and md.GUEST not in guest_default.permissions:
+        commands.append(md.ClearPermissions(md.DEFAULT_VHOST, md.GUEST))
+    for vhost_name, vhost in machine.vhosts.items():
+        for user_name, p in vhost.permissions.items():
+            commands.append(md.SetPermissions(vhost_name, user_name, p.configure, p.write, p.read))
+        for user_name, by_exchange in vhost.topic_permissions.items():
+            for exchange, t in by_exchange.items():
+                commands.append(md.SetTopicPermissions(vhost_name, user_name, exchange, t.write, t.read))
+        if vhost.limits:
+            commands.append(md.SetLimits("vhost", vhost_name, dict(vhost.limits)))
+    return commands
 
 
 class DurableTopology:

@@ -15,7 +15,6 @@ messages return to their queues, exclusive queues are deleted.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import itertools
 import logging
@@ -39,6 +38,7 @@ from ..amqp.properties import decode_properties, delivery_mode_of
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import Overflowed
+from .authorization import Authorization, vhost_refusal
 from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
@@ -101,13 +101,15 @@ class Session:
         self.id = f"{broker.node_id}@{next(_session_numbers)}"  # "node@n": Down("node@") is the whole node
         self.vhost = ""
         self.user = ""
+        self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
         self.conn = ServerConnection(
             authenticate=self._authenticate,
-            vhost_allowed=lambda user, vhost: vhost in broker.meta.vhosts,
+            vhost_allowed=self._vhost_refusal,
             server_properties=server_properties(settings.version),
             frame_max=settings.frame_max,
             heartbeat_s=settings.heartbeat_s,
             channel_max=settings.channel_max,
+            channel_allowed=self._channel_refusal,
             now=trio.current_time(),
         )
         self.channels: dict[int, Channel] = {}
@@ -146,9 +148,9 @@ class Session:
     # -------------------------------------------------------------- auth
 
     def _authenticate(self, mechanism: str, username: str, password: str) -> bool:
-        expected = self.broker.meta.users.get(username)
-        # (compared in constant time: the time a refusal takes says nothing of the password)
-        if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+        user = self.broker.meta.users.get(username)
+        # (the hash is compared in constant time: a refusal's timing says nothing of the password)
+        if user is None or not user.password_matches(password):
             log.warning(
                 "connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism
             )
@@ -158,6 +160,37 @@ class Session:
             log.warning("connection %s: user 'guest' can only connect via localhost (peer %s)", self.id, self.peer_host)
             return False
         return True
+
+    def force_close(self, reason: str) -> None:
+        """Close the connection from the server's side (320 CONNECTION_FORCED)."""
+        self.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
+        self.wake()
+
+    def _vhost_refusal(self, username: str, vhost: str) -> str | None:
+        sessions = self.broker.sessions.values()
+        limit = getattr(self.settings, "max_connections", 0)
+        if limit and len(sessions) >= limit:
+            return f"connection refused: node connection limit ({limit}) is reached"  # rabbit_reader
+        return vhost_refusal(
+            self.broker.meta,
+            username,
+            vhost,
+            connections=sum(1 for s in sessions if s.vhost == vhost),
+            user_connections=sum(1 for s in sessions if s.user == username),
+        )
+
+    def _channel_refusal(self) -> str | None:
+        user = self.broker.meta.users.get(self.user)
+        limit = user.limits.get("max-channels") if user is not None else None
+        if limit is None:
+            return None
+        opened = sum(len(s.channels) for s in self.broker.sessions.values() if s.user == self.user)
+        if opened >= limit:
+            return (
+                f"number of channels opened for user '{self.user}' has reached the maximum allowed user limit "
+                f"of ({limit})"
+            )
+        return None
 
     # ------------------------------------------------------------- tasks
 
@@ -415,6 +448,7 @@ class Session:
             elif kind is ConnectionOpened:
                 self.vhost = event.vhost
                 self.user = event.user
+                self.authorization = Authorization(self.broker, event.user, event.vhost)
                 self.client_properties = event.client_properties
                 self.broker.sessions[self.id] = self
                 if not self.broker.log.quorum_ok:
@@ -466,6 +500,7 @@ class Session:
         exchange = method.exchange
         routing_key = method.routing_key
         flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
+        self.authorization.check("write", "exchange", exchange)  # before the lookup, as RabbitMQ
         if exchange:
             record = broker.meta.exchange(vhost, exchange)
             if record is None:
@@ -474,6 +509,8 @@ class Session:
                 raise ChannelError(
                     spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'"
                 )
+            if record.routing_type == "topic":
+                self.authorization.check_topic("write", exchange, routing_key)
         if flags & (REPLY_TO_FLAG | USER_ID_FLAG):
             if flags & USER_ID_FLAG:
                 user_id = decode_properties(props_raw).user_id

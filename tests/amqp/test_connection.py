@@ -48,7 +48,7 @@ PROPS = encode_properties(BasicProperties(content_type="text/plain", delivery_mo
 def make_conn(**kwargs) -> ServerConnection:
     return ServerConnection(
         authenticate=lambda mechanism, user, password: USERS.get(user) == password,
-        vhost_allowed=lambda user, vhost: vhost == "/",
+        vhost_allowed=lambda user, vhost: None if vhost == "/" else f"vhost {vhost} not found",
         server_properties={"product": "test-server"},
         **kwargs,
     )

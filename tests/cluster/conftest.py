@@ -18,6 +18,7 @@ import pika.exceptions
 import pytest
 
 from tests.conftest import BrokerProcess, free_port
+from tests.helpers import GUEST_AUTH
 
 CLUSTER_READY_S = 60.0
 SECRET = "test-cluster-secret"
@@ -33,7 +34,9 @@ class Member(BrokerProcess):
         super().__init__(root / name, root / f"{name}.log", args + extra)
 
     def admin(self, path: str):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as response:
+        with urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", headers=GUEST_AUTH), timeout=5
+        ) as response:
             return json.load(response)
 
 

@@ -36,6 +36,8 @@ from maxq_raft.amqp.frames import (
 from maxq_raft.amqp.properties import BasicProperties, encode_content_header, encode_properties
 from maxq_raft.amqp.values import encode_table
 
+from ..helpers import GUEST_AUTH
+
 SEED = int(os.environ.get("MAXQ_FUZZ_SEED", "20240601"))  # another seed: MAXQ_FUZZ_SEED=n
 CASES_PER_KIND = 120  # x ~26 kinds
 RANDOM_CASES = 3000  # byte flips, random methods, random garbage
@@ -604,7 +606,7 @@ class GoodClient(threading.Thread):
 
 def open_connections(http_port: int) -> list:
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-        f"http://127.0.0.1:{http_port}/api/connections", timeout=5
+        urllib.request.Request(f"http://127.0.0.1:{http_port}/api/connections", headers=GUEST_AUTH), timeout=5
     ) as r:
         return json.loads(r.read())
 

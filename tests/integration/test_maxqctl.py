@@ -16,6 +16,7 @@ import pika
 import pytest
 
 from ..conftest import free_port
+from ..helpers import GUEST_AUTH
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 
@@ -190,6 +191,7 @@ def http_request(broker, method: str, path: str, body: bytes | None = None, head
     conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
     if headers is None:
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers.update(GUEST_AUTH)
     try:
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
@@ -244,7 +246,7 @@ def test_the_admin_api_answers_only_under_this_nodes_names(broker):
         status, answer = http_request(broker, "GET", "/api/overview", headers={"Host": host})
         assert status == 403 and "is not this node's" in answer["error"], (host, status, answer)
     for host in (f"127.0.0.1:{broker.http_port}", "localhost", f"LOCALHOST:{broker.http_port}", "[::1]:15672"):
-        status, _ = http_request(broker, "GET", "/api/overview", headers={"Host": host})
+        status, _ = http_request(broker, "GET", "/api/overview", headers={"Host": host, **GUEST_AUTH})
         assert status == 200, host
     with socket.create_connection(("127.0.0.1", broker.http_port), timeout=5) as sock:
         sock.sendall(b"GET /api/overview HTTP/1.1\r\n\r\n")  # no Host at all

@@ -18,7 +18,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from ..helpers import drain, get_one
+from ..helpers import GUEST_AUTH, drain, get_one
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -148,7 +148,9 @@ def test_policies_survive_a_restart(start_broker):
     assert maxqctl(broker, "set-policy", "keep", "^kept", '{"max-length": 1}').returncode == 0
     broker.stop()
     broker = start_broker(data_dir=broker.data_dir)
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies", headers=GUEST_AUTH), timeout=5
+    ) as response:
         assert [p["name"] for p in json.load(response)] == ["keep"]
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
@@ -163,7 +165,7 @@ def put_policy(broker, name: str, raw_json: bytes) -> tuple[int, str]:
         f"http://127.0.0.1:{broker.http_port}/api/policies/%2F/{name}",
         data=raw_json,
         method="PUT",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **GUEST_AUTH},
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -187,7 +189,9 @@ def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, r
     status, text = put_policy(broker, "huge", raw_json)
     assert status == 400, (status, text)
     assert maxqctl(broker, "set-policy", "after", "^after", '{"max-length": 2}').returncode == 0
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies", headers=GUEST_AUTH), timeout=5
+    ) as response:
         assert [p["name"] for p in json.load(response)] == ["after"]
     assert broker.stop() == 0
     check = subprocess.run(
@@ -198,7 +202,9 @@ def test_a_policy_no_log_can_store_is_refused_and_leaves_no_hole(start_broker, r
     )
     assert check.returncode == 0, check.stdout + check.stderr
     broker = start_broker(data_dir=broker.data_dir)
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/policies", timeout=5) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies", headers=GUEST_AUTH), timeout=5
+    ) as response:
         assert [p["name"] for p in json.load(response)] == ["after"]
 
 
@@ -224,7 +230,9 @@ def test_a_pattern_rabbitmq_might_take_but_re2_cannot_is_refused_before_the_log(
     broker = start_broker()
     status, text = put_policy(broker, "p", json.dumps({"pattern": pattern, "definition": {"max-length": 1}}).encode())
     assert status == 400 and "is not a valid regular expression" in text, (status, text)
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/overview", timeout=5) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/overview", headers=GUEST_AUTH), timeout=5
+    ) as response:
         overview = json.load(response)
     assert broker.stop() == 0
     check = subprocess.run(

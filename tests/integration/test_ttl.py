@@ -16,7 +16,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from ..helpers import message_count, wait_until
+from ..helpers import GUEST_AUTH, message_count, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 def queue_exists(broker, name: str) -> bool:
     """Asked of the admin API: a passive queue.declare would count as use (RabbitMQ's `stat`
     restarts the x-expires timer), so polling with one would keep the queue alive."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/api/queues", timeout=5) as response:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/queues", headers=GUEST_AUTH), timeout=5
+    ) as response:
         return any(q["name"] == name for q in json.load(response))
 
 

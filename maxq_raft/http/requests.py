@@ -1,0 +1,86 @@
+"""What the admin API's handlers share: the request, its errors, and committing a metadata change."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..machines.queue_types import Rejected
+from ..server.confirms import Unavailable
+from ..server.errors import ChannelError
+
+COMMIT_TIMEOUT_S = 15.0
+
+
+class HttpError(Exception):
+    """Answered as `status` with {"error": message, **extra}."""
+
+    def __init__(self, status: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.extra = extra
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: bytes = b""
+    authorization: str | None = None  # the Authorization header
+    peer_host: str = ""
+    caller: Any = None  # auth.Caller, once authenticated
+    params: dict[str, str] = field(default_factory=dict)  # from the path (e.g. a member's name)
+
+    def json(self) -> dict:
+        if not self.body:
+            raise HttpError("400 Bad Request", "a JSON object body is required")
+        try:
+            value = json.loads(self.body)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise HttpError("400 Bad Request", f"malformed JSON body: {exc}") from None
+        if not isinstance(value, dict):
+            raise HttpError("400 Bad Request", "the JSON body must be an object")
+        return value
+
+
+@dataclass
+class Reply:
+    """A handler's answer other than 200 with a JSON body: e.g. 201 Created, 204 No Content."""
+
+    status: str
+    body: Any = None
+
+
+async def commit(broker: Any, command: Any) -> Any:
+    """Commit a metadata command (through the metadata group in a cluster), wait (bounded) and
+    return the machine's reply; HttpError for a refusal (404 or 400), no answer (504) or a
+    cluster that cannot commit (503)."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    box: list = []
+
+    def then(reply) -> None:
+        box.append(reply)
+        done.set()
+
+    try:
+        broker.meta_call(command, lambda reply: token.run_sync_soon(then, reply))
+    except ChannelError as err:  # a single node refuses at once
+        box.append(Rejected(err.reply_code, err.reply_text))
+        done.set()
+    with trio.move_on_after(COMMIT_TIMEOUT_S):
+        await done.wait()
+    if not box:
+        raise HttpError(
+            "504 Gateway Timeout", f"no answer within {COMMIT_TIMEOUT_S:.0f} s (the change may still happen)"
+        )
+    reply = box[0]
+    if type(reply) is Unavailable:
+        raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
+    if type(reply) is Rejected:
+        raise HttpError("404 Not Found" if reply.reply_code == 404 else "400 Bad Request", reply.reply_text)
+    return reply
