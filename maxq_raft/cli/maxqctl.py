@@ -219,14 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_access_verbs(sub) -> None:
     add_user = sub.add_parser("add-user", help="add a user (the password is read from stdin when not given)")
     add_user.add_argument("name")
-    add_user.add_argument("password", nargs="?")
+    add_user.add_argument("new_password", nargs="?", metavar="PASSWORD")
     add_user.add_argument(
         "--tags", default="", help="comma-separated: administrator, monitoring, policymaker, management"
     )
     sub.add_parser("delete-user", help="delete a user").add_argument("name")
     change = sub.add_parser("change-password", help="set a user's password (read from stdin when not given)")
     change.add_argument("name")
-    change.add_argument("password", nargs="?")
+    change.add_argument("new_password", nargs="?", metavar="PASSWORD")
     tags = sub.add_parser("set-user-tags", help="replace a user's tags (none: no tags)")
     tags.add_argument("name")
     tags.add_argument("tags", nargs="*")
@@ -235,22 +235,22 @@ def _add_access_verbs(sub) -> None:
     sub.add_parser("delete-vhost", help="delete a vhost with everything in it").add_argument("name")
     sub.add_parser("list-vhosts", help="vhosts")
     perms = sub.add_parser("set-permissions", help="a user's configure, write and read patterns in a vhost")
-    perms.add_argument("user")
+    perms.add_argument("username", metavar="USER")
     perms.add_argument("configure")
     perms.add_argument("write")
     perms.add_argument("read")
     clear = sub.add_parser("clear-permissions", help="remove a user's permissions in a vhost")
-    clear.add_argument("user")
+    clear.add_argument("username", metavar="USER")
     listing = sub.add_parser("list-permissions", help="permissions (of one vhost with --vhost)")
     topic = sub.add_parser(
         "set-topic-permissions", help="a user's write and read routing-key patterns on a topic exchange"
     )
-    topic.add_argument("user")
+    topic.add_argument("username", metavar="USER")
     topic.add_argument("exchange")
     topic.add_argument("write")
     topic.add_argument("read")
     clear_topic = sub.add_parser("clear-topic-permissions", help="remove a user's topic permissions in a vhost")
-    clear_topic.add_argument("user")
+    clear_topic.add_argument("username", metavar="USER")
     vhost_limits = sub.add_parser(
         "set-vhost-limits", help='replace a vhost\'s limits: \'{"max-connections": 64, "max-queues": 1000}\''
     )
@@ -258,7 +258,7 @@ def _add_access_verbs(sub) -> None:
     user_limits = sub.add_parser(
         "set-user-limits", help='replace a user\'s limits: \'{"max-connections": 10, "max-channels": 100}\''
     )
-    user_limits.add_argument("user")
+    user_limits.add_argument("username", metavar="USER")
     user_limits.add_argument("limits", help="JSON object; {} clears them")
     for verb in (perms, clear, topic, clear_topic, vhost_limits):
         verb.add_argument("--vhost", default="/", help="default /")
@@ -312,7 +312,7 @@ def run_access(args) -> str | None:
         tags = [t.strip() for t in args.tags.split(",") if t.strip()]
         if fetch(node, f"/api/users/{_quote(args.name)}", timeout, "GET", None, missing_ok=True) is not None:
             raise CtlError(f"user '{args.name}' already exists", 4)
-        body = {"password": _password(args.password), "tags": tags}
+        body = {"password": _password(args.new_password), "tags": tags}
         fetch(node, f"/api/users/{_quote(args.name)}", timeout, "PUT", body)
         return f"user '{args.name}' added" + (f" with tags {', '.join(tags)}" if tags else "")
     if command == "delete-user":
@@ -321,7 +321,7 @@ def run_access(args) -> str | None:
     if command in ("change-password", "set-user-tags"):
         user = fetch(node, f"/api/users/{_quote(args.name)}", timeout)
         if command == "change-password":
-            body = {"password": _password(args.password), "tags": user["tags"]}
+            body = {"password": _password(args.new_password), "tags": user["tags"]}
             done = "password changed"
         else:
             body = {"tags": [t for arg in args.tags for t in arg.split(",") if t]}
@@ -336,22 +336,22 @@ def run_access(args) -> str | None:
         return f"vhost '{args.name}' deleted"
     if command == "set-permissions":
         body = {"configure": args.configure, "write": args.write, "read": args.read}
-        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "PUT", body)
-        return f"permissions of user '{args.user}' in vhost '{args.vhost}' set"
+        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "PUT", body)
+        return f"permissions of user '{args.username}' in vhost '{args.vhost}' set"
     if command == "clear-permissions":
-        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "DELETE")
-        return f"permissions of user '{args.user}' in vhost '{args.vhost}' cleared"
+        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "DELETE")
+        return f"permissions of user '{args.username}' in vhost '{args.vhost}' cleared"
     if command == "set-topic-permissions":
         body = {"exchange": args.exchange, "write": args.write, "read": args.read}
-        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "PUT", body)
-        return f"topic permissions of user '{args.user}' on '{args.exchange}' in vhost '{args.vhost}' set"
+        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "PUT", body)
+        return f"topic permissions of user '{args.username}' on '{args.exchange}' in vhost '{args.vhost}' set"
     if command == "clear-topic-permissions":
-        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.user)}", timeout, "DELETE")
-        return f"topic permissions of user '{args.user}' in vhost '{args.vhost}' cleared"
+        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "DELETE")
+        return f"topic permissions of user '{args.username}' in vhost '{args.vhost}' cleared"
     if command == "set-vhost-limits":
         return _set_limits(args, "vhost", args.vhost, args.limits)
     if command == "set-user-limits":
-        return _set_limits(args, "user", args.user, args.limits)
+        return _set_limits(args, "user", args.username, args.limits)
     listings = {"list-users": "users", "list-vhosts": "vhosts", "list-permissions": "permissions"}
     if command in listings:
         path, columns = LISTS[listings[command]]
