@@ -10,6 +10,7 @@ connection, as RabbitMQ's channel permission cache does at its next refresh.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..amqp import spec
@@ -78,20 +79,21 @@ class Authorization:
 
 
 def vhost_refusal(
-    meta: md.MetadataMachine, user: str, vhost: str, connections: int, user_connections: int
+    meta: md.MetadataMachine, user: str, vhost: str, connections: Callable[[Callable[[Any], bool]], int]
 ) -> str | None:
-    """Why `user` may not open `vhost` (RabbitMQ's 530 NOT_ALLOWED texts), or None. `connections`
-    and `user_connections`: the open connections to the vhost and of the user, on this node."""
+    """Why `user` may not open `vhost` (RabbitMQ's 530 NOT_ALLOWED texts), or None.
+    `connections(predicate)` counts this node's open connections that match; it is called only
+    when a limit is set (counting is linear in the connections)."""
     v = meta.vhosts.get(vhost)
     if v is None:
         return f"vhost {vhost} not found"
     if user not in v.permissions:
         return f"access to vhost '{vhost}' refused for user '{user}'"
     limit = v.limits.get("max-connections")
-    if limit is not None and connections >= limit:
+    if limit is not None and connections(lambda s: s.vhost == vhost) >= limit:
         return f"access to vhost '{vhost}' refused for user '{user}': connection limit ({limit}) is reached"
     record = meta.users.get(user)
     limit = record.limits.get("max-connections") if record is not None else None
-    if limit is not None and user_connections >= limit:
+    if limit is not None and connections(lambda s: s.user == user) >= limit:
         return f"Connection refused for user '{user}'. User connection limit ({limit}) is reached"
     return None

@@ -171,13 +171,7 @@ class Session:
         limit = getattr(self.settings, "max_connections", 0)
         if limit and len(sessions) >= limit:
             return f"connection refused: node connection limit ({limit}) is reached"  # rabbit_reader
-        return vhost_refusal(
-            self.broker.meta,
-            username,
-            vhost,
-            connections=sum(1 for s in sessions if s.vhost == vhost),
-            user_connections=sum(1 for s in sessions if s.user == username),
-        )
+        return vhost_refusal(self.broker.meta, username, vhost, lambda match: sum(1 for s in sessions if match(s)))
 
     def _channel_refusal(self) -> str | None:
         user = self.broker.meta.users.get(self.user)
