@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 from dataclasses import dataclass
 from enum import IntEnum
 
 from ..machines import metadata as md
 from ..machines.access import UserRecord
+from ..server.session import is_loopback
 
 REALM = "MaxQ-Raft Management"
 MANAGEMENT_TAGS = frozenset({"management", "policymaker", "monitoring", "administrator"})
@@ -85,13 +85,6 @@ class Caller:
         return {name for name, v in meta.vhosts.items() if self.name in v.permissions}
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def authenticate(meta: md.MetadataMachine, authorization: str | None, peer_host: str) -> Caller:
     """The caller named by an `Authorization: Basic ...` header, or Unauthorized."""
     if not authorization:
@@ -107,7 +100,7 @@ def authenticate(meta: md.MetadataMachine, authorization: str | None, peer_host:
     user = meta.users.get(username)
     if not colon or user is None or not user.password_matches(password):
         raise Unauthorized("Login failed")
-    if username == md.GUEST and not _is_loopback(peer_host):
+    if username == md.GUEST and not is_loopback(peer_host):
         raise Unauthorized("User can only log in via localhost")  # RabbitMQ's loopback_users
     caller = Caller(user)
     if not caller.has(Need.MANAGEMENT):
