@@ -188,7 +188,9 @@ def free_port() -> int:
 
 def fetch_json(port: int, path: str) -> dict:
     guest = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}  # guest:guest, from loopback
-    with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=guest), timeout=5) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=guest), timeout=5
+    ) as r:
         return json.loads(r.read())
 
 
