@@ -2,7 +2,8 @@
 
 Theory of operation: parse settings, lock the data folder so two nodes never share it, then run
 the trio shell: an AMQP listener whose handler wraps each connection in a `Session`, the HTTP
-admin API, and a signal receiver. SIGTERM/SIGINT close every connection with 320
+admin API, with a certificate the same two over TLS (server/tls.py), and a signal receiver.
+SIGTERM/SIGINT close every connection with 320
 CONNECTION_FORCED (as RabbitMQ does on shutdown), wait briefly for them to go, and exit 0.
 
 Fail-stop (a cluster member only): when the member cannot keep its Raft state or its store (a
