@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from . import spec
@@ -160,6 +160,11 @@ MECHANISMS: dict[str, Callable[[bytes], tuple[str, str]]] = {
     "PLAIN": _plain_credentials,
     "AMQPLAIN": _amqplain_credentials,
 }
+DEFAULT_MECHANISMS = ("PLAIN", "AMQPLAIN")
+# SASL EXTERNAL (RFC 4422 appendix A), as RabbitMQ's rabbit_auth_mechanism_ssl: the identity is
+# established outside AMQP (the shell passes the verified client certificate's name in as
+# `external_user`); the response is ignored, and the authenticator gets that name, password "".
+EXTERNAL = "EXTERNAL"
 
 
 class ServerConnection:
@@ -175,8 +180,13 @@ class ServerConnection:
         heartbeat_s: int = 60,
         max_message_size_bytes: int = 128 * 1024 * 1024,
         now: float = 0.0,
+        mechanisms: Sequence[str] = DEFAULT_MECHANISMS,
+        external_user: str = "",
     ) -> None:
         self.state = State.AWAIT_HEADER
+        # offered in connection.start, in this order; EXTERNAL only with `external_user`
+        self.mechanisms = tuple(m for m in mechanisms if m in MECHANISMS or (m == EXTERNAL and external_user))
+        self._external_user = external_user
         self._authenticate = authenticate
         self._vhost_allowed = vhost_allowed
         self._channel_allowed = channel_allowed
@@ -239,7 +249,7 @@ class ServerConnection:
                     version_major=0,
                     version_minor=9,
                     server_properties=self._server_properties,
-                    mechanisms=b"PLAIN AMQPLAIN",
+                    mechanisms=" ".join(self.mechanisms).encode(),
                     locales=b"en_US",
                 ),
             )
@@ -715,16 +725,21 @@ class ServerConnection:
         self.client_capabilities = caps if isinstance(caps, dict) else {}
         mechanism = method.mechanism
         parse = MECHANISMS.get(mechanism)
-        if parse is None:
+        if parse is None and mechanism != EXTERNAL:
             raise AMQPError(spec.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'")
+        if mechanism not in self.mechanisms:  # (rabbit_reader:auth_mechanism_to_module's two texts)
+            raise AMQPError(spec.COMMAND_INVALID, f"invalid authentication mechanism '{mechanism}'")
         response = method.response
         if isinstance(response, str):  # only a locally made start-ok; a decoded one has bytes
             response = response.encode()
         password: str | None
-        try:
-            username, password = parse(response)
-        except (ValueError, UnicodeDecodeError, DecodeError):
-            username, password = "", None
+        if parse is None:  # EXTERNAL
+            username, password = self._external_user, ""
+        else:
+            try:
+                username, password = parse(response)
+            except (ValueError, UnicodeDecodeError, DecodeError):
+                username, password = "", None
         self._mechanism = mechanism
         if password is None or not self._authenticate(mechanism, username, password):
             self._refuse_login(mechanism)

@@ -37,6 +37,15 @@ class Settings:
     default_pass: str = ""
     default_pass_file: str = ""
     max_connections: int = 0  # AMQP connections this node accepts at once (0: no limit), RabbitMQ's connection_max
+    # TLS (docs/security.md): with a certificate, AMQP is also served over TLS on amqps_port and
+    # the admin API over HTTPS on https_port (RabbitMQ's 5671 and 15671; 0 disables either).
+    tls_cert: str = ""  # PEM certificate chain of this node
+    tls_key: str = ""  # PEM private key (default: in the tls_cert file)
+    tls_ca: str = ""  # PEM CA bundle that client certificates must chain to
+    tls_verify_peer: str = "none"  # none | optional | required (RabbitMQ's fail_if_no_peer_cert)
+    tls_min_version: str = "1.2"  # 1.2 or 1.3
+    amqps_port: int = 5671
+    https_port: int = 15671
     node_id: str = "maxq1"
     frame_max: int = 131072
     channel_max: int = 2047
@@ -84,6 +93,13 @@ CLI_SETTINGS = (
     "default_pass",
     "default_pass_file",
     "max_connections",
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "tls_verify_peer",
+    "tls_min_version",
+    "amqps_port",
+    "https_port",
     "node_id",
     "frame_max",
     "channel_max",
@@ -152,6 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--default-pass", help="its password (better: MAXQ_DEFAULT_PASS or --default-pass-file)")
     parser.add_argument("--default-pass-file", help="file whose first line is the default user's password")
     parser.add_argument("--max-connections", help="AMQP connections this node accepts at once (default 0: no limit)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): serve AMQP over TLS and HTTPS")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (default: in that file)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA bundle that client certificates must chain to")
+    parser.add_argument(
+        "--tls-verify-peer",
+        help="client certificates: none (default: not asked for), optional (checked when sent; "
+        "allows EXTERNAL login) or required (a client without one is refused)",
+    )
+    parser.add_argument("--tls-min-version", help="oldest TLS version accepted: 1.2 (default) or 1.3")
+    parser.add_argument(
+        "--amqps-port", help="AMQP over TLS port, on --amqp-host (default 5671 with --tls-cert; 0 disables it)"
+    )
+    parser.add_argument(
+        "--https-port", help="HTTPS admin API port, on --http-host (default 15671 with --tls-cert; 0 disables it)"
+    )
     parser.add_argument("--node-id", help="this node's name (default maxq1)")
     parser.add_argument("--frame-max", help="largest frame offered in connection.tune (default 131072)")
     parser.add_argument("--channel-max", help="most channels per connection (default 2047)")
@@ -248,6 +279,26 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
             check_name(settings.default_user, "user")
         except AccessError as exc:
             raise SettingsError(f"default_user: {exc}") from None
+    _check_tls(settings)
     if settings.frame_max and settings.frame_max < 4096:
         raise SettingsError(f"frame_max must be at least 4096 (the AMQP minimum), got {settings.frame_max}")
     return settings, args
+
+
+def _check_tls(settings: Settings) -> None:
+    """The TLS options' values; the files themselves are read (and refused) by server/tls.py."""
+    if settings.tls_verify_peer not in ("none", "optional", "required"):
+        raise SettingsError(f"tls_verify_peer must be none, optional or required, got {settings.tls_verify_peer!r}")
+    if settings.tls_min_version not in ("1.2", "1.3"):
+        raise SettingsError(f"tls_min_version must be 1.2 or 1.3, got {settings.tls_min_version!r}")
+    if not settings.tls_cert:
+        for name in ("tls_key", "tls_ca"):
+            if getattr(settings, name):
+                raise SettingsError(f"{name} needs tls_cert (the node's certificate)")
+        if settings.tls_verify_peer != "none":
+            raise SettingsError("tls_verify_peer needs tls_cert (the node's certificate)")
+    elif settings.tls_verify_peer != "none" and not settings.tls_ca:
+        # Never the system's CAs: any publicly issued certificate would then log in with EXTERNAL.
+        raise SettingsError(
+            f"tls_verify_peer {settings.tls_verify_peer} needs tls_ca (the CAs client certificates chain to)"
+        )

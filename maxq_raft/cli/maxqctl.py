@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import re
+import ssl
 import stat
 import sys
 import tomllib
@@ -87,10 +88,29 @@ def credentials(args, environ) -> tuple[str, str]:
     return user or "guest", password if password is not None else "guest"
 
 
+_SCHEME = "http"  # https with --cacert or an https:// --node (the node's --https-port)
+
+
+def use_tls(cacert: str | None) -> None:
+    """Talk HTTPS to the node, trusting `cacert` (PEM) or else the system's CAs."""
+    global _OPENER, _SCHEME
+    try:
+        context = ssl.create_default_context(cafile=cacert)
+    except (OSError, ssl.SSLError) as exc:
+        raise CtlError(f"cannot use --cacert {cacert}: {getattr(exc, 'strerror', None) or exc}", 2) from None
+    _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    _SCHEME = "https"
+
+
+def _split_scheme(node: str) -> tuple[str | None, str]:
+    scheme, sep, rest = node.partition("://")
+    return (scheme.lower(), rest) if sep else (None, node)
+
+
 def fetch(
     node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None, missing_ok: bool = False
 ):
-    url = f"http://{node}{path}"
+    url = f"{_SCHEME}://{_split_scheme(node)[1]}{path}"
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     request = urllib.request.Request(url, data=data, method=method, headers={**headers, **_AUTH_HEADERS})
@@ -160,7 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         "5 the cluster could not do it",
     )
     parser.add_argument(
-        "--node", default="127.0.0.1:15672", help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672)"
+        "--node",
+        default="127.0.0.1:15672",
+        help="HOST:HTTP_PORT of the node to ask (default 127.0.0.1:15672); https://HOST:PORT for its --https-port",
+    )
+    parser.add_argument(
+        "--cacert", metavar="FILE", help="PEM CA bundle to verify the node's HTTPS certificate with (implies https)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--user", "-u", help="the admin API user (or MAXQCTL_USER; default guest)")
@@ -363,6 +388,9 @@ def run_access(args) -> str | None:
 
 
 def _valid_node(node: str) -> bool:
+    scheme, node = _split_scheme(node)
+    if scheme not in (None, "http", "https"):
+        return False
     host, _, port = node.rpartition(":")
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
@@ -497,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         user, password = credentials(args, os.environ)
         token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
         _AUTH_HEADERS["Authorization"] = f"Basic {token}"
+        scheme = _split_scheme(args.node)[0]
+        if scheme == "https" or (args.cacert and scheme is None):
+            use_tls(args.cacert)
         print(run(args))
     except CtlError as exc:
         if args.json and exc.body is not None:

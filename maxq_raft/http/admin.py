@@ -23,6 +23,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -667,7 +668,7 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-async def _read_request(stream: trio.SocketStream, allowed: frozenset[str] = frozenset({"localhost"})) -> Request:
+async def _read_request(stream: trio.abc.Stream, allowed: frozenset[str] = frozenset({"localhost"})) -> Request:
     """One request, head and body within REQUEST_MAX_BYTES (the caller bounds the time)."""
     data = b""
     while b"\r\n\r\n" not in data:
@@ -785,7 +786,7 @@ def _peer_host(stream: Any) -> str:
     return ""
 
 
-async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) -> None:
+async def _handle(broker, allowed: frozenset[str], stream: trio.abc.Stream) -> None:
     try:
         request: Request | None = None
         reply: bytes | None = None
@@ -808,9 +809,10 @@ async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) ->
         if reply is not None:
             with trio.move_on_after(REQUEST_TIMEOUT_S):
                 await stream.send_all(reply)
-        if request is None:
+        if request is None and isinstance(stream, trio.abc.HalfCloseableStream):
             # A refused request may leave unread bytes: closing on them would reset the
             # connection, and the client could lose the answer. Drain a little, briefly.
+            # (TLS has no half-close: there the reply and the close_notify go, and that is all.)
             with trio.move_on_after(DRAIN_TIMEOUT_S):
                 await stream.send_eof()
                 drained = 0
@@ -824,7 +826,9 @@ async def _handle(broker, allowed: frozenset[str], stream: trio.SocketStream) ->
     except Exception:
         log.exception("admin request failed")
     finally:
-        await stream.aclose()
+        # (bounded: TLS sends a close_notify, which a peer that reads nothing could hold up)
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            await stream.aclose()
 
 
 async def open_admin_listeners(settings) -> list:
@@ -832,8 +836,18 @@ async def open_admin_listeners(settings) -> list:
     return await trio.open_tcp_listeners(settings.http_port, host=settings.http_host)
 
 
+async def open_admin_tls_listeners(settings, context: ssl.SSLContext) -> list:
+    """Bind the HTTPS admin port: the same routes over TLS (RabbitMQ's 15671). The handshake
+    happens on the first read, so it falls under the request's REQUEST_TIMEOUT_S."""
+    listeners = await trio.open_tcp_listeners(settings.https_port, host=settings.http_host)
+    return [trio.SSLListener(listener, context, https_compatible=True) for listener in listeners]
+
+
 async def serve_admin(
     broker, listeners: list, allowed: frozenset[str] = frozenset({"localhost"}), task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
-    task_status.started(listeners[0].socket.getsockname())
+    first = listeners[0]
+    if isinstance(first, trio.SSLListener):
+        first = first.transport_listener
+    task_status.started(first.socket.getsockname())
     await trio.serve_listeners(partial(_handle, broker, allowed), listeners)

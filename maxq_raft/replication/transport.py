@@ -14,7 +14,10 @@ so there is one ordered stream per direction and no tie-break between simultaneo
 peer is "up" once our outgoing connection to it has completed the handshake (wire.py: mutual
 HMAC-SHA256 over fresh nonces with the cluster secret). An incoming connection is parsed only
 as far as the fixed handshake fields until the peer's HMAC checks out; a wrong one is logged
-and closed, and nothing of it reaches msgpack, let alone pickle.
+and closed, and nothing of it reaches msgpack, let alone pickle. After the handshake every frame
+carries a MAC under a key of that connection with an implicit sequence number (frame_mac.py):
+a frame altered, replayed, reordered or injected on the link is logged and closes the
+connection before its body is read.
 
 The listener binds the configured address only (never 0.0.0.0 unless configured so).
 Liveness: every outgoing connection sends a PING when idle for `ping_interval_s`; a peer from
@@ -34,6 +37,7 @@ import time
 from collections.abc import Callable
 
 from . import wire
+from .frame_mac import MAC_BYTES, FrameMac, frame_key
 
 __all__ = ["Hub"]
 
@@ -58,6 +62,7 @@ class _Out:
         "last_tx",
         "up_since",
         "events",
+        "mac",
     )
 
     def __init__(self, peer: str, sock: socket.socket, deadline: float) -> None:
@@ -69,10 +74,11 @@ class _Out:
         self.last_tx = 0.0
         self.up_since = 0.0
         self.events = 0
+        self.mac: FrameMac | None = None  # signs our frames once the handshake is done
 
 
 class _In:
-    __slots__ = ("sock", "addr", "state", "rbuf", "nonce_a", "peer", "deadline")
+    __slots__ = ("sock", "addr", "state", "rbuf", "nonce_a", "peer", "deadline", "mac")
 
     def __init__(self, sock: socket.socket, addr, nonce_a: bytes, deadline: float) -> None:
         self.sock, self.addr, self.state = sock, addr, "auth"
@@ -80,6 +86,7 @@ class _In:
         self.nonce_a = nonce_a
         self.peer: str | None = None
         self.deadline = deadline
+        self.mac: FrameMac | None = None  # checks the peer's frames once the handshake is done
 
 
 class Hub:
@@ -128,6 +135,7 @@ class Hub:
             "bytes_out": 0,
             "auth_rejected": 0,
             "protocol_errors": 0,
+            "mac_rejected": 0,
             "connects": 0,
             "peer_timeouts": 0,
             "send_refused_full": 0,
@@ -200,10 +208,15 @@ class Hub:
             return False
         if len(body) + 1 > wire.FRAME_BYTES_MAX:
             raise wire.WireError(f"frame of {len(body)} bytes exceeds {wire.FRAME_BYTES_MAX}")
-        o.wbuf += wire.FRAME_HEADER.pack(len(body) + 1, kind)
-        o.wbuf += body
+        self._append_frame(o, kind, body)
         self.stats["frames_out"] += 1
         return True
+
+    def _append_frame(self, o: _Out, kind: int, body: bytes) -> None:
+        header = wire.FRAME_HEADER.pack(len(body) + 1, kind)
+        o.wbuf += header
+        o.wbuf += body
+        o.wbuf += o.mac.sign(header, body)
 
     def flush(self) -> None:
         for o in list(self.out.values()):
@@ -334,6 +347,7 @@ class Hub:
                 self._close_in(c, None)
                 return
             del buf[:used]
+            c.mac = FrameMac(frame_key(self.secret, c.nonce_a, nonce_c, peer, self.node_id))
             c.state, c.peer = "up", peer
             old = self.inc_by_peer.get(peer)
             if old is not None and old is not c:
@@ -343,10 +357,13 @@ class Hub:
         self._frames(c)
 
     def _frames(self, c: _In) -> None:
+        """Every complete frame in the buffer, each checked against its MAC (frame_mac.py)
+        before anything reads its body: a frame that fails closes the connection."""
         buf = c.rbuf
         off, n = 0, len(buf)
         hdr = wire.FRAME_HEADER
         peer = c.peer
+        mac = c.mac
         got = False
         while n - off >= 5:
             ln, kind = hdr.unpack_from(buf, off)
@@ -354,10 +371,23 @@ class Hub:
                 self.stats["protocol_errors"] += 1
                 self._close_in(c, f"bad frame length {ln}")
                 return
-            if n - off - 4 < ln:
+            end = off + 4 + ln
+            if n - end < MAC_BYTES:
                 break
-            body = bytes(buf[off + 5 : off + 4 + ln])
-            off += 4 + ln
+            body = bytes(buf[off + 5 : end])
+            if not mac.check(buf[off : off + 5], body, buf[end : end + MAC_BYTES]):
+                self.stats["mac_rejected"] += 1
+                log.warning(
+                    "raft port %s: frame %d from %s (%s) failed its MAC (altered, replayed, reordered or "
+                    "injected); closing the connection",
+                    self.bind_addr[0],
+                    mac.seq - 1,
+                    peer,
+                    c.addr[0],
+                )
+                self._close_in(c, None)
+                return
+            off = end + MAC_BYTES
             got = True
             self.stats["frames_in"] += 1
             if kind != wire.KIND_PING:
@@ -472,6 +502,7 @@ class Hub:
                 del o.rbuf[:used]
                 if o.rbuf:
                     raise wire.WireError("bytes after the proof")
+                o.mac = FrameMac(frame_key(self.secret, o.nonce_a, o.nonce_c, self.node_id, peer_id))
                 now = self.clock()
                 o.state, o.up_since, o.last_tx = "up", now, now
                 self.retry_s.pop(o.peer, None)
@@ -523,7 +554,7 @@ class Hub:
                 self._close_out(o, None)
                 continue
             if not o.wbuf and now - o.last_tx >= self.ping_interval_s:
-                o.wbuf += wire.FRAME_HEADER.pack(1, wire.KIND_PING)
+                self._append_frame(o, wire.KIND_PING, b"")
                 self._write(o)
         for c in list(self.inc.values()):
             if c.state == "auth" and now > c.deadline:

@@ -19,18 +19,22 @@ expects. Nothing from the network is ever unpickled:
   own messages instead (snapshot_install.py): `snapshot_chunk` (bytes of our snapshot file,
   msgpack and crc-checked, never a pickle) and `snapshot_ack`, handled by the transport.
 
-Frames: u32 length (of kind + body) | u8 kind | body. Kinds: RAFT (msgpack
-[group, type, fields...]), CONTROL (msgpack map, engine-to-engine requests), PING (empty).
+Frames: u32 length (of kind + body) | u8 kind | body | mac (16 bytes, frame_mac.py). Kinds:
+RAFT (msgpack [group, type, fields...]), CONTROL (msgpack map, engine-to-engine requests),
+PING (empty).
 
 Handshake, on every TCP connection, before any frame (the connection carries frames one way:
 from the node that connected to the node that accepted):
   acceptor  -> connector : MAGIC | version u8 | nonce_a (32)
   connector -> acceptor  : MAGIC | version u8 | nonce_c (32) | id length u8 | node id | mac_c (32)
   acceptor  -> connector : id length u8 | node id | mac_a (32)
-  mac_c = HMAC-SHA256(secret, "maxq-raft client v1" | nonce_a | nonce_c | connector id)
-  mac_a = HMAC-SHA256(secret, "maxq-raft server v1" | nonce_c | nonce_a | acceptor id)
+  mac_c = HMAC-SHA256(secret, "maxq-raft client v2" | nonce_a | nonce_c | connector id)
+  mac_a = HMAC-SHA256(secret, "maxq-raft server v2" | nonce_c | nonce_a | acceptor id)
 The acceptor parses only these fixed fields until mac_c checks out; a wrong mac closes the
-connection (logged). Both nonces are fresh, so a recorded handshake cannot be replayed.
+connection (logged). Both nonces are fresh, so a recorded handshake cannot be replayed, and
+the frames after it are keyed from them (frame_mac.py). Version 2 added the frame MAC; a
+member of version 1 is refused with a message saying so: every member must run the same
+version.
 """
 
 from __future__ import annotations
@@ -103,14 +107,14 @@ _T_SNAPSHOT_ACK = 7  # follower -> leader: term, snapshot index, next offset wan
 SNAPSHOT_CHUNK_BYTES_MAX = 4 * 1024 * 1024
 
 MAGIC = b"MQRF"
-VERSION = 1
+VERSION = 2  # 2: a MAC on every frame (frame_mac.py); 1 had none
 NONCE_BYTES = 32
 MAC_BYTES = 32
 SERVER_HELLO_BYTES = len(MAGIC) + 1 + NONCE_BYTES
 CLIENT_AUTH_BYTES_MAX = len(MAGIC) + 1 + NONCE_BYTES + 1 + NODE_ID_BYTES_MAX + MAC_BYTES
 SERVER_PROOF_BYTES_MAX = 1 + NODE_ID_BYTES_MAX + MAC_BYTES
-_CLIENT_LABEL = b"maxq-raft client v1"
-_SERVER_LABEL = b"maxq-raft server v1"
+_CLIENT_LABEL = b"maxq-raft client v2"
+_SERVER_LABEL = b"maxq-raft server v2"
 
 
 class WireError(ValueError):
@@ -367,6 +371,13 @@ def _id_bytes(node_id: str) -> bytes:
     return b
 
 
+def _check_version(version: int) -> None:
+    if version != VERSION:
+        raise WireError(
+            f"peer speaks maxq-raft wire version {version}, this node {VERSION}: every member must run the same version"
+        )
+
+
 def server_hello() -> tuple[bytes, bytes]:
     """(bytes to send, nonce_a)."""
     nonce = os.urandom(NONCE_BYTES)
@@ -377,8 +388,9 @@ def parse_server_hello(buf: bytes | bytearray) -> bytes | None:
     """nonce_a, None if incomplete; WireError if not our protocol."""
     if len(buf) < SERVER_HELLO_BYTES:
         return None
-    if bytes(buf[:4]) != MAGIC or buf[4] != VERSION:
+    if bytes(buf[:4]) != MAGIC:
         raise WireError("peer did not answer with the maxq-raft hello")
+    _check_version(buf[4])
     return bytes(buf[5:SERVER_HELLO_BYTES])
 
 
@@ -402,8 +414,9 @@ def parse_client_auth(buf: bytes | bytearray, secret: bytes, nonce_a: bytes) -> 
     head = len(MAGIC) + 1 + NONCE_BYTES + 1
     if len(buf) < head:
         return None
-    if bytes(buf[:4]) != MAGIC or buf[4] != VERSION:
+    if bytes(buf[:4]) != MAGIC:
         raise WireError("not a maxq-raft client")
+    _check_version(buf[4])
     nonce_c = bytes(buf[5 : 5 + NONCE_BYTES])
     n = buf[head - 1]
     if n == 0:

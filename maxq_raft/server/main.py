@@ -2,7 +2,8 @@
 
 Theory of operation: parse settings, lock the data folder so two nodes never share it, then run
 the trio shell: an AMQP listener whose handler wraps each connection in a `Session`, the HTTP
-admin API, and a signal receiver. SIGTERM/SIGINT close every connection with 320
+admin API, with a certificate the same two over TLS (server/tls.py), and a signal receiver.
+SIGTERM/SIGINT close every connection with 320
 CONNECTION_FORCED (as RabbitMQ does on shutdown), wait briefly for them to go, and exit 0.
 
 Fail-stop (a cluster member only): when the member cannot keep its Raft state or its store (a
@@ -20,6 +21,7 @@ import fcntl
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from functools import partial
@@ -29,7 +31,7 @@ import trio
 
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
-from ..http.admin import allowed_hosts, open_admin_listeners, serve_admin
+from ..http.admin import allowed_hosts, open_admin_listeners, open_admin_tls_listeners, serve_admin
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..replication.engine import ReplicationNode
@@ -38,7 +40,7 @@ from ..storage.errors import StorageError
 from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
-from . import persistence
+from . import persistence, tls
 from .alarms import ResourceAlarms, disk_free_bytes
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
@@ -94,14 +96,23 @@ def lock_data_dir(data_dir: str):
     return lock_file
 
 
-async def handle_connection(broker: Broker, settings: Settings, stream: trio.SocketStream) -> None:
+async def handle_connection(
+    broker: Broker, settings: Settings, raw_stream: trio.SocketStream, tls_context: ssl.SSLContext | None = None
+) -> None:
     try:
-        peer_host = stream.socket.getpeername()[0]
+        peer_host = raw_stream.socket.getpeername()[0]  # (the TCP peer, under TLS too)
     except OSError:
         return
+    stream: trio.abc.Stream = raw_stream
+    tls_user = None
+    if tls_context is not None:
+        tls_stream = await tls.accept(raw_stream, tls_context, settings.handshake_timeout_s, peer_host)
+        if tls_stream is None:
+            return
+        stream, tls_user = tls_stream, tls.peer_common_name(tls_stream)
     session = None
     try:
-        session = Session(broker, stream, peer_host, settings)
+        session = Session(broker, stream, peer_host, settings, tls_user=tls_user)
         await session.run()
     except Exception:  # one connection's bug must never take the node down
         log.exception("connection %s from %s failed", session.id if session else "(new)", peer_host)
@@ -149,11 +160,15 @@ def check_data_dir(settings: Settings) -> int:
 async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> str | None:
     """Run the node until a signal (returns None) or, for a cluster member, a storage failure
     (returns its reason: the caller starts the process again once there is room)."""
+    try:
+        tls_context = tls.server_context(settings)
+    except tls.TLSConfigError as exc:
+        raise StartupError(str(exc)) from None
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
     stop = StopRequest()
     if settings.clustered:
         try:
-            await _serve_clustered(broker, settings, task_status, stop)
+            await _serve_clustered(broker, settings, task_status, stop, tls_context)
         finally:
             broker.close()
         return stop.failure
@@ -168,13 +183,17 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
                 raise StartupError(f"cannot recover the data in {store.path}: {exc}") from None
             watch = StoreWatch(store, settings.data_dir)
             store.on_failure = watch.on_failure
-        await _serve(broker, settings, task_status, stop, watch=watch if store is not None else None)
+        await _serve(
+            broker, settings, task_status, stop, watch=watch if store is not None else None, tls_context=tls_context
+        )
     finally:
         broker.close()
     return None
 
 
-async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop: StopRequest) -> None:
+async def _serve_clustered(
+    broker: Broker, settings: Settings, task_status, stop: StopRequest, tls_context: ssl.SSLContext | None
+) -> None:
     """A cluster member: the machines are applied from the Raft groups; the store only takes
     what overflows memory, so it starts empty (the retained Raft log rebuilds everything)."""
     if settings.fsync == "off":
@@ -228,7 +247,7 @@ async def _serve_clustered(broker: Broker, settings: Settings, task_status, stop
                 return
             log.info("node %s: caught up with the cluster", settings.node_id)
             nursery.start_soon(cluster.watch_members)
-            await _serve(broker, settings, task_status, stop)
+            await _serve(broker, settings, task_status, stop, tls_context=tls_context)
             nursery.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(node.stop)
@@ -283,7 +302,12 @@ async def _stop_on_signal(signals, stop: StopRequest) -> None:
 
 
 async def _serve(
-    broker: Broker, settings: Settings, task_status, stop: StopRequest, watch: StoreWatch | None = None
+    broker: Broker,
+    settings: Settings,
+    task_status,
+    stop: StopRequest,
+    watch: StoreWatch | None = None,
+    tls_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve clients until `stop`; `watch` recovers a single node's store when it cannot write."""
     broker.alarms = ResourceAlarms(settings.data_dir, settings.memory_high_watermark_mb, settings.disk_free_limit_mb)
@@ -301,6 +325,21 @@ async def _serve(
             admin_listeners = await _bind(
                 "HTTP", settings.http_host, settings.http_port, partial(open_admin_listeners, settings)
             )
+        amqps_listeners, https_listeners = [], []
+        if tls_context is not None and settings.amqps_port:
+            amqps_listeners = await _bind(
+                "AMQP over TLS",
+                settings.amqp_host,
+                settings.amqps_port,
+                partial(trio.open_tcp_listeners, settings.amqps_port, host=settings.amqp_host),
+            )
+        if tls_context is not None and settings.https_port:
+            https_listeners = await _bind(
+                "HTTPS",
+                settings.http_host,
+                settings.https_port,
+                partial(open_admin_tls_listeners, settings, tls_context),
+            )
         await _seed_default_user(broker, settings)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
@@ -315,12 +354,24 @@ async def _serve(
                 http_addr = await nursery.start(
                     serve_admin, broker, admin_listeners, allowed_hosts(settings.http_allowed_hosts)
                 )
+            tls_note = ""
+            if amqps_listeners:
+                handler = partial(handle_connection, broker, settings, tls_context=tls_context)
+                nursery.start_soon(partial(trio.serve_listeners, handler, amqps_listeners))
+                amqps_addr = amqps_listeners[0].socket.getsockname()
+                tls_note += f", AMQP over TLS on {amqps_addr[0]}:{amqps_addr[1]}"
+            if https_listeners:
+                https_addr = await nursery.start(
+                    serve_admin, broker, https_listeners, allowed_hosts(settings.http_allowed_hosts)
+                )
+                tls_note += f", HTTPS admin on {https_addr[0]}:{https_addr[1]}"
             log.info(
-                "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s, data in %s",
+                "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s%s, data in %s",
                 settings.node_id,
                 amqp_addr[0],
                 amqp_addr[1],
                 f", HTTP admin on {http_addr[0]}:{http_addr[1]}" if http_addr else "",
+                tls_note,
                 os.path.abspath(settings.data_dir),
             )
             task_status.started((amqp_addr, http_addr, broker))

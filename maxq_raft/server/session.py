@@ -23,7 +23,7 @@ from functools import partial
 import trio
 
 from ..amqp import spec
-from ..amqp.connection import ServerConnection, State
+from ..amqp.connection import DEFAULT_MECHANISMS, EXTERNAL, ServerConnection, State
 from ..amqp.errors import AMQPError
 from ..amqp.events import (
     ChannelClosed,
@@ -93,7 +93,9 @@ def server_properties(version: str) -> dict:
 
 
 class Session:
-    def __init__(self, broker: Broker, stream: trio.abc.Stream, peer_host: str, settings) -> None:
+    def __init__(
+        self, broker: Broker, stream: trio.abc.Stream, peer_host: str, settings, tls_user: str | None = None
+    ) -> None:
         self.broker = broker
         self.stream = stream
         self.peer_host = peer_host
@@ -103,7 +105,7 @@ class Session:
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
         self.conn = ServerConnection(
-            authenticate=self._authenticate,
+            authenticate=self._login,
             vhost_allowed=self._vhost_refusal,
             server_properties=server_properties(settings.version),
             frame_max=settings.frame_max,
@@ -111,6 +113,9 @@ class Session:
             channel_max=settings.channel_max,
             channel_allowed=self._channel_refusal,
             now=trio.current_time(),
+            # EXTERNAL only on TLS with a verified client certificate (server/tls.py): its CN
+            mechanisms=(*DEFAULT_MECHANISMS, EXTERNAL) if tls_user else DEFAULT_MECHANISMS,
+            external_user=tls_user or "",
         )
         self.channels: dict[int, Channel] = {}
         # Channels the client closed whose close-ok waits for their confirms (Confirms sends it
@@ -724,6 +729,30 @@ class Session:
             self.broker.owner_down(self.id + "/", list(queue_keys), connection_id=self.id)
         except ChannelError as err:  # a refusal here must not take the node down
             log.warning("cleanup of connection %s: %s", self.id, err.reply_text)
+
+    # ------------------------------------------------------------- EXTERNAL
+
+    def _login(self, mechanism: str, username: str, password: str) -> bool:
+        if mechanism == EXTERNAL:
+            return self._authenticate_external(username)
+        return self._authenticate(mechanism, username, password)
+
+    def _authenticate_external(self, username: str) -> bool:
+        """EXTERNAL (RabbitMQ's rabbit_auth_mechanism_ssl): TLS verified the client's
+        certificate against --tls-ca, its CN is `username`; the login stands if that user exists
+        (no password is checked), with guest still held to loopback."""
+        if username not in self.broker.meta.users:
+            log.warning(
+                "connection %s from %s: login refused for user %r (EXTERNAL: no such user)",
+                self.id,
+                self.peer_host,
+                username,
+            )
+            return False
+        if username == "guest" and not is_loopback(self.peer_host):
+            log.warning("connection %s: user 'guest' can only connect via localhost (peer %s)", self.id, self.peer_host)
+            return False
+        return True
 
 
 def is_loopback(host: str) -> bool:

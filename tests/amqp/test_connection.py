@@ -321,6 +321,57 @@ def test_unknown_mechanism_closes_silently():
     assert closed.reply_code == spec.COMMAND_INVALID and "EXTERNAL" in closed.reply_text
 
 
+def test_mechanisms_offered_are_plain_and_amqplain_by_default():
+    peer = Peer()
+    peer.send(PROTOCOL_HEADER)
+    assert peer.one_method(spec.ConnectionStart, 0).mechanisms == b"PLAIN AMQPLAIN"
+
+
+def test_external_is_offered_only_with_a_name_from_the_shell():
+    # (the shell passes the verified client certificate's CN; without one EXTERNAL is dropped)
+    peer = Peer(mechanisms=("PLAIN", "AMQPLAIN", "EXTERNAL"))
+    peer.send(PROTOCOL_HEADER)
+    assert peer.one_method(spec.ConnectionStart, 0).mechanisms == b"PLAIN AMQPLAIN"
+    peer = Peer(mechanisms=("PLAIN", "AMQPLAIN", "EXTERNAL"), external_user="ann")
+    peer.send(PROTOCOL_HEADER)
+    assert peer.one_method(spec.ConnectionStart, 0).mechanisms == b"PLAIN AMQPLAIN EXTERNAL"
+
+
+def test_external_login_asks_the_shell_with_the_name_it_passed_in():
+    asked = []
+    conn = ServerConnection(
+        authenticate=lambda mechanism, user, password: asked.append((mechanism, user, password)) or True,
+        vhost_allowed=lambda user, vhost: True,
+        server_properties={},
+        mechanisms=("PLAIN", "EXTERNAL"),
+        external_user="ann",
+    )
+    conn.receive_data(PROTOCOL_HEADER)
+    # the response is ignored (RabbitMQ's rabbit_auth_mechanism_ssl): the name is the certificate's
+    start_ok = spec.ConnectionStartOk(client_properties={}, mechanism="EXTERNAL", response=b"bob", locale="en_US")
+    conn.receive_data(encode_method_frame(0, start_ok))
+    conn.next_events()
+    assert asked == [("EXTERNAL", "ann", "")]
+    assert conn.state is State.AWAIT_TUNE_OK and conn.user == "ann"
+
+
+def test_external_refused_by_the_shell_is_403():
+    peer = Peer(mechanisms=("PLAIN", "EXTERNAL"), external_user="nobody")
+    _login(peer, mechanism="EXTERNAL")
+    close = assert_hard_close(peer, spec.ACCESS_REFUSED)
+    assert "authentication mechanism EXTERNAL" in close.reply_text
+
+
+def test_a_known_mechanism_not_offered_is_invalid():
+    peer = Peer(mechanisms=("AMQPLAIN",))
+    peer.send(PROTOCOL_HEADER)
+    peer.received()
+    peer.method(0, start_ok(mechanism="PLAIN"))
+    [closed] = peer.closed_events()
+    assert closed.reply_code == spec.COMMAND_INVALID
+    assert closed.reply_text == "invalid authentication mechanism 'PLAIN'"
+
+
 @pytest.mark.parametrize(
     "frame_max, channel_max, text",
     [

@@ -1,4 +1,5 @@
-"""The replication port: msgpack only, HMAC-authenticated peers, the configured address only.
+"""The replication port: msgpack only, HMAC-authenticated peers, a MAC on every frame, the
+configured address only.
 
 Codec tests run on bytes; port tests run a real ReplicationNode in this process and talk to
 its port with a raw socket (handshake built from wire.py's helpers, or deliberately wrong).
@@ -16,6 +17,7 @@ import pytest
 
 from maxq_raft.replication import wire
 from maxq_raft.replication.engine import ReplicationNode
+from maxq_raft.replication.frame_mac import MAC_BYTES, FrameMac, frame_key
 
 from ..conftest import free_port
 from ..helpers import wait_until
@@ -199,7 +201,8 @@ def closed_by_peer(s: socket.socket, within_s: float = 3.0) -> bool:
         return False
 
 
-def handshake(port: int, secret: bytes, node_id: str = "n2") -> socket.socket:
+def handshake(port: int, secret: bytes, node_id: str = "n2") -> tuple[socket.socket, FrameMac]:
+    """A connection as peer `node_id` would make it, and the MAC state its frames are signed with."""
     s = connect(port)
     nonce_a = wire.parse_server_hello(recv_exact(s, wire.SERVER_HELLO_BYTES))
     auth, nonce_c = wire.client_auth(secret, nonce_a, node_id)
@@ -208,13 +211,19 @@ def handshake(port: int, secret: bytes, node_id: str = "n2") -> socket.socket:
         n = recv_exact(s, 1)[0]
         proof = bytes([n]) + recv_exact(s, n + 32)
         assert wire.parse_server_proof(proof, SECRET, nonce_a, nonce_c)[0] == "n1"
-    return s
+    return s, FrameMac(frame_key(secret, nonce_a, nonce_c, node_id, "n1"))
+
+
+def signed(mac: FrameMac, kind: int, body: bytes) -> bytes:
+    """A frame as the transport sends it: header, body, MAC (the next in `mac`'s sequence)."""
+    framed = wire.frame(kind, body)
+    return framed + mac.sign(framed[:5], body)
 
 
 def test_a_peer_with_a_wrong_hmac_is_dropped_and_logged(node, caplog):
     n, port = node
     caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
-    s = handshake(port, b"not-the-secret")
+    s, _ = handshake(port, b"not-the-secret")
     try:
         s.sendall(wire.frame(wire.KIND_RAFT, msgpack.packb(["g", 2, 1])))  # never parsed
         assert closed_by_peer(s)
@@ -240,7 +249,7 @@ def test_pickles_from_an_authenticated_peer_never_reach_pickle(node, tmp_path):
     n, port = node
     marker = tmp_path / "pwned"
     evil = pickle.dumps(Evil(marker))
-    s = handshake(port, SECRET)
+    s, mac = handshake(port, SECRET)
     try:
         for body in (
             msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x00" + evil, 2, 1]]]),
@@ -248,12 +257,114 @@ def test_pickles_from_an_authenticated_peer_never_reach_pickle(node, tmp_path):
             msgpack.packb(["g", 3, 1, 1, 1, 0, [[b"\x03" + evil, 2, 1]]]),
             evil,
         ):
-            s.sendall(wire.frame(wire.KIND_RAFT, body))
+            s.sendall(signed(mac, wire.KIND_RAFT, body))
         assert wait_until(lambda: n.stats["bad_raft_frames"] == 4, 3.0)
     finally:
         s.close()
     assert not marker.exists()
     assert n.status()["g"]["last_index"] == 1  # nothing reached the log
+
+
+# --------------------------------------------------------------------------- frame MAC
+
+VOTE = msgpack.packb(["g", 1, 7, 0, 0])  # request_vote, term 7: would reach the engine
+
+
+def test_frame_mac_unit():
+    key = frame_key(SECRET, b"a" * 32, b"c" * 32, "n2", "n1")
+    assert key != frame_key(SECRET, b"a" * 32, b"c" * 32, "n1", "n2")  # each direction its own key
+    assert key != frame_key(SECRET, b"a" * 32, b"d" * 32, "n2", "n1")  # each connection its own key
+    sender, receiver = FrameMac(key), FrameMac(key)
+    header, body = wire.frame(wire.KIND_RAFT, VOTE)[:5], VOTE
+    tags = [sender.sign(header, body) for _ in range(3)]
+    assert len(set(tags)) == 3 and all(len(t) == MAC_BYTES for t in tags)  # the number is in the tag
+    assert receiver.check(header, body, tags[0])
+    assert not receiver.check(header, body, tags[0])  # a replay is frame 1 with frame 0's tag
+    for bad_header, bad_body in ((header, VOTE[:-1] + b"\x08"), (header[:4] + bytes([wire.KIND_CONTROL]), body)):
+        check = FrameMac(key)
+        assert not check.check(bad_header, bad_body, tags[0])
+
+
+def test_frames_with_their_mac_are_taken(node):
+    n, port = node
+    s, mac = handshake(port, SECRET)
+    try:
+        s.sendall(b"".join(signed(mac, wire.KIND_PING, b"") for _ in range(3)))
+        assert wait_until(lambda: n.hub.stats["frames_in"] == 3, 3.0)
+        assert not closed_by_peer(s, 0.3) and n.hub.stats["mac_rejected"] == 0
+    finally:
+        s.close()
+
+
+def _rejected(n, s, caplog, frames_in: int) -> None:
+    assert closed_by_peer(s)
+    assert n.hub.stats["mac_rejected"] == 1 and n.hub.stats["frames_in"] == frames_in
+    assert n.stats["bad_raft_frames"] == 0  # the body never reached the decoder
+    assert any("failed its MAC" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tampered_frame_is_rejected_and_closes_the_connection(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s, mac = handshake(port, SECRET)
+    try:
+        frame = bytearray(signed(mac, wire.KIND_RAFT, VOTE))
+        frame[-MAC_BYTES - 1] ^= 0x01  # the vote's last field
+        s.sendall(frame)
+        _rejected(n, s, caplog, 0)
+    finally:
+        s.close()
+
+
+def test_a_replayed_frame_is_rejected(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s, mac = handshake(port, SECRET)
+    try:
+        ping = signed(mac, wire.KIND_PING, b"")
+        s.sendall(ping + ping)
+        _rejected(n, s, caplog, 1)
+    finally:
+        s.close()
+
+
+def test_reordered_frames_are_rejected(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s, mac = handshake(port, SECRET)
+    try:
+        first, second = signed(mac, wire.KIND_PING, b""), signed(mac, wire.KIND_PING, b"")
+        s.sendall(second + first)
+        _rejected(n, s, caplog, 0)
+    finally:
+        s.close()
+
+
+def test_a_frame_from_another_connection_is_rejected(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s1, mac1 = handshake(port, SECRET)
+    recorded = signed(mac1, wire.KIND_RAFT, VOTE)  # never sent on its own connection
+    s1.close()
+    s2, _ = handshake(port, SECRET)
+    try:
+        s2.sendall(recorded)
+        _rejected(n, s2, caplog, 0)
+    finally:
+        s2.close()
+
+
+def test_a_member_of_the_previous_wire_version_is_told_so(node, caplog):
+    n, port = node
+    caplog.set_level(logging.WARNING, logger="maxq_raft.replication.transport")
+    s = connect(port)
+    try:
+        recv_exact(s, wire.SERVER_HELLO_BYTES)
+        s.sendall(wire.MAGIC + bytes([1]) + b"\x00" * 40)
+        assert closed_by_peer(s)
+    finally:
+        s.close()
+    assert any("every member must run the same version" in r.getMessage() for r in caplog.records)
 
 
 def test_the_port_is_bound_to_the_configured_address_only(node):
@@ -305,12 +416,12 @@ def test_idle_unauthenticated_connections_cannot_keep_a_real_peer_out(node):
     try:
         pending = lambda: sum(1 for c in list(n.hub.inc.values()) if c.state == "auth")  # noqa: E731
         assert wait_until(lambda: pending() >= 64, 5), pending()  # every slot is taken
-        s = handshake(port, SECRET)  # the peer gets its proof back: it is in
+        s, _ = handshake(port, SECRET)  # the peer gets its proof back: it is in
         s.close()
         evicted = n.hub.stats["pending_evicted"]
         idle += [idle_from(port, "127.0.0.99") for _ in range(20)]  # one address: at most 8 wait
         assert wait_until(lambda: n.hub.stats["pending_evicted"] - evicted >= 20 - 8, 5)
-        s = handshake(port, SECRET)
+        s, _ = handshake(port, SECRET)
         s.close()
     finally:
         for s in idle:
