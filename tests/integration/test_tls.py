@@ -27,7 +27,7 @@ import pytest
 import trustme
 
 from ..conftest import BrokerProcess, free_port
-from ..helpers import wait_until
+from ..helpers import GUEST_AUTH, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -291,9 +291,10 @@ def test_external_logs_in_as_the_certificate_cn(tls_broker, pki):
     try:
         _round_trip(connection)
         # the admin API (over HTTPS) sees the TCP peer under the TLS stream, and the CN as user
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{tls_broker.https_port}/api/connections", context=pki.client_context(), timeout=5
-        ) as response:
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{tls_broker.https_port}/api/connections", headers=GUEST_AUTH
+        )
+        with urllib.request.urlopen(request, context=pki.client_context(), timeout=5) as response:
             rows = json.loads(response.read())
         assert any(r.get("user") == "guest" and r.get("peer_host") == "127.0.0.1" for r in rows), rows
     finally:
