@@ -359,20 +359,16 @@ def run_access(args) -> str | None:
     if command == "delete-vhost":
         fetch(node, f"/api/vhosts/{_quote(args.name)}", timeout, "DELETE")
         return f"vhost '{args.name}' deleted"
-    if command == "set-permissions":
-        body = {"configure": args.configure, "write": args.write, "read": args.read}
-        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "PUT", body)
-        return f"permissions of user '{args.username}' in vhost '{args.vhost}' set"
-    if command == "clear-permissions":
-        fetch(node, f"/api/permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "DELETE")
-        return f"permissions of user '{args.username}' in vhost '{args.vhost}' cleared"
-    if command == "set-topic-permissions":
-        body = {"exchange": args.exchange, "write": args.write, "read": args.read}
-        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "PUT", body)
-        return f"topic permissions of user '{args.username}' on '{args.exchange}' in vhost '{args.vhost}' set"
-    if command == "clear-topic-permissions":
-        fetch(node, f"/api/topic-permissions/{_quote(args.vhost)}/{_quote(args.username)}", timeout, "DELETE")
-        return f"topic permissions of user '{args.username}' in vhost '{args.vhost}' cleared"
+    if command in ("set-permissions", "clear-permissions", "set-topic-permissions", "clear-topic-permissions"):
+        topic = "topic" in command
+        path = f"/api/{'topic-' if topic else ''}permissions/{_quote(args.vhost)}/{_quote(args.username)}"
+        what = f"{'topic ' if topic else ''}permissions of user '{args.username}' in vhost '{args.vhost}'"
+        if command.startswith("clear"):
+            fetch(node, path, timeout, "DELETE")
+            return f"{what} cleared"
+        names = ("exchange", "write", "read") if topic else ("configure", "write", "read")
+        fetch(node, path, timeout, "PUT", {name: getattr(args, name) for name in names})
+        return f"{what} set"
     if command == "set-vhost-limits":
         return _set_limits(args, "vhost", args.vhost, args.limits)
     if command == "set-user-limits":

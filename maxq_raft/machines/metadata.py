@@ -385,6 +385,10 @@ class MetadataMachine:
         if handler is None:
             return Rejected(541, f"unknown metadata command {type(command).__name__}"), []
         try:
+            if type(command) in ACCESS_COMMANDS:
+                refused = access_refusal(command)  # as the admin API checked before proposing
+                if refused:
+                    return refused, []
             return handler(command)
         except Exception as exc:  # never let one bad command stall the log
             return Rejected(541, f"internal error applying {type(command).__name__}: {exc!r}"), []
@@ -624,9 +628,6 @@ class MetadataMachine:
         self.access_version += 1
 
     def _put_user(self, cmd: PutUser) -> MetaResult:
-        refused = access_refusal(cmd)
-        if refused:
-            return refused, []
         old = self.users.get(cmd.name)
         limits = old.limits if old else {}
         self.users[cmd.name] = UserRecord(cmd.name, cmd.password_hash, cmd.hashing_algorithm, list(cmd.tags), limits)
@@ -646,9 +647,6 @@ class MetadataMachine:
     def _seed_default_user(self, cmd: SeedDefaultUser) -> MetaResult:
         if self.users_seeded:
             return False, []
-        refused = access_refusal(PutUser(cmd.name, cmd.password_hash, access.SHA256, ["administrator"]))
-        if refused:
-            return refused, []
         self._delete_user(DeleteUser(GUEST))
         self.users[cmd.name] = UserRecord(cmd.name, cmd.password_hash, access.SHA256, ["administrator"])
         if DEFAULT_VHOST in self.vhosts:
@@ -657,9 +655,6 @@ class MetadataMachine:
         return True, []
 
     def _put_vhost(self, cmd: PutVhost) -> MetaResult:
-        refused = access_refusal(cmd)
-        if refused:
-            return refused, []
         if cmd.name in self.vhosts:
             return False, []
         self._add_vhost(cmd.name)
@@ -687,9 +682,6 @@ class MetadataMachine:
         return v
 
     def _set_permissions(self, cmd: SetPermissions) -> MetaResult:
-        refused = access_refusal(cmd)
-        if refused:
-            return refused, []
         v = self._vhost_and_user(cmd.vhost, cmd.user)
         if isinstance(v, Rejected):
             return v, []
@@ -706,9 +698,6 @@ class MetadataMachine:
         return True, []
 
     def _set_topic_permissions(self, cmd: SetTopicPermissions) -> MetaResult:
-        refused = access_refusal(cmd)
-        if refused:
-            return refused, []
         v = self._vhost_and_user(cmd.vhost, cmd.user)
         if isinstance(v, Rejected):
             return v, []
@@ -729,9 +718,6 @@ class MetadataMachine:
         return True, []
 
     def _set_limits(self, cmd: SetLimits) -> MetaResult:
-        refused = access_refusal(cmd)
-        if refused:
-            return refused, []
         if cmd.kind == "vhost":
             if cmd.name not in self.vhosts:
                 return Rejected(404, f"no vhost '{cmd.name}'"), []
@@ -967,6 +953,9 @@ def access_refusal(cmd: Any) -> Rejected | None:
             access.check_name(cmd.name, "user")
             access.check_hash(cmd.password_hash, cmd.hashing_algorithm)
             access.check_tags(cmd.tags)
+        elif kind is SeedDefaultUser:
+            access.check_name(cmd.name, "user")
+            access.check_hash(cmd.password_hash, access.SHA256)
         elif kind is PutVhost:
             access.check_name(cmd.name, "vhost")
         elif kind is SetPermissions:
