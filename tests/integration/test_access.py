@@ -379,3 +379,14 @@ def test_users_are_listed_as_rabbitmq_lists_them_with_hashes_never_passwords(bro
     assert status == 200 and "guest" in {u["name"] for u in users}
     assert all(set(u) == {"name", "password_hash", "hashing_algorithm", "tags", "limits"} for u in users)
     assert all("guest" not in u["password_hash"] for u in users)
+
+
+def test_the_node_connection_limit(start_broker):
+    node = start_broker(["--max-connections", "2"])
+    first, second = connect(node, "guest", "guest"), connect(node, "guest", "guest")
+    with pytest.raises((pika.exceptions.ConnectionClosedByBroker, pika.exceptions.ProbableAccessDeniedError)) as info:
+        connect(node, "guest", "guest")
+    assert "530" in str(info.value) and "connection refused: node connection limit (2) is reached" in str(info.value)
+    first.close()
+    connect(node, "guest", "guest").close()  # room again
+    second.close()
