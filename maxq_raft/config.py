@@ -62,6 +62,8 @@ class Settings:
     join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
     snapshot_every_mb: float = 64.0  # a group snapshots its state (and compacts its log) after this much log
     version: str = __version__
+    # Prometheus metrics (RabbitMQ's 15692: /metrics, /metrics/per-object) on http_host; 0 disables
+    prometheus_port: int = 15692
 
     @property
     def clustered(self) -> bool:
@@ -115,6 +117,7 @@ CLI_SETTINGS = (
     "shards",
     "join",
     "snapshot_every_mb",
+    "prometheus_port",
 )
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -212,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--join", help="on: start as a new member and wait to be added (maxqctl add-node)")
     parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
+    parser.add_argument(
+        "--prometheus-port",
+        help="Prometheus metrics port (/metrics, /metrics/per-object), on --http-host, without credentials "
+        "(default 15692; 0 disables it)",
+    )
     return parser
 
 

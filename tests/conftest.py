@@ -67,6 +67,8 @@ class BrokerProcess:
         self.env = env
         self.amqp_port = free_port()
         self.http_port = free_port()
+        # Each its own (the default 15692 would be one port for every node on the machine).
+        self.prometheus_port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> BrokerProcess:
@@ -85,6 +87,8 @@ class BrokerProcess:
             str(self.amqp_port),
             "--http-port",
             str(self.http_port),
+            "--prometheus-port",
+            str(self.prometheus_port),
             *self.extra_args,
         ]
         env = dict(os.environ if self.env is None else self.env)

@@ -227,7 +227,9 @@ class Node:
             stderr=subprocess.STDOUT,
             cwd=str(self.data_dir.parent),
             start_new_session=True,
-            env={**os.environ, **self.env} if self.env else None,
+            # No Prometheus port: the nodes share loopback, and its default (15692) is one port. By
+            # environment, not option, so that a server built from an older commit starts too.
+            env={**os.environ, "MAXQ_PROMETHEUS_PORT": "0", **self.env},
         )
         self.paused = False
         self.starts += 1

@@ -73,8 +73,28 @@ class Broker:
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
         self.live_sessions: dict = {}  # every connection task, handshaking ones too
         self.started_at = time.time()
-        self.messages_published = 0
-        self.messages_delivered = 0
+        self.messages_published = 0  # copies enqueued: a message routed to three queues counts three
+        self.messages_delivered = 0  # to consumers (basic.deliver), on this node
+        # Monotonic counters for the Prometheus endpoint (http/metrics.py), each counted where it
+        # happens, per batch where there is one. Per-message ones kept by each connection
+        # (Session.messages_in, messages_routed) are added here when it closes (`*_closed`);
+        # closed connections and channels are derived at scrape time (opened - open now).
+        self.messages_delivered_auto_ack = 0  # of messages_delivered, to no-ack consumers
+        self.messages_redelivered = 0  # delivered (consumed or got) with the redelivered flag
+        self.messages_got_auto_ack = 0  # basic.get, no_ack
+        self.messages_got_manual_ack = 0
+        self.messages_get_empty = 0
+        self.messages_acknowledged = 0  # basic.ack'ed deliveries (reject and nack are not counted)
+        self.messages_received_confirm = 0  # published on channels in confirm mode
+        self.messages_confirmed = 0  # basic.ack'ed to publishers
+        self.messages_unroutable_dropped = 0
+        self.messages_unroutable_returned = 0
+        self.messages_received_closed = 0  # Session.messages_in of the connections now closed
+        self.messages_routed_closed = 0  # Session.messages_routed, likewise
+        self.connections_opened = 0
+        self.channels_opened = 0
+        self.queues_created = 0  # queue machines added on this node (every replica adds each queue)
+        self.queues_deleted = 0
 
     @staticmethod
     def clock_ms() -> int:
@@ -110,6 +130,7 @@ class Broker:
 
     def queue_added(self, key: tuple[str, str], machine: QueueMachine) -> None:
         self.queues[key] = machine
+        self.queues_created += 1
 
     def queue_removed(self, key: tuple[str, str], machine: QueueMachine) -> None:
         """Its shard deleted the queue (its machine dropped its stored messages): its consumers'
@@ -117,6 +138,7 @@ class Broker:
         if self.queues.get(key) is machine:
             del self.queues[key]
             self.queue_ids.pop(key, None)
+            self.queues_deleted += 1
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)
@@ -130,6 +152,10 @@ class Broker:
                 if handle is not None:
                     handle.channel.deliver(handle, effect.message, effect.redelivered)
                     self.messages_delivered += 1
+                    if handle.no_ack:
+                        self.messages_delivered_auto_ack += 1
+                    if effect.redelivered:
+                        self.messages_redelivered += 1
             else:
                 dead_letter.perform_effect(self, effect)
 

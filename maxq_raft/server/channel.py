@@ -421,10 +421,18 @@ class Channel:
         def got(reply) -> None:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
+            broker = self.broker
             if reply is None:
+                broker.messages_get_empty += 1
                 self._reply(spec.BasicGetEmpty())
                 return
             message, redelivered, remaining = reply
+            if m.no_ack:
+                broker.messages_got_auto_ack += 1
+            else:
+                broker.messages_got_manual_ack += 1
+            if redelivered:
+                broker.messages_redelivered += 1
             tag = self.state.deliver(None if m.no_ack else (queue_key, self.get_consumer_id, message.seq))
             self.conn.send_content(
                 self.number,

@@ -144,6 +144,7 @@ class Confirms:
                     for seq in seqs:
                         method = spec.BasicNack if seq in refused else spec.BasicAck
                         session.conn.send_method(channel.number, method(delivery_tag=seq, multiple=False))
+                    session.broker.messages_confirmed += sum(1 for seq in seqs if seq not in refused)
                     sent = True
                 elif alive:
                     # In order; multiple=true when it covers more than one publish, as RabbitMQ.
@@ -153,6 +154,8 @@ class Confirms:
                         else spec.BasicAck(delivery_tag=last_seq, multiple=multiple)
                     )
                     session.conn.send_method(channel.number, kind)
+                    if not batch.failed:
+                        session.broker.messages_confirmed += len(seqs)  # (one add per batch)
                     sent = True
             if not waits:
                 del self.waits[channel]

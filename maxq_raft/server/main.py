@@ -32,6 +32,7 @@ import trio
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
 from ..http.admin import allowed_hosts, open_admin_listeners, open_admin_tls_listeners, serve_admin
+from ..http.metrics_server import open_metrics_listeners, serve_metrics
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..replication.engine import ReplicationNode
@@ -340,6 +341,11 @@ async def _serve(
                 settings.https_port,
                 partial(open_admin_tls_listeners, settings, tls_context),
             )
+        metrics_listeners = []
+        if settings.prometheus_port:
+            metrics_listeners = await _bind(
+                "Prometheus", settings.http_host, settings.prometheus_port, partial(open_metrics_listeners, settings)
+            )
         await _seed_default_user(broker, settings)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
@@ -354,6 +360,15 @@ async def _serve(
                 http_addr = await nursery.start(
                     serve_admin, broker, admin_listeners, allowed_hosts(settings.http_allowed_hosts)
                 )
+            if metrics_listeners:
+                metrics_addr = await nursery.start(
+                    serve_metrics,
+                    broker,
+                    metrics_listeners,
+                    allowed_hosts(settings.http_allowed_hosts),
+                    settings.data_dir,
+                )
+                log.info("Prometheus metrics on %s:%s/metrics", metrics_addr[0], metrics_addr[1])
             tls_note = ""
             if amqps_listeners:
                 handler = partial(handle_connection, broker, settings, tls_context=tls_context)

@@ -145,6 +145,7 @@ class Session:
         self._handshake_deadline = self.started_at + getattr(settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         self._writer_done = trio.Event()
         self.messages_in = 0
+        self.messages_routed = 0  # of messages_in, routed to at least one queue (or a direct reply-to requester)
         self.messages_out = 0
         self._sending_bytes = 0  # what the writer's send_all holds now
         self._drained = trio.Event()  # set by the writer after each send
@@ -436,6 +437,7 @@ class Session:
                     return events[i + 1 :]
             elif kind is ChannelOpened:
                 channels[event.channel] = Channel(self, event.channel)
+                self.broker.channels_opened += 1
             elif kind is ChannelClosed:
                 channel = channels.pop(event.channel, None)
                 if channel is not None:
@@ -450,6 +452,7 @@ class Session:
                 self.authorization = Authorization(self.broker, event.user, event.vhost)
                 self.client_properties = event.client_properties
                 self.broker.sessions[self.id] = self
+                self.broker.connections_opened += 1
                 if not self.broker.log.quorum_ok:
                     self.conn.close(
                         spec.CONNECTION_FORCED,
@@ -525,10 +528,14 @@ class Session:
             target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
+                self.messages_routed += 1
             elif broker.log.reply_elsewhere(key, exchange, routing_key, props_raw, body):
-                pass  # the requester is connected to another member: the reply travels through a shard
+                # the requester is connected to another member: the reply travels through a shard
+                self.messages_routed += 1
             elif method.mandatory:
                 self._return(channel, method, props_raw, body)
+            else:
+                broker.messages_unroutable_dropped += 1
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
             return
@@ -539,6 +546,7 @@ class Session:
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = broker.meta.route(vhost, exchange, routing_key, headers)
         if queues:
+            self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
             pending = self.pending
             persistent = self._persistent_props.get(props_raw)
             if persistent is None:
@@ -565,6 +573,8 @@ class Session:
                         refs.append((len(batch) - 1, ref))
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
+        else:
+            broker.messages_unroutable_dropped += 1
         if seq is not None:
             confirms = self.pending_confirms.get(channel)
             if confirms is None:
@@ -573,6 +583,7 @@ class Session:
                 confirms.append(seq)
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
+        self.broker.messages_unroutable_returned += 1
         self.conn.send_content(
             channel.number,
             spec.BasicReturn(
@@ -598,8 +609,12 @@ class Session:
     def flush_settles(self) -> None:
         settles, self.pending_settles = self.pending_settles, {}
         queue_cast = self.broker.queue_cast
+        acked = 0
         for (kind, queue_key, consumer_id), seqs in settles.items():
             queue_cast(queue_key, kind(consumer_id, seqs))
+            if kind is qc.Settle:
+                acked += len(seqs)
+        self.broker.messages_acknowledged += acked
 
     def flush_publishes(self) -> dict:
         """Submit what this read gathered: acks first (they free prefetch room), then one Enqueue
@@ -629,6 +644,7 @@ class Session:
             broker.messages_published += len(messages)
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
+            broker.messages_received_confirm += sum(len(seqs) for seqs in confirms.values())
             log_.confirm_after(list(pendings.values()), list(confirms.items()), batch)
         return pending
 
@@ -713,6 +729,9 @@ class Session:
             return
         self._released = True
         self.broker.sessions.pop(self.id, None)
+        # Its per-message counters go to the node's (in the same step: a scrape sees them once).
+        self.broker.messages_received_closed += self.messages_in
+        self.broker.messages_routed_closed += self.messages_routed
         # What was read in full is performed, as RabbitMQ does for a connection that goes away
         # (publishes enqueued, acks applied); only confirms have nowhere to go.
         try:

@@ -276,7 +276,7 @@ def test_bad_settings_exit_non_zero_with_a_clear_message(tmp_path, args, env, co
     assert "Traceback" not in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize("which", ["amqp", "http"])
+@pytest.mark.parametrize("which", ["amqp", "http", "prometheus"])
 def test_port_in_use_exits_non_zero(tmp_path, which):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -285,14 +285,24 @@ def test_port_in_use_exits_non_zero(tmp_path, which):
     try:
         amqp_port = busy_port if which == "amqp" else free_port()
         http_port = busy_port if which == "http" else free_port()
+        prometheus_port = busy_port if which == "prometheus" else free_port()
         result = run_server(
-            ["--data-dir", str(tmp_path / "data"), "--amqp-port", str(amqp_port), "--http-port", str(http_port)],
+            [
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--amqp-port",
+                str(amqp_port),
+                "--http-port",
+                str(http_port),
+                "--prometheus-port",
+                str(prometheus_port),
+            ],
             tmp_path,
         )
     finally:
         busy.close()
     assert result.returncode == 1, result
-    what = "AMQP" if which == "amqp" else "HTTP"
+    what = {"amqp": "AMQP", "http": "HTTP", "prometheus": "Prometheus"}[which]
     assert (
         f"maxq-server: cannot listen for {what} on 127.0.0.1:{busy_port}: the port is in use by another process"
         in result.stderr

@@ -1,0 +1,355 @@
+"""The node's metrics in Prometheus's text exposition format 0.0.4: what `/metrics` serves.
+
+Theory of operation: `render` is a pure function from the broker's in-memory state (and a
+process sample and the Raft groups' status, both read by the caller, which does the I/O) to
+the text a Prometheus server scrapes. The families are built with prometheus_client's metric
+families and written by its `generate_latest`, so HELP/TYPE lines, label escaping and the
+`_total` suffix of counters are the library's (docs/design.md §1).
+
+Names: RabbitMQ's (its rabbitmq_prometheus plugin) wherever we count the same thing, so its
+Grafana dashboards and alert rules work unchanged; `maxq_` for what is ours (the Raft groups'
+lag and leadership, the store's health). As RabbitMQ's plugin does, `/metrics` aggregates
+(one sample per family, no per-queue labels) and `/metrics/per-object` labels each queue with
+`vhost` and `queue`. The Raft groups are few (the metadata group and the shards), so both
+label them with `raft_group`.
+
+In a cluster every member applies every queue, but only the leader of a queue's shard group
+reports it (as RabbitMQ reports a quorum queue from its leader): summing a family over the
+nodes counts each queue once.
+
+Counters are monotonic while the node runs (they start at 0 with the process, as RabbitMQ's).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
+
+from .. import __version__
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROTOCOL = "amqp091"
+# RabbitMQ labels per-queue-type counters with its queue type; ours is one type of its own.
+QUEUE_TYPE = "maxq_queue"
+# There is no cluster name setting yet: every node says the same, so dashboards that join on
+# rabbitmq_identity_info's rabbitmq_cluster group the nodes together (docs/operations.md).
+CLUSTER_NAME = "maxq"
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """What the caller read from the operating system for this scrape."""
+
+    resident_memory_bytes: int
+    open_fds: int
+    max_fds: int
+    disk_free_bytes: int
+
+
+def render(broker: Any, process: ProcessSample, raft_groups: dict[str, dict] | None, per_object: bool = False) -> bytes:
+    """The exposition text of `broker`'s node. `raft_groups` is ReplicationNode.status() (None on a
+    single node, or when the engine did not answer: the Raft families are then left out)."""
+    families = list(_families(broker, process, raft_groups, per_object))
+    return generate_latest(_Families(families))
+
+
+class _Families:
+    """A collector over ready-made families: what generate_latest walks."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _counter(name: str, help_text: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    family = CounterMetricFamily(name, help_text, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def _gauge(name: str, help_text: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    family = GaugeMetricFamily(name, help_text, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def _untyped(name: str, help_text: str, value: float) -> Metric:
+    family = UnknownMetricFamily(name, help_text)
+    family.add_metric([], value)
+    return family
+
+
+def _families(
+    broker: Any, process: ProcessSample, raft_groups: dict[str, dict] | None, per_object: bool
+) -> Iterator[Metric]:
+    yield from _identity(broker)
+    yield from _global_counters(broker)
+    yield from _objects(broker)
+    yield from _process(broker, process)
+    yield from _queues(broker, per_object)
+    if raft_groups is not None:
+        yield from _raft(broker.node_id, raft_groups)
+
+
+def _identity(broker: Any) -> Iterator[Metric]:
+    yield _gauge(
+        "rabbitmq_identity_info",
+        "RabbitMQ node & cluster identity info",
+        1,
+        {"rabbitmq_node": broker.node_id, "rabbitmq_cluster": CLUSTER_NAME},
+    )
+    yield _gauge(
+        "maxq_build_info",
+        "MaxQ-Raft and Python versions",
+        1,
+        {"version": __version__, "python_version": ".".join(map(str, sys.version_info[:3]))},
+    )
+
+
+def _global_counters(broker: Any) -> Iterator[Metric]:
+    sessions = broker.sessions.values()
+    received = broker.messages_received_closed + sum(s.messages_in for s in sessions)
+    routed = broker.messages_routed_closed + sum(s.messages_routed for s in sessions)
+    proto = {"protocol": PROTOCOL}
+    typed = {"protocol": PROTOCOL, "queue_type": QUEUE_TYPE}
+    consumed = broker.messages_delivered
+    auto_ack = broker.messages_delivered_auto_ack
+    got_auto, got_manual = broker.messages_got_auto_ack, broker.messages_got_manual_ack
+    g = "rabbitmq_global_messages_"
+    yield _counter(g + "received_total", "Total number of messages received from publishers", received, proto)
+    yield _counter(
+        g + "received_confirm_total",
+        "Total number of messages received from publishers expecting confirmations",
+        broker.messages_received_confirm,
+        proto,
+    )
+    yield _counter(g + "routed_total", "Total number of messages routed to queues or streams", routed, proto)
+    yield _counter(
+        g + "unroutable_dropped_total",
+        "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+        broker.messages_unroutable_dropped,
+        proto,
+    )
+    yield _counter(
+        g + "unroutable_returned_total",
+        "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
+        broker.messages_unroutable_returned,
+        proto,
+    )
+    yield _counter(
+        g + "confirmed_total", "Total number of messages confirmed to publishers", broker.messages_confirmed, proto
+    )
+    yield _counter(
+        g + "delivered_total",
+        "Total number of messages delivered to consumers",
+        consumed + got_auto + got_manual,
+        typed,
+    )
+    yield _counter(
+        g + "delivered_consume_auto_ack_total",
+        "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment",
+        auto_ack,
+        typed,
+    )
+    yield _counter(
+        g + "delivered_consume_manual_ack_total",
+        "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
+        consumed - auto_ack,
+        typed,
+    )
+    yield _counter(
+        g + "delivered_get_auto_ack_total",
+        "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
+        got_auto,
+        typed,
+    )
+    yield _counter(
+        g + "delivered_get_manual_ack_total",
+        "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
+        got_manual,
+        typed,
+    )
+    yield _counter(
+        g + "get_empty_total",
+        "Total number of times basic.get operations fetched no message",
+        broker.messages_get_empty,
+        typed,
+    )
+    yield _counter(
+        g + "redelivered_total",
+        "Total number of messages redelivered to consumers",
+        broker.messages_redelivered,
+        typed,
+    )
+    yield _counter(
+        g + "acknowledged_total",
+        "Total number of messages acknowledged by consumers",
+        broker.messages_acknowledged,
+        typed,
+    )
+    yield _gauge("rabbitmq_global_consumers", "Consumers currently connected", len(broker.consumers), proto)
+
+
+def _objects(broker: Any) -> Iterator[Metric]:
+    sessions = broker.sessions
+    channels = sum(len(s.channels) for s in sessions.values())
+    yield _gauge("rabbitmq_connections", "Connections currently open", len(sessions))
+    yield _counter("rabbitmq_connections_opened_total", "Total number of connections opened", broker.connections_opened)
+    # Derived: every opened connection is in `sessions` until it closes (Session._release).
+    yield _counter(
+        "rabbitmq_connections_closed_total",
+        "Total number of connections closed or terminated",
+        broker.connections_opened - len(sessions),
+    )
+    yield _gauge("rabbitmq_channels", "Channels currently open", channels)
+    yield _counter("rabbitmq_channels_opened_total", "Total number of channels opened", broker.channels_opened)
+    yield _counter(
+        "rabbitmq_channels_closed_total", "Total number of channels closed", broker.channels_opened - channels
+    )
+    yield _gauge("rabbitmq_consumers", "Consumers currently connected", len(broker.consumers))
+    yield _counter(
+        "rabbitmq_queues_created_total",
+        "Total number of queues created (on a cluster member: queue machines added, every member adds each queue)",
+        broker.queues_created,
+    )
+    yield _counter(
+        "rabbitmq_queues_deleted_total",
+        "Total number of queues deleted (on a cluster member: queue machines removed)",
+        broker.queues_deleted,
+    )
+
+
+def _process(broker: Any, process: ProcessSample) -> Iterator[Metric]:
+    alarms = broker.alarms
+    yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", process.resident_memory_bytes)
+    yield _gauge("rabbitmq_process_open_fds", "Open file descriptors", process.open_fds)
+    yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", process.max_fds)
+    yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", process.disk_free_bytes)
+    yield _gauge("maxq_uptime_seconds", "Seconds since this node started", max(0.0, time.time() - broker.started_at))
+    if alarms is None:
+        return
+    yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", alarms.memory_limit_bytes)
+    yield _gauge(
+        "rabbitmq_disk_space_available_limit_bytes", "Free disk space low watermark in bytes", alarms.disk_limit_bytes
+    )
+    yield _untyped(
+        "rabbitmq_alarms_memory_used_watermark", "is 1 if VM memory watermark alarm is in effect", alarms.memory_alarm
+    )
+    yield _untyped(
+        "rabbitmq_alarms_free_disk_space_watermark",
+        "is 1 if free disk space watermark alarm is in effect",
+        alarms.disk_alarm,
+    )
+    yield _gauge(
+        "maxq_alarms_store_write_failure",
+        "is 1 while the message store cannot write (it raises the disk alarm too)",
+        alarms.store_failure is not None,
+    )
+
+
+_QUEUE_FAMILIES = (
+    ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers"),
+    ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged"),
+    ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth"),
+    ("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages"),
+    ("rabbitmq_queue_messages_paged_out", "Messages paged out to disk"),
+    ("rabbitmq_queue_consumers", "Consumers on a queue"),
+)
+
+
+def _reported_queues(broker: Any) -> list[tuple[tuple[str, str], Any]]:
+    """The queues this node reports: on a cluster member those of the shards it leads."""
+    log_ = broker.log
+    if getattr(log_, "replication_node", None) is None:
+        return list(broker.queues.items())
+    leading: dict[str, bool] = {}
+    out = []
+    for key, queue in broker.queues.items():
+        group = log_.group_of(key)
+        leads = leading.get(group)
+        if leads is None:
+            leads = leading[group] = bool(log_.leads(group))
+        if leads:
+            out.append((key, queue))
+    return out
+
+
+def _queues(broker: Any, per_object: bool) -> Iterator[Metric]:
+    queues = _reported_queues(broker)
+    yield _gauge("rabbitmq_queues", "Queues available", len(queues))
+    rows = []
+    for (vhost, name), queue in queues:
+        ready, unacked = queue.ready_count, queue.unacked_count
+        rows.append(
+            (
+                vhost,
+                name,
+                (ready, unacked, ready + unacked, queue.ready_bytes, queue.spilled_count, queue.active_consumer_count),
+            )
+        )
+    for i, (family_name, help_text) in enumerate(_QUEUE_FAMILIES):
+        if per_object:
+            family = GaugeMetricFamily(family_name, help_text, labels=["vhost", "queue"])
+            for vhost, name, values in rows:
+                family.add_metric([vhost, name], values[i])
+        else:
+            family = GaugeMetricFamily(family_name, help_text, value=sum(values[i] for _v, _n, values in rows))
+        yield family
+
+
+def _raft(node_id: str, groups: dict[str, dict]) -> Iterator[Metric]:
+    """One sample per group (label raft_group), from group.Group.status(); a follower does not
+    know its peers' match indexes, so the member lag is the leader's only."""
+    label = ["raft_group"]
+    term = CounterMetricFamily("rabbitmq_raft_term", "Current Raft term number", labels=label)
+    commit = GaugeMetricFamily("rabbitmq_raft_log_commit_index", "Raft log commit index", labels=label)
+    applied = GaugeMetricFamily("rabbitmq_raft_log_last_applied_index", "Raft log last applied index", labels=label)
+    written = GaugeMetricFamily("rabbitmq_raft_log_last_written_index", "Raft log last written index", labels=label)
+    snapshot = GaugeMetricFamily("rabbitmq_raft_log_snapshot_index", "Raft log snapshot index", labels=label)
+    durable = GaugeMetricFamily("maxq_raft_log_durable_index", "Raft log index fsynced on this node", labels=label)
+    apply_lag = GaugeMetricFamily(
+        "maxq_raft_apply_lag_entries", "Entries committed but not yet applied on this node", labels=label
+    )
+    leader = GaugeMetricFamily("maxq_raft_group_leader", "is 1 if this node leads the group", labels=label)
+    has_leader = GaugeMetricFamily("maxq_raft_group_has_leader", "is 1 if this node knows a leader", labels=label)
+    failed = GaugeMetricFamily("maxq_raft_group_failed", "is 1 if the group failed on this node", labels=label)
+    pending = GaugeMetricFamily("maxq_raft_pending_proposals", "Proposals waiting to commit", labels=label)
+    saved = CounterMetricFamily("maxq_raft_snapshots_saved", "Snapshots this node saved", labels=label)
+    installed = CounterMetricFamily("maxq_raft_snapshots_installed", "Snapshots installed from a leader", labels=label)
+    syncs = CounterMetricFamily("maxq_raft_journal_fdatasyncs", "fdatasync calls of the group's journal", labels=label)
+    member_lag = GaugeMetricFamily(
+        "maxq_raft_member_lag_entries",
+        "Entries a member's log is behind the leader's last index (on the leader only)",
+        labels=["raft_group", "member"],
+    )
+    for name in sorted(groups):
+        g = groups[name]
+        v = [name]
+        term.add_metric(v, g.get("term") or 0)
+        commit.add_metric(v, g.get("commit_index") or 0)
+        applied.add_metric(v, g.get("applied_index") or 0)
+        written.add_metric(v, g.get("last_index") or 0)
+        snapshot.add_metric(v, g.get("snapshot_index") or 0)
+        durable.add_metric(v, g.get("durable_index") or 0)
+        apply_lag.add_metric(v, max(0, (g.get("commit_index") or 0) - (g.get("applied_index") or 0)))
+        leader.add_metric(v, g.get("leader") == node_id)
+        has_leader.add_metric(v, g.get("leader") is not None)
+        failed.add_metric(v, bool(g.get("failed")))
+        pending.add_metric(v, g.get("pending_proposals") or 0)
+        saved.add_metric(v, (g.get("group") or {}).get("snapshots_saved", 0))
+        installed.add_metric(v, (g.get("group") or {}).get("snapshots_installed", 0))
+        syncs.add_metric(v, (g.get("journal") or {}).get("fdatasyncs", 0))
+        if g.get("leader") == node_id:
+            for member, m in sorted((g.get("members") or {}).items()):
+                if m.get("lag") is not None:
+                    member_lag.add_metric([name, member], m["lag"])
+    yield from (term, commit, applied, written, snapshot, durable, apply_lag, leader, has_leader, failed, pending)
+    yield from (saved, installed, syncs, member_lag)
