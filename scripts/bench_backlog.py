@@ -110,6 +110,8 @@ class Server:
             str(self.port),
             "--http-port",
             "0",
+            "--prometheus-port",
+            "0",
             *self.extra,
         ]
         self.started_at = time.monotonic()

@@ -119,6 +119,8 @@ def main() -> int:
             str(amqp_port),
             "--http-port",
             str(http_port),
+            "--prometheus-port",
+            "0",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

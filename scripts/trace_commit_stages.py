@@ -257,6 +257,8 @@ def main() -> int:
                     str(amqp),
                     "--http-port",
                     str(http),
+                    "--prometheus-port",
+                    "0",
                     "--raft-addr",
                     f"127.0.0.1:{raft}",
                     *peers,
