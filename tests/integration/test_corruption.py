@@ -70,7 +70,18 @@ def data_dir(sound_data_dir, tmp_path) -> Path:
 
 def run_server(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     """Run maxq-server to completion; one that starts (and so never ends) fails the test."""
-    command = [MAXQ_SERVER, "--data-dir", str(data_dir), "--amqp-port", str(free_port()), "--http-port", "0", *args]
+    command = [
+        MAXQ_SERVER,
+        "--data-dir",
+        str(data_dir),
+        "--amqp-port",
+        str(free_port()),
+        "--http-port",
+        "0",
+        "--prometheus-port",
+        "0",
+        *args,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAXQ_")}
     try:
         return subprocess.run(

@@ -97,7 +97,16 @@ def run_server(args: list[str], tmp_path: Path, env: dict | None = None) -> subp
 
 def ports_args(tmp_path: Path, name: str = "data") -> tuple[int, list[str]]:
     port = free_port()
-    return port, ["--data-dir", str(tmp_path / name), "--amqp-port", str(port), "--http-port", str(free_port())]
+    return port, [
+        "--data-dir",
+        str(tmp_path / name),
+        "--amqp-port",
+        str(port),
+        "--http-port",
+        str(free_port()),
+        "--prometheus-port",
+        "0",
+    ]
 
 
 def raw_open(port: int) -> tuple[socket.socket, FrameReader]:
