@@ -47,6 +47,7 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
 MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
 TRANSFER_TIMEOUT_S = 20.0  # the node gives up after 10 s
+IMPORT_TIMEOUT_S = 600.0  # an import commits its commands one by one: large files take a while
 
 
 class CtlError(Exception):
@@ -232,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     clear_policy = sub.add_parser("clear-policy", help="remove a policy")
     clear_policy.add_argument("name")
     clear_policy.add_argument("--vhost", default="/")
+    export = sub.add_parser("export-definitions", help="write RabbitMQ's definitions JSON (users, vhosts, queues, ...)")
+    export.add_argument("file", nargs="?", default="-", metavar="FILE|-", help="where (default -: stdout)")
+    export.add_argument("--vhost", help="only this vhost's definitions (RabbitMQ's per-vhost shape)")
+    load = sub.add_parser("import-definitions", help="import a definitions JSON file (one exported from RabbitMQ too)")
+    load.add_argument("file", metavar="FILE|-", help="the file (-: stdin)")
+    load.add_argument("--vhost", help="import a per-vhost file into this vhost")
     _add_access_verbs(sub)
     for command in (status, listing, add, remove, transfer):
         # --json may also follow the command (`maxqctl list queues --json`).
@@ -446,11 +453,47 @@ def _policy_path(vhost: str, name: str) -> str:
     return f"/api/policies/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(name, safe='')}"
 
 
+def _definitions_path(vhost: str | None) -> str:
+    return "/api/definitions" + ("" if vhost is None else "/" + urllib.parse.quote(vhost, safe=""))
+
+
+def run_definitions(args) -> str | None:
+    """export-definitions and import-definitions; None for other commands."""
+    if args.command == "export-definitions":
+        document = fetch(args.node, _definitions_path(args.vhost), args.timeout or READ_TIMEOUT_S)
+        text = json.dumps(document, indent=2)
+        if args.file == "-":
+            return text
+        try:
+            # password hashes inside: readable by its owner only, as the credentials file
+            fd = os.open(args.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write(text + "\n")
+        except OSError as exc:
+            raise CtlError(f"cannot write {args.file}: {exc.strerror or exc}", 2) from None
+        return f"definitions exported to {args.file}"
+    if args.command == "import-definitions":
+        try:
+            if args.file == "-":
+                document = json.load(sys.stdin)
+            else:
+                with open(args.file, "rb") as file:
+                    document = json.load(file)
+        except OSError as exc:
+            raise CtlError(f"cannot read {args.file}: {exc.strerror or exc}", 2) from None
+        except ValueError as exc:
+            raise CtlError(f"{args.file} is not JSON: {exc}", 2) from None
+        fetch(args.node, _definitions_path(args.vhost), args.timeout or IMPORT_TIMEOUT_S, "POST", document)
+        return f"definitions imported from {args.file}"
+    return None
+
+
 def run(args) -> str:
     timeout = args.timeout
-    done = run_access(args)
-    if done is not None:
-        return done
+    for verbs in (run_access, run_definitions):
+        done = verbs(args)
+        if done is not None:
+            return done
     if args.command == "set-policy":
         try:
             definition = json.loads(args.definition)

@@ -7,10 +7,12 @@ membership or move leadership: they hand the change to the replication engine an
 (bounded) for its one answer, which comes from the engine's hub thread and is carried back into
 trio with `run_sync_soon`. Reading a request is bounded in bytes (head and body, 16 KiB) and in
 time; every change is bounded by its own deadline, so a bad client or a stuck change cannot
-hold the node.
+hold the node. One route takes more: a definitions import (POST /api/definitions, the only
+body that grows with the broker's topology) may send up to 16 MiB, read within 60 s.
 
 PUT and DELETE /api/policies/{vhost}/{name} set and clear a policy (RabbitMQ's path and body:
-pattern, definition, priority, apply-to), committed like any metadata change.
+pattern, definition, priority, apply-to), committed like any metadata change. GET and POST
+/api/definitions export and import RabbitMQ's definitions (definitions_api.py).
 
 A single node (started without --raft-addr/--peer: its log has no replication engine) reports
 itself as a one-member cluster and refuses membership commands with 409.
@@ -34,13 +36,16 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from . import access_api, auth
+from . import access_api, auth, definitions_api
 from .requests import HttpError, Reply, Request, commit
 
 log = logging.getLogger("maxq.http")
 
 REQUEST_MAX_BYTES = 16384  # request line + headers + body
 REQUEST_TIMEOUT_S = 5.0  # to read a request, and again to send the reply
+DEFINITIONS_PATH = "/api/definitions"  # a POST here (or under it) may carry a larger body ...
+DEFINITIONS_MAX_BYTES = 16 << 20  # ... up to this (RabbitMQ's management.http.max_body_size is 20 MB) ...
+DEFINITIONS_READ_TIMEOUT_S = 60.0  # ... read within this, counted from the request's start
 STATUS_TIMEOUT_S = 10.0  # node.status() gives up after 5 s itself
 MEMBER_CHANGE_TIMEOUT_S = 35.0  # the engine's own deadline is 30 s
 TRANSFER_TIMEOUT_S = 10.0  # a group's transfer gives up after 3 s itself
@@ -575,6 +580,14 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/consumers": {"GET": (MANAGEMENT, _view(view_consumers))},
     "/api/policies": {"GET": (MANAGEMENT, _view(view_policies))},
     "/api/policies/{vhost}/{name}": {"PUT": (POLICYMAKER, put_policy), "DELETE": (POLICYMAKER, delete_policy)},
+    "/api/definitions": {
+        "GET": (ADMINISTRATOR, _sync(definitions_api.get_all)),
+        "POST": (ADMINISTRATOR, definitions_api.post),
+    },
+    "/api/definitions/{name}": {  # {name} is a vhost
+        "GET": (ADMINISTRATOR, _sync(definitions_api.get_vhost)),
+        "POST": (ADMINISTRATOR, definitions_api.post),
+    },
     "/api/users": {"GET": (ADMINISTRATOR, _view(access_api.list_users))},
     "/api/users/{name}": {
         "GET": (ADMINISTRATOR, _sync(access_api.get_user)),
@@ -668,8 +681,24 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-async def _read_request(stream: trio.abc.Stream, allowed: frozenset[str] = frozenset({"localhost"})) -> Request:
-    """One request, head and body within REQUEST_MAX_BYTES (the caller bounds the time)."""
+def body_limit_bytes(method: str, target: str) -> int:
+    """How large a request may be: REQUEST_MAX_BYTES, or DEFINITIONS_MAX_BYTES for a
+    definitions import."""
+    path = urlsplit(target).path.rstrip("/")
+    if method == "POST" and (path == DEFINITIONS_PATH or path.startswith(DEFINITIONS_PATH + "/")):
+        return DEFINITIONS_MAX_BYTES
+    return REQUEST_MAX_BYTES
+
+
+async def _read_request(
+    stream: trio.abc.Stream,
+    allowed: frozenset[str] = frozenset({"localhost"}),
+    scope: trio.CancelScope | None = None,
+) -> Request:
+    """One request, head within REQUEST_MAX_BYTES and body within `body_limit_bytes`. The
+    caller bounds the time with `scope`; a large body (a definitions import) moves its
+    deadline to DEFINITIONS_READ_TIMEOUT_S from when the request began."""
+    started = trio.current_time()
     data = b""
     while b"\r\n\r\n" not in data:
         if len(data) >= REQUEST_MAX_BYTES:
@@ -705,13 +734,18 @@ async def _read_request(stream: trio.abc.Stream, allowed: frozenset[str] = froze
     if not length_text.isdigit():
         raise HttpError("400 Bad Request", f"bad Content-Length {length_text[:40]!r}")
     length = int(length_text)
-    if len(head) + 4 + length > REQUEST_MAX_BYTES:
-        raise HttpError("413 Content Too Large", f"request over {REQUEST_MAX_BYTES} bytes")
-    while len(body) < length:
-        chunk = await stream.receive_some(length - len(body))
+    limit = body_limit_bytes(method, target)
+    if len(head) + 4 + length > limit:
+        raise HttpError("413 Content Too Large", f"request over {limit} bytes")
+    if length > REQUEST_MAX_BYTES and scope is not None:
+        scope.deadline = started + DEFINITIONS_READ_TIMEOUT_S
+    received = bytearray(body)  # (appending to bytes would copy the whole body at every chunk)
+    while len(received) < length:
+        chunk = await stream.receive_some(min(length - len(received), 1 << 16))
         if not chunk:
-            raise HttpError("400 Bad Request", f"body ended after {len(body)} of {length} bytes")
-        body += chunk
+            raise HttpError("400 Bad Request", f"body ended after {len(received)} of {length} bytes")
+        received += chunk
+    body = bytes(received)
     if length and headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
         # A body is JSON, and said to be: a page's form post (text/plain, form-urlencoded) cannot
         # send application/json across origins without a preflight this API never answers.
@@ -790,9 +824,9 @@ async def _handle(broker, allowed: frozenset[str], stream: trio.abc.Stream) -> N
     try:
         request: Request | None = None
         reply: bytes | None = None
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
+        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
             try:
-                request = await _read_request(stream, allowed)
+                request = await _read_request(stream, allowed, scope)
                 request.peer_host = _peer_host(stream)
             except HttpError as exc:
                 reply = _response(exc.status, {"error": str(exc)})

@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
@@ -58,7 +59,8 @@ class Reply:
 async def commit(broker: Any, command: Any) -> Any:
     """Commit a metadata command (through the metadata group in a cluster), wait (bounded) and
     return the machine's reply; HttpError for a refusal (404 or 400), no answer (504) or a
-    cluster that cannot commit (503)."""
+    cluster that cannot commit (503). A queue is declared as a channel declares it: its queue
+    machine is made in its shard before its record is committed (Broker.declare_queue)."""
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     box: list = []
@@ -67,8 +69,9 @@ async def commit(broker: Any, command: Any) -> Any:
         box.append(reply)
         done.set()
 
+    submit = broker.declare_queue if type(command) is md.DeclareQueue else broker.meta_call
     try:
-        broker.meta_call(command, lambda reply: token.run_sync_soon(then, reply))
+        submit(command, lambda reply: token.run_sync_soon(then, reply))
     except ChannelError as err:  # a single node refuses at once
         box.append(Rejected(err.reply_code, err.reply_text))
         done.set()

@@ -26,6 +26,7 @@ Arguments: TypeAlias = dict[str, Any]
 EXPIRY_MS_MAX = 4294967295
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 MAX_SUPPORTED_PRIORITY = 255  # rabbit_amqqueue: ?MAX_SUPPORTED_PRIORITY
+SUPPORTED_QUEUE_TYPES = ("classic", "quorum")  # x-queue-type values declared here (no streams)
 
 
 class QueueSettings(NamedTuple):

@@ -26,7 +26,7 @@ from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue_args import QueueArgumentError, validate_queue_arguments
+from ..machines.queue_args import SUPPORTED_QUEUE_TYPES, QueueArgumentError, validate_queue_arguments
 from ..machines.queue_types import Rejected
 from .authorization import Authorization
 from .broker import Broker, ConsumerHandle
@@ -38,7 +38,6 @@ from .publish_extras import delivery_props
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 FLOW_CREDIT = 2000  # deliveries a consumer may have written-but-not-yet-flushed
-SUPPORTED_QUEUE_TYPES = ("classic", "quorum")
 
 
 def _str(value) -> str:
