@@ -669,7 +669,7 @@ class MetadataMachine:
         for name in list(v.queues):
             effects.extend(self._delete_queue(DeleteQueueRecord(cmd.name, name))[1])
         del self.vhosts[cmd.name]
-        self.access_version += 1
+        self._access_changed()  # its permissions went with it: the users count as set up
         effects.append(VhostDeleted(cmd.name))
         return True, effects
 

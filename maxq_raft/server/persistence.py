@@ -212,6 +212,7 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
                     None,
                 )
             )
+    entries.extend(encode_entry(command, None) for command in vhost_limit_commands(machine))
     return entries
 
 
@@ -219,9 +220,11 @@ def access_commands(machine: md.MetadataMachine) -> list:
     """Commands that recreate the machine's users, vhosts, permissions and limits from a fresh
     machine (which has guest and "/"), in an order that applies: vhosts and users before the
     permissions that name them."""
-    commands: list = [md.PutVhost(name) for name in machine.vhosts if name != md.DEFAULT_VHOST]
-    if md.DEFAULT_VHOST not in machine.vhosts:
-        commands.append(md.DeleteVhost(md.DEFAULT_VHOST))
+    names = list(machine.vhosts)
+    if names[:1] == [md.DEFAULT_VHOST]:  # as in a fresh machine: the others follow it
+        commands: list = [md.PutVhost(name) for name in names[1:]]
+    else:  # "/" was deleted (and maybe made again): the vhosts in their order
+        commands = [md.DeleteVhost(md.DEFAULT_VHOST), *(md.PutVhost(name) for name in names)]
     if not machine.users_seeded:
         return commands  # users and permissions as in a fresh machine (every change of them seeds)
     if md.GUEST not in machine.users:
@@ -230,8 +233,9 @@ def access_commands(machine: md.MetadataMachine) -> list:
         commands.append(md.PutUser(user.name, user.password_hash, user.hashing_algorithm, list(user.tags)))
         if user.limits:
             commands.append(md.SetLimits("user", user.name, dict(user.limits)))
-    guest_default = machine.vhosts.get(md.DEFAULT_VHOST)
+    guest_default = machine.vhosts.get(md.DEFAULT_VHOST) if names[:1] == [md.DEFAULT_VHOST] else None
     if md.GUEST in machine.users and guest_default and md.GUEST not in guest_default.permissions:
+        # (a fresh machine gives guest every permission on "/"; a "/" made again gives none)
         commands.append(md.ClearPermissions(md.DEFAULT_VHOST, md.GUEST))
     for vhost_name, vhost in machine.vhosts.items():
         for user_name, p in vhost.permissions.items():
@@ -239,9 +243,13 @@ def access_commands(machine: md.MetadataMachine) -> list:
         for user_name, by_exchange in vhost.topic_permissions.items():
             for exchange, t in by_exchange.items():
                 commands.append(md.SetTopicPermissions(vhost_name, user_name, exchange, t.write, t.read))
-        if vhost.limits:
-            commands.append(md.SetLimits("vhost", vhost_name, dict(vhost.limits)))
     return commands
+
+
+def vhost_limit_commands(machine: md.MetadataMachine) -> list:
+    """The vhosts' limits, replayed after their queues: a limit set below the queues a vhost
+    already had must not refuse them at the next start."""
+    return [md.SetLimits("vhost", name, dict(v.limits)) for name, v in machine.vhosts.items() if v.limits]
 
 
 class DurableTopology:
