@@ -308,6 +308,11 @@ def _limits(item: _Item, key: str, known: tuple[str, ...], kind: str) -> dict[st
     value = item.value.get(key)
     if value is None or value == []:
         return {}
+    if isinstance(value, list):
+        # RabbitMQ 3.10's export_definitions writes vhosts[].limits as [[name, value], ...]
+        if not all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) for pair in value):
+            raise item.fail(f"{kind} limits must be a JSON object or a list of [name, value] pairs")
+        value = dict((pair[0], pair[1]) for pair in value)
     try:
         return access.check_limits(value, known, kind)  # negative values: no limit, left out
     except access.AccessError as exc:

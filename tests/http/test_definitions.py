@@ -19,6 +19,7 @@ from maxq_raft.machines import metadata as md
 from maxq_raft.machines.queue_types import Rejected
 
 FIXTURE = Path(__file__).with_name("rabbitmq-3.10-definitions.json")
+REAL_EXPORT = Path(__file__).with_name("rabbitmq-3.10.8-export.json")
 
 
 def rabbitmq_310() -> dict:
@@ -108,6 +109,22 @@ def test_a_rabbitmq_310_export_imports() -> None:
     # skipped as RabbitMQ skips them: the server-named queue (and so its binding)
     assert "amq.gen-JzTY20BRgKO-HjmUJj0wLg" not in m.vhosts["/"].queues
     # and what it exports imports again to the same
+    assert picture(roundtrip(m)) == picture(m)
+
+
+def test_a_real_rabbitmq_3_10_8_export_imports() -> None:
+    # `rabbitmqctl export_definitions` of a RabbitMQ 3.10.8 node (scripts/bench_brokers) after
+    # rabbitmqctl add_vhost/add_user/set_permissions/set_topic_permissions/set_policy/
+    # set_vhost_limits and pika declares: its vhosts[].limits are [name, value] pairs.
+    m = imported(json.loads(REAL_EXPORT.read_text()))
+    assert set(m.vhosts) == {"/", "shop"} and m.vhosts["shop"].limits == {"max-queues": 100}
+    assert m.users["app"].password_matches("app-pass") and m.users["app"].tags == ["monitoring"]
+    assert m.permission("shop", "app") == access.Permission("^app\\.", ".*", ".*")
+    assert m.vhosts["shop"].topic_permissions["app"]["amq.topic"].write == "^orders\\."
+    assert m.queue("shop", "app.orders").arguments == {"x-delivery-limit": 5, "x-queue-type": "quorum"}
+    assert m.route("shop", "app.events", "orders.1", None) == ["app.orders"]
+    assert m.route("shop", "app.events", "routed.x", None) == ["app.audit"]  # e2e, then its alternate exchange
+    assert m.policy_for("shop", "app.audit").definition == {"max-length": 1000, "message-ttl": 60000}
     assert picture(roundtrip(m)) == picture(m)
 
 
