@@ -390,3 +390,28 @@ def test_the_node_connection_limit(start_broker):
     first.close()
     connect(node, "guest", "guest").close()  # room again
     second.close()
+
+
+def test_maxqctl_reads_credentials_from_a_private_file_or_the_environment(broker, user, tmp_path):
+    import os
+
+    ok(ctl(broker, "set-user-tags", user, "monitoring"))
+    creds = tmp_path / "creds.toml"
+    creds.write_text(f'user = "{user}"\npassword = "{PASSWORD}"\n')
+    creds.chmod(0o644)
+    base = [MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAXQCTL_")}
+    run = subprocess.run(
+        [*base, "--credentials-file", str(creds), "list", "queues"], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 2 and "readable by others: chmod 600" in run.stderr
+    creds.chmod(0o600)
+    run = subprocess.run([*base, "--credentials-file", str(creds), "status"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr  # monitoring may read the cluster status
+    run = subprocess.run(
+        [*base, "list-users"],
+        capture_output=True,
+        text=True,
+        env={**env, "MAXQCTL_USER": user, "MAXQCTL_PASSWORD": PASSWORD},
+    )
+    assert run.returncode == 4 and "Not administrator user" in run.stderr  # it is the user's, not guest's
