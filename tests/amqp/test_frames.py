@@ -152,8 +152,14 @@ def test_encode_content_unlimited_and_invalid_frame_max():
     assert [t for t, _, _ in reader.read_frames()] == [1, 2, 3]
     with pytest.raises(ValueError):
         encode_content(1, method, b"\x00\x00", b"y", 8)
-    with pytest.raises(ValueError):  # a content header that cannot fit a frame
-        encode_content(1, method, b"\x20\x00" + b"\x00" * 5000, b"", FRAME_MAX)
+    # A content header larger than frame_max is one frame anyway (RabbitMQ's generator splits
+    # only the body): method, header, and body frames of at most frame_max.
+    props = b"\x20\x00" + b"\x00" * 5000
+    reader = FrameReader(0)
+    reader.feed(encode_content(1, method, props, b"z" * 9000, 4096))
+    frames = list(reader.read_frames())
+    assert [t for t, _, _ in frames] == [1, 2, 3, 3, 3]
+    assert len(frames[1][2]) == 12 + len(props) and all(len(p) <= 4096 - 8 for _, _, p in frames[2:])
 
 
 @given(

@@ -224,3 +224,35 @@ def test_kombu_consumer_whose_queue_its_own_channel_deletes(broker):
         assert cancelled == [], "basic.cancel came before queue.delete-ok"
         connection.drain_events(timeout=5)
         assert cancelled == [tag]
+
+
+def test_a_header_larger_than_the_consumers_frame_max_is_still_delivered(broker):
+    # RabbitMQ 3.10 sends the content header as one frame whatever the consumer's frame_max
+    # (it splits only the body); refusing it lost a basic.get's message and stranded a consumer's.
+    queue = f"big-header-{uuid.uuid4().hex[:8]}"
+    headers = {f"k{i}": i for i in range(1000)}  # ~8 KiB of properties
+    publisher = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    ch = publisher.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(queue)
+    for body in (b"got", b"consumed"):
+        ch.basic_publish("", queue, body, pika.BasicProperties(headers=headers))
+    small = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port, frame_max=4096))
+    sch = small.channel()
+    method, props, body = sch.basic_get(queue, auto_ack=True)
+    assert body == b"got" and props.headers == headers
+    received: list = []
+
+    def on_message(channel, method, props, body) -> None:
+        received.append((body, props.headers))
+        channel.basic_ack(method.delivery_tag)
+
+    sch.basic_consume(queue, on_message)
+    deadline = 50
+    while not received and deadline:
+        small.process_data_events(time_limit=0.1)
+        deadline -= 1
+    assert received == [(b"consumed", headers)]
+    ch.queue_delete(queue)
+    small.close()
+    publisher.close()
