@@ -545,10 +545,10 @@ def send_request(host: str, port: int, request: AdminRequest, rng: random.Random
                 sock.sendall(request.data)
             if not request.leave_open:
                 sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered early and hung up; its answer may be readable
         except TimeoutError:
             pass  # the server stopped reading a large request
+        except OSError:
+            pass  # the server answered early and hung up (a reset, ENOTCONN); its answer may be readable
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
         while True:
             remaining = deadline - time.monotonic()
