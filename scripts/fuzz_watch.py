@@ -235,11 +235,12 @@ class LogWatcher(threading.Thread):
             return
         cut = new.rfind(b"\n") + 1
         self._offset += cut
+        after_error = False  # a Traceback right after an ERROR line is that error's: named once
         for line in new[:cut].decode("utf-8", "replace").splitlines():
-            if (line.startswith("Traceback") or re.match(r"^\S+ \S+ (ERROR|CRITICAL) ", line)) and len(
-                self.suspects
-            ) < 50:
+            is_error = re.match(r"^\S+ \S+ (ERROR|CRITICAL) ", line) is not None
+            if (is_error or (line.startswith("Traceback") and not after_error)) and len(self.suspects) < 50:
                 self.suspects.append({"line": line[:300], "recent_cases": self.recent()})
+            after_error = is_error
 
     def stop(self) -> None:
         self.stopping.set()
