@@ -217,6 +217,10 @@ def test_the_admin_api_takes_bounded_json_bodies(broker):
     assert status == 400 and "node must be 1-64 of letters" in answer["error"]
     status, answer = http_request(broker, "POST", "/api/cluster/members", b"x" * 20000)
     assert status == 413 and "16384" in answer["error"]
+    # Found by scripts/fuzz: nesting deeper than json.loads recurses was a RecursionError, a 500.
+    for deep in (b"[" * 5000 + b"]" * 5000, b'{"a":' * 2000 + b"1" + b"}" * 2000):
+        status, answer = http_request(broker, "PUT", "/api/policies/%2F/deep", deep)
+        assert status == 400 and answer["error"] == "malformed JSON body: nested too deeply", answer
     # A well-formed change on a single node: not a cluster member.
     status, answer = http_request(
         broker, "POST", "/api/cluster/members", json.dumps({"node": "n2", "raft_addr": "h:1"}).encode()
