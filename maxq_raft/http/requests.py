@@ -41,8 +41,11 @@ class Request:
             raise HttpError("400 Bad Request", "a JSON object body is required")
         try:
             value = json.loads(self.body)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError("400 Bad Request", f"malformed JSON body: {exc}") from None
+        except RecursionError:
+            # 16 KiB of "[" nests deeper than the decoder recurses (~1000 levels): bad input, not a 500
+            raise HttpError("400 Bad Request", "malformed JSON body: nested too deeply") from None
         if not isinstance(value, dict):
             raise HttpError("400 Bad Request", "the JSON body must be an object")
         return value
