@@ -30,6 +30,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from ..machines.access import USER_LIMITS, VHOST_LIMITS
+
 LISTS = {
     "queues": ("/api/queues", ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]),
     "exchanges": ("/api/exchanges", ["vhost", "name", "type", "durable", "auto_delete", "internal"]),
@@ -320,7 +322,7 @@ def _limits(text: str) -> dict:
     return limits
 
 
-KNOWN_LIMITS = {"vhost": ("max-connections", "max-queues"), "user": ("max-connections", "max-channels")}
+KNOWN_LIMITS = {"vhost": VHOST_LIMITS, "user": USER_LIMITS}
 
 
 def _set_limits(args, kind: str, owner: str, text: str) -> str:

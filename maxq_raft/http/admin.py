@@ -690,19 +690,17 @@ def body_limit_bytes(method: str, target: str) -> int:
     return REQUEST_MAX_BYTES
 
 
-async def _read_request(
-    stream: trio.abc.Stream,
-    allowed: frozenset[str] = frozenset({"localhost"}),
-    scope: trio.CancelScope | None = None,
-) -> Request:
-    """One request, head within REQUEST_MAX_BYTES and body within `body_limit_bytes`. The
-    caller bounds the time with `scope`; a large body (a definitions import) moves its
-    deadline to DEFINITIONS_READ_TIMEOUT_S from when the request began."""
-    started = trio.current_time()
+async def read_head(
+    stream: trio.abc.Stream, head_max_bytes: int, allowed: frozenset[str]
+) -> tuple[str, str, dict[str, str], int, bytes]:
+    """The request line and headers of one HTTP/1.1 request whose Host names this node: (method,
+    target, headers with lower-case names, the head's size in bytes, what of the body came with
+    it). HttpError 431 beyond `head_max_bytes`, 400 when malformed or without Host, 403 for a
+    foreign Host. The admin API and the Prometheus endpoint both read requests with it."""
     data = b""
     while b"\r\n\r\n" not in data:
-        if len(data) >= REQUEST_MAX_BYTES:
-            raise HttpError("431 Request Header Fields Too Large", f"request head over {REQUEST_MAX_BYTES} bytes")
+        if len(data) >= head_max_bytes:
+            raise HttpError("431 Request Header Fields Too Large", f"request head over {head_max_bytes} bytes")
         chunk = await stream.receive_some(4096)
         if not chunk:
             break
@@ -712,7 +710,6 @@ async def _read_request(
     parts = lines[0].split()
     if not sep or len(parts) != 3 or not parts[2].startswith("HTTP/"):
         raise HttpError("400 Bad Request", "malformed request line")
-    method, target = parts[0], parts[1]
     headers = {}
     for line in lines[1:]:
         key, colon, value = line.partition(":")
@@ -728,6 +725,19 @@ async def _read_request(
             f"host {host[:80]!r} is not this node's: use its IP address or localhost, or list the name with "
             "--http-allowed-hosts",
         )
+    return parts[0], parts[1], headers, len(head) + 4, body
+
+
+async def _read_request(
+    stream: trio.abc.Stream,
+    allowed: frozenset[str] = frozenset({"localhost"}),
+    scope: trio.CancelScope | None = None,
+) -> Request:
+    """One request, head within REQUEST_MAX_BYTES and body within `body_limit_bytes`. The
+    caller bounds the time with `scope`; a large body (a definitions import) moves its
+    deadline to DEFINITIONS_READ_TIMEOUT_S from when the request began."""
+    started = trio.current_time()
+    method, target, headers, head_bytes, body = await read_head(stream, REQUEST_MAX_BYTES, allowed)
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise HttpError("411 Length Required", "send the body with a Content-Length, not chunked")
     length_text = headers.get("content-length", "0")
@@ -735,7 +745,7 @@ async def _read_request(
         raise HttpError("400 Bad Request", f"bad Content-Length {length_text[:40]!r}")
     length = int(length_text)
     limit = body_limit_bytes(method, target)
-    if len(head) + 4 + length > limit:
+    if head_bytes + length > limit:
         raise HttpError("413 Content Too Large", f"request over {limit} bytes")
     if length > REQUEST_MAX_BYTES and scope is not None:
         scope.deadline = started + DEFINITIONS_READ_TIMEOUT_S

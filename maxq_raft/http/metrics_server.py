@@ -20,8 +20,9 @@ from typing import Any
 import trio
 
 from ..server.alarms import disk_free_bytes, rss_bytes
-from .admin import host_allowed
+from .admin import read_head
 from .metrics import CONTENT_TYPE, ProcessSample, render
+from .requests import HttpError
 
 log = logging.getLogger("maxq.metrics")
 
@@ -77,43 +78,16 @@ async def raft_status(broker: Any) -> dict[str, dict] | None:
     return None
 
 
-class _Refused(Exception):
-    def __init__(self, status: str, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-
-
 async def _read_head(stream: trio.abc.Stream, allowed: frozenset[str]) -> tuple[str, str]:
-    """The method and path of one request (its head within REQUEST_HEAD_MAX_BYTES)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) >= REQUEST_HEAD_MAX_BYTES:
-            raise _Refused("431 Request Header Fields Too Large", f"request head over {REQUEST_HEAD_MAX_BYTES} bytes")
-        chunk = await stream.receive_some(4096)
-        if not chunk:
-            break
-        data += chunk
-    head, sep, _body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split()
-    if not sep or len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        raise _Refused("400 Bad Request", "malformed request")
-    headers = {}
-    for line in lines[1:]:
-        key, colon, value = line.partition(":")
-        if not colon:
-            raise _Refused("400 Bad Request", "malformed header line")
-        headers[key.strip().lower()] = value.strip()
-    host = headers.get("host")
-    if host is None or not host_allowed(host, allowed):
-        raise _Refused("403 Forbidden", "not this node's host name (see --http-allowed-hosts)")
+    """The method and path of one scrape (its head within REQUEST_HEAD_MAX_BYTES)."""
+    method, target, headers, _head_bytes, _body = await read_head(stream, REQUEST_HEAD_MAX_BYTES, allowed)
     if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
-        raise _Refused("400 Bad Request", "a scrape has no body")
-    method, path = parts[0], parts[1].split("?", 1)[0].rstrip("/") or "/"
+        raise HttpError("400 Bad Request", "a scrape has no body")
+    path = target.split("?", 1)[0].rstrip("/") or "/"
     if method not in ("GET", "HEAD"):
-        raise _Refused("405 Method Not Allowed", "only GET and HEAD")
+        raise HttpError("405 Method Not Allowed", "only GET and HEAD")
     if path not in PATHS:
-        raise _Refused("404 Not Found", "no such path: /metrics or /metrics/per-object")
+        raise HttpError("404 Not Found", "no such path: /metrics or /metrics/per-object")
     return method, path
 
 
@@ -131,7 +105,7 @@ async def _handle(broker: Any, allowed: frozenset[str], data_dir: str, stream: t
         with trio.move_on_after(REQUEST_TIMEOUT_S):
             try:
                 method, path = await _read_head(stream, allowed)
-            except _Refused as exc:
+            except HttpError as exc:
                 reply = _answer(exc.status, "text/plain; charset=utf-8", f"{exc}\n".encode())
         if path is not None:
             try:
