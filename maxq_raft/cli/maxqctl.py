@@ -10,6 +10,8 @@ Every failure prints what was wrong on stderr and exits non-zero:
     5  the cluster could not carry out the change: timeout, new node unreachable, no leader
 
 Membership changes may be asked of any member: the engine carries them to each group's leader.
+While one waits (as a leadership transfer does), a progress line on stderr says how many groups
+have carried it out (progress.py).
 A leadership transfer must be asked of the group's current leader; elsewhere the answer names
 it. With --json, an error's JSON body is printed on stdout too.
 """
@@ -31,6 +33,7 @@ import urllib.parse
 import urllib.request
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
+from . import progress
 
 LISTS = {
     "queues": ("/api/queues", ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]),
@@ -49,6 +52,7 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
 MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
 TRANSFER_TIMEOUT_S = 20.0  # the node gives up after 10 s
+STATUS_POLL_TIMEOUT_S = 2.0  # one read of the cluster status for a progress line
 IMPORT_TIMEOUT_S = 600.0  # an import commits its commands one by one: large files take a while
 
 
@@ -490,6 +494,13 @@ def run_definitions(args) -> str | None:
     return None
 
 
+def _with_progress(node: str, call, describe, label: str):
+    """`call()` with a progress line on stderr (progress.py) read from the node's status."""
+    return progress.wait_with_progress(
+        call, lambda: fetch(node, "/api/cluster/status", STATUS_POLL_TIMEOUT_S), describe, label, sys.stderr
+    )
+
+
 def run(args) -> str:
     timeout = args.timeout
     for verbs in (run_access, run_definitions):
@@ -516,19 +527,29 @@ def run(args) -> str:
         status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
         return json.dumps(status, indent=1) if args.json else render_status(status)
     if args.command == "add-node":
-        answer = fetch(
+        answer = _with_progress(
             args.node,
-            "/api/cluster/members",
-            timeout or MEMBER_CHANGE_TIMEOUT_S,
-            "POST",
-            {"node": args.name, "raft_addr": args.raft_addr},
+            lambda: fetch(
+                args.node,
+                "/api/cluster/members",
+                timeout or MEMBER_CHANGE_TIMEOUT_S,
+                "POST",
+                {"node": args.name, "raft_addr": args.raft_addr},
+            ),
+            lambda status: progress.groups_with_member(status, args.name),
+            f"adding {args.name}",
         )
         return (
             json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
         )
     if args.command == "remove-node":
         path = "/api/cluster/members/" + urllib.parse.quote(args.name) + ("?force=1" if args.force else "")
-        answer = fetch(args.node, path, timeout or MEMBER_CHANGE_TIMEOUT_S, "DELETE")
+        answer = _with_progress(
+            args.node,
+            lambda: fetch(args.node, path, timeout or MEMBER_CHANGE_TIMEOUT_S, "DELETE"),
+            lambda status: progress.groups_without_member(status, args.name),
+            f"removing {args.name}",
+        )
         if args.json:
             return json.dumps(answer, indent=1)
         return (
@@ -537,12 +558,17 @@ def run(args) -> str:
             + "; stop it now"
         )
     if args.command == "transfer-leadership":
-        answer = fetch(
+        answer = _with_progress(
             args.node,
-            "/api/cluster/transfer-leadership",
-            timeout or TRANSFER_TIMEOUT_S,
-            "POST",
-            {"group": args.group, "node": args.target},
+            lambda: fetch(
+                args.node,
+                "/api/cluster/transfer-leadership",
+                timeout or TRANSFER_TIMEOUT_S,
+                "POST",
+                {"group": args.group, "node": args.target},
+            ),
+            lambda status: progress.groups_led_by(status, args.target, args.group),
+            f"moving leadership to {args.target}",
         )
         if args.json:
             return json.dumps(answer, indent=1)
