@@ -27,6 +27,7 @@ import re
 import ssl
 import stat
 import sys
+import time
 import tomllib
 import urllib.error
 import urllib.parse
@@ -52,6 +53,8 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
 MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
 TRANSFER_TIMEOUT_S = 20.0  # the node gives up after 10 s
+AWAIT_STARTUP_TIMEOUT_S = 300.0  # rabbitmqctl await_startup's default
+AWAIT_STARTUP_POLL_S = 0.5
 STATUS_POLL_TIMEOUT_S = 2.0  # one read of the cluster status for a progress line
 IMPORT_TIMEOUT_S = 600.0  # an import commits its commands one by one: large files take a while
 
@@ -210,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = sub.add_parser("status", help="members, group leaders, commit/applied index and lag")
+    sub.add_parser(
+        "await-startup",
+        help=f"wait until the node serves its admin API (up to --timeout, default {AWAIT_STARTUP_TIMEOUT_S:g} s)",
+    )
     listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
     listing.add_argument("what", choices=sorted(LISTS))
     add = sub.add_parser("add-node", help="add a started node (maxq-server --join on) to every group")
@@ -494,6 +501,23 @@ def run_definitions(args) -> str | None:
     return None
 
 
+def await_startup(node: str, timeout_s: float) -> str:
+    """Ask the node who we are until it answers (RabbitMQ's `rabbitmqctl await_startup`): only
+    "cannot reach" is retried; an answer that refuses us (bad credentials) ends the wait."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_s = deadline - time.monotonic()
+        try:
+            fetch(node, "/api/whoami", max(0.1, min(READ_TIMEOUT_S, left_s)))
+            return f"node {node} is up"
+        except CtlError as exc:
+            if exc.code != 3:
+                raise
+            if time.monotonic() + AWAIT_STARTUP_POLL_S >= deadline:
+                raise CtlError(f"node {node} did not start within {timeout_s:g} s ({exc})", 3) from None
+        time.sleep(AWAIT_STARTUP_POLL_S)
+
+
 def _with_progress(node: str, call, describe, label: str):
     """`call()` with a progress line on stderr (progress.py) read from the node's status."""
     return progress.wait_with_progress(
@@ -523,6 +547,8 @@ def run(args) -> str:
     if args.command == "clear-policy":
         fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "DELETE")
         return f"policy '{args.name}' cleared in vhost '{args.vhost}'"
+    if args.command == "await-startup":
+        return await_startup(args.node, timeout or AWAIT_STARTUP_TIMEOUT_S)
     if args.command == "status":
         status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
         return json.dumps(status, indent=1) if args.json else render_status(status)

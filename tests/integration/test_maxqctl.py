@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -266,3 +267,41 @@ def test_a_body_that_is_not_declared_json_is_refused_and_changes_nothing(broker)
         assert status == 415 and "application/json" in answer["error"], (content_type, status, answer)
     status, policies = http_request(broker, "GET", "/api/policies")
     assert status == 200 and "from-a-page" not in [p["name"] for p in policies]
+
+
+def test_await_startup_returns_once_the_node_serves(broker):
+    result = maxqctl("--node", node(broker), "await-startup")
+    assert result.returncode == 0, result
+    assert result.stdout.strip() == f"node {node(broker)} is up"
+
+
+def test_await_startup_waits_for_a_node_that_starts_later(start_broker, tmp_path):
+    port = free_port()
+    waiting = subprocess.Popen(
+        [MAXQCTL, "--node", f"127.0.0.1:{port}", "--timeout", "30", "await-startup"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        assert waiting.poll() is None, waiting.communicate()  # nothing listens yet: still waiting
+        start_broker(["--http-port", str(port)])
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 0, (out, err)
+    assert out.strip() == f"node 127.0.0.1:{port} is up"
+
+
+def test_await_startup_gives_up_after_its_timeout_and_on_refusal(broker):
+    port = free_port()
+    started = time.monotonic()
+    result = maxqctl("--node", f"127.0.0.1:{port}", "--timeout", "1.5", "await-startup")
+    assert result.returncode == 3, result
+    assert f"node 127.0.0.1:{port} did not start within 1.5 s" in result.stderr
+    assert 1.0 <= time.monotonic() - started < 10
+    refused = maxqctl("--node", node(broker), "--user", "guest", "--password", "wrong", "await-startup")
+    assert refused.returncode == 4 and "answered 401" in refused.stderr, refused
