@@ -13,19 +13,19 @@ too, whatever the free space reads, until it writes again (`set_store_failure`):
 limit is a threshold, a failed write is a fact.
 
 While the memory alarm is on, each sample first asks the C allocator to give its free pages back
-(`malloc_trim`): glibc keeps freed heap (drained 256 KiB bodies, say) in its arenas, so without it
-RSS stays above the clear level after the queues have drained, and the alarm stays on for nothing.
+(heap.py): glibc keeps freed heap (drained 256 KiB bodies, say) in its arenas, so without it RSS
+can stay above the clear level after the queues have drained, and the alarm stays on for nothing.
 RabbitMQ does the same on its side by garbage-collecting its processes when the alarm trips.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-from collections.abc import Callable
 
 import trio
+
+from .heap import return_free_heap_to_os
 
 log = logging.getLogger("maxq.alarms")
 
@@ -38,24 +38,6 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE_BYTES
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        # The symbols this process already has (the C library among them).
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-        return trim  # glibc only; musl and others have none
-    except (OSError, AttributeError):
-        return None
-
-
-_malloc_trim = _load_malloc_trim()
-
-
-def return_free_heap_to_os() -> None:
-    """Give the C allocator's free pages back to the OS, where the C library can (glibc)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
 
 
 def machine_memory_bytes() -> int:

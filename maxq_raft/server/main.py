@@ -41,7 +41,7 @@ from ..storage.errors import StorageError
 from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
-from . import persistence, tls
+from . import heap, persistence, tls
 from .alarms import ResourceAlarms, disk_free_bytes
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
@@ -349,6 +349,7 @@ async def _serve(
         await _seed_default_user(broker, settings)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
+            nursery.start_soon(heap.trim_periodically)
             if watch is not None:
                 nursery.start_soon(watch.run, broker.alarms)
             nursery.start_soon(tick_sessions, broker)
