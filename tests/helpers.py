@@ -8,7 +8,10 @@ received names that connection and is pumped instead of sleeping.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +28,26 @@ T = TypeVar("T")
 
 # The admin API wants a user's credentials: guest's work from loopback, as in RabbitMQ.
 GUEST_AUTH = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}  # guest:guest
+
+
+def api(broker, method: str, path: str, body: dict | None = None, auth: tuple[str, str] | None = ("guest", "guest")):
+    """One admin API request as `auth`'s user: (status, JSON body or None, WWW-Authenticate)."""
+    conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
+    headers = {}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, (json.loads(raw) if raw else None), response.getheader("WWW-Authenticate")
+    finally:
+        conn.close()
+
 
 # --------------------------------------------------------------------------------- waiting
 

@@ -36,7 +36,8 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from . import access_api, auth, definitions_api
+from . import access_api, auth, definitions_api, health_api
+from .engine_status import engine_status
 from .requests import HttpError, Reply, Request, commit
 
 log = logging.getLogger("maxq.http")
@@ -46,7 +47,6 @@ REQUEST_TIMEOUT_S = 5.0  # to read a request, and again to send the reply
 DEFINITIONS_PATH = "/api/definitions"  # a POST here (or under it) may carry a larger body ...
 DEFINITIONS_MAX_BYTES = 16 << 20  # ... up to this (RabbitMQ's management.http.max_body_size is 20 MB) ...
 DEFINITIONS_READ_TIMEOUT_S = 60.0  # ... read within this, counted from the request's start
-STATUS_TIMEOUT_S = 10.0  # node.status() gives up after 5 s itself
 MEMBER_CHANGE_TIMEOUT_S = 35.0  # the engine's own deadline is 30 s
 TRANSFER_TIMEOUT_S = 10.0  # a group's transfer gives up after 3 s itself
 DRAIN_TIMEOUT_S = 1.0  # after refusing a request, unread input is read and dropped ...
@@ -176,20 +176,10 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
     }
 
 
-async def _engine_status(broker) -> dict[str, dict]:
-    node = broker.log.replication_node
-    try:
-        with trio.fail_after(STATUS_TIMEOUT_S):
-            # status() runs in the engine's hub thread and blocks (at most 5 s): never on trio's.
-            return await trio.to_thread.run_sync(node.status)
-    except (TimeoutError, trio.TooSlowError) as exc:
-        raise HttpError("503 Service Unavailable", f"the replication engine did not answer: {exc}") from None
-
-
 async def view_status(broker, request: Request) -> dict:
     if broker.log.replication_node is None:
         return view_status_single(broker)
-    return status_from_engine(broker.node_id, await _engine_status(broker))
+    return status_from_engine(broker.node_id, await engine_status(broker))
 
 
 def view_queues(broker) -> list:
@@ -408,7 +398,7 @@ async def add_member(broker, request: Request) -> dict:
     name = _node_name(body.get("node"))
     addr = _raft_addr(body.get("raft_addr"))
     node = _cluster_node(broker)
-    groups = await _engine_status(broker)
+    groups = await engine_status(broker)
     if all(name in g.get("members", {}) for g in groups.values()):
         raise HttpError("409 Conflict", f"node {name} is already a member of the cluster", reason="already a member")
     pending = _pending_groups(groups)
@@ -430,7 +420,7 @@ async def remove_member(broker, request: Request) -> dict:
     name = _node_name(request.params.get("name", ""))
     node = _cluster_node(broker)
     force = request.query.get("force", ["0"])[-1].lower() in ("1", "true", "yes", "on")
-    groups = await _engine_status(broker)
+    groups = await engine_status(broker)
     members = sorted({m for g in groups.values() for m in g.get("members", {})})
     if name not in members:
         raise HttpError(
@@ -477,7 +467,7 @@ async def transfer_leadership(broker, request: Request) -> dict:
     if not isinstance(group, str) or not group:
         raise HttpError("400 Bad Request", f"group must be a group name or 'all', got {group!r}")
     node = _cluster_node(broker)
-    groups = await _engine_status(broker)
+    groups = await engine_status(broker)
     if group != "all" and group not in groups:
         raise HttpError(
             "404 Not Found",
@@ -569,6 +559,16 @@ MANAGEMENT, POLICYMAKER, MONITORING, ADMINISTRATOR = (
 ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/whoami": {"GET": (MANAGEMENT, _whoami)},
     "/api/overview": {"GET": (MANAGEMENT, _view(view_overview))},
+    "/api/cluster-name": {"GET": (MANAGEMENT, _sync(health_api.cluster_name))},
+    "/api/health/checks/alarms": {"GET": (MANAGEMENT, _sync(health_api.check_alarms))},
+    "/api/health/checks/local-alarms": {"GET": (MANAGEMENT, _sync(health_api.check_local_alarms))},
+    "/api/health/checks/port-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_port_listener))},
+    "/api/health/checks/protocol-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_protocol_listener))},
+    "/api/health/checks/virtual-hosts": {"GET": (MANAGEMENT, _sync(health_api.check_virtual_hosts))},
+    "/api/health/checks/node-is-quorum-critical": {"GET": (MANAGEMENT, health_api.check_quorum_critical)},
+    "/api/health/checks/node-is-mirror-sync-critical": {
+        "GET": (MANAGEMENT, _sync(health_api.check_mirror_sync_critical))
+    },
     "/api/cluster/status": {"GET": (MONITORING, view_status)},
     "/api/cluster/members": {"POST": (ADMINISTRATOR, add_member)},
     "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},

@@ -68,6 +68,8 @@ class Broker:
         self.next_queue_id = 1
         self.syncer: WalSyncer | None = None
         self.alarms = None  # ResourceAlarms, set by the shell
+        # What this node listens on, as RabbitMQ names protocols ("amqp", "http", ...): port.
+        self.listeners: dict[str, int] = {}  # set by the shell once bound
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id

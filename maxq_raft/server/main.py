@@ -290,6 +290,17 @@ async def _seed_default_user(broker: Broker, settings: Settings) -> None:
         log.warning("default user %r not created (%s): the next start tries again", settings.default_user, reply)
 
 
+def listening_ports(amqp, http, amqps, https, prometheus, raft_addr: str) -> dict[str, int]:
+    """{protocol: port} in RabbitMQ's protocol names (its health checks report them)."""
+    ports = {"amqp": amqp[1]}
+    for protocol, addr in (("amqp/ssl", amqps), ("http", http), ("https", https), ("http/prometheus", prometheus)):
+        if addr is not None:
+            ports[protocol] = addr[1]
+    if raft_addr:
+        ports["clustering"] = int(raft_addr.rpartition(":")[2])
+    return ports
+
+
 async def _cancel_when_stopped(stop: StopRequest, scope: trio.CancelScope) -> None:
     await stop.event.wait()
     scope.cancel()  # (a no-op once the scope has been left)
@@ -381,6 +392,14 @@ async def _serve(
                     serve_admin, broker, https_listeners, allowed_hosts(settings.http_allowed_hosts)
                 )
                 tls_note += f", HTTPS admin on {https_addr[0]}:{https_addr[1]}"
+            broker.listeners = listening_ports(
+                amqp_addr,
+                http_addr,
+                amqps_listeners[0].socket.getsockname() if amqps_listeners else None,
+                https_addr if https_listeners else None,
+                metrics_addr if metrics_listeners else None,
+                settings.raft_addr,
+            )
             log.info(
                 "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s%s, data in %s",
                 settings.node_id,

@@ -8,7 +8,6 @@ the n+1-th connection, channel and queue; the admin API lets in only users with 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
+
+from ..helpers import api
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 PASSWORD = "s3cret-pass"
@@ -49,24 +50,6 @@ def connect(broker, user: str, password: str = PASSWORD, vhost: str = "/") -> pi
         blocked_connection_timeout=10,
     )
     return pika.BlockingConnection(params)
-
-
-def api(broker, method: str, path: str, body: dict | None = None, auth: tuple[str, str] | None = ("guest", "guest")):
-    conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
-    headers = {}
-    if auth is not None:
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    try:
-        conn.request(method, path, body=data, headers=headers)
-        response = conn.getresponse()
-        raw = response.read()
-        return response.status, (json.loads(raw) if raw else None), response.getheader("WWW-Authenticate")
-    finally:
-        conn.close()
 
 
 @pytest.fixture
