@@ -1,0 +1,109 @@
+"""The HTTP server under the admin API and the Prometheus port: hypercorn's trio worker.
+
+Theory of operation: the node binds its HTTP ports itself, before anything is served
+(`bind_sockets`, from server/main.py's `_bind`: a busy port fails the start cleanly, and port
+numbers resolve as trio resolves them), and hands the bound sockets to hypercorn, which serves an
+ASGI app on them in the caller's nursery (`serve_asgi`). Hypercorn parses HTTP/1.1 with h11 (keep-
+alive, pipelining, Content-Length and chunked framing, malformed requests answered 400, a head
+over `head_max_bytes` answered 431) and HTTP/2 where a client asks for it; TLS is the node's own
+context (server/tls.py), wrapped around each accepted stream by hypercorn.
+
+What bounds a connection here: the head in bytes (h11's incomplete-event limit), the time before
+a request's head is complete and between requests (the keep-alive timeout: a slowloris client is
+dropped after it), each read (the read timeout), the TLS handshake, how many requests one
+connection may make, and what hypercorn reads ahead of an app that does not read (its queue of
+body chunks). The body's size and the time to read it belong to the app, which knows the route.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from hypercorn.config import Config, Sockets
+from hypercorn.trio import serve
+
+# hypercorn's own lines: its errors, not its "Running on" (the node's ready line names the ports)
+log = logging.getLogger("maxq.http.hypercorn")
+log.setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What hypercorn bounds for one server (the app bounds the body: see the module's docstring)."""
+
+    head_max_bytes: int  # request line and headers (h11's max_incomplete_event_size)
+    idle_timeout_s: int  # from accept, or from the last answer, to a complete request head
+    read_timeout_s: int  # one read from the socket
+    tls_handshake_timeout_s: int = 5
+    requests_per_connection_max: int = 1000  # then the answer says Connection: close
+    body_chunks_queued_max: int = 4  # read ahead of the app, each at most 64 KiB (hypercorn's MAX_RECV)
+    graceful_timeout_s: float = 1.0  # in-flight requests at shutdown
+
+
+class _BoundConfig(Config):
+    """Hypercorn's config, serving sockets bound beforehand with the given TLS context."""
+
+    def __init__(self, sockets: list[socket.socket], ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__()
+        self._sockets = sockets
+        self._ssl_context = ssl_context
+
+    def create_sockets(self) -> Sockets:
+        if self._ssl_context is not None:
+            return Sockets(secure_sockets=self._sockets, insecure_sockets=[], quic_sockets=[])
+        return Sockets(secure_sockets=[], insecure_sockets=self._sockets, quic_sockets=[])
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self._ssl_context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self._ssl_context is not None
+
+
+async def bind_sockets(port: int, host: str | None) -> list[socket.socket]:
+    """Listening sockets on `port` (0: a free one) for every address of `host`, bound as
+    trio.open_tcp_listeners binds them (dual stack, SO_REUSEADDR); OSError when it cannot."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    # (hypercorn takes standard sockets and wraps them for trio itself)
+    return [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
+
+
+def bound_address(sockets: list[socket.socket]) -> tuple[Any, ...]:
+    """The address the first socket listens on: (host, port, ...) as getsockname gives it."""
+    return tuple(sockets[0].getsockname())
+
+
+async def serve_asgi(
+    app: Any,
+    sockets: list[socket.socket],
+    limits: Limits,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: trio.TaskStatus[tuple[Any, ...]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `sockets` until cancelled; started() with the first socket's address. The
+    sockets are closed when the server stops."""
+    config = _BoundConfig(sockets, ssl_context)
+    config.h11_max_incomplete_size = limits.head_max_bytes
+    config.keep_alive_timeout = limits.idle_timeout_s
+    config.read_timeout = limits.read_timeout_s
+    config.ssl_handshake_timeout = limits.tls_handshake_timeout_s
+    config.keep_alive_max_requests = limits.requests_per_connection_max
+    config.max_app_queue_size = limits.body_chunks_queued_max
+    config.graceful_timeout = limits.graceful_timeout_s
+    config.include_server_header = False  # (as before: the node does not name its software)
+    config.errorlog = log
+    config.accesslog = None
+    address = bound_address(sockets)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, config)
+            task_status.started(address)
+    finally:
+        for sock in sockets:
+            sock.close()
