@@ -140,22 +140,29 @@ async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: fl
     target = scope["raw_path"].decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
     if "chunked" in http.headers.get("transfer-encoding", "").lower():  # (h11 lets only chunked through)
         raise Refused(HttpError("411 Length Required", "send the body with a Content-Length, not chunked"))
-    length = int(http.headers.get("content-length", "0"))  # h11 has checked it is digits
+    # HTTP/1.1 frames a body by its Content-Length (h11 has checked it is digits); HTTP/2 may
+    # send one without: then the limit is enforced as it arrives.
+    declared_text = http.headers.get("content-length")
+    if declared_text is not None and not declared_text.isdecimal():
+        raise Refused(HttpError("400 Bad Request", f"bad Content-Length {declared_text[:40]!r}"))
+    declared = int(declared_text) if declared_text is not None else None
     limit = body_limit_bytes(method, target)
-    if head_size_bytes(scope) + length > limit:
+    body_max_bytes = limit - head_size_bytes(scope)
+    if declared is not None and declared > body_max_bytes:
         raise Refused(HttpError("413 Content Too Large", f"request over {limit} bytes"))
-    read_timeout_s = DEFINITIONS_READ_TIMEOUT_S if length > REQUEST_MAX_BYTES else REQUEST_TIMEOUT_S
+    large = limit > REQUEST_MAX_BYTES and (declared is None or declared > REQUEST_MAX_BYTES)
+    read_timeout_s = DEFINITIONS_READ_TIMEOUT_S if large else REQUEST_TIMEOUT_S
     received = bytearray()  # (appending to bytes would copy the whole body at every chunk)
     with trio.move_on_at(started_s + read_timeout_s) as deadline:
         async for chunk in http.stream():
             received += chunk
-            if len(received) > length:  # h11 frames the body by its Content-Length: never
-                raise Refused(HttpError("400 Bad Request", f"body over its Content-Length {length}"))
+            if len(received) > body_max_bytes:
+                raise Refused(HttpError("413 Content Too Large", f"request over {limit} bytes"))
     if deadline.cancelled_caught:
         raise Refused(
             HttpError("408 Request Timeout", f"the body did not arrive within {read_timeout_s:.0f} s of the request")
         )
-    if length and http.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
+    if received and http.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
         # A body is JSON, and said to be: a page's form post (text/plain, form-urlencoded) cannot
         # send application/json across origins without a preflight this API never answers.
         raise HttpError(
