@@ -57,6 +57,7 @@ log = logging.getLogger("maxq.http")
 LIMITS = Limits(
     head_max_bytes=REQUEST_MAX_BYTES,
     idle_timeout_s=int(REQUEST_TIMEOUT_S),
+    send_stall_timeout_s=int(REQUEST_TIMEOUT_S),
     # one read; a large body's whole read is bounded by the app (DEFINITIONS_READ_TIMEOUT_S)
     read_timeout_s=int(DEFINITIONS_READ_TIMEOUT_S),
 )

@@ -10,9 +10,9 @@ context (server/tls.py), wrapped around each accepted stream by hypercorn.
 
 What bounds a connection here: the head in bytes (h11's incomplete-event limit), the time before
 a request's head is complete and between requests (the keep-alive timeout: a slowloris client is
-dropped after it), each read (the read timeout), the TLS handshake, how many requests one
-connection may make, and what hypercorn reads ahead of an app that does not read (its queue of
-body chunks). The body's size and the time to read it belong to the app, which knows the route.
+dropped after it), each read (the read timeout), a write the client does not take (the kernel's
+TCP_USER_TIMEOUT), the TLS handshake, how many requests one connection may make, and what
+hypercorn reads ahead of an app that does not read (its queue of body chunks). The body's size and the time to read it belong to the app, which knows the route.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class Limits:
     head_max_bytes: int  # request line and headers (h11's max_incomplete_event_size)
     idle_timeout_s: int  # from accept, or from the last answer, to a complete request head
     read_timeout_s: int  # one read from the socket
+    # An answer the client stops reading: hypercorn's write has no deadline of its own, so the
+    # kernel aborts a connection whose sent data stays unacknowledged (a zero window included)
+    # this long (TCP_USER_TIMEOUT, inherited by every accepted socket; Linux).
+    send_stall_timeout_s: int
     tls_handshake_timeout_s: int = 5
     requests_per_connection_max: int = 1000  # then the answer says Connection: close
     body_chunks_queued_max: int = 4  # read ahead of the app, each at most 64 KiB (hypercorn's MAX_RECV)
@@ -74,6 +78,12 @@ async def bind_sockets(port: int, host: str | None) -> list[socket.socket]:
     return [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
 
 
+def _set_send_stall_timeout(sock: socket.socket, timeout_s: int) -> None:
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, option, timeout_s * 1000)
+
+
 def bound_address(sockets: list[socket.socket]) -> tuple[Any, ...]:
     """The address the first socket listens on: (host, port, ...) as getsockname gives it."""
     return tuple(sockets[0].getsockname())
@@ -88,6 +98,8 @@ async def serve_asgi(
 ) -> None:
     """Serve `app` on `sockets` until cancelled; started() with the first socket's address. The
     sockets are closed when the server stops."""
+    for sock in sockets:
+        _set_send_stall_timeout(sock, limits.send_stall_timeout_s)
     config = _BoundConfig(sockets, ssl_context)
     config.h11_max_incomplete_size = limits.head_max_bytes
     config.keep_alive_timeout = limits.idle_timeout_s

@@ -30,11 +30,14 @@ from .requests import HttpError
 log = logging.getLogger("maxq.metrics")
 
 REQUEST_HEAD_MAX_BYTES = 8192  # a scrape is a GET with a few headers
-REQUEST_TIMEOUT_S = 5  # to read a request's head, and between requests
+REQUEST_TIMEOUT_S = 5  # to read a request's head, between requests, and a stalled answer
 STATUS_TIMEOUT_S = 5.0  # the Raft groups' status; past it the scrape goes without them
 PATHS = {"/metrics": False, "/metrics/per-object": True}  # path -> per-object
 LIMITS = Limits(
-    head_max_bytes=REQUEST_HEAD_MAX_BYTES, idle_timeout_s=REQUEST_TIMEOUT_S, read_timeout_s=REQUEST_TIMEOUT_S
+    head_max_bytes=REQUEST_HEAD_MAX_BYTES,
+    idle_timeout_s=REQUEST_TIMEOUT_S,
+    read_timeout_s=REQUEST_TIMEOUT_S,
+    send_stall_timeout_s=REQUEST_TIMEOUT_S,
 )
 TEXT = "text/plain; charset=utf-8"
 

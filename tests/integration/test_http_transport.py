@@ -171,3 +171,28 @@ def test_malformed_requests_get_a_4xx_or_a_close_and_the_server_lives_on(broker)
         assert _get(connection, "/api/overview")[0] == 200
     finally:
         connection.close()
+
+
+def test_a_client_that_stops_reading_is_dropped(broker):
+    # Pipelined scrapes whose answers (~8 KiB each, megabytes in all) the client never reads: the
+    # server's write stalls on a zero window, and the kernel aborts the connection after
+    # asgi_server.Limits.send_stall_timeout_s (TCP_USER_TIMEOUT) instead of holding it forever.
+    scrape = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    count = 900  # (under the 1,000 requests a connection may make)
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, set before connecting
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(("127.0.0.1", broker.prometheus_port))
+        sock.sendall(scrape * count)
+        time.sleep(IDLE_TIMEOUT_S + SLACK_S)  # not reading
+        data, took = _read_to_close(sock, TIMEOUT_S)
+    finally:
+        sock.close()
+    assert data.count(b"HTTP/1.1 200") < count and took < TIMEOUT_S
+    connection = http.client.HTTPConnection("127.0.0.1", broker.prometheus_port, timeout=TIMEOUT_S)
+    try:
+        connection.request("GET", "/metrics")
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
