@@ -139,6 +139,10 @@ async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: fl
     method: str = scope["method"]
     query: bytes = scope["query_string"]
     target = scope["raw_path"].decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+    try:
+        url = urlsplit(target)
+    except ValueError as exc:  # e.g. "http://[::1/": an unclosed IPv6 literal
+        raise Refused(HttpError("400 Bad Request", f"malformed request target: {exc}")) from None
     if "chunked" in http.headers.get("transfer-encoding", "").lower():  # (h11 lets only chunked through)
         raise Refused(HttpError("411 Length Required", "send the body with a Content-Length, not chunked"))
     # HTTP/1.1 frames a body by its Content-Length (h11 has checked it is digits); HTTP/2 may
@@ -171,7 +175,6 @@ async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: fl
         )
     if method not in METHODS:
         raise HttpError("405 Method Not Allowed", f"method {method} not allowed")
-    url = urlsplit(target)
     client = scope.get("client")
     return Request(
         method,
@@ -212,6 +215,11 @@ class AdminApp:
             return closing(error_response(refused.error))
         except HttpError as exc:
             return error_response(exc)
+        except ClientDisconnect:
+            raise
+        except Exception:  # a bug in reading: answered, logged, and the server goes on
+            log.exception("admin request %s %s could not be read", http.scope["method"], http.scope["raw_path"][:200])
+            return closing(json_response("500 Internal Server Error", {"error": "internal error (see the node's log)"}))
         try:
             # Views answer at once; changes bound themselves (MEMBER_CHANGE_TIMEOUT_S ...).
             return await dispatch(self.broker, request)
