@@ -2,17 +2,21 @@
 
 Theory of operation: the node binds its HTTP ports itself, before anything is served
 (`bind_sockets`, from server/main.py's `_bind`: a busy port fails the start cleanly, and port
-numbers resolve as trio resolves them), and hands the bound sockets to hypercorn, which serves an
-ASGI app on them in the caller's nursery (`serve_asgi`). Hypercorn parses HTTP/1.1 with h11 (keep-
-alive, pipelining, Content-Length and chunked framing, malformed requests answered 400, a head
-over `head_max_bytes` answered 431) and HTTP/2 where a client asks for it; TLS is the node's own
-context (server/tls.py), wrapped around each accepted stream by hypercorn.
+numbers resolve as trio resolves them), and hands the bound sockets to hypercorn.trio.serve
+through its config (`_BoundConfig.create_sockets`, as hypercorn's own fd:// binds do), which
+serves an ASGI app on them in the caller's nursery until cancelled (`serve_asgi`). Hypercorn
+parses HTTP/1.1 with h11 (keep-alive, pipelining, Content-Length and chunked framing, malformed
+requests answered 400, a head that grows past `head_max_bytes` unfinished answered 431) and
+HTTP/2 where a client asks for it; TLS is the node's own context (server/tls.py), wrapped around
+each accepted stream by hypercorn.
 
-What bounds a connection here: the head in bytes (h11's incomplete-event limit), the time before
-a request's head is complete and between requests (the keep-alive timeout: a slowloris client is
+What bounds a connection here: the head in bytes (h11's incomplete-event limit; a head that
+arrives whole in one read is measured by the app: asgi_app.check_head_size), the time before a
+request's head is complete and between requests (the keep-alive timeout: a slowloris client is
 dropped after it), each read (the read timeout), a write the client does not take (the kernel's
 TCP_USER_TIMEOUT), the TLS handshake, how many requests one connection may make, and what
-hypercorn reads ahead of an app that does not read (its queue of body chunks). The body's size and the time to read it belong to the app, which knows the route.
+hypercorn reads ahead of an app that does not read (its queue of body chunks). The body's size
+and the time to read it belong to the app, which knows the route.
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ class Limits:
     tls_handshake_timeout_s: int = 5
     requests_per_connection_max: int = 1000  # then the answer says Connection: close
     body_chunks_queued_max: int = 4  # read ahead of the app, each at most 64 KiB (hypercorn's MAX_RECV)
-    graceful_timeout_s: float = 1.0  # in-flight requests at shutdown
 
 
 class _BoundConfig(Config):
@@ -107,7 +110,6 @@ async def serve_asgi(
     config.ssl_handshake_timeout = limits.tls_handshake_timeout_s
     config.keep_alive_max_requests = limits.requests_per_connection_max
     config.max_app_queue_size = limits.body_chunks_queued_max
-    config.graceful_timeout = limits.graceful_timeout_s
     config.include_server_header = False  # (as before: the node does not name its software)
     config.errorlog = log
     config.accesslog = None
