@@ -17,9 +17,11 @@ applies to the fuzzer's own queues, never to the probe's; scripts/fuzz clears po
 
 `send_request` writes the bytes (in pieces, for the slow ones), shuts its write side unless the
 request is meant to be left hanging, and reads until the server closes, within
-ANSWER_TIMEOUT_S. The status is the reply's code ("none": closed without a reply, "reset": the
-connection was reset before one). A failure: any 5xx, a reply that is not a well-formed HTTP
-response with a JSON body of the length it declares, or no close in time.
+ANSWER_TIMEOUT_S. The status is the first reply's code ("none": closed without a reply, "reset":
+the connection was reset before one, "h2": answered in HTTP/2). A failure: any 5xx (but 501 for
+a transfer coding the server does not implement), a reply that is not a well-formed HTTP
+response with a JSON body of the length it declares (but the server's own empty refusals: see
+`check_reply`), or no close in time.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import socket
 import time
 from dataclasses import dataclass
 
-ANSWER_TIMEOUT_S = 12.0  # the server takes up to 5 s to read a request, 1 s to drain, 5 s to send
+ANSWER_TIMEOUT_S = (
+    12.0  # the server gives a head 5 s, then a body 5 s, drains 1 s, and closes 5 s after the last answer
+)
 SLOW_SHARE = 0.003  # of requests are slowloris-style
 SLOW_MAX_S = 6.0
 PATHS = [
@@ -575,29 +579,82 @@ def send_request(host: str, port: int, request: AdminRequest, rng: random.Random
         )
     if not reply:
         return AdminOutcome("reset" if reset else "none")
-    return check_reply(reply)
+    return check_reply(reply, request.data)
 
 
-def check_reply(reply: bytes) -> AdminOutcome:
-    """The status of a whole reply, and a failure if it is 5xx or not well-formed."""
-    head, sep, body = reply.partition(b"\r\n\r\n")
+def check_reply(reply: bytes, request: bytes = b"") -> AdminOutcome:
+    """The status of the first reply on the connection, and a failure if any reply is 5xx or not
+    well-formed. A connection may carry several replies (the server keeps connections alive):
+    one per pipelined request, and one for the junk after a short Content-Length, read as the
+    next request. Each is HTTP/1.1 with a JSON body of the length it declares, except:
+    - the server's own refusal of what it cannot parse (h11, in hypercorn): a 4xx with an empty
+      body and Connection: close, last on the connection;
+    - 501 for a request whose Transfer-Encoding h11 does not implement (anything but a single
+      chunked): RFC 9112 §6.1's answer to an unknown transfer coding, not a server failure;
+    - HTTP/2 framing (a SETTINGS frame first) for a request that opens with HTTP/2's preface."""
+    if request.startswith(H2_PREFACE_START) and reply[3:4] == H2_SETTINGS_FRAME_TYPE:
+        return AdminOutcome("h2")
+    first: AdminOutcome | None = None
+    rest = reply
+    for _ in range(REPLIES_MAX):
+        outcome, rest = _check_one_reply(rest, request)
+        if first is None:
+            first = outcome
+        if outcome.failure is not None:
+            return AdminOutcome(first.status, outcome.failure, outcome.reply_head)
+        if not rest:
+            return first
+    assert first is not None
+    return AdminOutcome(first.status, f"more than {REPLIES_MAX} replies on one connection", first.reply_head)
+
+
+H2_PREFACE_START = b"PRI * HTTP/2.0\r\n"
+H2_SETTINGS_FRAME_TYPE = b"\x04"
+REPLIES_MAX = 64  # a pipelined request is at most 50 requests (k_pipelined)
+
+
+def _unimplemented_transfer_encoding(request: bytes) -> bool:
+    head = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+    codings = [
+        v.strip().lower()
+        for k, _, v in (line.partition(":") for line in head)
+        if k.strip().lower() == "transfer-encoding"
+    ]
+    return bool(codings) and codings != ["chunked"]
+
+
+def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
+    """The first reply in `data` (its outcome) and what follows it."""
+    head, sep, after = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if not sep or len(parts) < 2 or parts[0] != "HTTP/1.1" or not parts[1].isdigit():
-        return AdminOutcome("malformed", f"not an HTTP response: {reply[:200]!r}", lines[0][:200])
+        return AdminOutcome("malformed", f"not an HTTP response: {data[:200]!r}", lines[0][:200]), b""
     status = parts[1]
     headers = {}
     for line in lines[1:]:
         key, _, value = line.partition(":")
         headers[key.strip().lower()] = value.strip()
+    length_text = headers.get("content-length", "")
+    if not length_text.isdigit():
+        return AdminOutcome(status, f"no Content-Length ({length_text!r})", lines[0][:200]), b""
+    length = int(length_text)
+    if request.startswith(b"HEAD "):
+        length = 0  # an answer to HEAD declares the length a GET would get, and sends no body
+    body, rest = after[:length], after[length:]
     failure = None
-    if status.startswith("5"):
+    closes = headers.get("connection", "").lower() == "close"
+    if len(body) < length:
+        failure = f"Content-Length {length} but {len(body)} bytes of body"
+    elif status.startswith("5") and not (status == "501" and _unimplemented_transfer_encoding(request)):
         failure = f"{lines[0]}: {body[:300]!r}"
-    elif headers.get("content-length") != str(len(body)):
-        failure = f"Content-Length {headers.get('content-length')} but {len(body)} bytes of body"
+    elif rest and closes:
+        failure = f"{len(rest)} bytes after a reply that said Connection: close"
+    elif not body and (status == "204" or request.startswith(b"HEAD ") or (status[0] in "45" and closes)):
+        pass  # no content; or the server's own refusal (see check_reply)
     else:
         try:
             json.loads(body)
         except ValueError as exc:
             failure = f"the body is not JSON: {exc}: {body[:200]!r}"
-    return AdminOutcome(status, failure, lines[0][:200])
+    return AdminOutcome(status, failure, lines[0][:200]), rest

@@ -1,12 +1,12 @@
 """The HTTP admin API every node serves (`maxqctl` talks to it).
 
-Theory of operation: a deliberately small HTTP/1.1 server on trio: one request per connection,
-JSON in and out. GET endpoints are views: functions from the broker's state to a JSON-able value,
+Theory of operation: JSON in and out over HTTP/1.1 (admin_app.py reads and answers requests as
+an ASGI app, hypercorn serves it with keep-alive: asgi_server.py). GET endpoints are views: functions from the broker's state to a JSON-able value,
 so the same views serve `maxqctl` and scripts. POST and DELETE endpoints change the cluster's
 membership or move leadership: they hand the change to the replication engine and wait
 (bounded) for its one answer, which comes from the engine's hub thread and is carried back into
 trio with `run_sync_soon`. Reading a request is bounded in bytes (head and body, 16 KiB) and in
-time; every change is bounded by its own deadline, so a bad client or a stuck change cannot
+time (admin_app.py); every change is bounded by its own deadline, so a bad client or a stuck change cannot
 hold the node. One route takes more: a definitions import (POST /api/definitions, the only
 body that grows with the broker's topology) may send up to 16 MiB, read within 60 s.
 
@@ -21,16 +21,14 @@ itself as a one-member cluster and refuses membership commands with 409.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import re
 import socket
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import trio
 
@@ -38,19 +36,17 @@ from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from . import access_api, auth, definitions_api, health_api
 from .engine_status import engine_status
-from .requests import HttpError, Reply, Request, commit
+from .requests import HttpError, Request, commit
 
 log = logging.getLogger("maxq.http")
 
 REQUEST_MAX_BYTES = 16384  # request line + headers + body
-REQUEST_TIMEOUT_S = 5.0  # to read a request, and again to send the reply
+REQUEST_TIMEOUT_S = 5.0  # to read a request's head (and between requests), and its body
 DEFINITIONS_PATH = "/api/definitions"  # a POST here (or under it) may carry a larger body ...
 DEFINITIONS_MAX_BYTES = 16 << 20  # ... up to this (RabbitMQ's management.http.max_body_size is 20 MB) ...
 DEFINITIONS_READ_TIMEOUT_S = 60.0  # ... read within this, counted from the request's start
 MEMBER_CHANGE_TIMEOUT_S = 35.0  # the engine's own deadline is 30 s
 TRANSFER_TIMEOUT_S = 10.0  # a group's transfer gives up after 3 s itself
-DRAIN_TIMEOUT_S = 1.0  # after refusing a request, unread input is read and dropped ...
-DRAIN_BYTES_MAX = 1 << 20  # ... up to this much
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as config.NODE_ID
 META_GROUP = "meta"
 NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/--peer)"
@@ -641,15 +637,6 @@ def route(path: str) -> tuple[dict[str, tuple[auth.Need, Handler]] | None, dict[
     return None, {}
 
 
-def _response(status: str, body: dict | list, extra_headers: str = "") -> bytes:
-    payload = json.dumps(body, indent=1).encode()
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-        f"{extra_headers}Connection: close\r\n\r\n"
-    )
-    return head.encode() + payload
-
-
 def allowed_hosts(configured: str) -> frozenset[str]:
     """The host names (lower case) the API answers to: localhost, this machine's name and the
     configured ones. IP literals are always allowed (`host_allowed`)."""
@@ -688,210 +675,3 @@ def body_limit_bytes(method: str, target: str) -> int:
     if method == "POST" and (path == DEFINITIONS_PATH or path.startswith(DEFINITIONS_PATH + "/")):
         return DEFINITIONS_MAX_BYTES
     return REQUEST_MAX_BYTES
-
-
-async def read_head(
-    stream: trio.abc.Stream, head_max_bytes: int, allowed: frozenset[str]
-) -> tuple[str, str, dict[str, str], int, bytes]:
-    """The request line and headers of one HTTP/1.1 request whose Host names this node: (method,
-    target, headers with lower-case names, the head's size in bytes, what of the body came with
-    it). HttpError 431 beyond `head_max_bytes`, 400 when malformed or without Host, 403 for a
-    foreign Host. The admin API and the Prometheus endpoint both read requests with it."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) >= head_max_bytes:
-            raise HttpError("431 Request Header Fields Too Large", f"request head over {head_max_bytes} bytes")
-        chunk = await stream.receive_some(4096)
-        if not chunk:
-            break
-        data += chunk
-    head, sep, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split()
-    if not sep or len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        raise HttpError("400 Bad Request", "malformed request line")
-    headers = {}
-    for line in lines[1:]:
-        key, colon, value = line.partition(":")
-        if not colon:
-            raise HttpError("400 Bad Request", f"malformed header line {line[:80]!r}")
-        headers[key.strip().lower()] = value.strip()
-    host = headers.get("host")
-    if host is None:
-        raise HttpError("400 Bad Request", "a Host header is required (HTTP/1.1)")
-    if not host_allowed(host, allowed):
-        raise HttpError(
-            "403 Forbidden",
-            f"host {host[:80]!r} is not this node's: use its IP address or localhost, or list the name with "
-            "--http-allowed-hosts",
-        )
-    return parts[0], parts[1], headers, len(head) + 4, body
-
-
-async def _read_request(
-    stream: trio.abc.Stream,
-    allowed: frozenset[str] = frozenset({"localhost"}),
-    scope: trio.CancelScope | None = None,
-) -> Request:
-    """One request, head within REQUEST_MAX_BYTES and body within `body_limit_bytes`. The
-    caller bounds the time with `scope`; a large body (a definitions import) moves its
-    deadline to DEFINITIONS_READ_TIMEOUT_S from when the request began."""
-    started = trio.current_time()
-    method, target, headers, head_bytes, body = await read_head(stream, REQUEST_MAX_BYTES, allowed)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise HttpError("411 Length Required", "send the body with a Content-Length, not chunked")
-    length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
-        raise HttpError("400 Bad Request", f"bad Content-Length {length_text[:40]!r}")
-    length = int(length_text)
-    limit = body_limit_bytes(method, target)
-    if head_bytes + length > limit:
-        raise HttpError("413 Content Too Large", f"request over {limit} bytes")
-    if length > REQUEST_MAX_BYTES and scope is not None:
-        scope.deadline = started + DEFINITIONS_READ_TIMEOUT_S
-    received = bytearray(body)  # (appending to bytes would copy the whole body at every chunk)
-    while len(received) < length:
-        chunk = await stream.receive_some(min(length - len(received), 1 << 16))
-        if not chunk:
-            raise HttpError("400 Bad Request", f"body ended after {len(received)} of {length} bytes")
-        received += chunk
-    body = bytes(received)
-    if length and headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
-        # A body is JSON, and said to be: a page's form post (text/plain, form-urlencoded) cannot
-        # send application/json across origins without a preflight this API never answers.
-        raise HttpError(
-            "415 Unsupported Media Type", "a request body must be JSON, sent as Content-Type: application/json"
-        )
-    url = urlsplit(target)
-    path = url.path.rstrip("/") or "/"
-    return Request(method, path, parse_qs(url.query), body[:length], authorization=headers.get("authorization"))
-
-
-def _unauthorized(reason: str) -> bytes:
-    # RabbitMQ answers 401 both without valid credentials and for a user without the tag a
-    # route needs; the challenge makes browsers and curl ask for credentials.
-    return _response(
-        "401 Unauthorized",
-        {"error": "not_authorized", "reason": reason},
-        f'WWW-Authenticate: Basic realm="{auth.REALM}"\r\n',
-    )
-
-
-def _reply_bytes(value: Any) -> bytes:
-    if type(value) is Reply:
-        if value.body is None:
-            return f"HTTP/1.1 {value.status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
-        return _response(value.status, value.body)
-    return _response("200 OK", value)
-
-
-async def _dispatch(broker, request: Request) -> bytes:
-    # Authenticated before anything else is said, the list of endpoints included.
-    try:
-        request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
-    except auth.Unauthorized as exc:
-        return _unauthorized(str(exc))
-    methods, params = route(request.path)
-    if methods is None:
-        endpoints = sorted(f"{m} {p}" for p, ms in ROUTES.items() for m in ms)
-        return _response("404 Not Found", {"error": f"no such endpoint {request.path}", "endpoints": endpoints})
-    entry = methods.get(request.method)
-    if entry is None:
-        allowed = ", ".join(methods)
-        return _response(
-            "405 Method Not Allowed",
-            {"error": f"method {request.method} not allowed on {request.path}", "allowed": list(methods)},
-            f"Allow: {allowed}\r\n",
-        )
-    need, handler = entry
-    request.params = params
-    try:
-        auth.check(request.caller, need, broker.meta, params.get("vhost") if need is auth.Need.POLICYMAKER else None)
-    except auth.Forbidden as exc:
-        return _unauthorized(str(exc))
-    try:
-        return _reply_bytes(await handler(broker, request))
-    except HttpError as exc:
-        return _response(exc.status, {"error": str(exc), **exc.extra})
-
-
-def _peer_host(stream: Any) -> str:
-    """The client's address, from the socket under any wrapping stream (TLS)."""
-    for _ in range(4):  # bounded: a stream wraps at most a few others
-        sock = getattr(stream, "socket", None)
-        if sock is not None:
-            try:
-                return str(sock.getpeername()[0])
-            except OSError:
-                return ""
-        stream = getattr(stream, "transport_stream", None)
-        if stream is None:
-            break
-    return ""
-
-
-async def _handle(broker, allowed: frozenset[str], stream: trio.abc.Stream) -> None:
-    try:
-        request: Request | None = None
-        reply: bytes | None = None
-        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
-            try:
-                request = await _read_request(stream, allowed, scope)
-                request.peer_host = _peer_host(stream)
-            except HttpError as exc:
-                reply = _response(exc.status, {"error": str(exc)})
-        if request is not None:
-            if request.method not in METHODS:
-                reply = _response("405 Method Not Allowed", {"error": f"method {request.method} not allowed"})
-            else:
-                try:
-                    # Views answer at once; changes bound themselves (MEMBER_CHANGE_TIMEOUT_S ...).
-                    reply = await _dispatch(broker, request)
-                except Exception:
-                    log.exception("admin request %s %s failed", request.method, request.path)
-                    reply = _response("500 Internal Server Error", {"error": "internal error (see the node's log)"})
-        if reply is not None:
-            with trio.move_on_after(REQUEST_TIMEOUT_S):
-                await stream.send_all(reply)
-        if request is None and isinstance(stream, trio.abc.HalfCloseableStream):
-            # A refused request may leave unread bytes: closing on them would reset the
-            # connection, and the client could lose the answer. Drain a little, briefly.
-            # (TLS has no half-close: there the reply and the close_notify go, and that is all.)
-            with trio.move_on_after(DRAIN_TIMEOUT_S):
-                await stream.send_eof()
-                drained = 0
-                while drained < DRAIN_BYTES_MAX:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        break
-                    drained += len(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-    except Exception:
-        log.exception("admin request failed")
-    finally:
-        # (bounded: TLS sends a close_notify, which a peer that reads nothing could hold up)
-        with trio.move_on_after(DRAIN_TIMEOUT_S):
-            await stream.aclose()
-
-
-async def open_admin_listeners(settings) -> list:
-    """Bind the admin port (before anything is served, so a busy port fails the start cleanly)."""
-    return await trio.open_tcp_listeners(settings.http_port, host=settings.http_host)
-
-
-async def open_admin_tls_listeners(settings, context: ssl.SSLContext) -> list:
-    """Bind the HTTPS admin port: the same routes over TLS (RabbitMQ's 15671). The handshake
-    happens on the first read, so it falls under the request's REQUEST_TIMEOUT_S."""
-    listeners = await trio.open_tcp_listeners(settings.https_port, host=settings.http_host)
-    return [trio.SSLListener(listener, context, https_compatible=True) for listener in listeners]
-
-
-async def serve_admin(
-    broker, listeners: list, allowed: frozenset[str] = frozenset({"localhost"}), task_status=trio.TASK_STATUS_IGNORED
-) -> None:
-    first = listeners[0]
-    if isinstance(first, trio.SSLListener):
-        first = first.transport_listener
-    task_status.started(first.socket.getsockname())
-    await trio.serve_listeners(partial(_handle, broker, allowed), listeners)

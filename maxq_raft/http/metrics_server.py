@@ -1,12 +1,12 @@
 """The Prometheus port (RabbitMQ's 15692): GET /metrics and /metrics/per-object, nothing else.
 
-Theory of operation: a small HTTP/1.1 server on trio, one request per connection, like the
-admin API's (admin.py) and bounded the same way: the request head in bytes, reading it and
-sending the answer in time, the Raft engine's status in time. It asks for no credentials, as
-RabbitMQ's plugin does not (docs/security.md): it serves counts and names, never message
-content, and answers only to this node's names (the admin API's Host check, against DNS
-rebinding). What it serves is rendered by metrics.py; what needs the operating system (memory,
-file descriptors, free disk) or the engine's hub thread is read here.
+Theory of operation: a tiny ASGI app of its own, served by hypercorn like the admin API's
+(asgi_server.py, with keep-alive, as Prometheus scrapes) and bounded the same way: the request head
+in bytes, the time to a complete head and between requests, the Raft engine's status in time. It
+asks for no credentials, as RabbitMQ's plugin does not (docs/security.md): it serves counts and
+names, never message content, and answers only to this node's names (the admin API's Host check,
+against DNS rebinding). What it serves is rendered by metrics.py; what needs the operating system
+(memory, file descriptors, free disk) or the engine's hub thread is read here.
 """
 
 from __future__ import annotations
@@ -14,39 +14,48 @@ from __future__ import annotations
 import logging
 import os
 import resource
-from functools import partial
+import socket
 from typing import Any
 
 import trio
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
 
 from ..server.alarms import disk_free_bytes, rss_bytes
-from .admin import read_head
+from .asgi_app import answer_lifespan, check_head_size, check_host, closing, drain_body, refuse_websocket, status_code
+from .asgi_server import Limits, bind_sockets, serve_asgi
 from .metrics import CONTENT_TYPE, ProcessSample, render
 from .requests import HttpError
 
 log = logging.getLogger("maxq.metrics")
 
 REQUEST_HEAD_MAX_BYTES = 8192  # a scrape is a GET with a few headers
-REQUEST_TIMEOUT_S = 5.0  # to read a request, and again to send the answer
+REQUEST_TIMEOUT_S = 5  # to read a request's head, between requests, and a stalled answer
 STATUS_TIMEOUT_S = 5.0  # the Raft groups' status; past it the scrape goes without them
 PATHS = {"/metrics": False, "/metrics/per-object": True}  # path -> per-object
+LIMITS = Limits(
+    head_max_bytes=REQUEST_HEAD_MAX_BYTES,
+    idle_timeout_s=REQUEST_TIMEOUT_S,
+    read_timeout_s=REQUEST_TIMEOUT_S,
+    send_stall_timeout_s=REQUEST_TIMEOUT_S,
+)
+TEXT = "text/plain; charset=utf-8"
 
 
-async def open_metrics_listeners(settings: Any) -> list[trio.SocketListener]:
+async def open_metrics_listeners(settings: Any) -> list[socket.socket]:
     """Bind the Prometheus port on --http-host (before anything is served: a busy port fails
     the start cleanly)."""
-    return await trio.open_tcp_listeners(settings.prometheus_port, host=settings.http_host)
+    return await bind_sockets(settings.prometheus_port, settings.http_host)
 
 
 async def serve_metrics(
     broker: Any,
-    listeners: list[trio.SocketListener],
+    sockets: list[socket.socket],
     allowed: frozenset[str],
     data_dir: str,
-    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[tuple[Any, ...]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    task_status.started(listeners[0].socket.getsockname())
-    await trio.serve_listeners(partial(_handle, broker, allowed, data_dir), listeners)
+    await serve_asgi(MetricsApp(broker, allowed, data_dir), sockets, LIMITS, task_status=task_status)
 
 
 def sample_process(data_dir: str) -> ProcessSample:
@@ -78,50 +87,48 @@ async def raft_status(broker: Any) -> dict[str, dict] | None:
     return None
 
 
-async def _read_head(stream: trio.abc.Stream, allowed: frozenset[str]) -> tuple[str, str]:
-    """The method and path of one scrape (its head within REQUEST_HEAD_MAX_BYTES)."""
-    method, target, headers, _head_bytes, _body = await read_head(stream, REQUEST_HEAD_MAX_BYTES, allowed)
-    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+def check_scrape(http: HttpRequest, allowed: frozenset[str]) -> str:
+    """The path of a scrape; HttpError for a foreign Host, a body, another method or path."""
+    check_head_size(http.scope, REQUEST_HEAD_MAX_BYTES)
+    check_host(http, allowed)
+    if http.headers.get("content-length", "0") != "0" or "transfer-encoding" in http.headers:
         raise HttpError("400 Bad Request", "a scrape has no body")
-    path = target.split("?", 1)[0].rstrip("/") or "/"
-    if method not in ("GET", "HEAD"):
+    if http.scope["method"] not in ("GET", "HEAD"):
         raise HttpError("405 Method Not Allowed", "only GET and HEAD")
+    path = http.scope["raw_path"].decode("latin-1").rstrip("/") or "/"
     if path not in PATHS:
         raise HttpError("404 Not Found", "no such path: /metrics or /metrics/per-object")
-    return method, path
+    return path
 
 
-def _answer(status: str, content_type: str, body: bytes, head_only: bool = False) -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + (b"" if head_only else body)
+class MetricsApp:
+    """The Prometheus endpoint for one broker, answering to the `allowed` host names."""
 
+    def __init__(self, broker: Any, allowed: frozenset[str], data_dir: str) -> None:
+        self.broker = broker
+        self.allowed = allowed
+        self.data_dir = data_dir
 
-async def _handle(broker: Any, allowed: frozenset[str], data_dir: str, stream: trio.abc.Stream) -> None:
-    try:
-        reply = None
-        method = path = None
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
-            try:
-                method, path = await _read_head(stream, allowed)
-            except HttpError as exc:
-                reply = _answer(exc.status, "text/plain; charset=utf-8", f"{exc}\n".encode())
-        if path is not None:
-            try:
-                groups = await raft_status(broker)  # (bounded by STATUS_TIMEOUT_S)
-                body = render(broker, sample_process(data_dir), groups, per_object=PATHS[path])
-                reply = _answer("200 OK", CONTENT_TYPE, body, head_only=method == "HEAD")
-            except Exception:
-                log.exception("metrics: rendering failed")
-                reply = _answer("500 Internal Server Error", "text/plain; charset=utf-8", b"internal error\n")
-        if reply is not None:
-            with trio.move_on_after(REQUEST_TIMEOUT_S):
-                await stream.send_all(reply)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-    except Exception:
-        log.exception("metrics request failed")
-    finally:
-        with trio.move_on_after(1.0):
-            await stream.aclose()
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            await refuse_websocket(receive, send)
+            return
+        response = await self._answer(HttpRequest(scope, receive))
+        await response(scope, receive, send)  # (hypercorn sends no body for a HEAD)
+
+    async def _answer(self, http: HttpRequest) -> Response:
+        try:
+            path = check_scrape(http, self.allowed)
+        except HttpError as exc:
+            await drain_body(http)  # (a scrape has none; anything else ends the connection)
+            return closing(Response(f"{exc}\n".encode(), status_code(exc.status), media_type=TEXT))
+        try:
+            groups = await raft_status(self.broker)  # (bounded by STATUS_TIMEOUT_S)
+            body = render(self.broker, sample_process(self.data_dir), groups, per_object=PATHS[path])
+        except Exception:
+            log.exception("metrics: rendering failed")
+            return Response(b"internal error\n", 500, media_type=TEXT)
+        return Response(body, 200, media_type=CONTENT_TYPE)

@@ -31,7 +31,8 @@ import trio
 
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
-from ..http.admin import allowed_hosts, open_admin_listeners, open_admin_tls_listeners, serve_admin
+from ..http.admin import allowed_hosts
+from ..http.admin_app import open_admin_listeners, open_admin_tls_listeners, serve_admin
 from ..http.metrics_server import open_metrics_listeners, serve_metrics
 from ..machines import metadata as md
 from ..machines.access import hash_password
@@ -350,7 +351,7 @@ async def _serve(
                 "HTTPS",
                 settings.http_host,
                 settings.https_port,
-                partial(open_admin_tls_listeners, settings, tls_context),
+                partial(open_admin_tls_listeners, settings),
             )
         metrics_listeners = []
         if settings.prometheus_port:
@@ -389,7 +390,13 @@ async def _serve(
                 tls_note += f", AMQP over TLS on {amqps_addr[0]}:{amqps_addr[1]}"
             if https_listeners:
                 https_addr = await nursery.start(
-                    serve_admin, broker, https_listeners, allowed_hosts(settings.http_allowed_hosts)
+                    partial(
+                        serve_admin,
+                        broker,
+                        https_listeners,
+                        allowed_hosts(settings.http_allowed_hosts),
+                        ssl_context=tls_context,
+                    )
                 )
                 tls_note += f", HTTPS admin on {https_addr[0]}:{https_addr[1]}"
             broker.listeners = listening_ports(

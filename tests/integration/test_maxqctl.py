@@ -255,7 +255,7 @@ def test_the_admin_api_answers_only_under_this_nodes_names(broker):
         assert status == 200, host
     with socket.create_connection(("127.0.0.1", broker.http_port), timeout=5) as sock:
         sock.sendall(b"GET /api/overview HTTP/1.1\r\n\r\n")  # no Host at all
-        assert sock.recv(65536).startswith(b"HTTP/1.1 400 Bad Request")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")  # (h11 sends no reason phrase)
 
 
 def test_a_body_that_is_not_declared_json_is_refused_and_changes_nothing(broker):
