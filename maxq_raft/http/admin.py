@@ -34,8 +34,9 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from . import access_api, auth, definitions_api, health_api
+from . import access_api, auth, definitions_api, health_api, management_views
 from .engine_status import engine_status
+from .metrics import QUEUE_TYPE
 from .requests import HttpError, Request, commit
 
 log = logging.getLogger("maxq.http")
@@ -67,6 +68,7 @@ def _text(value):
 
 def view_overview(broker) -> dict:
     return {
+        **management_views.overview_extras(broker),
         "node": broker.node_id,
         "uptime_s": round(time.time() - broker.started_at, 1),
         "queues": len(broker.queues),
@@ -172,6 +174,18 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
     }
 
 
+async def view_nodes(broker, request: Request) -> list:
+    groups = None if broker.log.replication_node is None else await engine_status(broker)
+    return management_views.node_views(broker, groups)
+
+
+async def view_node(broker, request: Request) -> dict:
+    for node in await view_nodes(broker, request):
+        if node["name"] == request.params["name"]:
+            return node
+    raise HttpError("404 Not Found", "Object Not Found", reason="Not Found")
+
+
 async def view_status(broker, request: Request) -> dict:
     if broker.log.replication_node is None:
         return view_status_single(broker)
@@ -190,6 +204,9 @@ def view_queues(broker) -> list:
                 "exclusive": bool(record and record.exclusive_owner),
                 "auto_delete": bool(record and record.auto_delete),
                 "arguments": _text(record.arguments if record else {}),
+                "type": QUEUE_TYPE,
+                "state": "running",
+                "messages": queue.ready_count + queue.unacked_count,
                 "messages_ready": queue.ready_count,
                 "messages_unacknowledged": queue.unacked_count,
                 "consumers": queue.active_consumer_count,
@@ -556,6 +573,12 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/whoami": {"GET": (MANAGEMENT, _whoami)},
     "/api/overview": {"GET": (MANAGEMENT, _view(view_overview))},
     "/api/cluster-name": {"GET": (MANAGEMENT, _sync(health_api.cluster_name))},
+    "/api/nodes": {"GET": (MONITORING, view_nodes)},
+    "/api/nodes/{name}": {"GET": (MONITORING, view_node)},
+    "/api/channels": {"GET": (MANAGEMENT, _view(management_views.channel_views))},
+    # No runtime parameters (federation, shovels) and no operator policies here: empty lists.
+    "/api/parameters": {"GET": (POLICYMAKER, _view(lambda broker: []))},
+    "/api/operator-policies": {"GET": (ADMINISTRATOR, _view(lambda broker: []))},
     "/api/health/checks/alarms": {"GET": (MANAGEMENT, _sync(health_api.check_alarms))},
     "/api/health/checks/local-alarms": {"GET": (MANAGEMENT, _sync(health_api.check_local_alarms))},
     "/api/health/checks/port-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_port_listener))},

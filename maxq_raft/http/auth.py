@@ -128,7 +128,7 @@ def visible(caller: Caller, meta: md.MetadataMachine, items: list) -> list:
             continue
         if "vhost" in item and item["vhost"] not in vhosts:
             continue
-        if "peer_host" in item and item.get("user") != caller.name:  # a connection
-            continue
+        if ("peer_host" in item or "connection_details" in item) and item.get("user") != caller.name:
+            continue  # a connection or a channel: its user's own only
         out.append(item)
     return out

@@ -12,8 +12,6 @@ against DNS rebinding). What it serves is rendered by metrics.py; what needs the
 from __future__ import annotations
 
 import logging
-import os
-import resource
 import socket
 from typing import Any
 
@@ -21,10 +19,10 @@ import trio
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from ..server.alarms import disk_free_bytes, rss_bytes
 from .asgi_app import answer_lifespan, check_head_size, check_host, closing, drain_body, refuse_websocket, status_code
 from .asgi_server import Limits, bind_sockets, serve_asgi
-from .metrics import CONTENT_TYPE, ProcessSample, render
+from .metrics import CONTENT_TYPE, render
+from .process_sample import sample_process
 from .requests import HttpError
 
 log = logging.getLogger("maxq.metrics")
@@ -56,19 +54,6 @@ async def serve_metrics(
     task_status: trio.TaskStatus[tuple[Any, ...]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await serve_asgi(MetricsApp(broker, allowed, data_dir), sockets, LIMITS, task_status=task_status)
-
-
-def sample_process(data_dir: str) -> ProcessSample:
-    try:
-        open_fds = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        open_fds = 0
-    return ProcessSample(
-        resident_memory_bytes=rss_bytes(),
-        open_fds=open_fds,
-        max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        disk_free_bytes=disk_free_bytes(data_dir),
-    )
 
 
 async def raft_status(broker: Any) -> dict[str, dict] | None:

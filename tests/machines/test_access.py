@@ -158,7 +158,7 @@ def test_admin_api_login() -> None:
             auth.authenticate(machine, header, peer)
 
 
-def test_management_users_see_their_vhosts_and_their_own_connections() -> None:
+def test_management_users_see_their_vhosts_and_their_own_connections_and_channels() -> None:
     machine = md.MetadataMachine()
     apply(machine, md.PutVhost("mine"))
     apply(machine, md.PutUser("u", "", access.SHA256, ["management"]))
@@ -168,9 +168,11 @@ def test_management_users_see_their_vhosts_and_their_own_connections() -> None:
         {"vhost": "/", "name": "q2"},
         {"vhost": "mine", "peer_host": "1.2.3.4", "user": "other"},
         {"vhost": "mine", "peer_host": "1.2.3.4", "user": "u"},
+        {"vhost": "mine", "connection_details": {"name": "n1@1"}, "user": "other"},  # channels
+        {"vhost": "mine", "connection_details": {"name": "n1@2"}, "user": "u"},
     ]
     who = auth.Caller(machine.users["u"])
-    assert auth.visible(who, machine, items) == [items[0], items[3]]
+    assert auth.visible(who, machine, items) == [items[0], items[3], items[5]]
     assert auth.visible(auth.Caller(machine.users["guest"]), machine, items) == items
     with pytest.raises(auth.Forbidden, match="User not authorised to access virtual host"):
         auth.check(auth.Caller(access.UserRecord("p", "", tags=["policymaker"])), auth.Need.POLICYMAKER, machine, "/")

@@ -1,0 +1,127 @@
+"""RabbitMQ management views that rabbitmqadmin and dashboards read: nodes, channels, the
+overview's totals, and the kinds of object we do not have (runtime parameters, operator
+policies), in RabbitMQ 3.10's JSON shapes.
+
+Theory of operation: each view is a function from the broker's state (and, for a cluster's
+nodes, the replication engine's status, read by the caller) to JSON-able values; the keys are
+RabbitMQ's, and a key is present only when we have the thing it names. What RabbitMQ reports
+that has no meaning here (Erlang processes, run queues, the statistics database, mnesia) is
+left out rather than given an invented value (docs/operations.md, "Management API").
+
+Names: a connection is named by its id ("maxq1@7": node and number, what `maxqctl` and
+`DELETE /api/connections/{name}` use), not RabbitMQ's "peer -> local" text; a channel by its
+connection's name and number, "maxq1@7 (1)", as RabbitMQ appends the number.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .. import __version__
+from ..machines.routing import EXCHANGE_TYPES
+from ..server.alarms import rss_bytes
+from .metrics import CLUSTER_NAME
+from .process_sample import sample_process
+
+PRODUCT_NAME = "MaxQ-Raft"
+
+
+def channel_views(broker: Any) -> list[dict]:
+    out = []
+    for session in broker.sessions.values():
+        for number, channel in session.channels.items():
+            state = channel.state
+            out.append(
+                {
+                    "name": f"{session.id} ({number})",
+                    "number": number,
+                    "node": broker.node_id,
+                    "user": session.user,
+                    "vhost": session.vhost,
+                    "connection_details": {"name": session.id, "peer_host": session.peer_host},
+                    "state": "running",
+                    "consumer_count": len(channel.consumers),
+                    "messages_unacknowledged": len(state.unacked),
+                    "messages_unconfirmed": state.publish_seq - state.confirmed_upto if state.confirm else 0,
+                    "prefetch_count": state.prefetch_count,
+                    "global_prefetch_count": state.prefetch_count_global,
+                    "confirm": state.confirm,
+                    "transactional": state.tx,
+                }
+            )
+    return out
+
+
+def this_node(broker: Any) -> dict:
+    """RabbitMQ's node object for the node asked, from what it can read about itself."""
+    alarms = broker.alarms
+    data_dir = alarms.data_dir if alarms is not None else "."
+    sample = sample_process(data_dir)
+    return {
+        "name": broker.node_id,
+        "type": "disc",
+        "running": True,
+        "os_pid": str(os.getpid()),
+        "uptime": int((time.time() - broker.started_at) * 1000),
+        "processors": os.cpu_count() or 1,
+        "mem_used": rss_bytes(),
+        "mem_limit": alarms.memory_limit_bytes if alarms is not None else 0,
+        "mem_alarm": bool(alarms is not None and alarms.memory_alarm),
+        "mem_calculation_strategy": "rss",
+        "disk_free": sample.disk_free_bytes,
+        "disk_free_limit": alarms.disk_limit_bytes if alarms is not None else 0,
+        "disk_free_alarm": bool(alarms is not None and alarms.disk_alarm),
+        "fd_used": sample.open_fds,
+        "fd_total": sample.max_fds,
+        "sockets_used": len(broker.sessions),
+        "partitions": [],
+        "db_dir": os.path.abspath(data_dir),
+        "rates_mode": "none",
+        "enabled_plugins": [],
+        "exchange_types": exchange_types(),
+    }
+
+
+def node_views(broker: Any, groups: dict[str, dict] | None) -> list[dict]:
+    """Every member this node knows of (a single node: itself). Another member is named with
+    whether this node sees it connected; its figures are on its own admin API."""
+    nodes = [this_node(broker)]
+    if groups:
+        seen: dict[str, bool] = {}
+        for group in groups.values():
+            for name, member in group.get("members", {}).items():
+                if name != broker.node_id:
+                    seen[name] = seen.get(name, False) or bool(member.get("connected"))
+        nodes += [{"name": name, "type": "disc", "running": up} for name, up in sorted(seen.items())]
+    return nodes
+
+
+def exchange_types() -> list[dict]:
+    return [{"name": name, "description": "", "enabled": True} for name in EXCHANGE_TYPES]
+
+
+def overview_extras(broker: Any) -> dict:
+    """RabbitMQ's overview keys that rabbitmqadmin `show overview` and dashboards read."""
+    ready = sum(queue.ready_count for queue in broker.queues.values())
+    unacked = sum(queue.unacked_count for queue in broker.queues.values())
+    exchanges = sum(len(vhost.exchanges) for vhost in broker.meta.vhosts.values())
+    return {
+        "product_name": PRODUCT_NAME,
+        "product_version": __version__,
+        "cluster_name": CLUSTER_NAME,
+        "rates_mode": "none",
+        "exchange_types": exchange_types(),
+        "queue_totals": {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked},
+        "object_totals": {
+            "connections": len(broker.sessions),
+            "channels": sum(len(session.channels) for session in broker.sessions.values()),
+            "consumers": len(broker.consumers),
+            "exchanges": exchanges,
+            "queues": len(broker.queues),
+        },
+        "listeners": [
+            {"node": broker.node_id, "protocol": protocol, "port": port} for protocol, port in broker.listeners.items()
+        ],
+    }

@@ -1,0 +1,78 @@
+"""The real rabbitmqadmin (RabbitMQ 3.10's, as Debian's rabbitmq-server package ships it) against
+a node: every object kind it lists, and `show overview`. Skipped where it is not installed
+(`apt-get install rabbitmq-server`; nothing of RabbitMQ is started)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pika
+import pytest
+
+RABBITMQADMIN = shutil.which("rabbitmqadmin") or "/usr/bin/rabbitmqadmin"
+pytestmark = pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
+
+KINDS = [
+    "connections",
+    "channels",
+    "consumers",
+    "exchanges",
+    "queues",
+    "bindings",
+    "users",
+    "vhosts",
+    "permissions",
+    "nodes",
+    "parameters",
+    "policies",
+    "operator_policies",
+    "vhost_limits",
+]
+
+
+def rabbitmqadmin(broker, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(broker.http_port), "-u", "guest", "-p", "guest", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def listed(broker, kind: str) -> list[dict]:
+    result = rabbitmqadmin(broker, "-f", "raw_json", "list", kind)
+    assert result.returncode == 0 and "Not found" not in result.stdout, (kind, result)
+    return json.loads(result.stdout)
+
+
+def test_every_kind_lists_and_shows_what_a_client_made(broker):
+    queue = "rmqadmin-q"
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue)
+        channel.basic_publish("", queue, b"one")
+        channel.basic_publish("", queue, b"two")
+        for kind in KINDS:
+            listed(broker, kind)
+        queues = {q["name"]: q for q in listed(broker, "queues")}
+        assert queues[queue]["messages"] == 2 and queues[queue]["messages_ready"] == 2
+        channels = listed(broker, "channels")
+        assert any(c["user"] == "guest" and c["number"] == channel.channel_number for c in channels), channels
+        connections = listed(broker, "connections")
+        names = [c["name"] for c in connections]
+        assert any(c["connection_details"]["name"] in names for c in channels)
+        nodes = listed(broker, "nodes")
+        assert nodes[0]["running"] is True and nodes[0]["mem_used"] > 0 and nodes[0]["type"] == "disc"
+        table = rabbitmqadmin(broker, "list", "queues")
+        assert table.returncode == 0 and queue in table.stdout, table
+        overview = rabbitmqadmin(broker, "-f", "raw_json", "show", "overview")
+        assert overview.returncode == 0, overview
+        shown = json.loads(overview.stdout)[0]
+        assert shown["object_totals"]["queues"] >= 1 and shown["queue_totals"]["messages"] >= 2
+        assert shown["object_totals"]["connections"] >= 1 and shown["object_totals"]["channels"] >= 1
+    finally:
+        connection.close()
