@@ -41,7 +41,12 @@ LISTS = {
     "exchanges": ("/api/exchanges", ["vhost", "name", "type", "durable", "auto_delete", "internal"]),
     "bindings": ("/api/bindings", ["vhost", "source", "destination_type", "destination", "routing_key"]),
     "connections": ("/api/connections", ["name", "peer_host", "user", "vhost", "channels", "client"]),
+    "channels": (
+        "/api/channels",
+        ["name", "user", "vhost", "consumer_count", "messages_unacknowledged", "prefetch_count", "confirm"],
+    ),
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
+    "nodes": ("/api/nodes", ["name", "running", "mem_used", "disk_free", "fd_used", "uptime"]),
     "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
     "users": ("/api/users", ["name", "tags", "limits"]),
     "vhosts": ("/api/vhosts", ["name", "limits"]),
@@ -217,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
         "await-startup",
         help=f"wait until the node serves its admin API (up to --timeout, default {AWAIT_STARTUP_TIMEOUT_S:g} s)",
     )
-    listing = sub.add_parser("list", help="list queues, exchanges, bindings, connections or consumers")
+    listing = sub.add_parser(
+        "list", help="list queues, exchanges, bindings, connections, channels, consumers, nodes, ..."
+    )
     listing.add_argument("what", choices=sorted(LISTS))
     add = sub.add_parser("add-node", help="add a started node (maxq-server --join on) to every group")
     add.add_argument("name", type=_node_name, metavar="NAME", help="the new node's --node-id")

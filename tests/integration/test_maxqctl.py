@@ -116,6 +116,15 @@ def test_lists_show_what_a_client_created(broker, topology):
     consumers = maxqctl("--node", node(broker), "list", "consumers").stdout
     assert any(row[:3] == ["/", t["queue"], t["tag"]] and row[-1] == "True" for row in table_rows(consumers))
 
+    channels = maxqctl("--node", node(broker), "list", "channels")
+    assert channels.returncode == 0 and channels.stdout.split()[:3] == ["name", "user", "vhost"], channels
+    as_json = json.loads(maxqctl("--node", node(broker), "--json", "list", "channels").stdout)
+    assert any(c["user"] == "guest" and c["consumer_count"] == 1 and c["prefetch_count"] == 1 for c in as_json)
+
+    nodes = table_rows(maxqctl("--node", node(broker), "list", "nodes").stdout)
+    assert nodes[0] == ["name", "running", "mem_used", "disk_free", "fd_used", "uptime"]
+    assert len(nodes) == 2 and nodes[1][1] == "True" and int(nodes[1][2]) > 0
+
 
 @pytest.mark.parametrize("position", ["before", "after"])
 def test_lists_as_json(broker, topology, position):
