@@ -55,6 +55,9 @@ QUEUE_COMMANDS = {
         qc.Touch,
         qc.DeadLettered,
         qc.UpdateSettings,
+        qc.Receive,
+        qc.DeleteReceived,
+        qc.ChangeVisibility,
     )
 }
 METADATA_COMMANDS = {
