@@ -32,10 +32,12 @@ commands, so reading it back keeps replicas deterministic.
 exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
 negative counts) is refused before it changes anything, so replicas stay identical. Commands are
 the typed union `QueueCommand`, dispatched with `match`. Around the handler, `apply` releases
-what fell due (retry back-offs, delayed messages) first and, after it, expires heads, enforces
+what fell due (retry back-offs, delayed messages, SQS receives whose visibility ran out) first
+and, after it, expires heads, enforces
 drop-head and flushes what left the queue (queue_limits.py: TTL, limits, dead lettering,
 x-expires, delivery limits), refused commands included. x-delay is delayed.py; x-max-priority
-is priority_queue.py.
+is priority_queue.py; SQS receivers (messages in flight until a visibility deadline, sharing
+the queue with AMQP consumers) are receives.py.
 
 `dump_header()` / `dump_places()` give the whole state as plain data and `from_header()` /
 `load_place()` / `finish_load()` take it back; snapshot.py frames them as records.
@@ -93,7 +95,8 @@ WINDOW_BYTES_MAX = 32 << 20
 
 _new_tuple = tuple.__new__
 
-# What `apply` returns: an int, bool, None, a `Get` result, `Overflowed` or `Rejected`.
+# What `apply` returns: an int, bool, None, a `Get` result, `Overflowed`, `Rejected`, or a list
+# (of `Received` for a `Receive`, of `HandleResult` for `DeleteReceived` and `ChangeVisibility`).
 QueueReply = Any
 
 
@@ -623,8 +626,9 @@ class QueueMachine(QueueLimits, QueueReceives):
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
         """Where the messages are, as `(place, key, items)` in the machine's own order (a heap's
         list order, a dict's insertion order). Items are `Message`s, but a `backoff` item is
-        `(due ms, Message)`. In memory: `ready`, `returned`, `backoff`, `dead_lettering`,
-        `checked_out` (key: consumer id), `delayed`, `dying` (key: reason) and `unstore` (both
+        `(due ms, Message)` and an `in_flight` item an `InFlight`. In memory: `ready`, `returned`,
+        `backoff`, `dead_lettering`, `checked_out` (key: consumer id), `delayed`, `in_flight`,
+        `dying` (key: reason) and `unstore` (both
         empty between commands unless one failed with an internal error); only in the backing,
         read from it `batch_max` at a time: `spilled`, `delayed_spilled`. Consume everything
         before the next apply: the state and the backing must not move under the reader."""

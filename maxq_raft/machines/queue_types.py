@@ -70,6 +70,7 @@ class HandleResult(StrEnum):
     DONE = "done"  # deleted, or its deadline set
     STALE = "stale"  # in flight, but under a later receive: the handle is an old one
     NOT_IN_FLIGHT = "not_in_flight"  # visible again, deleted, gone or never known
+    TOO_LONG = "too_long"  # ChangeVisibility only: past 12 hours from the receive (SQS: InvalidParameterValue)
 
 
 # ------------------------------------------------------------------ effects

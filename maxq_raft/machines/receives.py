@@ -66,17 +66,21 @@ VISIBILITY_SLACK = 64
 
 
 class InFlight:
-    """A received message until its deadline, and which receive it is in flight under."""
+    """A received message until its deadline, and which receive (when) it is in flight under."""
 
-    __slots__ = ("message", "receive_id", "deadline_ms")
+    __slots__ = ("message", "receive_id", "deadline_ms", "received_ms")
 
-    def __init__(self, message: Message, receive_id: int, deadline_ms: int) -> None:
+    def __init__(self, message: Message, receive_id: int, deadline_ms: int, received_ms: int) -> None:
         self.message = message
         self.receive_id = receive_id
         self.deadline_ms = deadline_ms
+        self.received_ms = received_ms  # a deadline is at most VISIBILITY_MS_MAX after it
 
     def __repr__(self) -> str:
-        return f"InFlight({self.message!r}, receive_id={self.receive_id}, deadline_ms={self.deadline_ms})"
+        return (
+            f"InFlight({self.message!r}, receive_id={self.receive_id}, deadline_ms={self.deadline_ms}, "
+            f"received_ms={self.received_ms})"
+        )
 
 
 def _bad_handles(handles: Any, width: int) -> bool:
@@ -186,7 +190,7 @@ class QueueReceives:
                 message.first_received_ms = now
             if seq > self.delivered_upto:
                 self._note_delivered(seq)
-            self.in_flight[seq] = InFlight(message, receive_id, deadline_ms)
+            self.in_flight[seq] = InFlight(message, receive_id, deadline_ms, now)
             self._push_deadline(deadline_ms, seq, receive_id)
             received.append(
                 Received(message, seq, receive_id, message.delivery_count, message.first_received_ms, message.sent_ms)
@@ -226,7 +230,9 @@ class QueueReceives:
     def _change_visibility(self, cmd: ChangeVisibility) -> tuple[list[HandleResult] | Rejected, list[Effect]]:
         """A new deadline from now for each in-flight message under its handle's receive; a
         stale handle or a message not in flight is refused for that entry (SQS:
-        MessageNotInflight). A deadline of now makes the message visible in this command."""
+        MessageNotInflight), and so is a deadline more than 12 hours after the receive (SQS caps
+        a message's visibility in total, not each change). A deadline of now makes the message
+        visible in this command."""
         handles = cmd.handles
         if _bad_handles(handles, 3):
             return malformed(cmd), []
@@ -239,6 +245,8 @@ class QueueReceives:
                 results.append(HandleResult.NOT_IN_FLIGHT)
             elif flight.receive_id != receive_id:
                 results.append(HandleResult.STALE)
+            elif now + visibility_ms > flight.received_ms + VISIBILITY_MS_MAX:
+                results.append(HandleResult.TOO_LONG)
             else:
                 flight.deadline_ms = now + visibility_ms
                 self._push_deadline(flight.deadline_ms, seq, receive_id)
@@ -282,6 +290,7 @@ class QueueReceives:
             m = flight.message
             assert m.delivery_count > 0 and m.first_received_ms is not None
             assert 0 <= flight.receive_id < self.next_receive_id
+            assert flight.received_ms <= self.now_ms and flight.deadline_ms <= flight.received_ms + VISIBILITY_MS_MAX
             assert (flight.deadline_ms, seq, flight.receive_id) in live, "every in-flight message has its deadline"
         assert len(live) == len(self.in_flight)
         assert len(self._visibility) <= 2 * len(self.in_flight) + VISIBILITY_SLACK

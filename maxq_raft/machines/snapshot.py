@@ -24,7 +24,7 @@ The records, in order (docs/replication.md, "Snapshot format"):
   as `key`, `delayed`, `in_flight`, `dying` with the reason as `key`, `unstore`; only in the
   backing: `spilled`, `lane_spilled`, `delayed_spilled`, read from it in batches of
   CHUNK_MESSAGES_MAX). A message is `message_record`'s list; a `backoff` item is
-  `[due_ms, message]`, an `in_flight` one `[receive_id, deadline_ms, message]`. Within a place
+  `[due_ms, message]`, an `in_flight` one `[receive_id, deadline_ms, received_ms, message]`. Within a place
   the order is the machine's own (a heap's list order, a dict's insertion order), so nothing is
   re-sorted on the way.
 - `["end", counts]`: how many messages each place had, checked by the loader (assert in pairs).
@@ -150,14 +150,14 @@ def _backoff_from_record(record: Record) -> tuple[int, Message]:
 
 
 def _in_flight_record(flight: InFlight) -> Record:
-    return [flight.receive_id, flight.deadline_ms, message_record(flight.message)]
+    return [flight.receive_id, flight.deadline_ms, flight.received_ms, message_record(flight.message)]
 
 
 def _in_flight_from_record(record: Record) -> InFlight:
-    receive_id, deadline_ms, message = record
-    if type(receive_id) is not int or type(deadline_ms) is not int:
-        raise TypeError("an in-flight message's receive id and deadline are ints")
-    return InFlight(message_from_record(message), receive_id, deadline_ms)
+    receive_id, deadline_ms, received_ms, message = record
+    if type(receive_id) is not int or type(deadline_ms) is not int or type(received_ms) is not int:
+        raise TypeError("an in-flight message's receive id, deadline and receive time are ints")
+    return InFlight(message_from_record(message), receive_id, deadline_ms, received_ms)
 
 
 # How a place's items are written and read, when they are not plain messages.

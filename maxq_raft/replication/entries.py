@@ -122,9 +122,11 @@ def decode_command(raw: list, metadata: bool):
         )
     if name == "UpdateSettings" and not metadata:
         return qc.UpdateSettings(QueueSettings(*fields[0]))
-    if name in ("DeleteReceived", "ChangeVisibility") and not metadata:
-        # msgpack gives lists: the handles are tuples again, so a command decodes as it was made
-        return QUEUE_COMMANDS[name]([tuple(handle) for handle in fields[0]])
+    # msgpack gives lists: SQS handles are tuples again, so a command decodes as it was made
+    if name == "DeleteReceived" and not metadata:
+        return qc.DeleteReceived([(seq, receive_id) for seq, receive_id in fields[0]])
+    if name == "ChangeVisibility" and not metadata:
+        return qc.ChangeVisibility([(seq, receive_id, ms) for seq, receive_id, ms in fields[0]])
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
     if cls is None:
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")

@@ -441,3 +441,14 @@ def test_settle_of_an_amqp_delivery_does_not_touch_receives() -> None:
     q(1_000, Checkout("c", "o", 0, False, 0, False, 10))
     assert q(1_000, Settle("c", [0]))[0] == 0  # seq 0 is in flight to a receiver, not the consumer's
     assert list(q.machine.in_flight) == [0]
+
+
+def test_visibility_is_at_most_twelve_hours_from_the_receive_in_total() -> None:
+    hour_ms = 3_600_000
+    q = Clocked()
+    q.send(0, b"a")
+    [r] = q.receive(0, visibility_ms=7 * hour_ms)
+    reply, _ = q(6 * hour_ms, ChangeVisibility([(r.seq, r.receive_id, 7 * hour_ms)]))
+    assert reply == [HandleResult.TOO_LONG] and q.machine.in_flight[0].deadline_ms == 7 * hour_ms
+    reply, _ = q(6 * hour_ms, ChangeVisibility([(r.seq, r.receive_id, 6 * hour_ms)]))
+    assert reply == [DONE] and q.machine.next_deadline_ms == 12 * hour_ms
