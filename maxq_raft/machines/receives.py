@@ -40,7 +40,8 @@ next receive instead; no one can tell the difference but by the queue's counts i
 In-flight messages are not tied to a connection: `Down` leaves them. TTL does not expire a
 message in flight (as for unacked AMQP deliveries): it is judged when the message is back.
 A message stored in the backing stays stored while in flight (it is still in the queue) and
-leaves it when deleted, purged or dead-lettered. They count as unacknowledged.
+leaves it when deleted, purged or dead-lettered. They count as unacknowledged. A queue holds at
+most IN_FLIGHT_MAX of them (SQS's OverLimit), in memory.
 """
 
 from __future__ import annotations
@@ -50,14 +51,17 @@ from typing import TYPE_CHECKING, Any
 
 from . import queue_limits
 from .commands import ChangeVisibility, DeleteReceived, Receive, malformed
-from .queue_types import HandleResult, Received
+from .queue_types import HandleResult, Received, Rejected
 
 if TYPE_CHECKING:
     from .message import Message
-    from .queue_types import Backing, Effect, Rejected
+    from .queue_types import Backing, Effect
 
 RECEIVE_MAX = 10  # messages per Receive, handles per DeleteReceived / ChangeVisibility (SQS's batch)
 VISIBILITY_MS_MAX = 12 * 3600 * 1000  # SQS's longest visibility timeout, 12 hours
+# Messages in flight per queue, as SQS's standard queues allow: they are held in memory, so a
+# receiver that never deletes cannot pull a deep queue into memory. Read at call time (tests lower it).
+IN_FLIGHT_MAX = 120_000
 # Receive ids are floored at the queue's time shifted by this much: 2**20 receives per ms of
 # queue time before the counter runs ahead of it; 2**64 ms >> 20 lasts until the year 2527.
 RECEIVE_ID_TIME_SHIFT = 20
@@ -175,6 +179,11 @@ class QueueReceives:
             or not 0 <= visibility_ms <= VISIBILITY_MS_MAX
         ):
             return malformed(cmd), []
+        room = IN_FLIGHT_MAX - len(self.in_flight)
+        if room <= 0:
+            # (the SQS shell answers OverLimit; the receiver must delete or let some expire first)
+            return Rejected(403, f"over limit: {IN_FLIGHT_MAX} messages in flight"), []
+        max_count = min(max_count, room)
         now = self.now_ms
         self.last_used_ms = now  # x-expires: a receive uses the queue, as basic.get does
         deadline_ms = now + visibility_ms

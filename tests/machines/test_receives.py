@@ -452,3 +452,17 @@ def test_visibility_is_at_most_twelve_hours_from_the_receive_in_total() -> None:
     assert reply == [HandleResult.TOO_LONG] and q.machine.in_flight[0].deadline_ms == 7 * hour_ms
     reply, _ = q(6 * hour_ms, ChangeVisibility([(r.seq, r.receive_id, 6 * hour_ms)]))
     assert reply == [DONE] and q.machine.next_deadline_ms == 12 * hour_ms
+
+
+def test_messages_in_flight_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(receives, "IN_FLIGHT_MAX", 3)
+    q = Clocked()
+    q.send(1_000, b"a", b"b", b"c", b"d")
+    assert bodies(q.receive(1_000, max_count=2)) == [b"a", b"b"]
+    first = q.receive(1_000, max_count=2)  # room for one more
+    assert bodies(first) == [b"c"]
+    reply, effects = q(1_000, Receive(1, 1_000))
+    assert type(reply) is Rejected and reply.reply_code == 403 and effects == []
+    assert q.machine.ready_count == 1
+    q(1_000, DeleteReceived(handles(first)))
+    assert bodies(q.receive(1_000)) == [b"d"]
