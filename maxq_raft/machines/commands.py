@@ -100,7 +100,10 @@ class Get(NamedTuple):
 
 
 class Purge(NamedTuple):
-    pass
+    """queue.purge: the ready messages go. SQS PurgeQueue also deletes the messages in flight
+    to receivers (`in_flight`); AMQP's unacked deliveries stay either way (RabbitMQ)."""
+
+    in_flight: bool = False
 
 
 class Down(NamedTuple):
@@ -139,6 +142,28 @@ class UpdateSettings(NamedTuple):
     settings: QueueSettings
 
 
+class Receive(NamedTuple):
+    """SQS ReceiveMessage: up to `max_count` (1-10) ready messages go in flight, invisible to
+    everyone until `visibility_ms` (0 to 12 hours) from now (receives.py)."""
+
+    max_count: int
+    visibility_ms: int
+
+
+class DeleteReceived(NamedTuple):
+    """SQS DeleteMessage(Batch): each `(seq, receive_id)` handle (at most 10) deletes its message
+    if the message is in flight under that very receive."""
+
+    handles: list[tuple[int, int]]
+
+
+class ChangeVisibility(NamedTuple):
+    """SQS ChangeMessageVisibility(Batch): each `(seq, receive_id, visibility_ms)` (at most 10)
+    sets its in-flight message's deadline to `visibility_ms` from now (0: visible at once)."""
+
+    handles: list[tuple[int, int, int]]
+
+
 QueueCommand: TypeAlias = (
     Enqueue
     | Checkout
@@ -155,6 +180,9 @@ QueueCommand: TypeAlias = (
     | Touch
     | DeadLettered
     | UpdateSettings
+    | Receive
+    | DeleteReceived
+    | ChangeVisibility
 )
 # The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
 QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))

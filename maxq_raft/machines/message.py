@@ -36,6 +36,8 @@ class Message:
         "due_ms",
         "delay_counter",
         "death",
+        "sent_ms",
+        "first_received_ms",
     )
 
     def __init__(
@@ -66,6 +68,11 @@ class Message:
         self.due_ms: int | None = None  # a delayed message's release time (delayed.py)
         self.delay_counter = 0  # its number among the queue's delayed messages (in its key)
         self.death: tuple[str, int] | None = None  # (reason, machine time) while in dead_lettering
+        # SQS's SentTimestamp and ApproximateFirstReceiveTimestamp, in queue time (receives.py).
+        # Memory only: a message read back from a backing (spilled, or recovered after a restart)
+        # has neither, None: the store's record has no room for them.
+        self.sent_ms: int | None = None
+        self.first_received_ms: int | None = None
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"

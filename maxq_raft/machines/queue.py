@@ -32,10 +32,12 @@ commands, so reading it back keeps replicas deterministic.
 exception inside a replicated apply would stall the whole group; a malformed one (wrong types,
 negative counts) is refused before it changes anything, so replicas stay identical. Commands are
 the typed union `QueueCommand`, dispatched with `match`. Around the handler, `apply` releases
-what fell due (retry back-offs, delayed messages) first and, after it, expires heads, enforces
+what fell due (retry back-offs, delayed messages, SQS receives whose visibility ran out) first
+and, after it, expires heads, enforces
 drop-head and flushes what left the queue (queue_limits.py: TTL, limits, dead lettering,
 x-expires, delivery limits), refused commands included. x-delay is delayed.py; x-max-priority
-is priority_queue.py.
+is priority_queue.py; SQS receivers (messages in flight until a visibility deadline, sharing
+the queue with AMQP consumers) are receives.py.
 
 `dump_header()` / `dump_places()` give the whole state as plain data and `from_header()` /
 `load_place()` / `finish_load()` take it back; snapshot.py frames them as records.
@@ -52,16 +54,19 @@ from . import queue_limits
 from .commands import (
     QUEUE_COMMAND_TYPES,
     Cancel,
+    ChangeVisibility,
     Checkout,
     Credit,
     DeadLettered,
     DeleteQueue,
+    DeleteReceived,
     Discard,
     Down,
     Enqueue,
     Get,
     Purge,
     QueueCommand,
+    Receive,
     Requeue,
     Settle,
     Tick,
@@ -77,6 +82,7 @@ from .message import Message, new_message_error
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
 from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
+from .receives import QueueReceives
 
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
 # briefly behind its publisher never touches the disk, small enough that a deep queue costs a
@@ -89,11 +95,12 @@ WINDOW_BYTES_MAX = 32 << 20
 
 _new_tuple = tuple.__new__
 
-# What `apply` returns: an int, bool, None, a `Get` result, `Overflowed` or `Rejected`.
+# What `apply` returns: an int, bool, None, a `Get` result, `Overflowed`, `Rejected`, or a list
+# (of `Received` for a `Receive`, of `HandleResult` for `DeleteReceived` and `ChangeVisibility`).
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits):
+class QueueMachine(QueueLimits, QueueReceives):
     def __init__(
         self,
         vhost: str,
@@ -114,6 +121,7 @@ class QueueMachine(QueueLimits):
         self.ready_bytes = 0  # body bytes of all ready messages (window, returned, spilled)
         self._recovered_below = 0  # seqs below this were recovered: their bytes count once loaded
         self._init_limits(settings)
+        self._init_receives()  # SQS receives in flight (receives.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -175,7 +183,8 @@ class QueueMachine(QueueLimits):
 
     @property
     def unacked_count(self) -> int:
-        return sum(len(c.checked_out) for c in self.consumers.values())
+        """AMQP deliveries awaiting their ack, and messages in flight to SQS receivers."""
+        return sum(len(c.checked_out) for c in self.consumers.values()) + len(self.in_flight)
 
     @property
     def active_consumer_count(self) -> int:
@@ -212,6 +221,12 @@ class QueueMachine(QueueLimits):
                 due = self.delayed.next_due_ms
                 if due is not None and due <= self.now_ms:
                     released = self._release_delayed()
+            visibility = self._visibility
+            if visibility and visibility[0][0] <= self.now_ms:
+                # (a stale top is dropped there: cheaper than asking `visibility_deadline_ms` here)
+                visible = self._release_visibility()
+                if visible:
+                    released = visible if released is None else released + visible
             reply: QueueReply
             effects: list[Effect]
             # Hot commands first: a class pattern is one isinstance check.
@@ -241,11 +256,17 @@ class QueueMachine(QueueLimits):
                 case Touch():
                     reply, effects = self._touch(command)
                 case Purge():
-                    reply, effects = self._purge(command)
+                    reply, effects = self._purge_command(command)
                 case UpdateSettings():
                     reply, effects = self._update_settings(command)
                 case DeleteQueue():
                     reply, effects = self._delete(command)
+                case Receive():
+                    reply, effects = self._receive(command)
+                case DeleteReceived():
+                    reply, effects = self._delete_received(command)
+                case ChangeVisibility():
+                    reply, effects = self._change_visibility(command)
                 case _:
                     # A type checker proves this unreachable for every QueueCommand; at run time
                     # a class in the union but not matched above raises, and the `except` refuses.
@@ -285,7 +306,10 @@ class QueueMachine(QueueLimits):
             return malformed(cmd, "the same Message twice in one batch"), []
         if not delayed:
             return self._accept(messages)
-        # x-delay: held until due, then enqueued as if published then (delayed.py)
+        # x-delay: held until due, then enqueued as if published then (delayed.py); sent now.
+        for message in messages:
+            if message.delay_ms:
+                message.sent_ms = self.now_ms
         self.delayed.add_all([message for message in messages if message.delay_ms], self.now_ms)
         positions = [i for i, message in enumerate(messages) if not message.delay_ms]
         if not positions:
@@ -482,6 +506,14 @@ class QueueMachine(QueueLimits):
             consumer.checked_out[message.seq] = message
         return (message, redelivered, self.ready_count), []
 
+    def _purge_command(self, cmd: Purge) -> tuple[int | Rejected, list[Effect]]:
+        if type(cmd.in_flight) is not bool:
+            return malformed(cmd), []
+        n, effects = self._purge(cmd)
+        if cmd.in_flight:
+            n += self._purge_in_flight()
+        return n, effects
+
     def _purge(self, cmd: Purge) -> tuple[int, list[Effect]]:
         # Purge removes ready messages only; unacked ones stay with their consumers (as RabbitMQ).
         n = self.ready_count
@@ -528,6 +560,7 @@ class QueueMachine(QueueLimits):
         self.dead_lettering.clear()
         self._dying.clear()
         self._unstore.clear()
+        self._clear_in_flight()
         self.consumers.clear()
         self._sac_order.clear()
         self._rings.clear()
@@ -587,13 +620,15 @@ class QueueMachine(QueueLimits):
             ],
             "rings": [[p, list(ring)] for p, ring in self._rings.items()],
             "delayed": self.delayed.dump(),
+            "next_receive_id": self.next_receive_id,
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
         """Where the messages are, as `(place, key, items)` in the machine's own order (a heap's
         list order, a dict's insertion order). Items are `Message`s, but a `backoff` item is
-        `(due ms, Message)`. In memory: `ready`, `returned`, `backoff`, `dead_lettering`,
-        `checked_out` (key: consumer id), `delayed`, `dying` (key: reason) and `unstore` (both
+        `(due ms, Message)` and an `in_flight` item an `InFlight`. In memory: `ready`, `returned`,
+        `backoff`, `dead_lettering`, `checked_out` (key: consumer id), `delayed`, `in_flight`,
+        `dying` (key: reason) and `unstore` (both
         empty between commands unless one failed with an internal error); only in the backing,
         read from it `batch_max` at a time: `spilled`, `delayed_spilled`. Consume everything
         before the next apply: the state and the backing must not move under the reader."""
@@ -604,6 +639,7 @@ class QueueMachine(QueueLimits):
         for consumer in self.consumers.values():
             yield "checked_out", consumer.consumer_id, consumer.checked_out.values()
         yield "delayed", None, self.delayed.window.values()
+        yield "in_flight", None, self.in_flight.values()
         for reason, messages in self._dying.items():
             yield "dying", reason, messages
         yield "unstore", None, self._unstore
@@ -687,6 +723,7 @@ class QueueMachine(QueueLimits):
             machine._rings[priority] = deque(ids)
         machine._priorities = sorted(machine._rings, reverse=True)
         machine.delayed.load(delayed)
+        machine.next_receive_id = header.get("next_receive_id", 0)  # (absent from a version 1 dump)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -694,7 +731,9 @@ class QueueMachine(QueueLimits):
         backing too. Raises KeyError, TypeError or ValueError for what cannot be placed."""
         if type(items) is not list:
             raise TypeError("a place's items must be a list")
-        if place == "backoff":
+        if place == "in_flight":
+            messages = self._load_in_flight(items)
+        elif place == "backoff":
             messages = [message for _, message in items]
             # (the dumped list is a heap already)
             self.backoff.extend((due_ms, message.seq, message) for due_ms, message in items)
@@ -733,6 +772,7 @@ class QueueMachine(QueueLimits):
     def finish_load(self) -> None:
         """After the last `load_place`: rebuild what follows from the messages."""
         self.delayed.rebuild_index()
+        self._finish_receives()
         if self.durable and self.delivered_upto >= 0:
             self.backing.delivered(self.delivered_upto)  # type: ignore[union-attr]  # a durable queue has a backing
 
@@ -761,28 +801,34 @@ class QueueMachine(QueueLimits):
             self.consumers.pop(consumer.consumer_id, None)
 
     def _return(self, consumer: Consumer, seqs: list[int]) -> int:
-        n = 0
         checked_out = consumer.checked_out
-        counts_returns = self._counts_returns
-        recount = None
+        messages = []
         for seq in seqs:
             message = checked_out.pop(seq, None)
             if message is not None:
-                message.redelivered = True
-                n += 1
-                if counts_returns:
-                    if message.stored and self.durable and message.persistent and not self._over_limit(message):
-                        # The count survives a restart with the message (rabbit_fifo keeps it in its log).
-                        if recount is None:
-                            recount = []
-                        recount.append(message)
-                    if self._return_counted(message):
-                        continue
-                heapq.heappush(self.returned, (message.seq, message))
-                self.ready_bytes += len(message.body)
+                messages.append(message)
+        return self._give_back(messages)
+
+    def _give_back(self, messages: list[Message]) -> int:
+        """Messages that were delivered (or received) come back: to `returned`, flagged
+        redelivered; or, counted for x-delivery-limit or a retry back-off, elsewhere."""
+        counts_returns = self._counts_returns
+        recount = None
+        for message in messages:
+            message.redelivered = True
+            if counts_returns:
+                if message.stored and self.durable and message.persistent and not self._over_limit(message):
+                    # The count survives a restart with the message (rabbit_fifo keeps it in its log).
+                    if recount is None:
+                        recount = []
+                    recount.append(message)
+                if self._return_counted(message):
+                    continue
+            heapq.heappush(self.returned, (message.seq, message))
+            self.ready_bytes += len(message.body)
         if recount:
             self.backing.rewrite(recount)  # type: ignore[union-attr]  # messages stored or spilled: a backing
-        return n
+        return len(messages)
 
     def _head(self) -> Message | None:
         """The next ready message, loaded into memory if it was spilled; None if there is none."""
@@ -973,6 +1019,11 @@ class QueueMachine(QueueLimits):
             # (a policy may have removed the dead-letter exchange since: these are still on their way)
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             seen.add(seq)
+        for seq, flight in self.in_flight.items():
+            m = flight.message
+            assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
+            seen.add(seq)
+        self._check_receives()
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)

@@ -82,6 +82,8 @@ class QueueLimits:
         def _refill(self) -> None: ...
         def _head(self) -> Message | None: ...
         def _pop_next_raw(self) -> Message: ...
+        @property
+        def visibility_deadline_ms(self) -> int | None: ...
 
         consumers: dict[str, Consumer]
 
@@ -131,6 +133,9 @@ class QueueLimits:
             due = self.delayed.next_due_ms
             if due is not None and (deadline is None or due < deadline):
                 deadline = due
+        visible = self.visibility_deadline_ms  # SQS receives in flight (receives.py)
+        if visible is not None and (deadline is None or visible < deadline):
+            deadline = visible
         return deadline
 
     def _head_expiry_ms(self) -> int | None:
@@ -150,10 +155,13 @@ class QueueLimits:
 
     def _stamp_deadlines(self, messages: list[Message]) -> None:
         """At enqueue: the shorter of the queue's and the message's TTL (RabbitMQ), from the
-        queue's time."""
+        queue's time; and the time it was sent (a delayed one has it from its Enqueue already,
+        unless it was read back from the backing)."""
         queue_ttl = self.settings.message_ttl_ms
         now = self.now_ms
         for message in messages:
+            if message.sent_ms is None:
+                message.sent_ms = now
             ttl = message.ttl_ms
             if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
                 ttl = queue_ttl

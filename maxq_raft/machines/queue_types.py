@@ -16,6 +16,7 @@ that reads it back (`load`) decides as every other replica does. The machines an
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
@@ -49,6 +50,27 @@ class Overflowed(NamedTuple):
 
     accepted: int
     rejected: list[int]
+
+
+class Received(NamedTuple):
+    """One message of a `Receive`'s reply (a list of them, in the queue's order): what the shell
+    needs for an SQS ReceiveMessage answer and its receipt handle (sqs/receipt.py)."""
+
+    message: Message
+    seq: int  # with `receive_id`, names this receive of the message (the handle)
+    receive_id: int
+    receive_count: int  # ApproximateReceiveCount: every delivery and receive of the message so far
+    first_received_ms: int  # ApproximateFirstReceiveTimestamp, queue time
+    sent_ms: int | None  # SentTimestamp, queue time; None for a message read back from the backing
+
+
+class HandleResult(StrEnum):
+    """Per entry of a `DeleteReceived` or `ChangeVisibility` reply, in the command's order."""
+
+    DONE = "done"  # deleted, or its deadline set
+    STALE = "stale"  # in flight, but under a later receive: the handle is an old one
+    NOT_IN_FLIGHT = "not_in_flight"  # visible again, deleted, gone or never known
+    TOO_LONG = "too_long"  # ChangeVisibility only: past 12 hours from the receive (SQS: InvalidParameterValue)
 
 
 # ------------------------------------------------------------------ effects

@@ -21,9 +21,10 @@ The records, in order (docs/replication.md, "Snapshot format"):
   messages or CHUNK_BYTES_MAX bytes of body, so a queue of millions never becomes one list.
   `place` and `key` say where they were, as the machine names it (`ready`, `lane` with its
   priority as `key`, `returned`, `backoff`, `dead_lettering`, `checked_out` with the consumer id
-  as `key`, `delayed`, `dying` with the reason as `key`, `unstore`; only in the backing:
-  `spilled`, `lane_spilled`, `delayed_spilled`, read from it in batches of CHUNK_MESSAGES_MAX).
-  A message is `message_record`'s list; a `backoff` item is `[due_ms, message]`. Within a place
+  as `key`, `delayed`, `in_flight`, `dying` with the reason as `key`, `unstore`; only in the
+  backing: `spilled`, `lane_spilled`, `delayed_spilled`, read from it in batches of
+  CHUNK_MESSAGES_MAX). A message is `message_record`'s list; a `backoff` item is
+  `[due_ms, message]`, an `in_flight` one `[receive_id, deadline_ms, received_ms, message]`. Within a place
   the order is the machine's own (a heap's list order, a dict's insertion order), so nothing is
   re-sorted on the way.
 - `["end", counts]`: how many messages each place had, checked by the loader (assert in pairs).
@@ -44,12 +45,13 @@ rebuilds (see its dump and load).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .message import Message
 from .priority_queue import PriorityQueueMachine
 from .queue import QueueMachine
+from .receives import InFlight
 
 if TYPE_CHECKING:
     from .queue_types import Backing
@@ -57,7 +59,10 @@ if TYPE_CHECKING:
 # A record of a dump: plain data for msgpack, its fields by position (hence Any).
 Record: TypeAlias = list[Any]
 
-FORMAT_VERSION = 1
+# Version 2 added the SQS receives: `in_flight`, `next_receive_id` in the header, a message's
+# sent and first-receive times. A version 1 dump still loads (it has none of them).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 
@@ -92,6 +97,8 @@ def message_record(message: Message) -> Record:
         message.due_ms,
         message.delay_counter,
         list(message.death) if message.death is not None else None,
+        message.sent_ms,
+        message.first_received_ms,
     ]
 
 
@@ -114,7 +121,9 @@ def message_from_record(record: Record) -> Message:
         due_ms,
         delay_counter,
         death,
-    ) = record
+        sent_ms,
+        first_received_ms,
+    ) = record if len(record) == 19 else (*record, None, None)  # (17 fields: version 1)
     message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
     message.seq = seq
     message.delivery_count = delivery_count
@@ -125,6 +134,8 @@ def message_from_record(record: Record) -> Message:
     message.due_ms = due_ms
     message.delay_counter = delay_counter
     message.death = (death[0], death[1]) if death is not None else None
+    message.sent_ms = sent_ms
+    message.first_received_ms = first_received_ms
     return message
 
 
@@ -138,13 +149,26 @@ def _backoff_from_record(record: Record) -> tuple[int, Message]:
     return due_ms, message_from_record(message)
 
 
+def _in_flight_record(flight: InFlight) -> Record:
+    return [flight.receive_id, flight.deadline_ms, flight.received_ms, message_record(flight.message)]
+
+
+def _in_flight_from_record(record: Record) -> InFlight:
+    receive_id, deadline_ms, received_ms, message = record
+    if type(receive_id) is not int or type(deadline_ms) is not int or type(received_ms) is not int:
+        raise TypeError("an in-flight message's receive id, deadline and receive time are ints")
+    return InFlight(message_from_record(message), receive_id, deadline_ms, received_ms)
+
+
 # How a place's items are written and read, when they are not plain messages.
-_ENCODE = {"backoff": _backoff_record}
-_DECODE = {"backoff": _backoff_from_record}
+_ENCODE: dict[str, Callable[[Any], Record]] = {"backoff": _backoff_record, "in_flight": _in_flight_record}
+_DECODE: dict[str, Callable[[Record], Any]] = {"backoff": _backoff_from_record, "in_flight": _in_flight_from_record}
 
 
-def _message_of(item: Message | tuple[int, Message]) -> Message:
-    return item[1] if isinstance(item, tuple) else item
+def _message_of(item: Message | tuple[int, Message] | InFlight) -> Message:
+    if isinstance(item, tuple):
+        return item[1]
+    return item.message if isinstance(item, InFlight) else item
 
 
 def _chunks(place: str, key: Any, items: Iterable[Any], counts: dict[str, int]) -> Iterator[Record]:
@@ -193,8 +217,8 @@ def load_queue(records: Iterable[Any], *, backing: Backing | None = None) -> Que
         raise _fail(f"the first record is not a queue header: {str(first)[:80]}")
     header = first[1]
     version = header.get("version")
-    if version != FORMAT_VERSION:
-        raise _fail(f"unknown format version {version!r} (this code reads version {FORMAT_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise _fail(f"unknown format version {version!r} (this code reads versions {READABLE_VERSIONS})")
     if header.get("has_backing") != (backing is not None):
         raise _fail(
             "the original machine had a backing: restore it with one"

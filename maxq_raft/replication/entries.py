@@ -13,7 +13,8 @@ exactly once even when a proposal is repeated after a leader change (server/clus
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
 `[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`; UpdateSettings
-carries its `QueueSettings` as a list of its fields; AMQP field tables (arguments) are kept
+carries its `QueueSettings` as a list of its fields; SQS receipt handles (DeleteReceived,
+ChangeVisibility) are lists of ints, tuples again once decoded; AMQP field tables (arguments) are kept
 in AMQP's own table encoding so every value type round-trips exactly. Decoding never trusts
 its input: anything malformed raises EntryError, which the applier turns into a skipped entry
 instead of a stalled group.
@@ -55,6 +56,9 @@ QUEUE_COMMANDS = {
         qc.Touch,
         qc.DeadLettered,
         qc.UpdateSettings,
+        qc.Receive,
+        qc.DeleteReceived,
+        qc.ChangeVisibility,
     )
 }
 METADATA_COMMANDS = {
@@ -102,6 +106,8 @@ def encode_command(command) -> list:
         ]
     if type(command) is qc.UpdateSettings:
         return ["UpdateSettings", list(command.settings)]
+    if type(command) is qc.Purge and command.in_flight is False:
+        return ["Purge"]  # as before SQS's PurgeQueue: a node of an earlier version decodes it
     return [type(command).__name__, *(_field(v) for v in command)]
 
 
@@ -116,6 +122,11 @@ def decode_command(raw: list, metadata: bool):
         )
     if name == "UpdateSettings" and not metadata:
         return qc.UpdateSettings(QueueSettings(*fields[0]))
+    # msgpack gives lists: SQS handles are tuples again, so a command decodes as it was made
+    if name == "DeleteReceived" and not metadata:
+        return qc.DeleteReceived([(seq, receive_id) for seq, receive_id in fields[0]])
+    if name == "ChangeVisibility" and not metadata:
+        return qc.ChangeVisibility([(seq, receive_id, ms) for seq, receive_id, ms in fields[0]])
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
     if cls is None:
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")

@@ -8,6 +8,13 @@ robin within a priority; new and re-attached consumers join at the back). After 
 machine's state equals the model's, and a twin machine fed equal (not identical: the machine
 owns the `Message` objects it is given) commands produced equal replies, effects and state.
 
+SQS receives share the queue (receives.py): the model keeps what is in flight, under which
+receive and until when; handles are drawn from current, stale (an earlier receive of a message
+received again) and unknown ones. Time stands still except in the `advance` rule, and entries
+from a proposer whose clock is behind (`clock_back`) must not move the queue's time back; a
+deadline that has come is released by a Tick of its own before the next rule's command (the
+machine would release it at the start of that command), so each rule sees only its own effects.
+
 Failing examples found while writing this file are kept as `test_regression_*`.
 """
 
@@ -23,20 +30,24 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from maxq_raft.machines.commands import (
     Cancel,
+    ChangeVisibility,
     Checkout,
     Credit,
     DeleteQueue,
+    DeleteReceived,
     Discard,
     Down,
     Enqueue,
     Get,
     Purge,
+    Receive,
     Requeue,
     Settle,
+    Tick,
 )
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue import QueueMachine
-from maxq_raft.machines.queue_types import Deliver, Meta, Rejected
+from maxq_raft.machines.queue_types import Deliver, HandleResult, Meta, Rejected
 
 # Identities as the shell makes them: a consumer or a channel's basic.get holder belongs to one
 # connection (its owner), so the owner is a function of the id.
@@ -109,6 +120,8 @@ def digest(machine: QueueMachine):
         machine.spill_cursor if machine.spilled_count else None,
         machine.delivered_upto,
         sorted(machine.backing.records.items()) if machine.backing is not None else None,
+        [(seq, f.receive_id, f.deadline_ms, norm(f.message)) for seq, f in machine.in_flight.items()],
+        machine.next_receive_id,
     )
 
 
@@ -156,9 +169,23 @@ class Model:
         # joins at the back, one served goes to the back.
         self.rings: dict[int, list[str]] = {}
         self.finished: set[int] = set()  # settled, discarded, delivered no-ack, purged
+        # SQS receives: seq -> (receive id, deadline ms), in receive order; every handle given out
+        self.in_flight: dict[int, tuple[int, int]] = {}
+        self.issued: list[tuple[int, int]] = []
+        self.first_received: dict[int, int] = {}
+        self.sent: dict[int, int] = {}
+        self.now = 0  # the queue's time: the latest entry time
 
     def ready(self) -> list[int]:
         return sorted(self.returned) + self.fresh
+
+    def due(self) -> list[int]:
+        return [seq for seq, (_, deadline) in self.in_flight.items() if deadline <= self.now]
+
+    def release_due(self) -> None:
+        for seq in self.due():
+            del self.in_flight[seq]
+            self.give_back(seq)
 
     def pop(self) -> int | None:
         if self.returned:
@@ -279,7 +306,24 @@ GARBAGE = [
     lambda m: Get("g0", None, False),
     lambda m: Down(None),
     lambda m: Down(5),
+    lambda m: Purge(1),
+    lambda m: Receive(0, 10),
+    lambda m: Receive(11, 10),
+    lambda m: Receive(1, -1),
+    lambda m: Receive(None, 10),
+    lambda m: Receive(1, "10"),
+    lambda m: DeleteReceived(None),
+    lambda m: DeleteReceived([(0,)]),
+    lambda m: DeleteReceived([*_handles_of(m), (0, "1")]),
+    lambda m: DeleteReceived([*_handles_of(m), *[(0, 1)] * 11]),
+    lambda m: ChangeVisibility([(*h, 5) for h in _handles_of(m)] + [(0, 0, -1)]),
+    lambda m: ChangeVisibility([(0, 0)]),
+    lambda m: ChangeVisibility("x"),
 ]
+
+
+def _handles_of(model: Model) -> list[tuple[int, int]]:
+    return [(seq, receive_id) for seq, (receive_id, _) in model.in_flight.items()]
 
 
 def _held_by(model: Model, consumer_id: str) -> list[int]:
@@ -297,17 +341,34 @@ class QueueMachineStateful(RuleBasedStateMachine):
         self.twin = QueueMachine("/", "q")
         self.model = Model()
         self.log_index = 0
+        self.time_ms = 1_000  # the entry time; moved by `advance` only
 
-    def apply(self, make_command):
-        """Apply a freshly made command to the machine and an equal one to its twin."""
+    def apply(self, make_command, time_ms: int | None = None):
+        """Apply a freshly made command to the machine and an equal one to its twin (after a
+        Tick for the deadlines that have come, which the command would release first)."""
+        self.release_due(time_ms)
+        return self._apply(make_command, time_ms)
+
+    def _apply(self, make_command, time_ms: int | None = None):
         self.log_index += 1
-        meta = Meta(self.log_index, 1_000 + self.log_index)
+        meta = Meta(self.log_index, self.time_ms if time_ms is None else time_ms)
+        self.model.now = max(self.model.now, meta.time_ms)
         reply, effects = self.machine.apply(meta, make_command())
         twin_reply, twin_effects = self.twin.apply(meta, make_command())
         assert norm(reply) == norm(twin_reply)
         assert norm(effects) == norm(twin_effects)
         assert type(effects) is list
         return reply, effects
+
+    def release_due(self, time_ms: int | None = None) -> None:
+        model = self.model
+        model.now = max(model.now, self.time_ms if time_ms is None else time_ms)
+        if not model.due():
+            return
+        reply, effects = self._apply(Tick, time_ms)
+        assert reply is False
+        model.release_due()
+        model.check_deliveries(effects)
 
     @rule(n=st.integers(1, 4))
     def enqueue(self, n: int) -> None:
@@ -316,6 +377,7 @@ class QueueMachineStateful(RuleBasedStateMachine):
         assert reply == n
         self.model.next_seq += n
         self.model.fresh.extend(range(first, first + n))
+        self.model.sent.update(dict.fromkeys(range(first, first + n), self.model.now))
         self.model.check_deliveries(effects)
 
     @rule(
@@ -416,13 +478,99 @@ class QueueMachineStateful(RuleBasedStateMachine):
             holder = model.consumers.setdefault(holder_id, ModelConsumer(owner, 0, False, 0, 0, False))
             holder.held[seq] = None
 
-    @rule()
-    def purge(self) -> None:
-        reply, effects = self.apply(Purge)
-        ready = self.model.ready()
-        assert reply == len(ready) and effects == []
-        self.model.finished.update(ready)
-        self.model.fresh, self.model.returned = [], []
+    @rule(in_flight=st.booleans())
+    def purge(self, in_flight: bool) -> None:
+        reply, effects = self.apply(lambda: Purge(in_flight))
+        model = self.model
+        ready = model.ready()
+        assert reply == len(ready) + (len(model.in_flight) if in_flight else 0) and effects == []
+        model.finished.update(ready)
+        model.fresh, model.returned = [], []
+        if in_flight:
+            model.finished.update(model.in_flight)
+            model.in_flight.clear()
+
+    # ------------------------------------------------------------- SQS receives
+
+    @rule(max_count=st.sampled_from([1, 1, 2, 3, 10]), visibility_ms=st.sampled_from([0, 1, 5, 30]))
+    def receive(self, max_count: int, visibility_ms: int) -> None:
+        model = self.model
+        reply, effects = self.apply(lambda: Receive(max_count, visibility_ms))
+        assert type(reply) is list and effects == []
+        expected = []
+        while len(expected) < max_count:
+            seq = model.pop()
+            if seq is None:
+                break
+            expected.append(seq)
+        assert [r.seq for r in reply] == expected
+        last = max((rid for _, rid in model.issued), default=-1)
+        for r in reply:
+            seq = r.seq
+            assert r.message.seq == seq and r.message.body == body_of(seq)
+            assert r.receive_id > last, "receive ids count up"
+            last = r.receive_id
+            model.delivery_count[seq] = model.delivery_count.get(seq, 0) + 1
+            model.first_received.setdefault(seq, model.now)
+            assert r.receive_count == r.message.delivery_count == model.delivery_count[seq]
+            assert r.first_received_ms == model.first_received[seq]
+            # (a message read back from a backing has no sent time: the store keeps none)
+            assert r.sent_ms == model.sent[seq] or (r.sent_ms is None and self.machine.backing is not None)
+            model.in_flight[seq] = (r.receive_id, model.now + visibility_ms)
+            model.issued.append((seq, r.receive_id))
+
+    def _draw_handles(self, data) -> list[tuple[int, int]]:
+        model = self.model
+        pool = _handles_of(model) + model.issued[-6:] + [(model.next_seq + 3, 0), (0, 0)]
+        return data.draw(st.lists(st.sampled_from(pool), max_size=4), label="handles")
+
+    def _judge(self, seq: int, receive_id: int) -> HandleResult:
+        flight = self.model.in_flight.get(seq)
+        if flight is None:
+            return HandleResult.NOT_IN_FLIGHT
+        return HandleResult.DONE if flight[0] == receive_id else HandleResult.STALE
+
+    @rule(data=st.data())
+    def delete_received(self, data) -> None:
+        model = self.model
+        chosen = self._draw_handles(data)
+        reply, effects = self.apply(lambda: DeleteReceived(list(chosen)))
+        assert effects == []
+        expected = []
+        for seq, receive_id in chosen:
+            expected.append(self._judge(seq, receive_id))
+            if expected[-1] is HandleResult.DONE:
+                del model.in_flight[seq]
+                model.finished.add(seq)
+        assert reply == expected
+
+    @rule(data=st.data(), visibility_ms=st.sampled_from([0, 1, 10, 40]))
+    def change_visibility(self, data, visibility_ms: int) -> None:
+        model = self.model
+        chosen = [(*handle, visibility_ms) for handle in self._draw_handles(data)]
+        reply, effects = self.apply(lambda: ChangeVisibility(list(chosen)))
+        expected = []
+        for seq, receive_id, _ in chosen:
+            expected.append(self._judge(seq, receive_id))
+            if expected[-1] is HandleResult.DONE:
+                model.in_flight[seq] = (receive_id, model.now + visibility_ms)
+        assert reply == expected
+        model.release_due()  # a deadline of now: visible in the same command
+        model.check_deliveries(effects)
+
+    @rule(ms=st.sampled_from([1, 5, 20, 50]))
+    def advance(self, ms: int) -> None:
+        self.time_ms += ms
+        reply, effects = self.apply(Tick)  # (the due ones were released by a Tick before it)
+        assert reply is False and effects == []
+
+    @rule(ms=st.sampled_from([1, 30]))
+    def clock_back(self, ms: int) -> None:
+        """An entry stamped earlier (a proposer whose clock is behind): the queue's time stays."""
+        before = self.machine.now_ms
+        reply, effects = self.apply(Tick, self.time_ms - ms)
+        assert reply is False and effects == []
+        assert self.machine.now_ms == max(before, self.time_ms - ms)
 
     @rule(owner=st.sampled_from(OWNERS))
     def down(self, owner: str) -> None:
@@ -440,6 +588,7 @@ class QueueMachineStateful(RuleBasedStateMachine):
 
     @rule(make=st.sampled_from(GARBAGE))
     def garbage(self, make) -> None:
+        self.release_due()
         before = digest(self.machine)
         reply, effects = self.apply(lambda: make(self.model))
         assert type(reply) is Rejected, reply
@@ -456,11 +605,18 @@ class QueueMachineStateful(RuleBasedStateMachine):
         # Every message is in exactly one place: ready, held by one consumer, or finished.
         ready = ready_seqs(machine)
         held = [seq for c in machine.consumers.values() for seq in c.checked_out]
-        assert len(ready) + len(held) + len(model.finished) == model.next_seq
-        assert set(ready) | set(held) | model.finished == set(range(model.next_seq))
+        in_flight = list(machine.in_flight)
+        assert len(ready) + len(held) + len(in_flight) + len(model.finished) == model.next_seq
+        assert set(ready) | set(held) | set(in_flight) | model.finished == set(range(model.next_seq))
         assert ready == model.ready()
         assert machine.ready_count == len(ready)
-        assert machine.unacked_count == len(held)
+        assert machine.unacked_count == len(held) + len(in_flight)
+        assert {seq: (f.receive_id, f.deadline_ms) for seq, f in machine.in_flight.items()} == model.in_flight
+        assert in_flight == list(model.in_flight), "in receive order"
+        # (a command of no queue type is refused before the machine looks at its time)
+        assert machine.now_ms <= model.now
+        deadlines = [deadline for _, deadline in model.in_flight.values()]
+        assert machine.next_deadline_ms == (min(deadlines) if deadlines else None)
         assert machine.active_consumer_count == model.active_count()
         assert machine.exclusive_consumer == model.exclusive
         assert sorted(machine.consumers) == sorted(model.consumers)
@@ -570,6 +726,7 @@ class DictBacking:
 
 def in_memory_stored(machine: QueueMachine) -> int:
     held = [m for c in machine.consumers.values() for m in c.checked_out.values()]
+    held += [f.message for f in machine.in_flight.values()]
     return sum(m.stored for m in list(machine.ready) + [m for _, m in machine.returned] + held)
 
 
@@ -597,6 +754,7 @@ class QueueMachineWithBackingStateful(QueueMachineStateful):
             not in {m.seq for m in machine.ready}
             | {s for s, _ in machine.returned}
             | {q for c in machine.consumers.values() for q in c.checked_out}
+            | set(machine.in_flight)
         )
         assert len(machine.ready) <= 3 or not machine.spilled_count
 

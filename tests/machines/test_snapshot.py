@@ -25,15 +25,18 @@ from hypothesis import strategies as st
 from maxq_raft.machines import queue_limits
 from maxq_raft.machines.commands import (
     Cancel,
+    ChangeVisibility,
     Checkout,
     Credit,
     DeadLettered,
     DeleteQueue,
+    DeleteReceived,
     Discard,
     Down,
     Enqueue,
     Get,
     Purge,
+    Receive,
     Requeue,
     Settle,
     Tick,
@@ -75,6 +78,8 @@ def full(value):
             value.delay_ms,
             value.due_ms,
             value.death,
+            value.sent_ms,
+            value.first_received_ms,
         )
     if isinstance(value, tuple):
         return (type(value).__name__, *(full(v) for v in value))
@@ -98,6 +103,8 @@ def observe(machine: QueueMachine):
         machine.exclusive_consumer,
         len(machine.delayed.window) + machine.delayed.spilled,
         [(cid, c.active, list(c.checked_out)) for cid, c in machine.consumers.items()],
+        [(seq, f.receive_id, f.deadline_ms) for seq, f in machine.in_flight.items()],
+        machine.next_receive_id,
         sorted(machine.dead_lettering),
         sorted(machine.backing.records) if machine.backing is not None else None,
     )
@@ -164,6 +171,11 @@ operations = st.one_of(
     st.tuples(st.just("tick")),
     st.tuples(st.just("dead_lettered"), picks),
     st.tuples(st.sampled_from(["purge", "touch", "touch"])),
+    st.tuples(st.just("purge_in_flight")),
+    st.tuples(st.just("receive"), st.integers(1, 3), st.sampled_from([0, 5, 30, 100])),
+    st.tuples(st.just("receive"), st.integers(1, 3), st.sampled_from([0, 5, 30, 100])),
+    st.tuples(st.just("delete_received"), picks, st.booleans()),
+    st.tuples(st.just("change_visibility"), picks, st.booleans(), st.sampled_from([0, 3, 60])),
     st.tuples(st.just("update"), st.sampled_from([None, 4]), st.sampled_from([None, 1]), st.booleans()),
 )
 
@@ -216,6 +228,17 @@ class Pair:
             pending = list(first.dead_lettering)
             seqs = list(dict.fromkeys(pending[i % len(pending)] for i in op[1])) if pending else []
             return lambda: DeadLettered(list(seqs))
+        if kind == "receive":
+            return lambda: Receive(op[1], op[2])
+        if kind in ("delete_received", "change_visibility"):
+            # Current handles, or (`stale`) each with an earlier receive id: stale or unknown.
+            current = [(seq, f.receive_id - op[2]) for seq, f in first.in_flight.items()]
+            chosen = list(dict.fromkeys(current[i % len(current)] for i in op[1])) if current else [(0, 0)]
+            if kind == "delete_received":
+                return lambda: DeleteReceived(list(chosen))
+            return lambda: ChangeVisibility([(seq, receive_id, op[3]) for seq, receive_id in chosen])
+        if kind == "purge_in_flight":
+            return lambda: Purge(in_flight=True)
         if kind == "update":
             _, ttl, limit, dlx = op
             new = first.settings._replace(

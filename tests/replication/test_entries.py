@@ -58,6 +58,13 @@ queue_commands = st.one_of(
     st.builds(qc.Credit, names, st.integers(0, 10**6)),
     st.builds(qc.Get, names, names, st.booleans()),
     st.just(qc.Purge()),
+    st.builds(qc.Purge, st.booleans()),
+    st.builds(qc.Receive, st.integers(1, 10), st.integers(0, 43_200_000)),
+    st.builds(qc.DeleteReceived, st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 2**63)), max_size=10)),
+    st.builds(
+        qc.ChangeVisibility,
+        st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 2**63), st.integers(0, 2**40)), max_size=10),
+    ),
     st.builds(qc.Down, names),
     st.just(qc.DeleteQueue()),
     st.builds(qc.Create, st.booleans(), tables),

@@ -4,6 +4,7 @@
   python -m tests.sim --seeds 5000           seeds 0..4999 (--first to start elsewhere)
   python -m tests.sim --seeds 1000000 --workers 2
   python -m tests.sim --seeds 20000 --workers 2 --plant held-replaced   (a bug put back: plants.py)
+  python -m tests.sim --seeds 2000 --sqs      with SQS receives in the workload (a seed's run differs)
 
 Run it from the repository root with the project's environment (scripts/sim does both).
 Exit status 1 when a seed failed; each failing seed is printed with the command that replays it.
@@ -30,13 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per seed (default: drawn from the seed)")
     parser.add_argument("--quiet", action="store_true", help="with --seed: only the verdict")
     parser.add_argument("--plant", choices=sorted(PLANTS), help="put a bug the simulation found back (plants.py)")
+    parser.add_argument("--sqs", action="store_true", help="SQS receives in the workload too (workload.py)")
     parser.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (stderr)")
     args = parser.parse_args(argv)
     # A TERM ends the run like ^C: the worker pool is torn down on the way out (no orphans).
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
     if args.seed is not None:
-        outcome, world = run_seed(args.seed, tracing=True, steps=args.steps, plant=args.plant)
+        outcome, world = run_seed(args.seed, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs)
         if not args.quiet:
             print("\n".join(world.lines or ()))
         print(f"seed {args.seed}: {'ok' if outcome.ok else 'FAILED: ' + outcome.error} ({outcome.steps} steps)")
@@ -54,19 +56,20 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     ran, failures, seconds = run_seeds(
-        args.first, args.seeds, workers=args.workers, progress=progress, plant=args.plant
+        args.first, args.seeds, workers=args.workers, progress=progress, plant=args.plant, sqs=args.sqs
     )
     for outcome in failures:
         print(
-            f"seed {outcome.seed} FAILED at step {outcome.steps}: {outcome.error}\n  replay: {replay_command(outcome.seed)}"
+            f"seed {outcome.seed} FAILED at step {outcome.steps}: {outcome.error}\n"
+            f"  replay: {replay_command(outcome.seed, args.sqs)}"
         )
     if failures:
         first = failures[0].seed
-        _outcome, world = run_seed(first, tracing=True, steps=args.steps, plant=args.plant)
+        _outcome, world = run_seed(first, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs)
         lines = world.lines or []
         print(
             f"--- the last {min(len(lines), TAIL_LINES)} lines of seed {first}'s step log "
-            f"(all of it: {replay_command(first)})"
+            f"(all of it: {replay_command(first, args.sqs)})"
         )
         print("\n".join(lines[-TAIL_LINES:]))
     print(

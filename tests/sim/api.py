@@ -21,6 +21,7 @@ from maxq_raft.machines.apply_order import ApplyOrder, apply_committed
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import Deliver, Message, Meta, Rejected
 from maxq_raft.machines.queue_args import settings_or_default
+from maxq_raft.machines.queue_types import HandleResult
 from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine, ends_life
 from maxq_raft.machines.snapshot import dump_queue
 from maxq_raft.replication.entries import decode_entry, encode_entry
@@ -39,6 +40,7 @@ __all__ = [
     "Message",
     "Meta",
     "Rejected",
+    "HandleResult",
     "settings_or_default",
     "ALL_QUEUES",
     "LivesDown",

@@ -13,7 +13,7 @@ Theory of operation: two kinds of checks, in pairs.
    - after each committed entry, every number the entry's queues held before or got from it is
      still held exactly once (in any place of the queue: ready, returned, with a consumer ...)
      or it left with a licence from that entry: an ack or reject naming its seq, a delivery to a
-     no-ack consumer or a no-ack basic.get, a purge, or the queue's own count of what it dropped
+     no-ack consumer or a no-ack basic.get, a purge, a delete by an SQS receive's current handle, or the queue's own count of what it dropped
      (expired, over x-max-length or x-delivery-limit) going up as much; and a number that left
      never comes back;
    - what callers heard: a proposal answered "ok" had its messages enqueued (exactly once); one
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import ALL_QUEUES, Deliver, LivesDown, Message, qc
+from .api import ALL_QUEUES, Deliver, HandleResult, LivesDown, Message, qc
 from .fake_log import FakeLog, Proposal
 from .replica import Replica, message_number
 
@@ -172,6 +172,11 @@ class Ledger:
                 self.licences[message_number(reply[0].body)] = "got no-ack"
         elif kind is qc.Purge:
             self.purged[target] = None
+        elif kind is qc.DeleteReceived and type(reply) is list:
+            for (seq, _receive_id), result in zip(command.handles, reply, strict=True):
+                number = self.numbers.get((target, seq))
+                if number is not None and result is HandleResult.DONE:
+                    self.licences[number] = "deleted by its handle"
         for effect in effects:
             kind = type(effect)
             if kind is Deliver:
@@ -221,7 +226,7 @@ class Ledger:
                 self.gone[number] = licence
             if len(unlicensed) > drops:
                 raise SimFailure(
-                    f"{sorted(unlicensed)} left queue {key[1]} with no ack, no-ack delivery or purge, "
+                    f"{sorted(unlicensed)} left queue {key[1]} with no ack, no-ack delivery, delete by handle or purge, "
                     f"and the queue dropped only {drops} (expired, over a limit): lost"
                 )
             self.held[key] = now

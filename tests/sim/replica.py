@@ -173,6 +173,8 @@ class Replica:
                     numbers.extend(message_number(m[4]) for m in record[3])
                 elif record[0] == "messages" and record[1] == "backoff":
                     numbers.extend(message_number(m[1][4]) for m in record[3])
+                elif record[0] == "messages" and record[1] == "in_flight":  # [receive id, deadline, received, message]
+                    numbers.extend(message_number(m[3][4]) for m in record[3])
             cache[key] = (hashlib.blake2b(_pack(records), digest_size=16).digest(), tuple(numbers), dropped)
         self._stale[group] = {}
 

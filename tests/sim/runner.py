@@ -92,6 +92,9 @@ class Config:
     reorder: float  # with chaos: how often a commit takes another attempt than the oldest
     unknown: float  # how often a commit is answered "timeout" anyway
     weights: list[float]
+    # SQS receives in the workload (workload.py): off unless asked, so that every seed without
+    # them draws and does exactly what it did before they existed (the regression seeds).
+    sqs: bool = False
 
     @classmethod
     def draw(cls, rng: random.Random, steps: int | None = None) -> Config:
@@ -115,14 +118,22 @@ class Config:
 
 class World:
     def __init__(
-        self, seed: int, tracing: bool = False, steps: int | None = None, config: Config | None = None
+        self,
+        seed: int,
+        tracing: bool = False,
+        steps: int | None = None,
+        config: Config | None = None,
+        sqs: bool = False,
     ) -> None:
-        """`config`: a given shape instead of one drawn from the seed (scripted tests)."""
+        """`config`: a given shape instead of one drawn from the seed (scripted tests); `sqs`:
+        SQS receives in the workload too."""
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.lines: list[str] | None = [] if tracing else None
         self.tracing = tracing
         self.config = config = config if config is not None else Config.draw(rng, steps)
+        if sqs:
+            config.sqs = True
         self.shards = [f"shard-{i}" for i in range(config.shards)]
         self.groups = [META_GROUP, *self.shards]
         self.outcome_wait_ms = config.outcome_wait_ms
@@ -456,13 +467,13 @@ class Outcome:
 
 
 def run_seed(
-    seed: int, tracing: bool = False, steps: int | None = None, plant: str | None = None
+    seed: int, tracing: bool = False, steps: int | None = None, plant: str | None = None, sqs: bool = False
 ) -> tuple[Outcome, World]:
-    """One seed; `plant`: with that bug put back (plants.py)."""
+    """One seed; `plant`: with that bug put back (plants.py); `sqs`: with SQS receives."""
     from .plants import planted
 
     with planted(plant):
-        world = World(seed, tracing=tracing, steps=steps)
+        world = World(seed, tracing=tracing, steps=steps, sqs=sqs)
         try:
             world.run()
         except Exception as exc:  # an assertion of the machines, the glue's, or a check: all failures
@@ -472,27 +483,33 @@ def run_seed(
     return Outcome(seed, True, "", world.step_no), world
 
 
-def replay_command(seed: int) -> str:
-    return f"python -m tests.sim --seed {seed}"
+def replay_command(seed: int, sqs: bool = False) -> str:
+    return f"python -m tests.sim --seed {seed}" + (" --sqs" if sqs else "")
 
 
-def _run_range(args: tuple[int, int, str | None]) -> tuple[int, list[Outcome]]:
-    start, count, plant = args
+def _run_range(args: tuple[int, int, str | None, bool]) -> tuple[int, list[Outcome]]:
+    start, count, plant, sqs = args
     failures = []
     for seed in range(start, start + count):
-        outcome, _world = run_seed(seed, plant=plant)
+        outcome, _world = run_seed(seed, plant=plant, sqs=sqs)
         if not outcome.ok:
             failures.append(outcome)
     return count, failures
 
 
 def run_seeds(
-    first: int, count: int, workers: int = 1, chunk: int = 500, progress=None, plant: str | None = None
+    first: int,
+    count: int,
+    workers: int = 1,
+    chunk: int = 500,
+    progress=None,
+    plant: str | None = None,
+    sqs: bool = False,
 ) -> tuple[int, list[Outcome], float]:
     """Seeds first .. first+count-1; returns (seeds run, failures, seconds). Worker processes
     are started here and always joined here (a pool in a `with`)."""
     started = time.monotonic()
-    chunks = [(s, min(chunk, first + count - s), plant) for s in range(first, first + count, chunk)]
+    chunks = [(s, min(chunk, first + count - s), plant, sqs) for s in range(first, first + count, chunk)]
     ran = 0
     failures: list[Outcome] = []
     if workers <= 1:

@@ -39,6 +39,22 @@ def test_thousands_of_seeds():
     )
 
 
+SQS_SEEDS = 1000
+
+
+def test_seeds_with_sqs_receives():
+    """The same runs with SQS receivers sharing the queues (`--sqs`): receives, deletes by
+    current and stale handles, visibility changes and expiries, purges of what is in flight."""
+    workers = min(2, os.cpu_count() or 1)
+    ran, failures, seconds = run_seeds(0, SQS_SEEDS, workers=workers, sqs=True)
+    print(f"\nsimulation with SQS receives: {ran} seeds, {len(failures)} failed, {seconds:.1f} s")
+    assert ran == SQS_SEEDS
+    assert not failures, "\n".join(
+        f"seed {f.seed} (step {f.steps}): {f.error}\n  replay: {replay_command(f.seed, sqs=True)}"
+        for f in failures[:10]
+    )
+
+
 # Seeds that find a bug the simulation found (each fixed in its own commit): each fails with
 # the bug planted back (plants.py) and passes without it. A change to the simulation changes
 # what a seed draws; if a seed here stops finding its bug, pick another with

@@ -7,7 +7,9 @@ once the shard has it; publishes are `Enqueue`s of uniquely numbered messages (b
 to queues that exist; consumers attach (`Checkout`, ack or no-ack, with prefetch and a credit
 window), ack, requeue or reject what was delivered to them (`Settle`, `Requeue`, `Discard`),
 take credit (`Credit`), cancel, `Get`; a channel closes (`Down` of its owner in each queue it
-used); time passes for a queue (`Tick`); a queue is purged. Each queue name has arguments for
+used); time passes for a queue (`Tick`); a queue is purged. With `Config.sqs`, SQS receivers
+share the queues: `Receive`, `DeleteReceived` and `ChangeVisibility` with handles read from the
+witness (current ones, or an earlier receive id: stale), and purges that take what is in flight. Each queue name has arguments for
 the run (TTL, length limits, priorities, a delivery limit with or without retry back-off, single
 active consumer) and some publishes carry a TTL and a priority. An action may do a few operations
 whose commands for one group go in one entry, as one scheduler pass of the server batches them.
@@ -66,7 +68,11 @@ QUEUE_ARGUMENTS = (
     (("x-single-active-consumer", True),),
     (("x-retry-backoff-ms", 20), ("x-delivery-limit", 3)),
 )
+SQS_OPERATIONS = ("receive", "delete_received", "change_visibility")
 BASE_WEIGHTS = {
+    "receive": 4,
+    "delete_received": 6,
+    "change_visibility": 1,
     "declare": 2,
     "record": 1,
     "bind": 1,
@@ -93,6 +99,9 @@ class Workload:
         self.weights = [BASE_WEIGHTS[op] * rng.choice((0, 1, 1, 3)) for op in OPERATIONS]
         self.weights[OPERATIONS.index("declare")] += 1  # without queues nothing else happens
         self.weights[OPERATIONS.index("publish")] += 1
+        if world.config.sqs:  # (drawn after everything else: a run without them is as it was)
+            self.operations += SQS_OPERATIONS
+            self.weights += [BASE_WEIGHTS[op] * rng.choice((0, 1, 1, 3)) for op in SQS_OPERATIONS]
         self.queue_count = rng.randint(1, len(QUEUE_NAMES))
         self.batch_max = rng.choice((1, 1, 2, 4))
         # Each queue name's arguments for the run (a later Create of it changes nothing).
@@ -279,4 +288,44 @@ class Workload:
     def _purge(self, node: Node) -> None:
         key = self._pick_queue()
         if key is not None:
-            self._add(self.world.group_of(key), key, qc.Purge())
+            in_flight = self.world.config.sqs and self.rng.random() < 0.5  # SQS PurgeQueue
+            self._add(self.world.group_of(key), key, qc.Purge(in_flight) if in_flight else qc.Purge())
+
+    # ------------------------------------------------------------ SQS receives
+
+    def _receive(self, node: Node) -> None:
+        key = self._pick_queue()
+        if key is not None:
+            command = qc.Receive(self.rng.randint(1, 10), self.rng.choice((0, 10, 50, 500, 5_000)))
+            self._add(self.world.group_of(key), key, command)
+
+    def _handles(self) -> tuple[tuple[str, str], list[tuple[int, int]]] | None:
+        """Handles of messages in flight in a queue, as the witness has them now (stale by the
+        time the entry applies, maybe), a few with an earlier receive id (stale at once)."""
+        witness = self.world.witness
+        queues = [
+            (key, machine)
+            for group in self.world.shards
+            for key, machine in witness.broker.groups[group].queues.items()
+            if machine.in_flight
+        ]
+        if not queues:
+            return None
+        key, machine = self.rng.choice(queues)
+        flights = list(machine.in_flight.values())
+        chosen = self.rng.sample(flights, self.rng.randint(1, min(3, len(flights))))
+        return key, [(f.message.seq, f.receive_id - (self.rng.random() < 0.2)) for f in chosen]
+
+    def _delete_received(self, node: Node) -> None:
+        found = self._handles()
+        if found is not None:
+            key, handles = found
+            self._add(self.world.group_of(key), key, qc.DeleteReceived(handles))
+
+    def _change_visibility(self, node: Node) -> None:
+        found = self._handles()
+        if found is not None:
+            key, handles = found
+            visibility_ms = self.rng.choice((0, 20, 200))
+            command = qc.ChangeVisibility([(seq, receive_id, visibility_ms) for seq, receive_id in handles])
+            self._add(self.world.group_of(key), key, command)
