@@ -63,6 +63,9 @@ LIMITS = Limits(
 )
 
 
+FORBIDDEN_ERROR = "not_authorised"
+
+
 class Refused(Exception):
     """An HttpError raised before the request's body was read: drained, answered, closed."""
 
@@ -80,12 +83,13 @@ def error_response(error: HttpError) -> Response:
     return json_response(error.status, {"error": str(error), **error.extra})
 
 
-def _unauthorized(reason: str) -> Response:
-    # RabbitMQ answers 401 both without valid credentials and for a user without the tag a
-    # route needs; the challenge makes browsers and curl ask for credentials.
+def _unauthorized(reason: str, error: str = "not_authorized") -> Response:
+    # RabbitMQ answers 401 both without valid credentials ("not_authorized") and for a user
+    # without the tag, vhost or permission a route needs ("not_authorised", its spelling there);
+    # the challenge makes browsers and curl ask for credentials.
     return json_response(
         "401 Unauthorized",
-        {"error": "not_authorized", "reason": reason},
+        {"error": error, "reason": reason},
         {"WWW-Authenticate": f'Basic realm="{auth.REALM}"'},
     )
 
@@ -104,6 +108,8 @@ async def dispatch(broker: Any, request: Request) -> Response:
         request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
     except auth.Unauthorized as exc:
         return _unauthorized(str(exc))
+    except auth.Forbidden as exc:
+        return _unauthorized(str(exc), FORBIDDEN_ERROR)
     methods, params = route(request.path)
     if methods is None:
         endpoints = sorted(f"{m} {p}" for p, ms in ROUTES.items() for m in ms)
@@ -120,11 +126,13 @@ async def dispatch(broker: Any, request: Request) -> Response:
     try:
         auth.check(request.caller, need, broker.meta, params.get("vhost") if need is auth.Need.POLICYMAKER else None)
     except auth.Forbidden as exc:
-        return _unauthorized(str(exc))
+        return _unauthorized(str(exc), FORBIDDEN_ERROR)
     try:
         return _reply_response(await handler(broker, request))
     except HttpError as exc:
         return error_response(exc)
+    except auth.Forbidden as exc:  # a handler's own check: a vhost, a resource permission
+        return _unauthorized(str(exc), FORBIDDEN_ERROR)
 
 
 async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: float) -> Request:

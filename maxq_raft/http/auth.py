@@ -86,7 +86,8 @@ class Caller:
 
 
 def authenticate(meta: md.MetadataMachine, authorization: str | None, peer_host: str) -> Caller:
-    """The caller named by an `Authorization: Basic ...` header, or Unauthorized."""
+    """The caller named by an `Authorization: Basic ...` header; Unauthorized without valid
+    credentials, Forbidden for a user without a management tag."""
     if not authorization:
         raise Unauthorized("Not authorized: send the credentials of a user with HTTP basic auth")
     scheme, _, encoded = authorization.strip().partition(" ")
@@ -104,7 +105,7 @@ def authenticate(meta: md.MetadataMachine, authorization: str | None, peer_host:
         raise Unauthorized("User can only log in via localhost")  # RabbitMQ's loopback_users
     caller = Caller(user)
     if not caller.has(Need.MANAGEMENT):
-        raise Unauthorized("Not management user")
+        raise Forbidden("Not management user")  # a known user: RabbitMQ's "not_authorised"
     return caller
 
 

@@ -256,7 +256,7 @@ def test_the_admin_api_needs_credentials_and_the_right_tag(broker, user):
     assert status == 401 and "endpoints" not in body  # nothing is said before authentication
     # A user without a management tag may not use the API at all.
     status, body, _ = api(broker, "GET", "/api/overview", auth=(user, PASSWORD))
-    assert (status, body["reason"]) == (401, "Not management user")
+    assert (status, body) == (401, {"error": "not_authorised", "reason": "Not management user"})
     # management: reads what is in its vhosts only; may not change users or read the cluster.
     ok(ctl(broker, "set-user-tags", user, "management"))
     vhost = f"m-{uuid.uuid4().hex[:6]}"

@@ -152,10 +152,11 @@ def test_admin_api_login() -> None:
         ("Basic !!!", "127.0.0.1", "malformed"),
         (basic("guest", "nope"), "127.0.0.1", "Login failed"),
         (basic("guest", "guest"), "10.0.0.9", "via localhost"),
-        (basic("app", "pw"), "127.0.0.1", "Not management user"),
     ):
         with pytest.raises(auth.Unauthorized, match=reason):
             auth.authenticate(machine, header, peer)
+    with pytest.raises(auth.Forbidden, match="Not management user"):  # known, but without the tag
+        auth.authenticate(machine, basic("app", "pw"), "127.0.0.1")
 
 
 def test_management_users_see_their_vhosts_and_their_own_connections_and_channels() -> None:
