@@ -34,10 +34,9 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from . import access_api, auth, definitions_api, health_api, management_views
+from . import access_api, auth, definitions_api, health_api, management_views, objects_api
 from .engine_status import engine_status
-from .metrics import QUEUE_TYPE
-from .requests import HttpError, Request, commit
+from .requests import HttpError, Request, commit, json_safe
 
 log = logging.getLogger("maxq.http")
 
@@ -51,16 +50,6 @@ TRANSFER_TIMEOUT_S = 10.0  # a group's transfer gives up after 3 s itself
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as config.NODE_ID
 META_GROUP = "meta"
 NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/--peer)"
-
-
-def _text(value):
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {k: _text(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_text(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
 # ------------------------------------------------------------------------------ views (GET)
@@ -193,26 +182,7 @@ async def view_status(broker, request: Request) -> dict:
 
 
 def view_queues(broker) -> list:
-    out = []
-    for (vhost, name), queue in broker.queues.items():
-        record = broker.meta.queue(vhost, name)
-        out.append(
-            {
-                "vhost": vhost,
-                "name": name,
-                "durable": bool(record and record.durable),
-                "exclusive": bool(record and record.exclusive_owner),
-                "auto_delete": bool(record and record.auto_delete),
-                "arguments": _text(record.arguments if record else {}),
-                "type": QUEUE_TYPE,
-                "state": "running",
-                "messages": queue.ready_count + queue.unacked_count,
-                "messages_ready": queue.ready_count,
-                "messages_unacknowledged": queue.unacked_count,
-                "consumers": queue.active_consumer_count,
-            }
-        )
-    return out
+    return [objects_api.queue_view(broker, vhost, name, queue) for (vhost, name), queue in broker.queues.items()]
 
 
 def view_exchanges(broker) -> list:
@@ -224,7 +194,7 @@ def view_exchanges(broker) -> list:
             "durable": ex.durable,
             "auto_delete": ex.auto_delete,
             "internal": ex.internal,
-            "arguments": _text(ex.arguments),
+            "arguments": json_safe(ex.arguments),
         }
         for vhost, v in broker.meta.vhosts.items()
         for ex in v.exchanges.values()
@@ -239,7 +209,7 @@ def view_bindings(broker) -> list:
             "destination_type": kind,
             "destination": dest,
             "routing_key": key,
-            "arguments": _text(args),
+            "arguments": json_safe(args),
         }
         for vhost in broker.meta.vhosts
         for source, kind, dest, key, args in broker.meta.bindings(vhost)
@@ -254,7 +224,7 @@ def view_connections(broker) -> list:
             "user": s.user,
             "vhost": s.vhost,
             "channels": len(s.channels),
-            "client": _text(s.client_properties.get("product", "")),
+            "client": json_safe(s.client_properties.get("product", "")),
             "messages_in": s.messages_in,
             "messages_out": s.messages_out,
         }
@@ -286,7 +256,7 @@ def view_policies(broker) -> list:
             "name": p.name,
             "pattern": p.pattern,
             "apply-to": p.apply_to,
-            "definition": _text(p.definition),
+            "definition": json_safe(p.definition),
             "priority": p.priority,
         }
         for vhost_name, vhost in broker.meta.vhosts.items()
@@ -593,6 +563,13 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},
     "/api/cluster/transfer-leadership": {"POST": (ADMINISTRATOR, transfer_leadership)},
     "/api/queues": {"GET": (MANAGEMENT, _view(view_queues))},
+    "/api/queues/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.list_in_vhost))},
+    "/api/queues/{vhost}/{name}": {
+        "GET": (MANAGEMENT, _sync(objects_api.get_queue)),
+        "PUT": (MANAGEMENT, objects_api.put_queue),
+        "DELETE": (MANAGEMENT, objects_api.delete_queue),
+    },
+    "/api/queues/{vhost}/{name}/contents": {"DELETE": (MANAGEMENT, objects_api.purge_queue)},
     "/api/exchanges": {"GET": (MANAGEMENT, _view(view_exchanges))},
     "/api/bindings": {"GET": (MANAGEMENT, _view(view_bindings))},
     "/api/connections": {"GET": (MANAGEMENT, _view(view_connections))},
@@ -645,18 +622,38 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
 
+def _pattern_order(pattern: str) -> tuple[int, int]:
+    # Among patterns of one length, more literal segments first: "/api/nodes/{name}" is tried
+    # before a "/api/{vhost}/{name}" would be.
+    parts = pattern.split("/")
+    return len(parts), -sum(1 for part in parts if not part.startswith("{"))
+
+
+_PATTERNS: list[tuple[list[str], str]] = [
+    (pattern.split("/"), pattern) for pattern in sorted(ROUTES, key=_pattern_order)
+]
+
+
 def route(path: str) -> tuple[dict[str, tuple[auth.Need, Handler]] | None, dict[str, str]]:
+    """The methods of the route `path` (raw, percent-encoded) matches, and its parameters, each
+    segment decoded on its own (a vhost "/" arrives as %2F)."""
     methods = ROUTES.get(path)
     if methods is not None:
         return methods, {}
-    head, _, last = path.rpartition("/")
-    methods = ROUTES.get(head + "/{name}")
-    if methods is not None and last:
-        return methods, {"name": unquote(last)}
-    top, _, vhost = head.rpartition("/")
-    methods = ROUTES.get(top + "/{vhost}/{name}")
-    if methods is not None and vhost and last:
-        return methods, {"vhost": unquote(vhost), "name": unquote(last)}
+    segments = path.split("/")
+    for parts, pattern in _PATTERNS:
+        if len(parts) != len(segments):
+            continue
+        params: dict[str, str] = {}
+        for part, segment in zip(parts, segments, strict=True):
+            if part.startswith("{"):
+                if not segment:
+                    break
+                params[part[1:-1]] = unquote(segment)
+            elif part != segment:
+                break
+        else:
+            return ROUTES[pattern], params
     return None, {}
 
 

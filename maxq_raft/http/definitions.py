@@ -404,6 +404,20 @@ def _queue_step(item: _Item, vhost: str | None) -> Step | None:
     return Step(where, md.DeclareQueue(v, name, False, durable, False, auto_delete, arguments, ""))
 
 
+def queue_declaration(vhost: str, name: str, body: dict[str, Any]) -> md.DeclareQueue:
+    """`PUT /api/queues/{vhost}/{name}`'s body (durable, auto_delete, arguments; RabbitMQ's) as
+    the command that declares it, checked as an imported queue is; DefinitionsError if bad."""
+    body = {**body, "name": name, "vhost": vhost}
+    for flag in ("durable", "auto_delete"):  # rabbitmqadmin sends them as "true" / "false"
+        if body.get(flag) in ("true", "false"):
+            body[flag] = body[flag] == "true"
+    step = _queue_step(_Item("request body", body), None)
+    if step is None:
+        raise DefinitionsError(f"queue name '{name}' contains reserved prefix 'amq.*'")
+    command: md.DeclareQueue = step.command
+    return command
+
+
 def _exchange_step(item: _Item, vhost: str | None) -> Step | None:
     name, v = item.name(), _in(item, vhost)
     if name == "" or name.startswith("amq."):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,18 @@ from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
 
 COMMIT_TIMEOUT_S = 15.0
+
+
+def json_safe(value: Any) -> Any:
+    """A value as JSON can carry it: field tables may hold bytes (as UTF-8 text), decimals and
+    timestamps (as their text)."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
 
 
 class HttpError(Exception):
@@ -59,22 +72,20 @@ class Reply:
     body: Any = None
 
 
-async def commit(broker: Any, command: Any) -> Any:
-    """Commit a metadata command (through the metadata group in a cluster), wait (bounded) and
-    return the machine's reply; HttpError for a refusal (404 or 400), no answer (504) or a
-    cluster that cannot commit (503). A queue is declared as a channel declares it: its queue
-    machine is made in its shard before its record is committed (Broker.declare_queue)."""
+async def wait_for_reply(start: Callable[[Callable[[Any], None]], None]) -> Any:
+    """`start(then)` hands a change to the node, which calls `then(reply)` once, from any thread;
+    wait for that reply, bounded, and return it. HttpError for a refusal (404 or 400), no answer
+    (504) or a cluster that cannot commit (503)."""
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     box: list = []
 
-    def then(reply) -> None:
+    def then(reply: Any) -> None:
         box.append(reply)
         done.set()
 
-    submit = broker.declare_queue if type(command) is md.DeclareQueue else broker.meta_call
     try:
-        submit(command, lambda reply: token.run_sync_soon(then, reply))
+        start(lambda reply: token.run_sync_soon(then, reply))
     except ChannelError as err:  # a single node refuses at once
         box.append(Rejected(err.reply_code, err.reply_text))
         done.set()
@@ -90,3 +101,12 @@ async def commit(broker: Any, command: Any) -> Any:
     if type(reply) is Rejected:
         raise HttpError("404 Not Found" if reply.reply_code == 404 else "400 Bad Request", reply.reply_text)
     return reply
+
+
+async def commit(broker: Any, command: Any) -> Any:
+    """Commit a metadata command (through the metadata group in a cluster), wait (bounded) and
+    return the machine's reply (see `wait_for_reply`). A queue is declared as a channel declares
+    it: its queue machine is made in its shard before its record is committed
+    (Broker.declare_queue)."""
+    submit = broker.declare_queue if type(command) is md.DeclareQueue else broker.meta_call
+    return await wait_for_reply(lambda then: submit(command, then))

@@ -1,0 +1,117 @@
+"""The management API's queue routes against a node, over HTTP and with the real rabbitmqadmin:
+status codes, bodies and reasons as RabbitMQ 3.10.8 answered the same requests side by side."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pika
+import pytest
+
+from ..helpers import api
+
+MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
+RABBITMQADMIN = shutil.which("rabbitmqadmin") or "/usr/bin/rabbitmqadmin"
+PASSWORD = "pw-123456"
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def publish(broker, queue: str, count: int) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(count):
+            channel.basic_publish("", queue, b"m%d" % i)
+    finally:
+        connection.close()
+
+
+def test_declare_show_purge_and_delete_answer_as_rabbitmq(broker):
+    name = fresh("mq")
+    path = f"/api/queues/%2F/{name}"
+    assert api(broker, "PUT", path, {"durable": True, "auto_delete": False, "arguments": {}})[0] == 201
+    assert api(broker, "PUT", path, {"durable": True})[0] == 204  # the same again
+    status, body, _ = api(broker, "PUT", path, {"durable": False})
+    assert status == 400 and body["error"] == "bad_request", body
+    assert f"inequivalent arg 'durable' for queue '{name}' in vhost '/'" in body["reason"]
+
+    publish(broker, name, 3)
+    status, shown, _ = api(broker, "GET", path)
+    assert status == 200
+    assert (shown["name"], shown["vhost"], shown["durable"], shown["messages"]) == (name, "/", True, 3)
+    assert name in [q["name"] for q in api(broker, "GET", "/api/queues/%2F")[1]]
+
+    status, body, _ = api(broker, "DELETE", path + "?if-empty=true")
+    assert status == 400 and "not empty" in body["reason"], body
+    assert api(broker, "DELETE", path + "/contents")[0] == 204
+    assert api(broker, "GET", path)[1]["messages"] == 0
+    assert api(broker, "DELETE", path)[0] == 204
+    for method, where in (("GET", path), ("DELETE", path), ("DELETE", path + "/contents")):
+        status, body, _ = api(broker, method, where)
+        assert (status, body) == (404, {"error": "Object Not Found", "reason": "Not Found"}), (method, where)
+
+
+def test_refusals_change_nothing(broker):
+    status, body, _ = api(broker, "PUT", "/api/queues/no-such-vhost/q", {})
+    assert (status, body) == (404, {"error": "not_found", "reason": "vhost_not_found"})
+    assert api(broker, "GET", "/api/queues/no-such-vhost")[0] == 404
+    status, body, _ = api(broker, "PUT", "/api/queues/%2F/amq.mine", {})
+    assert (status, body) == (401, {"error": "not_authorised", "reason": "Access refused."})
+    name = fresh("bad")
+    status, body, _ = api(broker, "PUT", f"/api/queues/%2F/{name}", {"arguments": {"x-max-length": "abc"}})
+    assert status == 400 and "x-max-length" in body["reason"], body
+    status, body, _ = api(broker, "PUT", f"/api/queues/%2F/{name}", {"durable": "yes"})
+    assert status == 400 and "'durable' must be true or false" in body["reason"], body
+    assert api(broker, "GET", f"/api/queues/%2F/{name}")[0] == 404  # nothing was declared
+
+
+def test_a_management_user_needs_the_amqp_permission(broker):
+    node = f"127.0.0.1:{broker.http_port}"
+    user = fresh("u")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([MAXQCTL, "--node", node, *args], check=True, capture_output=True, timeout=30)
+
+    ctl("add-user", user, PASSWORD, "--tags", "management")
+    try:
+        path = f"/api/queues/%2F/{fresh('perm')}"
+        status, body, _ = api(broker, "PUT", path, {}, auth=(user, PASSWORD))
+        assert (status, body["reason"]) == (401, "User not authorised to access virtual host"), body
+        ctl("set-permissions", user, "^$", ".*", ".*")
+        status, body, _ = api(broker, "PUT", path, {}, auth=(user, PASSWORD))
+        assert (status, body) == (401, {"error": "not_authorised", "reason": "Access refused."})
+        ctl("set-permissions", user, ".*", ".*", ".*")
+        assert api(broker, "PUT", path, {}, auth=(user, PASSWORD))[0] == 201
+        assert api(broker, "DELETE", path, auth=(user, PASSWORD))[0] == 204
+    finally:
+        subprocess.run([MAXQCTL, "--node", node, "delete-user", user], capture_output=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_declares_purges_and_deletes_a_queue(broker):
+    name = fresh("ra")
+
+    def rabbitmqadmin(*args: str) -> subprocess.CompletedProcess:
+        command = [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(broker.http_port), "-u", "guest", "-p", "guest"]
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=30)
+
+    declared = rabbitmqadmin("declare", "queue", f"name={name}", "durable=false")
+    assert declared.returncode == 0 and "queue declared" in declared.stdout, declared
+    publish(broker, name, 2)
+    assert api(broker, "GET", f"/api/queues/%2F/{name}")[1]["messages"] == 2
+    purged = rabbitmqadmin("purge", "queue", f"name={name}")
+    assert purged.returncode == 0 and "queue purged" in purged.stdout, purged
+    assert api(broker, "GET", f"/api/queues/%2F/{name}")[1]["messages"] == 0
+    deleted = rabbitmqadmin("delete", "queue", f"name={name}")
+    assert deleted.returncode == 0 and "queue deleted" in deleted.stdout, deleted
+    assert api(broker, "GET", f"/api/queues/%2F/{name}")[0] == 404
+    missing = rabbitmqadmin("delete", "queue", f"name={name}")
+    assert missing.returncode != 0 and "Not found" in missing.stdout + missing.stderr, missing
