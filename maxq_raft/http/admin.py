@@ -187,33 +187,14 @@ def view_queues(broker) -> list:
 
 def view_exchanges(broker) -> list:
     return [
-        {
-            "vhost": vhost,
-            "name": ex.name,
-            "type": ex.type,
-            "durable": ex.durable,
-            "auto_delete": ex.auto_delete,
-            "internal": ex.internal,
-            "arguments": json_safe(ex.arguments),
-        }
+        objects_api.exchange_view(vhost, record)
         for vhost, v in broker.meta.vhosts.items()
-        for ex in v.exchanges.values()
+        for record in v.exchanges.values()
     ]
 
 
 def view_bindings(broker) -> list:
-    return [
-        {
-            "vhost": vhost,
-            "source": source,
-            "destination_type": kind,
-            "destination": dest,
-            "routing_key": key,
-            "arguments": json_safe(args),
-        }
-        for vhost in broker.meta.vhosts
-        for source, kind, dest, key, args in broker.meta.bindings(vhost)
-    ]
+    return [binding for vhost in broker.meta.vhosts for binding in objects_api.bindings_of(broker, vhost)]
 
 
 def view_connections(broker) -> list:
@@ -571,6 +552,28 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     },
     "/api/queues/{vhost}/{name}/contents": {"DELETE": (MANAGEMENT, objects_api.purge_queue)},
     "/api/exchanges": {"GET": (MANAGEMENT, _view(view_exchanges))},
+    "/api/exchanges/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.exchanges_in_vhost))},
+    "/api/exchanges/{vhost}/{name}": {
+        "GET": (MANAGEMENT, _sync(objects_api.get_exchange)),
+        "PUT": (MANAGEMENT, objects_api.put_exchange),
+        "DELETE": (MANAGEMENT, objects_api.delete_exchange),
+    },
+    "/api/exchanges/{vhost}/{name}/bindings/source": {
+        "GET": (MANAGEMENT, _sync(partial(objects_api.exchange_bindings, as_source=True)))
+    },
+    "/api/exchanges/{vhost}/{name}/bindings/destination": {
+        "GET": (MANAGEMENT, _sync(partial(objects_api.exchange_bindings, as_source=False)))
+    },
+    "/api/queues/{vhost}/{name}/bindings": {"GET": (MANAGEMENT, _sync(objects_api.queue_bindings))},
+    "/api/bindings/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.bindings_in_vhost))},
+    "/api/bindings/{vhost}/e/{source}/{kind}/{destination}": {
+        "GET": (MANAGEMENT, _sync(objects_api.bindings_between)),
+        "POST": (MANAGEMENT, objects_api.post_binding),
+    },
+    "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}": {
+        "GET": (MANAGEMENT, _sync(objects_api.get_binding)),
+        "DELETE": (MANAGEMENT, objects_api.delete_binding),
+    },
     "/api/bindings": {"GET": (MANAGEMENT, _view(view_bindings))},
     "/api/connections": {"GET": (MANAGEMENT, _view(view_connections))},
     "/api/consumers": {"GET": (MANAGEMENT, _view(view_consumers))},

@@ -407,15 +407,38 @@ def _queue_step(item: _Item, vhost: str | None) -> Step | None:
 def queue_declaration(vhost: str, name: str, body: dict[str, Any]) -> md.DeclareQueue:
     """`PUT /api/queues/{vhost}/{name}`'s body (durable, auto_delete, arguments; RabbitMQ's) as
     the command that declares it, checked as an imported queue is; DefinitionsError if bad."""
-    body = {**body, "name": name, "vhost": vhost}
-    for flag in ("durable", "auto_delete"):  # rabbitmqadmin sends them as "true" / "false"
-        if body.get(flag) in ("true", "false"):
-            body[flag] = body[flag] == "true"
+    body = _booleans({**body, "name": name, "vhost": vhost}, "durable", "auto_delete")
     step = _queue_step(_Item("request body", body), None)
     if step is None:
         raise DefinitionsError(f"queue name '{name}' contains reserved prefix 'amq.*'")
     command: md.DeclareQueue = step.command
     return command
+
+
+def _booleans(body: dict[str, Any], *flags: str) -> dict[str, Any]:
+    body = dict(body)
+    for flag in flags:  # rabbitmqadmin sends them as "true" / "false"
+        if body.get(flag) in ("true", "false"):
+            body[flag] = body[flag] == "true"
+    return body
+
+
+def exchange_declaration(vhost: str, name: str, body: dict[str, Any]) -> md.DeclareExchange:
+    """`PUT /api/exchanges/{vhost}/{name}`'s body (type, default direct as RabbitMQ's; durable,
+    auto_delete, internal, arguments) as the command that declares it; DefinitionsError if bad."""
+    body = _booleans({"type": "direct", **body, "name": name, "vhost": vhost}, "durable", "auto_delete", "internal")
+    step = _exchange_step(_Item("request body", body), None)
+    if step is None:
+        raise DefinitionsError(f"exchange name '{name}' is reserved")
+    command: md.DeclareExchange = step.command
+    return command
+
+
+def binding_declaration(vhost: str, source: str, destination: str, to_exchange: bool, body: dict[str, Any]) -> md.Bind:
+    """`POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`'s body (routing_key,
+    arguments) as the command that binds; DefinitionsError if bad."""
+    item = _Item("request body", body)
+    return md.Bind(vhost, source, destination, to_exchange, item.text("routing_key", ""), item.table(), "")
 
 
 def _exchange_step(item: _Item, vhost: str | None) -> Step | None:

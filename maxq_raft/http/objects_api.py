@@ -1,9 +1,11 @@
-"""The management API's queue routes: list per vhost, show, declare, delete and purge, as
-RabbitMQ 3.10 answers them (codes, bodies and reasons read side by side from its plugin).
+"""The management API's object routes (queues, exchanges, bindings): list per vhost, show,
+declare, delete, purge, bind and unbind, as RabbitMQ 3.10 answers them (codes, bodies and
+reasons read side by side from its plugin).
 
 Theory of operation: a handler checks, in RabbitMQ's order, that the vhost exists (404), that
-the caller may use it and the queue (the same permissions as over AMQP, `Authorization`: a
-declare or delete needs configure, a purge read; 401 "Access refused." otherwise, as RabbitMQ),
+the caller may use it and the object (the same permissions as over AMQP, `Authorization`: a
+declare or delete needs configure, a purge read, a binding write on its destination and read on
+its source; 401 "Access refused." otherwise, as RabbitMQ),
 and then does what a channel would: a declare is committed like `queue.declare` (its record,
 with the queue's machine made in its shard), a delete goes through `Broker.delete_queue`, a purge
 is the queue's own `Purge` command. Each waits, bounded, for its reply (requests.wait_for_reply).
@@ -13,9 +15,14 @@ is (definitions.py), so a bad argument is a 400 that names it and nothing is pro
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 from typing import Any
+from urllib.parse import quote
 
 from ..machines import commands as qc
+from ..machines import metadata as md
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from . import auth, definitions
@@ -126,3 +133,239 @@ async def purge_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "read")
     await wait_for_reply(lambda then: broker.queue_call((vhost, name), qc.Purge(), then))
     return Reply("204 No Content")
+
+
+# -------------------------------------------------------------------------------- exchanges
+
+DEFAULT_EXCHANGE = "amq.default"  # how RabbitMQ's API names the default exchange ("") in paths
+
+
+def _exchange_name(request: Request) -> str:
+    name = request.params["name"]
+    return "" if name == DEFAULT_EXCHANGE else name
+
+
+def exchange_view(vhost: str, record: Any) -> dict:
+    return {
+        "vhost": vhost,
+        "name": record.name,
+        "type": record.type,
+        "durable": record.durable,
+        "auto_delete": record.auto_delete,
+        "internal": record.internal,
+        "arguments": json_safe(record.arguments),
+    }
+
+
+def _may_exchange(broker: Any, request: Request, vhost: str, kind: str, name: str) -> None:
+    caller = request.caller
+    if caller is None:
+        raise auth.Forbidden("Not management user")
+    if broker.meta.permission(vhost, caller.name) is None:
+        raise auth.Forbidden("User not authorised to access virtual host")
+    if name == "" or name.startswith("amq."):
+        raise auth.Forbidden(ACCESS_REFUSED)
+    try:
+        Authorization(broker, caller.name, vhost).check(kind, "exchange", name)
+    except ChannelError:
+        raise auth.Forbidden(ACCESS_REFUSED) from None
+
+
+def exchanges_in_vhost(broker: Any, request: Request) -> list:
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    return [exchange_view(vhost, record) for record in broker.meta.vhosts[vhost].exchanges.values()]
+
+
+def get_exchange(broker: Any, request: Request) -> dict:
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    record = broker.meta.exchange(vhost, _exchange_name(request))
+    if record is None:
+        raise NOT_FOUND
+    return exchange_view(vhost, record)
+
+
+async def put_exchange(broker: Any, request: Request) -> Reply:
+    vhost = _vhost(broker, request, HttpError("404 Not Found", "not_found", reason="vhost_not_found"))
+    name = _exchange_name(request)
+    _may_exchange(broker, request, vhost, "configure", name)
+    try:
+        command = definitions.exchange_declaration(vhost, name, request.json())
+    except definitions.DefinitionsError as exc:
+        raise HttpError("400 Bad Request", "bad_request", reason=str(exc)) from None
+    existed = broker.meta.exchange(vhost, name) is not None
+    await _bad_request_as_rabbitmq(commit(broker, command))
+    return Reply("204 No Content" if existed else "201 Created")
+
+
+async def delete_exchange(broker: Any, request: Request) -> Reply:
+    vhost, name = _vhost(broker, request), _exchange_name(request)
+    _may_exchange(broker, request, vhost, "configure", name)
+    if broker.meta.exchange(vhost, name) is None:
+        raise NOT_FOUND
+    if_unused = request.query.get("if-unused") == ["true"]
+    await _bad_request_as_rabbitmq(commit(broker, md.DeleteExchange(vhost, name, if_unused)))
+    return Reply("204 No Content")
+
+
+async def _bad_request_as_rabbitmq(change: Any) -> Any:
+    """Await a commit; its 400 answered with RabbitMQ's body (error bad_request, the reason)."""
+    try:
+        return await change
+    except HttpError as exc:
+        if exc.status.startswith("400"):
+            raise HttpError(exc.status, "bad_request", reason=str(exc)) from None
+        raise
+
+
+# --------------------------------------------------------------------------------- bindings
+
+
+def properties_key(routing_key: str, arguments: dict) -> str:
+    """What names one binding among those between the same two ends in a path (RabbitMQ's
+    `properties_key`): the routing key, percent-encoded, and when the binding has arguments a
+    digest of them (ours: SHA-256 of their canonical JSON; RabbitMQ hashes its own term format,
+    so keys with arguments differ between the two brokers, and clients read them from a list)."""
+    key = quote(routing_key, safe="")
+    if not arguments:
+        return key or "~"  # an empty key: a path segment cannot be empty (RabbitMQ's "~" too)
+    canonical = json.dumps(json_safe(arguments), sort_keys=True, separators=(",", ":")).encode()
+    return key + "~" + base64.urlsafe_b64encode(hashlib.sha256(canonical).digest()[:16]).decode().rstrip("=")
+
+
+def binding_view(vhost: str, source: str, kind: str, destination: str, key: str, arguments: Any) -> dict:
+    return {
+        "source": source,
+        "vhost": vhost,
+        "destination": destination,
+        "destination_type": kind,
+        "routing_key": key,
+        "arguments": json_safe(arguments),
+        "properties_key": properties_key(key, arguments or {}),
+    }
+
+
+def bindings_of(broker: Any, vhost: str) -> list[dict]:
+    return [binding_view(vhost, *binding) for binding in broker.meta.bindings(vhost)]
+
+
+def bindings_in_vhost(broker: Any, request: Request) -> list:
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    return bindings_of(broker, vhost)
+
+
+def _ends(broker: Any, request: Request) -> tuple[str, str, str, str]:
+    """(vhost, source, destination kind, destination) of a bindings path; 404 for a missing end."""
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    source = "" if request.params["source"] == DEFAULT_EXCHANGE else request.params["source"]
+    kind = {"q": "queue", "e": "exchange"}.get(request.params["kind"])
+    if kind is None:
+        raise NOT_FOUND
+    destination = request.params["destination"]
+    if broker.meta.exchange(vhost, source) is None:
+        raise HttpError("404 Not Found", "not_found", reason=f"no exchange '{source}' in vhost '{vhost}'")
+    found = broker.meta.queue(vhost, destination) if kind == "queue" else broker.meta.exchange(vhost, destination)
+    if found is None:
+        raise HttpError("404 Not Found", "not_found", reason=f"no {kind} '{destination}' in vhost '{vhost}'")
+    return vhost, source, kind, destination
+
+
+def _between(broker: Any, vhost: str, source: str, kind: str, destination: str) -> list[dict]:
+    return [
+        b
+        for b in bindings_of(broker, vhost)
+        if (b["source"], b["destination_type"], b["destination"]) == (source, kind, destination)
+    ]
+
+
+def bindings_between(broker: Any, request: Request) -> list:
+    return _between(broker, *_ends(broker, request))
+
+
+def _may_bind(broker: Any, request: Request, vhost: str, source: str, kind: str, destination: str) -> None:
+    """RabbitMQ's binding checks: write on the destination, read on the source."""
+    caller = request.caller
+    if caller is None:
+        raise auth.Forbidden("Not management user")
+    checks = Authorization(broker, caller.name, vhost)
+    try:
+        checks.check("write", kind, destination)
+        checks.check("read", "exchange", source)
+    except ChannelError:
+        raise auth.Forbidden(ACCESS_REFUSED) from None
+
+
+async def post_binding(broker: Any, request: Request) -> Reply:
+    vhost, source, kind, destination = _ends(broker, request)
+    _may_bind(broker, request, vhost, source, kind, destination)
+    try:
+        command = definitions.binding_declaration(vhost, source, destination, kind == "exchange", request.json())
+    except definitions.DefinitionsError as exc:
+        raise HttpError("400 Bad Request", "bad_request", reason=str(exc)) from None
+    await _bad_request_as_rabbitmq(commit(broker, command))
+    return Reply("201 Created")
+
+
+def _one(broker: Any, request: Request) -> dict:
+    ends = _ends(broker, request)
+    for binding in _between(broker, *ends):
+        if binding["properties_key"] == request.params["props"]:
+            return binding
+    raise NOT_FOUND
+
+
+def get_binding(broker: Any, request: Request) -> dict:
+    return _one(broker, request)
+
+
+async def delete_binding(broker: Any, request: Request) -> Reply:
+    binding = _one(broker, request)
+    vhost, source, kind, destination = (
+        binding["vhost"],
+        binding["source"],
+        binding["destination_type"],
+        binding["destination"],
+    )
+    _may_bind(broker, request, vhost, source, kind, destination)
+    arguments = next(
+        args
+        for s, k, d, key, args in broker.meta.bindings(vhost)
+        if (s, k, d, key) == (source, kind, destination, binding["routing_key"])
+        and properties_key(key, args or {}) == binding["properties_key"]
+    )
+    unbind = md.Unbind(vhost, source, destination, kind == "exchange", binding["routing_key"], arguments, "")
+    await _bad_request_as_rabbitmq(commit(broker, unbind))
+    return Reply("204 No Content")
+
+
+def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    name = _exchange_name(request)
+    if broker.meta.exchange(vhost, name) is None:
+        raise NOT_FOUND
+    if as_source:
+        return [b for b in bindings_of(broker, vhost) if b["source"] == name]
+    return [b for b in bindings_of(broker, vhost) if b["destination_type"] == "exchange" and b["destination"] == name]
+
+
+def queue_bindings(broker: Any, request: Request) -> list:
+    """A queue's bindings, the default exchange's implicit one first (as RabbitMQ lists it)."""
+    vhost = _vhost(broker, request)
+    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
+        raise auth.Forbidden("User not authorised to access virtual host")
+    name = request.params["name"]
+    if broker.meta.queue(vhost, name) is None:
+        raise NOT_FOUND
+    implicit = binding_view(vhost, "", "queue", name, name, {})
+    return [implicit] + [
+        b for b in bindings_of(broker, vhost) if b["destination_type"] == "queue" and b["destination"] == name
+    ]

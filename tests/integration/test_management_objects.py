@@ -115,3 +115,71 @@ def test_rabbitmqadmin_declares_purges_and_deletes_a_queue(broker):
     assert api(broker, "GET", f"/api/queues/%2F/{name}")[0] == 404
     missing = rabbitmqadmin("delete", "queue", f"name={name}")
     assert missing.returncode != 0 and "Not found" in missing.stdout + missing.stderr, missing
+
+
+def test_exchanges_and_bindings_answer_as_rabbitmq(broker):
+    exchange, queue = fresh("mx"), fresh("mbq")
+    path = f"/api/exchanges/%2F/{exchange}"
+    assert api(broker, "PUT", path, {"type": "topic", "durable": True})[0] == 201
+    assert api(broker, "PUT", path, {"type": "topic", "durable": True})[0] == 204
+    status, body, _ = api(broker, "PUT", path, {"type": "direct"})
+    assert status == 400 and body["error"] == "bad_request", body
+    assert f"inequivalent arg 'type' for exchange '{exchange}' in vhost '/'" in body["reason"]
+    status, body, _ = api(broker, "PUT", f"/api/exchanges/%2F/{fresh('bad')}", {"type": "nope"})
+    assert (status, body) == (400, {"error": "bad_request", "reason": "unknown exchange type 'nope'"})
+    status, body, _ = api(broker, "PUT", "/api/exchanges/%2F/amq.zz", {"type": "direct"})
+    assert (status, body) == (401, {"error": "not_authorised", "reason": "Access refused."})
+    assert api(broker, "GET", path)[1]["type"] == "topic"
+    assert api(broker, "GET", "/api/exchanges/%2F/amq.default")[1]["name"] == ""
+
+    assert api(broker, "PUT", f"/api/queues/%2F/{queue}", {})[0] == 201
+    between = f"/api/bindings/%2F/e/{exchange}/q/{queue}"
+    assert api(broker, "POST", between, {"routing_key": "a/b", "arguments": {}})[0] == 201
+    assert api(broker, "POST", between, {"routing_key": "a/b"})[0] == 201  # again: no change
+    status, body, _ = api(broker, "POST", f"/api/bindings/%2F/e/{exchange}/q/nope", {"routing_key": "k"})
+    assert (status, body) == (404, {"error": "not_found", "reason": "no queue 'nope' in vhost '/'"})
+    listed = api(broker, "GET", between)[1]
+    assert [(b["routing_key"], b["properties_key"]) for b in listed] == [("a/b", "a%2Fb")]
+    assert api(broker, "GET", f"{between}/a%252Fb")[1]["routing_key"] == "a/b"
+    assert [b["source"] for b in api(broker, "GET", f"/api/queues/%2F/{queue}/bindings")[1]] == ["", exchange]
+    assert len(api(broker, "GET", f"{path}/bindings/source")[1]) == 1
+
+    publish_to = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        channel = publish_to.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "a/b", b"routed")
+    finally:
+        publish_to.close()
+    assert api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 1
+
+    assert api(broker, "DELETE", f"{between}/a%252Fb")[0] == 204
+    assert api(broker, "DELETE", f"{between}/a%252Fb")[0] == 404
+    assert api(broker, "GET", between)[1] == []
+    assert api(broker, "DELETE", path)[0] == 204
+    assert api(broker, "DELETE", path)[1] == {"error": "Object Not Found", "reason": "Not Found"}
+    assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+
+
+@pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_declares_and_deletes_exchanges_and_bindings(broker):
+    exchange, queue = fresh("rx"), fresh("rq")
+
+    def rabbitmqadmin(*args: str) -> subprocess.CompletedProcess:
+        command = [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(broker.http_port), "-u", "guest", "-p", "guest"]
+        result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result
+        return result
+
+    rabbitmqadmin("declare", "exchange", f"name={exchange}", "type=fanout", "durable=false")
+    rabbitmqadmin("declare", "queue", f"name={queue}")
+    rabbitmqadmin("declare", "binding", f"source={exchange}", f"destination={queue}", "routing_key=")
+    listed = rabbitmqadmin("list", "bindings", "source", "destination", "properties_key")
+    assert exchange in listed.stdout and queue in listed.stdout, listed.stdout
+    rabbitmqadmin(
+        "delete", "binding", f"source={exchange}", f"destination={queue}", "destination_type=queue", "properties_key=~"
+    )
+    assert api(broker, "GET", f"/api/bindings/%2F/e/{exchange}/q/{queue}")[1] == []
+    rabbitmqadmin("delete", "exchange", f"name={exchange}")
+    rabbitmqadmin("delete", "queue", f"name={queue}")
+    assert api(broker, "GET", f"/api/exchanges/%2F/{exchange}")[0] == 404
