@@ -30,10 +30,17 @@ T = TypeVar("T")
 GUEST_AUTH = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}  # guest:guest
 
 
-def api(broker, method: str, path: str, body: dict | None = None, auth: tuple[str, str] | None = ("guest", "guest")):
+def api(
+    broker,
+    method: str,
+    path: str,
+    body: dict | None = None,
+    auth: tuple[str, str] | None = ("guest", "guest"),
+    headers: dict[str, str] | None = None,
+):
     """One admin API request as `auth`'s user: (status, JSON body or None, WWW-Authenticate)."""
     conn = http.client.HTTPConnection("127.0.0.1", broker.http_port, timeout=10)
-    headers = {}
+    headers = dict(headers or {})
     if auth is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
     data = None

@@ -198,19 +198,7 @@ def view_bindings(broker) -> list:
 
 
 def view_connections(broker) -> list:
-    return [
-        {
-            "name": s.id,
-            "peer_host": s.peer_host,
-            "user": s.user,
-            "vhost": s.vhost,
-            "channels": len(s.channels),
-            "client": json_safe(s.client_properties.get("product", "")),
-            "messages_in": s.messages_in,
-            "messages_out": s.messages_out,
-        }
-        for s in broker.sessions.values()
-    ]
+    return [management_views.connection_view(session) for session in broker.sessions.values()]
 
 
 def view_consumers(broker) -> list:
@@ -527,6 +515,10 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/nodes": {"GET": (MONITORING, view_nodes)},
     "/api/nodes/{name}": {"GET": (MONITORING, view_node)},
     "/api/channels": {"GET": (MANAGEMENT, _view(management_views.channel_views))},
+    "/api/connections/{name}": {
+        "GET": (MANAGEMENT, _sync(management_views.get_connection)),
+        "DELETE": (MANAGEMENT, _sync(management_views.close_connection)),
+    },
     # No runtime parameters (federation, shovels) and no operator policies here: empty lists.
     "/api/parameters": {"GET": (POLICYMAKER, _view(lambda broker: []))},
     "/api/operator-policies": {"GET": (ADMINISTRATOR, _view(lambda broker: []))},

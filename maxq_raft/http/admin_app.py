@@ -191,6 +191,7 @@ async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: fl
         bytes(received),
         authorization=http.headers.get("authorization"),
         peer_host=str(client[0]) if client else "",
+        headers=dict(http.headers),  # lower-case names; within the head's size limit
     )
 
 

@@ -22,10 +22,56 @@ from typing import Any
 from .. import __version__
 from ..machines.routing import EXCHANGE_TYPES
 from ..server.alarms import rss_bytes
+from . import auth
 from .metrics import CLUSTER_NAME
 from .process_sample import sample_process
+from .requests import HttpError, Reply, Request, json_safe
 
 PRODUCT_NAME = "MaxQ-Raft"
+CLOSE_REASON = "Closed via management plugin"  # RabbitMQ's, without an X-Reason header
+CLOSE_REASON_MAX_BYTES = 200  # a reason goes into connection.close's reply text (a shortstr)
+NOT_FOUND = HttpError("404 Not Found", "Object Not Found", reason="Not Found")
+
+
+def connection_view(session: Any) -> dict:
+    return {
+        "name": session.id,
+        "node": session.broker.node_id,
+        "peer_host": session.peer_host,
+        "user": session.user,
+        "vhost": session.vhost,
+        "channels": len(session.channels),
+        "client": json_safe(session.client_properties.get("product", "")),
+        "client_properties": json_safe(session.client_properties),
+        "messages_in": session.messages_in,
+        "messages_out": session.messages_out,
+    }
+
+
+def _session(broker: Any, request: Request) -> Any:
+    """The connection named in the path, if the caller may see it (its own, or everyone's for
+    monitoring and administrators); a connection of another member is not here: 404."""
+    session = broker.sessions.get(request.params["name"])
+    caller = request.caller
+    if session is None or caller is None or not (caller.sees_everything or session.user == caller.name):
+        raise NOT_FOUND
+    return session
+
+
+def get_connection(broker: Any, request: Request) -> dict:
+    return connection_view(_session(broker, request))
+
+
+def close_connection(broker: Any, request: Request) -> Reply:
+    """RabbitMQ's DELETE /api/connections/{name}: 320 CONNECTION_FORCED with the X-Reason header's
+    text. A management user may close its own connections; an administrator any."""
+    session = _session(broker, request)
+    if session.user != request.caller.name and not request.caller.has(auth.Need.ADMINISTRATOR):
+        raise auth.Forbidden("Access refused.")
+    given = request.headers.get("x-reason", "").strip().encode("utf-8", "replace")
+    reason = given[:CLOSE_REASON_MAX_BYTES].decode("utf-8", "ignore") or CLOSE_REASON
+    session.force_close(reason)
+    return Reply("204 No Content")
 
 
 def channel_views(broker: Any) -> list[dict]:

@@ -48,6 +48,7 @@ class Request:
     peer_host: str = ""
     caller: Any = None  # auth.Caller, once authenticated
     params: dict[str, str] = field(default_factory=dict)  # from the path (e.g. a member's name)
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
 
     def json(self) -> dict:
         if not self.body:

@@ -8,8 +8,10 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import pika
+import pika.exceptions
 import pytest
 
 from ..helpers import api
@@ -183,3 +185,44 @@ def test_rabbitmqadmin_declares_and_deletes_exchanges_and_bindings(broker):
     rabbitmqadmin("delete", "exchange", f"name={exchange}")
     rabbitmqadmin("delete", "queue", f"name={queue}")
     assert api(broker, "GET", f"/api/exchanges/%2F/{exchange}")[0] == 404
+
+
+def test_a_connection_is_shown_and_closed_with_the_reason_given(broker):
+    client = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", broker.amqp_port, client_properties={"product": "close-me"})
+    )
+    try:
+        name = next(c["name"] for c in api(broker, "GET", "/api/connections")[1] if c["client"] == "close-me")
+        path = "/api/connections/" + quote(name, safe="")
+        status, shown, _ = api(broker, "GET", path)
+        assert status == 200 and shown["name"] == name and shown["client_properties"]["product"] == "close-me"
+        status, _, _ = api(broker, "DELETE", path, headers={"X-Reason": "maintenance now"})
+        assert status == 204
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            for _ in range(50):  # bounded: the close arrives within a few event rounds
+                client.process_data_events(time_limit=0.1)
+        assert (closed.value.reply_code, closed.value.reply_text) == (320, "CONNECTION_FORCED - maintenance now")
+        assert api(broker, "GET", path)[0] == 404
+        assert api(broker, "DELETE", path)[0] == 404
+    finally:
+        if client.is_open:
+            client.close()
+
+
+@pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_closes_a_connection(broker):
+    client = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", broker.amqp_port, client_properties={"product": "ra-close"})
+    )
+    try:
+        name = next(c["name"] for c in api(broker, "GET", "/api/connections")[1] if c["client"] == "ra-close")
+        command = [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(broker.http_port), "-u", "guest", "-p", "guest"]
+        closed_by = subprocess.run([*command, "close", "connection", f"name={name}"], capture_output=True, text=True)
+        assert closed_by.returncode == 0 and "connection closed" in closed_by.stdout, closed_by
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            for _ in range(50):
+                client.process_data_events(time_limit=0.1)
+        assert closed.value.reply_text == "CONNECTION_FORCED - Closed via management plugin"
+    finally:
+        if client.is_open:
+            client.close()
