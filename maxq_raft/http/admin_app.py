@@ -40,13 +40,12 @@ from .admin import (
     route,
 )
 from .asgi_app import (
-    answer_lifespan,
+    answered_other_than_http,
     check_head_size,
     check_host,
     closing,
     drain_body,
     head_size_bytes,
-    refuse_websocket,
     status_code,
 )
 from .asgi_server import Limits, bind_sockets, serve_asgi
@@ -203,11 +202,7 @@ class AdminApp:
         self.allowed = allowed
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            await refuse_websocket(receive, send)
+        if await answered_other_than_http(scope, receive, send):
             return
         http = HttpRequest(scope, receive)
         try:

@@ -55,6 +55,18 @@ async def refuse_websocket(receive: Any, send: Any) -> None:
     await send({"type": "websocket.close", "code": 1008})
 
 
+async def answered_other_than_http(scope: dict[str, Any], receive: Any, send: Any) -> bool:
+    """Answer what is not an HTTP request (hypercorn's lifespan messages, a WebSocket); True if
+    it was one, so the app has nothing more to do."""
+    if scope["type"] == "lifespan":
+        await answer_lifespan(receive, send)
+        return True
+    if scope["type"] != "http":
+        await refuse_websocket(receive, send)
+        return True
+    return False
+
+
 def check_host(request: Request, allowed: frozenset[str]) -> None:
     """HttpError 400 without exactly one Host header (RFC 9112 §3.2), 403 for a foreign one."""
     hosts = request.headers.getlist("host")

@@ -19,7 +19,7 @@ import trio
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from .asgi_app import answer_lifespan, check_head_size, check_host, closing, drain_body, refuse_websocket, status_code
+from .asgi_app import answered_other_than_http, check_head_size, check_host, closing, drain_body, status_code
 from .asgi_server import Limits, bind_sockets, serve_asgi
 from .metrics import CONTENT_TYPE, render
 from .process_sample import sample_process
@@ -95,11 +95,7 @@ class MetricsApp:
         self.data_dir = data_dir
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            await refuse_websocket(receive, send)
+        if await answered_other_than_http(scope, receive, send):
             return
         response = await self._answer(HttpRequest(scope, receive))
         await response(scope, receive, send)  # (hypercorn sends no body for a HEAD)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -30,6 +31,7 @@ from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
 
 NOT_FOUND = HttpError("404 Not Found", "Object Not Found", reason="Not Found")
+VHOST_NOT_FOUND = HttpError("404 Not Found", "not_found", reason="vhost_not_found")
 ACCESS_REFUSED = "Access refused."
 
 
@@ -59,59 +61,81 @@ def _vhost(broker: Any, request: Request, missing: HttpError = NOT_FOUND) -> str
     return vhost
 
 
-def _may(broker: Any, request: Request, vhost: str, kind: str, name: str) -> None:
-    """The caller's AMQP permission `kind` on queue `name` (auth.Forbidden as RabbitMQ's 401)."""
+def _may(broker: Any, request: Request, vhost: str, kind: str, resource_type: str, name: str) -> None:
+    """The caller's AMQP permission `kind` on the queue or exchange `name` (auth.Forbidden, as
+    RabbitMQ's 401); names of the server's own (amq.*, the default exchange) are refused alike."""
     caller = request.caller
     if caller is None:
         raise auth.Forbidden("Not management user")
     if broker.meta.permission(vhost, caller.name) is None:
         raise auth.Forbidden("User not authorised to access virtual host")
-    if name.startswith("amq."):
+    if name.startswith("amq.") or (resource_type == "exchange" and name == ""):
         raise auth.Forbidden(ACCESS_REFUSED)
     try:
-        Authorization(broker, caller.name, vhost).check(kind, "queue", name)
+        Authorization(broker, caller.name, vhost).check(kind, resource_type, name)
     except ChannelError:
         raise auth.Forbidden(ACCESS_REFUSED) from None
 
 
-def list_in_vhost(broker: Any, request: Request) -> list:
+def _readable_vhost(broker: Any, request: Request) -> str:
+    """The vhost in the path, if it exists (404) and the caller may see it (401)."""
     vhost = _vhost(broker, request)
     if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
         raise auth.Forbidden("User not authorised to access virtual host")
+    return vhost
+
+
+def list_in_vhost(broker: Any, request: Request) -> list:
+    vhost = _readable_vhost(broker, request)
     return [queue_view(broker, v, name, queue) for (v, name), queue in broker.queues.items() if v == vhost]
 
 
 def get_queue(broker: Any, request: Request) -> dict:
-    vhost, name = _vhost(broker, request), request.params["name"]
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost, name = _readable_vhost(broker, request), request.params["name"]
     queue = broker.queues.get((vhost, name))
     if queue is None or broker.meta.queue(vhost, name) is None:
         raise NOT_FOUND
     return queue_view(broker, vhost, name, queue)
 
 
-async def put_queue(broker: Any, request: Request) -> Reply:
-    vhost = _vhost(broker, request, HttpError("404 Not Found", "not_found", reason="vhost_not_found"))
-    name = request.params["name"]
-    _may(broker, request, vhost, "configure", name)
+async def _declare(
+    broker: Any,
+    request: Request,
+    resource_type: str,
+    name: str,
+    declaration: Callable[[str, str, dict], Any],
+    lookup: Callable[[str, str], Any],
+) -> Reply:
+    """PUT of a queue or exchange: 201 when new, 204 when it existed alike, 400 otherwise."""
+    vhost = _vhost(broker, request, VHOST_NOT_FOUND)
+    _may(broker, request, vhost, "configure", resource_type, name)
     try:
-        command = definitions.queue_declaration(vhost, name, request.json())
+        command = declaration(vhost, name, request.json())
     except definitions.DefinitionsError as exc:
         raise HttpError("400 Bad Request", "bad_request", reason=str(exc)) from None
-    existed = broker.meta.queue(vhost, name) is not None
+    existed = lookup(vhost, name) is not None
+    await _bad_request_as_rabbitmq(commit(broker, command))
+    return Reply("204 No Content" if existed else "201 Created")
+
+
+async def _bad_request_as_rabbitmq(change: Any) -> Any:
+    """Await a commit; its 400 answered with RabbitMQ's body (error bad_request, the reason)."""
     try:
-        await commit(broker, command)
+        return await change
     except HttpError as exc:
         if exc.status.startswith("400"):
             raise HttpError(exc.status, "bad_request", reason=str(exc)) from None
         raise
-    return Reply("204 No Content" if existed else "201 Created")
+
+
+async def put_queue(broker: Any, request: Request) -> Reply:
+    name = request.params["name"]
+    return await _declare(broker, request, "queue", name, definitions.queue_declaration, broker.meta.queue)
 
 
 def _existing(broker: Any, request: Request, kind: str) -> tuple[str, str]:
     vhost, name = _vhost(broker, request), request.params["name"]
-    _may(broker, request, vhost, kind, name)
+    _may(broker, request, vhost, kind, "queue", name)
     if broker.meta.queue(vhost, name) is None:
         raise NOT_FOUND
     return vhost, name
@@ -157,31 +181,13 @@ def exchange_view(vhost: str, record: Any) -> dict:
     }
 
 
-def _may_exchange(broker: Any, request: Request, vhost: str, kind: str, name: str) -> None:
-    caller = request.caller
-    if caller is None:
-        raise auth.Forbidden("Not management user")
-    if broker.meta.permission(vhost, caller.name) is None:
-        raise auth.Forbidden("User not authorised to access virtual host")
-    if name == "" or name.startswith("amq."):
-        raise auth.Forbidden(ACCESS_REFUSED)
-    try:
-        Authorization(broker, caller.name, vhost).check(kind, "exchange", name)
-    except ChannelError:
-        raise auth.Forbidden(ACCESS_REFUSED) from None
-
-
 def exchanges_in_vhost(broker: Any, request: Request) -> list:
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     return [exchange_view(vhost, record) for record in broker.meta.vhosts[vhost].exchanges.values()]
 
 
 def get_exchange(broker: Any, request: Request) -> dict:
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     record = broker.meta.exchange(vhost, _exchange_name(request))
     if record is None:
         raise NOT_FOUND
@@ -189,36 +195,18 @@ def get_exchange(broker: Any, request: Request) -> dict:
 
 
 async def put_exchange(broker: Any, request: Request) -> Reply:
-    vhost = _vhost(broker, request, HttpError("404 Not Found", "not_found", reason="vhost_not_found"))
     name = _exchange_name(request)
-    _may_exchange(broker, request, vhost, "configure", name)
-    try:
-        command = definitions.exchange_declaration(vhost, name, request.json())
-    except definitions.DefinitionsError as exc:
-        raise HttpError("400 Bad Request", "bad_request", reason=str(exc)) from None
-    existed = broker.meta.exchange(vhost, name) is not None
-    await _bad_request_as_rabbitmq(commit(broker, command))
-    return Reply("204 No Content" if existed else "201 Created")
+    return await _declare(broker, request, "exchange", name, definitions.exchange_declaration, broker.meta.exchange)
 
 
 async def delete_exchange(broker: Any, request: Request) -> Reply:
     vhost, name = _vhost(broker, request), _exchange_name(request)
-    _may_exchange(broker, request, vhost, "configure", name)
+    _may(broker, request, vhost, "configure", "exchange", name)
     if broker.meta.exchange(vhost, name) is None:
         raise NOT_FOUND
     if_unused = request.query.get("if-unused") == ["true"]
     await _bad_request_as_rabbitmq(commit(broker, md.DeleteExchange(vhost, name, if_unused)))
     return Reply("204 No Content")
-
-
-async def _bad_request_as_rabbitmq(change: Any) -> Any:
-    """Await a commit; its 400 answered with RabbitMQ's body (error bad_request, the reason)."""
-    try:
-        return await change
-    except HttpError as exc:
-        if exc.status.startswith("400"):
-            raise HttpError(exc.status, "bad_request", reason=str(exc)) from None
-        raise
 
 
 # --------------------------------------------------------------------------------- bindings
@@ -253,17 +241,13 @@ def bindings_of(broker: Any, vhost: str) -> list[dict]:
 
 
 def bindings_in_vhost(broker: Any, request: Request) -> list:
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     return bindings_of(broker, vhost)
 
 
 def _ends(broker: Any, request: Request) -> tuple[str, str, str, str]:
     """(vhost, source, destination kind, destination) of a bindings path; 404 for a missing end."""
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     source = "" if request.params["source"] == DEFAULT_EXCHANGE else request.params["source"]
     kind = {"q": "queue", "e": "exchange"}.get(request.params["kind"])
     if kind is None:
@@ -346,9 +330,7 @@ async def delete_binding(broker: Any, request: Request) -> Reply:
 
 
 def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     name = _exchange_name(request)
     if broker.meta.exchange(vhost, name) is None:
         raise NOT_FOUND
@@ -359,9 +341,7 @@ def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
 
 def queue_bindings(broker: Any, request: Request) -> list:
     """A queue's bindings, the default exchange's implicit one first (as RabbitMQ lists it)."""
-    vhost = _vhost(broker, request)
-    if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
-        raise auth.Forbidden("User not authorised to access virtual host")
+    vhost = _readable_vhost(broker, request)
     name = request.params["name"]
     if broker.meta.queue(vhost, name) is None:
         raise NOT_FOUND
