@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
 import json
 import os
 import re
-import ssl
 import stat
 import sys
 import time
@@ -34,7 +32,8 @@ import urllib.parse
 import urllib.request
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
-from . import progress
+from . import objects, progress
+from .admin_client import AUTH_HEADERS, CtlError, fetch, split_scheme, use_tls
 
 LISTS = {
     "queues": ("/api/queues", ["vhost", "name", "messages_ready", "messages_unacknowledged", "consumers", "durable"]),
@@ -64,19 +63,6 @@ STATUS_POLL_TIMEOUT_S = 2.0  # one read of the cluster status for a progress lin
 IMPORT_TIMEOUT_S = 600.0  # an import commits its commands one by one: large files take a while
 
 
-class CtlError(Exception):
-    def __init__(self, message: str, code: int, body: dict | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.body = body
-
-
-# The node is named explicitly: never route admin requests through an http_proxy from the
-# environment (a proxy would answer for the node, or not at all).
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-_AUTH_HEADERS: dict[str, str] = {}  # set by main() from the credentials
-
-
 def credentials(args, environ) -> tuple[str, str]:
     """(user, password): --user/--password, else MAXQCTL_USER/MAXQCTL_PASSWORD, else the
     credentials file (--credentials-file, MAXQCTL_CREDENTIALS or ~/.maxqctl.toml, which must be
@@ -101,66 +87,6 @@ def credentials(args, environ) -> tuple[str, str]:
         user = user or data["user"]
         password = password if password is not None else data["password"]
     return user or "guest", password if password is not None else "guest"
-
-
-_SCHEME = "http"  # https with --cacert or an https:// --node (the node's --https-port)
-
-
-def use_tls(cacert: str | None) -> None:
-    """Talk HTTPS to the node, trusting `cacert` (PEM) or else the system's CAs."""
-    global _OPENER, _SCHEME
-    try:
-        context = ssl.create_default_context(cafile=cacert)
-    except (OSError, ssl.SSLError) as exc:
-        raise CtlError(f"cannot use --cacert {cacert}: {getattr(exc, 'strerror', None) or exc}", 2) from None
-    _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
-    _SCHEME = "https"
-
-
-def _split_scheme(node: str) -> tuple[str | None, str]:
-    scheme, sep, rest = node.partition("://")
-    return (scheme.lower(), rest) if sep else (None, node)
-
-
-def fetch(
-    node: str, path: str, timeout_s: float, method: str = "GET", body: dict | None = None, missing_ok: bool = False
-):
-    url = f"{_SCHEME}://{_split_scheme(node)[1]}{path}"
-    data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    request = urllib.request.Request(url, data=data, method=method, headers={**headers, **_AUTH_HEADERS})
-    try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            raw = response.read()
-            return json.loads(raw) if raw else None  # 201/204 may carry no body
-    except urllib.error.HTTPError as exc:
-        if missing_ok and exc.code == 404:
-            return None
-        try:
-            answer = json.loads(exc.read())
-            detail = answer.get("error", "") if isinstance(answer, dict) else ""
-            if isinstance(answer, dict) and answer.get("reason"):
-                detail = f"{detail} ({answer['reason']})"
-        except ValueError:
-            answer, detail = None, ""
-        code = 5 if exc.code >= 500 else 4
-        raise CtlError(
-            f"node {node} answered {exc.code}: {detail or exc.reason}",
-            code,
-            answer if isinstance(answer, dict) else None,
-        ) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-            raise CtlError(
-                f"node {node} did not answer within {timeout_s:g} s (a change may still complete: "
-                "check `maxqctl status`)",
-                3,
-            ) from None
-        raise CtlError(f"cannot reach node {node}: {reason}", 3) from None
-    except (http.client.HTTPException, ValueError) as exc:
-        # Something answered, but not our admin API (e.g. the AMQP port).
-        raise CtlError(f"node {node} did not answer as a MaxQ-Raft admin API: {type(exc).__name__}: {exc}", 3) from None
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
@@ -265,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables"
         )
+    objects.add_commands(sub)
     return parser
 
 
@@ -411,7 +338,7 @@ def run_access(args) -> str | None:
 
 
 def _valid_node(node: str) -> bool:
-    scheme, node = _split_scheme(node)
+    scheme, node = split_scheme(node)
     if scheme not in (None, "http", "https"):
         return False
     host, _, port = node.rpartition(":")
@@ -538,6 +465,9 @@ def run(args) -> str:
         done = verbs(args)
         if done is not None:
             return done
+    done = objects.run(args, timeout or READ_TIMEOUT_S)
+    if done is not None:
+        return done
     if args.command == "set-policy":
         try:
             definition = json.loads(args.definition)
@@ -624,8 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         user, password = credentials(args, os.environ)
         token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-        _AUTH_HEADERS["Authorization"] = f"Basic {token}"
-        scheme = _split_scheme(args.node)[0]
+        AUTH_HEADERS["Authorization"] = f"Basic {token}"
+        scheme = split_scheme(args.node)[0]
         if scheme == "https" or (args.cacert and scheme is None):
             use_tls(args.cacert)
         print(run(args))

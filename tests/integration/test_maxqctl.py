@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from ..conftest import free_port
@@ -314,3 +315,50 @@ def test_await_startup_gives_up_after_its_timeout_and_on_refusal(broker):
     assert 1.0 <= time.monotonic() - started < 10
     refused = maxqctl("--node", node(broker), "--user", "guest", "--password", "wrong", "await-startup")
     assert refused.returncode == 4 and "answered 401" in refused.stderr, refused
+
+
+def test_object_verbs_declare_bind_purge_close_and_delete(broker):
+    suffix = uuid.uuid4().hex[:8]
+    queue, exchange = f"ctl-oq-{suffix}", f"ctl-ox-{suffix}"
+    at = ("--node", node(broker))
+
+    def ok(*args: str) -> str:
+        result = maxqctl(*at, *args)
+        assert result.returncode == 0, result
+        return result.stdout.strip()
+
+    assert ok("declare-queue", queue, "--arguments", '{"x-max-length": 10}') == f"queue '{queue}' declared in vhost '/'"
+    assert ok("declare-exchange", exchange, "topic") == f"exchange '{exchange}' (topic) declared in vhost '/'"
+    ok("bind", exchange, queue, "--routing-key", "a.#")
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(port=broker.amqp_port, client_properties={"product": f"ctl-close-{suffix}"})
+    )
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for _ in range(3):
+        channel.basic_publish(exchange, "a.b", b"x")
+    assert channel.queue_declare(queue, passive=True).method.message_count == 3
+    assert ok("purge-queue", queue) == f"queue '{queue}' purged"
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+    refused = maxqctl(*at, "unbind", exchange, queue, "--routing-key", "nope")
+    assert refused.returncode == 4 and "no binding of" in refused.stderr, refused
+    ok("unbind", exchange, queue, "--routing-key", "a.#")
+    channel.basic_publish(exchange, "a.b", b"x")
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0  # unbound: not routed
+
+    name = next(
+        c["name"] for c in json.loads(ok("--json", "list", "connections")) if c["client"].startswith("ctl-close")
+    )
+    assert ok("close-connection", name, "--reason", "bye now") == f"connection '{name}' closed"
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        for _ in range(50):
+            connection.process_data_events(time_limit=0.1)
+    assert closed.value.reply_text == "CONNECTION_FORCED - bye now"
+
+    ok("delete-exchange", exchange)
+    ok("delete-queue", queue, "--if-empty")
+    missing = maxqctl(*at, "delete-queue", queue)
+    assert missing.returncode == 4 and "404" in missing.stderr, missing
+    bad = maxqctl(*at, "declare-queue", "q", "--arguments", "[1]")
+    assert bad.returncode == 2 and "expected a JSON object" in bad.stderr, bad
