@@ -34,7 +34,7 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
-from . import access_api, auth, definitions_api, health_api, management_views, objects_api
+from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api
 from .engine_status import engine_status
 from .requests import HttpError, Request, commit, json_safe
 
@@ -543,6 +543,9 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "DELETE": (MANAGEMENT, objects_api.delete_queue),
     },
     "/api/queues/{vhost}/{name}/contents": {"DELETE": (MANAGEMENT, objects_api.purge_queue)},
+    "/api/queues/{vhost}/{name}/get": {"POST": (MANAGEMENT, messages_api.get)},
+    "/api/exchanges/{vhost}/{name}/publish": {"POST": (MANAGEMENT, messages_api.publish)},
+    "/api/aliveness-test/{name}": {"GET": (MANAGEMENT, messages_api.aliveness_test)},  # {name}: a vhost
     "/api/exchanges": {"GET": (MANAGEMENT, _view(view_exchanges))},
     "/api/exchanges/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.exchanges_in_vhost))},
     "/api/exchanges/{vhost}/{name}": {

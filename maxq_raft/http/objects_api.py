@@ -54,8 +54,8 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
     }
 
 
-def _vhost(broker: Any, request: Request, missing: HttpError = NOT_FOUND) -> str:
-    vhost = request.params["vhost"]
+def _vhost(broker: Any, request: Request, missing: HttpError = NOT_FOUND, vhost_param: str = "vhost") -> str:
+    vhost = request.params[vhost_param]
     if vhost not in broker.meta.vhosts:
         raise missing
     return vhost
@@ -77,21 +77,21 @@ def _may(broker: Any, request: Request, vhost: str, kind: str, resource_type: st
         raise auth.Forbidden(ACCESS_REFUSED) from None
 
 
-def _readable_vhost(broker: Any, request: Request) -> str:
+def readable_vhost(broker: Any, request: Request, vhost_param: str = "vhost") -> str:
     """The vhost in the path, if it exists (404) and the caller may see it (401)."""
-    vhost = _vhost(broker, request)
+    vhost = _vhost(broker, request, vhost_param=vhost_param)
     if request.caller is not None and vhost not in request.caller.vhosts(broker.meta):
         raise auth.Forbidden("User not authorised to access virtual host")
     return vhost
 
 
 def list_in_vhost(broker: Any, request: Request) -> list:
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     return [queue_view(broker, v, name, queue) for (v, name), queue in broker.queues.items() if v == vhost]
 
 
 def get_queue(broker: Any, request: Request) -> dict:
-    vhost, name = _readable_vhost(broker, request), request.params["name"]
+    vhost, name = readable_vhost(broker, request), request.params["name"]
     queue = broker.queues.get((vhost, name))
     if queue is None or broker.meta.queue(vhost, name) is None:
         raise NOT_FOUND
@@ -182,12 +182,12 @@ def exchange_view(vhost: str, record: Any) -> dict:
 
 
 def exchanges_in_vhost(broker: Any, request: Request) -> list:
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     return [exchange_view(vhost, record) for record in broker.meta.vhosts[vhost].exchanges.values()]
 
 
 def get_exchange(broker: Any, request: Request) -> dict:
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     record = broker.meta.exchange(vhost, _exchange_name(request))
     if record is None:
         raise NOT_FOUND
@@ -241,13 +241,13 @@ def bindings_of(broker: Any, vhost: str) -> list[dict]:
 
 
 def bindings_in_vhost(broker: Any, request: Request) -> list:
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     return bindings_of(broker, vhost)
 
 
 def _ends(broker: Any, request: Request) -> tuple[str, str, str, str]:
     """(vhost, source, destination kind, destination) of a bindings path; 404 for a missing end."""
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     source = "" if request.params["source"] == DEFAULT_EXCHANGE else request.params["source"]
     kind = {"q": "queue", "e": "exchange"}.get(request.params["kind"])
     if kind is None:
@@ -330,7 +330,7 @@ async def delete_binding(broker: Any, request: Request) -> Reply:
 
 
 def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     name = _exchange_name(request)
     if broker.meta.exchange(vhost, name) is None:
         raise NOT_FOUND
@@ -341,7 +341,7 @@ def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
 
 def queue_bindings(broker: Any, request: Request) -> list:
     """A queue's bindings, the default exchange's implicit one first (as RabbitMQ lists it)."""
-    vhost = _readable_vhost(broker, request)
+    vhost = readable_vhost(broker, request)
     name = request.params["name"]
     if broker.meta.queue(vhost, name) is None:
         raise NOT_FOUND

@@ -99,3 +99,11 @@ def test_quorum_critical_groups_counts_a_majority_of_the_whole_group():
     }
     assert quorum_critical_groups(groups, "n1") == ["shard-0", "shard-2", "shard-3"]
     assert quorum_critical_groups({}, "n1") == []
+
+
+def test_aliveness_test_round_trips_a_message(broker):
+    assert api(broker, "GET", "/api/aliveness-test/%2F") == (200, {"status": "ok"}, None)
+    assert api(broker, "GET", "/api/aliveness-test/%2F")[1] == {"status": "ok"}  # again: the queue exists
+    assert api(broker, "GET", "/api/queues/%2F/aliveness-test")[1]["messages"] == 0
+    status, body, _ = api(broker, "GET", "/api/aliveness-test/no-such-vhost")
+    assert (status, body) == (404, {"error": "Object Not Found", "reason": "Not Found"})

@@ -226,3 +226,62 @@ def test_rabbitmqadmin_closes_a_connection(broker):
     finally:
         if client.is_open:
             client.close()
+
+
+def test_publish_and_get_answer_as_rabbitmq(broker):
+    queue = fresh("pg")
+    assert api(broker, "PUT", f"/api/queues/%2F/{queue}", {})[0] == 201
+    publish_path = "/api/exchanges/%2F/amq.default/publish"
+    sent = {
+        "properties": {"delivery_mode": 2, "headers": {"h": 1}},
+        "routing_key": queue,
+        "payload": "hello",
+        "payload_encoding": "string",
+    }
+    assert api(broker, "POST", publish_path, sent) == (200, {"routed": True}, None)
+    binary = {"properties": {}, "routing_key": queue, "payload": "AAEC/w==", "payload_encoding": "base64"}
+    assert api(broker, "POST", publish_path, binary)[1] == {"routed": True}
+    nowhere = {**sent, "routing_key": fresh("nowhere")}
+    assert api(broker, "POST", publish_path, nowhere)[1] == {"routed": False}
+    status, body, _ = api(broker, "POST", publish_path, {**sent, "payload_encoding": "nope"})
+    assert (status, body) == (400, {"error": "bad_request", "reason": ["unsupported_encoding", "nope"]})
+    status, body, _ = api(broker, "POST", "/api/exchanges/%2F/nope/publish", sent)
+    assert status == 400 and body["reason"] == "404 NOT_FOUND - no exchange 'nope' in vhost '/'"
+    status, body, _ = api(broker, "POST", publish_path, {"routing_key": queue})
+    assert status == 400 and "missing" in body["reason"], body
+
+    get_path = f"/api/queues/%2F/{queue}/get"
+    status, got, _ = api(broker, "POST", get_path, {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})
+    assert status == 200 and len(got) == 2
+    first, second = got
+    assert (first["payload"], first["payload_encoding"], first["redelivered"]) == ("hello", "string", False)
+    assert first["properties"] == {"delivery_mode": 2, "headers": {"h": 1}} and first["message_count"] == 1
+    assert (second["payload"], second["payload_encoding"], second["payload_bytes"]) == ("AAEC/w==", "base64", 4)
+    # ack_requeue_true gave them back, redelivered
+    again = api(broker, "POST", get_path, {"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64"})[1]
+    assert (again[0]["payload"], again[0]["redelivered"]) == ("aGVsbG8=", True)
+    assert api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 1  # one acked, gone
+    status, body, _ = api(broker, "POST", get_path, {"count": 1, "ackmode": "nope", "encoding": "auto"})
+    assert status == 400 and "ackmode" in body["reason"]
+    assert api(broker, "POST", get_path, {"count": 1, "ackmode": "reject_requeue_false", "encoding": "auto"})[0] == 200
+    assert api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 0
+    assert api(broker, "POST", get_path, {"count": 3, "ackmode": "ack_requeue_false", "encoding": "auto"})[1] == []
+    assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+
+
+@pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_publishes_and_gets(broker):
+    queue = fresh("rpg")
+    command = [RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(broker.http_port), "-u", "guest", "-p", "guest"]
+
+    def rabbitmqadmin(*args: str) -> str:
+        result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result
+        return result.stdout
+
+    rabbitmqadmin("declare", "queue", f"name={queue}")
+    assert "Message published" in rabbitmqadmin("publish", "routing_key=" + queue, "payload=from rabbitmqadmin")
+    table = rabbitmqadmin("get", f"queue={queue}", "ackmode=ack_requeue_false")
+    assert "from rabbitmqadmin" in table, table
+    assert api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 0
+    rabbitmqadmin("delete", "queue", f"name={queue}")
