@@ -76,3 +76,24 @@ def test_every_kind_lists_and_shows_what_a_client_made(broker):
         assert shown["object_totals"]["connections"] >= 1 and shown["object_totals"]["channels"] >= 1
     finally:
         connection.close()
+
+
+def test_definitions_export_and_import_round_trip(broker, tmp_path):
+    queue, exchange = "rmqadmin-defs-q", "rmqadmin-defs-x"
+    exported = tmp_path / "defs.json"
+    assert rabbitmqadmin(broker, "declare", "exchange", f"name={exchange}", "type=topic").returncode == 0
+    assert rabbitmqadmin(broker, "declare", "queue", f"name={queue}", "durable=true").returncode == 0
+    bound = rabbitmqadmin(broker, "declare", "binding", f"source={exchange}", f"destination={queue}", "routing_key=k.#")
+    assert bound.returncode == 0, bound
+    result = rabbitmqadmin(broker, "export", str(exported))
+    assert result.returncode == 0 and "Exported definitions" in result.stdout, result
+    document = json.loads(exported.read_text())
+    assert {"name": queue, "vhost": "/"}.items() <= next(q for q in document["queues"] if q["name"] == queue).items()
+    for kind, name in (("queue", queue), ("exchange", exchange)):
+        assert rabbitmqadmin(broker, "delete", kind, f"name={name}").returncode == 0
+    result = rabbitmqadmin(broker, "import", str(exported))
+    assert result.returncode == 0 and "Uploaded definitions" in result.stdout, result
+    bindings = listed(broker, "bindings")
+    assert any(b["source"] == exchange and b["destination"] == queue and b["routing_key"] == "k.#" for b in bindings)
+    for kind, name in (("queue", queue), ("exchange", exchange)):
+        assert rabbitmqadmin(broker, "delete", kind, f"name={name}").returncode == 0
