@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from . import auth
+from . import auth, listing
 from .admin import (
     DEFINITIONS_READ_TIMEOUT_S,
     METHODS,
@@ -49,6 +49,7 @@ from .asgi_app import (
     status_code,
 )
 from .asgi_server import Limits, bind_sockets, serve_asgi
+from .listing import LIST_PARAMETERS
 from .requests import HttpError, Reply, Request
 
 log = logging.getLogger("maxq.http")
@@ -127,7 +128,10 @@ async def dispatch(broker: Any, request: Request) -> Response:
     except auth.Forbidden as exc:
         return _unauthorized(str(exc), FORBIDDEN_ERROR)
     try:
-        return _reply_response(await handler(broker, request))
+        value = await handler(broker, request)
+        if type(value) is list and request.query.keys() & LIST_PARAMETERS:
+            value = listing.shape(value, request.query)  # sort, columns, pages (listing.py)
+        return _reply_response(value)
     except HttpError as exc:
         return error_response(exc)
     except auth.Forbidden as exc:  # a handler's own check: a vhost, a resource permission

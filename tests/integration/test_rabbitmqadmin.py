@@ -11,6 +11,8 @@ import subprocess
 import pika
 import pytest
 
+from ..helpers import api
+
 RABBITMQADMIN = shutil.which("rabbitmqadmin") or "/usr/bin/rabbitmqadmin"
 pytestmark = pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
 
@@ -97,3 +99,21 @@ def test_definitions_export_and_import_round_trip(broker, tmp_path):
     assert any(b["source"] == exchange and b["destination"] == queue and b["routing_key"] == "k.#" for b in bindings)
     for kind, name in (("queue", queue), ("exchange", exchange)):
         assert rabbitmqadmin(broker, "delete", kind, f"name={name}").returncode == 0
+
+
+def test_sort_columns_and_pages_reach_the_node(broker):
+    names = ["rmqadmin-sort-b", "rmqadmin-sort-a", "rmqadmin-sort-c"]
+    for name in names:
+        assert rabbitmqadmin(broker, "declare", "queue", f"name={name}").returncode == 0
+    try:
+        result = rabbitmqadmin(broker, "-f", "raw_json", "--sort", "name", "--sort-reverse", "list", "queues", "name")
+        assert result.returncode == 0, result
+        listed_names = [q["name"] for q in json.loads(result.stdout) if q["name"].startswith("rmqadmin-sort-")]
+        assert listed_names == sorted(names, reverse=True)
+        assert all(set(q) == {"name"} for q in json.loads(result.stdout))  # the columns asked for
+        status, page, _ = api(broker, "GET", "/api/queues?page=1&page_size=2&name=rmqadmin-sort&sort=name")
+        assert status == 200 and [q["name"] for q in page["items"]] == sorted(names)[:2]
+        assert (page["filtered_count"], page["page_count"]) == (3, 2)
+    finally:
+        for name in names:
+            rabbitmqadmin(broker, "delete", "queue", f"name={name}")
