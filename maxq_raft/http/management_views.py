@@ -19,9 +19,12 @@ import os
 import time
 from typing import Any
 
+import trio
+
 from .. import __version__
 from ..machines.routing import EXCHANGE_TYPES
 from ..server.alarms import rss_bytes
+from ..server.message_rates import node_counts
 from . import auth
 from .metrics import CLUSTER_NAME
 from .process_sample import sample_process
@@ -124,7 +127,7 @@ def this_node(broker: Any) -> dict:
         "sockets_used": len(broker.sessions),
         "partitions": [],
         "db_dir": os.path.abspath(data_dir),
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "enabled_plugins": [],
         "exchange_types": exchange_types(),
     }
@@ -157,8 +160,9 @@ def overview_extras(broker: Any) -> dict:
         "product_name": PRODUCT_NAME,
         "product_version": __version__,
         "cluster_name": CLUSTER_NAME,
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "exchange_types": exchange_types(),
+        "message_stats": broker.message_rates.message_stats(trio.current_time(), node_counts(broker)),
         "queue_totals": {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked},
         "object_totals": {
             "connections": len(broker.sessions),

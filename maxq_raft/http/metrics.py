@@ -32,6 +32,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
 
 from .. import __version__
+from ..server.message_rates import node_counts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
@@ -116,7 +117,7 @@ def _identity(broker: Any) -> Iterator[Metric]:
 
 def _global_counters(broker: Any) -> Iterator[Metric]:
     sessions = broker.sessions.values()
-    received = broker.messages_received_closed + sum(s.messages_in for s in sessions)
+    received = node_counts(broker)["publish"]
     routed = broker.messages_routed_closed + sum(s.messages_routed for s in sessions)
     proto = {"protocol": PROTOCOL}
     typed = {"protocol": PROTOCOL, "queue_type": QUEUE_TYPE}

@@ -30,6 +30,7 @@ from ..machines import metadata as md
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
+from .message_rates import MessageRates
 from .message_store import WalSyncer
 
 log = logging.getLogger("maxq.broker")
@@ -68,6 +69,7 @@ class Broker:
         self.next_queue_id = 1
         self.syncer: WalSyncer | None = None
         self.alarms = None  # ResourceAlarms, set by the shell
+        self.message_rates = MessageRates()  # sampled by a task of the shell (message_rates.py)
         # What this node listens on, as RabbitMQ names protocols ("amqp", "http", ...): port.
         self.listeners: dict[str, int] = {}  # set by the shell once bound
         self.consumers: dict[str, ConsumerHandle] = {}

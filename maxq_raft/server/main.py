@@ -362,6 +362,7 @@ async def _serve(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
             nursery.start_soon(heap.trim_periodically)
+            nursery.start_soon(broker.message_rates.sample_every, broker)
             if watch is not None:
                 nursery.start_soon(watch.run, broker.alarms)
             nursery.start_soon(tick_sessions, broker)

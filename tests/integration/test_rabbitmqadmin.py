@@ -76,6 +76,7 @@ def test_every_kind_lists_and_shows_what_a_client_made(broker):
         shown = json.loads(overview.stdout)[0]
         assert shown["object_totals"]["queues"] >= 1 and shown["queue_totals"]["messages"] >= 2
         assert shown["object_totals"]["connections"] >= 1 and shown["object_totals"]["channels"] >= 1
+        assert shown["message_stats"]["publish"] >= 2 and "rate" in shown["message_stats"]["publish_details"]
     finally:
         connection.close()
 
