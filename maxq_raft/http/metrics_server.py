@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from .asgi_app import answered_other_than_http, check_head_size, check_host, closing, drain_body, status_code
 from .asgi_server import Limits, bind_sockets, serve_asgi
-from .metrics import CONTENT_TYPE, render
+from .metrics import CONTENT_TYPE, render, render_detailed
 from .process_sample import sample_process
 from .requests import HttpError
 
@@ -30,7 +30,8 @@ log = logging.getLogger("maxq.metrics")
 REQUEST_HEAD_MAX_BYTES = 8192  # a scrape is a GET with a few headers
 REQUEST_TIMEOUT_S = 5  # to read a request's head, between requests, and a stalled answer
 STATUS_TIMEOUT_S = 5.0  # the Raft groups' status; past it the scrape goes without them
-PATHS = {"/metrics": False, "/metrics/per-object": True}  # path -> per-object
+PATHS = {"/metrics": False, "/metrics/per-object": True, "/metrics/detailed": True}  # path -> per-object
+DETAILED_PATH = "/metrics/detailed"  # only the families asked for (?family=...&vhost=...)
 LIMITS = Limits(
     head_max_bytes=REQUEST_HEAD_MAX_BYTES,
     idle_timeout_s=REQUEST_TIMEOUT_S,
@@ -82,7 +83,7 @@ def check_scrape(http: HttpRequest, allowed: frozenset[str]) -> str:
         raise HttpError("405 Method Not Allowed", "only GET and HEAD")
     path = http.scope["raw_path"].decode("latin-1").rstrip("/") or "/"
     if path not in PATHS:
-        raise HttpError("404 Not Found", "no such path: /metrics or /metrics/per-object")
+        raise HttpError("404 Not Found", "no such path: /metrics, /metrics/per-object or /metrics/detailed")
     return path
 
 
@@ -107,6 +108,10 @@ class MetricsApp:
             await drain_body(http)  # (a scrape has none; anything else ends the connection)
             return closing(Response(f"{exc}\n".encode(), status_code(exc.status), media_type=TEXT))
         try:
+            if path == DETAILED_PATH:
+                query = http.query_params
+                body = render_detailed(self.broker, query.getlist("family"), query.getlist("vhost"))
+                return Response(body, 200, media_type=CONTENT_TYPE)
             groups = await raft_status(self.broker)  # (bounded by STATUS_TIMEOUT_S)
             body = render(self.broker, sample_process(self.data_dir), groups, per_object=PATHS[path])
         except Exception:

@@ -149,3 +149,30 @@ def test_zero_disables_the_port(start_broker):
     assert "Prometheus metrics on" not in broker.log_text()
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     connection.close()
+
+
+def test_detailed_serves_the_families_asked_for(start_broker):
+    broker = start_broker()
+    port = broker.prometheus_port
+    queue = f"detailed-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue)
+        for _ in range(3):
+            channel.basic_publish("", queue, b"x")
+        samples = scrape(port, "/metrics/detailed?family=queue_coarse_metrics&family=queue_consumer_count")
+        assert one(samples, "rabbitmq_detailed_queue_messages_ready", vhost="/", queue=queue) == 3
+        assert one(samples, "rabbitmq_detailed_queue_messages", vhost="/", queue=queue) == 3
+        assert one(samples, "rabbitmq_detailed_queue_consumers", vhost="/", queue=queue) == 0
+        assert "rabbitmq_detailed_channel_consumers" not in samples  # not asked for
+        assert "rabbitmq_identity_info" in samples
+        other_vhost = scrape(port, "/metrics/detailed?family=queue_coarse_metrics&vhost=nope")
+        assert "rabbitmq_detailed_queue_messages_ready" not in other_vhost  # an empty family has no samples
+        channels = scrape(port, "/metrics/detailed?family=channel_metrics&family=exchange_names&family=nope")
+        assert sum(channels["rabbitmq_detailed_channel_messages_unconfirmed"].values()) == 0
+        assert one(channels, "rabbitmq_cluster_exchange_name", vhost="/", exchange="amq.topic") == 1
+        assert set(scrape(port, "/metrics/detailed")) <= {"rabbitmq_identity_info", "maxq_build_info"}
+    finally:
+        connection.close()
