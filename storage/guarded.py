@@ -209,6 +209,17 @@ class GuardedStore:
 
     # -- durability ------------------------------------------------------------------------
 
+    def usage(self) -> dict[str, int]:
+        """The wrapped store's figures (RocksSegmentStore.usage), and the redo log's bytes."""
+        store = getattr(self, "_store", None)
+        inner = getattr(store, "usage", None)
+        try:
+            figures: dict[str, int] = dict(inner()) if inner is not None else {}
+        except Exception:  # noqa: BLE001 - a figure for a scrape: a store being closed has none
+            figures = {}
+        figures["redo_bytes"] = self.redo_bytes()
+        return figures
+
     @property
     def unsynced_writes(self) -> int:
         return self._redo_end - self._redo_base

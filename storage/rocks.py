@@ -536,6 +536,19 @@ class RocksSegmentStore:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def usage(self) -> dict[str, int]:
+        """RocksDB's own figures (bytes): SST files on disk, memtables, block cache. Bounded by
+        the settings above; reading them takes no lock of ours (RocksDB's properties are
+        thread-safe), so the metrics endpoint may ask while the syncer writes."""
+        db = self._db
+        if db is None:
+            return {}
+        return {
+            "sst_bytes": db.property_int_value("rocksdb.total-sst-files-size") or 0,
+            "memtable_bytes": db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0,
+            "block_cache_bytes": self._cache.get_usage(),
+        }
+
     def flush(self) -> None:
         """Make every write so far durable: fsync the WAL, or without a WAL flush the memtables
         (messages first, then meta, so meta is never newer on disk than the messages)."""

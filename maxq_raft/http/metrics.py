@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.exposition import generate_latest
@@ -51,6 +51,15 @@ class ProcessSample:
     open_fds: int
     max_fds: int
     disk_free_bytes: int
+    store: dict[str, int] = field(default_factory=dict)  # the message store's usage() figures
+
+
+STORE_FIGURES = (
+    ("sst_bytes", "Bytes of the message store's SST files on disk (RocksDB)"),
+    ("memtable_bytes", "Bytes of the message store's memtables (RocksDB; bounded by its settings)"),
+    ("block_cache_bytes", "Bytes in the message store's block cache (RocksDB; at most 32 MiB)"),
+    ("redo_bytes", "Bytes written but not yet durable, kept to redo after a store failure"),
+)
 
 
 def render(broker: Any, process: ProcessSample, raft_groups: dict[str, dict] | None, per_object: bool = False) -> bytes:
@@ -235,6 +244,9 @@ def _process(broker: Any, process: ProcessSample) -> Iterator[Metric]:
     yield _gauge("rabbitmq_process_max_fds", "Open file descriptors limit", process.max_fds)
     yield _gauge("rabbitmq_disk_space_available_bytes", "Disk space available in bytes", process.disk_free_bytes)
     yield _gauge("maxq_uptime_seconds", "Seconds since this node started", max(0.0, time.time() - broker.started_at))
+    for key, help_text in STORE_FIGURES:
+        if key in process.store:
+            yield _gauge("maxq_store_" + key, help_text, process.store[key])
     if alarms is None:
         return
     yield _gauge("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes", alarms.memory_limit_bytes)

@@ -113,7 +113,7 @@ class MetricsApp:
                 body = render_detailed(self.broker, query.getlist("family"), query.getlist("vhost"))
                 return Response(body, 200, media_type=CONTENT_TYPE)
             groups = await raft_status(self.broker)  # (bounded by STATUS_TIMEOUT_S)
-            body = render(self.broker, sample_process(self.data_dir), groups, per_object=PATHS[path])
+            body = render(self.broker, sample_process(self.data_dir, self.broker.store), groups, per_object=PATHS[path])
         except Exception:
             log.exception("metrics: rendering failed")
             return Response(b"internal error\n", 500, media_type=TEXT)

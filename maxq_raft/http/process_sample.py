@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import resource
+from typing import Any
 
 from ..server.alarms import disk_free_bytes, rss_bytes
 from .metrics import ProcessSample
 
 
-def sample_process(data_dir: str) -> ProcessSample:
+def sample_process(data_dir: str, store: Any = None) -> ProcessSample:
     try:
         open_fds = len(os.listdir("/proc/self/fd"))
     except OSError:
@@ -20,4 +21,5 @@ def sample_process(data_dir: str) -> ProcessSample:
         open_fds=open_fds,
         max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         disk_free_bytes=disk_free_bytes(data_dir),
+        store=store.usage() if hasattr(store, "usage") else {},
     )

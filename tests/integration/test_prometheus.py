@@ -176,3 +176,20 @@ def test_detailed_serves_the_families_asked_for(start_broker):
         assert set(scrape(port, "/metrics/detailed")) <= {"rabbitmq_identity_info", "maxq_build_info"}
     finally:
         connection.close()
+
+
+def test_the_message_stores_own_figures(start_broker):
+    broker = start_broker()
+    connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("stored", durable=True)
+        for _ in range(20):
+            channel.basic_publish("", "stored", bytes(1000), pika.BasicProperties(delivery_mode=2))
+        samples = scrape(broker.prometheus_port)
+        assert one(samples, "maxq_store_memtable_bytes") >= 20 * 1000  # the persistent bodies, written through
+        assert one(samples, "maxq_store_sst_bytes") >= 0 and one(samples, "maxq_store_block_cache_bytes") >= 0
+        assert one(samples, "maxq_store_redo_bytes") == 0  # nothing waiting after a failure
+    finally:
+        connection.close()
