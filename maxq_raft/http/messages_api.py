@@ -30,7 +30,7 @@ from ..machines.message import Message
 from ..machines.queue_types import Overflowed
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
-from ..server.publish_extras import publish_extras
+from ..server.publish_extras import publish_extras, stored_properties
 from . import auth
 from .objects_api import DEFAULT_EXCHANGE, NOT_FOUND, readable_vhost
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -196,7 +196,7 @@ def _message_json(message: Any, redelivered: bool, remaining: int, encoding: str
             text = bytes(body).decode("utf-8")
         except UnicodeDecodeError:
             text = None
-    props = decode_properties(message.props_raw)
+    props = stored_properties(message)
     shown = {name: getattr(props, name) for name in props.__slots__ if getattr(props, name) is not None}
     return {
         "payload_bytes": len(message.body),

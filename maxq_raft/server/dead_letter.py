@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 
-from ..amqp.properties import decode_properties, encode_properties
+from ..amqp.properties import encode_properties
 from ..amqp.values import Long, Timestamp
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import DeadLetter, QueueExpired
+from .publish_extras import stored_properties
 
 log = logging.getLogger("maxq.dead_letter")
 
@@ -197,7 +198,7 @@ def held_dead_letters(queue, now_ms: int, skip) -> list[DeadLetter]:
 
 
 def _route_one(broker, effect: DeadLetter, message: Message, time_s: int, targets: dict) -> None:
-    props = decode_properties(message.props_raw)
+    props = stored_properties(message)
     headers = dict(props.headers) if isinstance(props.headers, dict) else {}
     routing_keys = [message.routing_key, *_cc_keys(headers)]
     update_x_death(headers, effect.reason, effect.queue, time_s, message.exchange, routing_keys, props.expiration)

@@ -11,10 +11,15 @@ never covering one with an ack's `multiple`.
 
 from __future__ import annotations
 
+import logging
+
 from ..amqp import spec
-from ..amqp.properties import decode_properties, encode_properties
+from ..amqp.errors import DecodeError
+from ..amqp.properties import BasicProperties, decode_properties, encode_properties
 from ..machines.queue_args import parse_expiration
 from .errors import ChannelError
+
+log = logging.getLogger("maxq.publish")
 
 EXPIRATION_FLAG = 1 << 8  # property flag bits (basic class, spec order)
 PRIORITY_FLAG = 1 << 11
@@ -49,12 +54,24 @@ def publish_extras(props_raw: bytes) -> tuple[int | None, int, int | None]:
     return ttl_ms, props.priority or 0, delay_ms
 
 
+def stored_properties(message) -> BasicProperties:
+    """A stored message's properties. Publishes are refused unless theirs decode (session.py),
+    but a store written before that check may hold one that does not: it is read as having
+    only its delivery mode, with a warning, rather than failing what reads it (a delivery, a
+    dead-lettering, the management API's get)."""
+    try:
+        return decode_properties(message.props_raw)
+    except DecodeError as exc:
+        log.warning("message %s of exchange '%s': %s; its properties are dropped", message.seq, message.exchange, exc)
+        return BasicProperties(delivery_mode=2 if message.persistent else None)
+
+
 def delivery_props(message) -> bytes:
     """The properties to deliver: with `x-delivery-count` (its earlier returns) when the queue
     counts them (x-delivery-limit, retry back-off) and the message was returned, as quorum queues do."""
     if not message.count_header:
         return message.props_raw
-    props = decode_properties(message.props_raw)
+    props = stored_properties(message)
     headers = dict(props.headers) if isinstance(props.headers, dict) else {}
     headers["x-delivery-count"] = message.delivery_count - 1
     props.headers = headers

@@ -34,7 +34,7 @@ from ..amqp.events import (
     MethodReceived,
 )
 from ..amqp.frames import encode_delivery, encode_shortstr_field
-from ..amqp.properties import decode_properties, delivery_mode_of
+from ..amqp.properties import decode_properties
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import Overflowed
@@ -550,7 +550,10 @@ class Session:
             pending = self.pending
             persistent = self._persistent_props.get(props_raw)
             if persistent is None:
-                persistent = delivery_mode_of(props_raw) == 2
+                # Decoded in full once per distinct property list (the cache): one that does not
+                # decode is refused here, at publish, as RabbitMQ does (502, connection closed),
+                # never stored for a dead-lettering or a delivery to trip over later.
+                persistent = decode_properties(props_raw).delivery_mode == 2
                 if len(props_raw) <= PROPS_CACHED_BYTES_MAX:
                     if len(self._persistent_props) >= PROPS_CACHED_MAX:
                         self._persistent_props.clear()

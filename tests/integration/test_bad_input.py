@@ -741,3 +741,24 @@ def test_heartbeat_frames_between_content_frames_are_fine(broker):
 def test_table_bytes_helper_is_sane():
     # The garbage-table cases rely on an empty arguments table being the last 4 bytes.
     assert spec.QueueDeclare(queue="q").encode().endswith(encode_table({}))
+
+
+def test_a_malformed_headers_table_is_refused_at_publish_and_never_stored(start_broker):
+    """The fuzz run of seed 21 found such a message stored, then failing its dead-lettering with a
+    traceback. RabbitMQ decodes a publish's properties when it takes it: so do we (502)."""
+    server = start_broker()
+    queue = "bad-props-q"
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.amqp_port))
+    setup.channel().queue_declare(queue)
+    # flags: headers (0x2000); a 3-byte table holding a field of unknown type 'Z'
+    props_raw = b"\x20\x00" + struct.pack(">I", 3) + b"\x01kZ"
+    header = encode_content_header(60, 1, props_raw)
+    publish = spec.BasicPublish(exchange="", routing_key=queue)
+    data = (
+        encode_method_frame(1, publish) + frame_raw(spec.FRAME_HEADER, 1, header) + frame_raw(spec.FRAME_BODY, 1, b"x")
+    )
+    outcome = run_case(server.amqp_port, True, data)
+    assert outcome[:2] in conn(502), outcome
+    assert setup.channel().queue_declare(queue, passive=True).method.message_count == 0
+    setup.close()
+    assert "Traceback" not in server.log_text()
