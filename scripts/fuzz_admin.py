@@ -18,10 +18,9 @@ applies to the fuzzer's own queues, never to the probe's; scripts/fuzz clears po
 `send_request` writes the bytes (in pieces, for the slow ones), shuts its write side unless the
 request is meant to be left hanging, and reads until the server closes, within
 ANSWER_TIMEOUT_S. The status is the first reply's code ("none": closed without a reply, "reset":
-the connection was reset before one, "h2": answered in HTTP/2). A failure: any 5xx (but 501 for
-a transfer coding the server does not implement), a reply that is not a well-formed HTTP
-response with a JSON body of the length it declares (but the server's own empty refusals: see
-`check_reply`), or no close in time.
+the connection was reset before one, "h2": answered in HTTP/2). A failure: any 5xx, a reply
+that is not a well-formed HTTP response with a JSON body of the length it declares (but the
+server's own empty refusals: see `check_reply`), or no close in time.
 """
 
 from __future__ import annotations
@@ -589,8 +588,6 @@ def check_reply(reply: bytes, request: bytes = b"") -> AdminOutcome:
     next request. Each is HTTP/1.1 with a JSON body of the length it declares, except:
     - the server's own refusal of what it cannot parse (h11, in hypercorn): a 4xx with an empty
       body and Connection: close, last on the connection;
-    - 501 for a request whose Transfer-Encoding h11 does not implement (anything but a single
-      chunked): RFC 9112 §6.1's answer to an unknown transfer coding, not a server failure;
     - HTTP/2 framing (a SETTINGS frame first) for a request that opens with HTTP/2's preface."""
     if request.startswith(H2_PREFACE_START) and reply[3:4] == H2_SETTINGS_FRAME_TYPE:
         return AdminOutcome("h2")
@@ -611,16 +608,6 @@ def check_reply(reply: bytes, request: bytes = b"") -> AdminOutcome:
 H2_PREFACE_START = b"PRI * HTTP/2.0\r\n"
 H2_SETTINGS_FRAME_TYPE = b"\x04"
 REPLIES_MAX = 64  # a pipelined request is at most 50 requests (k_pipelined)
-
-
-def _unimplemented_transfer_encoding(request: bytes) -> bool:
-    head = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
-    codings = [
-        v.strip().lower()
-        for k, _, v in (line.partition(":") for line in head)
-        if k.strip().lower() == "transfer-encoding"
-    ]
-    return bool(codings) and codings != ["chunked"]
 
 
 def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
@@ -646,7 +633,7 @@ def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
     closes = headers.get("connection", "").lower() == "close"
     if len(body) < length:
         failure = f"Content-Length {length} but {len(body)} bytes of body"
-    elif status.startswith("5") and not (status == "501" and _unimplemented_transfer_encoding(request)):
+    elif status.startswith("5"):
         failure = f"{lines[0]}: {body[:300]!r}"
     elif rest and closes:
         failure = f"{len(rest)} bytes after a reply that said Connection: close"

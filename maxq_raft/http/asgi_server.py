@@ -29,11 +29,26 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config, Sockets
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import serve
 
 # hypercorn's own lines: its errors, not its "Running on" (the node's ready line names the ports)
 log = logging.getLogger("maxq.http.hypercorn")
 log.setLevel(logging.WARNING)
+
+# hypercorn seam 1 (hypercorn 0.18, protocol/h11.py): a request h11 cannot parse is answered with
+# h11's status hint, which is 501 for a Transfer-Encoding other than one `chunked` (RFC 9112
+# §6.1). Our rule is a 4xx for every bad request, and RabbitMQ's management port (cowboy)
+# answers 400 there too (checked side by side with `gzip`, `identity`, `gzip, chunked`). The
+# method that sends that answer is wrapped so that a 5xx hint becomes 400; nothing else changes.
+_send_h11_refusal = H11Protocol._send_error_response
+
+
+async def _send_refusal_as_4xx(self: H11Protocol, status_code: int) -> None:
+    await _send_h11_refusal(self, 400 if status_code >= 500 else status_code)
+
+
+H11Protocol._send_error_response = _send_refusal_as_4xx  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)
