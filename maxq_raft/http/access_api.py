@@ -132,7 +132,13 @@ def get_vhost(broker: Any, request: Request) -> dict:
 
 
 async def put_vhost(broker: Any, request: Request) -> Reply:
-    return _created(await _change(broker, md.PutVhost(request.params["name"])))
+    """Create a vhost; as RabbitMQ's HTTP API does (not rabbitmqctl), the user who creates it
+    gets every permission in it, so an administrator can use what it just made."""
+    name = request.params["name"]
+    created = await _change(broker, md.PutVhost(name))
+    if created is True and request.caller is not None:
+        await _change(broker, md.SetPermissions(name, request.caller.name, ".*", ".*", ".*"))
+    return _created(created)
 
 
 async def delete_vhost(broker: Any, request: Request) -> Reply:

@@ -184,6 +184,8 @@ def test_topic_permissions_on_a_topic_exchange(broker, user):
 def test_vhosts_separate_their_queues_and_deleting_one_closes_its_connections(broker, user):
     vhost = f"v-{uuid.uuid4().hex[:6]}"
     ok(ctl(broker, "add-vhost", vhost))
+    # guest made it, so guest may use it (RabbitMQ's HTTP API); take that back for this test
+    ok(ctl(broker, "clear-permissions", "--vhost", vhost, "guest"))
     ok(ctl(broker, "set-permissions", "--vhost", vhost, user, ".*", ".*", ".*"))
     assert vhost in ok(ctl(broker, "list-vhosts"))
     conn = connect(broker, user, vhost=vhost)
@@ -398,3 +400,31 @@ def test_maxqctl_reads_credentials_from_a_private_file_or_the_environment(broker
         env={**env, "MAXQCTL_USER": user, "MAXQCTL_PASSWORD": PASSWORD},
     )
     assert run.returncode == 4 and "Not administrator user" in run.stderr  # it is the user's, not guest's
+
+
+def test_a_vhost_made_through_the_api_gives_its_maker_every_permission(broker):
+    """RabbitMQ's HTTP API (not rabbitmqctl) grants the creating user .* on the new vhost."""
+    vhost = f"made-{uuid.uuid4().hex[:6]}"
+    try:
+        assert api(broker, "PUT", f"/api/vhosts/{vhost}")[0] == 201
+        status, body, _ = api(broker, "GET", f"/api/permissions/{vhost}/guest")
+        assert status == 200 and (body["configure"], body["write"], body["read"]) == (".*", ".*", ".*")
+        assert api(broker, "PUT", f"/api/queues/{vhost}/q", {})[0] == 201  # usable at once
+        assert api(broker, "PUT", f"/api/vhosts/{vhost}")[0] == 204  # again: nothing changes
+    finally:
+        api(broker, "DELETE", f"/api/vhosts/{vhost}")
+
+
+def test_a_vhost_an_import_creates_gives_the_importer_every_permission_unless_the_file_says(broker):
+    made, limited = f"imp-{uuid.uuid4().hex[:6]}", f"imp-{uuid.uuid4().hex[:6]}"
+    document = {
+        "vhosts": [{"name": made}, {"name": limited}],
+        "permissions": [{"user": "guest", "vhost": limited, "configure": "^x$", "write": ".*", "read": ".*"}],
+    }
+    try:
+        assert api(broker, "POST", "/api/definitions", document)[0] == 204
+        assert api(broker, "GET", f"/api/permissions/{made}/guest")[1]["configure"] == ".*"
+        assert api(broker, "GET", f"/api/permissions/{limited}/guest")[1]["configure"] == "^x$"
+    finally:
+        for vhost in (made, limited):
+            api(broker, "DELETE", f"/api/vhosts/{vhost}")
