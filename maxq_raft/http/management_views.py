@@ -33,7 +33,6 @@ from .requests import HttpError, Reply, Request, json_safe
 PRODUCT_NAME = "MaxQ-Raft"
 CLOSE_REASON = "Closed via management plugin"  # RabbitMQ's, without an X-Reason header
 CLOSE_REASON_MAX_BYTES = 200  # a reason goes into connection.close's reply text (a shortstr)
-NOT_FOUND = HttpError("404 Not Found", "Object Not Found", reason="Not Found")
 
 
 def connection_view(session: Any) -> dict:
@@ -57,7 +56,7 @@ def _session(broker: Any, request: Request) -> Any:
     session = broker.sessions.get(request.params["name"])
     caller = request.caller
     if session is None or caller is None or not (caller.sees_everything or session.user == caller.name):
-        raise NOT_FOUND
+        raise HttpError("404 Not Found", "Object Not Found", reason="Not Found")
     return session
 
 

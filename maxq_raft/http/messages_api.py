@@ -32,7 +32,7 @@ from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from ..server.publish_extras import publish_extras, stored_properties
 from . import auth
-from .objects_api import DEFAULT_EXCHANGE, NOT_FOUND, readable_vhost
+from .objects_api import DEFAULT_EXCHANGE, not_found, readable_vhost
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
@@ -218,7 +218,7 @@ async def get(broker: Any, request: Request) -> list:
     except ChannelError:
         raise auth.Forbidden("Access refused.") from None
     if broker.meta.queue(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     count, ackmode, encoding, truncate = _get_body(request.json())
     return await _take(
         broker, (vhost, name), count, ackmode, lambda m, r, n: _message_json(m, r, n, encoding, truncate)

@@ -30,8 +30,17 @@ from . import auth, definitions
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
 
-NOT_FOUND = HttpError("404 Not Found", "Object Not Found", reason="Not Found")
-VHOST_NOT_FOUND = HttpError("404 Not Found", "not_found", reason="vhost_not_found")
+
+# A new exception each time: raising one kept instance again would chain each raise's traceback
+# (and the frames, requests and bodies it holds) onto the last one's, growing without bound.
+def not_found() -> HttpError:
+    return HttpError("404 Not Found", "Object Not Found", reason="Not Found")
+
+
+def vhost_not_found() -> HttpError:
+    return HttpError("404 Not Found", "not_found", reason="vhost_not_found")
+
+
 ACCESS_REFUSED = "Access refused."
 
 
@@ -54,10 +63,12 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
     }
 
 
-def _vhost(broker: Any, request: Request, missing: HttpError = NOT_FOUND, vhost_param: str = "vhost") -> str:
+def _vhost(
+    broker: Any, request: Request, missing: Callable[[], HttpError] = not_found, vhost_param: str = "vhost"
+) -> str:
     vhost = request.params[vhost_param]
     if vhost not in broker.meta.vhosts:
-        raise missing
+        raise missing()
     return vhost
 
 
@@ -94,7 +105,7 @@ def get_queue(broker: Any, request: Request) -> dict:
     vhost, name = readable_vhost(broker, request), request.params["name"]
     queue = broker.queues.get((vhost, name))
     if queue is None or broker.meta.queue(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     return queue_view(broker, vhost, name, queue)
 
 
@@ -107,7 +118,7 @@ async def _declare(
     lookup: Callable[[str, str], Any],
 ) -> Reply:
     """PUT of a queue or exchange: 201 when new, 204 when it existed alike, 400 otherwise."""
-    vhost = _vhost(broker, request, VHOST_NOT_FOUND)
+    vhost = _vhost(broker, request, vhost_not_found)
     _may(broker, request, vhost, "configure", resource_type, name)
     try:
         command = declaration(vhost, name, request.json())
@@ -137,7 +148,7 @@ def _existing(broker: Any, request: Request, kind: str) -> tuple[str, str]:
     vhost, name = _vhost(broker, request), request.params["name"]
     _may(broker, request, vhost, kind, "queue", name)
     if broker.meta.queue(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     return vhost, name
 
 
@@ -190,7 +201,7 @@ def get_exchange(broker: Any, request: Request) -> dict:
     vhost = readable_vhost(broker, request)
     record = broker.meta.exchange(vhost, _exchange_name(request))
     if record is None:
-        raise NOT_FOUND
+        raise not_found()
     return exchange_view(vhost, record)
 
 
@@ -203,7 +214,7 @@ async def delete_exchange(broker: Any, request: Request) -> Reply:
     vhost, name = _vhost(broker, request), _exchange_name(request)
     _may(broker, request, vhost, "configure", "exchange", name)
     if broker.meta.exchange(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     if_unused = request.query.get("if-unused") == ["true"]
     await _bad_request_as_rabbitmq(commit(broker, md.DeleteExchange(vhost, name, if_unused)))
     return Reply("204 No Content")
@@ -251,7 +262,7 @@ def _ends(broker: Any, request: Request) -> tuple[str, str, str, str]:
     source = "" if request.params["source"] == DEFAULT_EXCHANGE else request.params["source"]
     kind = {"q": "queue", "e": "exchange"}.get(request.params["kind"])
     if kind is None:
-        raise NOT_FOUND
+        raise not_found()
     destination = request.params["destination"]
     if broker.meta.exchange(vhost, source) is None:
         raise HttpError("404 Not Found", "not_found", reason=f"no exchange '{source}' in vhost '{vhost}'")
@@ -302,7 +313,7 @@ def _one(broker: Any, request: Request) -> dict:
     for binding in _between(broker, *ends):
         if binding["properties_key"] == request.params["props"]:
             return binding
-    raise NOT_FOUND
+    raise not_found()
 
 
 def get_binding(broker: Any, request: Request) -> dict:
@@ -333,7 +344,7 @@ def exchange_bindings(broker: Any, request: Request, as_source: bool) -> list:
     vhost = readable_vhost(broker, request)
     name = _exchange_name(request)
     if broker.meta.exchange(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     if as_source:
         return [b for b in bindings_of(broker, vhost) if b["source"] == name]
     return [b for b in bindings_of(broker, vhost) if b["destination_type"] == "exchange" and b["destination"] == name]
@@ -344,7 +355,7 @@ def queue_bindings(broker: Any, request: Request) -> list:
     vhost = readable_vhost(broker, request)
     name = request.params["name"]
     if broker.meta.queue(vhost, name) is None:
-        raise NOT_FOUND
+        raise not_found()
     implicit = binding_view(vhost, "", "queue", name, name, {})
     return [implicit] + [
         b for b in bindings_of(broker, vhost) if b["destination_type"] == "queue" and b["destination"] == name
