@@ -28,17 +28,21 @@ def _one(query: dict[str, list[str]], key: str) -> str | None:
     return values[-1] if values else None
 
 
+_MISSING = object()
+
+
 def _path(item: Any, dotted: str) -> Any:
+    """The value at a dotted path, or _MISSING where an object along it lacks the key."""
     for part in dotted.split("."):
         if not isinstance(item, dict) or part not in item:
-            return None
+            return _MISSING
         item = item[part]
     return item
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:
     # Missing first, then numbers, then text, then anything else by its text: never a TypeError.
-    if value is None:
+    if value is None or value is _MISSING:
         return (0, 0)
     if isinstance(value, bool | int | float):
         return (1, value)
@@ -53,7 +57,7 @@ def _columns(item: Any, columns: list[str]) -> Any:
     out: dict[str, Any] = {}
     for dotted in columns:
         value = _path(item, dotted)
-        if value is None and _path(item, dotted.split(".")[0]) is None:
+        if value is _MISSING:
             continue
         target = out
         parts = dotted.split(".")

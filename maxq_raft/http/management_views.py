@@ -83,7 +83,7 @@ def channel_views(broker: Any) -> list[dict]:
             state = channel.state
             out.append(
                 {
-                    "name": f"{session.id} ({number})",
+                    "name": session.channel_name(number),
                     "number": number,
                     "node": broker.node_id,
                     "user": session.user,
@@ -92,7 +92,7 @@ def channel_views(broker: Any) -> list[dict]:
                     "state": "running",
                     "consumer_count": len(channel.consumers),
                     "messages_unacknowledged": len(state.unacked),
-                    "messages_unconfirmed": state.publish_seq - state.confirmed_upto if state.confirm else 0,
+                    "messages_unconfirmed": state.unconfirmed_count,
                     "prefetch_count": state.prefetch_count,
                     "global_prefetch_count": state.prefetch_count_global,
                     "confirm": state.confirm,

@@ -23,7 +23,7 @@ import binascii
 import itertools
 from typing import Any
 
-from ..amqp.properties import BasicProperties, decode_properties, delivery_mode_of, encode_properties
+from ..amqp.properties import BasicProperties, delivery_mode_of, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.message import Message
@@ -105,8 +105,9 @@ async def publish(broker: Any, request: Request) -> dict:
     routing_key = body["routing_key"]
     if not isinstance(routing_key, str) or len(routing_key.encode("utf-8", "surrogatepass")) > 255:
         raise _bad("'routing_key' must be a string of at most 255 bytes")
+    props = properties_from_json(body["properties"])
     try:
-        props_raw = encode_properties(properties_from_json(body["properties"]))
+        props_raw = encode_properties(props)
     except (ValueError, TypeError, OverflowError) as exc:  # a header value AMQP cannot carry
         raise _bad(f"properties cannot be encoded: {exc}") from None
     payload = _payload(body)
@@ -123,14 +124,12 @@ async def publish(broker: Any, request: Request) -> dict:
             checks.check_topic("write", exchange, routing_key)
     except ChannelError:
         raise auth.Forbidden("Access refused.") from None
-    user_id = decode_properties(props_raw).user_id
-    if user_id is not None and user_id != caller.name:
-        raise _bad(f"user_id property set to '{user_id}' but authenticated user was '{caller.name}'")
+    if props.user_id is not None and props.user_id != caller.name:
+        raise _bad(f"user_id property set to '{props.user_id}' but authenticated user was '{caller.name}'")
     alarms = broker.alarms
     if alarms is not None and alarms.active:
         raise HttpError("503 Service Unavailable", "resource alarm in effect: publishing is blocked")
-    headers = decode_properties(props_raw).headers
-    queues = broker.meta.route(vhost, exchange, routing_key, lambda: headers)
+    queues = broker.meta.route(vhost, exchange, routing_key, lambda: props.headers)
     accepted = await _enqueue(broker, vhost, queues, exchange, routing_key, props_raw, payload)
     return {"routed": accepted > 0}
 

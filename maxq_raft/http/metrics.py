@@ -470,10 +470,10 @@ def _detailed_channels(broker: Any, vhosts: list[str]) -> Iterator[Metric]:
         if not _in(session.vhost, vhosts):
             continue
         for number, channel in session.channels.items():
-            state, label = channel.state, [session.vhost, f"{session.id} ({number})"]
+            state, label = channel.state, [session.vhost, session.channel_name(number)]
             consumers.add_metric(label, len(channel.consumers))
             unacked.add_metric(label, len(state.unacked))
-            unconfirmed.add_metric(label, state.publish_seq - state.confirmed_upto if state.confirm else 0)
+            unconfirmed.add_metric(label, state.unconfirmed_count)
             prefetch.add_metric(label, state.prefetch_count_global)
     yield from (consumers, unacked, unconfirmed, prefetch)
 

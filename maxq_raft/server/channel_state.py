@@ -84,6 +84,11 @@ class ChannelState:
         self.tx_publishes: list = []
         self.tx_settles: list[tuple[Any, list[tuple[int, Any]]]] = []  # (kind, [(tag, entry)]) per settle
 
+    @property
+    def unconfirmed_count(self) -> int:
+        """Publishes taken in confirm mode whose ack or nack has not been sent yet."""
+        return self.publish_seq - self.confirmed_upto if self.confirm else 0
+
     # -------------------------------------------------------- deliveries
 
     def deliver(self, entry) -> int:

@@ -167,6 +167,11 @@ class Session:
             return False
         return True
 
+    def channel_name(self, number: int) -> str:
+        """How the management API and /metrics name a channel: RabbitMQ appends its number to
+        the connection's name."""
+        return f"{self.id} ({number})"
+
     def force_close(self, reason: str) -> None:
         """Close the connection from the server's side (320 CONNECTION_FORCED)."""
         self.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
