@@ -58,6 +58,8 @@ CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before i
 OUTPUT_BYTES_MAX = 16 << 20
 OUTPUT_BYTES_RESUME = 4 << 20
 PARTIAL_BODY_BLOCK_BYTES = 1 << 20  # see _streaming_a_big_body
+LINGER_S = 1.0  # see _linger: how long a closing connection's unread input is read and dropped
+LINGER_BYTES_MAX = 4 << 20  # ... and how much of it at most
 # Property flag bits (AMQP 0-9-1 basic class, most significant first).
 HEADERS_FLAG = 1 << 13
 REPLY_TO_FLAG = 1 << 9
@@ -140,10 +142,12 @@ class Session:
         self._released = False
         self._wake = trio.Event()
         self._cancel_scope: trio.CancelScope | None = None
+        self._reader_scope = trio.CancelScope()  # see tick: ends the reading, not the writing
         self._next_tick_at = 0.0
         self._closed_seen_at: float | None = None
         self._handshake_deadline = self.started_at + getattr(settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         self._writer_done = trio.Event()
+        self._peer_closed = False  # the peer's EOF (or a reset) was read
         self.messages_in = 0
         self.messages_routed = 0  # of messages_in, routed to at least one queue (or a direct reply-to requester)
         self.messages_out = 0
@@ -206,7 +210,8 @@ class Session:
                 self._cancel_scope = nursery.cancel_scope
                 self.broker.live_sessions[self] = None  # ticked by `tick_sessions`
                 try:
-                    await self._reader()
+                    with self._reader_scope:
+                        await self._reader()
                 finally:
                     self.finished = True
                     self._release()
@@ -214,6 +219,8 @@ class Session:
                     # Give the writer a moment to send the last frames (close-ok, close).
                     with trio.move_on_after(1.0):
                         await self._writer_done.wait()
+                    if self._writer_done.is_set() and not self._peer_closed:
+                        await self._linger()
                     nursery.cancel_scope.cancel()
         finally:
             self.broker.live_sessions.pop(self, None)
@@ -241,6 +248,8 @@ class Session:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
+            if not data:
+                self._peer_closed = True
             conn.receive_data(data, trio.current_time())
             rest = self.handle_events(conn.next_events(), bounded=True)
             # (bounded in count: each turn performs at least one event of the read)
@@ -251,6 +260,28 @@ class Session:
             self.wake()
             if conn.state is State.CLOSED:
                 break
+
+    async def _linger(self) -> None:
+        """We close while the peer may still be sending. A socket closed with unread input makes
+        the kernel send RST, which throws away what it had not yet delivered of our last frames,
+        the connection.close that says why among them (fuzz seed 24, case 7117). So first say we
+        are done (FIN after the last byte), then read and drop what still comes until the peer
+        closes too, bounded in time and bytes (RabbitMQ's reader likewise waits for close-ok
+        after it closes a connection). TLS has no half-close: its streams skip this."""
+        send_eof = getattr(self.stream, "send_eof", None)
+        if send_eof is None:
+            return
+        dropped_bytes = 0
+        with trio.move_on_after(LINGER_S):
+            try:
+                await send_eof()
+                while dropped_bytes < LINGER_BYTES_MAX:
+                    data = await self.stream.receive_some(READ_SIZE_BYTES)
+                    if not data:
+                        return
+                    dropped_bytes += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+                return
 
     async def _flow_wait(self, log_) -> None:
         """This node has too much proposed and not committed (ClusterLog.flow_bytes): a
@@ -350,9 +381,13 @@ class Session:
             if now - self._closed_seen_at < CLOSED_GRACE_S:
                 return
         if not conn.tick(now):
+            # Our close waited too long for its close-ok, or the peer's heartbeats stopped. Only
+            # the reading ends here: `run` still lets the writer finish what is queued (our
+            # connection.close among it) within its bound. Cancelling everything cut that off
+            # mid-frame from a peer that was slow to read (fuzz seed 24, case 7117).
             self.handle_events(conn.next_events())
             self.finished = True
-            self._cancel_scope.cancel()
+            self._reader_scope.cancel()
             return
         self.wake()
 

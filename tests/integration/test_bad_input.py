@@ -711,6 +711,51 @@ def test_pipelined_frames_before_a_fatal_frame_error_are_still_handled(start_bro
     ], names
 
 
+def test_a_slow_reader_gets_every_reply_and_the_close_after_a_fatal_frame_error(start_broker):
+    """Many replies are queued, then a broken frame; the client sends on and reads nothing for
+    longer than the close's grace (1 s), as a busy client may. The server must still deliver
+    every queued reply and its connection.close whole, not cut its writer off mid-frame when
+    the grace ends (fuzz seed 24, case 7117), and not reset the connection with the tail unsent."""
+    server = start_broker()
+    declares = 20_000  # ~240 KB of declare-oks: more than the client's receive window holds
+    passive = encode_method_frame(1, spec.ExchangeDeclare(exchange="amq.direct", type="direct", passive=True))
+    with socket.create_connection(("127.0.0.1", server.amqp_port), timeout=CASE_TIMEOUT_S) as sock:
+        sock.sendall(HANDSHAKE)
+        time.sleep(0.2)  # the handshake's replies are read below with the rest
+
+        def send_on() -> None:
+            try:
+                sock.sendall(passive * declares + b"\x09\x00\x00\x00\x00\x00\x04abcd\xce")  # frame type 9
+                for _ in range(40):  # and keep sending for 2 s, as a client that has not noticed
+                    time.sleep(0.05)
+                    sock.sendall(b"\x00" * 1024)
+            except OSError:
+                pass  # the server hung up: expected at the end
+
+        sender = threading.Thread(target=send_on)
+        sender.start()
+        time.sleep(1.5)
+        reply = bytearray()
+        deadline = time.monotonic() + 3 * CASE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        sender.join(CASE_TIMEOUT_S)
+    reader = FrameReader(0)
+    reader.feed(reply)
+    methods = [spec.decode_method(p) for t, _, p in reader.read_frames() if t == spec.FRAME_METHOD]
+    assert not reader._buffered, f"the reply ends {reader._buffered} bytes into a frame"
+    # (the declares read together with the broken frame lose their replies: the close ends
+    # their channel first, as RabbitMQ's channel processes end with their connection)
+    assert sum(isinstance(m, spec.ExchangeDeclareOk) for m in methods) > declares * 0.9
+    assert isinstance(methods[-1], spec.ConnectionClose) and methods[-1].reply_code == spec.FRAME_ERROR, methods[-1]
+
+
 def test_heartbeat_frames_between_content_frames_are_fine(broker):
     data = (
         encode_method_frame(1, PUBLISH)
