@@ -33,6 +33,7 @@ class Authorization:
         self._meta: md.MetadataMachine | None = None
         self._version = -1
         self._answers: dict[tuple[str, str, str], bool] = {}
+        self._published_to: str | None = None  # see check_publish
 
     def _permitted(self, kind: str, resource_type: str, name: str) -> bool:
         meta: md.MetadataMachine = self.broker.meta
@@ -55,6 +56,15 @@ class Authorization:
                 spec.ACCESS_REFUSED,
                 f"{kind} access to {_resource(resource_type, name, self.vhost)} refused for user '{self.user}'",
             )
+
+    def check_publish(self, meta: md.MetadataMachine, exchange: str) -> None:
+        """`check("write", "exchange", exchange)` for a publish, `meta` being `broker.meta`: the
+        last exchange allowed is kept beside the cache, because a publisher names the same one
+        again and again and the general lookup cost 3 % of a transient publish's CPU (py-spy)."""
+        if exchange == self._published_to and meta is self._meta and meta.access_version == self._version:
+            return
+        self.check("write", "exchange", exchange)  # raises, or leaves _meta and _version current
+        self._published_to = exchange
 
     def check_topic(self, kind: str, exchange: str, routing_key: str) -> None:
         """RabbitMQ's topic authorisation on a topic exchange: without a topic permission for

@@ -542,9 +542,10 @@ class Session:
         exchange = method.exchange
         routing_key = method.routing_key
         flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
-        self.authorization.check("write", "exchange", exchange)  # before the lookup, as RabbitMQ
+        meta = broker.meta
+        self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
         if exchange:
-            record = broker.meta.exchange(vhost, exchange)
+            record = meta.exchange(vhost, exchange)
             if record is None:
                 raise ChannelError(spec.NOT_FOUND, f"no exchange '{exchange}' in vhost '{vhost}'")
             if record.internal:
@@ -584,7 +585,7 @@ class Session:
         else:
             ttl_ms, priority, delay_ms = None, 0, None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
-        queues = broker.meta.route(vhost, exchange, routing_key, headers)
+        queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
             pending = self.pending

@@ -154,6 +154,14 @@ def test_a_permission_change_applies_to_open_connections(broker, user):
     q = ch.queue_declare("", exclusive=True).method.queue
     ok(ctl(broker, "set-permissions", user, ".*", ".*", "^$"))
     refused(lambda: ch.basic_get(q), 403, f"read access to queue '{q}'")
+    # A publish allowed once is remembered by the connection (check_publish); a change of
+    # permissions still applies to its next publish.
+    ok(ctl(broker, "set-permissions", user, ".*", ".*", ".*"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.direct", "k", b"allowed")
+    ok(ctl(broker, "set-permissions", user, ".*", "^$", ".*"))
+    refused(lambda: ch.basic_publish("amq.direct", "k", b"refused"), 403, "write access to exchange 'amq.direct'")
     conn.close()
 
 
