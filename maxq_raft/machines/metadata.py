@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
 from . import access
-from .access import AccessError, Permission, TopicPermission, UserRecord
+from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, UserRecord
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -274,6 +274,18 @@ class SetLimits(NamedTuple):
     limits: dict[str, int]
 
 
+class PutAccessKey(NamedTuple):
+    """A new access key of `user` (the SQS endpoint's SigV4 credential), drawn by the proposer."""
+
+    key_id: str
+    user: str
+    secret: str
+
+
+class DeleteAccessKey(NamedTuple):
+    key_id: str
+
+
 ACCESS_COMMANDS = (
     PutUser,
     DeleteUser,
@@ -285,6 +297,8 @@ ACCESS_COMMANDS = (
     SetTopicPermissions,
     ClearTopicPermissions,
     SetLimits,
+    PutAccessKey,
+    DeleteAccessKey,
 )
 GUEST = "guest"
 # guest's hash in a fresh machine: a fixed salt, so every member starts alike.
@@ -347,6 +361,7 @@ class MetadataMachine:
         self.vhosts: dict[str, VHost] = {}
         self.users: dict[str, UserRecord] = {GUEST: UserRecord(GUEST, GUEST_PASSWORD_HASH, tags=["administrator"])}
         self.users_seeded = False  # a user command applied: SeedDefaultUser does nothing
+        self.access_keys: dict[str, AccessKeyRecord] = {}  # key id -> its user and secret, in creation order
         # Bumped by every change of users, permissions or limits: sessions cache what they checked.
         self.access_version = 0
         self._add_vhost(DEFAULT_VHOST)
@@ -371,6 +386,8 @@ class MetadataMachine:
             SetTopicPermissions: self._set_topic_permissions,
             ClearTopicPermissions: self._clear_topic_permissions,
             SetLimits: self._set_limits,
+            PutAccessKey: self._put_access_key,
+            DeleteAccessKey: self._delete_access_key,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -638,6 +655,8 @@ class MetadataMachine:
         if cmd.name not in self.users:
             return Rejected(404, f"no user '{cmd.name}'"), []
         del self.users[cmd.name]
+        for key_id in [k for k, record in self.access_keys.items() if record.user == cmd.name]:
+            del self.access_keys[key_id]  # a deleted user's keys sign nothing any more
         for v in self.vhosts.values():
             v.permissions.pop(cmd.name, None)
             v.topic_permissions.pop(cmd.name, None)
@@ -728,6 +747,30 @@ class MetadataMachine:
             self.users[cmd.name].limits = dict(cmd.limits)
         self._access_changed()
         return True, []
+
+    def _put_access_key(self, cmd: PutAccessKey) -> MetaResult:
+        if cmd.user not in self.users:
+            return Rejected(404, f"no user '{cmd.user}'"), []
+        if cmd.key_id in self.access_keys:
+            return Rejected(400, f"access key '{cmd.key_id}' exists"), []
+        held = sum(1 for record in self.access_keys.values() if record.user == cmd.user)
+        if held >= access.ACCESS_KEYS_PER_USER_MAX:
+            return Rejected(
+                400, f"user '{cmd.user}' has {held} access keys, the most a user may have: delete one first"
+            ), []
+        self.access_keys[cmd.key_id] = AccessKeyRecord(cmd.key_id, cmd.user, cmd.secret)
+        self._access_changed()
+        return True, []
+
+    def _delete_access_key(self, cmd: DeleteAccessKey) -> MetaResult:
+        if self.access_keys.pop(cmd.key_id, None) is None:
+            return Rejected(404, f"no access key '{cmd.key_id}'"), []
+        self._access_changed()
+        return True, []
+
+    def access_key_secret(self, key_id: str) -> str | None:
+        record = self.access_keys.get(key_id)
+        return record.secret if record is not None and record.user in self.users else None
 
     def permission(self, vhost: str, user: str) -> Permission | None:
         v = self.vhosts.get(vhost)
@@ -958,6 +1001,12 @@ def access_refusal(cmd: Any) -> Rejected | None:
             access.check_hash(cmd.password_hash, access.SHA256)
         elif kind is PutVhost:
             access.check_name(cmd.name, "vhost")
+        elif kind is PutAccessKey:
+            access.check_name(cmd.user, "user")
+            access.check_access_key(cmd.key_id, cmd.secret)
+        elif kind is DeleteAccessKey:
+            if type(cmd.key_id) is not str:
+                raise AccessError("an access key id is a string")
         elif kind is SetPermissions:
             access.check_patterns(cmd.configure, cmd.write, cmd.read)
         elif kind is SetTopicPermissions:

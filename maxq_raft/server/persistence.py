@@ -233,6 +233,8 @@ def access_commands(machine: md.MetadataMachine) -> list:
         commands.append(md.PutUser(user.name, user.password_hash, user.hashing_algorithm, list(user.tags)))
         if user.limits:
             commands.append(md.SetLimits("user", user.name, dict(user.limits)))
+    for key in machine.access_keys.values():
+        commands.append(md.PutAccessKey(key.key_id, key.user, key.secret))
     guest_default = machine.vhosts.get(md.DEFAULT_VHOST) if names[:1] == [md.DEFAULT_VHOST] else None
     if md.GUEST in machine.users and guest_default and md.GUEST not in guest_default.permissions:
         # (a fresh machine gives guest every permission on "/"; a "/" made again gives none)
