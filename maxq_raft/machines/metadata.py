@@ -157,6 +157,20 @@ class DeclareQueue(NamedTuple):
     owner: str  # connection id, for exclusive queues
 
 
+class SetQueueArguments(NamedTuple):
+    """SQS SetQueueAttributes: replace some of a queue's own arguments (only the `x-sqs-` ones
+    and x-message-ttl, SQS's MessageRetentionPeriod: sqs/mapping.py); the queue's settings follow
+    as after a policy change. AMQP itself never changes a queue's arguments."""
+
+    vhost: str
+    name: str
+    arguments: dict[str, Any]
+
+
+SETTABLE_QUEUE_ARGUMENT_PREFIX = "x-sqs-"
+SETTABLE_QUEUE_ARGUMENTS = ("x-message-ttl",)
+
+
 class DeleteQueueRecord(NamedTuple):
     vhost: str
     name: str
@@ -371,6 +385,7 @@ class MetadataMachine:
             DeleteExchange: self._delete_exchange,
             DeclareQueue: self._declare_queue,
             DeleteQueueRecord: self._delete_queue,
+            SetQueueArguments: self._set_queue_arguments,
             Bind: self._bind,
             Unbind: self._unbind,
             OwnerDown: self._owner_down,
@@ -596,6 +611,24 @@ class MetadataMachine:
         if rejected:
             return rejected, []
         return existing, []
+
+    def _set_queue_arguments(self, cmd: SetQueueArguments) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        record = v.queues.get(cmd.name) if v is not None else None
+        if record is None:
+            return Rejected(404, f"no queue '{cmd.name}' in vhost '{cmd.vhost}'"), []
+        if type(cmd.arguments) is not dict:
+            return Rejected(406, "queue arguments must be a table"), []
+        for key in cmd.arguments:
+            if not (key.startswith(SETTABLE_QUEUE_ARGUMENT_PREFIX) or key in SETTABLE_QUEUE_ARGUMENTS):
+                return Rejected(406, f"the queue argument '{key}' cannot be changed"), []
+        arguments = {**record.arguments, **cmd.arguments}
+        try:
+            validate_queue_arguments(cmd.vhost, cmd.name, arguments)
+        except QueueArgumentError as exc:
+            return Rejected(406, exc.reply_text), []
+        record.arguments = arguments
+        return True, [PolicyChanged(cmd.vhost)]  # the queue's settings are recomputed
 
     def _delete_queue(self, cmd: DeleteQueueRecord) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)

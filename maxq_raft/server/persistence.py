@@ -46,6 +46,7 @@ COMMAND_TYPES = {
         md.DeleteExchange,
         md.DeclareQueue,
         md.DeleteQueueRecord,
+        md.SetQueueArguments,
         md.Bind,
         md.Unbind,
         md.SetPolicy,
@@ -164,6 +165,8 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         return before and durable_exchange(machine, command.vhost, command.name)
     if kind is md.DeleteQueueRecord:
         return before and durable_queue(machine, command.vhost, command.name)
+    if kind is md.SetQueueArguments:
+        return durable_queue(machine, command.vhost, command.name)
     if kind is md.Bind or kind is md.Unbind:
         source_durable = durable_exchange(machine, command.vhost, command.source)
         dest_durable = (
