@@ -219,3 +219,25 @@ def test_malformed_access_keys_are_refused_before_and_on_apply(command) -> None:
     machine = md.MetadataMachine()
     assert type(apply(machine, command)[0]) is Rejected
     assert machine.access_keys == {}
+
+
+def test_set_queue_arguments_changes_only_sqs_arguments_and_the_ttl() -> None:
+    machine = md.MetadataMachine()
+    apply(machine, md.DeclareQueue("/", "q", False, True, False, False, {"x-max-length": 5}, ""))
+    reply, effects = apply(
+        machine, md.SetQueueArguments("/", "q", {"x-sqs-visibility-timeout": 9, "x-message-ttl": 1000})
+    )
+    assert reply is True and effects == [md.PolicyChanged("/")]  # the queue's settings are recomputed
+    assert machine.queue("/", "q").arguments == {
+        "x-max-length": 5,
+        "x-sqs-visibility-timeout": 9,
+        "x-message-ttl": 1000,
+    }
+    for refused in (
+        md.SetQueueArguments("/", "q", {"x-max-length": 1}),  # AMQP's own arguments stay as declared
+        md.SetQueueArguments("/", "q", {"x-message-ttl": -1}),
+        md.SetQueueArguments("/", "q", "not a table"),
+    ):
+        assert type(apply(machine, refused)[0]) is Rejected
+    assert apply(machine, md.SetQueueArguments("/", "nope", {}))[0] == Rejected(404, "no queue 'nope' in vhost '/'")
+    assert machine.queue("/", "q").arguments["x-max-length"] == 5
