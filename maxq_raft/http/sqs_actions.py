@@ -153,6 +153,9 @@ class SqsActions:
             arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
             arguments[mapping.CREATED_ARGUMENT] = int(time.time())
             reply = await self._meta(md.DeclareQueue(vhost, name, False, True, False, False, arguments, ""))
+            if type(reply) is Rejected and self.broker.meta.queue(vhost, name) is not None:
+                # made meanwhile (another request, an AMQP client) with other arguments
+                raise SqsError("QueueNameExists", f"A queue named {name} exists with other attributes.")
             if type(reply) is Rejected:
                 raise SqsError("InvalidParameterValue", reply.reply_text)
             record = reply

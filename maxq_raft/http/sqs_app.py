@@ -40,6 +40,7 @@ from ..sqs.protocol import SQS_LIMITS, Limits, error_response, parse_request, su
 from .asgi_app import answered_other_than_http, check_head_size, drain_body
 from .asgi_server import Limits as ServerLimits
 from .asgi_server import bind_sockets, serve_asgi
+from .requests import HttpError
 from .sqs_actions import Caller, SqsActions
 
 log = logging.getLogger("maxq.sqs")
@@ -92,7 +93,7 @@ class SqsApp:
         scope = http.scope
         try:
             check_head_size(scope, HEAD_MAX_BYTES)
-        except Exception:
+        except HttpError:
             await drain_body(http)
             return _error(SqsError("RequestEntityTooLarge", "The request's headers are too large."))
         if scope["method"] != "POST":
