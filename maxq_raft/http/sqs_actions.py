@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import trio
 
@@ -43,7 +43,15 @@ from ..server.errors import ChannelError
 from ..server.publish_extras import stored_properties
 from ..sqs import mapping
 from ..sqs.errors import SqsError
-from ..sqs.protocol import Limits, SqsRequest, batch_error_entry, message_bytes, received_message, send_result
+from ..sqs.protocol import (
+    Limits,
+    SqsRequest,
+    batch_error_entry,
+    check_tags,
+    message_bytes,
+    received_message,
+    send_result,
+)
 from ..sqs.queue_url import parse_queue_url, queue_url
 from ..sqs.receipt import Receipt, decode_receipt, encode_receipt
 from .requests import NO_REPLY, raw_reply
@@ -143,15 +151,18 @@ class SqsActions:
         params = request.params
         name, attributes = params["QueueName"], params["Attributes"]
         unsupported = sorted(set(attributes) - mapping.SUPPORTED_QUEUE_ATTRIBUTES)
-        if unsupported or params.get("tags"):
-            what = ", ".join(unsupported) or "tags"
-            raise SqsError("UnsupportedOperation", f"This endpoint does not support {what} yet (docs/sqs.md).")
+        if unsupported:
+            raise SqsError(
+                "UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet (docs/sqs.md)."
+            )
         vhost = self._vhost(caller, caller.vhost)
         self._allowed(caller, vhost, ("configure",), name, request.action)
         record = self.broker.meta.queue(vhost, name)
         if record is None:
-            arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
+            arguments = self._arguments(caller, vhost, attributes, request.action)
             arguments[mapping.CREATED_ARGUMENT] = int(time.time())
+            if params.get("tags"):
+                arguments[mapping.TAGS_ARGUMENT] = dict(params["tags"])
             reply = await self._meta(md.DeclareQueue(vhost, name, False, True, False, False, arguments, ""))
             if type(reply) is Rejected and self.broker.meta.queue(vhost, name) is not None:
                 # made meanwhile (another request, an AMQP client) with other arguments
@@ -162,7 +173,14 @@ class SqsActions:
         # Same attributes: the queue's URL (idempotent); any other value: QueueAlreadyExists, as
         # SQS (the queue may also have been made just now by another request, or over AMQP).
         current = mapping.queue_attributes(record.arguments, self.limits.max_message_bytes)
-        if any(int(text) != current[attribute] for attribute, text in attributes.items()):
+        wanted = {name: int(text) for name, text in attributes.items() if name != "RedrivePolicy"}
+        redrive = record.arguments.get(mapping.REDRIVE_ARGUMENT)
+        if "RedrivePolicy" in attributes:
+            arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
+            same_redrive = redrive == mapping.redrive_arguments("", count, arn)[mapping.REDRIVE_ARGUMENT]
+        else:
+            same_redrive = True
+        if not same_redrive or any(value != current[attribute] for attribute, value in wanted.items()):
             raise SqsError(
                 "QueueNameExists", "A queue already exists with the same name and a different value for an attribute."
             )
@@ -224,6 +242,9 @@ class SqsActions:
         if type(created) is int:
             values["CreatedTimestamp"] = created
             values["LastModifiedTimestamp"] = record.arguments.get(mapping.MODIFIED_ARGUMENT, created)
+        redrive = record.arguments.get(mapping.REDRIVE_ARGUMENT)
+        if isinstance(redrive, str):
+            values["RedrivePolicy"] = redrive
         if "All" not in wanted:
             values = {key: value for key, value in values.items() if key in wanted}
         return {"Attributes": {key: str(value) for key, value in values.items()}} if values else {}
@@ -235,12 +256,93 @@ class SqsActions:
             raise SqsError("UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet.")
         vhost, name = self._queue(request, caller, ("configure",))
         if attributes:
-            arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
+            arguments = self._arguments(caller, vhost, attributes, request.action)
             arguments[mapping.MODIFIED_ARGUMENT] = int(time.time())
-            reply = await self._meta(md.SetQueueArguments(vhost, name, arguments))
-            if type(reply) is Rejected:
-                raise SqsError("InvalidAttributeValue", reply.reply_text)
+            await self._set_arguments(vhost, name, arguments)
         return {}
+
+    async def _set_arguments(self, vhost: str, name: str, arguments: dict[str, Any]) -> None:
+        reply = await self._meta(md.SetQueueArguments(vhost, name, arguments))
+        if type(reply) is Rejected:
+            raise SqsError("InvalidAttributeValue", reply.reply_text)
+
+    def _arguments(self, caller: Caller, vhost: str, attributes: dict[str, str], action: str) -> dict[str, Any]:
+        """Queue arguments for checked, supported attributes; a RedrivePolicy's target must be a
+        queue of the same vhost the user may write to."""
+        arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
+        if "RedrivePolicy" in attributes:
+            arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
+            target_vhost, target = self._from_arn(arn)
+            if target_vhost != vhost or self.broker.meta.queue(vhost, target) is None:
+                raise SqsError(
+                    "InvalidParameterValue",
+                    "Value for parameter RedrivePolicy is invalid. Reason: Dead-letter target does not exist "
+                    "in this queue's vhost.",
+                )
+            self._allowed(caller, vhost, ("write",), target, action)
+            arguments.update(mapping.redrive_arguments(target, count, arn))
+        return arguments
+
+    def _from_arn(self, arn: str) -> tuple[str, str]:
+        parts = arn.split(":", 5)
+        if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not parts[5]:
+            raise SqsError("InvalidParameterValue", f"Value {arn[:256]} for deadLetterTargetArn is not a queue ARN.")
+        try:
+            return unquote(parts[4], errors="strict"), parts[5]
+        except UnicodeDecodeError:
+            raise SqsError("InvalidParameterValue", "The ARN's account part is not a vhost name.") from None
+
+    async def _list_dead_letter_source_queues(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
+        vhost, name = self._queue(request, caller, KINDS)
+        params = request.params
+        limit = params.get("MaxResults")
+        after = _token_name(params["NextToken"]) if "NextToken" in params else None
+        checks = Authorization(self.broker, caller.user, vhost)
+        sources = []
+        for source, record in sorted(self.broker.meta.vhosts[vhost].queues.items()):  # bounded by the vhost's
+            if mapping.redrive_target(record.arguments) != name or (after is not None and source <= after):
+                continue
+            if any(_permits(checks, kind, source) for kind in KINDS):
+                sources.append(source)
+                if len(sources) > (limit or LIST_QUEUES_MAX):
+                    break
+        page = sources[: limit or LIST_QUEUES_MAX]
+        result: dict[str, Any] = {"queueUrls": [queue_url(caller.base_url, vhost, source) for source in page]}
+        if limit is not None and len(sources) > limit:
+            result["NextToken"] = base64.urlsafe_b64encode(page[-1].encode("utf-8")).decode("ascii")
+        return result
+
+    # ------------------------------------------------------------ tags
+
+    def _tags(self, vhost: str, name: str) -> dict[str, str]:
+        record = self.broker.meta.queue(vhost, name)
+        tags = record.arguments.get(mapping.TAGS_ARGUMENT) if record is not None else None
+        if not isinstance(tags, dict):
+            return {}
+        return {
+            key: bytes(v).decode("utf-8", "replace") if isinstance(v, bytes | bytearray) else str(v)
+            for key, v in tags.items()
+        }
+
+    async def _tag_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
+        vhost, name = self._queue(request, caller, ("configure",))
+        # (read, changed and written whole: of two TagQueue at once on one queue, the last wins)
+        tags = {**self._tags(vhost, name), **request.params["Tags"]}
+        check_tags(tags)
+        await self._set_arguments(vhost, name, {mapping.TAGS_ARGUMENT: tags})
+        return {}
+
+    async def _untag_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
+        vhost, name = self._queue(request, caller, ("configure",))
+        removed = set(request.params["TagKeys"])
+        tags = {key: value for key, value in self._tags(vhost, name).items() if key not in removed}
+        await self._set_arguments(vhost, name, {mapping.TAGS_ARGUMENT: tags})
+        return {}
+
+    async def _list_queue_tags(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
+        vhost, name = self._queue(request, caller, KINDS)
+        tags = self._tags(vhost, name)
+        return {"Tags": tags} if tags else {}
 
     # ------------------------------------------------------------ sending
 

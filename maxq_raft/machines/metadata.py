@@ -158,9 +158,10 @@ class DeclareQueue(NamedTuple):
 
 
 class SetQueueArguments(NamedTuple):
-    """SQS SetQueueAttributes: replace some of a queue's own arguments (only the `x-sqs-` ones
-    and x-message-ttl, SQS's MessageRetentionPeriod: sqs/mapping.py); the queue's settings follow
-    as after a policy change. AMQP itself never changes a queue's arguments."""
+    """SQS SetQueueAttributes and TagQueue: replace some of a queue's own arguments (only the
+    `x-sqs-` ones and those SQS attributes stand for: x-message-ttl, the dead-letter target and
+    the delivery limit; sqs/mapping.py); the queue's settings follow as after a policy change.
+    AMQP itself never changes a queue's arguments."""
 
     vhost: str
     name: str
@@ -168,7 +169,8 @@ class SetQueueArguments(NamedTuple):
 
 
 SETTABLE_QUEUE_ARGUMENT_PREFIX = "x-sqs-"
-SETTABLE_QUEUE_ARGUMENTS = ("x-message-ttl",)
+# MessageRetentionPeriod and RedrivePolicy (sqs/mapping.py)
+SETTABLE_QUEUE_ARGUMENTS = ("x-message-ttl", "x-delivery-limit", "x-dead-letter-exchange", "x-dead-letter-routing-key")
 
 
 class DeleteQueueRecord(NamedTuple):

@@ -28,6 +28,7 @@ SetQueueAttributes, drawn by the node that proposes them.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -154,7 +155,9 @@ QUEUE_ARGUMENTS = {
 RETENTION_ARGUMENT = "x-message-ttl"
 CREATED_ARGUMENT = "x-sqs-created-timestamp"
 MODIFIED_ARGUMENT = "x-sqs-last-modified-timestamp"
-SUPPORTED_QUEUE_ATTRIBUTES = frozenset({*QUEUE_ARGUMENTS, "MessageRetentionPeriod"})
+SUPPORTED_QUEUE_ATTRIBUTES = frozenset({*QUEUE_ARGUMENTS, "MessageRetentionPeriod", "RedrivePolicy"})
+REDRIVE_ARGUMENT = "x-sqs-redrive-policy"  # the policy's JSON as set
+TAGS_ARGUMENT = "x-sqs-tags"  # a table of tag -> value
 # SQS's defaults; a queue without x-message-ttl keeps its messages until they are consumed, and
 # says so as the longest retention SQS has (14 days)
 DEFAULT_VISIBILITY_TIMEOUT_S = 30
@@ -165,6 +168,8 @@ def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int]:
     """Queue arguments for checked, supported queue attributes."""
     arguments: dict[str, int] = {}
     for name, text in attributes.items():
+        if name == "RedrivePolicy":
+            continue  # it names another queue: see redrive_arguments
         if name == "MessageRetentionPeriod":
             arguments[RETENTION_ARGUMENT] = int(text) * 1000
         else:
@@ -187,3 +192,41 @@ def queue_attributes(arguments: Mapping[str, Any], max_message_bytes: int) -> di
     ttl = arguments.get(RETENTION_ARGUMENT)
     out["MessageRetentionPeriod"] = ttl // 1000 if type(ttl) is int else RETENTION_UNBOUNDED_S
     return out
+
+
+# --- redrive ---------------------------------------------------------------------------------
+#
+# RedrivePolicy {"deadLetterTargetArn": ARN, "maxReceiveCount": N} is the queue machine's delivery
+# limit (machines/receives.py): x-delivery-limit N - 1 with the dead-letter queue as the target
+# through the default exchange (x-dead-letter-exchange "", x-dead-letter-routing-key its name),
+# so a message is received N times and dead-lettered when the N-th visibility runs out. The
+# dead-letter queue must be in the same vhost (the default exchange is the vhost's).
+
+
+def redrive_policy(text: str) -> tuple[str, int]:
+    """(deadLetterTargetArn, maxReceiveCount) of a policy protocol.py has checked."""
+    policy = json.loads(text)
+    return policy["deadLetterTargetArn"], int(policy["maxReceiveCount"])
+
+
+def redrive_arguments(dead_letter_queue: str, max_receive_count: int, arn: str) -> dict[str, Any]:
+    canonical = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count}, separators=(",", ":"))
+    return {
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dead_letter_queue,
+        "x-delivery-limit": max_receive_count - 1,
+        REDRIVE_ARGUMENT: canonical,
+    }
+
+
+def redrive_target(arguments: Mapping[str, Any]) -> str | None:
+    """The queue a queue's messages are dead-lettered to through the default exchange, if any."""
+    if _text(arguments.get("x-dead-letter-exchange")) != "":
+        return None
+    return _text(arguments.get("x-dead-letter-routing-key"))
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else None

@@ -474,3 +474,53 @@ def test_sqs_to_amqp_and_a_shared_queue(broker, sqs, queue):
         sqs.delete_message(QueueUrl=queue, ReceiptHandle=got["ReceiptHandle"])
     finally:
         connection.close()
+
+
+# ------------------------------------------------------------------------- redrive and tags
+
+
+def test_redrive_to_a_dead_letter_queue_after_max_receive_count(sqs, queue):
+    dead_letters = sqs.create_queue(QueueName=f"t-dlq-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    try:
+        arn = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        policy = f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":2}}'
+        sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": policy})
+        assert sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["RedrivePolicy"])["Attributes"] == {
+            "RedrivePolicy": policy
+        }
+        assert sqs.list_dead_letter_source_queues(QueueUrl=dead_letters)["queueUrls"] == [queue]
+        sqs.send_message(QueueUrl=queue, MessageBody="poison")
+        for count in (1, 2):  # received maxReceiveCount times, never deleted
+            got = sqs.receive_message(
+                QueueUrl=queue, WaitTimeSeconds=15, VisibilityTimeout=1, AttributeNames=["ApproximateReceiveCount"]
+            )["Messages"]
+            assert got[0]["Body"] == "poison" and got[0]["Attributes"]["ApproximateReceiveCount"] == str(count)
+        # the second visibility runs out: dead-lettered, not back in the queue
+        moved = sqs.receive_message(QueueUrl=dead_letters, WaitTimeSeconds=15)["Messages"]
+        assert [m["Body"] for m in moved] == ["poison"]
+        assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=2)
+        with pytest.raises(ClientError) as bad:
+            sqs.set_queue_attributes(
+                QueueUrl=queue,
+                Attributes={"RedrivePolicy": '{"deadLetterTargetArn":"arn:aws:sqs:x:%2F:nope","maxReceiveCount":1}'},
+            )
+        assert code(bad.value) == "InvalidParameterValue"
+    finally:
+        sqs.delete_queue(QueueUrl=dead_letters)
+
+
+def test_queue_tags(sqs, queue):
+    assert "Tags" not in sqs.list_queue_tags(QueueUrl=queue)
+    sqs.tag_queue(QueueUrl=queue, Tags={"team": "a", "env": "test"})
+    sqs.tag_queue(QueueUrl=queue, Tags={"team": "b"})
+    assert sqs.list_queue_tags(QueueUrl=queue)["Tags"] == {"team": "b", "env": "test"}
+    sqs.untag_queue(QueueUrl=queue, TagKeys=["env", "absent"])
+    assert sqs.list_queue_tags(QueueUrl=queue)["Tags"] == {"team": "b"}
+    with pytest.raises(ClientError) as bad:
+        sqs.tag_queue(QueueUrl=queue, Tags={"aws:reserved": "x"})
+    assert code(bad.value) == "InvalidParameterValue"
+    tagged = sqs.create_queue(QueueName=f"t-{uuid.uuid4().hex[:10]}", tags={"made": "with tags"})["QueueUrl"]
+    try:
+        assert sqs.list_queue_tags(QueueUrl=tagged)["Tags"] == {"made": "with tags"}
+    finally:
+        sqs.delete_queue(QueueUrl=tagged)
