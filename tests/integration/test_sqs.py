@@ -524,3 +524,108 @@ def test_queue_tags(sqs, queue):
         assert sqs.list_queue_tags(QueueUrl=tagged)["Tags"] == {"made": "with tags"}
     finally:
         sqs.delete_queue(QueueUrl=tagged)
+
+
+# ------------------------------------------------------------------------- restarts and bad input
+
+
+def test_keys_queues_attributes_and_messages_survive_a_restart(start_broker, tmp_path):
+    data_dir = tmp_path / "restarted"
+    node = start_broker(data_dir=data_dir)
+    key_id, secret = new_key(node, "guest")
+    sqs = client(node, key_id, secret)
+    url = sqs.create_queue(QueueName="kept", Attributes={"VisibilityTimeout": "17", "DelaySeconds": "0"})["QueueUrl"]
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"MaximumMessageSize": "4096"})
+    sqs.tag_queue(QueueUrl=url, Tags={"a": "1"})
+    sqs.send_message(
+        QueueUrl=url, MessageBody="durable", MessageAttributes={"n": {"DataType": "Number", "StringValue": "3"}}
+    )
+    node.stop()
+    node.start()  # same data folder, same ports
+    sqs = client(node, key_id, secret)  # the key is still there
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["VisibilityTimeout"] == "17" and attributes["MaximumMessageSize"] == "4096"
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"a": "1"}
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, MessageAttributeNames=["All"])["Messages"]
+    assert [m["Body"] for m in got] == ["durable"]
+    assert got[0]["MessageAttributes"] == {"n": {"DataType": "Number", "StringValue": "3"}}
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
+
+
+def _signed(broker, key_id: str, secret: str, target: str | None, body: bytes, content_type: str):
+    """A raw request signed by botocore's own SigV4 signer: (status, JSON body, query error header)."""
+    import http.client
+    import json
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    url = f"http://127.0.0.1:{broker.sqs_port}/"
+    headers = {"Content-Type": content_type}
+    if target is not None:
+        headers["X-Amz-Target"] = target
+    request = AWSRequest("POST", url, data=body, headers=headers)
+    SigV4Auth(Credentials(key_id, secret), "sqs", "us-east-1").add_auth(request)
+    connection = http.client.HTTPConnection("127.0.0.1", broker.sqs_port, timeout=10)
+    try:
+        connection.request("POST", "/", body=body, headers=dict(request.headers.items()))
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None, response.getheader("x-amzn-query-error")
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "body", "content_type", "status", "query_code"),
+    [
+        ("AmazonSQS.ListQueues", b"{not json", "application/x-amz-json-1.0", 400, "SerializationException"),
+        ("AmazonSQS.ListQueues", b"[]", "application/x-amz-json-1.0", 400, "SerializationException"),
+        ("AmazonSQS.ListQueues", b"{}", "text/plain", 400, "SerializationException"),
+        ("AmazonSQS.NoSuchAction", b"{}", "application/x-amz-json-1.0", 400, "InvalidAction"),
+        (None, b"{}", "application/x-amz-json-1.0", 400, "InvalidAction"),
+        ("AmazonSQS.SendMessage", b'{"QueueUrl": "x"}', "application/x-amz-json-1.0", 400, "MissingParameter"),
+        ("AmazonSQS.ReceiveMessage", b'{"QueueUrl": 5}', "application/x-amz-json-1.0", 400, "SerializationException"),
+        (
+            "AmazonSQS.DeleteMessage",
+            b'{"QueueUrl": "http://h/%2F/none", "ReceiptHandle": "x"}',
+            "application/x-amz-json-1.0",
+            400,
+            "AWS.SimpleQueueService.NonExistentQueue",
+        ),
+    ],
+)
+def test_bad_requests_get_sqs_errors(broker, sqs_user, target, body, content_type, status, query_code):
+    got_status, answer, query_error = _signed(broker, sqs_user[1], sqs_user[2], target, body, content_type)
+    assert (got_status, query_error) == (status, f"{query_code};Sender"), answer
+    assert set(answer) == {"__type", "message"}
+
+
+def test_unsigned_requests_and_other_methods_are_refused(broker):
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", broker.sqs_port, timeout=10)
+    try:
+        connection.request(
+            "POST",
+            "/",
+            body=b"{}",
+            headers={"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.ListQueues"},
+        )
+        response = connection.getresponse()
+        response.read()
+        assert (response.status, response.getheader("x-amzn-query-error")) == (
+            403,
+            "MissingAuthenticationToken;Sender",
+        )
+    finally:
+        connection.close()
+    connection = http.client.HTTPConnection("127.0.0.1", broker.sqs_port, timeout=10)
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 405
+    finally:
+        connection.close()
