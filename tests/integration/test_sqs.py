@@ -8,6 +8,7 @@ the first member, and every action goes through the replicated path.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -629,3 +630,32 @@ def test_unsigned_requests_and_other_methods_are_refused(broker):
         assert response.status == 405
     finally:
         connection.close()
+
+
+CLUSTER_SIZE = int(os.environ.get("MAXQ_TEST_CLUSTER") or 0)
+
+
+@pytest.mark.skipif(CLUSTER_SIZE < 3, reason="needs the shared broker to be a member of a 3-node cluster")
+def test_any_member_serves_any_request_of_a_cluster(broker, sqs_user, queue):
+    # the key is on every member; a handle from one member's receive deletes through another
+    first, second, third = (client(member, sqs_user[1], sqs_user[2]) for member in broker.members[:3])
+    result: dict = {}
+
+    def poll() -> None:
+        result["reply"] = first.receive_message(QueueUrl=queue, WaitTimeSeconds=20, VisibilityTimeout=30)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    second.send_message(QueueUrl=queue, MessageBody="across members")
+    sent = time.monotonic()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - sent < 5.0
+    message = result["reply"]["Messages"][0]
+    assert message["Body"] == "across members"
+    third.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+    # deleted, not just hidden: made visible through the first member it would come back
+    with pytest.raises(ClientError) as gone:
+        first.change_message_visibility(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    assert code(gone.value) == "AWS.SimpleQueueService.MessageNotInflight"
+    assert "Messages" not in second.receive_message(QueueUrl=queue, WaitTimeSeconds=1)
