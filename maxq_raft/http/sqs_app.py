@@ -36,7 +36,7 @@ from starlette.responses import Response
 
 from ..sqs import sigv4
 from ..sqs.errors import SqsError
-from ..sqs.protocol import SQS_LIMITS, Limits, error_response, parse_request, success_response
+from ..sqs.protocol import Limits, error_response, parse_request, success_response
 from .asgi_app import answered_other_than_http, check_head_size, drain_body
 from .asgi_server import Limits as ServerLimits
 from .asgi_server import bind_sockets, serve_asgi
@@ -53,6 +53,9 @@ SERVER_LIMITS = ServerLimits(
     send_stall_timeout_s=30,
     read_timeout_s=int(REQUEST_TIMEOUT_S),
 )
+# SQS's limits but for delays: up to 7 days, as the seed's service allows (issue #18), where SQS
+# stops at 15 minutes; the queue machine holds delayed messages in its store (machines/delayed.py)
+ENDPOINT_LIMITS = Limits(max_delay_s=7 * 24 * 3600)
 RECEIPT_KEY_FILE = "sqs-receipt.key"
 RECEIPT_KEY_BYTES = 32
 _HOST = re.compile(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
@@ -72,7 +75,7 @@ def _error(error: SqsError) -> Response:
 
 
 class SqsApp:
-    def __init__(self, broker: Any, receipt_keys: list[bytes], tls: bool, limits: Limits = SQS_LIMITS) -> None:
+    def __init__(self, broker: Any, receipt_keys: list[bytes], tls: bool, limits: Limits = ENDPOINT_LIMITS) -> None:
         self.broker = broker
         self.tls = tls
         self.limits = limits

@@ -659,3 +659,15 @@ def test_any_member_serves_any_request_of_a_cluster(broker, sqs_user, queue):
         first.change_message_visibility(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
     assert code(gone.value) == "AWS.SimpleQueueService.MessageNotInflight"
     assert "Messages" not in second.receive_message(QueueUrl=queue, WaitTimeSeconds=1)
+
+
+def test_delays_go_up_to_seven_days(sqs, queue):
+    sqs.send_message(QueueUrl=queue, MessageBody="next week", DelaySeconds=7 * 24 * 3600)
+    counts = sqs.get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"]
+    )["Attributes"]
+    assert counts == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesDelayed": "1"}
+    sqs.set_queue_attributes(QueueUrl=queue, Attributes={"DelaySeconds": str(7 * 24 * 3600)})
+    with pytest.raises(ClientError) as too_long:
+        sqs.send_message(QueueUrl=queue, MessageBody="too late", DelaySeconds=7 * 24 * 3600 + 1)
+    assert code(too_long.value) == "InvalidParameterValue"
