@@ -388,17 +388,29 @@ class SqsActions:
                     )
                 )
                 continue
+            try:
+                priority = mapping.priority_of(entry.get("MessageAttributes", {}))
+            except SqsError as error:
+                failed.append((entry.get("Id", ""), error))
+                continue
             message_id = str(uuid.uuid4())
             headers = mapping.headers_from_attributes(entry.get("MessageAttributes", {}))
             trace = entry.get("MessageSystemAttributes", {}).get("AWSTraceHeader")
             if trace is not None:
                 headers[mapping.TRACE_HEADER] = trace["StringValue"]
             props = BasicProperties(
-                delivery_mode=2, message_id=message_id, timestamp=now_s, user_id=caller.user, headers=headers or None
+                delivery_mode=2,
+                priority=priority or None,
+                message_id=message_id,
+                timestamp=now_s,
+                user_id=caller.user,
+                headers=headers or None,
             )
             delay_s = entry.get("DelaySeconds", settings["DelaySeconds"])
             body = entry["MessageBody"].encode("utf-8")
-            messages.append(Message("", key[1], encode_properties(props), body, True, None, 0, delay_s * 1000 or None))
+            messages.append(
+                Message("", key[1], encode_properties(props), body, True, None, priority, delay_s * 1000 or None)
+            )
             kept.append((entry, message_id))
         if not messages:
             return [], failed

@@ -35,12 +35,17 @@ from decimal import Decimal
 from typing import Any
 
 from .digests import AttributeValue
+from .errors import SqsError
 
 TYPES_HEADER = "x-sqs-data-types"
 TRACE_HEADER = "x-sqs-aws-trace-header"  # the AWSTraceHeader system attribute
 OUR_PREFIX = "x-sqs-"
 # An AMQP body that is not UTF-8 is received over SQS as base64, with this attribute "base64".
 BODY_ENCODING_ATTRIBUTE = "MaxQ.BodyEncoding"
+# A message's priority on a queue with x-max-priority (issue #18's priorities): this attribute,
+# a Number 0-255, is also the AMQP `priority` property; without it a message has priority 0.
+PRIORITY_ATTRIBUTE = "MaxQ.Priority"
+PRIORITY_MAX = 255
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _I64 = (-(2**63), 2**63 - 1)
 
@@ -70,6 +75,19 @@ def headers_from_attributes(attributes: Mapping[str, Mapping[str, Any]]) -> dict
     if types:
         headers[TYPES_HEADER] = types
     return headers
+
+
+def priority_of(attributes: Mapping[str, Mapping[str, Any]]) -> int:
+    """The message's priority from its MaxQ.Priority attribute (0 without one)."""
+    value = attributes.get(PRIORITY_ATTRIBUTE)
+    if value is None:
+        return 0
+    number = _integer(value.get("StringValue", "")) if value.get("DataType") == "Number" else None
+    if number is None or not 0 <= number <= PRIORITY_MAX:
+        raise SqsError(
+            "InvalidParameterValue", f"The message attribute {PRIORITY_ATTRIBUTE} must be a Number from 0 to 255."
+        )
+    return number
 
 
 def _integer(text: str) -> int | None:

@@ -671,3 +671,37 @@ def test_delays_go_up_to_seven_days(sqs, queue):
     with pytest.raises(ClientError) as too_long:
         sqs.send_message(QueueUrl=queue, MessageBody="too late", DelaySeconds=7 * 24 * 3600 + 1)
     assert code(too_long.value) == "InvalidParameterValue"
+
+
+def test_priorities_as_a_message_attribute(broker, sqs):
+    name = f"t-prio-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        connection.channel().queue_declare(name, durable=True, arguments={"x-max-priority": 5})
+    finally:
+        connection.close()
+    url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+    try:
+
+        def priority(n: str) -> dict:
+            return {"MaxQ.Priority": {"DataType": "Number", "StringValue": n}}
+
+        sent = sqs.send_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": "low", "MessageBody": "low", "MessageAttributes": priority("1")},
+                {"Id": "none", "MessageBody": "none"},
+                {"Id": "high", "MessageBody": "high", "MessageAttributes": priority("5")},
+                {"Id": "bad", "MessageBody": "bad", "MessageAttributes": priority("256")},
+            ],
+        )
+        assert [(f["Id"], f["Code"]) for f in sent["Failed"]] == [("bad", "InvalidParameterValue")]
+        bodies = []
+        for _ in range(6):  # bounded
+            got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60).get("Messages", [])
+            bodies += [m["Body"] for m in got]
+            if len(bodies) >= 3:
+                break
+        assert bodies == ["high", "low", "none"]
+    finally:
+        sqs.delete_queue(QueueUrl=url)
