@@ -64,6 +64,9 @@ class Settings:
     version: str = __version__
     # Prometheus metrics (RabbitMQ's 15692: /metrics, /metrics/per-object) on http_host; 0 disables
     prometheus_port: int = 15692
+    # The SQS-compatible endpoint (docs/sqs.md): off unless a port is given; HTTPS with tls_cert.
+    sqs_port: int = 0
+    sqs_host: str = ""  # default: http_host
 
     @property
     def clustered(self) -> bool:
@@ -118,6 +121,8 @@ CLI_SETTINGS = (
     "join",
     "snapshot_every_mb",
     "prometheus_port",
+    "sqs_port",
+    "sqs_host",
 )
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -220,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Prometheus metrics port (/metrics, /metrics/per-object), on --http-host, without credentials "
         "(default 15692; 0 disables it)",
     )
+    parser.add_argument(
+        "--sqs-port",
+        help="port of the SQS-compatible endpoint (AWS JSON 1.0, SigV4 with `maxqctl add-access-key` keys; "
+        "HTTPS with --tls-cert; default 0: off)",
+    )
+    parser.add_argument("--sqs-host", help="address for the SQS endpoint (default: --http-host)")
     return parser
 
 

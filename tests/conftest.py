@@ -69,6 +69,7 @@ class BrokerProcess:
         self.http_port = free_port()
         # Each its own (the default 15692 would be one port for every node on the machine).
         self.prometheus_port = free_port()
+        self.sqs_port = free_port()  # the SQS endpoint (tests/integration/test_sqs.py)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> BrokerProcess:
@@ -89,6 +90,8 @@ class BrokerProcess:
             str(self.http_port),
             "--prometheus-port",
             str(self.prometheus_port),
+            "--sqs-port",
+            str(self.sqs_port),
             *self.extra_args,
         ]
         env = dict(os.environ if self.env is None else self.env)

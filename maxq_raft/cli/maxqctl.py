@@ -210,6 +210,12 @@ def _add_access_verbs(sub) -> None:
     tags.add_argument("name")
     tags.add_argument("tags", nargs="*")
     sub.add_parser("list-users", help="users and their tags")
+    sub.add_parser(
+        "add-access-key", help="make an access key for USER (the SQS endpoint's credentials): prints id and secret"
+    ).add_argument("name", metavar="USER")
+    sub.add_parser("delete-access-key", help="delete an access key").add_argument("key_id", metavar="KEY_ID")
+    list_keys = sub.add_parser("list-access-keys", help="access key ids and their users (never the secrets)")
+    list_keys.add_argument("--user", default=None, help="only this user's")
     sub.add_parser("add-vhost", help="add a vhost").add_argument("name")
     sub.add_parser("delete-vhost", help="delete a vhost with everything in it").add_argument("name")
     sub.add_parser("list-vhosts", help="vhosts")
@@ -307,6 +313,19 @@ def run_access(args) -> str | None:
             done = f"tags set to [{', '.join(body['tags'])}]"
         fetch(node, f"/api/users/{_quote(args.name)}", timeout, "PUT", body)
         return f"user '{args.name}': {done}"
+    if command == "add-access-key":
+        key = fetch(node, f"/api/users/{_quote(args.name)}/access-keys", timeout, "POST")
+        if args.json:
+            return json.dumps(key, indent=1)
+        # the secret is shown this once: the node never shows it again
+        return f"access key id: {key['access_key_id']}\nsecret access key: {key['secret_access_key']}"
+    if command == "delete-access-key":
+        fetch(node, f"/api/access-keys/{_quote(args.key_id)}", timeout, "DELETE")
+        return f"access key '{args.key_id}' deleted"
+    if command == "list-access-keys":
+        path = f"/api/users/{_quote(args.user)}/access-keys" if args.user else "/api/access-keys"
+        rows = fetch(node, path, timeout)
+        return json.dumps(rows, indent=1) if args.json else table(rows, ["access_key_id", "user"])
     if command == "add-vhost":
         fetch(node, f"/api/vhosts/{_quote(args.name)}", timeout, "PUT", {})
         return f"vhost '{args.name}' added"

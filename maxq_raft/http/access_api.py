@@ -7,6 +7,12 @@
     GET /api/topic-permissions          GET, PUT, DELETE /api/topic-permissions/{vhost}/{user}
     GET /api/vhost-limits               PUT, DELETE /api/vhost-limits/{vhost}/{name}
     GET /api/user-limits                PUT, DELETE /api/user-limits/{user}/{name}
+    GET /api/access-keys                GET, POST /api/users/{name}/access-keys
+                                        DELETE /api/access-keys/{key id}
+
+Access keys are MaxQ-Raft's own (RabbitMQ has none): the SQS endpoint's SigV4 credentials
+(docs/sqs.md). A POST draws the key id and secret here, proposes them, and answers the secret
+once (201); no listing shows it again.
 
 A PUT answers 201 Created when it made something and 204 No Content when it changed what was
 there; a DELETE answers 204. Every value is checked (machines/metadata.access_refusal and the
@@ -270,3 +276,35 @@ async def put_user_limit(broker: Any, request: Request) -> Reply:
 
 async def delete_user_limit(broker: Any, request: Request) -> Reply:
     return await _set_limit(broker, "user", request.params["vhost"], request.params["name"], None)
+
+
+# ------------------------------------------------------------------------------- access keys
+
+
+def access_key_view(record: access.AccessKeyRecord) -> dict:
+    return {"access_key_id": record.key_id, "user": record.user}
+
+
+def list_access_keys(broker: Any) -> list:
+    return [access_key_view(k) for k in broker.meta.access_keys.values()]
+
+
+def user_access_keys(broker: Any, request: Request) -> list:
+    name = request.params["name"]
+    if name not in broker.meta.users:
+        raise HttpError(NOT_FOUND, f"no user '{name}'")
+    return [access_key_view(k) for k in broker.meta.access_keys.values() if k.user == name]
+
+
+async def create_access_key(broker: Any, request: Request) -> Reply:
+    name = request.params["name"]
+    if name not in broker.meta.users:
+        raise HttpError(NOT_FOUND, f"no user '{name}'")
+    key_id, secret = access.new_access_key()
+    await _change(broker, md.PutAccessKey(key_id, name, secret))
+    return Reply("201 Created", {"access_key_id": key_id, "secret_access_key": secret, "user": name})
+
+
+async def delete_access_key(broker: Any, request: Request) -> Reply:
+    await _change(broker, md.DeleteAccessKey(request.params["name"]))
+    return Reply("204 No Content")

@@ -588,6 +588,12 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "PUT": (ADMINISTRATOR, access_api.put_user),
         "DELETE": (ADMINISTRATOR, access_api.delete_user),
     },
+    "/api/users/{name}/access-keys": {
+        "GET": (ADMINISTRATOR, _sync(access_api.user_access_keys)),
+        "POST": (ADMINISTRATOR, access_api.create_access_key),
+    },
+    "/api/access-keys": {"GET": (ADMINISTRATOR, _view(access_api.list_access_keys))},
+    "/api/access-keys/{name}": {"DELETE": (ADMINISTRATOR, access_api.delete_access_key)},
     "/api/vhosts": {"GET": (MANAGEMENT, _view(access_api.list_vhosts))},
     "/api/vhosts/{name}": {
         "GET": (MANAGEMENT, _sync(access_api.get_vhost)),

@@ -73,10 +73,13 @@ class Reply:
     body: Any = None
 
 
-async def wait_for_reply(start: Callable[[Callable[[Any], None]], None]) -> Any:
+NO_REPLY = object()  # what `raw_reply` returns when no reply came in time
+
+
+async def raw_reply(start: Callable[[Callable[[Any], None]], None], timeout_s: float = COMMIT_TIMEOUT_S) -> Any:
     """`start(then)` hands a change to the node, which calls `then(reply)` once, from any thread;
-    wait for that reply, bounded, and return it. HttpError for a refusal (404 or 400), no answer
-    (504) or a cluster that cannot commit (503)."""
+    wait for that reply, bounded, and return it as it came (a single node's ChannelError as a
+    Rejected), or NO_REPLY after `timeout_s`."""
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     box: list = []
@@ -90,13 +93,20 @@ async def wait_for_reply(start: Callable[[Callable[[Any], None]], None]) -> Any:
     except ChannelError as err:  # a single node refuses at once
         box.append(Rejected(err.reply_code, err.reply_text))
         done.set()
-    with trio.move_on_after(COMMIT_TIMEOUT_S):
+    with trio.move_on_after(timeout_s):
         await done.wait()
-    if not box:
+    return box[0] if box else NO_REPLY
+
+
+async def wait_for_reply(start: Callable[[Callable[[Any], None]], None]) -> Any:
+    """`start(then)` hands a change to the node, which calls `then(reply)` once, from any thread;
+    wait for that reply, bounded, and return it. HttpError for a refusal (404 or 400), no answer
+    (504) or a cluster that cannot commit (503)."""
+    reply = await raw_reply(start)
+    if reply is NO_REPLY:
         raise HttpError(
             "504 Gateway Timeout", f"no answer within {COMMIT_TIMEOUT_S:.0f} s (the change may still happen)"
         )
-    reply = box[0]
     if type(reply) is Unavailable:
         raise HttpError("503 Service Unavailable", f"the cluster cannot commit now ({reply.reason})")
     if type(reply) is Rejected:

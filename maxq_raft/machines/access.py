@@ -10,6 +10,12 @@ A permission is three patterns (configure, write, read) matched, as RabbitMQ's r
 a resource's name; the empty pattern matches only the empty name (RabbitMQ reads "" as "^$").
 Patterns are RE2 (policy_pattern.py): linear-time matching, the same on every member. The
 default exchange is checked under the name "amq.default", as rabbit_access_control does.
+
+An access key (the SQS endpoint's credential, docs/sqs.md) is a key id and a secret that belong
+to a user: requests signed with it act as that user. AWS Signature V4 is an HMAC keyed by the
+secret, so the server must hold the secret itself, not a hash of it: it is kept as given, in
+the log and snapshots like the password hashes, and shown only once, to whoever created it. The
+id and secret are drawn by the proposer (`new_access_key`), never in the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import base64
 import hashlib
 import hmac
 import os
+import re
+import secrets
 from dataclasses import dataclass, field
 
 from .policy_pattern import PatternError, PolicyPattern, compile_pattern
@@ -33,6 +41,14 @@ USER_LIMITS = ("max-connections", "max-channels")
 VHOST_LIMITS = ("max-connections", "max-queues")
 NAME_CHARS_MAX = 255  # users and vhosts: a short string, as AMQP's shortstr carries them
 DEFAULT_EXCHANGE_NAME = "amq.default"
+ACCESS_KEY_PREFIX = "MQ"  # as AWS's long-term key ids start with "AKIA"
+ACCESS_KEY_ID_CHARS = 20
+SECRET_KEY_CHARS = 40
+ACCESS_KEYS_PER_USER_MAX = 2  # as IAM allows two per user: one in use, one being rotated in
+_KEY_ID = re.compile(r"[A-Z0-9]{16,128}")
+_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
+_KEY_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_SECRET_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/+"
 
 
 class AccessError(ValueError):
@@ -75,6 +91,29 @@ class UserRecord:
         salt, expected = raw[:SALT_BYTES], raw[SALT_BYTES:]
         digest = _DIGESTS[self.hashing_algorithm](salt + password.encode("utf-8")).digest()
         return hmac.compare_digest(digest, expected)  # constant time: a refusal's timing tells nothing
+
+
+@dataclass(frozen=True)
+class AccessKeyRecord:
+    key_id: str
+    user: str
+    secret: str
+
+
+def new_access_key() -> tuple[str, str]:
+    """A fresh (key id, secret): "MQ" + 18 of A-Z 0-9, and 40 of base64's alphabet, as AWS's."""
+    key_id = ACCESS_KEY_PREFIX + "".join(
+        secrets.choice(_KEY_ID_ALPHABET) for _ in range(ACCESS_KEY_ID_CHARS - len(ACCESS_KEY_PREFIX))
+    )
+    secret = "".join(secrets.choice(_SECRET_ALPHABET) for _ in range(SECRET_KEY_CHARS))
+    return key_id, secret
+
+
+def check_access_key(key_id: object, secret: object) -> None:
+    if type(key_id) is not str or not _KEY_ID.fullmatch(key_id):
+        raise AccessError("an access key id is 16 to 128 characters of A-Z and 0-9")
+    if type(secret) is not str or not _SECRET.fullmatch(secret):
+        raise AccessError("a secret access key is 40 characters of A-Z a-z 0-9 / +")
 
 
 def _pattern(text: str) -> PolicyPattern:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
 from . import access
-from .access import AccessError, Permission, TopicPermission, UserRecord
+from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, UserRecord
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -157,6 +157,22 @@ class DeclareQueue(NamedTuple):
     owner: str  # connection id, for exclusive queues
 
 
+class SetQueueArguments(NamedTuple):
+    """SQS SetQueueAttributes and TagQueue: replace some of a queue's own arguments (only the
+    `x-sqs-` ones and those SQS attributes stand for: x-message-ttl, the dead-letter target and
+    the delivery limit; sqs/mapping.py); the queue's settings follow as after a policy change.
+    AMQP itself never changes a queue's arguments."""
+
+    vhost: str
+    name: str
+    arguments: dict[str, Any]
+
+
+SETTABLE_QUEUE_ARGUMENT_PREFIX = "x-sqs-"
+# MessageRetentionPeriod and RedrivePolicy (sqs/mapping.py)
+SETTABLE_QUEUE_ARGUMENTS = ("x-message-ttl", "x-delivery-limit", "x-dead-letter-exchange", "x-dead-letter-routing-key")
+
+
 class DeleteQueueRecord(NamedTuple):
     vhost: str
     name: str
@@ -274,6 +290,18 @@ class SetLimits(NamedTuple):
     limits: dict[str, int]
 
 
+class PutAccessKey(NamedTuple):
+    """A new access key of `user` (the SQS endpoint's SigV4 credential), drawn by the proposer."""
+
+    key_id: str
+    user: str
+    secret: str
+
+
+class DeleteAccessKey(NamedTuple):
+    key_id: str
+
+
 ACCESS_COMMANDS = (
     PutUser,
     DeleteUser,
@@ -285,6 +313,8 @@ ACCESS_COMMANDS = (
     SetTopicPermissions,
     ClearTopicPermissions,
     SetLimits,
+    PutAccessKey,
+    DeleteAccessKey,
 )
 GUEST = "guest"
 # guest's hash in a fresh machine: a fixed salt, so every member starts alike.
@@ -347,6 +377,7 @@ class MetadataMachine:
         self.vhosts: dict[str, VHost] = {}
         self.users: dict[str, UserRecord] = {GUEST: UserRecord(GUEST, GUEST_PASSWORD_HASH, tags=["administrator"])}
         self.users_seeded = False  # a user command applied: SeedDefaultUser does nothing
+        self.access_keys: dict[str, AccessKeyRecord] = {}  # key id -> its user and secret, in creation order
         # Bumped by every change of users, permissions or limits: sessions cache what they checked.
         self.access_version = 0
         self._add_vhost(DEFAULT_VHOST)
@@ -356,6 +387,7 @@ class MetadataMachine:
             DeleteExchange: self._delete_exchange,
             DeclareQueue: self._declare_queue,
             DeleteQueueRecord: self._delete_queue,
+            SetQueueArguments: self._set_queue_arguments,
             Bind: self._bind,
             Unbind: self._unbind,
             OwnerDown: self._owner_down,
@@ -371,6 +403,8 @@ class MetadataMachine:
             SetTopicPermissions: self._set_topic_permissions,
             ClearTopicPermissions: self._clear_topic_permissions,
             SetLimits: self._set_limits,
+            PutAccessKey: self._put_access_key,
+            DeleteAccessKey: self._delete_access_key,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -580,6 +614,24 @@ class MetadataMachine:
             return rejected, []
         return existing, []
 
+    def _set_queue_arguments(self, cmd: SetQueueArguments) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        record = v.queues.get(cmd.name) if v is not None else None
+        if record is None:
+            return Rejected(404, f"no queue '{cmd.name}' in vhost '{cmd.vhost}'"), []
+        if type(cmd.arguments) is not dict:
+            return Rejected(406, "queue arguments must be a table"), []
+        for key in cmd.arguments:
+            if not (key.startswith(SETTABLE_QUEUE_ARGUMENT_PREFIX) or key in SETTABLE_QUEUE_ARGUMENTS):
+                return Rejected(406, f"the queue argument '{key}' cannot be changed"), []
+        arguments = {**record.arguments, **cmd.arguments}
+        try:
+            validate_queue_arguments(cmd.vhost, cmd.name, arguments)
+        except QueueArgumentError as exc:
+            return Rejected(406, exc.reply_text), []
+        record.arguments = arguments
+        return True, [PolicyChanged(cmd.vhost)]  # the queue's settings are recomputed
+
     def _delete_queue(self, cmd: DeleteQueueRecord) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
         if v is None or cmd.name not in v.queues:
@@ -638,6 +690,8 @@ class MetadataMachine:
         if cmd.name not in self.users:
             return Rejected(404, f"no user '{cmd.name}'"), []
         del self.users[cmd.name]
+        for key_id in [k for k, record in self.access_keys.items() if record.user == cmd.name]:
+            del self.access_keys[key_id]  # a deleted user's keys sign nothing any more
         for v in self.vhosts.values():
             v.permissions.pop(cmd.name, None)
             v.topic_permissions.pop(cmd.name, None)
@@ -728,6 +782,30 @@ class MetadataMachine:
             self.users[cmd.name].limits = dict(cmd.limits)
         self._access_changed()
         return True, []
+
+    def _put_access_key(self, cmd: PutAccessKey) -> MetaResult:
+        if cmd.user not in self.users:
+            return Rejected(404, f"no user '{cmd.user}'"), []
+        if cmd.key_id in self.access_keys:
+            return Rejected(400, f"access key '{cmd.key_id}' exists"), []
+        held = sum(1 for record in self.access_keys.values() if record.user == cmd.user)
+        if held >= access.ACCESS_KEYS_PER_USER_MAX:
+            return Rejected(
+                400, f"user '{cmd.user}' has {held} access keys, the most a user may have: delete one first"
+            ), []
+        self.access_keys[cmd.key_id] = AccessKeyRecord(cmd.key_id, cmd.user, cmd.secret)
+        self._access_changed()
+        return True, []
+
+    def _delete_access_key(self, cmd: DeleteAccessKey) -> MetaResult:
+        if self.access_keys.pop(cmd.key_id, None) is None:
+            return Rejected(404, f"no access key '{cmd.key_id}'"), []
+        self._access_changed()
+        return True, []
+
+    def access_key_secret(self, key_id: str) -> str | None:
+        record = self.access_keys.get(key_id)
+        return record.secret if record is not None and record.user in self.users else None
 
     def permission(self, vhost: str, user: str) -> Permission | None:
         v = self.vhosts.get(vhost)
@@ -958,6 +1036,12 @@ def access_refusal(cmd: Any) -> Rejected | None:
             access.check_hash(cmd.password_hash, access.SHA256)
         elif kind is PutVhost:
             access.check_name(cmd.name, "vhost")
+        elif kind is PutAccessKey:
+            access.check_name(cmd.user, "user")
+            access.check_access_key(cmd.key_id, cmd.secret)
+        elif kind is DeleteAccessKey:
+            if type(cmd.key_id) is not str:
+                raise AccessError("an access key id is a string")
         elif kind is SetPermissions:
             access.check_patterns(cmd.configure, cmd.write, cmd.read)
         elif kind is SetTopicPermissions:

@@ -68,6 +68,7 @@ METADATA_COMMANDS = {
         md.DeleteExchange,
         md.DeclareQueue,
         md.DeleteQueueRecord,
+        md.SetQueueArguments,
         md.Bind,
         md.Unbind,
         md.OwnerDown,

@@ -70,6 +70,8 @@ class Applier:
             reply, effects = group.apply(meta, target, command, origin)
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
                 effects = self._group_effects(effects)
+            if target != ALL_QUEUES:
+                broker.queue_wakeups.applied(target, broker.queues.get(target))  # SQS long polls
         try:
             if then is not None:
                 then(reply)  # a local log's caller may raise its channel error from here

@@ -32,6 +32,7 @@ from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
 from .message_rates import MessageRates
 from .message_store import WalSyncer
+from .queue_wakeups import QueueWakeups
 
 log = logging.getLogger("maxq.broker")
 
@@ -75,6 +76,7 @@ class Broker:
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
+        self.queue_wakeups = QueueWakeups()  # SQS long polls waiting for a queue (queue_wakeups.py)
         self.live_sessions: dict = {}  # every connection task, handshaking ones too
         self.started_at = time.time()
         self.messages_published = 0  # copies enqueued: a message routed to three queues counts three

@@ -34,6 +34,7 @@ from ..config import Settings, SettingsError, load_settings, parse_addr
 from ..http.admin import allowed_hosts
 from ..http.admin_app import open_admin_listeners, open_admin_tls_listeners, serve_admin
 from ..http.metrics_server import open_metrics_listeners, serve_metrics
+from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..replication.engine import ReplicationNode
@@ -358,6 +359,11 @@ async def _serve(
             metrics_listeners = await _bind(
                 "Prometheus", settings.http_host, settings.prometheus_port, partial(open_metrics_listeners, settings)
             )
+        sqs_listeners = []
+        if settings.sqs_port:
+            sqs_listeners = await _bind(
+                "SQS", settings.sqs_host or settings.http_host, settings.sqs_port, partial(open_sqs_listeners, settings)
+            )
         await _seed_default_user(broker, settings)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.alarms.run)
@@ -400,6 +406,11 @@ async def _serve(
                     )
                 )
                 tls_note += f", HTTPS admin on {https_addr[0]}:{https_addr[1]}"
+            if sqs_listeners:
+                sqs_addr = await nursery.start(
+                    partial(serve_sqs, broker, sqs_listeners, receipt_keys(settings), ssl_context=tls_context)
+                )
+                tls_note += f", SQS{' over HTTPS' if tls_context else ''} on {sqs_addr[0]}:{sqs_addr[1]}"
             broker.listeners = listening_ports(
                 amqp_addr,
                 http_addr,

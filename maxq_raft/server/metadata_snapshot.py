@@ -10,8 +10,9 @@ tables round-trip exactly); `load_metadata(records)` builds the machine state di
 replaying declares, so that the order of every dict and binding list (route results follow
 binding order, auto-delete cascades follow the reverse index) is the original's.
 
-Records: `["metadata", {"version", "users", "users_seeded", "access_version"}]` (users as
-`[name, password_hash, hashing_algorithm, tags, limits]`); per vhost `["vhost", name]`, then
+Records: `["metadata", {"version", "users", "users_seeded", "access_version", "access_keys"}]`
+(users as `[name, password_hash, hashing_algorithm, tags, limits]`, access keys as `[key_id,
+user, secret]`; a header without "access_keys", written before they existed, has none); per vhost `["vhost", name]`, then
 `["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
 in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
 each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
@@ -63,6 +64,7 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         "users": users,
         "users_seeded": machine.users_seeded,
         "access_version": machine.access_version,
+        "access_keys": [[k.key_id, k.user, k.secret] for k in machine.access_keys.values()],
     }
     yield ["metadata", header]
     counts: dict[str, int] = {}
@@ -144,6 +146,10 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
         }
         machine.users_seeded = bool(header["users_seeded"])
         machine.access_version = int(header["access_version"])
+        machine.access_keys = {
+            key_id: access.AccessKeyRecord(key_id, user, secret)
+            for key_id, user, secret in header.get("access_keys", [])
+        }
     counts: dict[str, int] = {}
     ended = None
     for record in it:  # bounded by the records given

@@ -46,6 +46,7 @@ COMMAND_TYPES = {
         md.DeleteExchange,
         md.DeclareQueue,
         md.DeleteQueueRecord,
+        md.SetQueueArguments,
         md.Bind,
         md.Unbind,
         md.SetPolicy,
@@ -164,6 +165,8 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         return before and durable_exchange(machine, command.vhost, command.name)
     if kind is md.DeleteQueueRecord:
         return before and durable_queue(machine, command.vhost, command.name)
+    if kind is md.SetQueueArguments:
+        return durable_queue(machine, command.vhost, command.name)
     if kind is md.Bind or kind is md.Unbind:
         source_durable = durable_exchange(machine, command.vhost, command.source)
         dest_durable = (
@@ -233,6 +236,8 @@ def access_commands(machine: md.MetadataMachine) -> list:
         commands.append(md.PutUser(user.name, user.password_hash, user.hashing_algorithm, list(user.tags)))
         if user.limits:
             commands.append(md.SetLimits("user", user.name, dict(user.limits)))
+    for key in machine.access_keys.values():
+        commands.append(md.PutAccessKey(key.key_id, key.user, key.secret))
     guest_default = machine.vhosts.get(md.DEFAULT_VHOST) if names[:1] == [md.DEFAULT_VHOST] else None
     if md.GUEST in machine.users and guest_default and md.GUEST not in guest_default.permissions:
         # (a fresh machine gives guest every permission on "/"; a "/" made again gives none)

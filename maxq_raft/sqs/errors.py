@@ -72,6 +72,10 @@ CATALOGUE: dict[str, ErrorKind] = {
     "RequestEntityTooLarge": ErrorKind(
         CORAL_NAMESPACE + "RequestEntityTooLargeException", "RequestEntityTooLarge", 413
     ),
+    # a cluster that cannot commit now, or no answer in time: clients retry a 503
+    "ServiceUnavailable": ErrorKind(
+        CORAL_NAMESPACE + "ServiceUnavailableException", "ServiceUnavailable", 503, sender_fault=False
+    ),
     "InternalError": ErrorKind(CORAL_NAMESPACE + "InternalFailure", "InternalError", 500, sender_fault=False),
     "MissingAuthenticationToken": ErrorKind(
         CORAL_NAMESPACE + "MissingAuthenticationTokenException", "MissingAuthenticationToken", 403

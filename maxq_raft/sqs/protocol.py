@@ -136,6 +136,10 @@ INPUTS: dict[str, Struct] = {
     "ChangeMessageVisibilityBatch": _batch(
         _struct(["Id", "ReceiptHandle"], Id=STRING, **_HANDLE, VisibilityTimeout=INTEGER)
     ),
+    "ListDeadLetterSourceQueues": _struct(["QueueUrl"], **_QUEUE, NextToken=STRING, MaxResults=INTEGER),
+    "TagQueue": _struct(["QueueUrl", "Tags"], **_QUEUE, Tags=MapOf(STRING)),
+    "UntagQueue": _struct(["QueueUrl", "TagKeys"], **_QUEUE, TagKeys=ListOf(STRING)),
+    "ListQueueTags": _struct(["QueueUrl"], **_QUEUE),
 }
 ACTIONS = frozenset(INPUTS)
 
@@ -368,6 +372,7 @@ def _check_create_queue(request: SqsRequest, limits: Limits) -> None:
     _check_queue_name(params["QueueName"], create=True)
     attributes = params.setdefault("Attributes", {})
     _check_queue_attributes(attributes, limits, create=True)
+    check_tags(params.get("tags", {}))
     if params["QueueName"].endswith(".fifo") != (attributes.get("FifoQueue") == "true"):
         raise SqsError(
             "InvalidParameterValue",
@@ -581,6 +586,33 @@ def _check_send_batch(request: SqsRequest, limits: Limits) -> None:
     _batch_checker(_check_send_entry)(request, limits)
 
 
+MAX_TAGS = 50  # per queue (SQS's limit)
+_TAG_KEY = re.compile(r"[\w\s.:/=+@-]{1,128}")  # letters, digits, spaces and _ . : / = + - @
+_TAG_VALUE = re.compile(r"[\w\s.:/=+@-]{0,256}")
+
+
+def check_tags(tags: Mapping[str, str]) -> None:
+    """SQS's limits on queue tags: at most 50, keys 1-128 and values 0-256 of letters, digits,
+    spaces and `_ . : / = + - @`, no key starting with "aws:"."""
+    if len(tags) > MAX_TAGS:
+        raise SqsError("InvalidParameterValue", f"Too many tags: a queue has at most {MAX_TAGS}.")
+    for key, value in tags.items():
+        if not _TAG_KEY.fullmatch(key) or key.lower().startswith("aws:"):
+            raise SqsError("InvalidParameterValue", f"Tag key '{key[:128]}' is not valid.")
+        if not _TAG_VALUE.fullmatch(value):
+            raise SqsError("InvalidParameterValue", f"The value of tag '{key[:128]}' is not valid.")
+
+
+def _check_tag_queue(request: SqsRequest, limits: Limits) -> None:
+    check_tags(request.params["Tags"])
+
+
+def _check_untag_queue(request: SqsRequest, limits: Limits) -> None:
+    keys = request.params["TagKeys"]
+    if len(keys) > MAX_TAGS or not all(_TAG_KEY.fullmatch(key) for key in keys):
+        raise SqsError("InvalidParameterValue", "TagKeys are at most 50 valid tag keys.")
+
+
 _CHECKS: dict[str, Callable[[SqsRequest, Limits], None]] = {
     "CreateQueue": _check_create_queue,
     "GetQueueUrl": _check_get_queue_url,
@@ -596,6 +628,10 @@ _CHECKS: dict[str, Callable[[SqsRequest, Limits], None]] = {
     "DeleteMessageBatch": _batch_checker(_check_handle_entry),
     "ChangeMessageVisibility": _check_change_visibility,
     "ChangeMessageVisibilityBatch": _batch_checker(_check_handle_entry),
+    "ListDeadLetterSourceQueues": _check_list_queues,
+    "TagQueue": _check_tag_queue,
+    "UntagQueue": _check_untag_queue,
+    "ListQueueTags": _check_nothing,
 }
 
 

@@ -27,7 +27,7 @@ import pytest
 import trustme
 
 from ..conftest import BrokerProcess, free_port
-from ..helpers import GUEST_AUTH, wait_until
+from ..helpers import GUEST_AUTH, api, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -493,3 +493,34 @@ def test_bad_tls_settings_are_refused(argv, text):
 
     with pytest.raises(SettingsError, match=text):
         load_settings(argv, environ={})
+
+
+def test_the_sqs_endpoint_is_https_with_a_certificate(tls_broker, pki):
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ConnectionClosedError
+
+    process = tls_broker.process
+    status, key, _ = api(process, "POST", "/api/users/guest/access-keys")
+    assert status == 201, key
+
+    def sqs(scheme: str):
+        return boto3.client(
+            "sqs",
+            endpoint_url=f"{scheme}://127.0.0.1:{process.sqs_port}",
+            region_name="us-east-1",
+            aws_access_key_id=key["access_key_id"],
+            aws_secret_access_key=key["secret_access_key"],
+            verify=str(pki.ca_file),
+            config=Config(retries={"max_attempts": 1}, read_timeout=10, connect_timeout=5),
+        )
+
+    client = sqs("https")
+    url = client.create_queue(QueueName="over-tls")["QueueUrl"]
+    assert url.startswith(f"https://127.0.0.1:{process.sqs_port}/")
+    client.send_message(QueueUrl=url, MessageBody="secret")
+    assert client.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"][0]["Body"] == "secret"
+    with pytest.raises(ConnectionClosedError):
+        sqs("http").list_queues()  # the port speaks TLS only: a plain request gets no answer
+    client.delete_queue(QueueUrl=url)
+    api(process, "DELETE", f"/api/access-keys/{key['access_key_id']}")

@@ -177,3 +177,67 @@ def test_management_users_see_their_vhosts_and_their_own_connections_and_channel
     assert auth.visible(auth.Caller(machine.users["guest"]), machine, items) == items
     with pytest.raises(auth.Forbidden, match="User not authorised to access virtual host"):
         auth.check(auth.Caller(access.UserRecord("p", "", tags=["policymaker"])), auth.Need.POLICYMAKER, machine, "/")
+
+
+# --------------------------------------------------------------------------- access keys
+
+
+def test_access_keys_belong_to_a_user_and_go_with_it() -> None:
+    machine = md.MetadataMachine()
+    key_id, secret = access.new_access_key()
+    assert key_id.startswith("MQ") and len(key_id) == 20 and key_id.isalnum() and key_id == key_id.upper()
+    assert len(secret) == 40
+    assert apply(machine, md.PutAccessKey(key_id, "nobody", secret))[0] == Rejected(404, "no user 'nobody'")
+    assert apply(machine, md.PutAccessKey(key_id, "guest", secret))[0] is True
+    assert machine.access_key_secret(key_id) == secret
+    assert type(apply(machine, md.PutAccessKey(key_id, "guest", secret))[0]) is Rejected  # ids are unique
+    second = access.new_access_key()
+    assert apply(machine, md.PutAccessKey(second[0], "guest", second[1]))[0] is True
+    third = access.new_access_key()
+    refused = apply(machine, md.PutAccessKey(third[0], "guest", third[1]))[0]
+    assert type(refused) is Rejected and "most a user may have" in refused.reply_text
+    assert apply(machine, md.DeleteAccessKey(second[0]))[0] is True
+    assert apply(machine, md.DeleteAccessKey(second[0]))[0] == Rejected(404, f"no access key '{second[0]}'")
+    assert apply(machine, md.DeleteUser("guest"))[0] is True
+    assert machine.access_keys == {} and machine.access_key_secret(key_id) is None
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        md.PutAccessKey("short", "guest", "s" * 40),
+        md.PutAccessKey("MQ" + "a" * 18, "guest", "s" * 40),  # lower case
+        md.PutAccessKey("MQ" + "A" * 18, "guest", "s" * 39),
+        md.PutAccessKey("MQ" + "A" * 18, "guest", "s" * 39 + "!"),
+        md.PutAccessKey("MQ" + "A" * 18, "", "s" * 40),
+        md.PutAccessKey(7, "guest", "s" * 40),
+        md.DeleteAccessKey(None),
+    ],
+)
+def test_malformed_access_keys_are_refused_before_and_on_apply(command) -> None:
+    assert type(md.access_refusal(command)) is Rejected
+    machine = md.MetadataMachine()
+    assert type(apply(machine, command)[0]) is Rejected
+    assert machine.access_keys == {}
+
+
+def test_set_queue_arguments_changes_only_sqs_arguments_and_the_ttl() -> None:
+    machine = md.MetadataMachine()
+    apply(machine, md.DeclareQueue("/", "q", False, True, False, False, {"x-max-length": 5}, ""))
+    reply, effects = apply(
+        machine, md.SetQueueArguments("/", "q", {"x-sqs-visibility-timeout": 9, "x-message-ttl": 1000})
+    )
+    assert reply is True and effects == [md.PolicyChanged("/")]  # the queue's settings are recomputed
+    assert machine.queue("/", "q").arguments == {
+        "x-max-length": 5,
+        "x-sqs-visibility-timeout": 9,
+        "x-message-ttl": 1000,
+    }
+    for refused in (
+        md.SetQueueArguments("/", "q", {"x-max-length": 1}),  # AMQP's own arguments stay as declared
+        md.SetQueueArguments("/", "q", {"x-message-ttl": -1}),
+        md.SetQueueArguments("/", "q", "not a table"),
+    ):
+        assert type(apply(machine, refused)[0]) is Rejected
+    assert apply(machine, md.SetQueueArguments("/", "nope", {}))[0] == Rejected(404, "no queue 'nope' in vhost '/'")
+    assert machine.queue("/", "q").arguments["x-max-length"] == 5

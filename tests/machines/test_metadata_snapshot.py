@@ -55,10 +55,14 @@ def view(value):
     return value
 
 
+ACCESS_KEY_IDS = ["MQAAAAAAAAAAAAAAAAAA", "MQBBBBBBBBBBBBBBBBBB", "MQCCCCCCCCCCCCCCCCCC"]
+
+
 def access_view(machine: md.MetadataMachine):
     return (
         dict(machine.users),
         machine.users_seeded,
+        list(machine.access_keys.items()),
         [
             (name, dict(v.permissions), {u: dict(t) for u, t in v.topic_permissions.items()}, dict(v.limits))
             for name, v in machine.vhosts.items()
@@ -193,6 +197,8 @@ commands = st.one_of(
         st.sampled_from([{}, {"max-queues": 3}, {"max-connections": 1, "max-queues": 0}]),
     ),
     st.builds(md.SetLimits, st.just("user"), st.sampled_from(USERS), st.sampled_from([{}, {"max-channels": 2}])),
+    st.builds(md.PutAccessKey, st.sampled_from(ACCESS_KEY_IDS), st.sampled_from(USERS), st.just("s" * 40)),
+    st.builds(md.DeleteAccessKey, st.sampled_from(ACCESS_KEY_IDS)),
 )
 
 

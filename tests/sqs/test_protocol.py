@@ -247,7 +247,7 @@ def test_queue_names_and_attributes():
 
 def test_malformed_requests():
     with pytest.raises(SqsError) as caught:
-        parse_request({"content-type": protocol.CONTENT_TYPE, "x-amz-target": "AmazonSQS.TagQueue"}, b"{}")
+        parse_request({"content-type": protocol.CONTENT_TYPE, "x-amz-target": "AmazonSQS.StartMessageMoveTask"}, b"{}")
     assert caught.value.code == "InvalidAction"
     with pytest.raises(SqsError) as caught:
         parse_request({"Content-Type": "text/xml", "X-Amz-Target": "AmazonSQS.ListQueues"}, b"{}")
