@@ -70,8 +70,11 @@ class Applier:
             reply, effects = group.apply(meta, target, command, origin)
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
                 effects = self._group_effects(effects)
-            if target != ALL_QUEUES:
-                broker.queue_wakeups.applied(target, broker.queues.get(target))  # SQS long polls
+            wakeups = broker.queue_wakeups
+            if wakeups.waiters:  # SQS long polls wait on some queue
+                # (a shard-wide Down hands back the messages of every queue its owner held)
+                for key in list(wakeups.waiters) if target == ALL_QUEUES else (target,):
+                    wakeups.applied(key, broker.queues.get(key))
         try:
             if then is not None:
                 then(reply)  # a local log's caller may raise its channel error from here

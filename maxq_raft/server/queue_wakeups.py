@@ -24,31 +24,32 @@ QueueKey = tuple[str, str]
 
 class QueueWakeups:
     def __init__(self) -> None:
-        self._waiters: dict[QueueKey, dict[int, Callable[[], None]]] = {}
+        # queue -> its polls' callbacks; empty when nobody polls (the apply path tests that first)
+        self.waiters: dict[QueueKey, dict[int, Callable[[], None]]] = {}
         self._tokens = itertools.count()
 
     def watch(self, key: QueueKey, wake: Callable[[], None]) -> int:
         """Call `wake()` once, the next time a command leaves queue `key` with a ready message;
         the returned token unwatches it."""
         token = next(self._tokens)
-        self._waiters.setdefault(key, {})[token] = wake
+        self.waiters.setdefault(key, {})[token] = wake
         return token
 
     def unwatch(self, key: QueueKey, token: int) -> None:
-        waiters = self._waiters.get(key)
+        waiters = self.waiters.get(key)
         if waiters is not None:
             waiters.pop(token, None)
             if not waiters:
-                del self._waiters[key]
+                del self.waiters[key]
 
     def applied(self, key: QueueKey, queue: Any) -> None:
         """A command was applied to queue `key` (its machine, or None if it is gone)."""
-        waiters = self._waiters.get(key)
+        waiters = self.waiters.get(key)
         if waiters is None or queue is None or queue.ready_count == 0:
             return
-        del self._waiters[key]
+        del self.waiters[key]
         for wake in waiters.values():  # bounded by the polls waiting on this queue
             wake()
 
     def waiting(self) -> int:
-        return sum(len(waiters) for waiters in self._waiters.values())
+        return sum(len(waiters) for waiters in self.waiters.values())

@@ -355,6 +355,35 @@ def test_a_long_poll_is_answered_as_soon_as_a_message_is_sent(broker, sqs_user, 
     assert result["done"] - sent < 5.0
 
 
+def test_a_long_poll_is_woken_when_an_amqp_consumer_hands_its_message_back(broker, sqs_user, sqs, queue):
+    """A message goes back to ready when the AMQP channel holding it closes: a Down for every
+    queue of the shard, not a command to this queue. The waiting poll must wake for it too."""
+    name = queue.rsplit("/", 1)[1]
+    sqs.send_message(QueueUrl=queue, MessageBody="held")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        method, _props, body = connection.channel().basic_get(name, auto_ack=False)
+        assert body == b"held"
+        poller = client(broker, sqs_user[1], sqs_user[2])
+        result: dict = {}
+
+        def poll() -> None:
+            result["reply"] = poller.receive_message(QueueUrl=queue, WaitTimeSeconds=20)
+            result["done"] = time.monotonic()
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        time.sleep(1.0)  # the poll is waiting: the only message is held by the AMQP channel
+        assert "done" not in result
+    finally:
+        connection.close()
+    closed = time.monotonic()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [m["Body"] for m in result["reply"]["Messages"]] == ["held"]
+    assert result["done"] - closed < 5.0  # woken by the hand-back, not by the 20 s timeout
+
+
 def test_a_long_poll_on_an_empty_queue_waits_its_time(sqs, queue):
     started = time.monotonic()
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)
