@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from ..server.message_rates import node_counts
@@ -105,6 +112,8 @@ def _families(
     yield from _objects(broker)
     yield from _process(broker, process)
     yield from _queues(broker, per_object)
+    if getattr(broker, "syncer", None) is not None:
+        yield from _store_sync(broker.syncer)
     if raft_groups is not None:
         yield from _raft(broker.node_id, raft_groups)
 
@@ -338,6 +347,20 @@ def _raft(node_id: str, groups: dict[str, dict]) -> Iterator[Metric]:
     saved = CounterMetricFamily("maxq_raft_snapshots_saved", "Snapshots this node saved", labels=label)
     installed = CounterMetricFamily("maxq_raft_snapshots_installed", "Snapshots installed from a leader", labels=label)
     syncs = CounterMetricFamily("maxq_raft_journal_fdatasyncs", "fdatasync calls of the group's journal", labels=label)
+    sync_seconds = HistogramMetricFamily(
+        "maxq_raft_journal_fdatasync_seconds", "How long the group's journal fdatasyncs took", labels=label
+    )
+    snapshot_bytes = GaugeMetricFamily(
+        "maxq_raft_snapshot_bytes", "Bytes of the group's latest snapshot file on this node", labels=label
+    )
+    elections = CounterMetricFamily(
+        "maxq_raft_elections_started",
+        "Elections this node stood in for the group (terms in which it was seen as candidate)",
+        labels=label,
+    )
+    leader_changes = CounterMetricFamily(
+        "maxq_raft_leader_changes", "Times this node learnt of a new leader of the group", labels=label
+    )
     member_lag = GaugeMetricFamily(
         "maxq_raft_member_lag_entries",
         "Entries a member's log is behind the leader's last index (on the leader only)",
@@ -360,12 +383,35 @@ def _raft(node_id: str, groups: dict[str, dict]) -> Iterator[Metric]:
         saved.add_metric(v, (g.get("group") or {}).get("snapshots_saved", 0))
         installed.add_metric(v, (g.get("group") or {}).get("snapshots_installed", 0))
         syncs.add_metric(v, (g.get("journal") or {}).get("fdatasyncs", 0))
+        latency = g.get("fdatasync_seconds")
+        if latency:
+            buckets, sum_s = _histogram_buckets(latency)
+            sync_seconds.add_metric(v, buckets, sum_s)
+        snapshot_bytes.add_metric(v, g.get("snapshot_bytes") or 0)
+        elections.add_metric(v, (g.get("group") or {}).get("elections_started", 0))
+        leader_changes.add_metric(v, (g.get("group") or {}).get("leader_changes", 0))
         if g.get("leader") == node_id:
             for member, m in sorted((g.get("members") or {}).items()):
                 if m.get("lag") is not None:
                     member_lag.add_metric([name, member], m["lag"])
     yield from (term, commit, applied, written, snapshot, durable, apply_lag, leader, has_leader, failed, pending)
-    yield from (saved, installed, syncs, member_lag)
+    yield from (saved, installed, syncs, sync_seconds, snapshot_bytes, elections, leader_changes, member_lag)
+
+
+def _histogram_buckets(latency: dict) -> tuple[list[tuple[str, float]], float]:
+    """A histogram in group.Group.status()'s JSON form (`bounds_s`, `cumulative` with one more
+    count for +Inf, `sum_s`) as HistogramMetricFamily takes it."""
+    bounds = [floatToGoString(b) for b in latency["bounds_s"]] + ["+Inf"]
+    return list(zip(bounds, latency["cumulative"], strict=True)), latency["sum_s"]
+
+
+def _store_sync(syncer: Any) -> Iterator[Metric]:
+    """The message store's WAL fsyncs (message_store.WalSyncer): what a persistent publish's
+    confirm waits for on a single node."""
+    family = HistogramMetricFamily("maxq_store_fsync_seconds", "How long the message store's WAL fsyncs took")
+    cumulative, sum_s = syncer.sync_latency.snapshot()
+    family.add_metric([], [(floatToGoString(bound), count) for bound, count in cumulative], sum_s)
+    yield family
 
 
 # ------------------------------------------------------------------ /metrics/detailed

@@ -39,6 +39,7 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.node import Node
 
+from ..storage.sync_latency import SyncLatency
 from . import wire
 from .group_transport import HELD_BYTES_MAX, GroupTransport
 from .journal import JournalError
@@ -87,6 +88,7 @@ _ERRORS = {
     FAIL_REASON.UNKNOWN_OUTCOME: "timeout",
 }
 _STATE = {0: "follower", 1: "candidate", 2: "leader"}
+_CANDIDATE = 1
 
 
 def raft_conf(journal_token: str | None = None, **overrides: Any) -> SyncObjConf:
@@ -154,12 +156,15 @@ class Group:
         self.forward: Callable | None = None
         self.is_leader = False
         self.term = 0
+        self._candidate_term = 0  # the last term this node was seen standing in (elections_started)
         self.transfer: dict | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         conf_kw = dict(settings or {})
         self.raft_log = RaftLog(
             self.folder, fsync=fsync, on_durable=lambda _i: on_durable(self), journal_factory=journal_factory
         )
+        self.sync_latency = SyncLatency()  # the journal's data fdatasyncs, for /metrics
+        self.raft_log.journal.on_fdatasync = self.sync_latency.observe
         install_journal_hook()
         token = register_log(self.raft_log)
         box: dict[str, GroupTransport] = {}
@@ -438,8 +443,16 @@ class Group:
         so = self.so
         self.is_leader = so._isLeader()
         leader = so._getLeader()
-        self.leader_id = leader.id if leader is not None else None
+        leader_id = leader.id if leader is not None else None
+        if leader_id is not None and leader_id != self.leader_id:
+            self.stats["leader_changes"] += 1  # a leader this node had not known (the first too)
+        self.leader_id = leader_id
         self.term = so._getTerm()
+        if (self.is_leader or so._SyncObj__raftState == _CANDIDATE) and self.term > self._candidate_term:
+            # A candidacy bumps the term: one per term in which this node is seen standing at a
+            # tick's end, or leading (a one-voter group wins within the tick it stands in).
+            self._candidate_term = self.term
+            self.stats["elections_started"] += 1
         if self.transport.held:
             self.transport.release()
         if self.transport.installs:
@@ -673,6 +686,8 @@ class Group:
             "log": dict(rl.stats),
             "group": dict(self.stats),
             "journal": rl.journal.stats() if not rl.journal.closed else {},
+            "snapshot_bytes": _file_bytes(self.snapshot),
+            "fdatasync_seconds": _latency_json(self.sync_latency),
         }
 
     def close(self) -> None:
@@ -697,3 +712,19 @@ def call_safely(cb: Callable | None, *args: Any) -> None:
         cb(*args)
     except Exception:
         log.exception("replication callback raised")
+
+
+def _latency_json(latency: SyncLatency) -> dict:
+    """A SyncLatency snapshot as JSON can carry it: the finite bounds, then one count more (+Inf)."""
+    cumulative, sum_s = latency.snapshot()
+    return {"bounds_s": list(latency.bounds_s), "cumulative": [count for _bound, count in cumulative], "sum_s": sum_s}
+
+
+def _file_bytes(header: SnapshotHeader | None) -> int:
+    """The size of the snapshot's file (0: none yet, or a file pruned meanwhile)."""
+    if header is None or header.path is None:
+        return 0
+    try:
+        return header.path.stat().st_size
+    except OSError:
+        return 0

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 
 from ..machines.delayed import DELAYED_BASE
 from ..machines.message import Message
 from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX
 from ..storage.errors import StorageError
+from ..storage.sync_latency import SyncLatency
 
 log = logging.getLogger("maxq.store")
 
@@ -314,6 +316,7 @@ class WalSyncer:
         self._synced = 0
         self._cond = threading.Condition()
         self._stopping = False
+        self.sync_latency = SyncLatency()  # each successful fsync of the WAL, for /metrics
         self._thread = threading.Thread(target=self._run, name="maxq-wal-sync", daemon=True)
         self._thread.start()
 
@@ -336,7 +339,12 @@ class WalSyncer:
                 if ticket == self._synced and not (self.store.unsynced_writes and self.store.failure is None):
                     continue
             try:
-                mark = self.store.sync_wal() if self.fsync else (None if self.store.failure else self.store.sync_mark())
+                if self.fsync:
+                    started_s = time.monotonic()
+                    mark = self.store.sync_wal()
+                    self.sync_latency.observe(time.monotonic() - started_s)
+                else:
+                    mark = None if self.store.failure else self.store.sync_mark()
             except StorageError:  # the store logged it and is failed until it recovers
                 mark = None
             self._synced = ticket

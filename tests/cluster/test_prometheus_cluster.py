@@ -43,3 +43,17 @@ def test_raft_groups_and_queues_across_members(cluster):
         assert all(value >= 1 for value in terms.values()), name
         assert samples["rabbitmq_raft_log_commit_index"][(("raft_group", "meta"),)] >= 1
         assert samples["rabbitmq_identity_info"][(("rabbitmq_cluster", "maxq"), ("rabbitmq_node", name))] == 1
+        # Every member has known a leader of each group; the journals' fdatasyncs are timed.
+        changes = samples["maxq_raft_leader_changes_total"]
+        assert {dict(labels)["raft_group"] for labels in changes} == set(leaders), name
+        assert all(value >= 1 for value in changes.values()), name
+        assert set(samples["maxq_raft_elections_started_total"]) == set(changes), name
+        meta = (("raft_group", "meta"),)
+        syncs = samples["maxq_raft_journal_fdatasync_seconds_count"][meta]
+        assert syncs >= 1, name
+        assert samples["maxq_raft_journal_fdatasync_seconds_bucket"][(("le", "+Inf"), *meta)] == syncs
+        assert meta in samples["maxq_raft_snapshot_bytes"], name
+    # Some member stood for election in each group (its leader, at least).
+    for group in leaders:
+        label = (("raft_group", group),)
+        assert sum(s["maxq_raft_elections_started_total"][label] for s in scrapes.values()) >= 1, group

@@ -191,5 +191,10 @@ def test_the_message_stores_own_figures(start_broker):
         assert one(samples, "maxq_store_memtable_bytes") >= 20 * 1000  # the persistent bodies, written through
         assert one(samples, "maxq_store_sst_bytes") >= 0 and one(samples, "maxq_store_block_cache_bytes") >= 0
         assert one(samples, "maxq_store_redo_bytes") == 0  # nothing waiting after a failure
+        # Each confirm above waited for an fsync of the WAL: the histogram has counted them.
+        fsyncs = one(samples, "maxq_store_fsync_seconds_count")
+        assert fsyncs >= 1
+        assert one(samples, "maxq_store_fsync_seconds_bucket", le="+Inf") == fsyncs
+        assert one(samples, "maxq_store_fsync_seconds_sum") > 0
     finally:
         connection.close()
