@@ -130,7 +130,9 @@ async def publish(broker: Any, request: Request) -> dict:
     if alarms is not None and alarms.active:
         raise HttpError("503 Service Unavailable", "resource alarm in effect: publishing is blocked")
     queues = broker.meta.route(vhost, exchange, routing_key, lambda: props.headers)
+    broker.messages_received_http += 1  # a publish, in the overview's and /metrics's counts
     accepted = await _enqueue(broker, vhost, queues, exchange, routing_key, props_raw, payload)
+    broker.messages_routed_http += accepted > 0
     return {"routed": accepted > 0}
 
 
@@ -235,12 +237,16 @@ async def _take(broker: Any, key: tuple[str, str], count: int, ackmode: str, sho
         for _ in range(count):
             reply = await wait_for_reply(lambda then: broker.queue_call(key, qc.Get(consumer_id, owner, False), then))
             if reply is None:
+                if not seqs:
+                    broker.messages_get_empty += 1
                 break
+            broker.messages_got_manual_ack += 1  # a basic.get that waits for its ack, as RabbitMQ's is
             message, redelivered, remaining = reply
             seqs.append(message.seq)
             got.append(show(message, redelivered, remaining))
         if seqs and ackmode == "ack_requeue_false":
             await wait_for_reply(lambda then: broker.queue_call(key, qc.Settle(consumer_id, seqs), then))
+            broker.messages_acknowledged += len(seqs)
         elif seqs and ackmode == "reject_requeue_false":
             await wait_for_reply(lambda then: broker.queue_call(key, qc.Discard(consumer_id, seqs), then))
     finally:

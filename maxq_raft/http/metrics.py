@@ -136,7 +136,7 @@ def _identity(broker: Any) -> Iterator[Metric]:
 def _global_counters(broker: Any) -> Iterator[Metric]:
     sessions = broker.sessions.values()
     received = node_counts(broker)["publish"]
-    routed = broker.messages_routed_closed + sum(s.messages_routed for s in sessions)
+    routed = broker.messages_routed_closed + broker.messages_routed_http + sum(s.messages_routed for s in sessions)
     proto = {"protocol": PROTOCOL}
     typed = {"protocol": PROTOCOL, "queue_type": QUEUE_TYPE}
     consumed = broker.messages_delivered

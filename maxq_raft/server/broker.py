@@ -97,6 +97,8 @@ class Broker:
         self.messages_unroutable_returned = 0
         self.messages_received_closed = 0  # Session.messages_in of the connections now closed
         self.messages_routed_closed = 0  # Session.messages_routed, likewise
+        self.messages_received_http = 0  # published through the management API (not SQS sends)
+        self.messages_routed_http = 0  # of those, routed to at least one queue
         self.connections_opened = 0
         self.channels_opened = 0
         self.queues_created = 0  # queue machines added on this node (every replica adds each queue)

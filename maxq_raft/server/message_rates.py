@@ -26,7 +26,9 @@ def node_counts(broker: Any) -> dict[str, int]:
     sessions = broker.sessions.values()
     delivered, got = broker.messages_delivered, broker.messages_got_auto_ack + broker.messages_got_manual_ack
     return {
-        "publish": broker.messages_received_closed + sum(s.messages_in for s in sessions),
+        "publish": broker.messages_received_closed
+        + broker.messages_received_http
+        + sum(s.messages_in for s in sessions),
         "confirm": broker.messages_confirmed,
         "deliver": delivered - broker.messages_delivered_auto_ack,
         "deliver_no_ack": broker.messages_delivered_auto_ack,

@@ -269,6 +269,28 @@ def test_publish_and_get_answer_as_rabbitmq(broker):
     assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
 
 
+def test_http_publishes_and_gets_count_in_the_overview(broker):
+    """RabbitMQ's management publish and get go through a channel of their own, so its overview
+    counts them: publish, get (with an ack to wait for), ack, get_empty."""
+    queue = fresh("counted")
+    assert api(broker, "PUT", f"/api/queues/%2F/{queue}", {})[0] == 201
+    names = ("publish", "get", "ack", "get_empty")
+
+    def counts() -> dict:
+        stats = api(broker, "GET", "/api/overview")[1]["message_stats"]
+        return {name: stats[name] for name in names}
+
+    before = counts()
+    sent = {"properties": {}, "routing_key": queue, "payload": "x", "payload_encoding": "string"}
+    assert api(broker, "POST", "/api/exchanges/%2F/amq.default/publish", sent)[1] == {"routed": True}
+    get_path = f"/api/queues/%2F/{queue}/get"
+    assert len(api(broker, "POST", get_path, {"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})[1]) == 1
+    assert api(broker, "POST", get_path, {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})[1] == []
+    after = counts()
+    assert {name: after[name] - before[name] for name in names} == {"publish": 1, "get": 1, "ack": 1, "get_empty": 1}
+    assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+
+
 @pytest.mark.skipif(shutil.which(RABBITMQADMIN) is None, reason="rabbitmqadmin is not installed")
 def test_rabbitmqadmin_publishes_and_gets(broker):
     queue = fresh("rpg")
