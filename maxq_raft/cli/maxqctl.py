@@ -47,6 +47,7 @@ LISTS = {
     "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
     "nodes": ("/api/nodes", ["name", "running", "mem_used", "disk_free", "fd_used", "uptime"]),
     "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
+    "operator-policies": ("/api/operator-policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
     "users": ("/api/users", ["name", "tags", "limits"]),
     "vhosts": ("/api/vhosts", ["name", "limits"]),
     "permissions": ("/api/permissions", ["vhost", "user", "configure", "write", "read"]),
@@ -179,6 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
     clear_policy = sub.add_parser("clear-policy", help="remove a policy")
     clear_policy.add_argument("name")
     clear_policy.add_argument("--vhost", default="/")
+    set_operator = sub.add_parser(
+        "set-operator-policy",
+        help="set an operator policy: queues whose name matches PATTERN get at most DEFINITION's limits",
+    )
+    set_operator.add_argument("name")
+    set_operator.add_argument("pattern", help="a regular expression matched against queue names")
+    set_operator.add_argument(
+        "definition",
+        help="JSON: expires, message-ttl, max-length, max-length-bytes, delivery-limit; '{\"max-length\": 1000}'",
+    )
+    set_operator.add_argument("--priority", type=int, default=0)
+    set_operator.add_argument("--vhost", default="/")
+    clear_operator = sub.add_parser("clear-operator-policy", help="remove an operator policy")
+    clear_operator.add_argument("name")
+    clear_operator.add_argument("--vhost", default="/")
     export = sub.add_parser("export-definitions", help="write RabbitMQ's definitions JSON (users, vhosts, queues, ...)")
     export.add_argument("file", nargs="?", default="-", metavar="FILE|-", help="where (default -: stdout)")
     export.add_argument("--vhost", help="only this vhost's definitions (RabbitMQ's per-vhost shape)")
@@ -415,8 +431,8 @@ def render_status(status: dict) -> str:
     )
 
 
-def _policy_path(vhost: str, name: str) -> str:
-    return f"/api/policies/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(name, safe='')}"
+def _policy_path(vhost: str, name: str, kind: str = "policies") -> str:
+    return f"/api/{kind}/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(name, safe='')}"
 
 
 def _definitions_path(vhost: str | None) -> str:
@@ -503,6 +519,23 @@ def run(args) -> str:
     if args.command == "clear-policy":
         fetch(args.node, _policy_path(args.vhost, args.name), timeout or READ_TIMEOUT_S, "DELETE")
         return f"policy '{args.name}' cleared in vhost '{args.vhost}'"
+    if args.command == "set-operator-policy":
+        try:
+            definition = json.loads(args.definition)
+        except ValueError as exc:
+            raise CtlError(f"the definition must be JSON: {exc}", 2) from None
+        fetch(
+            args.node,
+            _policy_path(args.vhost, args.name, "operator-policies"),
+            timeout or READ_TIMEOUT_S,
+            "PUT",
+            {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": "queues"},
+        )
+        return f"operator policy '{args.name}' set in vhost '{args.vhost}'"
+    if args.command == "clear-operator-policy":
+        path = _policy_path(args.vhost, args.name, "operator-policies")
+        fetch(args.node, path, timeout or READ_TIMEOUT_S, "DELETE")
+        return f"operator policy '{args.name}' cleared in vhost '{args.vhost}'"
     if args.command == "await-startup":
         return await_startup(args.node, timeout or AWAIT_STARTUP_TIMEOUT_S)
     if args.command == "status":

@@ -261,6 +261,45 @@ async def delete_policy(broker, request: Request) -> dict:
     return await _meta_change(broker, md.ClearPolicy(request.params["vhost"], request.params["name"]))
 
 
+def view_operator_policies(broker) -> list:
+    return [
+        {
+            "vhost": vhost_name,
+            "name": p.name,
+            "pattern": p.pattern,
+            "apply-to": p.apply_to,
+            "definition": json_safe(p.definition),
+            "priority": p.priority,
+        }
+        for vhost_name, vhost in broker.meta.vhosts.items()
+        for p in vhost.operator_policies.values()
+    ]
+
+
+async def put_operator_policy(broker, request: Request) -> dict:
+    """RabbitMQ's PUT /api/operator-policies/{vhost}/{name}: a policy's body; apply-to is
+    "queues" (the default), the keys OPERATOR_POLICY_KEYS."""
+    spec = request.json()
+    if not isinstance(spec, dict) or "pattern" not in spec or "definition" not in spec:
+        raise HttpError("400 Bad Request", "an operator policy is a JSON object with pattern and definition")
+    command = md.SetOperatorPolicy(
+        request.params["vhost"],
+        request.params["name"],
+        spec["pattern"],
+        spec["definition"],
+        spec.get("priority", 0),
+        spec.get("apply-to", "queues"),
+    )
+    refused = md.operator_policy_record(command)  # before anything is proposed: the log stays as it was
+    if isinstance(refused, Rejected):
+        raise HttpError("400 Bad Request", refused.reply_text)
+    return await _meta_change(broker, command)
+
+
+async def delete_operator_policy(broker, request: Request) -> dict:
+    return await _meta_change(broker, md.ClearOperatorPolicy(request.params["vhost"], request.params["name"]))
+
+
 async def _engine_answer(start: Callable[[Callable[[str | None], None]], None], timeout_s: float) -> str | None:
     """Start an engine change whose callback(error) comes once from the hub thread (or at once,
     in this thread); wait for it, bounded. The answer after a timeout is dropped."""
@@ -519,9 +558,13 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "GET": (MANAGEMENT, _sync(management_views.get_connection)),
         "DELETE": (MANAGEMENT, _sync(management_views.close_connection)),
     },
-    # No runtime parameters (federation, shovels) and no operator policies here: empty lists.
+    # No runtime parameters (federation, shovels) here: empty lists.
     "/api/parameters": {"GET": (POLICYMAKER, _view(lambda broker: []))},
-    "/api/operator-policies": {"GET": (ADMINISTRATOR, _view(lambda broker: []))},
+    "/api/operator-policies": {"GET": (ADMINISTRATOR, _view(view_operator_policies))},
+    "/api/operator-policies/{vhost}/{name}": {
+        "PUT": (ADMINISTRATOR, put_operator_policy),
+        "DELETE": (ADMINISTRATOR, delete_operator_policy),
+    },
     "/api/health/checks/alarms": {"GET": (MANAGEMENT, _sync(health_api.check_alarms))},
     "/api/health/checks/local-alarms": {"GET": (MANAGEMENT, _sync(health_api.check_local_alarms))},
     "/api/health/checks/port-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_port_listener))},

@@ -98,6 +98,9 @@ POLICY_KEYS = {
     "retry-backoff-max-ms": "x-retry-backoff-max-ms",
 }
 POLICY_APPLY_TO = ("queues", "all", "exchanges")
+# What an operator policy may set (RabbitMQ 3.10's operator_policy_validators that we have):
+# limits whose stricter value wins over the queue's own argument and its user policy.
+OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
 
 
 @dataclass
@@ -124,6 +127,7 @@ class VHost:
     permissions: dict[str, Permission] = field(default_factory=dict)  # user -> patterns
     topic_permissions: dict[str, dict[str, TopicPermission]] = field(default_factory=dict)  # user -> exchange -> ...
     limits: dict[str, int] = field(default_factory=dict)  # access.VHOST_LIMITS
+    operator_policies: dict[str, PolicyRecord] = field(default_factory=dict)  # see OPERATOR_POLICY_KEYS
 
 
 # ------------------------------------------------------------------ commands
@@ -217,6 +221,25 @@ class SetPolicy(NamedTuple):
 
 
 class ClearPolicy(NamedTuple):
+    vhost: str
+    name: str
+
+
+class SetOperatorPolicy(NamedTuple):
+    """An operator policy (rabbitmqctl set_operator_policy): limits an administrator puts on
+    queues whose name matches `pattern`, over what their users chose: for each key of
+    `definition` (OPERATOR_POLICY_KEYS) the lower of its value and the queue's own or its
+    policy's wins. Of several matching, the highest priority, as for policies."""
+
+    vhost: str
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int
+    apply_to: str
+
+
+class ClearOperatorPolicy(NamedTuple):
     vhost: str
     name: str
 
@@ -403,6 +426,8 @@ class MetadataMachine:
             SetTopicPermissions: self._set_topic_permissions,
             ClearTopicPermissions: self._clear_topic_permissions,
             SetLimits: self._set_limits,
+            SetOperatorPolicy: self._set_operator_policy,
+            ClearOperatorPolicy: self._clear_operator_policy,
             PutAccessKey: self._put_access_key,
             DeleteAccessKey: self._delete_access_key,
         }
@@ -673,6 +698,23 @@ class MetadataMachine:
         del v.policies[cmd.name]
         return True, [PolicyChanged(cmd.vhost)]
 
+    def _set_operator_policy(self, cmd: SetOperatorPolicy) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        record = operator_policy_record(cmd)
+        if isinstance(record, Rejected):
+            return record, []
+        v.operator_policies[cmd.name] = record
+        return True, [PolicyChanged(cmd.vhost)]
+
+    def _clear_operator_policy(self, cmd: ClearOperatorPolicy) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        if v is None or cmd.name not in v.operator_policies:
+            return Rejected(404, f"no operator policy '{cmd.name}' in vhost '{cmd.vhost}'"), []
+        del v.operator_policies[cmd.name]
+        return True, [PolicyChanged(cmd.vhost)]
+
     # --------------------------------------------------- users, vhosts, permissions
 
     def _access_changed(self) -> None:
@@ -827,15 +869,37 @@ class MetadataMachine:
         return best
 
     def effective_arguments(self, vhost: str, queue: str) -> Arguments:
-        """A queue's arguments with its policy's beneath them: the queue's own win."""
+        """A queue's arguments as its policies leave them (`arguments_under_policies`)."""
         record = self.queue(vhost, queue)
-        arguments = dict(record.arguments) if record is not None else {}
+        return self.arguments_under_policies(vhost, queue, record.arguments if record is not None else {})
+
+    def arguments_under_policies(self, vhost: str, queue: str, own: Arguments) -> Arguments:
+        """`own`, a queue's declared arguments, with its policy's beneath them (its own win),
+        then its operator policy's limits over both: the lower value wins (rabbit_policy's
+        merge). Also for a queue being declared, before its record exists."""
+        arguments = dict(own)
         policy = self.policy_for(vhost, queue)
-        if policy is None:
-            return arguments
-        merged = policy.arguments()
-        merged.update(arguments)
-        return merged
+        if policy is not None:
+            merged = policy.arguments()
+            merged.update(arguments)
+            arguments = merged
+        operator = self._operator_policy_for(vhost, queue)
+        if operator is not None:
+            for name, limit in operator.arguments().items():
+                current = arguments.get(name)
+                arguments[name] = limit if type(current) is not int else min(current, limit)
+        return arguments
+
+    def _operator_policy_for(self, vhost: str, queue: str) -> PolicyRecord | None:
+        v = self.vhosts.get(vhost)
+        if v is None or not v.operator_policies:
+            return None
+        best = None
+        for name in sorted(v.operator_policies):
+            policy = v.operator_policies[name]
+            if policy.regex.matches(queue) and (best is None or policy.priority > best.priority):
+                best = policy
+        return best
 
     # ------------------------------------------------------------- bindings
 
@@ -994,7 +1058,7 @@ def _erlang_text(value: Any) -> str:
     return str(value)
 
 
-def policy_record(cmd: SetPolicy) -> PolicyRecord | Rejected:
+def policy_record(cmd: SetPolicy | SetOperatorPolicy) -> PolicyRecord | Rejected:
     """The policy `cmd` sets, or why it is refused (406, RabbitMQ's "Validation failed" texts).
     Pure: the admin API runs it before proposing, so nothing it refuses reaches the log; the
     machine runs it again on apply (and on replay), where it decides."""
@@ -1020,6 +1084,22 @@ def policy_record(cmd: SetPolicy) -> PolicyRecord | Rejected:
     except QueueArgumentError as exc:
         return Rejected(406, f"Validation failed\n\n{exc.reply_text}")
     return record
+
+
+def operator_policy_record(cmd: SetOperatorPolicy) -> PolicyRecord | Rejected:
+    """The operator policy `cmd` sets, or why it is refused: a policy's checks, then only
+    OPERATOR_POLICY_KEYS, integers all, and only for queues. Pure, as policy_record."""
+    if cmd.apply_to != "queues":
+        return Rejected(406, f"Validation failed\n\n'{cmd.apply_to}' is not a valid apply-to value (queues)")
+    definition = cmd.definition
+    if isinstance(definition, dict):
+        unknown = sorted(key for key in definition if key not in OPERATOR_POLICY_KEYS)
+        if unknown:
+            return Rejected(406, f"Validation failed\n\n{unknown} are not recognised operator policy settings")
+        for key, value in definition.items():
+            if type(value) is not int or value < 0:
+                return Rejected(406, f"Validation failed\n\n{key} must be a non-negative integer, not {value!r}")
+    return policy_record(cmd)
 
 
 def access_refusal(cmd: Any) -> Rejected | None:

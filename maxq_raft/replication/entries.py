@@ -74,6 +74,8 @@ METADATA_COMMANDS = {
         md.OwnerDown,
         md.SetPolicy,
         md.ClearPolicy,
+        md.SetOperatorPolicy,
+        md.ClearOperatorPolicy,
         *md.ACCESS_COMMANDS,
     )
 }

@@ -113,10 +113,7 @@ class CommandLog:
             self.submit(None, command, synced)
             return
         durable = command.durable and not command.exclusive
-        arguments = dict(command.arguments)
-        policy = broker.meta.policy_for(*key)
-        if policy is not None:  # the queue's own arguments win over its policy's
-            arguments = {**policy.arguments(), **arguments}
+        arguments = broker.meta.arguments_under_policies(command.vhost, command.name, command.arguments)
         created_here = key not in broker.queues
 
         def recorded(reply) -> None:

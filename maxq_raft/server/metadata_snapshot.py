@@ -18,7 +18,7 @@ in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments
 each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
 exclusive_owner, auto_delete, arguments]`, `["bindings_to", vhost, destination, [[source, key,
 arguments], ...]]` (the reverse index, in its order), `["policy", vhost, name, pattern,
-definition, priority, apply_to]`, `["access", vhost, [[user, configure, write, read], ...],
+definition, priority, apply_to]` (an operator policy's alike, `["operator_policy", ...]`), `["access", vhost, [[user, configure, write, read], ...],
 [[user, exchange, write, read], ...], limits]`; last `["end", counts]`, checked by the loader.
 Version 1 (before users had hashes and permissions) is read too: its plain passwords are hashed
 as a fresh machine hashes guest's, and guest gets every permission on "/" as it had.
@@ -107,6 +107,9 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         for p in vhost.policies.values():
             yield ["policy", vhost_name, p.name, p.pattern, _table(p.definition), p.priority, p.apply_to]
             count("policy")
+        for p in vhost.operator_policies.values():
+            yield ["operator_policy", vhost_name, p.name, p.pattern, _table(p.definition), p.priority, p.apply_to]
+            count("operator_policy")
         permissions = [[user, p.configure, p.write, p.read] for user, p in vhost.permissions.items()]
         topics = [
             [user, exchange, t.write, t.read]
@@ -204,7 +207,7 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
     elif kind == "bindings_to":
         entries = vhost.bindings_to.setdefault(record[2], [])
         entries.extend((source, key, _untable(arguments)) for source, key, arguments in record[3])
-    elif kind == "policy":
+    elif kind == "policy" or kind == "operator_policy":
         _, _, name, pattern, definition, priority, apply_to = record
         try:
             regex = compile_pattern(pattern)
@@ -213,7 +216,8 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
             # SetPolicy refuses it now, so skipping it here keeps every member alike.
             log.warning("metadata snapshot: policy %r in vhost %r skipped: %s", name, vhost.name, exc)
             return
-        vhost.policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to, regex)
+        policies = vhost.policies if kind == "policy" else vhost.operator_policies
+        policies[name] = md.PolicyRecord(name, pattern, _untable(definition), priority, apply_to, regex)
     elif kind == "access":
         _, _, permissions, topics, limits = record
         for user, configure, write, read in permissions:

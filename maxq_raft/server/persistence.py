@@ -50,6 +50,8 @@ COMMAND_TYPES = {
         md.Bind,
         md.Unbind,
         md.SetPolicy,
+        md.SetOperatorPolicy,
+        md.ClearOperatorPolicy,
         md.ClearPolicy,
         *md.ACCESS_COMMANDS,
     )
@@ -176,7 +178,10 @@ def concerns_durable(machine: md.MetadataMachine, command, before: bool) -> bool
         )
         return source_durable and dest_durable
     # policies (RabbitMQ's runtime parameters), users, vhosts and permissions are always durable
-    return kind is md.SetPolicy or kind is md.ClearPolicy or kind in md.ACCESS_COMMANDS
+    return (
+        kind in (md.SetPolicy, md.ClearPolicy, md.SetOperatorPolicy, md.ClearOperatorPolicy)
+        or kind in md.ACCESS_COMMANDS
+    )
 
 
 def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes]:
@@ -210,6 +215,15 @@ def snapshot_entries(machine: md.MetadataMachine, queue_ids: dict) -> list[bytes
             entries.append(
                 encode_entry(
                     md.SetPolicy(
+                        vhost_name, policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to
+                    ),
+                    None,
+                )
+            )
+        for policy in vhost.operator_policies.values():
+            entries.append(
+                encode_entry(
+                    md.SetOperatorPolicy(
                         vhost_name, policy.name, policy.pattern, policy.definition, policy.priority, policy.apply_to
                     ),
                     None,

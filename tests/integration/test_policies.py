@@ -146,17 +146,22 @@ def test_clearing_a_missing_policy_is_404(broker):
 def test_policies_survive_a_restart(start_broker):
     broker = start_broker()
     assert maxqctl(broker, "set-policy", "keep", "^kept", '{"max-length": 1}').returncode == 0
+    assert maxqctl(broker, "set-operator-policy", "cap", "^capped", '{"max-length": 2}').returncode == 0
     broker.stop()
     broker = start_broker(data_dir=broker.data_dir)
     with urllib.request.urlopen(
         urllib.request.Request(f"http://127.0.0.1:{broker.http_port}/api/policies", headers=GUEST_AUTH), timeout=5
     ) as response:
         assert [p["name"] for p in json.load(response)] == ["keep"]
+    assert [p["name"] for p in json.loads(maxqctl(broker, "--json", "list", "operator-policies").stdout)] == ["cap"]
     connection = pika.BlockingConnection(pika.ConnectionParameters(port=broker.amqp_port))
     channel = connection.channel()
     channel.queue_declare("kept-q")
     fill(channel, "kept-q", 3)
     assert drain(channel, "kept-q") == [b"2"]
+    channel.queue_declare("capped-q")
+    fill(channel, "capped-q", 3)
+    assert drain(channel, "capped-q") == [b"1", b"2"]
     connection.close()
 
 
@@ -243,3 +248,40 @@ def test_a_pattern_rabbitmq_might_take_but_re2_cannot_is_refused_before_the_log(
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert overview is not None
+
+
+def test_an_operator_policy_caps_what_users_chose(env, broker, prefix):
+    """rabbitmqctl set_operator_policy's limits: the lower of the operator policy's value and the
+    queue's own argument (or its policy's) applies; clearing it gives the users' back. Only an
+    administrator may set one, and only its limit keys."""
+    tag, names = prefix
+    channel = env.channel()
+    own, by_policy = env.queue_name(f"ops-{tag}-own"), env.queue_name(f"ops-{tag}-pol")
+    channel.queue_declare(own, arguments={"x-max-length": 10})
+    channel.queue_declare(by_policy)
+    names.append(f"user-{tag}")
+    assert maxqctl(broker, "set-policy", f"user-{tag}", f"^ops-{tag}-pol", '{"max-length": 1}').returncode == 0
+    result = maxqctl(broker, "set-operator-policy", f"cap-{tag}", f"^ops-{tag}", '{"max-length": 3}')
+    try:
+        assert result.returncode == 0, result.stderr
+        fill(channel, own, 6)
+        fill(channel, by_policy, 6)
+        assert channel.queue_declare(own, passive=True).method.message_count == 3  # 3 < its own 10
+        assert channel.queue_declare(by_policy, passive=True).method.message_count == 1  # its policy's 1 < 3
+        listed = json.loads(maxqctl(broker, "--json", "list", "operator-policies").stdout)
+        assert {
+            "vhost": "/",
+            "name": f"cap-{tag}",
+            "pattern": f"^ops-{tag}",
+            "apply-to": "queues",
+            "definition": {"max-length": 3},
+            "priority": 0,
+        } in listed
+        refused = maxqctl(broker, "set-operator-policy", f"bad-{tag}", ".*", '{"dead-letter-exchange": "x"}')
+        assert refused.returncode != 0 and "not recognised operator policy settings" in refused.stderr
+        assert f"bad-{tag}" not in maxqctl(broker, "list", "operator-policies").stdout
+    finally:
+        assert maxqctl(broker, "clear-operator-policy", f"cap-{tag}").returncode == 0
+    fill(channel, own, 6)
+    assert channel.queue_declare(own, passive=True).method.message_count == 9  # its own 10 again
+    assert maxqctl(broker, "clear-operator-policy", f"cap-{tag}").returncode != 0  # gone: 404

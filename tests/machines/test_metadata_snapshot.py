@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maxq_raft.machines import metadata as md
-from maxq_raft.machines.queue_types import Meta
+from maxq_raft.machines.queue_types import Meta, Rejected
 from maxq_raft.machines.snapshot import SnapshotError
 from maxq_raft.server import persistence
 from maxq_raft.server.metadata_snapshot import FORMAT_VERSION, dump_metadata, load_metadata
@@ -159,6 +159,16 @@ commands = st.one_of(
         st.sampled_from(["queues", "all", "exchanges"]),
     ),
     st.builds(lambda name: md.ClearPolicy(V, name), st.sampled_from(["p0", "p1"])),
+    st.builds(
+        lambda name, pattern, definition, priority: md.SetOperatorPolicy(
+            V, name, pattern, definition, priority, "queues"
+        ),
+        st.sampled_from(["o0", "o1"]),
+        st.sampled_from(["^q[01]", "q"]),
+        st.sampled_from([{"max-length": 1}, {"message-ttl": 5, "expires": 60000}, {"overflow": "drop-head"}]),
+        st.integers(0, 1),
+    ),
+    st.builds(lambda name: md.ClearOperatorPolicy(V, name), st.sampled_from(["o0", "o1", "o2"])),
     # users, vhosts, permissions and limits
     st.builds(
         lambda name, password, tags: md.PutUser(name, md.access.hash_password(password), md.access.SHA256, tags),
@@ -300,3 +310,41 @@ def test_a_single_nodes_snapshot_recreates_users_vhosts_permissions_and_limits(o
         reply, _ = replayed.apply(Meta(1, 0), command)
         assert type(reply) is not md.Rejected, (command, reply)
     assert access_view(replayed) == access_view(machine)
+
+
+def test_an_operator_policy_caps_the_queue_and_its_policy_at_its_lower_value():
+    """rabbit_policy's merge: for an operator policy's keys the lower value wins, whether the
+    queue's own argument or its user policy set the other; keys it does not set are left."""
+    machine = md.MetadataMachine()
+    declare = md.DeclareQueue(V, "capped", False, True, False, False, {"x-max-length": 10, "x-message-ttl": 50}, "")
+    assert machine.apply(Meta(1, 0), declare)[0] is not None
+    assert machine.apply(Meta(2, 0), md.SetPolicy(V, "user", "^capped", {"expires": 9000}, 0, "queues"))[0] is True
+    operator = md.SetOperatorPolicy(
+        V, "ops", "^cap", {"max-length": 3, "message-ttl": 100, "expires": 5000}, 0, "queues"
+    )
+    reply, effects = machine.apply(Meta(3, 0), operator)
+    assert reply is True and effects == [md.PolicyChanged(V)]
+    assert machine.effective_arguments(V, "capped") == {"x-max-length": 3, "x-message-ttl": 50, "x-expires": 5000}
+    assert machine.effective_arguments(V, "cap-new") == {"x-max-length": 3, "x-message-ttl": 100, "x-expires": 5000}
+    assert machine.effective_arguments(V, "other") == {}  # not matched
+    assert machine.apply(Meta(4, 0), md.ClearOperatorPolicy(V, "ops"))[0] is True
+    assert machine.effective_arguments(V, "capped") == {"x-max-length": 10, "x-message-ttl": 50, "x-expires": 9000}
+    assert machine.apply(Meta(5, 0), md.ClearOperatorPolicy(V, "ops"))[0] == Rejected(
+        404, f"no operator policy 'ops' in vhost '{V}'"
+    )
+
+
+def test_an_operator_policy_takes_only_its_keys_for_queues():
+    machine = md.MetadataMachine()
+    for definition, apply_to in (
+        ({"dead-letter-exchange": "x"}, "queues"),
+        ({"max-length": -1}, "queues"),
+        ({"max-length": "5"}, "queues"),
+        ({"max-length": 5}, "exchanges"),
+        ({}, "queues"),
+    ):
+        command = md.SetOperatorPolicy(V, "bad", ".*", definition, 0, apply_to)
+        refused = md.operator_policy_record(command)
+        assert isinstance(refused, Rejected) and refused.reply_code == 406, (definition, refused)
+        assert machine.apply(Meta(1, 0), command)[0] == refused
+    assert machine.vhosts[V].operator_policies == {}
