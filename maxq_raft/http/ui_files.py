@@ -23,6 +23,7 @@ from starlette.responses import Response
 UI_PREFIX = "/ui/"
 INDEX_PATH = "/"
 INDEX_FILE = "index.html"
+FAVICON_PATH = "/favicon.ico"  # browsers ask for it by themselves; answered empty, not with a 401
 FILE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,40}\.(html|js|css)$")  # no folders, no dots but the suffix
 CONTENT_TYPES = {
     "html": "text/html; charset=utf-8",
@@ -45,7 +46,7 @@ _cache: dict[str, bytes] = {}  # file name -> contents, read once (the files are
 
 
 def is_ui_path(path: str) -> bool:
-    return path == INDEX_PATH or path.startswith(UI_PREFIX)
+    return path in (INDEX_PATH, FAVICON_PATH) or path.startswith(UI_PREFIX)
 
 
 def _contents(name: str) -> bytes | None:
@@ -62,6 +63,8 @@ def answer(method: str, path: str) -> Response:
     405 for a method other than GET."""
     if method != "GET":
         return Response(b"", 405, {**SECURITY_HEADERS, "Allow": "GET"})
+    if path == FAVICON_PATH:
+        return Response(b"", 204, SECURITY_HEADERS)
     name = INDEX_FILE if path == INDEX_PATH else path[len(UI_PREFIX) :]
     match = FILE_NAME.match(name)
     contents = _contents(name) if match else None

@@ -21,6 +21,10 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 from ..helpers import api, wait_for
 
@@ -39,7 +43,6 @@ def _find(*names: str) -> str | None:
 @pytest.fixture(scope="module")
 def driver():
     """A headless chromium driven by chromedriver; quit (browser and driver) when the module ends."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
     browser_path = _find("chromium", "chromium-browser", "google-chrome")
     driver_path = _find("chromedriver")
     if browser_path is None or driver_path is None:
@@ -79,10 +82,6 @@ def ui(driver, broker):
 
 class Page:
     def __init__(self, driver, base: str) -> None:
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions as ec
-        from selenium.webdriver.support.ui import WebDriverWait
-
         self.driver = driver
         self.base = base
         self.by = By
@@ -152,6 +151,7 @@ def test_the_ui_is_served_without_credentials_with_a_strict_policy(broker):
     assert status == 200 and headers["content-type"].startswith("text/javascript")
     assert _get(broker, "/ui/no-such.js")[0] == 404
     assert _get(broker, "/ui/..%2fadmin.py")[0] == 404
+    assert _get(broker, "/favicon.ico")[0] == 204  # asked for by browsers on their own
     # the API is as it was: credentials wanted, the Host checked for the page too
     assert api(broker, "GET", "/api/overview", auth=None)[0] == 401
     assert _get(broker, "/", host="evil.example")[0] == 403
@@ -256,7 +256,9 @@ def test_overview_and_cluster_pages(ui, broker, env, tmp_path):
     # two samples make a line; the page samples at each refresh
     ui.wait.until(lambda d: len(d.find_elements(ui.by.CSS_SELECTOR, "#rate-chart polyline")) > 0)
     ui.text_of("#total-messages", lambda t: t.split()[0] != "0", "the published messages in the totals")
+    ui.driver.set_window_size(1280, 1250)  # the whole overview, nodes and listeners too
     assert ui.screenshot("ui-overview.png", tmp_path).stat().st_size > 10_000
+    ui.driver.set_window_size(1280, 900)
     ui.open("cluster")
     text = ui.text_of("#live", lambda t: "Raft groups" in t and "Members" in t, "the cluster page")
     status = api(broker, "GET", "/api/cluster/status")[1]

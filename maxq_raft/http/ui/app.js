@@ -1,6 +1,6 @@
 // The web UI's shell: login, hash routing, the page being shown, and refreshing it every 5 s.
 //
-// A page is { title, controls?, load }: `controls` (forms, buttons) are built once when the page
+// A page is { title, controls?, load, liveFirst? }: `controls` (forms, buttons) are built once when the page
 // opens, so a refresh never wipes what is being typed; `load()` fetches and returns the part that
 // is rebuilt at every refresh.
 
@@ -62,7 +62,10 @@ function route() {
   document.title = `${page.title} · MaxQ-Raft`;
   const live = document.createElement("div");
   live.id = "live";
-  $("page").replaceChildren(...(page.controls || []).filter(Boolean), live);
+  const controls = (page.controls || []).filter(Boolean);
+  // an object's page shows its figures under its heading, before its forms
+  if (page.liveFirst) $("page").replaceChildren(controls[0], live, ...controls.slice(1));
+  else $("page").replaceChildren(...controls, live);
   $("notice").textContent = "";
   current = { page, live, generation: ++generation, loading: false, again: false };
   refresh();

@@ -9,7 +9,7 @@ function lags(group) {
   return h(
     "span",
     {},
-    group.members.map((m) => h("span", { class: m.connected === false ? "error" : "" }, `${m.node}${m.lag === null || m.lag === undefined ? "" : ` lag ${m.lag}`}  `)),
+    group.members.map((m) => h("span", { class: m.connected === false ? "error" : "" }, `${m.node} lag ${m.lag ?? "?"}  `)),
   );
 }
 
@@ -48,6 +48,7 @@ export function clusterPage() {
             ],
             status.groups,
           ),
+          h("p", { class: "muted" }, "A member's lag (entries behind the leader) is known to its group's leader only: ? for groups another node leads; open that node's UI to see them."),
         ),
       );
     },

@@ -56,6 +56,7 @@ export function exchangePage(ctx, [vhost, name]) {
   const builtIn = name === "amq.default" || name.startsWith("amq.");
   return {
     title: `Exchange ${name}`,
+    liveFirst: true,
     controls: [
       h("h1", {}, `Exchange ${name}`, h("span", { class: "muted" }, ` in vhost ${vhost}`)),
       builtIn

@@ -71,6 +71,7 @@ export function queuePage(ctx, [vhost, name]) {
     }, label);
   return {
     title: `Queue ${name}`,
+    liveFirst: true,
     controls: [
       h("h1", {}, "Queue ", h("span", { id: "queue-name" }, name), h("span", { class: "muted" }, ` in vhost ${vhost}`)),
       h(
