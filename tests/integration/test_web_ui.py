@@ -84,19 +84,17 @@ class Page:
     def __init__(self, driver, base: str) -> None:
         self.driver = driver
         self.base = base
-        self.by = By
-        self.ec = ec
         self.wait = WebDriverWait(driver, PAGE_TIMEOUT_S)
 
     def element(self, css: str):
-        return self.wait.until(self.ec.visibility_of_element_located((self.by.CSS_SELECTOR, css)))
+        return self.wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
 
     def text_of(self, css: str, predicate, what: str) -> str:
         """The text of `css` once `predicate(text)` holds (bounded by PAGE_TIMEOUT_S)."""
 
         def seen(driver):
             try:
-                text = driver.find_element(self.by.CSS_SELECTOR, css).text
+                text = driver.find_element(By.CSS_SELECTOR, css).text
             except Exception:  # not there yet, or replaced by a refresh while read
                 return False
             return text if predicate(text) else False
@@ -110,14 +108,14 @@ class Page:
         name = self.element("#login-username")
         name.clear()
         name.send_keys(username)
-        self.driver.find_element(self.by.ID, "login-password").send_keys(password)
-        self.driver.find_element(self.by.ID, "login-button").click()
+        self.driver.find_element(By.ID, "login-password").send_keys(password)
+        self.driver.find_element(By.ID, "login-button").click()
 
     def open(self, hash_path: str) -> None:
         self.driver.get(self.base + "/#/" + hash_path)
 
     def accept_confirm(self) -> None:
-        self.wait.until(self.ec.alert_is_present()).accept()
+        self.wait.until(ec.alert_is_present()).accept()
 
     def screenshot(self, name: str, tmp_path: Path) -> Path:
         folder = Path(os.environ.get("MAXQ_UI_SCREENSHOT_DIR") or tmp_path)
@@ -171,7 +169,7 @@ def test_a_wrong_password_is_refused_without_the_browsers_own_prompt(broker):
 def test_a_wrong_password_shows_an_error(ui):
     ui.log_in("guest", "not-the-password")
     assert "Login failed" in ui.text_of("#login-error", bool, "the login error")
-    assert not ui.driver.find_element(ui.by.ID, "app-view").is_displayed()
+    assert not ui.driver.find_element(By.ID, "app-view").is_displayed()
 
 
 def test_log_in_see_a_publish_browse_and_purge_a_queue(ui, broker, env, tmp_path):
@@ -188,21 +186,21 @@ def test_log_in_see_a_publish_browse_and_purge_a_queue(ui, broker, env, tmp_path
     # shown by the page's own refresh, nothing clicked
     assert ui.text_of(row, lambda t: t == "3", "the queue's depth to reach 3")
 
-    ui.driver.find_element(ui.by.LINK_TEXT, queue).click()
+    ui.driver.find_element(By.LINK_TEXT, queue).click()
     assert ui.element("#queue-name").text == queue
     form = ui.element("#publish-form")
-    form.find_element(ui.by.NAME, "payload").send_keys("from the UI")
-    form.find_element(ui.by.CSS_SELECTOR, "button").click()
+    form.find_element(By.NAME, "payload").send_keys("from the UI")
+    form.find_element(By.CSS_SELECTOR, "button").click()
     assert ui.text_of("#notice", lambda t: t == "published", "the publish to be confirmed")
     depth = '#live td[data-col="messages"]'
     ui.text_of(depth, lambda t: t == "4", "the depth to reach 4")
 
     # get with requeue: the message is shown and stays in the queue
-    ui.driver.find_element(ui.by.CSS_SELECTOR, "#get-form button").click()
+    ui.driver.find_element(By.CSS_SELECTOR, "#get-form button").click()
     assert "message 0" in ui.text_of("#get-results", bool, "the message got")
     assert wait_for(lambda: api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 4, 10, "the requeue")
 
-    ui.driver.find_element(ui.by.ID, "purge-queue").click()
+    ui.driver.find_element(By.ID, "purge-queue").click()
     ui.accept_confirm()
     assert ui.text_of("#notice", lambda t: t == "purged", "the purge to be confirmed")
     ui.text_of(depth, lambda t: t == "0", "the depth to drop to 0")
@@ -254,7 +252,7 @@ def test_overview_and_cluster_pages(ui, broker, env, tmp_path):
     for i in range(50):
         channel.basic_publish("", queue, b"x" * i)
     # two samples make a line; the page samples at each refresh
-    ui.wait.until(lambda d: len(d.find_elements(ui.by.CSS_SELECTOR, "#rate-chart polyline")) > 0)
+    ui.wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#rate-chart polyline")) > 0)
     ui.text_of("#total-messages", lambda t: t.split()[0] != "0", "the published messages in the totals")
     ui.driver.set_window_size(1280, 1250)  # the whole overview, nodes and listeners too
     assert ui.screenshot("ui-overview.png", tmp_path).stat().st_size > 10_000
@@ -267,3 +265,35 @@ def test_overview_and_cluster_pages(ui, broker, env, tmp_path):
     for member in status["members"]:
         assert member["node"] in text
     assert ui.screenshot("ui-cluster.png", tmp_path).stat().st_size > 10_000
+
+
+def test_names_are_shown_as_text_not_markup(ui, env):
+    # AMQP names may hold anything; the page puts them in as text (and its CSP would refuse an
+    # inline handler anyway): the name is shown as written, and no element comes of it.
+    queue = f'<img src=x id="injected">{env.queue_name("ui-markup")}'
+    env.queues.append(queue)
+    env.channel().queue_declare(queue)
+    ui.log_in()
+    ui.element("#whoami")
+    ui.open("queues")
+    ui.driver.find_element(By.LINK_TEXT, queue)  # raises if it is not there, shown as text
+    assert not ui.driver.find_elements(By.ID, "injected")
+    ui.driver.find_element(By.LINK_TEXT, queue).click()
+    assert ui.element("#queue-name").text == queue
+    ui.text_of('#live td[data-col="messages"]', lambda t: t == "0", "the queue's figures")
+
+
+def test_a_user_without_the_tag_a_page_needs_sees_the_refusal_and_stays_logged_in(ui, broker):
+    name = f"ui-mgmt-{uuid.uuid4().hex[:8]}"
+    assert api(broker, "PUT", f"/api/users/{name}", {"password": "pw-123456", "tags": "management"})[0] in (201, 204)
+    try:
+        ui.log_in(name, "pw-123456")
+        assert ui.element("#whoami").text == f"{name} (management)"
+        ui.open("access")
+        assert "Not administrator user" in ui.text_of("#notice", bool, "the refusal")
+        assert ui.driver.find_element(By.ID, "app-view").is_displayed()
+        ui.driver.find_element(By.ID, "logout").click()
+        ui.element("#login-username")
+        assert ui.driver.execute_script("return sessionStorage.length") == 0
+    finally:
+        api(broker, "DELETE", f"/api/users/{name}")
