@@ -42,20 +42,16 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-_cache: dict[str, bytes] = {}  # file name -> contents, read once (the files are a few tens of KiB)
-
 
 def is_ui_path(path: str) -> bool:
     return path in (INDEX_PATH, FAVICON_PATH) or path.startswith(UI_PREFIX)
 
 
 def _contents(name: str) -> bytes | None:
-    if name not in _cache:
-        file = resources.files(__package__).joinpath("ui", name)
-        if not file.is_file():
-            return None
-        _cache[name] = file.read_bytes()
-    return _cache[name]
+    # Read at each request, not kept: a few KiB each, asked for once per page load, and an edit
+    # in a development checkout shows without restarting the node.
+    file = resources.files(__package__).joinpath("ui", name)
+    return file.read_bytes() if file.is_file() else None
 
 
 def answer(method: str, path: str) -> Response:
