@@ -24,7 +24,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from ..helpers import api, wait_for
 
@@ -173,6 +173,10 @@ def test_log_in_see_a_publish_browse_and_purge_a_queue(ui, broker, env, tmp_path
     ui.open("queues")
     row = f'#live tr[data-key="{queue}"] td[data-col="messages"]'  # (the queue's name is letters, digits, '-')
     assert ui.text_of(row, lambda t: t == "0", "the queue listed empty")
+    # the list of one vhost (asked for as /api/queues/%2F), narrowed to names holding a piece of it
+    Select(ui.element("#queues-vhost")).select_by_value("/")
+    ui.element("#queues-filter").send_keys(queue[-6:])
+    ui.wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#live tbody tr")) == 1, "the filtered list")
     for i in range(3):
         channel.basic_publish("", queue, f"message {i}".encode())
     # shown by the page's own refresh, nothing clicked

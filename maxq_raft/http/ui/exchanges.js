@@ -3,6 +3,7 @@
 
 import { api, get, path } from "./api.js";
 import { field, form, h, link, section, table } from "./dom.js";
+import { listFilter } from "./filter.js";
 import { publishForm } from "./messages.js";
 
 const TYPES = ["direct", "fanout", "topic", "headers"];
@@ -12,9 +13,11 @@ function shownName(name) {
 }
 
 export function exchangesPage(ctx) {
+  const filter = listFilter(ctx, "exchanges");
   return {
     title: "Exchanges",
     controls: [
+      filter.controls,
       section(
         "Add an exchange",
         form(
@@ -34,7 +37,7 @@ export function exchangesPage(ctx) {
       ),
     ],
     async load() {
-      const exchanges = await get("/api/exchanges?sort=name");
+      const exchanges = await filter.load();
       return section(
         "Exchanges",
         table(

@@ -3,12 +3,15 @@
 
 import { api, get, path } from "./api.js";
 import { field, form, h, link, num, section, table } from "./dom.js";
+import { listFilter } from "./filter.js";
 import { getForm, publishForm } from "./messages.js";
 
 export function queuesPage(ctx) {
+  const filter = listFilter(ctx, "queues");
   return {
     title: "Queues",
     controls: [
+      filter.controls,
       section(
         "Add a queue",
         form(
@@ -28,7 +31,7 @@ export function queuesPage(ctx) {
       ),
     ],
     async load() {
-      const queues = await get("/api/queues?sort=name");
+      const queues = await filter.load();
       return section(
         "Queues",
         table(
