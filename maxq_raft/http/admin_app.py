@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from . import auth, listing
+from . import auth, listing, ui_files
 from .admin import (
     DEFINITIONS_READ_TIMEOUT_S,
     METHODS,
@@ -83,15 +83,15 @@ def error_response(error: HttpError) -> Response:
     return json_response(error.status, {"error": str(error), **error.extra})
 
 
-def _unauthorized(reason: str, error: str = "not_authorized") -> Response:
+def _unauthorized(reason: str, error: str = "not_authorized", challenge: bool = True) -> Response:
     # RabbitMQ answers 401 both without valid credentials ("not_authorized") and for a user
-    # without the tag, vhost or permission a route needs ("not_authorised", its spelling there);
-    # the challenge makes browsers and curl ask for credentials.
-    return json_response(
-        "401 Unauthorized",
-        {"error": error, "reason": reason},
-        {"WWW-Authenticate": f'Basic realm="{auth.REALM}"'},
-    )
+    # without the tag, vhost or permission a route needs ("not_authorised", its spelling there).
+    # The challenge makes browsers and curl ask for credentials; as RabbitMQ, it is sent only to a
+    # request that brought none: a wrong password from the web UI's fetch() then reaches the page
+    # (its login form says so) instead of opening the browser's own prompt, whose credentials the
+    # browser would keep and send by itself.
+    headers = {"WWW-Authenticate": f'Basic realm="{auth.REALM}"'} if challenge else None
+    return json_response("401 Unauthorized", {"error": error, "reason": reason}, headers)
 
 
 def _reply_response(value: Any) -> Response:
@@ -107,9 +107,9 @@ async def dispatch(broker: Any, request: Request) -> Response:
     try:
         request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
     except auth.Unauthorized as exc:
-        return _unauthorized(str(exc))
+        return _unauthorized(str(exc), challenge=not request.authorization)
     except auth.Forbidden as exc:
-        return _unauthorized(str(exc), FORBIDDEN_ERROR)
+        return _unauthorized(str(exc), FORBIDDEN_ERROR, challenge=False)
     methods, params = route(request.path)
     if methods is None:
         endpoints = sorted(f"{m} {p}" for p, ms in ROUTES.items() for m in ms)
@@ -126,7 +126,7 @@ async def dispatch(broker: Any, request: Request) -> Response:
     try:
         auth.check(request.caller, need, broker.meta, params.get("vhost") if need is auth.Need.POLICYMAKER else None)
     except auth.Forbidden as exc:
-        return _unauthorized(str(exc), FORBIDDEN_ERROR)
+        return _unauthorized(str(exc), FORBIDDEN_ERROR, challenge=False)
     try:
         value = await handler(broker, request)
         if type(value) is list and request.query.keys() & LIST_PARAMETERS:
@@ -135,7 +135,7 @@ async def dispatch(broker: Any, request: Request) -> Response:
     except HttpError as exc:
         return error_response(exc)
     except auth.Forbidden as exc:  # a handler's own check: a vhost, a resource permission
-        return _unauthorized(str(exc), FORBIDDEN_ERROR)
+        return _unauthorized(str(exc), FORBIDDEN_ERROR, challenge=False)
 
 
 async def read_request(http: HttpRequest, allowed: frozenset[str], started_s: float) -> Request:
@@ -228,6 +228,10 @@ class AdminApp:
         except Exception:  # a bug in reading: answered, logged, and the server goes on
             log.exception("admin request %s %s could not be read", http.scope["method"], http.scope["raw_path"][:200])
             return closing(json_response("500 Internal Server Error", {"error": "internal error (see the node's log)"}))
+        if ui_files.is_ui_path(request.path):
+            # The web UI's files: no data, so no credentials (ui_files.py); the checks above
+            # (Host, sizes) were made as for the API.
+            return ui_files.answer(request.method, request.path)
         try:
             # Views answer at once; changes bound themselves (MEMBER_CHANGE_TIMEOUT_S ...).
             return await dispatch(self.broker, request)
