@@ -610,6 +610,13 @@ H2_SETTINGS_FRAME_TYPE = b"\x04"
 REPLIES_MAX = 64  # a pipelined request is at most 50 requests (k_pipelined)
 
 
+def _is_ui_request(request: bytes) -> bool:
+    """Whether `request` asks for one of the web UI's paths (`/`, `/ui/...`, `/favicon.ico`)."""
+    target = request.split(b"\r\n", 1)[0].split(b" ")
+    path = target[1].split(b"?", 1)[0] if len(target) >= 2 else b""
+    return path in (b"/", b"/favicon.ico") or path.startswith(b"/ui/")
+
+
 def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
     """The first reply in `data` (its outcome) and what follows it."""
     head, sep, after = data.partition(b"\r\n\r\n")
@@ -639,6 +646,11 @@ def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
         failure = f"{len(rest)} bytes after a reply that said Connection: close"
     elif not body and (status == "204" or request.startswith(b"HEAD ") or (status[0] in "45" and closes)):
         pass  # no content; or the server's own refusal (see check_reply)
+    elif _is_ui_request(request):
+        # The web UI's files (maxq_raft/http/ui_files.py): HTML, JavaScript, CSS, a plain-text
+        # 404, an empty 405; never JSON, and always with the UI's Content-Security-Policy.
+        if "content-security-policy" not in headers:
+            failure = f"a web UI answer without its Content-Security-Policy: {lines[0][:100]}"
     else:
         try:
             json.loads(body)
