@@ -324,10 +324,13 @@ class ServerConnection:
             self._out_bytes += len(data)
 
     def send_raw(self, channel: int, data: bytes) -> None:
-        """Pre-encoded frames on `channel` (the delivery fast path builds them itself)."""
-        if self.state is State.OPEN and self._writable(channel):
-            self._out.append(data)
-            self._out_bytes += len(data)
+        """Pre-encoded frames on `channel` (the delivery fast path builds them itself; once per
+        delivery, so `_writable` is written out here: channel 0 never carries a delivery)."""
+        if self.state is State.OPEN:
+            ch = self._channels.get(channel)
+            if ch is not None and not ch.closing:
+                self._out.append(data)
+                self._out_bytes += len(data)
 
     def finish_peer_close(self, channel: int) -> None:
         """Send the close-ok of a channel the peer closed (its `ChannelClosed` event came), now
