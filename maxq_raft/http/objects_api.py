@@ -22,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+import trio
+
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..server.authorization import Authorization
@@ -60,6 +62,8 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "messages_ready": queue.ready_count,
         "messages_unacknowledged": queue.unacked_count,
         "consumers": queue.active_consumer_count,
+        # (rates since this node made the queue's machine: message_rates.QueueRates)
+        "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue),
     }
 
 

@@ -143,6 +143,7 @@ class PriorityQueueMachine(QueueMachine):
     # ------------------------------------------------------------- ready state
 
     def _append(self, messages: list[Message]) -> None:
+        self.stats_published += len(messages)
         backing = self.backing
         to_write = []
         durable = self.durable

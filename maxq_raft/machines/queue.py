@@ -151,6 +151,15 @@ class QueueMachine(QueueLimits, QueueReceives):
         self.deleted = False
         self.ever_had_consumer = False
         self.last_index = 0
+        # Counts for the management API's message rates (message_rates.QueueRates), since this
+        # machine was made here: added per batch where there is one, never read by the machine,
+        # not in snapshots (a replica restored from one starts them again, as a restarted
+        # RabbitMQ node does its stats).
+        self.stats_published = 0  # messages put at the tail (publishes, dead letters in, delays due)
+        self.stats_delivered = 0  # to consumers
+        self.stats_got = 0  # basic.get
+        self.stats_redelivered = 0  # of those two, ones delivered before
+        self.stats_acked = 0  # basic.ack'ed (not rejects)
 
     # ------------------------------------------------------------- queries
 
@@ -346,6 +355,7 @@ class QueueMachine(QueueLimits, QueueReceives):
 
     def _append(self, messages: list[Message]) -> None:
         """Give the messages their seqs and put them at the tail (the window, or the backing)."""
+        self.stats_published += len(messages)
         seq = self.next_seq
         ready = self.ready
         append = ready.append
@@ -460,6 +470,8 @@ class QueueMachine(QueueLimits, QueueReceives):
                     stored.append(message)
         if stored:
             self.backing.remove(stored)  # type: ignore[union-attr]  # messages stored or spilled: a backing
+        if type(cmd) is Settle:
+            self.stats_acked += settled
         self._forget_if_idle(consumer)
         return settled, self._service() if settled else []
 
@@ -492,6 +504,8 @@ class QueueMachine(QueueLimits, QueueReceives):
             return None, []
         redelivered = message.redelivered
         message.delivery_count += 1
+        self.stats_got += 1
+        self.stats_redelivered += redelivered
         if message.seq > self.delivered_upto:
             self._note_delivered(message.seq)
         if cmd.no_ack:
@@ -921,6 +935,7 @@ class QueueMachine(QueueLimits, QueueReceives):
                 while n < room:
                     if returned:
                         message = heappop(returned)[1]
+                        self.stats_redelivered += 1  # (a returned message is flagged redelivered)
                     elif ready:
                         message = popleft()
                         self.window_bytes -= len(message.body)
@@ -946,6 +961,7 @@ class QueueMachine(QueueLimits, QueueReceives):
                     n += 1
                 consumer.credit -= n
                 if n:
+                    self.stats_delivered += n
                     self._after_deliveries(effects, stored)
                 return effects
         # Pick only while a message waits: a consumer picked for nothing would lose its turn.
@@ -966,6 +982,7 @@ class QueueMachine(QueueLimits, QueueReceives):
                 break
             message = self._pop_next_raw()
             message.delivery_count += 1
+            self.stats_redelivered += message.redelivered
             picked.credit -= 1
             if not picked.no_ack:
                 picked.checked_out[message.seq] = message
@@ -975,6 +992,7 @@ class QueueMachine(QueueLimits, QueueReceives):
                 stored.append(message)
             effects.append(Deliver(picked.consumer_id, message, message.redelivered))
         if effects:
+            self.stats_delivered += len(effects)
             self._after_deliveries(effects, stored)
         return effects
 

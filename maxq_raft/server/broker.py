@@ -30,7 +30,7 @@ from ..machines import metadata as md
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
-from .message_rates import MessageRates
+from .message_rates import MessageRates, QueueRates
 from .message_store import WalSyncer
 from .queue_wakeups import QueueWakeups
 
@@ -71,6 +71,7 @@ class Broker:
         self.syncer: WalSyncer | None = None
         self.alarms = None  # ResourceAlarms, set by the shell
         self.message_rates = MessageRates()  # sampled by a task of the shell (message_rates.py)
+        self.queue_rates = QueueRates()  # each queue's, sampled by the same task
         # What this node listens on, as RabbitMQ names protocols ("amqp", "http", ...): port.
         self.listeners: dict[str, int] = {}  # set by the shell once bound
         self.consumers: dict[str, ConsumerHandle] = {}

@@ -8,6 +8,11 @@ the counts every SAMPLE_INTERVAL_S in a ring of SAMPLES_KEPT; `message_stats` an
 with `{"rate": per second}` over the last interval, as RabbitMQ's "basic" rates mode does (its
 default sample interval is 5 s too). Samples are taken with the caller's clock, so the pure
 part is tested without waiting.
+
+Per queue (`QueueRates`): the queue machine adds to its `stats_*` per batch (published,
+delivered, got, redelivered, acked); the same task samples every queue's, keeping two samples
+each, and a queue's `message_stats` (GET /api/queues...) has RabbitMQ's publish, deliver, get,
+deliver_get, redeliver and ack with their rates. Exchanges and connections have none yet.
 """
 
 from __future__ import annotations
@@ -68,7 +73,56 @@ class MessageRates:
         return stats
 
     async def sample_every(self, broker: Any, interval_s: float = SAMPLE_INTERVAL_S) -> None:
-        """Take a sample of `broker`'s counts every `interval_s`, for as long as the node runs."""
+        """Take a sample of `broker`'s counts, and of each queue's, every `interval_s`, for as
+        long as the node runs."""
         while True:
-            self.sample(trio.current_time(), node_counts(broker))
+            now_s = trio.current_time()
+            self.sample(now_s, node_counts(broker))
+            broker.queue_rates.sample(now_s, broker.queues)
             await trio.sleep(interval_s)
+
+
+# A queue's counts (the queue machine's stats_*), in RabbitMQ's names for a queue's message_stats.
+QUEUE_COUNTS = ("publish", "deliver", "get", "deliver_get", "redeliver", "ack")
+
+
+def queue_counts(queue: Any) -> tuple[int, ...]:
+    """`queue`'s counts in QUEUE_COUNTS order."""
+    delivered, got = queue.stats_delivered, queue.stats_got
+    return (queue.stats_published, delivered, got, delivered + got, queue.stats_redelivered, queue.stats_acked)
+
+
+class QueueRates:
+    """Per-queue rates: two samples per queue (the latest and the one before), so a queue
+    costs two small tuples however long the node runs, and a rate covers one to two intervals."""
+
+    def __init__(self) -> None:
+        self.samples: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
+
+    def sample(self, now_s: float, queues: dict[Any, Any]) -> None:
+        """Sample every queue of `queues` (key -> machine); forget the queues that are gone."""
+        old = self.samples
+        fresh: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
+        for key, queue in queues.items():  # bounded by the node's queues
+            taken = (now_s, queue_counts(queue))
+            kept = old.get(key)
+            fresh[key] = (taken,) if kept is None else (kept[-1], taken)
+        self.samples = fresh
+
+    def message_stats(self, now_s: float, key: Any, queue: Any) -> dict[str, Any]:
+        """The queue's counts with a `_details` rate each, per second since the older of its
+        samples at least SAMPLE_INTERVAL_S back (else the oldest kept; 0.0 with none)."""
+        counts = queue_counts(queue)
+        base = None
+        for taken in reversed(self.samples.get(key, ())):
+            base = taken
+            if now_s - taken[0] >= SAMPLE_INTERVAL_S:
+                break
+        stats: dict[str, Any] = {}
+        for i, name in enumerate(QUEUE_COUNTS):
+            rate = 0.0
+            if base is not None and now_s > base[0]:
+                rate = max(0.0, (counts[i] - base[1][i]) / (now_s - base[0]))
+            stats[name] = counts[i]
+            stats[name + "_details"] = {"rate": round(rate, 1)}
+        return stats

@@ -307,3 +307,37 @@ def test_rabbitmqadmin_publishes_and_gets(broker):
     assert "from rabbitmqadmin" in table, table
     assert api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 0
     rabbitmqadmin("delete", "queue", f"name={queue}")
+
+
+def test_a_queue_shows_its_message_stats_as_rabbitmq(broker):
+    """A queue's message_stats: publish, deliver, get, deliver_get, redeliver and ack, each with
+    its rate, counted by the queue as pika publishes, consumes, gets, rejects and acks."""
+    queue = fresh("stats")
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue)
+        channel.confirm_delivery()
+        for i in range(5):
+            channel.basic_publish("", queue, b"%d" % i)
+        method, _props, _body = channel.basic_get(queue)
+        channel.basic_reject(method.delivery_tag, requeue=True)  # back, to be redelivered
+        got = []
+        for method, _props, _body in channel.consume(queue, inactivity_timeout=5):
+            if method is None:
+                break
+            got.append(method.delivery_tag)
+            channel.basic_ack(method.delivery_tag)
+            if len(got) == 5:
+                break
+        channel.cancel()
+        assert len(got) == 5
+        stats = api(broker, "GET", f"/api/queues/%2F/{queue}")[1]["message_stats"]
+        counts = {name: stats[name] for name in ("publish", "deliver", "get", "deliver_get", "redeliver", "ack")}
+        assert counts == {"publish": 5, "deliver": 5, "get": 1, "deliver_get": 6, "redeliver": 1, "ack": 5}
+        assert all(stats[name + "_details"]["rate"] >= 0 for name in counts)
+        listed = [q for q in api(broker, "GET", "/api/queues/%2F")[1] if q["name"] == queue]
+        assert listed[0]["message_stats"]["ack"] == 5
+    finally:
+        connection.close()
+    assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204

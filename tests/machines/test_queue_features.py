@@ -478,3 +478,29 @@ def test_held_dead_letters_are_found_again_by_reason_once_stale():
     assert [(e.reason, [m.seq for m in e.messages]) for e in found] == [("maxlen", [1])]
     q.at(200, DeadLettered([0, 1]))
     assert held_dead_letters(q.machine, 10**9, lambda seq: False) == []
+
+
+# ------------------------------------------------------------------------ stats
+
+
+def test_the_management_counts_follow_publishes_deliveries_gets_requeues_and_acks():
+    """stats_* (message_rates.QueueRates reads them): counted per batch, rejects not as acks,
+    a requeued message's second delivery as a redelivery, the same on either delivery path."""
+    from maxq_raft.machines.commands import Settle
+
+    q = Clocked()
+    q.publish(1, b"a", b"b", b"c", b"d")
+    _, effects = q.at(2, Checkout("c", "o", 0, False, 0, False, 3))  # one consumer: the fast path
+    seqs = [e.message.seq for e in effects if type(e) is Deliver]
+    assert len(seqs) == 3
+    q.at(3, Settle("c", seqs[:1]))
+    q.at(4, Discard("c", seqs[1:2]))  # a reject: not an ack
+    q.at(5, Requeue("c", seqs[2:]))
+    q.at(6, Checkout("c2", "o", 0, False, 0, False, 2))  # two consumers (c has no credit left): the ring walk
+    q.publish(7, b"e")  # no credit anywhere: it waits
+    reply, _ = q.at(8, Get("g", "o", True))
+    m = q.machine
+    assert reply is not None and reply[0].body == b"e"
+    assert (m.stats_published, m.stats_acked) == (5, 1)
+    # c took 3; c2 the requeued one (a redelivery) and "d"; the get "e"
+    assert (m.stats_delivered, m.stats_redelivered, m.stats_got) == (5, 1, 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from maxq_raft.server.message_rates import SAMPLE_INTERVAL_S, MessageRates
+from maxq_raft.server.message_rates import QUEUE_COUNTS, SAMPLE_INTERVAL_S, MessageRates, QueueRates
 
 
 def test_rates_over_the_last_interval():
@@ -25,3 +25,26 @@ def test_the_ring_is_bounded_and_rates_never_go_negative():
         rates.sample(float(second), {"publish": second})
     assert len(rates.samples) == 3
     assert rates.message_stats(100.0, {"publish": 0})["publish_details"] == {"rate": 0.0}  # a restart's counts
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.stats_published = self.stats_delivered = self.stats_got = 0
+        self.stats_redelivered = self.stats_acked = 0
+
+
+def test_queue_rates_keep_two_samples_per_queue_and_forget_gone_queues():
+    rates = QueueRates()
+    q, other = _Queue(), _Queue()
+    assert rates.message_stats(0.0, "q", q)["publish_details"] == {"rate": 0.0}  # never sampled
+    rates.sample(0.0, {"q": q, "other": other})
+    q.stats_published, q.stats_delivered, q.stats_got, q.stats_acked = 100, 40, 10, 30
+    rates.sample(5.0, {"q": q, "other": other})
+    q.stats_published = 130
+    rates.sample(10.0, {"q": q})  # "other" is gone
+    assert set(rates.samples) == {"q"} and len(rates.samples["q"]) == 2
+    stats = rates.message_stats(12.0, "q", q)
+    # 2 s after the last sample: the span goes back to the one at 5 s (7 s)
+    assert stats["publish"] == 130 and stats["publish_details"] == {"rate": round(30 / 7.0, 1)}
+    assert stats["deliver_get"] == 50 and stats["deliver_get_details"] == {"rate": 0.0}
+    assert stats["ack"] == 30 and set(stats) == {name + suffix for name in QUEUE_COUNTS for suffix in ("", "_details")}

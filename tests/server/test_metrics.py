@@ -44,6 +44,8 @@ def _broker(**overrides):
         ),
         messages_received_closed=10,
         messages_routed_closed=9,
+        messages_received_http=0,  # (the management API's publishes: tests/integration/test_management_objects.py)
+        messages_routed_http=0,
         messages_delivered=20,
         messages_delivered_auto_ack=5,
         messages_redelivered=2,
