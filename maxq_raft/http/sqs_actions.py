@@ -396,9 +396,9 @@ class SqsActions:
         fifo_fields: list[tuple[str, str | None, str]] = []
         now_s = int(time.time())
         for entry in entries:
-            error = _fifo_entry_error(entry, fifo)
-            if error is not None:
-                failed.append((entry.get("Id", ""), error))
+            refusal = _fifo_entry_error(entry, fifo)
+            if refusal is not None:
+                failed.append((entry.get("Id", ""), refusal))
                 continue
             dedup_id = entry.get("MessageDeduplicationId")
             if fifo and dedup_id is None:

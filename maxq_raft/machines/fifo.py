@@ -23,7 +23,8 @@ through the core's primitives. Everything is replicated state, decided from the 
   several messages of one group, in order. A message whose visibility runs out goes back at its
   place in sequence order (receives.py), before the later messages of its group. The scan
   past blocked groups looks at FIFO_SCAN_MAX messages at most per receive, in the returned
-  heap and the in-memory window (a spilled tail is loaded only when the window is empty).
+  heap and the in-memory window; past a window whose messages are all held, it loads the
+  spilled tail into memory, up to twice the window.
 - A message enqueued without a group (an AMQP publish, a dead-lettered message) has group None:
   it is served in order but blocks nothing. AMQP consumers and basic.get are refused on a FIFO
   queue (they would hand out messages past the group rule); docs/sqs.md says so.
@@ -72,6 +73,7 @@ class QueueFifo:
         ready_bytes: int
         window_bytes: int
         spilled_count: int
+        window_max: int
         in_flight: dict[int, InFlight]
         backoff: list[tuple[int, int, Message]]
         _timed: bool
@@ -199,11 +201,16 @@ class QueueFifo:
             if gone:
                 returned[:] = [entry for entry in returned if entry[0] not in gone]
                 heapq.heapify(returned)
-        if not self.ready and self.spilled_count:
-            self._refill()
         ready = self.ready
         index = 0
-        while len(taken) < max_count and index < len(ready) and scanned < FIFO_SCAN_MAX:
+        while len(taken) < max_count and scanned < FIFO_SCAN_MAX:
+            if index >= len(ready):
+                # Past the window with everything in it held: the spilled tail may have free
+                # groups. Load it, up to twice the window (memory stays bounded).
+                if not self.spilled_count or len(ready) >= 2 * self.window_max:
+                    break
+                self._refill()
+                continue
             scanned += 1
             message = ready[index]
             if message.group_id is not None and message.group_id in blocked:
@@ -215,9 +222,6 @@ class QueueFifo:
             self.ready_bytes -= size
             if not self._expired_now(message):
                 taken.append(message)
-            if not ready and self.spilled_count:
-                self._refill()
-                index = 0
         return taken
 
     def _expired_now(self, message: Message) -> bool:
