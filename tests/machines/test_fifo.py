@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from maxq_raft.machines import fifo
