@@ -42,7 +42,7 @@ from .queue_types import Overflowed, Rejected
 
 if TYPE_CHECKING:
     from .queue_args import QueueSettings
-    from .queue_types import Effect
+    from .queue_types import Backing, Effect
     from .receives import InFlight
 
 DEDUP_WINDOW_MS = 5 * 60 * 1000  # SQS's deduplication interval
@@ -74,6 +74,8 @@ class QueueFifo:
         window_bytes: int
         spilled_count: int
         window_max: int
+        durable: bool
+        backing: Backing | None
         in_flight: dict[int, InFlight]
         backoff: list[tuple[int, int, Message]]
         _timed: bool
@@ -96,11 +98,17 @@ class QueueFifo:
         order = self._dedup_order
         dedup = self.dedup
         now = self.now_ms
+        pruned = False
         while order and order[0][0] <= now:
             expires_ms, dedup_id = order.popleft()
             entry = dedup.get(dedup_id)
             if entry is not None and entry[0] == expires_ms:
                 del dedup[dedup_id]
+                pruned = True
+        if pruned and self.durable:
+            # (entries are in sequence order too: each send's numbers come after the last's)
+            first = next(iter(dedup.values()))[2] if dedup else self.next_sequence_number
+            self.backing.dedup_forget(first)  # type: ignore[union-attr]  # a durable queue has a backing
 
     def _enqueue_fifo(self, cmd: EnqueueFifo) -> tuple[list[FifoSent] | Rejected, list[Effect]]:
         messages, fifo = cmd.messages, cmd.fifo
@@ -162,11 +170,15 @@ class QueueFifo:
                     results[new_positions[index]] = None
         for position, first in duplicate_of.items():
             results[position] = results[first]
+        kept: list[tuple[int, int, str, str]] = []
         for dedup_id, position in first_of.items():
             sent = results[position]
             if sent is not None:  # a refused send is not remembered: sending it again may work
                 self.dedup[dedup_id] = (expires_ms, sent[0], sent[1])
                 self._dedup_order.append((expires_ms, dedup_id))
+                kept.append((sent[1], expires_ms, dedup_id, sent[0]))
+        if new and self.durable:
+            self.backing.dedup_write(kept, self.next_sequence_number)  # type: ignore[union-attr]  # a durable queue has a backing
         return results, effects
 
     # ------------------------------------------------------------ receives
@@ -263,6 +275,19 @@ class QueueFifo:
                 raise TypeError("a deduplication entry is (str, int, str, int)")
             self.dedup[dedup_id] = (expires_ms, message_id, sequence)
             self._dedup_order.append((expires_ms, dedup_id))
+
+    def recover_fifo(self) -> None:
+        """A restarted single node: the window and the sequence counter its backing kept (the
+        entries whose 5 minutes are over go at the next send or Tick, in the new log's time)."""
+        if self.backing is None or not self.durable or not self.settings.fifo:
+            return
+        entries, next_sequence_number = self.backing.dedup_stored()
+        for sequence, expires_ms, dedup_id, message_id in entries:
+            self.dedup.pop(dedup_id, None)  # (sent again after its window: the later one counts)
+            self.dedup[dedup_id] = (expires_ms, message_id, sequence)
+            self._dedup_order.append((expires_ms, dedup_id))
+            next_sequence_number = max(next_sequence_number, sequence + 1)
+        self.next_sequence_number = max(self.next_sequence_number, next_sequence_number)
 
     def _rebuild_groups(self) -> None:
         self.groups_in_flight = {}

@@ -158,6 +158,18 @@ def counters_key(queue_id: int) -> str:
     return f"queue-counters/{queue_id}"
 
 
+# An SQS FIFO queue's deduplication window (machines/fifo.py) on a single node: one record per
+# entry under the queue's id with this bit set, keyed by the entry's sequence number, so the
+# window's expiry is one range delete from 0; `fifo_key` holds the next sequence number.
+DEDUP_QUEUE_BIT = 1 << 62
+_DEDUP = struct.Struct(">QB")  # expires ms, deduplication id length; then the id, the message id
+DEDUP_LOAD_MAX = 1 << 20  # entries read back at a restart (the machine keeps at most 100,000)
+
+
+def fifo_key(queue_id: int) -> str:
+    return f"queue-fifo/{queue_id}"
+
+
 def delayed_key(queue_id: int) -> str:
     """The count of a durable queue's persistent delayed messages (also counted in `persistent`)."""
     return f"queue-delayed/{queue_id}"
@@ -304,10 +316,46 @@ class QueueBacking:
         self.delivered_upto = seq
         self.store.write((), (), self._counters(), wal=True)
 
+    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int) -> None:
+        dedup_queue = self.queue_id | DEDUP_QUEUE_BIT
+        puts = []
+        for sequence, expires_ms, dedup_id, message_id in entries:
+            raw_id = dedup_id.encode()
+            puts.append((dedup_queue, sequence, _DEDUP.pack(expires_ms, len(raw_id)) + raw_id + message_id.encode()))
+        self.store.write(puts, (), {fifo_key(self.queue_id): _U64.pack(next_sequence_number)}, wal=True)
+        if self.syncer is not None:
+            self.syncer.dirty = True
+
+    def dedup_forget(self, below_sequence_number: int) -> None:
+        self.store.delete_range(self.queue_id | DEDUP_QUEUE_BIT, 0, below_sequence_number)
+
+    def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
+        raw = self.store.get_meta(fifo_key(self.queue_id))
+        next_sequence_number = _U64.unpack(raw)[0] if raw else 1
+        entries: list[tuple[int, int, str, str]] = []
+        seq_from = 0
+        while len(entries) < DEDUP_LOAD_MAX:  # bounded: each scan moves on, or ends the loop
+            records = self.store.scan(self.queue_id | DEDUP_QUEUE_BIT, seq_from, 4096)
+            for sequence, record in records:
+                expires_ms, id_len = _DEDUP.unpack_from(record, 0)
+                start = _DEDUP.size
+                dedup_id = bytes(record[start : start + id_len]).decode()
+                entries.append((sequence, expires_ms, dedup_id, bytes(record[start + id_len :]).decode()))
+                seq_from = sequence + 1
+            if len(records) < 4096:
+                break
+        return entries, next_sequence_number
+
     def drop(self) -> None:
         self.store.drop_queue(self.queue_id)
+        self.store.drop_queue(self.queue_id | DEDUP_QUEUE_BIT)
         if self.durable:
-            self.store.write((), (), {counters_key(self.queue_id): None, delayed_key(self.queue_id): None}, wal=True)
+            self.store.write(
+                (),
+                (),
+                {counters_key(self.queue_id): None, delayed_key(self.queue_id): None, fifo_key(self.queue_id): None},
+                wal=True,
+            )
 
 
 class WalSyncer:
