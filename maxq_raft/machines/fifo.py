@@ -200,7 +200,8 @@ class QueueFifo:
         returned = self.returned
         if returned:
             gone: set[int] = set()
-            for seq, message in sorted(returned)[:FIFO_SCAN_MAX]:  # (seqs are unique: no Message compared)
+            # (seqs are unique: no Message is compared; nsmallest: no sort of a large heap)
+            for seq, message in heapq.nsmallest(FIFO_SCAN_MAX, returned):
                 scanned += 1
                 if len(taken) >= max_count:
                     break
