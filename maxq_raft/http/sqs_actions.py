@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import time
 import uuid
 from collections.abc import Callable
@@ -155,6 +156,8 @@ class SqsActions:
             raise SqsError(
                 "UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet (docs/sqs.md)."
             )
+        if "ContentBasedDeduplication" in attributes and attributes.get("FifoQueue") != "true":
+            raise _fifo_only("ContentBasedDeduplication")
         vhost = self._vhost(caller, caller.vhost)
         self._allowed(caller, vhost, ("configure",), name, request.action)
         record = self.broker.meta.queue(vhost, name)
@@ -173,14 +176,24 @@ class SqsActions:
         # Same attributes: the queue's URL (idempotent); any other value: QueueAlreadyExists, as
         # SQS (the queue may also have been made just now by another request, or over AMQP).
         current = mapping.queue_attributes(record.arguments, self.limits.max_message_bytes)
-        wanted = {name: int(text) for name, text in attributes.items() if name != "RedrivePolicy"}
+        wanted = {
+            name: int(text)
+            for name, text in attributes.items()
+            if name != "RedrivePolicy" and name not in mapping.FIFO_ATTRIBUTES
+        }
+        fifo = mapping.fifo_attributes(record.arguments)
+        same_fifo = all(
+            fifo.get(attribute, "false") == text
+            for attribute, text in attributes.items()
+            if attribute in mapping.FIFO_ATTRIBUTES
+        ) and (fifo.get("FifoQueue") == "true") == (attributes.get("FifoQueue") == "true")
         redrive = record.arguments.get(mapping.REDRIVE_ARGUMENT)
         if "RedrivePolicy" in attributes:
             arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
             same_redrive = redrive == mapping.redrive_arguments("", count, arn)[mapping.REDRIVE_ARGUMENT]
         else:
             same_redrive = True
-        if not same_redrive or any(value != current[attribute] for attribute, value in wanted.items()):
+        if not same_redrive or not same_fifo or any(value != current[attribute] for attribute, value in wanted.items()):
             raise SqsError(
                 "QueueNameExists", "A queue already exists with the same name and a different value for an attribute."
             )
@@ -238,6 +251,7 @@ class SqsActions:
         values["ApproximateNumberOfMessagesNotVisible"] = queue.unacked_count
         values["ApproximateNumberOfMessagesDelayed"] = queue.delayed.count
         values["QueueArn"] = self._arn(vhost, name)
+        values.update(mapping.fifo_attributes(record.arguments))
         created = record.arguments.get(mapping.CREATED_ARGUMENT)
         if type(created) is int:
             values["CreatedTimestamp"] = created
@@ -255,6 +269,9 @@ class SqsActions:
         if unsupported:
             raise SqsError("UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet.")
         vhost, name = self._queue(request, caller, ("configure",))
+        record = self.broker.meta.queue(vhost, name)
+        if "ContentBasedDeduplication" in attributes and not mapping.is_fifo(record.arguments if record else {}):
+            raise _fifo_only("ContentBasedDeduplication")
         if attributes:
             arguments = self._arguments(caller, vhost, attributes, request.action)
             arguments[mapping.MODIFIED_ARGUMENT] = int(time.time())
@@ -371,11 +388,34 @@ class SqsActions:
         if record is None:
             raise _no_queue()
         settings = mapping.queue_attributes(record.arguments, self.limits.max_message_bytes)
+        fifo = mapping.is_fifo(record.arguments)
+        content_dedup = record.arguments.get(mapping.CONTENT_DEDUP_ARGUMENT) is True
         failed: list[tuple[str, SqsError]] = []
         messages: list[Message] = []
         kept: list[tuple[dict[str, Any], str]] = []
+        fifo_fields: list[tuple[str, str | None, str]] = []
         now_s = int(time.time())
         for entry in entries:
+            refusal = _fifo_entry_error(entry, fifo)
+            if refusal is not None:
+                failed.append((entry.get("Id", ""), refusal))
+                continue
+            dedup_id = entry.get("MessageDeduplicationId")
+            if fifo and dedup_id is None:
+                if not content_dedup:
+                    failed.append(
+                        (
+                            entry.get("Id", ""),
+                            SqsError(
+                                "InvalidParameterValue",
+                                "The queue should either have ContentBasedDeduplication enabled or "
+                                "MessageDeduplicationId provided explicitly",
+                            ),
+                        )
+                    )
+                    continue
+                # SQS: the SHA-256 of the body (not of the attributes)
+                dedup_id = hashlib.sha256(entry["MessageBody"].encode("utf-8")).hexdigest()
             if message_bytes(entry) > settings["MaximumMessageSize"]:
                 failed.append(
                     (
@@ -398,6 +438,9 @@ class SqsActions:
             trace = entry.get("MessageSystemAttributes", {}).get("AWSTraceHeader")
             if trace is not None:
                 headers[mapping.TRACE_HEADER] = trace["StringValue"]
+            if fifo:
+                headers[mapping.GROUP_HEADER] = entry["MessageGroupId"]
+                headers[mapping.DEDUP_HEADER] = dedup_id
             props = BasicProperties(
                 delivery_mode=2,
                 priority=priority or None,
@@ -412,24 +455,36 @@ class SqsActions:
                 Message("", key[1], encode_properties(props), body, True, None, priority, delay_s * 1000 or None)
             )
             kept.append((entry, message_id))
+            if fifo:
+                fifo_fields.append((entry["MessageGroupId"], dedup_id, message_id))
         if not messages:
             return [], failed
+        command = qc.EnqueueFifo(messages, fifo_fields) if fifo else qc.Enqueue(messages)
         pendings: list[Any] = []
-        reply = self._checked(
-            await raw_reply(lambda then: pendings.append(broker.log.submit(key, qc.Enqueue(messages), then)))
-        )
+        reply = self._checked(await raw_reply(lambda then: pendings.append(broker.log.submit(key, command, then))))
         if type(reply) is Rejected:
+            if reply.reply_code == 403:  # the FIFO deduplication window is full (machines/fifo.py)
+                raise SqsError("RequestThrottled", reply.reply_text)
             raise SqsError("InvalidParameterValue", reply.reply_text)
-        refused = set(reply.rejected) if type(reply) is Overflowed else set()
+        # Per message: (MessageId, SequenceNumber) of a FIFO send (a duplicate's are the first
+        # send's), None for one a full queue refused.
+        results: list[tuple[str, int] | None]
+        if fifo:
+            results = list(reply)
+        else:
+            refused = set(reply.rejected) if type(reply) is Overflowed else set()
+            results = [None if index in refused else (message_id, 0) for index, (_, message_id) in enumerate(kept)]
         stored = self._checked(await raw_reply(lambda then: broker.log.confirms.when_done(pendings, then)))
         if stored is not True:
             raise _unavailable("The node's message store could not make the message durable.")
         sent = []
-        for index, (entry, message_id) in enumerate(kept):
-            if index in refused:  # x-overflow reject-publish on a full queue
+        for (entry, _), result in zip(kept, results, strict=True):
+            if result is None:  # x-overflow reject-publish on a full queue
                 failed.append((entry.get("Id", ""), SqsError("OverLimit", "The queue is full (x-max-length).")))
+            elif fifo:
+                sent.append(send_result(entry, result[0], mapping.sequence_number_text(result[1])))
             else:
-                sent.append(send_result(entry, message_id))
+                sent.append(send_result(entry, result[0]))
         return sent, failed
 
     # ------------------------------------------------------------ receiving
@@ -495,6 +550,13 @@ class SqsActions:
         trace = props.headers.get(mapping.TRACE_HEADER) if props.headers else None
         if isinstance(trace, str):
             every["AWSTraceHeader"] = trace
+        if message.sequence_number is not None:  # sent to a FIFO queue (machines/fifo.py)
+            every["SequenceNumber"] = mapping.sequence_number_text(message.sequence_number)
+        if message.group_id is not None:
+            every["MessageGroupId"] = message.group_id
+        dedup_id = props.headers.get(mapping.DEDUP_HEADER) if props.headers else None
+        if isinstance(dedup_id, str) and message.group_id is not None:
+            every["MessageDeduplicationId"] = dedup_id
         chosen = every if "All" in system else {name: value for name, value in every.items() if name in system}
         handle = encode_receipt(Receipt(key[0], key[1], r.seq, r.receive_id), self.receipt_keys[0])
         return received_message(
@@ -576,6 +638,30 @@ class SqsActions:
         if type(reply) is Rejected:
             raise SqsError("InvalidParameterValue", reply.reply_text)
         return list(reply)
+
+
+def _fifo_only(attribute: str) -> SqsError:
+    return SqsError("InvalidAttributeName", f"Unknown Attribute {attribute}: it is for FIFO queues only.")
+
+
+def _fifo_entry_error(entry: dict[str, Any], fifo: bool) -> SqsError | None:
+    """What SQS says of a send's FIFO parameters on this kind of queue (None: fine)."""
+    if not fifo:
+        if "MessageDeduplicationId" in entry:
+            return SqsError(
+                "InvalidParameterValue",
+                "The request include parameter MessageDeduplicationId that is not valid for this queue type",
+            )
+        return None  # (a MessageGroupId on a standard queue is accepted and plays no part here)
+    if "MessageGroupId" not in entry:
+        return SqsError("MissingParameter", "The request must contain the parameter MessageGroupId.")
+    if entry.get("DelaySeconds"):
+        return SqsError(
+            "InvalidParameterValue",
+            f"Value {entry['DelaySeconds']} for parameter DelaySeconds is invalid. Reason: The request include "
+            "parameter that is not valid for this queue type.",
+        )
+    return None
 
 
 def _visibility_error(result: HandleResult) -> SqsError | None:

@@ -49,6 +49,16 @@ class Enqueue(NamedTuple):
     messages: list[Message]  # in publish order; `Overflowed` names refused ones by position here
 
 
+class EnqueueFifo(NamedTuple):
+    """SQS SendMessage(Batch) to a FIFO queue (fifo.py): beside each message, its
+    `(MessageGroupId, MessageDeduplicationId or None, MessageId)`. The reply is a list of
+    `(MessageId, SequenceNumber)` per message (a duplicate's are the first send's), None for
+    one a full reject-publish queue refused."""
+
+    messages: list[Message]
+    fifo: list[tuple[str, str | None, str]]
+
+
 class Checkout(NamedTuple):
     """Attach a consumer (basic.consume)."""
 
@@ -166,6 +176,7 @@ class ChangeVisibility(NamedTuple):
 
 QueueCommand: TypeAlias = (
     Enqueue
+    | EnqueueFifo
     | Checkout
     | Cancel
     | Settle

@@ -38,6 +38,8 @@ class Message:
         "death",
         "sent_ms",
         "first_received_ms",
+        "group_id",
+        "sequence_number",
     )
 
     def __init__(
@@ -73,6 +75,10 @@ class Message:
         # has neither, None: the store's record has no room for them.
         self.sent_ms: int | None = None
         self.first_received_ms: int | None = None
+        # SQS FIFO queues (fifo.py): the MessageGroupId and the queue's SequenceNumber of the
+        # send, set by the machine at an EnqueueFifo (None for any other message).
+        self.group_id: str | None = None
+        self.sequence_number: int | None = None
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, rk={self.routing_key!r}, body={self.body[:20]!r})"

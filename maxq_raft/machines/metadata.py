@@ -42,6 +42,7 @@ QUEUE_EQUIVALENCE_ARGS = (
     "x-queue-mode",
     "x-single-active-consumer",
     "x-delivery-limit",
+    "x-sqs-fifo",
 )
 EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
 DELAYED_EXCHANGE_TYPE = "x-delayed-message"
@@ -175,6 +176,7 @@ class SetQueueArguments(NamedTuple):
 SETTABLE_QUEUE_ARGUMENT_PREFIX = "x-sqs-"
 # MessageRetentionPeriod and RedrivePolicy (sqs/mapping.py)
 SETTABLE_QUEUE_ARGUMENTS = ("x-message-ttl", "x-delivery-limit", "x-dead-letter-exchange", "x-dead-letter-routing-key")
+FIXED_QUEUE_ARGUMENTS = ("x-sqs-fifo",)  # a queue is FIFO or not for its whole life (SQS's FifoQueue)
 
 
 class DeleteQueueRecord(NamedTuple):
@@ -647,7 +649,9 @@ class MetadataMachine:
         if type(cmd.arguments) is not dict:
             return Rejected(406, "queue arguments must be a table"), []
         for key in cmd.arguments:
-            if not (key.startswith(SETTABLE_QUEUE_ARGUMENT_PREFIX) or key in SETTABLE_QUEUE_ARGUMENTS):
+            if key in FIXED_QUEUE_ARGUMENTS or not (
+                key.startswith(SETTABLE_QUEUE_ARGUMENT_PREFIX) or key in SETTABLE_QUEUE_ARGUMENTS
+            ):
                 return Rejected(406, f"the queue argument '{key}' cannot be changed"), []
         arguments = {**record.arguments, **cmd.arguments}
         try:

@@ -63,6 +63,7 @@ from .commands import (
     Discard,
     Down,
     Enqueue,
+    EnqueueFifo,
     Get,
     Purge,
     QueueCommand,
@@ -78,6 +79,7 @@ from .commands import (
 from .consumer import Consumer
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
+from .fifo import QueueFifo
 from .message import Message, new_message_error
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
@@ -95,12 +97,15 @@ WINDOW_BYTES_MAX = 32 << 20
 
 _new_tuple = tuple.__new__
 
+# An AMQP consumer or basic.get would hand out messages past the FIFO group rule (fifo.py).
+_NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it over SQS (docs/sqs.md)")
+
 # What `apply` returns: an int, bool, None, a `Get` result, `Overflowed`, `Rejected`, or a list
 # (of `Received` for a `Receive`, of `HandleResult` for `DeleteReceived` and `ChangeVisibility`).
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
     def __init__(
         self,
         vhost: str,
@@ -122,6 +127,7 @@ class QueueMachine(QueueLimits, QueueReceives):
         self._recovered_below = 0  # seqs below this were recovered: their bytes count once loaded
         self._init_limits(settings)
         self._init_receives()  # SQS receives in flight (receives.py)
+        self._init_fifo()  # SQS FIFO queues: deduplication, groups (fifo.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -257,6 +263,8 @@ class QueueMachine(QueueLimits, QueueReceives):
                 case Get():
                     reply, effects = self._get(command)
                 case Tick():
+                    if self.dedup:
+                        self._prune_dedup()  # (a queue that no one sends to still forgets)
                     reply, effects = self._tick(command)
                 case DeadLettered():
                     reply, effects = self._dead_lettered(command)
@@ -276,6 +284,8 @@ class QueueMachine(QueueLimits, QueueReceives):
                     reply, effects = self._delete_received(command)
                 case ChangeVisibility():
                     reply, effects = self._change_visibility(command)
+                case EnqueueFifo():
+                    reply, effects = self._enqueue_fifo(command)
                 case _:
                     # A type checker proves this unreachable for every QueueCommand; at run time
                     # a class in the union but not matched above raises, and the `except` refuses.
@@ -406,6 +416,8 @@ class QueueMachine(QueueLimits, QueueReceives):
             or credit < 0
         ):
             return malformed(cmd), []
+        if self.settings.fifo:
+            return _NO_AMQP_ON_FIFO, []
         consumer = self.consumers.get(consumer_id)
         if consumer is not None and consumer.active:
             return Rejected(530, f"attempt to reuse consumer tag '{consumer_id}'"), []
@@ -498,6 +510,8 @@ class QueueMachine(QueueLimits, QueueReceives):
         """basic.get: (message, redelivered, messages left) or None when the queue is empty."""
         if type(cmd.consumer_id) is not str or type(cmd.owner) is not str or type(cmd.no_ack) is not bool:
             return malformed(cmd), []
+        if self.settings.fifo:
+            return _NO_AMQP_ON_FIFO, []
         self.last_used_ms = self.now_ms
         message = self._pop_next()
         if message is None:
@@ -635,6 +649,7 @@ class QueueMachine(QueueLimits, QueueReceives):
             "rings": [[p, list(ring)] for p, ring in self._rings.items()],
             "delayed": self.delayed.dump(),
             "next_receive_id": self.next_receive_id,
+            **self._dump_fifo(),
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
@@ -738,6 +753,7 @@ class QueueMachine(QueueLimits, QueueReceives):
         machine._priorities = sorted(machine._rings, reverse=True)
         machine.delayed.load(delayed)
         machine.next_receive_id = header.get("next_receive_id", 0)  # (absent from a version 1 dump)
+        machine._load_fifo(header)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -787,6 +803,7 @@ class QueueMachine(QueueLimits, QueueReceives):
         """After the last `load_place`: rebuild what follows from the messages."""
         self.delayed.rebuild_index()
         self._finish_receives()
+        self._rebuild_groups()
         if self.durable and self.delivered_upto >= 0:
             self.backing.delivered(self.delivered_upto)  # type: ignore[union-attr]  # a durable queue has a backing
 
@@ -1042,6 +1059,7 @@ class QueueMachine(QueueLimits, QueueReceives):
             assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
             seen.add(seq)
         self._check_receives()
+        self._check_fifo()
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)

@@ -45,6 +45,7 @@ class QueueSettings(NamedTuple):
     retry_backoff_multiplier: float = 2  # x-retry-backoff-multiplier: ... times this per earlier return
     retry_backoff_max_ms: int = 3_600_000  # x-retry-backoff-max-ms: ... at most this long
     single_active_consumer: bool = False  # x-single-active-consumer
+    fifo: bool = False  # x-sqs-fifo: an SQS FIFO queue (fifo.py): groups and deduplication
 
     def retry_delay_ms(self, returns: int) -> int:
         """The back-off of a message returned for the `returns`-th time (1 = the first); asked
@@ -167,6 +168,15 @@ def _check_bool(value: Any, arguments: Arguments) -> str | None:
     return None if isinstance(value, bool) else f"{{unacceptable_type,{_type_name(value)}}}"
 
 
+def _check_fifo(value: Any, arguments: Arguments) -> str | None:
+    # A priority queue serves by lane, not in the order FIFO groups need; AMQP consumers are
+    # refused on a FIFO queue, so single active consumer would mean nothing.
+    error = _check_bool(value, arguments)
+    if error is None and value and "x-max-priority" in arguments:
+        return "fifo_with_max_priority"
+    return error
+
+
 def _check_overflow(value: Any, arguments: Arguments) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
@@ -188,6 +198,7 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-retry-backoff-max-ms", _check_backoff),
     ("x-overflow", _check_overflow),
     ("x-single-active-consumer", _check_bool),
+    ("x-sqs-fifo", _check_fifo),
 )
 
 
@@ -221,6 +232,7 @@ def parse_queue_arguments(vhost: str, name: str, arguments: Arguments | None) ->
         retry_backoff_multiplier=float(arguments.get("x-retry-backoff-multiplier", 2)),
         retry_backoff_max_ms=arguments.get("x-retry-backoff-max-ms", 3_600_000),
         single_active_consumer=arguments.get("x-single-active-consumer") is True,
+        fifo=arguments.get("x-sqs-fifo") is True,
     )
 
 

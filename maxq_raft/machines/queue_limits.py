@@ -406,8 +406,9 @@ class QueueLimits:
         if (
             settings.max_priority != self.settings.max_priority
             or settings.single_active_consumer != self.settings.single_active_consumer
+            or settings.fifo != self.settings.fifo
         ):
-            return Rejected(406, "x-max-priority and x-single-active-consumer cannot change"), []
+            return Rejected(406, "x-max-priority, x-single-active-consumer and x-sqs-fifo cannot change"), []
         self.settings = settings
         if settings.message_ttl_ms is not None:
             self._timed = True

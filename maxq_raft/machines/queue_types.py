@@ -151,6 +151,19 @@ class Backing(Protocol):
     def drop(self) -> None:
         """The queue is deleted."""
 
+    # An SQS FIFO queue's deduplication window (fifo.py), asked of a durable queue only: a
+    # single node has no log to replay after a restart, so its window is kept here too.
+
+    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int) -> None:
+        """New window entries (sequence number, expires ms, deduplication id, message id), in
+        sequence order, and the queue's next sequence number."""
+
+    def dedup_forget(self, below_sequence_number: int) -> None:
+        """The entries below this sequence number have left the window."""
+
+    def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
+        """After a restart: the entries kept (in sequence order) and the next sequence number."""
+
     # What a restarted node's backing knows before any message is read (`QueueMachine.recover`).
 
     @property

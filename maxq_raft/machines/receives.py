@@ -55,6 +55,7 @@ from .queue_types import HandleResult, Received, Rejected
 
 if TYPE_CHECKING:
     from .message import Message
+    from .queue_args import QueueSettings
     from .queue_types import Backing, Effect
 
 RECEIVE_MAX = 10  # messages per Receive, handles per DeleteReceived / ChangeVisibility (SQS's batch)
@@ -118,6 +119,12 @@ class QueueReceives:
         def _note_delivered(self, seq: int) -> None: ...
         def _give_back(self, messages: list[Message]) -> int: ...
         def _service(self) -> list[Effect]: ...
+        def _take_fifo(self, max_count: int) -> list[Message]: ...
+        def _group_received(self, message: Message) -> None: ...
+        def _group_settled(self, message: Message) -> None: ...
+
+        groups_in_flight: dict[str, int]
+        settings: QueueSettings
 
     def _init_receives(self) -> None:
         self.in_flight: dict[int, InFlight] = {}  # seq -> in flight to an SQS receiver, in receive order
@@ -152,7 +159,9 @@ class QueueReceives:
         while heap and heap[0][0] <= now and len(due) < budget:
             entry = heapq.heappop(heap)
             if self._live(entry):
-                due.append(in_flight.pop(entry[1]).message)
+                message = in_flight.pop(entry[1]).message
+                self._group_settled(message)
+                due.append(message)
         if not due:
             return []
         self._give_back(due)
@@ -189,8 +198,15 @@ class QueueReceives:
         deadline_ms = now + visibility_ms
         receive_id = max(self.next_receive_id, now << RECEIVE_ID_TIME_SHIFT)
         received: list[Received] = []
+        # A FIFO queue hands out only the messages of groups with none in flight (fifo.py).
+        fifo = iter(self._take_fifo(max_count)) if self.settings.fifo else None
         while len(received) < max_count:  # bounded by RECEIVE_MAX
-            message = self._pop_next()  # (an expired head met on the way leaves as for a consumer)
+            if fifo is None:
+                message = self._pop_next()  # (an expired head met on the way leaves as for a consumer)
+            else:
+                message = next(fifo, None)
+                if message is not None:
+                    self._group_received(message)
             if message is None:
                 break
             seq = message.seq
@@ -227,6 +243,7 @@ class QueueReceives:
                 results.append(HandleResult.STALE)
             else:
                 del in_flight[seq]  # (its heap entry is stale from now on)
+                self._group_settled(flight.message)
                 if flight.message.stored:
                     stored.append(flight.message)
                 results.append(HandleResult.DONE)
@@ -275,6 +292,7 @@ class QueueReceives:
     def _clear_in_flight(self) -> None:
         self.in_flight.clear()
         self._visibility.clear()
+        self.groups_in_flight.clear()
 
     # ------------------------------------------------------- dump and load
 

@@ -27,6 +27,8 @@ The records, in order (docs/replication.md, "Snapshot format"):
   `[due_ms, message]`, an `in_flight` one `[receive_id, deadline_ms, received_ms, message]`. Within a place
   the order is the machine's own (a heap's list order, a dict's insertion order), so nothing is
   re-sorted on the way.
+  The header also holds an SQS FIFO queue's deduplication window (fifo.py): its size is
+  bounded by the sends of 5 minutes (DEDUP_ENTRIES_MAX), not by the depth.
 - `["end", counts]`: how many messages each place had, checked by the loader (assert in pairs).
 
 Every message the original held in its backing (`stored`) is written to the new backing as it
@@ -60,9 +62,12 @@ if TYPE_CHECKING:
 Record: TypeAlias = list[Any]
 
 # Version 2 added the SQS receives: `in_flight`, `next_receive_id` in the header, a message's
-# sent and first-receive times. A version 1 dump still loads (it has none of them).
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# sent and first-receive times. Version 3 added SQS FIFO queues (fifo.py): `dedup` (the
+# deduplication window, [id, expires ms, message id, sequence number] in expiry order) and
+# `next_sequence_number` in the header, a message's group id and sequence number. Versions 1
+# and 2 still load (they have none of them).
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 
@@ -99,6 +104,8 @@ def message_record(message: Message) -> Record:
         list(message.death) if message.death is not None else None,
         message.sent_ms,
         message.first_received_ms,
+        message.group_id,
+        message.sequence_number,
     ]
 
 
@@ -123,7 +130,16 @@ def message_from_record(record: Record) -> Message:
         death,
         sent_ms,
         first_received_ms,
-    ) = record if len(record) == 19 else (*record, None, None)  # (17 fields: version 1)
+        group_id,
+        sequence_number,
+    ) = (
+        record
+        if len(record) == 21
+        else (*record, None, None)
+        if len(record) == 19
+        else (*record, None, None, None, None)
+    )
+    # (19 fields: version 2; 17: version 1)
     message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
     message.seq = seq
     message.delivery_count = delivery_count
@@ -136,6 +152,15 @@ def message_from_record(record: Record) -> Message:
     message.death = (death[0], death[1]) if death is not None else None
     message.sent_ms = sent_ms
     message.first_received_ms = first_received_ms
+    if (
+        group_id is not None
+        and type(group_id) is not str
+        or sequence_number is not None
+        and type(sequence_number) is not int
+    ):
+        raise TypeError("a message's group id is a str and its sequence number an int")
+    message.group_id = group_id
+    message.sequence_number = sequence_number
     return message
 
 

@@ -12,7 +12,8 @@ numbers the origin's entries in one group (1, 2, ...), so that replicas apply th
 exactly once even when a proposal is repeated after a leader change (server/cluster.py).
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
-`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`; UpdateSettings
+`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`; EnqueueFifo
+has them and then `[group id, deduplication id or None, message id]` per message; UpdateSettings
 carries its `QueueSettings` as a list of its fields; SQS receipt handles (DeleteReceived,
 ChangeVisibility) are lists of ints, tuples again once decoded; AMQP field tables (arguments) are kept
 in AMQP's own table encoding so every value type round-trips exactly. Decoding never trusts
@@ -39,6 +40,7 @@ QUEUE_COMMANDS = {
     cls.__name__: cls
     for cls in (
         qc.Enqueue,
+        qc.EnqueueFifo,
         qc.Checkout,
         qc.Cancel,
         qc.Settle,
@@ -107,6 +109,15 @@ def encode_command(command) -> list:
                 for m in command.messages
             ],
         ]
+    if type(command) is qc.EnqueueFifo:
+        return [
+            "EnqueueFifo",
+            [
+                [m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
+                for m in command.messages
+            ],
+            [list(extra) for extra in command.fifo],
+        ]
     if type(command) is qc.UpdateSettings:
         return ["UpdateSettings", list(command.settings)]
     if type(command) is qc.Purge and command.in_flight is False:
@@ -122,6 +133,14 @@ def decode_command(raw: list, metadata: bool):
                 Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
                 for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
             ]
+        )
+    if name == "EnqueueFifo" and not metadata:
+        return qc.EnqueueFifo(
+            [
+                Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
+                for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
+            ],
+            [(group_id, dedup_id, message_id) for group_id, dedup_id, message_id in fields[1]],
         )
     if name == "UpdateSettings" and not metadata:
         return qc.UpdateSettings(QueueSettings(*fields[0]))

@@ -38,6 +38,9 @@ FLAG_DURABLE = 2  # written through the WAL: survives a restart
 FLAG_EXPIRES = 4  # an 8-byte deadline (ms, TTL) follows the header
 FLAG_DELAYED = 8  # a delayed message (x-delay): due ms, TTL ms (-1: none), priority follow
 FLAG_RETURNS = 16  # its delivery count (returns so far, x-delivery-limit) follows: u32
+# An SQS FIFO message (machines/fifo.py): at the end of the fixed fields, its sequence number
+# (u64) and its group id (u8 length, UTF-8), so a spilled or restarted one keeps its group.
+FLAG_FIFO = 32
 _DELAYED = struct.Struct(">QqB")
 _DELAYED_COUNTERS = struct.Struct(">QQ")
 _U32 = struct.Struct(">I")
@@ -55,6 +58,11 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
     routing_key = message.routing_key.encode()
     flags = (FLAG_PERSISTENT if message.persistent else 0) | (FLAG_DURABLE if durable else 0)
     expires_at = message.expires_at_ms
+    fifo = b""
+    if message.group_id is not None:
+        flags |= FLAG_FIFO
+        group = message.group_id.encode()
+        fifo = b"".join((_U64.pack(message.sequence_number or 0), bytes((len(group),)), group))
     if message.seq >= DELAYED_BASE:
         # Not enqueued yet: its TTL and priority apply when it falls due.
         ttl = -1 if message.ttl_ms is None else message.ttl_ms
@@ -63,6 +71,7 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
             (
                 _HEADER.pack(flags | FLAG_DELAYED, epoch, len(exchange), len(routing_key)),
                 _DELAYED.pack(message.due_ms, ttl, priority),
+                fifo,
                 exchange,
                 routing_key,
                 _PROPS_LEN.pack(len(message.props_raw)),
@@ -80,6 +89,7 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
                 _HEADER.pack(flags | FLAG_EXPIRES, epoch, len(exchange), len(routing_key)),
                 _U64.pack(expires_at),
                 extra,
+                fifo,
                 exchange,
                 routing_key,
                 _PROPS_LEN.pack(len(message.props_raw)),
@@ -91,6 +101,7 @@ def encode_record(message: Message, durable: bool, epoch: int) -> bytes:
         (
             _HEADER.pack(flags, epoch, len(exchange), len(routing_key)),
             extra,
+            fifo,
             exchange,
             routing_key,
             _PROPS_LEN.pack(len(message.props_raw)),
@@ -115,6 +126,12 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     if flags & FLAG_RETURNS:
         (returns,) = _U32.unpack_from(record, offset)
         offset += 4
+    group_id = sequence_number = None
+    if flags & FLAG_FIFO:
+        (sequence_number,) = _U64.unpack_from(record, offset)
+        group_len = record[offset + 8]
+        group_id = bytes(record[offset + 9 : offset + 9 + group_len]).decode()
+        offset += 9 + group_len
     exchange = record[offset : offset + exchange_len].decode()
     offset += exchange_len
     routing_key = record[offset : offset + routing_key_len].decode()
@@ -126,6 +143,8 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
     message = Message(exchange, routing_key, props_raw, body, bool(flags & FLAG_PERSISTENT))
     message.seq = seq
     message.expires_at_ms = expires_at
+    message.group_id = group_id
+    message.sequence_number = sequence_number
     if returns:
         message.delivery_count = returns
         message.count_header = True
@@ -137,6 +156,18 @@ def decode_record(seq: int, record: bytes) -> tuple[Message, int, int]:
 
 def counters_key(queue_id: int) -> str:
     return f"queue-counters/{queue_id}"
+
+
+# An SQS FIFO queue's deduplication window (machines/fifo.py) on a single node: one record per
+# entry under the queue's id with this bit set, keyed by the entry's sequence number, so the
+# window's expiry is one range delete from 0; `fifo_key` holds the next sequence number.
+DEDUP_QUEUE_BIT = 1 << 62
+_DEDUP = struct.Struct(">QB")  # expires ms, deduplication id length; then the id, the message id
+DEDUP_LOAD_MAX = 1 << 20  # entries read back at a restart (the machine keeps at most 100,000)
+
+
+def fifo_key(queue_id: int) -> str:
+    return f"queue-fifo/{queue_id}"
 
 
 def delayed_key(queue_id: int) -> str:
@@ -285,10 +316,46 @@ class QueueBacking:
         self.delivered_upto = seq
         self.store.write((), (), self._counters(), wal=True)
 
+    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int) -> None:
+        dedup_queue = self.queue_id | DEDUP_QUEUE_BIT
+        puts = []
+        for sequence, expires_ms, dedup_id, message_id in entries:
+            raw_id = dedup_id.encode()
+            puts.append((dedup_queue, sequence, _DEDUP.pack(expires_ms, len(raw_id)) + raw_id + message_id.encode()))
+        self.store.write(puts, (), {fifo_key(self.queue_id): _U64.pack(next_sequence_number)}, wal=True)
+        if self.syncer is not None:
+            self.syncer.dirty = True
+
+    def dedup_forget(self, below_sequence_number: int) -> None:
+        self.store.delete_range(self.queue_id | DEDUP_QUEUE_BIT, 0, below_sequence_number)
+
+    def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
+        raw = self.store.get_meta(fifo_key(self.queue_id))
+        next_sequence_number = _U64.unpack(raw)[0] if raw else 1
+        entries: list[tuple[int, int, str, str]] = []
+        seq_from = 0
+        while len(entries) < DEDUP_LOAD_MAX:  # bounded: each scan moves on, or ends the loop
+            records = self.store.scan(self.queue_id | DEDUP_QUEUE_BIT, seq_from, 4096)
+            for sequence, record in records:
+                expires_ms, id_len = _DEDUP.unpack_from(record, 0)
+                start = _DEDUP.size
+                dedup_id = bytes(record[start : start + id_len]).decode()
+                entries.append((sequence, expires_ms, dedup_id, bytes(record[start + id_len :]).decode()))
+                seq_from = sequence + 1
+            if len(records) < 4096:
+                break
+        return entries, next_sequence_number
+
     def drop(self) -> None:
         self.store.drop_queue(self.queue_id)
+        self.store.drop_queue(self.queue_id | DEDUP_QUEUE_BIT)
         if self.durable:
-            self.store.write((), (), {counters_key(self.queue_id): None, delayed_key(self.queue_id): None}, wal=True)
+            self.store.write(
+                (),
+                (),
+                {counters_key(self.queue_id): None, delayed_key(self.queue_id): None, fifo_key(self.queue_id): None},
+                wal=True,
+            )
 
 
 class WalSyncer:

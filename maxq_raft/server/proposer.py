@@ -124,7 +124,7 @@ class Proposer:
             self.requests[request] = then
             entry.requests.append(request)
         entry.items.append((target, command, request))
-        if type(command) is qc.Enqueue:
+        if type(command) is qc.Enqueue or type(command) is qc.EnqueueFifo:
             entry.size += sum(
                 len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES for m in command.messages
             )

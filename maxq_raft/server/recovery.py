@@ -23,7 +23,7 @@ from ..machines.queue import SEQ_MASK
 from . import persistence
 from .applier import NoTopologyRecord
 from .local_log import LocalLog
-from .message_store import WalSyncer, counters_key, decode_counters
+from .message_store import DEDUP_QUEUE_BIT, WalSyncer, counters_key, decode_counters
 
 log = logging.getLogger("maxq.broker")
 
@@ -71,6 +71,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
     for queue_key, queue in broker.queues.items():
         queue_id = broker.queue_ids[queue_key]
         live_ids.add(queue_id)
+        live_ids.add(queue_id | DEDUP_QUEUE_BIT)  # a FIFO queue's deduplication window
         backing = queue.backing
         persistent, next_seq, delivered = decode_counters(store.get_meta(counters_key(queue_id)))
         bounds = store.bounds(queue_id)
@@ -99,6 +100,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
             spilled_count=persistent if bounds else 0,
             spill_cursor=bounds[0] if bounds else 0,
         )
+        queue.recover_fifo()
     for queue_id in store.queue_ids():
         if queue_id not in live_ids:
             store.drop_queue(queue_id)

@@ -173,7 +173,15 @@ QUEUE_ARGUMENTS = {
 RETENTION_ARGUMENT = "x-message-ttl"
 CREATED_ARGUMENT = "x-sqs-created-timestamp"
 MODIFIED_ARGUMENT = "x-sqs-last-modified-timestamp"
-SUPPORTED_QUEUE_ATTRIBUTES = frozenset({*QUEUE_ARGUMENTS, "MessageRetentionPeriod", "RedrivePolicy"})
+# FIFO queues (machines/fifo.py): FifoQueue "true" is x-sqs-fifo true, for the queue's whole
+# life; ContentBasedDeduplication is x-sqs-content-based-deduplication (a bool, settable).
+FIFO_ARGUMENT = "x-sqs-fifo"
+CONTENT_DEDUP_ARGUMENT = "x-sqs-content-based-deduplication"
+FIFO_ATTRIBUTES = frozenset({"FifoQueue", "ContentBasedDeduplication"})
+# Headers of a message sent to a FIFO queue, for its receivers and for AMQP (a dead-lettered copy)
+DEDUP_HEADER = "x-sqs-message-deduplication-id"
+GROUP_HEADER = "x-sqs-message-group-id"
+SUPPORTED_QUEUE_ATTRIBUTES = frozenset({*QUEUE_ARGUMENTS, "MessageRetentionPeriod", "RedrivePolicy", *FIFO_ATTRIBUTES})
 REDRIVE_ARGUMENT = "x-sqs-redrive-policy"  # the policy's JSON as set
 TAGS_ARGUMENT = "x-sqs-tags"  # a table of tag -> value
 # SQS's defaults; a queue without x-message-ttl keeps its messages until they are consumed, and
@@ -182,13 +190,18 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 30
 RETENTION_UNBOUNDED_S = 1_209_600
 
 
-def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int]:
+def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int | bool]:
     """Queue arguments for checked, supported queue attributes."""
-    arguments: dict[str, int] = {}
+    arguments: dict[str, int | bool] = {}
     for name, text in attributes.items():
         if name == "RedrivePolicy":
             continue  # it names another queue: see redrive_arguments
-        if name == "MessageRetentionPeriod":
+        if name == "FifoQueue":
+            if text == "true":  # (a standard queue has no argument for it)
+                arguments[FIFO_ARGUMENT] = True
+        elif name == "ContentBasedDeduplication":
+            arguments[CONTENT_DEDUP_ARGUMENT] = text == "true"
+        elif name == "MessageRetentionPeriod":
             arguments[RETENTION_ARGUMENT] = int(text) * 1000
         else:
             arguments[QUEUE_ARGUMENTS[name]] = int(text)
@@ -210,6 +223,26 @@ def queue_attributes(arguments: Mapping[str, Any], max_message_bytes: int) -> di
     ttl = arguments.get(RETENTION_ARGUMENT)
     out["MessageRetentionPeriod"] = ttl // 1000 if type(ttl) is int else RETENTION_UNBOUNDED_S
     return out
+
+
+def is_fifo(arguments: Mapping[str, Any]) -> bool:
+    return arguments.get(FIFO_ARGUMENT) is True
+
+
+def fifo_attributes(arguments: Mapping[str, Any]) -> dict[str, str]:
+    """FifoQueue and ContentBasedDeduplication, as SQS shows them: for a FIFO queue only."""
+    if not is_fifo(arguments):
+        return {}
+    return {
+        "FifoQueue": "true",
+        "ContentBasedDeduplication": "true" if arguments.get(CONTENT_DEDUP_ARGUMENT) is True else "false",
+    }
+
+
+def sequence_number_text(sequence_number: int) -> str:
+    """A FIFO message's SequenceNumber: SQS gives a long decimal string; ours is the queue's
+    counter, 20 digits, so that the strings compare as the numbers do."""
+    return f"{sequence_number:020d}"
 
 
 # --- redrive ---------------------------------------------------------------------------------

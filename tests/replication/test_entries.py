@@ -41,6 +41,13 @@ messages = st.builds(
 
 queue_commands = st.one_of(
     st.builds(qc.Enqueue, st.lists(messages, max_size=4)),
+    st.integers(0, 4).flatmap(
+        lambda n: st.builds(
+            qc.EnqueueFifo,
+            st.lists(messages, min_size=n, max_size=n),
+            st.lists(st.tuples(names, st.one_of(st.none(), names), names), min_size=n, max_size=n),
+        )
+    ),
     st.builds(
         qc.Checkout,
         names,
@@ -126,13 +133,14 @@ items = st.lists(
 
 
 def comparable(command):
-    if type(command) is qc.Enqueue:
+    if type(command) is qc.Enqueue or type(command) is qc.EnqueueFifo:
         return (
-            "Enqueue",
+            type(command).__name__,
             [
                 (m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms)
                 for m in command.messages
             ],
+            list(command.fifo) if type(command) is qc.EnqueueFifo else None,
         )
     return (type(command).__name__, tuple(command))
 

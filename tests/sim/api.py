@@ -18,6 +18,7 @@ import zlib
 from maxq_raft.machines import commands as qc
 from maxq_raft.machines import metadata as md
 from maxq_raft.machines.apply_order import ApplyOrder, apply_committed
+from maxq_raft.machines.fifo import DEDUP_WINDOW_MS
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import Deliver, Message, Meta, Rejected
 from maxq_raft.machines.queue_args import settings_or_default
@@ -31,6 +32,7 @@ from maxq_raft.server.metadata_snapshot import dump_metadata
 from maxq_raft.storage.memory import MemorySegmentStore
 
 __all__ = [
+    "DEDUP_WINDOW_MS",
     "qc",
     "md",
     "ApplyOrder",

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import ALL_QUEUES, Deliver, HandleResult, LivesDown, Message, qc
+from .api import ALL_QUEUES, DEDUP_WINDOW_MS, Deliver, HandleResult, LivesDown, Message, qc
 from .fake_log import FakeLog, Proposal
 from .replica import Replica, message_number
 
@@ -101,6 +101,8 @@ class Ledger:
         # The design's reckoning of lives: group -> lives with an entry committed there; -> dead ones.
         self.seen: dict[str, dict[str, None]] = {}
         self.dead: dict[str, dict[str, str]] = {}  # group -> life -> who declared it dead
+        # SQS FIFO queues: (queue, deduplication id) -> (message id, queue time) of its enqueue
+        self.dedup_first: dict[tuple[tuple[str, str], str], tuple[str, int]] = {}
 
     # ---------------------------------------------------------------- proposals
 
@@ -145,7 +147,20 @@ class Ledger:
             self.all_touched[group] = True
         else:
             self.touched[target] = None
-        if kind is qc.Enqueue:
+        if kind is qc.EnqueueFifo:
+            self._fifo_sent(target, command, reply)
+        elif kind is qc.Receive and type(reply) is list:
+            last: dict[str, int] = {}
+            for received in reply:
+                group_id, number = received.message.group_id, received.message.sequence_number
+                if group_id is not None:
+                    if number is None or number <= last.get(group_id, -1):
+                        raise SimFailure(f"a receive from {target[1]} gave group {group_id} out of order")
+                    last[group_id] = number
+        elif kind is qc.DeleteQueue:
+            for dedup_key in [k for k in self.dedup_first if k[0] == target]:
+                del self.dedup_first[dedup_key]
+        if kind is qc.Enqueue or kind is qc.EnqueueFifo:
             for message in command.messages:
                 if message.seq == -1:
                     continue  # not queued (refused): the ledger expects it nowhere
@@ -185,6 +200,29 @@ class Ledger:
                     self.licences[number] = "delivered no-ack"
             elif kind is LivesDown:
                 self._lives_down(group, index, effect)
+
+    def _fifo_sent(self, target: tuple[str, str], command: qc.EnqueueFifo, reply: Any) -> None:
+        """A FIFO send: a new deduplication id (or one whose window is over) is enqueued under
+        its own message id; a repeat within the window is not, and is answered with the first
+        send's id."""
+        if type(reply) is not list:
+            return
+        for message, (_group, dedup_id, message_id), result in zip(command.messages, command.fifo, reply, strict=True):
+            first = self.dedup_first.get((target, dedup_id))
+            if message.seq != -1:
+                if first is not None and message.sent_ms < first[1] + DEDUP_WINDOW_MS:
+                    raise SimFailure(
+                        f"{message_id} to {target[1]} repeats {dedup_id} of {first[0]} within its window, "
+                        "yet it was enqueued"
+                    )
+                if result is None or result[0] != message_id:
+                    raise SimFailure(f"{message_id} to {target[1]} was enqueued but answered {result}")
+                self.dedup_first[(target, dedup_id)] = (message_id, message.sent_ms)
+            elif result is not None and (first is None or result[0] != first[0]):
+                raise SimFailure(
+                    f"{message_id} to {target[1]} was taken for a duplicate ({result}) of {first} "
+                    f"(deduplication id {dedup_id})"
+                )
 
     def _lives_down(self, group: str, index: int, effect: LivesDown) -> None:
         dead = self.dead.setdefault(group, {})

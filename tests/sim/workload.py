@@ -9,7 +9,9 @@ window), ack, requeue or reject what was delivered to them (`Settle`, `Requeue`,
 take credit (`Credit`), cancel, `Get`; a channel closes (`Down` of its owner in each queue it
 used); time passes for a queue (`Tick`); a queue is purged. With `Config.sqs`, SQS receivers
 share the queues: `Receive`, `DeleteReceived` and `ChangeVisibility` with handles read from the
-witness (current ones, or an earlier receive id: stale), and purges that take what is in flight. Each queue name has arguments for
+witness (current ones, or an earlier receive id: stale), and purges that take what is in flight;
+and some queues are SQS FIFO queues, sent to with `EnqueueFifo` (groups, deduplication ids,
+repeats of earlier ids), where AMQP consumers and gets are refused. Each queue name has arguments for
 the run (TTL, length limits, priorities, a delivery limit with or without retry back-off, single
 active consumer) and some publishes carry a TTL and a priority. An action may do a few operations
 whose commands for one group go in one entry, as one scheduler pass of the server batches them.
@@ -109,6 +111,12 @@ class Workload:
         self.message_ttl = rng.random() < 0.2  # some publishes carry an expiration
         self.messages_max = rng.choice((1, 3, 8))
         self._batch: dict[str, tuple[list, list]] = {}
+        # SQS FIFO queues (machines/fifo.py): some names are FIFO queues, whose sends are
+        # EnqueueFifo with a group and a deduplication id, sometimes a repeat (drawn last).
+        if world.config.sqs:
+            for name in QUEUE_NAMES:
+                if rng.random() < 0.3:
+                    self.arguments[name] = {"x-sqs-fifo": True}
 
     def act(self, node: Node) -> None:
         for _ in range(self.rng.randint(1, self.batch_max)):
@@ -180,7 +188,27 @@ class Workload:
         numbers = [self.world.next_number() for _ in range(self.rng.randint(1, self.messages_max))]
         ttl_ms = self.rng.choice((None, 0, 20, 300)) if self.message_ttl else None
         messages = new_messages(numbers, key[1], ttl_ms, self.rng.choice((0, 0, 1, 5, 9)))
-        self._add(group, key, qc.Enqueue(messages), numbers)
+        if self.arguments[key[1]].get("x-sqs-fifo"):
+            self._add(group, key, self._fifo_send(group, key, numbers, messages, ttl_ms), numbers)
+        else:
+            self._add(group, key, qc.Enqueue(messages), numbers)
+
+    def _fifo_send(
+        self, group: str, key: tuple[str, str], numbers: list[int], messages: list, ttl_ms: int | None
+    ) -> qc.EnqueueFifo:
+        """Each message with a group and its own deduplication id ("n<number>": enqueued once,
+        as the ledger expects of a publish); sometimes one more message repeating an id the
+        witness's queue has already enqueued (so the repeat applies after it), numbered but not
+        a publish: the ledger checks that it is deduplicated against the first send while that
+        is in its window (checks.py)."""
+        fields = [(self.rng.choice(("a", "b", "c")), f"n{n}", f"m{n}") for n in numbers]
+        machine = self.world.witness.broker.groups[group].queues.get(key)
+        known = list(machine.dedup)[-8:] if machine is not None else []
+        if known and self.rng.random() < 0.3:
+            extra = self.world.next_number()
+            messages = messages + new_messages([extra], key[1], ttl_ms)
+            fields.append((self.rng.choice(("a", "b", "c")), self.rng.choice(known), f"m{extra}"))
+        return qc.EnqueueFifo(messages, fields)
 
     def _consume(self, node: Node) -> None:
         key = self._pick_queue()
