@@ -29,6 +29,7 @@ from .checker import check
 from .history import INFO, INVOKE, OK, HistoryWriter, read_history
 from .lab import Lab, LabError, make_lab
 from .nemesis import OVERLAPPABLE, RESTART_TIMEOUT_S, lab_features, make_nemeses, make_schedule
+from . import sqs_workload
 from .profiles import RunSpec
 from .workload import Consumer, Publisher, declare_queue, drain, probe
 
@@ -96,9 +97,9 @@ class Run:
                 f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s"
             )
         self.history = HistoryWriter(self.history_path)
-        self.lab: Lab = make_lab(
-            spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards, lab_features(list(spec.nemeses))
-        )
+        sqs = spec.workload_kind == "sqs"
+        features = lab_features(list(spec.nemeses)) | ({"sqs"} if sqs else set())
+        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards, features)
         nemeses = make_nemeses(list(spec.nemeses), spec.workload.queue)
         self.history.meta(
             profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule], lab=self.lab.describe()
@@ -110,9 +111,13 @@ class Run:
         try:
             self.lab.setup()
             nodes = [(n.name, *self.lab.address(n)) for n in self.lab.nodes]
-            declare_queue(
-                nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0, enter=lambda: self.lab.enter(nodes[0][0])
-            )
+            sqs_nodes = [(n.name, self.lab.sqs_url(n)) for n in self.lab.nodes]
+            if sqs:
+                sqs_key = sqs_workload.setup(self.lab, spec.workload)
+            else:
+                declare_queue(
+                    nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0, enter=lambda: self.lab.enter(nodes[0][0])
+                )
             hard_deadline = (
                 time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s + spec.drain_timeout_s + 60.0
             )
@@ -146,6 +151,16 @@ class Run:
                 )
                 for i in range(spec.workload.publishers)
             ]
+            if sqs:  # the same shape over the SQS endpoint: receivers, then senders
+                common = (self.history, sqs_nodes, sqs_key, spec.workload, spec.seed)
+                consumers = [
+                    sqs_workload.SqsReceiver(f"con{i}", *common, con_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.consumers)
+                ]
+                publishers = [
+                    sqs_workload.SqsSender(f"pub{i}", *common, pub_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.publishers)
+                ]
             workers = consumers + publishers
             self.phase("quiet")
             t0 = time.monotonic()
@@ -203,7 +218,12 @@ class Run:
             con_stop.set()
             self.join(consumers, 10.0)
             self.phase("drain")
-            drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s, enter=self.lab.enter)
+            if sqs:
+                drained = sqs_workload.drain(
+                    self.history, sqs_nodes, sqs_key, spec.workload, spec.drain_timeout_s, enter=self.lab.enter
+                )
+            else:
+                drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s, enter=self.lab.enter)
             self.restart_dead_nodes("at the end")
             self.phase("end")
         except LabError as exc:
