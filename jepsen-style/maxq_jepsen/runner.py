@@ -25,11 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+from . import sqs_workload
 from .checker import check
 from .history import INFO, INVOKE, OK, HistoryWriter, read_history
 from .lab import Lab, LabError, make_lab
 from .nemesis import OVERLAPPABLE, RESTART_TIMEOUT_S, lab_features, make_nemeses, make_schedule
-from . import sqs_workload
 from .profiles import RunSpec
 from .workload import Consumer, Publisher, declare_queue, drain, probe
 
