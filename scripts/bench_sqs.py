@@ -22,8 +22,11 @@ creates one queue. Then:
             on the monotonic clock). `--samples` of them, p50/p99.
   polls     `--polls` concurrent ReceiveMessage WaitTimeSeconds=20 on an empty queue, each on its
             own TCP connection, all with one pre-signed request (SigV4 signs the body and the
-            date, valid 15 minutes), from one asyncio process; the node's RSS (VmRSS) before,
-            while all are held, and how many were answered early (should be none).
+            date, valid 15 minutes), from one asyncio process; the node's RSS (VmRSS) before and
+            sampled every 0.5 s with the number of polls held (sent, not answered) at that
+            moment: the peak, the RSS then, and how many were answered before their wait
+            (should be none). A node that takes longer than 20 s to read them all never holds
+            all of them at once; held_peak says how many it did.
 
 Each result is a JSON line appended to `--out` (default docs/bench-results/<UTC date>-sqs.jsonl).
 The machine's load is whatever it is: say so beside the figures.
@@ -66,7 +69,7 @@ SEND_MESSAGES_MAX = 2_000_000  # per process, a bound on the loop whatever --sec
 RECEIVE_EMPTY_MAX = 3  # a receiver stops after this many empty long polls in a row
 POLL_WAIT_S = 20
 POLL_CONNECT_CONCURRENCY = 200
-POLL_HOLD_S = 5.0
+RSS_SAMPLE_S = 0.5
 
 
 def free_port() -> int:
@@ -324,40 +327,68 @@ def presigned_receive(endpoint: str, key: tuple[str, str], url: str) -> bytes:
 
 
 async def _hold_polls(host: str, port: int, raw: bytes, count: int, nodes: Nodes) -> dict:
-    answered_early = 0
-    opened = 0
-    failed = 0
+    """Open `count` connections, each sending the poll, and sample the node's RSS and the number
+    of polls held (sent, not yet answered) every RSS_SAMPLE_S until every poll is answered."""
     gate = asyncio.Semaphore(POLL_CONNECT_CONCURRENCY)
-    streams = []
+    held = 0
+    answered = 0
+    failed = 0
+    early: list[str] = []  # answered sooner than the wait after the send: the node did not hold it
+    waited_s: list[float] = []
 
     async def one() -> None:
-        nonlocal opened, failed
+        nonlocal held, answered, failed
         async with gate:
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
                 writer.write(raw)
                 await writer.drain()
-                streams.append((reader, writer))
-                opened += 1
             except Exception:
                 failed += 1
+                return
+        sent = time.monotonic()
+        held += 1
+        try:
+            first = await asyncio.wait_for(reader.read(200), POLL_WAIT_S + 30)
+        except Exception:
+            first = b""
+        held -= 1
+        answered += 1
+        waited = time.monotonic() - sent
+        waited_s.append(waited)
+        if waited < POLL_WAIT_S - 1:
+            early.append(first[:60].decode(errors="replace"))
+        writer.close()
 
+    samples: list[tuple[float, int, float]] = []
+    done = asyncio.Event()
+
+    async def sampler() -> None:
+        t0 = time.monotonic()
+        while not done.is_set():
+            samples.append((round(time.monotonic() - t0, 1), held, nodes.rss_mb()))
+            try:
+                await asyncio.wait_for(done.wait(), RSS_SAMPLE_S)
+            except TimeoutError:
+                pass
+
+    sampling = asyncio.create_task(sampler())
     t0 = time.monotonic()
     await asyncio.gather(*(one() for _ in range(count)))
-    opened_s = time.monotonic() - t0
-    await asyncio.sleep(POLL_HOLD_S)  # the node reads and parks every request
-    rss_held = nodes.rss_mb()
-    for reader, _ in streams:
-        if reader.at_eof() or len(getattr(reader, "_buffer", b"")):
-            answered_early += 1
-    for _, writer in streams:
-        writer.close()
+    done.set()
+    await sampling
+    peak = max(samples, key=lambda s: (s[1], s[2]))
+    waited_s.sort()
     return {
-        "opened": opened,
         "failed": failed,
-        "open_s": round(opened_s, 2),
-        "rss_held_mb": round(rss_held, 1),
-        "answered_early": answered_early,
+        "answered": answered,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "held_peak": peak[1],
+        "rss_at_peak_mb": round(peak[2], 1),
+        "rss_max_mb": round(max(s[2] for s in samples), 1),
+        "answered_early": len(early),
+        "early_examples": early[:3],
+        "waited_p50_s": round(waited_s[len(waited_s) // 2], 2) if waited_s else None,
     }
 
 
@@ -368,16 +399,16 @@ def polls(endpoint, key, url, count: int, nodes: Nodes) -> dict:
     raw = presigned_receive(endpoint, key, url)
     parts = urlsplit(endpoint)
     rss_before = nodes.rss_mb()
+    cpu0 = nodes.cpu_s()
     held = asyncio.run(_hold_polls(parts.hostname or "127.0.0.1", parts.port or 80, raw, count, nodes))
-    time.sleep(POLL_WAIT_S + 2)  # the node answers the abandoned polls; its RSS after them
-    rss_after = nodes.rss_mb()
     return {
         "measure": "long_polls_held",
         "polls": count,
         "rss_before_mb": round(rss_before, 1),
         **held,
-        "rss_per_poll_kb": round((held["rss_held_mb"] - rss_before) * 1024 / max(1, held["opened"]), 2),
-        "rss_after_mb": round(rss_after, 1),
+        "rss_per_held_poll_kb": round((held["rss_at_peak_mb"] - rss_before) * 1024 / max(1, held["held_peak"]), 2),
+        "rss_after_mb": round(nodes.rss_mb(), 1),
+        "node_cpu_s": round(nodes.cpu_s() - cpu0, 2),
     }
 
 
