@@ -420,6 +420,7 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=300, help="long-poll wake-up samples")
     p.add_argument("--polls", type=int, default=5000, help="long polls held at once (one node)")
     p.add_argument("--skip-polls", action="store_true")
+    p.add_argument("--only-polls", action="store_true", help="only the held long polls")
     p.add_argument("--server-arg", action="append", default=[], help="extra maxq-server argument")
     p.add_argument("--endpoint", help="benchmark another SQS server instead of starting nodes")
     p.add_argument("--key", help="ID:SECRET for --endpoint")
@@ -451,11 +452,13 @@ def main() -> int:
         # Our own URL for the queue: the server's may name a host the client cannot reach (moto).
         if not args.endpoint:
             url = f"{endpoint}/{quote('/', safe='')}/{QUEUE}"
-        results = [
-            throughput("send", endpoint, key, url, args.processes, args.seconds, nodes),
-            throughput("receive_delete", endpoint, key, url, args.processes, args.seconds * 3, nodes),
-            latency(endpoint, key, url, args.samples),
-        ]
+        results = []
+        if not args.only_polls:
+            results += [
+                throughput("send", endpoint, key, url, args.processes, args.seconds, nodes),
+                throughput("receive_delete", endpoint, key, url, args.processes, args.seconds * 3, nodes),
+                latency(endpoint, key, url, args.samples),
+            ]
         if not args.skip_polls and nodes is not None:
             results.append(polls(endpoint, key, url, args.polls, nodes))
         out.parent.mkdir(parents=True, exist_ok=True)
