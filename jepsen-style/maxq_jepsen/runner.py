@@ -3,6 +3,7 @@
 Theory of operation (Jepsen's shape):
 
     setup       start the nodes, declare the durable queue(s), start consumers then publishers
+                (the sqs workload: make an access key, CreateQueue, receivers then senders)
     schedule    for each seeded cycle: quiet, fault (nemesis start), heal (nemesis heal)
     final heal  heal every nemesis (idempotent), restart any node found dead
     recover     probe every node until it confirms a publish again (bounded)
@@ -121,37 +122,9 @@ class Run:
             hard_deadline = (
                 time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s + spec.drain_timeout_s + 60.0
             )
-            # With a dead-letter queue, odd consumers take from it; the work queue's consumers pause now
-            # and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
-            consumers = [
-                Consumer(
-                    f"con{i}",
-                    self.history,
-                    nodes,
-                    spec.workload,
-                    spec.seed,
-                    con_stop,
-                    hard_deadline,
-                    enter=self.lab.enter,
-                    queue=spec.workload.consumer_queue(i),
-                    pauses=spec.workload.consumer_queue(i) == spec.workload.queue,
-                )
-                for i in range(spec.workload.consumers)
-            ]
-            publishers = [
-                Publisher(
-                    f"pub{i}",
-                    self.history,
-                    nodes,
-                    spec.workload,
-                    spec.seed,
-                    pub_stop,
-                    hard_deadline,
-                    enter=self.lab.enter,
-                )
-                for i in range(spec.workload.publishers)
-            ]
-            if sqs:  # the same shape over the SQS endpoint: receivers, then senders
+            consumers: list = []
+            publishers: list = []
+            if sqs:  # the same shape over the SQS endpoint: receivers and senders
                 common = (self.history, sqs_nodes, sqs_key, spec.workload, spec.seed)
                 consumers = [
                     sqs_workload.SqsReceiver(f"con{i}", *common, con_stop, hard_deadline, enter=self.lab.enter)
@@ -159,6 +132,37 @@ class Run:
                 ]
                 publishers = [
                     sqs_workload.SqsSender(f"pub{i}", *common, pub_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.publishers)
+                ]
+            else:
+                # With a dead-letter queue, odd consumers take from it; the work queue's consumers
+                # pause now and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
+                consumers = [
+                    Consumer(
+                        f"con{i}",
+                        self.history,
+                        nodes,
+                        spec.workload,
+                        spec.seed,
+                        con_stop,
+                        hard_deadline,
+                        enter=self.lab.enter,
+                        queue=spec.workload.consumer_queue(i),
+                        pauses=spec.workload.consumer_queue(i) == spec.workload.queue,
+                    )
+                    for i in range(spec.workload.consumers)
+                ]
+                publishers = [
+                    Publisher(
+                        f"pub{i}",
+                        self.history,
+                        nodes,
+                        spec.workload,
+                        spec.seed,
+                        pub_stop,
+                        hard_deadline,
+                        enter=self.lab.enter,
+                    )
                     for i in range(spec.workload.publishers)
                 ]
             workers = consumers + publishers
