@@ -19,6 +19,13 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          in order, and a requeued message always comes back redelivered=true
       minority_confirmed a publish invoked and confirmed while its node was cut off in a
                          minority (nemesis records say which nodes, from when to the next heal)
+      received_after_delete
+                         (the sqs workload) a message received by a ReceiveMessage invoked after a
+                         DeleteMessage of it was answered 200 with a handle that was certainly
+                         the latest: its receive was invoked less than half the visibility
+                         timeout before the delete's answer, so no other receive could have
+                         taken it since (SQS: a stale handle's delete answers 200 and deletes
+                         nothing, so only such deletes prove anything)
       dead_letter_without_x_death
                          (the dlx workload) a delivery from the dead-letter queue whose most
                          recent x-death entry does not name the work queue with reason
@@ -67,7 +74,11 @@ FATAL_KINDS = (
     "fifo_violations",
     "minority_confirmed",
     "dead_letter_without_x_death",
+    "received_after_delete",
 )
+# A delete answered within this share of the visibility timeout after its receive was invoked
+# used the latest receipt handle (the sqs workload; see received_after_delete).
+CERTAIN_DELETE_SHARE = 0.5
 EXPIRED = "expired"  # the x-death reason of a message whose TTL ran out
 PASS, FAILED, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 EXAMPLES_MAX = 50  # ids listed per kind in the result (counts are always exact)
@@ -97,6 +108,7 @@ class _Delivery:
     node: str | None
     queue: str | None = None
     x_death: list | None = None
+    receive_invoke: float | None = None  # the sqs workload: when the ReceiveMessage was invoked
 
 
 @dataclass
@@ -155,6 +167,9 @@ def check(records: Iterable[dict]) -> CheckResult:
     dead_letter_bad: dict[str, dict] = {}  # id -> the first unexplained dead-letter delivery
     x_death_count_above_one = 0
     work_with_x_death: list[str] = []
+    visibility_s: float | None = None  # the sqs workload's visibility timeout (meta)
+    deletes_ok: list[tuple[str, float, float | None]] = []  # (id, answer time, its receive's invoke time)
+    deletes_indeterminate = 0
 
     for r in records:
         kind, f, t = r.get("type"), r.get("f"), float(r.get("time", 0.0))
@@ -162,6 +177,7 @@ def check(records: Iterable[dict]) -> CheckResult:
             if work_queue is None:
                 workload = ((r.get("value") or {}).get("spec") or {}).get("workload") or {}
                 work_queue, dead_letter_queue = workload.get("queue"), workload.get("dead_letter_queue")
+                visibility_s = workload.get("visibility_timeout_s")
             continue
         if f == "publish":
             mid = r.get("id")
@@ -196,6 +212,7 @@ def check(records: Iterable[dict]) -> CheckResult:
                 r.get("node"),
                 r.get("queue"),
                 r.get("x_death"),
+                (r.get("value") or {}).get("receive_invoke"),
             )
             dead_lettered = dead_letter_queue is not None and d.queue == dead_letter_queue
             if dead_lettered:
@@ -238,6 +255,11 @@ def check(records: Iterable[dict]) -> CheckResult:
         elif f == "ack":
             if kind in acks:
                 acks[kind] += 1
+        elif f == "delete" and r.get("id") is not None:
+            if kind == OK:
+                deletes_ok.append((str(r["id"]), t, (r.get("value") or {}).get("receive_invoke")))
+            elif kind in (INFO, FAIL):
+                deletes_indeterminate += 1
         elif f == "phase" and kind == OK:
             name = (r.get("value") or {}).get("phase", "?")
             phases.append((t, name))
@@ -290,6 +312,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         else:
             unknown.append(mid)
 
+    after_delete, deletes_certain = received_after_delete(deletes_ok, deliveries, visibility_s)
     deliveries_total = sum(len(ds) for ds in deliveries.values())
     duplicates = deliveries_total - len(deliveries)
     dup_flagged = sum(1 for ds in deliveries.values() for d in ds[1:] if d.redelivered)
@@ -323,7 +346,16 @@ def check(records: Iterable[dict]) -> CheckResult:
         "duplicates_unflagged": duplicates - dup_flagged,
         "duplicate_ids": len(dup_ids),
         "dead_letter_without_x_death": len(dead_letter_bad),
+        "received_after_delete": len(after_delete),
     }
+    if deletes_ok or deletes_indeterminate:
+        counts.update(
+            {
+                "deletes_ok": len(deletes_ok),
+                "deletes_certain": deletes_certain,
+                "deletes_indeterminate": deletes_indeterminate,
+            }
+        )
     if dead_letter_queue is not None:
 
         def routes_of(ds: list[_Delivery]) -> tuple[bool, bool]:
@@ -357,6 +389,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         "recovered": recovered[:EXAMPLES_MAX],
         "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
         "dead_letter_without_x_death": list(dead_letter_bad.values())[:EXAMPLES_MAX],
+        "received_after_delete": after_delete[:EXAMPLES_MAX],
     }
     return CheckResult(
         counts=counts,
@@ -366,6 +399,38 @@ def check(records: Iterable[dict]) -> CheckResult:
         notes=notes,
         drain_complete=drain_complete,
     )
+
+
+def received_after_delete(
+    deletes_ok: list[tuple[str, float, float | None]],
+    deliveries: dict[str, list[_Delivery]],
+    visibility_s: float | None,
+) -> tuple[list[dict], int]:
+    """Deliveries of a message whose receive was invoked after a certain delete of it was answered;
+    and how many deletes were certain. A delete is certain when its receive was invoked less than
+    CERTAIN_DELETE_SHARE of the visibility timeout before the delete's answer: the message was
+    still in flight to that receive, so its handle was the latest and the 200 means deleted."""
+    if not visibility_s:
+        return [], 0
+    window_s = float(visibility_s) * CERTAIN_DELETE_SHARE
+    deleted_at: dict[str, float] = {}
+    certain = 0
+    for mid, answered, receive_invoke in deletes_ok:
+        if receive_invoke is None or answered - float(receive_invoke) >= window_s:
+            continue
+        certain += 1
+        if mid not in deleted_at or answered < deleted_at[mid]:
+            deleted_at[mid] = answered
+    found = []
+    for mid, answered in deleted_at.items():
+        for d in deliveries.get(mid, []):
+            if d.receive_invoke is not None and d.receive_invoke > answered:
+                found.append(
+                    {"id": mid, "deleted_at": answered, "receive_invoke": d.receive_invoke, "process": d.process}
+                )
+                break
+    found.sort(key=lambda e: e["deleted_at"])
+    return found, certain
 
 
 def _id_key(mid: str) -> tuple:

@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workload",
         choices=WORKLOAD_KINDS,
         help="queue: several publishers/consumers; fifo: one of each; dlx: a work queue with a short "
-        "message TTL dead-lettering to a second queue, consumers on both",
+        "message TTL dead-lettering to a second queue, consumers on both; sqs: boto3 senders and "
+        "receivers over the members' SQS endpoints (receive, delete most, let some visibilities run out)",
     )
     p.add_argument("--ttl-ms", type=int, help="the dlx workload's x-message-ttl in ms (default 300)")
     p.add_argument("--rate", type=float, help="publishes per second per publisher")
@@ -287,9 +288,16 @@ def main(argv: list[str] | None = None) -> int:
         records = read_history(result["history"])
         svgs.append(write_run_report(result, records, run_dir))
         c = result["counts"]
+        # The sqs workload's own verdict and figures (checker.received_after_delete).
+        deletes = (
+            f"received_after_delete={c['received_after_delete']} deletes_ok={c['deletes_ok']} "
+            f"deletes_certain={c['deletes_certain']} "
+            if "deletes_ok" in c
+            else ""
+        )
         print(
             f"run {i}/{len(specs)}: {result['verdict']} published={c['published']} confirmed={c['confirmed']} "
-            f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} "
+            f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} {deletes}"
             f"elapsed={result['elapsed_s']}s",
             flush=True,
         )

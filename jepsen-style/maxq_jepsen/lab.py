@@ -133,6 +133,7 @@ class Node:
         raft_port: int | None = None,
         prefix: list[str] | None = None,
         netns: str | None = None,
+        sqs_port: int = 0,
     ) -> None:
         self.name = name
         self.host = host
@@ -140,6 +141,7 @@ class Node:
         self.amqp_port = amqp_port
         self.http_port = http_port  # 0: no admin API (the single node does not need it)
         self.raft_port = raft_port  # None: not a cluster member
+        self.sqs_port = sqs_port  # 0: no SQS endpoint (only the sqs workload needs one)
         self.peers: dict[str, str] = {}  # name -> "host:raft_port" of the other members
         self.shards = 0
         self.prefix = list(prefix or [])  # e.g. ["ip", "netns", "exec", ns]: where the process runs
@@ -188,6 +190,8 @@ class Node:
             "--node-id",
             self.name,
         ]
+        if self.sqs_port:
+            cmd += ["--sqs-port", str(self.sqs_port)]
         if self.clustered:
             cmd += ["--raft-addr", f"{self.host}:{self.raft_port}", "--cluster-secret", CLUSTER_SECRET]
             if self.shards:
@@ -374,6 +378,13 @@ class Lab:
         """Where a client reaches `node`'s AMQP listener (from inside `enter(node)`)."""
         return ("127.0.0.1" if node.netns else node.host), node.amqp_port
 
+    def sqs_url(self, node: Node) -> str:
+        """Where a client reaches `node`'s SQS endpoint (from inside `enter(node)`)."""
+        return f"http://{'127.0.0.1' if node.netns else node.host}:{node.sqs_port}"
+
+    def admin_url(self, node: Node) -> str:
+        return f"http://{node.admin_address}"
+
     def enter(self, name: str):
         """A context in which the calling thread's new sockets reach node `name` at `address`."""
         return in_netns(self.node(name).netns)
@@ -551,7 +562,13 @@ class LocalLab(Lab):
         self.features = frozenset(features)
         self.helpers = {}
         self.nodes = make_nodes(
-            self.root, node_count, server_args or [], shards, host_of=lambda i: "127.0.0.1", prefix_of=lambda i: []
+            self.root,
+            node_count,
+            server_args or [],
+            shards,
+            host_of=lambda i: "127.0.0.1",
+            prefix_of=lambda i: [],
+            features=self.features,
         )
 
     def setup(self) -> None:
@@ -654,6 +671,7 @@ class NetnsLab(Lab):
             prefix_of=lambda i: ["ip", "netns", "exec", f"{NS_PREFIX}n{i}"],
             ports_fixed=True,
             netns_of=lambda i: f"{NS_PREFIX}n{i}",
+            features=self.features,
         )
         self.cuts: list[tuple[str, str]] = []
 
@@ -905,6 +923,7 @@ def make_nodes(
     prefix_of,
     ports_fixed: bool = False,
     netns_of=lambda i: None,
+    features: frozenset = frozenset(),
 ) -> list[Node]:
     """The nodes of a lab; with more than one, cluster members that name each other as peers.
     Ports are chosen once: a restart finds the node where it was. In namespaces every host has
@@ -919,6 +938,9 @@ def make_nodes(
         return chosen
 
     clustered = node_count > 1
+    # The sqs workload needs each node's SQS endpoint, and the admin API (even on one node) to
+    # make the access key its clients sign with.
+    sqs = "sqs" in features
     nodes = []
     for i in range(1, node_count + 1):
         name = f"n{i}"
@@ -929,10 +951,11 @@ def make_nodes(
             root / name / "data",
             root / f"{name}.log",
             server_args,
-            http_port=port(15672) if clustered else 0,
+            http_port=port(15672) if clustered or sqs else 0,
             raft_port=port(7000) if clustered else None,
             prefix=prefix_of(i),
             netns=netns_of(i),
+            sqs_port=port(9324) if sqs else 0,
         )
         node.shards = shards if clustered else 0
         nodes.append(node)

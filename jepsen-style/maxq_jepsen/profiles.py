@@ -33,7 +33,9 @@ CLUSTER_NOTICE = (
 class RunSpec:
     seed: int
     nemeses: tuple[str, ...]
-    workload_kind: str  # "queue" (several publishers and consumers), "fifo" (one of each), "dlx" (TTL + dead letters)
+    # "queue" (several publishers and consumers), "fifo" (one of each), "dlx" (TTL + dead letters),
+    # "sqs" (senders and receivers over the SQS endpoint)
+    workload_kind: str
     workload: WorkloadConfig
     time_s: float
     quiet_s: tuple[float, float]
@@ -61,7 +63,7 @@ class Profile:
     notes: tuple[str, ...] = field(default=())
 
 
-WORKLOAD_KINDS = ("queue", "fifo", "dlx")
+WORKLOAD_KINDS = ("queue", "fifo", "dlx", "sqs")
 DLX_QUEUE = "jepsen-dlq"
 DLX_TTL_MS = 300
 # The work queue's consumers consume for 1-3 s, then pause 0.5-2 s (seeded): with a 300 ms TTL about
@@ -74,7 +76,8 @@ def workload_for(kind: str, base: WorkloadConfig, ttl_ms: int | None = None) -> 
     if kind == "fifo":
         # One publisher, one consumer: every first delivery must come in publish order.
         return replace(base, publishers=1, consumers=1, rate_per_publisher_hz=base.rate_per_publisher_hz * 2)
-    if kind == "queue":
+    if kind in ("queue", "sqs"):
+        # sqs: the same numbers of senders and receivers, through the SQS endpoint (sqs_workload.py).
         return base
     if kind == "dlx":
         # The work queue has a short TTL and dead-letters to DLX_QUEUE; even consumers take from the

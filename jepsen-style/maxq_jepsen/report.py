@@ -64,6 +64,7 @@ def totals(results: list[dict]) -> dict:
         "fifo_violations",
         "minority_confirmed",
         "dead_letter_without_x_death",
+        "received_after_delete",
         "recovered",
         "unknown",
         "duplicates",

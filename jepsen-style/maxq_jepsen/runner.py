@@ -3,6 +3,7 @@
 Theory of operation (Jepsen's shape):
 
     setup       start the nodes, declare the durable queue(s), start consumers then publishers
+                (the sqs workload: make an access key, CreateQueue, receivers then senders)
     schedule    for each seeded cycle: quiet, fault (nemesis start), heal (nemesis heal)
     final heal  heal every nemesis (idempotent), restart any node found dead
     recover     probe every node until it confirms a publish again (bounded)
@@ -25,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import sqs_workload
 from .checker import check
 from .history import INFO, INVOKE, OK, HistoryWriter, read_history
 from .lab import Lab, LabError, make_lab
@@ -96,9 +98,9 @@ class Run:
                 f"no fault fits in {spec.time_s:g} s with quiet {spec.quiet_s} and fault {spec.fault_s} s"
             )
         self.history = HistoryWriter(self.history_path)
-        self.lab: Lab = make_lab(
-            spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards, lab_features(list(spec.nemeses))
-        )
+        sqs = spec.workload_kind == "sqs"
+        features = lab_features(list(spec.nemeses)) | ({"sqs"} if sqs else set())
+        self.lab: Lab = make_lab(spec.lab, self.run_dir, spec.nodes, list(spec.server_args), spec.shards, features)
         nemeses = make_nemeses(list(spec.nemeses), spec.workload.queue)
         self.history.meta(
             profile=self.profile, spec=spec.to_dict(), schedule=[c.to_dict() for c in schedule], lab=self.lab.describe()
@@ -110,42 +112,59 @@ class Run:
         try:
             self.lab.setup()
             nodes = [(n.name, *self.lab.address(n)) for n in self.lab.nodes]
-            declare_queue(
-                nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0, enter=lambda: self.lab.enter(nodes[0][0])
-            )
+            sqs_nodes = [(n.name, self.lab.sqs_url(n)) for n in self.lab.nodes]
+            if sqs:
+                sqs_key = sqs_workload.setup(self.lab, spec.workload)
+            else:
+                declare_queue(
+                    nodes[0][1], nodes[0][2], spec.workload, timeout_s=20.0, enter=lambda: self.lab.enter(nodes[0][0])
+                )
             hard_deadline = (
                 time.monotonic() + spec.time_s + spec.recovery_timeout_s + spec.settle_s + spec.drain_timeout_s + 60.0
             )
-            # With a dead-letter queue, odd consumers take from it; the work queue's consumers pause now
-            # and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
-            consumers = [
-                Consumer(
-                    f"con{i}",
-                    self.history,
-                    nodes,
-                    spec.workload,
-                    spec.seed,
-                    con_stop,
-                    hard_deadline,
-                    enter=self.lab.enter,
-                    queue=spec.workload.consumer_queue(i),
-                    pauses=spec.workload.consumer_queue(i) == spec.workload.queue,
-                )
-                for i in range(spec.workload.consumers)
-            ]
-            publishers = [
-                Publisher(
-                    f"pub{i}",
-                    self.history,
-                    nodes,
-                    spec.workload,
-                    spec.seed,
-                    pub_stop,
-                    hard_deadline,
-                    enter=self.lab.enter,
-                )
-                for i in range(spec.workload.publishers)
-            ]
+            consumers: list = []
+            publishers: list = []
+            if sqs:  # the same shape over the SQS endpoint: receivers and senders
+                common = (self.history, sqs_nodes, sqs_key, spec.workload, spec.seed)
+                consumers = [
+                    sqs_workload.SqsReceiver(f"con{i}", *common, con_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.consumers)
+                ]
+                publishers = [
+                    sqs_workload.SqsSender(f"pub{i}", *common, pub_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.publishers)
+                ]
+            else:
+                # With a dead-letter queue, odd consumers take from it; the work queue's consumers
+                # pause now and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
+                consumers = [
+                    Consumer(
+                        f"con{i}",
+                        self.history,
+                        nodes,
+                        spec.workload,
+                        spec.seed,
+                        con_stop,
+                        hard_deadline,
+                        enter=self.lab.enter,
+                        queue=spec.workload.consumer_queue(i),
+                        pauses=spec.workload.consumer_queue(i) == spec.workload.queue,
+                    )
+                    for i in range(spec.workload.consumers)
+                ]
+                publishers = [
+                    Publisher(
+                        f"pub{i}",
+                        self.history,
+                        nodes,
+                        spec.workload,
+                        spec.seed,
+                        pub_stop,
+                        hard_deadline,
+                        enter=self.lab.enter,
+                    )
+                    for i in range(spec.workload.publishers)
+                ]
             workers = consumers + publishers
             self.phase("quiet")
             t0 = time.monotonic()
@@ -203,7 +222,12 @@ class Run:
             con_stop.set()
             self.join(consumers, 10.0)
             self.phase("drain")
-            drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s, enter=self.lab.enter)
+            if sqs:
+                drained = sqs_workload.drain(
+                    self.history, sqs_nodes, sqs_key, spec.workload, spec.drain_timeout_s, enter=self.lab.enter
+                )
+            else:
+                drained = drain(self.history, nodes, spec.workload, spec.drain_timeout_s, enter=self.lab.enter)
             self.restart_dead_nodes("at the end")
             self.phase("end")
         except LabError as exc:

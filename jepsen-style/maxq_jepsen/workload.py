@@ -97,6 +97,10 @@ class WorkloadConfig:
     message_ttl_ms: int | None = None
     consume_s: tuple[float, float] | None = None
     pause_s: tuple[float, float] | None = None
+    # The sqs workload (sqs_workload.py): the receivers' visibility timeout, and the share of
+    # received messages they leave alone so that the timeout runs out and they come back.
+    visibility_timeout_s: int = 4
+    abandon_ratio: float = 0.15
 
     def to_dict(self) -> dict:
         return asdict(self)
