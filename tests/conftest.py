@@ -34,6 +34,10 @@ def _ephemeral_ports() -> range:
 
 _EPHEMERAL = _ephemeral_ports()
 _port_rng = random.Random()  # (its own: tests that seed `random` must not make every run pick the same ports)
+# Ports already handed out by this test process: a free port is only free until its server binds
+# it, so two picks in one fixture (a cluster takes some fifteen) could return the same number, and
+# the second server would then fail "the port is in use" (a CI run met it). Never the same twice.
+_handed_out: set[int] = set()
 
 
 def free_port() -> int:
@@ -44,11 +48,14 @@ def free_port() -> int:
     top = min(_EPHEMERAL.start, 32768)
     for _ in range(200 if top > 21000 else 0):  # bounded; each try is one bind
         port = _port_rng.randrange(20000, top)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as s:  # a crowded range, or none below the ephemeral one: the kernel chooses
         s.bind(("127.0.0.1", 0))
