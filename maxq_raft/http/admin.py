@@ -218,7 +218,8 @@ def view_consumers(broker) -> list:
 # ------------------------------------------------------------------- changes (POST, PUT, DELETE)
 
 
-def view_policies(broker) -> list:
+def _policy_rows(broker, kind: str) -> list:
+    """`kind` ("policies" or "operator_policies") of every vhost, in RabbitMQ's shape."""
     return [
         {
             "vhost": vhost_name,
@@ -229,8 +230,12 @@ def view_policies(broker) -> list:
             "priority": p.priority,
         }
         for vhost_name, vhost in broker.meta.vhosts.items()
-        for p in vhost.policies.values()
+        for p in getattr(vhost, kind).values()
     ]
+
+
+def view_policies(broker) -> list:
+    return _policy_rows(broker, "policies")
 
 
 async def _meta_change(broker, command) -> dict:
@@ -262,18 +267,7 @@ async def delete_policy(broker, request: Request) -> dict:
 
 
 def view_operator_policies(broker) -> list:
-    return [
-        {
-            "vhost": vhost_name,
-            "name": p.name,
-            "pattern": p.pattern,
-            "apply-to": p.apply_to,
-            "definition": json_safe(p.definition),
-            "priority": p.priority,
-        }
-        for vhost_name, vhost in broker.meta.vhosts.items()
-        for p in vhost.operator_policies.values()
-    ]
+    return _policy_rows(broker, "operator_policies")
 
 
 async def put_operator_policy(broker, request: Request) -> dict:
