@@ -24,7 +24,9 @@ through the core's primitives. Everything is replicated state, decided from the 
   place in sequence order (receives.py), before the later messages of its group. The scan
   past blocked groups looks at FIFO_SCAN_MAX messages at most per receive, in the returned
   heap and the in-memory window; past a window whose messages are all held, it loads the
-  spilled tail into memory, up to twice the window.
+  spilled tail into memory, up to twice the window (messages and bytes). A free group's message
+  past that waits until the groups ahead of it move (SQS: "FIFO queues scan the first 120,000
+  messages to determine available message groups").
 - A message enqueued without a group (an AMQP publish, a dead-lettered message) has group None:
   it is served in order but blocks nothing. AMQP consumers and basic.get are refused on a FIFO
   queue (they would hand out messages past the group rule); docs/sqs.md says so.
@@ -72,6 +74,7 @@ class QueueFifo:
         returned: list[tuple[int, Message]]
         ready_bytes: int
         window_bytes: int
+        window_bytes_max: int
         spilled_count: int
         window_max: int
         durable: bool
@@ -219,8 +222,13 @@ class QueueFifo:
         while len(taken) < max_count and scanned < FIFO_SCAN_MAX:
             if index >= len(ready):
                 # Past the window with everything in it held: the spilled tail may have free
-                # groups. Load it, up to twice the window (memory stays bounded).
-                if not self.spilled_count or len(ready) >= 2 * self.window_max:
+                # groups. Load it, up to twice the window in messages and in bytes (memory
+                # stays bounded; SQS too scans only a queue's first 120,000 messages).
+                if (
+                    not self.spilled_count
+                    or len(ready) >= 2 * self.window_max
+                    or self.window_bytes >= 2 * self.window_bytes_max
+                ):
                     break
                 self._refill()
                 continue

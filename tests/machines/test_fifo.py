@@ -246,6 +246,22 @@ def test_a_spilled_fifo_queue_keeps_groups_and_order() -> None:
     assert bodies(q.receive(1_000)) == [b"m2", b"m4", b"m6"]
 
 
+@pytest.mark.parametrize("held_ahead", [5, 12])
+def test_a_receive_looks_past_a_held_group_up_to_twice_the_window(held_ahead: int) -> None:
+    # Group a has one message in flight and `held_ahead` ready behind it; b's message comes
+    # after them. The window is 3: a receive loads the spilled tail up to 6 ready messages.
+    q = Clocked(
+        QueueMachine(
+            "/", "q.fifo", backing=FifoBacking(), durable=True, window_max=3, settings=QueueSettings(fifo=True)
+        )
+    )
+    q.send(1_000, *[(b"a%d" % i, "a", None) for i in range(held_ahead + 1)], (b"b", "b", None))
+    assert bodies(q.receive(1_000, max_count=1)) == [b"a0"]
+    found = q.receive(1_000)
+    assert bodies(found) == ([b"b"] if held_ahead < 6 else [])  # (SQS too scans a bounded head)
+    assert len(q.machine.ready) < 6 + 3  # twice the window, and at most one more load
+
+
 def test_amqp_consumers_and_basic_get_are_refused_and_fifo_cannot_change() -> None:
     q = Clocked()
     reply, _ = q(1_000, Checkout("c", "o", 0, False, 0, False, 10))
@@ -288,6 +304,9 @@ def test_malformed_fifo_sends_change_nothing(fields) -> None:
 # ------------------------------------------------------------------ stateful
 
 
+WINDOW_MESSAGES = 3  # the machine's in-memory window: small, so that receives go past it
+
+
 class FifoStateful(RuleBasedStateMachine):
     """A FIFO queue against SQS's rules (see the module notes)."""
 
@@ -295,7 +314,14 @@ class FifoStateful(RuleBasedStateMachine):
     def start(self, spill: bool) -> None:
         backing = FifoBacking() if spill else None
         self.q = Clocked(
-            QueueMachine("/", "q.fifo", backing=backing, durable=spill, window_max=3, settings=QueueSettings(fifo=True))
+            QueueMachine(
+                "/",
+                "q.fifo",
+                backing=backing,
+                durable=spill,
+                window_max=WINDOW_MESSAGES,
+                settings=QueueSettings(fifo=True),
+            )
         )
         self.now = 1_000
         self.sent = 0
@@ -358,9 +384,15 @@ class FifoStateful(RuleBasedStateMachine):
         for group, numbers in by_group.items():
             assert numbers == self.pending[group][: len(numbers)], "a group's oldest messages, in order"
         if not received:
-            # nothing for this receive: every group with messages is held (the window is 3, the
-            # scan bound far away, so a free group's head is always found)
-            free = [g for g, numbers in self.pending.items() if numbers and g not in held]
+            # Nothing for this receive: no free group's oldest message is within what a receive
+            # looks at. That is every returned message and the ready ones up to twice the window
+            # (a spilled tail is loaded that far, no further: memory stays bounded, as SQS scans
+            # only the first 120,000). A message's place among those not in flight, in sequence
+            # order, is at least its place among the ready ones.
+            in_flight = {number for (_r, _d, _g, number) in self.in_flight.values()}
+            waiting = sorted(n for numbers in self.pending.values() for n in numbers if n not in in_flight)
+            reachable = set(waiting[: 2 * WINDOW_MESSAGES])
+            free = [g for g, numbers in self.pending.items() if g not in held and set(numbers) & reachable]
             assert not free, (free, self.pending, held)
         if visibility_ms == 0:
             self._expire()
