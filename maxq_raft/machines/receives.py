@@ -114,6 +114,7 @@ class QueueReceives:
         delivered_upto: int
         last_used_ms: int | None
         backing: Backing | None
+        durable: bool
 
         def _pop_next(self) -> Message | None: ...
         def _note_delivered(self, seq: int) -> None: ...
@@ -198,6 +199,7 @@ class QueueReceives:
         deadline_ms = now + visibility_ms
         receive_id = max(self.next_receive_id, now << RECEIVE_ID_TIME_SHIFT)
         received: list[Received] = []
+        recount: list[Message] = []  # stored messages whose new count goes to the store
         # A FIFO queue hands out only the messages of groups with none in flight (fifo.py).
         fifo = iter(self._take_fifo(max_count)) if self.settings.fifo else None
         while len(received) < max_count:  # bounded by RECEIVE_MAX
@@ -211,6 +213,9 @@ class QueueReceives:
                 break
             seq = message.seq
             message.delivery_count += 1
+            if message.stored and self.durable and message.persistent:
+                message.count_header = True  # (its record carries the count from now on)
+                recount.append(message)
             if message.first_received_ms is None:
                 message.first_received_ms = now
             if seq > self.delivered_upto:
@@ -222,6 +227,12 @@ class QueueReceives:
             )
             receive_id += 1
         self.next_receive_id = receive_id
+        if recount:
+            # ApproximateReceiveCount survives a restart of a single node (a cluster replays its
+            # log): the count is stored at the receive, not only when the message comes back,
+            # so a receive that a crash cut short counts too, as a lost consumer does in
+            # rabbit_fifo. One write per receive, without its own fsync (the count is approximate).
+            self.backing.rewrite(recount)  # type: ignore[union-attr]  # stored messages: a backing
         return received, []
 
     def _delete_received(self, cmd: DeleteReceived) -> tuple[list[HandleResult] | Rejected, list[Effect]]:

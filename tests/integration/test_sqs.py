@@ -582,6 +582,29 @@ def test_keys_queues_attributes_and_messages_survive_a_restart(start_broker, tmp
     sqs.delete_message(QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"])
 
 
+def test_the_receive_count_survives_a_restart(start_broker, tmp_path):
+    # Received twice before the restart, the second still in flight when the node stops: the
+    # third receive after it says 3 (a cluster replays its log; a single node keeps the count
+    # in the message's record).
+    node = start_broker(data_dir=tmp_path / "counted")
+    key_id, secret = new_key(node, "guest")
+    sqs = client(node, key_id, secret)
+    url = sqs.create_queue(QueueName="counted")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="m")
+    for count in ("1", "2"):
+        got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, AttributeNames=["ApproximateReceiveCount"])
+        assert got["Messages"][0]["Attributes"]["ApproximateReceiveCount"] == count
+        if count == "1":
+            sqs.change_message_visibility(
+                QueueUrl=url, ReceiptHandle=got["Messages"][0]["ReceiptHandle"], VisibilityTimeout=0
+            )
+    node.stop()
+    node.start()
+    sqs = client(node, key_id, secret)
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, AttributeNames=["ApproximateReceiveCount"])
+    assert got["Messages"][0]["Attributes"]["ApproximateReceiveCount"] == "3"
+
+
 def _signed(broker, key_id: str, secret: str, target: str | None, body: bytes, content_type: str):
     """A raw request signed by botocore's own SigV4 signer: (status, JSON body, query error header)."""
     import http.client
