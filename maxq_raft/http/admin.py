@@ -34,6 +34,7 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
+from ..server.message_rates import exchange_counts
 from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api
 from .engine_status import engine_status
 from .requests import HttpError, Request, commit, json_safe
@@ -186,8 +187,9 @@ def view_queues(broker) -> list:
 
 
 def view_exchanges(broker) -> list:
+    counts = exchange_counts(broker)
     return [
-        objects_api.exchange_view(vhost, record)
+        objects_api.exchange_view(broker, vhost, record, counts)
         for vhost, v in broker.meta.vhosts.items()
         for record in v.exchanges.values()
     ]

@@ -24,7 +24,7 @@ import trio
 from .. import __version__
 from ..machines.routing import EXCHANGE_TYPES
 from ..server.alarms import rss_bytes
-from ..server.message_rates import node_counts
+from ..server.message_rates import connection_counts, node_counts
 from . import auth
 from .metrics import CLUSTER_NAME
 from .process_sample import sample_process
@@ -47,6 +47,10 @@ def connection_view(session: Any) -> dict:
         "client_properties": json_safe(session.client_properties),
         "messages_in": session.messages_in,
         "messages_out": session.messages_out,
+        # RabbitMQ's socket figures (ours count reads and writes where it counts packets)
+        **session.broker.connection_rates.message_stats(trio.current_time(), session.id, connection_counts(session)),
+        "recv_cnt": session.recv_cnt,
+        "send_cnt": session.send_cnt,
     }
 
 

@@ -28,6 +28,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
+from ..server.message_rates import exchange_counts, queue_counts
 from . import auth, definitions
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -63,7 +64,7 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "messages_unacknowledged": queue.unacked_count,
         "consumers": queue.active_consumer_count,
         # (rates since this node made the queue's machine: message_rates.QueueRates)
-        "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue),
+        "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(queue)),
     }
 
 
@@ -184,8 +185,10 @@ def _exchange_name(request: Request) -> str:
     return "" if name == DEFAULT_EXCHANGE else name
 
 
-def exchange_view(vhost: str, record: Any) -> dict:
-    return {
+def exchange_view(broker: Any, vhost: str, record: Any, counts: dict[tuple[str, str], tuple[int, int]]) -> dict:
+    """`counts`: message_rates.exchange_counts(broker), read once per request. As RabbitMQ, an
+    exchange nothing was published to on this node has no message_stats."""
+    view = {
         "vhost": vhost,
         "name": record.name,
         "type": record.type,
@@ -194,11 +197,16 @@ def exchange_view(vhost: str, record: Any) -> dict:
         "internal": record.internal,
         "arguments": json_safe(record.arguments),
     }
+    counted = counts.get((vhost, record.name))
+    if counted is not None:
+        view["message_stats"] = broker.exchange_rates.message_stats(trio.current_time(), (vhost, record.name), counted)
+    return view
 
 
 def exchanges_in_vhost(broker: Any, request: Request) -> list:
     vhost = readable_vhost(broker, request)
-    return [exchange_view(vhost, record) for record in broker.meta.vhosts[vhost].exchanges.values()]
+    counts = exchange_counts(broker)
+    return [exchange_view(broker, vhost, record, counts) for record in broker.meta.vhosts[vhost].exchanges.values()]
 
 
 def get_exchange(broker: Any, request: Request) -> dict:
@@ -206,7 +214,7 @@ def get_exchange(broker: Any, request: Request) -> dict:
     record = broker.meta.exchange(vhost, _exchange_name(request))
     if record is None:
         raise not_found()
-    return exchange_view(vhost, record)
+    return exchange_view(broker, vhost, record, exchange_counts(broker))
 
 
 async def put_exchange(broker: Any, request: Request) -> Reply:

@@ -30,7 +30,7 @@ from ..machines import metadata as md
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
-from .message_rates import MessageRates, QueueRates
+from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
 from .message_store import WalSyncer
 from .queue_wakeups import QueueWakeups
 
@@ -71,7 +71,11 @@ class Broker:
         self.syncer: WalSyncer | None = None
         self.alarms = None  # ResourceAlarms, set by the shell
         self.message_rates = MessageRates()  # sampled by a task of the shell (message_rates.py)
-        self.queue_rates = QueueRates()  # each queue's, sampled by the same task
+        self.queue_rates = KeyedRates(QUEUE_COUNTS)  # each queue's, sampled by the same task
+        self.exchange_rates = KeyedRates(EXCHANGE_COUNTS)  # each exchange's, likewise
+        self.connection_rates = KeyedRates(CONNECTION_COUNTS)  # each connection's, likewise
+        # (vhost, exchange) -> [published, routed] of closed connections and HTTP publishes
+        self.exchange_counts: dict[tuple[str, str], list[int]] = {}
         # What this node listens on, as RabbitMQ names protocols ("amqp", "http", ...): port.
         self.listeners: dict[str, int] = {}  # set by the shell once bound
         self.consumers: dict[str, ConsumerHandle] = {}
@@ -104,6 +108,29 @@ class Broker:
         self.channels_opened = 0
         self.queues_created = 0  # queue machines added on this node (every replica adds each queue)
         self.queues_deleted = 0
+
+    def add_exchange_counts(self, vhost: str, published: dict[str, int], routed: dict[str, int]) -> None:
+        """Keep a closing connection's (or an HTTP publish's) per-exchange counts."""
+        kept = self.exchange_counts
+        for name, count in published.items():
+            counts = kept.setdefault((vhost, name), [0, 0])
+            counts[0] += count
+            counts[1] += routed.get(name, 0)
+
+    def forget_gone_exchanges(self, seen: dict[tuple[str, str], Any]) -> None:
+        """Drop the counts of exchanges deleted since (`seen`: the keys just counted), here and
+        in each connection's dicts, so that churned names do not pile up."""
+        exchange = self.meta.exchange
+        gone = {key for key in seen if exchange(*key) is None}
+        if not gone:
+            return
+        for key in gone:
+            self.exchange_counts.pop(key, None)
+        for session in self.sessions.values():
+            vhost = session.vhost
+            for name in [name for name in session.exchange_in if (vhost, name) in gone]:
+                del session.exchange_in[name]
+                session.exchange_out.pop(name, None)
 
     @staticmethod
     def clock_ms() -> int:

@@ -9,10 +9,17 @@ with `{"rate": per second}` over the last interval, as RabbitMQ's "basic" rates 
 default sample interval is 5 s too). Samples are taken with the caller's clock, so the pure
 part is tested without waiting.
 
-Per queue (`QueueRates`): the queue machine adds to its `stats_*` per batch (published,
-delivered, got, redelivered, acked); the same task samples every queue's, keeping two samples
-each, and a queue's `message_stats` (GET /api/queues...) has RabbitMQ's publish, deliver, get,
-deliver_get, redeliver and ack with their rates. Exchanges and connections have none yet.
+Per object (`KeyedRates`, two samples per object, taken by the same task):
+- a queue: the queue machine adds to its `stats_*` per batch (published, delivered, got,
+  redelivered, acked); its `message_stats` (GET /api/queues...) has RabbitMQ's publish, deliver,
+  get, deliver_get, redeliver and ack with their rates;
+- an exchange: each connection counts what it publishes to an exchange and what of that was
+  routed, in two dicts of its own (a dict update per message: the publish path's only cost
+  here); a closed connection's counts, and HTTP publishes, go to the broker's `exchange_counts`,
+  which forgets deleted exchanges at each sample; its `message_stats` has publish_in and
+  publish_out;
+- a connection: bytes read and written on its socket (recv_oct, send_oct, per read and write,
+  not per message) with their rates, as RabbitMQ's connection objects have them.
 """
 
 from __future__ import annotations
@@ -78,8 +85,51 @@ class MessageRates:
         while True:
             now_s = trio.current_time()
             self.sample(now_s, node_counts(broker))
-            broker.queue_rates.sample(now_s, broker.queues)
+            broker.queue_rates.sample(now_s, {key: queue_counts(queue) for key, queue in broker.queues.items()})
+            exchanges = exchange_counts(broker)
+            broker.exchange_rates.sample(now_s, exchanges)
+            broker.forget_gone_exchanges(exchanges)
+            broker.connection_rates.sample(
+                now_s, {key: connection_counts(session) for key, session in broker.sessions.items()}
+            )
             await trio.sleep(interval_s)
+
+
+class KeyedRates:
+    """Rates of many objects (queues, exchanges, connections), each a tuple of counts named by
+    `names`: two samples per object (the latest and the one before), so an object costs two
+    small tuples however long the node runs, and a rate covers one to two intervals."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.samples: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
+
+    def sample(self, now_s: float, counts: dict[Any, tuple[int, ...]]) -> None:
+        """Sample every object of `counts` (key -> its counts); forget the objects that are gone."""
+        old = self.samples
+        fresh: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
+        for key, taken_counts in counts.items():  # bounded by the node's objects
+            taken = (now_s, taken_counts)
+            kept = old.get(key)
+            fresh[key] = (taken,) if kept is None else (kept[-1], taken)
+        self.samples = fresh
+
+    def message_stats(self, now_s: float, key: Any, counts: tuple[int, ...]) -> dict[str, Any]:
+        """`counts` with a `_details` rate each, per second since the older of the object's
+        samples at least SAMPLE_INTERVAL_S back (else the oldest kept; 0.0 with none)."""
+        base = None
+        for taken in reversed(self.samples.get(key, ())):
+            base = taken
+            if now_s - taken[0] >= SAMPLE_INTERVAL_S:
+                break
+        stats: dict[str, Any] = {}
+        for i, name in enumerate(self.names):
+            rate = 0.0
+            if base is not None and now_s > base[0]:
+                rate = max(0.0, (counts[i] - base[1][i]) / (now_s - base[0]))
+            stats[name] = counts[i]
+            stats[name + "_details"] = {"rate": round(rate, 1)}
+        return stats
 
 
 # A queue's counts (the queue machine's stats_*), in RabbitMQ's names for a queue's message_stats.
@@ -92,37 +142,30 @@ def queue_counts(queue: Any) -> tuple[int, ...]:
     return (queue.stats_published, delivered, got, delivered + got, queue.stats_redelivered, queue.stats_acked)
 
 
-class QueueRates:
-    """Per-queue rates: two samples per queue (the latest and the one before), so a queue
-    costs two small tuples however long the node runs, and a rate covers one to two intervals."""
+# An exchange's, in RabbitMQ's names: messages published to it, and those of them it routed to
+# at least one queue (RabbitMQ counts publish_out per message as well).
+EXCHANGE_COUNTS = ("publish_in", "publish_out")
 
-    def __init__(self) -> None:
-        self.samples: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
 
-    def sample(self, now_s: float, queues: dict[Any, Any]) -> None:
-        """Sample every queue of `queues` (key -> machine); forget the queues that are gone."""
-        old = self.samples
-        fresh: dict[Any, tuple[tuple[float, tuple[int, ...]], ...]] = {}
-        for key, queue in queues.items():  # bounded by the node's queues
-            taken = (now_s, queue_counts(queue))
-            kept = old.get(key)
-            fresh[key] = (taken,) if kept is None else (kept[-1], taken)
-        self.samples = fresh
+def exchange_counts(broker: Any) -> dict[tuple[str, str], tuple[int, int]]:
+    """Every exchange's counts on this node, (vhost, name) -> EXCHANGE_COUNTS: the node's kept
+    ones (closed connections, HTTP publishes) plus each open connection's (it counts per message
+    in a dict of its own; summed here, per sample or request, not per message)."""
+    totals = {key: (counts[0], counts[1]) for key, counts in broker.exchange_counts.items()}
+    for session in broker.sessions.values():  # bounded by connections x exchanges they used
+        vhost = session.vhost
+        routed = session.exchange_out
+        for name, published in session.exchange_in.items():
+            key = (vhost, name)
+            kept = totals.get(key, (0, 0))
+            totals[key] = (kept[0] + published, kept[1] + routed.get(name, 0))
+    return totals
 
-    def message_stats(self, now_s: float, key: Any, queue: Any) -> dict[str, Any]:
-        """The queue's counts with a `_details` rate each, per second since the older of its
-        samples at least SAMPLE_INTERVAL_S back (else the oldest kept; 0.0 with none)."""
-        counts = queue_counts(queue)
-        base = None
-        for taken in reversed(self.samples.get(key, ())):
-            base = taken
-            if now_s - taken[0] >= SAMPLE_INTERVAL_S:
-                break
-        stats: dict[str, Any] = {}
-        for i, name in enumerate(QUEUE_COUNTS):
-            rate = 0.0
-            if base is not None and now_s > base[0]:
-                rate = max(0.0, (counts[i] - base[1][i]) / (now_s - base[0]))
-            stats[name] = counts[i]
-            stats[name + "_details"] = {"rate": round(rate, 1)}
-        return stats
+
+# A connection's: bytes and reads/writes on its socket (RabbitMQ's recv_oct, send_oct, recv_cnt
+# and send_cnt; RabbitMQ counts packets, ours socket reads and writes), and messages in and out.
+CONNECTION_COUNTS = ("recv_oct", "send_oct")
+
+
+def connection_counts(session: Any) -> tuple[int, int]:
+    return (session.recv_oct, session.send_oct)

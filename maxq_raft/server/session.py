@@ -150,6 +150,11 @@ class Session:
         self._peer_closed = False  # the peer's EOF (or a reset) was read
         self.messages_in = 0
         self.messages_routed = 0  # of messages_in, routed to at least one queue (or a direct reply-to requester)
+        # Per exchange name (of this connection's vhost): published to it, and of those routed.
+        self.exchange_in: dict[str, int] = {}
+        self.exchange_out: dict[str, int] = {}
+        # On the socket: bytes and reads read, bytes and writes written (RabbitMQ's recv_oct, ...).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.messages_out = 0
         self._sending_bytes = 0  # what the writer's send_all holds now
         self._drained = trio.Event()  # set by the writer after each send
@@ -250,6 +255,8 @@ class Session:
                 data = b""
             if not data:
                 self._peer_closed = True
+            self.recv_oct += len(data)
+            self.recv_cnt += 1
             conn.receive_data(data, trio.current_time())
             rest = self.handle_events(conn.next_events(), bounded=True)
             # (bounded in count: each turn performs at least one event of the read)
@@ -351,6 +358,8 @@ class Session:
                         break
                     finally:
                         self._sending_bytes = 0
+                    self.send_oct += len(data)
+                    self.send_cnt += 1
                     self._drained.set()
                 if self.credit_pending:
                     self._refill_credit()
@@ -564,15 +573,19 @@ class Session:
                     )
             if flags & REPLY_TO_FLAG and REPLY_TO_QUEUE.encode() in props_raw:
                 props_raw = channel.rewrite_reply_to(props_raw)
+        exchange_in = self.exchange_in  # (the exchange's message rates: message_rates.py)
+        exchange_in[exchange] = exchange_in.get(exchange, 0) + 1
         if not exchange and routing_key.startswith(REPLY_TO_PREFIX):
             key = routing_key[len(REPLY_TO_PREFIX) :]
             target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
                 self.messages_routed += 1
+                self._routed_by(exchange)
             elif broker.log.reply_elsewhere(key, exchange, routing_key, props_raw, body):
                 # the requester is connected to another member: the reply travels through a shard
                 self.messages_routed += 1
+                self._routed_by(exchange)
             elif method.mandatory:
                 self._return(channel, method, props_raw, body)
             else:
@@ -588,6 +601,8 @@ class Session:
         queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
+            exchange_out = self.exchange_out
+            exchange_out[exchange] = exchange_out.get(exchange, 0) + 1
             pending = self.pending
             persistent = self._persistent_props.get(props_raw)
             if persistent is None:
@@ -767,6 +782,10 @@ class Session:
 
     # ----------------------------------------------------------- cleanup
 
+    def _routed_by(self, exchange: str) -> None:
+        exchange_out = self.exchange_out
+        exchange_out[exchange] = exchange_out.get(exchange, 0) + 1
+
     def _release(self) -> None:
         """Give back everything the connection held; safe to call more than once."""
         if self._released:
@@ -776,6 +795,7 @@ class Session:
         # Its per-message counters go to the node's (in the same step: a scrape sees them once).
         self.broker.messages_received_closed += self.messages_in
         self.broker.messages_routed_closed += self.messages_routed
+        self.broker.add_exchange_counts(self.vhost, self.exchange_in, self.exchange_out)
         # What was read in full is performed, as RabbitMQ does for a connection that goes away
         # (publishes enqueued, acks applied); only confirms have nowhere to go.
         try:

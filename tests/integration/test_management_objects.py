@@ -341,3 +341,49 @@ def test_a_queue_shows_its_message_stats_as_rabbitmq(broker):
     finally:
         connection.close()
     assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+
+
+def test_exchanges_and_connections_show_their_rates_as_rabbitmq(broker):
+    """An exchange's message_stats: publish_in (published to it) and publish_out (of those,
+    routed to a queue), from open and closed connections and HTTP publishes alike; none for an
+    exchange nothing was published to. A connection's recv_oct and send_oct with their rates."""
+    exchange, quiet, queue = fresh("x-stats"), fresh("x-quiet"), fresh("x-bound")
+    first = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    channel = first.channel()
+    channel.exchange_declare(exchange, "direct")
+    channel.exchange_declare(quiet, "direct")
+    channel.queue_declare(queue)
+    channel.queue_bind(queue, exchange, "in")
+    channel.confirm_delivery()
+    for key in ("in", "in", "nowhere"):
+        channel.basic_publish(exchange, key, b"m")
+    first.close()  # its counts stay with the node
+    second = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", broker.amqp_port, client_properties={"connection_name": "rates"})
+    )
+    try:
+        channel = second.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "in", b"m")
+        sent = {"properties": {}, "routing_key": "nowhere", "payload": "x", "payload_encoding": "string"}
+        assert api(broker, "POST", f"/api/exchanges/%2F/{exchange}/publish", sent)[1] == {"routed": False}
+        stats = api(broker, "GET", f"/api/exchanges/%2F/{exchange}")[1]["message_stats"]
+        assert (stats["publish_in"], stats["publish_out"]) == (5, 3)
+        assert stats["publish_in_details"]["rate"] >= 0 and stats["publish_out_details"]["rate"] >= 0
+        listed = {x["name"]: x for x in api(broker, "GET", "/api/exchanges/%2F")[1]}
+        assert listed[exchange]["message_stats"]["publish_in"] == 5
+        assert "message_stats" not in listed[quiet]
+        mine = [
+            c
+            for c in api(broker, "GET", "/api/connections")[1]
+            if c["client_properties"].get("connection_name") == "rates"
+        ]
+        assert len(mine) == 1
+        shown = mine[0]
+        assert shown["recv_oct"] > 0 and shown["send_oct"] > 0 and shown["recv_cnt"] > 0 and shown["send_cnt"] > 0
+        assert shown["recv_oct_details"]["rate"] >= 0 and shown["send_oct_details"]["rate"] >= 0
+    finally:
+        second.close()
+    assert api(broker, "DELETE", f"/api/queues/%2F/{queue}")[0] == 204
+    for name in (exchange, quiet):
+        assert api(broker, "DELETE", f"/api/exchanges/%2F/{name}")[0] == 204

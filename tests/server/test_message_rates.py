@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from maxq_raft.server.message_rates import QUEUE_COUNTS, SAMPLE_INTERVAL_S, MessageRates, QueueRates
+from maxq_raft.server.message_rates import (
+    QUEUE_COUNTS,
+    SAMPLE_INTERVAL_S,
+    KeyedRates,
+    MessageRates,
+    exchange_counts,
+    queue_counts,
+)
 
 
 def test_rates_over_the_last_interval():
@@ -34,17 +41,35 @@ class _Queue:
 
 
 def test_queue_rates_keep_two_samples_per_queue_and_forget_gone_queues():
-    rates = QueueRates()
+    rates = KeyedRates(QUEUE_COUNTS)
     q, other = _Queue(), _Queue()
-    assert rates.message_stats(0.0, "q", q)["publish_details"] == {"rate": 0.0}  # never sampled
-    rates.sample(0.0, {"q": q, "other": other})
+    assert rates.message_stats(0.0, "q", queue_counts(q))["publish_details"] == {"rate": 0.0}  # never sampled
+    rates.sample(0.0, {"q": queue_counts(q), "other": queue_counts(other)})
     q.stats_published, q.stats_delivered, q.stats_got, q.stats_acked = 100, 40, 10, 30
-    rates.sample(5.0, {"q": q, "other": other})
+    rates.sample(5.0, {"q": queue_counts(q), "other": queue_counts(other)})
     q.stats_published = 130
-    rates.sample(10.0, {"q": q})  # "other" is gone
+    rates.sample(10.0, {"q": queue_counts(q)})  # "other" is gone
     assert set(rates.samples) == {"q"} and len(rates.samples["q"]) == 2
-    stats = rates.message_stats(12.0, "q", q)
+    stats = rates.message_stats(12.0, "q", queue_counts(q))
     # 2 s after the last sample: the span goes back to the one at 5 s (7 s)
     assert stats["publish"] == 130 and stats["publish_details"] == {"rate": round(30 / 7.0, 1)}
     assert stats["deliver_get"] == 50 and stats["deliver_get_details"] == {"rate": 0.0}
     assert stats["ack"] == 30 and set(stats) == {name + suffix for name in QUEUE_COUNTS for suffix in ("", "_details")}
+
+
+class _Session:
+    def __init__(self, vhost: str, published: dict[str, int], routed: dict[str, int]) -> None:
+        self.vhost, self.exchange_in, self.exchange_out = vhost, published, routed
+
+
+class _Broker:
+    def __init__(self) -> None:
+        self.exchange_counts = {("/", "x"): [10, 4]}  # closed connections' and HTTP publishes'
+        self.sessions = {
+            "a": _Session("/", {"x": 5, "": 2}, {"x": 5}),
+            "b": _Session("v", {"x": 1}, {}),
+        }
+
+
+def test_exchange_counts_add_the_kept_ones_and_each_open_connections():
+    assert exchange_counts(_Broker()) == {("/", "x"): (15, 9), ("/", ""): (2, 0), ("v", "x"): (1, 0)}
