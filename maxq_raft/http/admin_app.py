@@ -131,6 +131,8 @@ async def dispatch(broker: Any, request: Request) -> Response:
         value = await handler(broker, request)
         if type(value) is list and request.query.keys() & LIST_PARAMETERS:
             value = listing.shape(value, request.query)  # sort, columns, pages (listing.py)
+        elif type(value) is dict and request.method == "GET" and "columns" in request.query:
+            value = listing.shape_one(value, request.query)  # one object: columns too, as RabbitMQ
         return _reply_response(value)
     except HttpError as exc:
         return error_response(exc)

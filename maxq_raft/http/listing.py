@@ -8,7 +8,8 @@ comma-separated) when given; with `page`, an object with the page's `items` and 
 (`filtered_count`, `item_count`, `page`, `page_count`, `page_size`, `total_count`), after the
 `name` filter (a case-insensitive substring, or with `use_regex=true` a regular expression,
 matched with RE2 as policy patterns are, so no filter can make the event loop backtrack). Bad
-parameters are a 400 with RabbitMQ's error words; nothing else changes.
+parameters are a 400 with RabbitMQ's error words; nothing else changes. A single object's GET
+takes `columns` too (`shape_one`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ def _named(items: list, query: dict[str, list[str]]) -> list:
         return [item for item in items if isinstance(_path(item, "name"), str) and pattern.matches(item["name"])]
     wanted = name.lower()
     return [item for item in items if isinstance(_path(item, "name"), str) and wanted in item["name"].lower()]
+
+
+def shape_one(item: dict, query: dict[str, list[str]]) -> dict:
+    """One object (GET /api/queues/{vhost}/{name}, ...) cut to `columns`, as RabbitMQ does."""
+    columns = [c for c in (_one(query, "columns") or "").split(",") if c]
+    return _columns(item, columns) if columns else item
 
 
 def shape(items: list, query: dict[str, list[str]]) -> list | dict:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maxq_raft.http.listing import PAGE_SIZE_MAX, shape
+from maxq_raft.http.listing import PAGE_SIZE_MAX, shape, shape_one
 from maxq_raft.http.requests import HttpError
 
 ITEMS = [
@@ -18,6 +18,14 @@ ITEMS = [
 
 def q(**params: str) -> dict[str, list[str]]:
     return {key: [value] for key, value in params.items()}
+
+
+def test_one_object_takes_columns_too():
+    assert shape_one(ITEMS[0], q(columns="name,message_stats.publish,nope")) == {
+        "name": "orders",
+        "message_stats": {"publish": 5},
+    }
+    assert shape_one(ITEMS[0], q(columns="")) == ITEMS[0]
 
 
 def test_sort_columns_and_reverse_as_rabbitmq():

@@ -115,6 +115,8 @@ def test_sort_columns_and_pages_reach_the_node(broker):
         status, page, _ = api(broker, "GET", "/api/queues?page=1&page_size=2&name=rmqadmin-sort&sort=name")
         assert status == 200 and [q["name"] for q in page["items"]] == sorted(names)[:2]
         assert (page["filtered_count"], page["page_count"]) == (3, 2)
+        status, one, _ = api(broker, "GET", f"/api/queues/%2F/{names[0]}?columns=name,messages,nope")
+        assert status == 200 and one == {"name": names[0], "messages": 0}  # one object: columns too
     finally:
         for name in names:
             rabbitmqadmin(broker, "delete", "queue", f"name={name}")
