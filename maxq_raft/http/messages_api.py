@@ -133,7 +133,7 @@ async def publish(broker: Any, request: Request) -> dict:
     broker.messages_received_http += 1  # a publish, in the overview's and /metrics's counts
     accepted = await _enqueue(broker, vhost, queues, exchange, routing_key, props_raw, payload)
     broker.messages_routed_http += accepted > 0
-    broker.add_exchange_counts(vhost, {exchange: 1}, {exchange: 1} if accepted > 0 else {})
+    broker.add_exchange_counts(vhost, {exchange: (1, int(accepted > 0))})
     return {"routed": accepted > 0}
 
 

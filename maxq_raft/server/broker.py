@@ -109,17 +109,17 @@ class Broker:
         self.queues_created = 0  # queue machines added on this node (every replica adds each queue)
         self.queues_deleted = 0
 
-    def add_exchange_counts(self, vhost: str, published: dict[str, int], routed: dict[str, int]) -> None:
-        """Keep a closing connection's (or an HTTP publish's) per-exchange counts."""
+    def add_exchange_counts(self, vhost: str, totals: dict[str, tuple[int, int]]) -> None:
+        """Keep a closing connection's (or an HTTP publish's) per-exchange (published, routed)."""
         kept = self.exchange_counts
-        for name, count in published.items():
+        for name, (published, routed) in totals.items():
             counts = kept.setdefault((vhost, name), [0, 0])
-            counts[0] += count
-            counts[1] += routed.get(name, 0)
+            counts[0] += published
+            counts[1] += routed
 
     def forget_gone_exchanges(self, seen: dict[tuple[str, str], Any]) -> None:
         """Drop the counts of exchanges deleted since (`seen`: the keys just counted), here and
-        in each connection's dicts, so that churned names do not pile up."""
+        in each connection's, so that churned names do not pile up."""
         exchange = self.meta.exchange
         gone = {key for key in seen if exchange(*key) is None}
         if not gone:
@@ -127,10 +127,9 @@ class Broker:
         for key in gone:
             self.exchange_counts.pop(key, None)
         for session in self.sessions.values():
-            vhost = session.vhost
-            for name in [name for name in session.exchange_in if (vhost, name) in gone]:
-                del session.exchange_in[name]
-                session.exchange_out.pop(name, None)
+            names = {name for vhost, name in gone if vhost == session.vhost}
+            if names:
+                session.forget_exchanges(names)
 
     @staticmethod
     def clock_ms() -> int:

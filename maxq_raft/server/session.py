@@ -151,8 +151,12 @@ class Session:
         self.messages_in = 0
         self.messages_routed = 0  # of messages_in, routed to at least one queue (or a direct reply-to requester)
         # Per exchange name (of this connection's vhost): published to it, and of those routed.
-        self.exchange_in: dict[str, int] = {}
-        self.exchange_out: dict[str, int] = {}
+        # A connection mostly publishes to one exchange after another, so the hot path counts a
+        # run of publishes to one exchange (a string compare and an increment, ~30 ns) and a
+        # change of exchange files the run in `exchange_counts` (`exchange_totals` adds both).
+        self.run_exchange = ""  # (a run of 0 publishes counts for no exchange)
+        self.run_in = self.run_out = 0
+        self.exchange_counts: dict[str, list[int]] = {}  # name -> [published, routed], past runs
         # On the socket: bytes and reads read, bytes and writes written (RabbitMQ's recv_oct, ...).
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.messages_out = 0
@@ -573,19 +577,20 @@ class Session:
                     )
             if flags & REPLY_TO_FLAG and REPLY_TO_QUEUE.encode() in props_raw:
                 props_raw = channel.rewrite_reply_to(props_raw)
-        exchange_in = self.exchange_in  # (the exchange's message rates: message_rates.py)
-        exchange_in[exchange] = exchange_in.get(exchange, 0) + 1
+        if exchange != self.run_exchange:  # (per-exchange rates, message_rates.py: see `exchange_totals`)
+            self._next_run(exchange)
+        self.run_in += 1
         if not exchange and routing_key.startswith(REPLY_TO_PREFIX):
             key = routing_key[len(REPLY_TO_PREFIX) :]
             target = broker.reply_to.get(key)
             if target is not None:
                 target.deliver_reply(exchange, routing_key, props_raw, body)
                 self.messages_routed += 1
-                self._routed_by(exchange)
+                self.run_out += 1
             elif broker.log.reply_elsewhere(key, exchange, routing_key, props_raw, body):
                 # the requester is connected to another member: the reply travels through a shard
                 self.messages_routed += 1
-                self._routed_by(exchange)
+                self.run_out += 1
             elif method.mandatory:
                 self._return(channel, method, props_raw, body)
             else:
@@ -601,8 +606,7 @@ class Session:
         queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
-            exchange_out = self.exchange_out
-            exchange_out[exchange] = exchange_out.get(exchange, 0) + 1
+            self.run_out += 1
             pending = self.pending
             persistent = self._persistent_props.get(props_raw)
             if persistent is None:
@@ -782,9 +786,28 @@ class Session:
 
     # ----------------------------------------------------------- cleanup
 
-    def _routed_by(self, exchange: str) -> None:
-        exchange_out = self.exchange_out
-        exchange_out[exchange] = exchange_out.get(exchange, 0) + 1
+    def _next_run(self, exchange: str) -> None:
+        if self.run_in:
+            counts = self.exchange_counts.setdefault(self.run_exchange, [0, 0])
+            counts[0] += self.run_in
+            counts[1] += self.run_out
+        self.run_exchange = exchange
+        self.run_in = self.run_out = 0
+
+    def exchange_totals(self) -> dict[str, tuple[int, int]]:
+        """name -> (published, routed) on this connection so far."""
+        totals = {name: (counts[0], counts[1]) for name, counts in self.exchange_counts.items()}
+        if self.run_in:
+            kept = totals.get(self.run_exchange, (0, 0))
+            totals[self.run_exchange] = (kept[0] + self.run_in, kept[1] + self.run_out)
+        return totals
+
+    def forget_exchanges(self, names: set[str]) -> None:
+        """These exchanges were deleted: their counts go (a churn of names does not pile up)."""
+        if self.run_exchange in names:
+            self.run_in = self.run_out = 0
+        for name in names:
+            self.exchange_counts.pop(name, None)
 
     def _release(self) -> None:
         """Give back everything the connection held; safe to call more than once."""
@@ -795,7 +818,7 @@ class Session:
         # Its per-message counters go to the node's (in the same step: a scrape sees them once).
         self.broker.messages_received_closed += self.messages_in
         self.broker.messages_routed_closed += self.messages_routed
-        self.broker.add_exchange_counts(self.vhost, self.exchange_in, self.exchange_out)
+        self.broker.add_exchange_counts(self.vhost, self.exchange_totals())
         # What was read in full is performed, as RabbitMQ does for a connection that goes away
         # (publishes enqueued, acks applied); only confirms have nowhere to go.
         try:

@@ -10,6 +10,7 @@ from maxq_raft.server.message_rates import (
     exchange_counts,
     queue_counts,
 )
+from maxq_raft.server.session import Session
 
 
 def test_rates_over_the_last_interval():
@@ -57,19 +58,33 @@ def test_queue_rates_keep_two_samples_per_queue_and_forget_gone_queues():
     assert stats["ack"] == 30 and set(stats) == {name + suffix for name in QUEUE_COUNTS for suffix in ("", "_details")}
 
 
-class _Session:
-    def __init__(self, vhost: str, published: dict[str, int], routed: dict[str, int]) -> None:
-        self.vhost, self.exchange_in, self.exchange_out = vhost, published, routed
+def _session(vhost: str, publishes: list[tuple[str, bool]]) -> Session:
+    """A connection's per-exchange counting alone (the publish path's few lines), without a socket."""
+    session = Session.__new__(Session)
+    session.vhost, session.run_exchange, session.run_in, session.run_out, session.exchange_counts = vhost, "", 0, 0, {}
+    for exchange, routed in publishes:
+        if exchange != session.run_exchange:
+            session._next_run(exchange)
+        session.run_in += 1
+        session.run_out += routed
+    return session
 
 
 class _Broker:
-    def __init__(self) -> None:
+    def __init__(self, sessions: dict[str, Session]) -> None:
         self.exchange_counts = {("/", "x"): [10, 4]}  # closed connections' and HTTP publishes'
-        self.sessions = {
-            "a": _Session("/", {"x": 5, "": 2}, {"x": 5}),
-            "b": _Session("v", {"x": 1}, {}),
-        }
+        self.sessions = sessions
+
+
+def test_a_connection_counts_runs_of_publishes_per_exchange():
+    session = _session("/", [("x", True), ("x", True), ("", False), ("", True), ("x", True), ("y", False)])
+    assert session.exchange_totals() == {"x": (3, 3), "": (2, 1), "y": (1, 0)}
+    session.forget_exchanges({"y", "x"})
+    assert session.exchange_totals() == {"": (2, 1)}
+    assert _session("/", []).exchange_totals() == {}
+    assert _session("/", [("", True)]).exchange_totals() == {"": (1, 1)}  # the default exchange's run
 
 
 def test_exchange_counts_add_the_kept_ones_and_each_open_connections():
-    assert exchange_counts(_Broker()) == {("/", "x"): (15, 9), ("/", ""): (2, 0), ("v", "x"): (1, 0)}
+    broker = _Broker({"a": _session("/", [("x", True)] * 5 + [("", False)] * 2), "b": _session("v", [("x", False)])})
+    assert exchange_counts(broker) == {("/", "x"): (15, 9), ("/", ""): (2, 0), ("v", "x"): (1, 0)}
