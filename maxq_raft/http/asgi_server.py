@@ -35,6 +35,7 @@ from hypercorn.trio import serve
 # hypercorn's own lines: its errors, not its "Running on" (the node's ready line names the ports)
 log = logging.getLogger("maxq.http.hypercorn")
 log.setLevel(logging.WARNING)
+LISTEN_BACKLOG = 4096  # connections waiting for accept (what trio.open_tcp_listeners would ask)
 
 # hypercorn seam 1 (hypercorn 0.18, protocol/h11.py): a request h11 cannot parse is answered with
 # h11's status hint, which is 501 for a Transfer-Encoding other than one `chunked` (RFC 9112
@@ -126,6 +127,10 @@ async def serve_asgi(
     config.keep_alive_max_requests = limits.requests_per_connection_max
     config.max_app_queue_size = limits.body_chunks_queued_max
     config.include_server_header = False  # (as before: the node does not name its software)
+    # hypercorn listens again with its own backlog (100 by default): thousands of clients
+    # connecting at once (SQS long polls) overflowed it, and each dropped SYN waited for the
+    # client's retransmission (1 s, then 3 s, ...). The kernel caps this at net.core.somaxconn.
+    config.backlog = LISTEN_BACKLOG
     config.errorlog = log
     config.accesslog = None
     address = bound_address(sockets)

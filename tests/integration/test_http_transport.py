@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import socket
+import subprocess
 import time
+
+import pytest
 
 from ..helpers import GUEST_AUTH
 
@@ -200,3 +204,13 @@ def test_a_client_that_stops_reading_is_dropped(broker):
         assert connection.getresponse().status == 200
     finally:
         connection.close()
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss is not installed")
+def test_every_http_listener_keeps_a_deep_accept_queue(broker):
+    # hypercorn listens again with a backlog of its own (100 by default): 5,000 SQS long polls
+    # connecting at once overflowed it and waited for SYN retransmissions (asgi_server.py).
+    for port in (broker.http_port, broker.prometheus_port, broker.sqs_port):
+        shown = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+        backlogs = {int(line.split()[2]) for line in shown.stdout.splitlines() if line.startswith("LISTEN")}
+        assert backlogs and min(backlogs) >= 1024, (port, shown.stdout)
