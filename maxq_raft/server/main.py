@@ -43,7 +43,7 @@ from ..storage.errors import StorageError
 from ..storage.guarded import GuardedStore
 from ..storage.rocks import RocksSegmentStore
 from ..storage.rocks import verify as verify_store
-from . import heap, persistence, tls
+from . import collector, heap, persistence, tls
 from .alarms import ResourceAlarms, disk_free_bytes
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
@@ -429,6 +429,7 @@ async def _serve(
                 os.path.abspath(settings.data_dir),
             )
             task_status.started((amqp_addr, http_addr, broker))
+            collector.freeze_startup()
             nursery.start_soon(_stop_on_signal, signals, stop)
             await stop.event.wait()
             # As RabbitMQ on shutdown: every open connection gets 320 CONNECTION_FORCED; we wait
@@ -474,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
         return 3
     failure = None
+    collector.tune()
     try:
         failure = trio.run(serve, settings, store)
     except StartupError as exc:
