@@ -21,7 +21,6 @@ other tenants' cores (amqpload's figures); at the end the medians of each side a
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import shutil
@@ -31,55 +30,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from bench_scraper import PATHS, Scraper  # this folder, sys.path[0] for a script
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(os.environ.get("MAXQ_VENV", ROOT / ".venv")) / "bin"
 AMQPLOAD = ROOT / "scripts" / "loadgen" / "bin" / "amqpload"
 READY_TIMEOUT_S = 30.0
-SCRAPE_EVERY_S = 1.0
-PATHS = {
-    "metrics": [("metrics", "/metrics")],
-    "all": [
-        ("metrics", "/metrics"),
-        ("metrics", "/metrics/detailed?family=queue_coarse_metrics"),
-        ("http", "/api/overview"),
-        ("http", "/api/queues"),
-        ("http", "/api/exchanges"),
-        ("http", "/api/connections"),
-    ],
-}
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Scraper(threading.Thread):
-    def __init__(self, ports: dict[str, int], paths: list[tuple[str, str]]) -> None:
-        super().__init__(daemon=True)
-        self.ports, self.paths = ports, paths
-        self.stopping = threading.Event()
-        self.rounds = self.failures = 0
-
-    def run(self) -> None:
-        auth = "Basic " + base64.b64encode(b"guest:guest").decode()
-        while not self.stopping.wait(SCRAPE_EVERY_S):
-            for port_name, path in self.paths:
-                url = f"http://127.0.0.1:{self.ports[port_name]}{path}"
-                try:
-                    with urllib.request.urlopen(
-                        urllib.request.Request(url, headers={"Authorization": auth}), timeout=10
-                    ):
-                        pass
-                except OSError:
-                    self.failures += 1
-            self.rounds += 1
 
 
 def one_run(scraped: bool, args: argparse.Namespace) -> dict:
@@ -91,7 +56,7 @@ def one_run(scraped: bool, args: argparse.Namespace) -> dict:
          "--http-port", str(ports["http"]), "--prometheus-port", str(ports["metrics"])],
         stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
     )  # fmt: skip
-    scraper = Scraper(ports, PATHS[args.paths]) if scraped else None
+    scraper = Scraper(ports, args.paths) if scraped else None
     try:
         until = time.monotonic() + READY_TIMEOUT_S
         while b"maxq-server ready" not in (folder / "server.log").read_bytes():
@@ -110,8 +75,7 @@ def one_run(scraped: bool, args: argparse.Namespace) -> dict:
         result = json.loads(lines[-1])
     finally:
         if scraper is not None:
-            scraper.stopping.set()
-            scraper.join(15)
+            scraper.stop()
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(30)
@@ -135,7 +99,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--paths", choices=tuple(PATHS), default="metrics")
+    p.add_argument("--paths", choices=tuple(PATHS), default="metrics", help="what the scraper reads (bench_scraper.py)")
     p.add_argument("--args", default="", help="more amqpload arguments (e.g. --persistent --durable ...)")
     args = p.parse_args()
     if not AMQPLOAD.exists():
