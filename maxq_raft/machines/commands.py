@@ -174,6 +174,16 @@ class ChangeVisibility(NamedTuple):
     handles: list[tuple[int, int, int]]
 
 
+class PauseConsumers(NamedTuple):
+    """Pause (`paused` True) or resume consumers of the queue (consumer_pauses.py): `scope`
+    "queue" (key ""), "tag" (key: a consumer tag) or "connection" (key: "node@connection").
+    The reply is how many of the queue's consumers are paused afterwards."""
+
+    scope: str
+    key: str
+    paused: bool
+
+
 QueueCommand: TypeAlias = (
     Enqueue
     | EnqueueFifo
@@ -194,6 +204,7 @@ QueueCommand: TypeAlias = (
     | Receive
     | DeleteReceived
     | ChangeVisibility
+    | PauseConsumers
 )
 # The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
 QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))

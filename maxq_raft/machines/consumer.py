@@ -20,11 +20,12 @@ class Consumer:
     priority: int
     credit: int  # flow window: deliveries not yet written by the shell
     active: bool = True  # False after cancel: stays until its unacked are settled
+    paused: bool = False  # a pause covers it (consumer_pauses.py): no new deliveries, acks still count
     # seq -> Message, delivered with manual ack and not yet settled or returned (a no-ack consumer
     # holds some only if it reused the tag of a cancelled manual-ack consumer that held them)
     checked_out: dict[int, Message] = field(default_factory=dict)
 
     def has_room(self) -> bool:
-        if not self.active or self.credit <= 0:
+        if not self.active or self.paused or self.credit <= 0:
             return False
         return self.no_ack or self.prefetch == 0 or len(self.checked_out) < self.prefetch

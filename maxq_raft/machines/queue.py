@@ -65,6 +65,7 @@ from .commands import (
     Enqueue,
     EnqueueFifo,
     Get,
+    PauseConsumers,
     Purge,
     QueueCommand,
     Receive,
@@ -77,6 +78,7 @@ from .commands import (
     malformed,
 )
 from .consumer import Consumer
+from .consumer_pauses import QueuePauses
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .fifo import QueueFifo
@@ -105,7 +107,7 @@ _NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it ove
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
     def __init__(
         self,
         vhost: str,
@@ -128,6 +130,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
         self._init_limits(settings)
         self._init_receives()  # SQS receives in flight (receives.py)
         self._init_fifo()  # SQS FIFO queues: deduplication, groups (fifo.py)
+        self._init_pauses()  # consumer pause rules (consumer_pauses.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -286,6 +289,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
                     reply, effects = self._change_visibility(command)
                 case EnqueueFifo():
                     reply, effects = self._enqueue_fifo(command)
+                case PauseConsumers():
+                    reply, effects = self._pause_consumers(command)
                 case _:
                     # A type checker proves this unreachable for every QueueCommand; at run time
                     # a class in the union but not matched above raises, and the `except` refuses.
@@ -437,6 +442,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
             consumer.priority = cmd.priority
             consumer.credit = credit
             consumer.active = True
+        consumer.paused = self.covered_by_pause(consumer)
         self._active_count += 1
         self.ever_had_consumer = True
         self.last_used_ms = self.now_ms
@@ -531,6 +537,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
                 consumer = self.consumers[cmd.consumer_id] = Consumer(
                     cmd.consumer_id, cmd.owner, 0, False, 0, 0, active=False
                 )
+                consumer.paused = self.covered_by_pause(consumer)  # (never attached: only kept exact)
             consumer.checked_out[message.seq] = message
         return (message, redelivered, self.ready_count), []
 
@@ -650,6 +657,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
             "delayed": self.delayed.dump(),
             "next_receive_id": self.next_receive_id,
             **self._dump_fifo(),
+            **self._dump_pauses(),
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
@@ -754,6 +762,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
         machine.delayed.load(delayed)
         machine.next_receive_id = header.get("next_receive_id", 0)  # (absent from a version 1 dump)
         machine._load_fifo(header)
+        machine._load_pauses(header)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -936,6 +945,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
                 # One consumer, the common case: its room is known up front, so each message
                 # costs a pop and an append, with no ring walk and no `has_room`.
                 consumer = self.consumers[ring[0]]
+                if consumer.paused:
+                    return effects
                 room = consumer.credit
                 checked_out = None if consumer.no_ack else consumer.checked_out
                 if checked_out is not None and consumer.prefetch:
@@ -1073,6 +1084,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
             # consumer may hold messages too: those it had before its tag was cancelled and reused.)
             assert c.active or c.checked_out
             active += c.active
+            assert c.paused == self.covered_by_pause(c)  # the flag the delivery loops test
             for seq, m in c.checked_out.items():
                 assert seq == m.seq and seq not in seen and 0 <= seq and seq & SEQ_MASK < self.next_seq
                 assert m.delivery_count > 0

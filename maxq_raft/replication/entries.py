@@ -61,6 +61,7 @@ QUEUE_COMMANDS = {
         qc.Receive,
         qc.DeleteReceived,
         qc.ChangeVisibility,
+        qc.PauseConsumers,
     )
 }
 METADATA_COMMANDS = {

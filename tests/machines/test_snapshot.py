@@ -35,6 +35,7 @@ from maxq_raft.machines.commands import (
     Down,
     Enqueue,
     Get,
+    PauseConsumers,
     Purge,
     Receive,
     Requeue,
@@ -102,7 +103,8 @@ def observe(machine: QueueMachine):
         machine.deleted,
         machine.exclusive_consumer,
         len(machine.delayed.window) + machine.delayed.spilled,
-        [(cid, c.active, list(c.checked_out)) for cid, c in machine.consumers.items()],
+        [(cid, c.active, c.paused, list(c.checked_out)) for cid, c in machine.consumers.items()],
+        sorted(machine.pause_rules),
         [(seq, f.receive_id, f.deadline_ms) for seq, f in machine.in_flight.items()],
         machine.next_receive_id,
         sorted(machine.dead_lettering),
@@ -177,6 +179,7 @@ operations = st.one_of(
     st.tuples(st.just("delete_received"), picks, st.booleans()),
     st.tuples(st.just("change_visibility"), picks, st.booleans(), st.sampled_from([0, 3, 60])),
     st.tuples(st.just("update"), st.sampled_from([None, 4]), st.sampled_from([None, 1]), st.booleans()),
+    st.tuples(st.just("pause"), st.booleans()),
 )
 
 
@@ -237,6 +240,8 @@ class Pair:
             if kind == "delete_received":
                 return lambda: DeleteReceived(list(chosen))
             return lambda: ChangeVisibility([(seq, receive_id, op[3]) for seq, receive_id in chosen])
+        if kind == "pause":
+            return lambda: PauseConsumers("queue", "", op[1])
         if kind == "purge_in_flight":
             return lambda: Purge(in_flight=True)
         if kind == "update":
