@@ -1,6 +1,6 @@
 """maxqctl's verbs for queues, exchanges, bindings and connections, through the management API
 routes RabbitMQ has for them (docs/operations.md): declare, delete and purge a queue, declare and
-delete an exchange, bind and unbind, close a connection.
+delete an exchange, bind and unbind, close a connection, pause and resume a queue's consumers.
 
 Each verb is one request (or two: unbind reads the bindings between the two ends to find the
 one to remove, as rabbitmqadmin asks for its properties_key); what the node refuses comes back as
@@ -25,6 +25,8 @@ VERBS = (
     "bind",
     "unbind",
     "close-connection",
+    "pause-consumers",
+    "resume-consumers",
 )
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-delayed-message")
 
@@ -78,6 +80,16 @@ def add_commands(sub: Any) -> None:
     close = sub.add_parser("close-connection", help="close a client connection (320 CONNECTION_FORCED)")
     close.add_argument("name", help="its name, from `maxqctl list connections`")
     close.add_argument("--reason", default="", help="the text the client gets")
+    for verb, help_text in (
+        ("pause-consumers", "stop deliveries to a queue's consumers (they keep their subscription and unacked)"),
+        ("resume-consumers", "lift a pause set by pause-consumers (the same --consumer-tag / --connection)"),
+    ):
+        pause = sub.add_parser(verb, help=help_text)
+        pause.add_argument("queue")
+        pause.add_argument("--vhost", default="/")
+        which = pause.add_mutually_exclusive_group()
+        which.add_argument("--consumer-tag", help="only consumers with this tag (default: every consumer)")
+        which.add_argument("--connection", help="only consumers on this connection (`maxqctl list connections`)")
 
 
 def _q(text: str) -> str:
@@ -98,6 +110,21 @@ def run(args: argparse.Namespace, timeout_s: float) -> str | None:
         fetch(node, f"/api/connections/{_q(args.name)}", timeout_s, "DELETE", headers=headers)
         return f"connection '{args.name}' closed"
     vhost = _q(args.vhost)
+    if command in ("pause-consumers", "resume-consumers"):
+        body = {"action": command.replace("-", "_")}
+        scope = "every consumer"
+        if args.consumer_tag is not None:
+            body["consumer_tag"], scope = args.consumer_tag, f"consumers tagged '{args.consumer_tag}'"
+        elif args.connection is not None:
+            body["connection"], scope = args.connection, f"consumers on connection '{args.connection}'"
+        path = f"/api/queues/{vhost}/{_q(args.queue)}"
+        fetch(node, f"{path}/actions", timeout_s, "POST", body)
+        queue = fetch(node, path, timeout_s) or {}
+        done = "paused" if command == "pause-consumers" else "resumed"
+        return (
+            f"{scope} of queue '{args.queue}' {done}; "
+            f"{queue.get('paused_consumers', '?')} of its {queue.get('consumers', '?')} consumers are paused"
+        )
     if command == "declare-queue":
         body = {"durable": not args.transient, "auto_delete": args.auto_delete, "arguments": args.arguments}
         fetch(node, f"/api/queues/{vhost}/{_q(args.name)}", timeout_s, "PUT", body)

@@ -582,6 +582,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "DELETE": (MANAGEMENT, objects_api.delete_queue),
     },
     "/api/queues/{vhost}/{name}/contents": {"DELETE": (MANAGEMENT, objects_api.purge_queue)},
+    "/api/queues/{vhost}/{name}/actions": {"POST": (MANAGEMENT, objects_api.queue_action)},
     "/api/queues/{vhost}/{name}/get": {"POST": (MANAGEMENT, messages_api.get)},
     "/api/exchanges/{vhost}/{name}/publish": {"POST": (MANAGEMENT, messages_api.publish)},
     "/api/aliveness-test/{name}": {"GET": (MANAGEMENT, messages_api.aliveness_test)},  # {name}: a vhost

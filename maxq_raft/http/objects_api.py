@@ -63,6 +63,9 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "messages_ready": queue.ready_count,
         "messages_unacknowledged": queue.unacked_count,
         "consumers": queue.active_consumer_count,
+        # consumer pauses (issue #20): how many attached consumers are paused, and by which rules
+        "paused_consumers": queue.paused_consumer_count,
+        "consumer_pauses": [{"scope": scope, "key": key} for scope, key in sorted(queue.pause_rules)],
         # (rates since this node made the queue's machine: message_rates.QueueRates)
         "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(queue)),
     }
@@ -172,6 +175,39 @@ async def delete_queue(broker: Any, request: Request) -> Reply:
 async def purge_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "read")
     await wait_for_reply(lambda then: broker.queue_call((vhost, name), qc.Purge(), then))
+    return Reply("204 No Content")
+
+
+PAUSE_ACTIONS = {"pause_consumers": True, "resume_consumers": False}
+
+
+async def queue_action(broker: Any, request: Request) -> Reply:
+    """POST /api/queues/{vhost}/{name}/actions, RabbitMQ's path for queue actions, with MaxQ-Raft's
+    `{"action": "pause_consumers" | "resume_consumers"}` and at most one of `"consumer_tag"` or
+    `"connection"` (a connection's name, as /api/connections lists it); neither: every consumer
+    of the queue. The pause is the queue's own replicated rule (machines/consumer_pauses.py):
+    204 once committed. Needs configure on the queue, as a delete does."""
+    vhost, name = _existing(broker, request, "configure")
+    body = request.json()
+    action = body.get("action")
+    if action not in PAUSE_ACTIONS:
+        raise HttpError("400 Bad Request", "bad_request", reason=f"Unknown action {str(action)[:60]!r}")
+    unknown = sorted(set(body) - {"action", "consumer_tag", "connection"})
+    if unknown:
+        raise HttpError("400 Bad Request", "bad_request", reason=f"unknown field {unknown[0][:60]!r}")
+    tag, connection = body.get("consumer_tag"), body.get("connection")
+    if tag is not None and connection is not None:
+        raise HttpError("400 Bad Request", "bad_request", reason="give consumer_tag or connection, not both")
+    for field, value in (("consumer_tag", tag), ("connection", connection)):
+        if value is not None and (type(value) is not str or not value or len(value.encode()) > 255):
+            raise HttpError("400 Bad Request", "bad_request", reason=f"{field} must be a string of 1-255 bytes")
+    if tag is not None:
+        command = qc.PauseConsumers("tag", tag, PAUSE_ACTIONS[action])
+    elif connection is not None:
+        command = qc.PauseConsumers("connection", connection, PAUSE_ACTIONS[action])
+    else:
+        command = qc.PauseConsumers("queue", "", PAUSE_ACTIONS[action])
+    await wait_for_reply(lambda then: broker.queue_call((vhost, name), command, then))
     return Reply("204 No Content")
 
 

@@ -9,7 +9,8 @@ unacked deliveries (it may still ack, nack or reject them); it simply gets nothi
 prefetch were full. Resuming removes exactly the rule named, then hands out what waits.
 
 The rules are machine state, so they replicate with the log, are in the queue's snapshot, and
-survive a failover and a restart: a consumer that comes back with a paused tag (or on a paused
+survive a failover and a restart (a single node, which replays no log, keeps a durable queue's
+rules in its store: `Backing.pauses_write`): a consumer that comes back with a paused tag (or on a paused
 queue) attaches paused. A connection's id is not reused after it closes, so a connection rule
 outlives its connection harmlessly; `resume` removes it.
 
@@ -26,7 +27,7 @@ from .queue_types import Rejected
 
 if TYPE_CHECKING:
     from .consumer import Consumer
-    from .queue_types import Effect
+    from .queue_types import Backing, Effect
 
 PAUSE_SCOPES = ("queue", "tag", "connection")
 PAUSE_RULES_MAX = 1024  # per queue: every rule is state in every replica and every snapshot
@@ -48,6 +49,8 @@ class QueuePauses:
     if TYPE_CHECKING:
         # QueueMachine's
         consumers: dict[str, Consumer]
+        backing: Backing | None
+        durable: bool
 
         def _service(self) -> list[Effect]: ...
 
@@ -89,10 +92,18 @@ class QueuePauses:
             self.pause_rules.discard(rule)
         for consumer in self.consumers.values():
             consumer.paused = self.covered_by_pause(consumer)
+        if self.durable:  # a single node has no log to replay at a restart: its store keeps them
+            self.backing.pauses_write(sorted(self.pause_rules))  # type: ignore[union-attr]  # durable: a backing
         return self.paused_consumer_count, ([] if paused else self._service())
 
     def _dump_pauses(self) -> dict[str, Any]:
         return {"pause_rules": sorted([scope, key] for scope, key in self.pause_rules)}
+
+    def recover_pauses(self) -> None:
+        """A restarted single node: the rules its backing kept (before any consumer attaches)."""
+        if self.backing is None or not self.durable:
+            return
+        self.pause_rules = {(scope, key) for scope, key in self.backing.pauses_stored()}
 
     def _load_pauses(self, header: dict[str, Any]) -> None:
         """After the consumers are loaded. (No "pause_rules" in a dump made before pauses.)"""

@@ -164,6 +164,14 @@ class Backing(Protocol):
     def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
         """After a restart: the entries kept (in sequence order) and the next sequence number."""
 
+    # Consumer pause rules (consumer_pauses.py), for the same reason: asked of a durable queue only.
+
+    def pauses_write(self, rules: list[tuple[str, str]]) -> None:
+        """The queue's pause rules now, all of them (a few; they replace what was kept)."""
+
+    def pauses_stored(self) -> list[tuple[str, str]]:
+        """After a restart: the rules last written ([] if none)."""
+
     # What a restarted node's backing knows before any message is read (`QueueMachine.recover`).
 
     @property

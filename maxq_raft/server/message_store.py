@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import msgpack
+
 from ..machines.delayed import DELAYED_BASE
 from ..machines.message import Message
 from ..machines.queue import SEQ_MASK, WINDOW_BYTES_MAX
@@ -168,6 +170,11 @@ DEDUP_LOAD_MAX = 1 << 20  # entries read back at a restart (the machine keeps at
 
 def fifo_key(queue_id: int) -> str:
     return f"queue-fifo/{queue_id}"
+
+
+def pauses_key(queue_id: int) -> str:
+    """A durable queue's consumer pause rules (machines/consumer_pauses.py), msgpack [[scope, key], ...]."""
+    return f"queue-pauses/{queue_id}"
 
 
 def delayed_key(queue_id: int) -> str:
@@ -346,6 +353,24 @@ class QueueBacking:
                 break
         return entries, next_sequence_number
 
+    def pauses_write(self, rules: list[tuple[str, str]]) -> None:
+        packed = msgpack.packb([list(rule) for rule in rules]) if rules else None
+        self.store.write((), (), {pauses_key(self.queue_id): packed}, wal=True)
+        if self.syncer is not None:
+            self.syncer.dirty = True
+
+    def pauses_stored(self) -> list[tuple[str, str]]:
+        raw = self.store.get_meta(pauses_key(self.queue_id))
+        if not raw:
+            return []
+        try:
+            rules = [(scope, key) for scope, key in msgpack.unpackb(raw)]
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise StorageError(f"{pauses_key(self.queue_id)}: damaged pause rules ({exc!r})") from None
+        if not all(type(scope) is str and type(key) is str for scope, key in rules):
+            raise StorageError(f"{pauses_key(self.queue_id)}: damaged pause rules")
+        return rules
+
     def drop(self) -> None:
         self.store.drop_queue(self.queue_id)
         self.store.drop_queue(self.queue_id | DEDUP_QUEUE_BIT)
@@ -353,7 +378,12 @@ class QueueBacking:
             self.store.write(
                 (),
                 (),
-                {counters_key(self.queue_id): None, delayed_key(self.queue_id): None, fifo_key(self.queue_id): None},
+                {
+                    counters_key(self.queue_id): None,
+                    delayed_key(self.queue_id): None,
+                    fifo_key(self.queue_id): None,
+                    pauses_key(self.queue_id): None,
+                },
                 wal=True,
             )
 

@@ -101,6 +101,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
             spill_cursor=bounds[0] if bounds else 0,
         )
         queue.recover_fifo()
+        queue.recover_pauses()
     for queue_id in store.queue_ids():
         if queue_id not in live_ids:
             store.drop_queue(queue_id)

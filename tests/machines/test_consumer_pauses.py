@@ -20,6 +20,8 @@ from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_types import Deliver, Meta, Rejected
 from maxq_raft.machines.snapshot import dump_queue, load_queue
 
+from .test_queue_machine import DictBacking
+
 # consumer id -> (owner, tag): tag "t0" on two connections, two channels of connection n1@1
 CONSUMERS = {
     "n1@1/1/t0": ("n1@1/1", "t0"),
@@ -168,3 +170,19 @@ def test_a_dump_without_pause_rules_loads_with_none() -> None:
     records = list(dump_queue(machine))
     assert records[0][1].pop("pause_rules") == []
     assert load_queue(records, backing=None).pause_rules == set()
+
+
+def test_a_durable_queue_keeps_its_rules_in_its_backing_for_a_restart() -> None:
+    backing = DictBacking()
+    machine = QueueMachine("/", "q", backing=backing, durable=True)
+    machine.apply(meta(1), PauseConsumers("tag", "t", True))
+    machine.apply(meta(2), PauseConsumers("queue", "", True))
+    machine.apply(meta(3), PauseConsumers("tag", "t", False))
+    assert backing.pauses_stored() == [("queue", "")]
+    restarted = QueueMachine("/", "q", backing=backing, durable=True)
+    restarted.recover_pauses()
+    restarted.apply(meta(4), Checkout("n1@1/1/c", "n1@1/1", 0, True, 0, False, 10))
+    assert restarted.paused_consumer_count == 1
+    transient = QueueMachine("/", "t", backing=DictBacking(), durable=False)
+    transient.apply(meta(1), PauseConsumers("queue", "", True))
+    assert transient.backing.pauses_stored() == []  # type: ignore[union-attr]  # nothing kept: gone at a restart anyway

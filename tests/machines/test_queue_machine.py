@@ -653,6 +653,7 @@ class DictBacking:
         self.delayed_next = 0
         self.delivered_upto = -1
         self.dropped = False
+        self.pause_rules: list[tuple[str, str]] = []
 
     def write(self, messages: list) -> None:
         for m in messages:
@@ -719,8 +720,15 @@ class DictBacking:
         assert seq > self.delivered_upto
         self.delivered_upto = seq
 
+    def pauses_write(self, rules: list[tuple[str, str]]) -> None:
+        self.pause_rules = list(rules)
+
+    def pauses_stored(self) -> list[tuple[str, str]]:
+        return list(self.pause_rules)
+
     def drop(self) -> None:
         self.records.clear()
+        self.pause_rules = []
         self.dropped = True
 
 
