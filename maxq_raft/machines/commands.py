@@ -69,6 +69,7 @@ class Checkout(NamedTuple):
     priority: int
     exclusive: bool
     credit: int
+    rate_limit: int = 0  # deliveries per second (x-consume-rate-limit); absent from older entries
 
 
 class Cancel(NamedTuple):

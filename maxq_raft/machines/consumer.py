@@ -21,6 +21,8 @@ class Consumer:
     credit: int  # flow window: deliveries not yet written by the shell
     active: bool = True  # False after cancel: stays until its unacked are settled
     paused: bool = False  # a pause covers it (consumer_pauses.py): no new deliveries, acks still count
+    rate_limit: int = 0  # x-consume-rate-limit of basic.consume: deliveries per second (0: none)
+    rate_tat_us: int = 0  # its bucket (consume_rate.py)
     # seq -> Message, delivered with manual ack and not yet settled or returned (a no-ack consumer
     # holds some only if it reused the tag of a cancelled manual-ack consumer that held them)
     checked_out: dict[int, Message] = field(default_factory=dict)

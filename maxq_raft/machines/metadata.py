@@ -43,6 +43,8 @@ QUEUE_EQUIVALENCE_ARGS = (
     "x-single-active-consumer",
     "x-delivery-limit",
     "x-sqs-fifo",
+    "x-consume-rate-limit",
+    "x-publish-rate-limit",
 )
 EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
 DELAYED_EXCHANGE_TYPE = "x-delayed-message"
@@ -97,6 +99,8 @@ POLICY_KEYS = {
     "retry-backoff-ms": "x-retry-backoff-ms",
     "retry-backoff-multiplier": "x-retry-backoff-multiplier",
     "retry-backoff-max-ms": "x-retry-backoff-max-ms",
+    "consume-rate-limit": "x-consume-rate-limit",  # MaxQ-Raft's (issue #20)
+    "publish-rate-limit": "x-publish-rate-limit",
 }
 POLICY_APPLY_TO = ("queues", "all", "exchanges")
 # What an operator policy may set (RabbitMQ 3.10's operator_policy_validators that we have):

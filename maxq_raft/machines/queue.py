@@ -77,6 +77,7 @@ from .commands import (
     bad_seqs,
     malformed,
 )
+from .consume_rate import RATE_MAX, QueueConsumeRate
 from .consumer import Consumer
 from .consumer_pauses import QueuePauses
 from .delayed import DELAYED_BASE, DelayedMessages
@@ -107,7 +108,7 @@ _NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it ove
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueConsumeRate):
     def __init__(
         self,
         vhost: str,
@@ -131,6 +132,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
         self._init_receives()  # SQS receives in flight (receives.py)
         self._init_fifo()  # SQS FIFO queues: deduplication, groups (fifo.py)
         self._init_pauses()  # consumer pause rules (consumer_pauses.py)
+        self._init_consume_rate()  # x-consume-rate-limit buckets (consume_rate.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -419,6 +421,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
             or type(cmd.exclusive) is not bool
             or type(credit) is not int
             or credit < 0
+            or type(cmd.rate_limit) is not int
+            or not 0 <= cmd.rate_limit <= RATE_MAX
         ):
             return malformed(cmd), []
         if self.settings.fifo:
@@ -442,8 +446,12 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
             consumer.priority = cmd.priority
             consumer.credit = credit
             consumer.active = True
+        if consumer.rate_limit != cmd.rate_limit:
+            consumer.rate_limit, consumer.rate_tat_us = cmd.rate_limit, 0
         consumer.paused = self.covered_by_pause(consumer)
         self._active_count += 1
+        if cmd.rate_limit:
+            self._rate_on = True
         self.ever_had_consumer = True
         self.last_used_ms = self.now_ms
         if cmd.exclusive:
@@ -650,9 +658,20 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
             "sac_order": list(self._sac_order),
             # Consumers in dict order (Down walks it), each ring in its rotation.
             "consumers": [
-                [c.consumer_id, c.owner, c.prefetch, c.no_ack, c.priority, c.credit, c.active]
+                [
+                    c.consumer_id,
+                    c.owner,
+                    c.prefetch,
+                    c.no_ack,
+                    c.priority,
+                    c.credit,
+                    c.active,
+                    c.rate_limit,
+                    c.rate_tat_us,
+                ]
                 for c in self.consumers.values()
             ],
+            "rate_tat_us": self.rate_tat_us,
             "rings": [[p, list(ring)] for p, ring in self._rings.items()],
             "delayed": self.delayed.dump(),
             "next_receive_id": self.next_receive_id,
@@ -752,8 +771,11 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
         machine.dropped = dict(header["dropped"])
         machine.dead_lettered = dict(header["dead_lettered"])
         active = 0
-        for consumer_id, owner, prefetch, no_ack, priority, credit, is_active in header["consumers"]:
-            machine.consumers[consumer_id] = Consumer(consumer_id, owner, prefetch, no_ack, priority, credit, is_active)
+        for consumer_id, owner, prefetch, no_ack, priority, credit, is_active, *rate in header["consumers"]:
+            consumer = Consumer(consumer_id, owner, prefetch, no_ack, priority, credit, is_active)
+            if rate:  # (a dump made before rate limits has none)
+                consumer.rate_limit, consumer.rate_tat_us = rate
+            machine.consumers[consumer_id] = consumer
             active += is_active
         machine._active_count = active
         for priority, ids in header["rings"]:
@@ -763,6 +785,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
         machine.next_receive_id = header.get("next_receive_id", 0)  # (absent from a version 1 dump)
         machine._load_fifo(header)
         machine._load_pauses(header)
+        machine.rate_tat_us = header.get("rate_tat_us", 0)
+        machine._update_rate_on()
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -824,6 +848,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
         consumer.active = False
         self._active_count -= 1
         self.last_used_ms = self.now_ms
+        if consumer.rate_limit:
+            self._update_rate_on()
         if self._sac_order:
             # The next attached consumer, in the order they came, becomes the active one.
             self._sac_order.remove(consumer.consumer_id)
@@ -922,15 +948,18 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
         if self._sac_order:
             # x-single-active-consumer: only the first attached consumer gets messages.
             consumer = consumers[self._sac_order[0]]
-            return consumer if consumer.has_room() else None
+            return consumer if consumer.has_room() and self._under_rate(consumer) else None
         for priority in self._priorities:
             ring = self._rings[priority]
             for _ in range(len(ring)):
                 consumer = consumers[ring[0]]
                 ring.rotate(-1)
-                if consumer.has_room():
+                if consumer.has_room() and self._under_rate(consumer):
                     return consumer
         return None
+
+    def _under_rate(self, consumer: Consumer) -> bool:
+        return not consumer.rate_limit or self._consumer_allowance(consumer) > 0
 
     def _service(self) -> list[Effect]:
         """Hand ready messages to consumers with room, as far as both allow."""
@@ -951,6 +980,9 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
                 checked_out = None if consumer.no_ack else consumer.checked_out
                 if checked_out is not None and consumer.prefetch:
                     room = min(room, consumer.prefetch - len(checked_out))
+                rate_on = self._rate_on
+                if rate_on:
+                    room = min(room, self._queue_allowance(), self._consumer_allowance(consumer))
                 if room <= 0:
                     return effects
                 consumer_id = consumer.consumer_id
@@ -988,6 +1020,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
                     )  # Deliver(...) minus a call
                     n += 1
                 consumer.credit -= n
+                if rate_on and n:
+                    self._rate_take(consumer, n)
                 if n:
                     self.stats_delivered += n
                     self._after_deliveries(effects, stored)
@@ -1005,9 +1039,13 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses):
                     self._pop_next_raw()
                     self._die(head, "expired")
                     continue
+            if self._rate_on and not self._queue_allowance():
+                break
             picked = self._pick_consumer()
             if picked is None:
                 break
+            if self._rate_on:
+                self._rate_take(picked, 1)
             message = self._pop_next_raw()
             message.delivery_count += 1
             self.stats_redelivered += message.redelivered

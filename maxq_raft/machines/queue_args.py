@@ -46,6 +46,8 @@ class QueueSettings(NamedTuple):
     retry_backoff_max_ms: int = 3_600_000  # x-retry-backoff-max-ms: ... at most this long
     single_active_consumer: bool = False  # x-single-active-consumer
     fifo: bool = False  # x-sqs-fifo: an SQS FIFO queue (fifo.py): groups and deduplication
+    consume_rate_limit: int | None = None  # x-consume-rate-limit: deliveries per second (consume_rate.py)
+    publish_rate_limit: int | None = None  # x-publish-rate-limit: publishes per second (the shell's)
 
     def retry_delay_ms(self, returns: int) -> int:
         """The back-off of a message returned for the `returns`-th time (1 = the first); asked
@@ -177,6 +179,16 @@ def _check_fifo(value: Any, arguments: Arguments) -> str | None:
     return error
 
 
+RATE_LIMIT_MAX = 1_000_000  # per second: x-consume-rate-limit, x-publish-rate-limit
+
+
+def _check_rate(value: Any, arguments: Arguments) -> str | None:
+    error = _check_int(value)
+    if error is None and not 1 <= value <= RATE_LIMIT_MAX:
+        return f"{{value_out_of_range,{value},1,{RATE_LIMIT_MAX}}}"
+    return error
+
+
 def _check_overflow(value: Any, arguments: Arguments) -> str | None:
     if not isinstance(value, (str, bytes)):
         return f"{{unacceptable_type,{_type_name(value)}}}"
@@ -199,6 +211,8 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-overflow", _check_overflow),
     ("x-single-active-consumer", _check_bool),
     ("x-sqs-fifo", _check_fifo),
+    ("x-consume-rate-limit", _check_rate),
+    ("x-publish-rate-limit", _check_rate),
 )
 
 
@@ -233,6 +247,8 @@ def parse_queue_arguments(vhost: str, name: str, arguments: Arguments | None) ->
         retry_backoff_max_ms=arguments.get("x-retry-backoff-max-ms", 3_600_000),
         single_active_consumer=arguments.get("x-single-active-consumer") is True,
         fifo=arguments.get("x-sqs-fifo") is True,
+        consume_rate_limit=arguments.get("x-consume-rate-limit"),
+        publish_rate_limit=arguments.get("x-publish-rate-limit"),
     )
 
 

@@ -38,6 +38,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from .commands import DeadLettered, Discard, Settle, Tick, Touch, UpdateSettings, bad_seqs, malformed
+from .consume_rate import RATE_MAX
 from .message import Message
 from .queue_args import QueueSettings
 from .queue_types import DeadLetter, Effect, Overflowed, QueueExpired, Rejected
@@ -74,9 +75,12 @@ class QueueLimits:
         deleted: bool
         delayed: DelayedMessages
         _active_count: int
+        _rate_on: bool  # consume_rate.py's
 
         @property
         def ready_count(self) -> int: ...
+        def _update_rate_on(self) -> None: ...
+        def rate_deadline_ms(self) -> int | None: ...
         def _append(self, messages: list[Message]) -> None: ...
         def _service(self) -> list[Effect]: ...
         def _refill(self) -> None: ...
@@ -136,6 +140,10 @@ class QueueLimits:
         visible = self.visibility_deadline_ms  # SQS receives in flight (receives.py)
         if visible is not None and (deadline is None or visible < deadline):
             deadline = visible
+        if self._rate_on and self._active_count and self.ready_count:  # x-consume-rate-limit (consume_rate.py)
+            refill = self.rate_deadline_ms()
+            if refill is not None and (deadline is None or refill < deadline):
+                deadline = refill
         return deadline
 
     def _head_expiry_ms(self) -> int | None:
@@ -401,7 +409,12 @@ class QueueLimits:
 
     def _update_settings(self, cmd: UpdateSettings) -> tuple[bool | Rejected, list[Effect]]:
         settings = cmd.settings
-        if type(settings) is not QueueSettings:
+        rate = settings.consume_rate_limit if type(settings) is QueueSettings else None
+        if (
+            type(settings) is not QueueSettings
+            or rate is not None
+            and (type(rate) is not int or not 1 <= rate <= RATE_MAX)
+        ):
             return malformed(cmd), []
         if (
             settings.max_priority != self.settings.max_priority
@@ -414,4 +427,5 @@ class QueueLimits:
             self._timed = True
         self._drops_head = settings.limited and settings.overflow == "drop-head"
         self._counts_returns = settings.delivery_limit is not None or settings.retry_backoff_ms is not None
+        self._update_rate_on()
         return True, self._service()

@@ -134,6 +134,8 @@ queue_settings = st.builds(
     retry_backoff_multiplier=st.sampled_from([2.0, 1.5]),
     retry_backoff_max_ms=st.just(20),
     single_active_consumer=st.sampled_from([False, False, False, True]),
+    consume_rate_limit=st.sampled_from([None, None, None, 100, 1000]),
+    publish_rate_limit=st.none(),
 )
 
 holders = st.sampled_from(HOLDERS)
@@ -154,6 +156,7 @@ checkouts = st.tuples(
     st.sampled_from([0, 0, 1]),
     st.sampled_from([False] * 7 + [True]),
     st.integers(0, 3),
+    st.sampled_from([0, 0, 0, 50]),  # x-consume-rate-limit of the consumer
 )
 operations = st.one_of(
     st.tuples(st.just("advance"), st.sampled_from([1, 3, 10, 40])),
@@ -210,8 +213,8 @@ class Pair:
                 ]
             )
         if kind == "checkout":
-            _, cid, prefetch, no_ack, priority, exclusive, credit = op
-            return lambda: Checkout(cid, CONSUMERS[cid], prefetch, no_ack, priority, exclusive, credit)
+            _, cid, prefetch, no_ack, priority, exclusive, credit, rate = op
+            return lambda: Checkout(cid, CONSUMERS[cid], prefetch, no_ack, priority, exclusive, credit, rate)
         if kind == "cancel":
             return lambda: Cancel(op[1])
         if kind == "credit":
@@ -294,7 +297,7 @@ DRAIN = [
     ("credit", "c2", 3),
     ("enqueue", 4, None, 0, None, False),
     ("advance", 10_000),
-    ("checkout", "c0", 0, False, 5, False, 0),
+    ("checkout", "c0", 0, False, 5, False, 0, 0),
     ("credit", "c0", 1000),
     ("tick",),
     ("advance", 100_000),
@@ -365,7 +368,7 @@ def busy_machine() -> QueueMachine:
     for op in [
         ("enqueue", 4, None, 0, None, True),
         ("enqueue", 4, None, 2, 30, False),
-        ("checkout", "c0", 2, False, 0, False, 3),
+        ("checkout", "c0", 2, False, 0, False, 3, 0),
         ("requeue", "c0", [0]),
         ("enqueue", 4, 500, 1, None, False),
         ("discard", "c0", [0]),
@@ -416,9 +419,9 @@ def test_refused_after_release_the_dead_letters_go_out_at_once() -> None:
     )
     for op in [
         ("enqueue", 1, None, 0, 7, False),
-        ("checkout", "c0", 0, False, 0, False, 0),
+        ("checkout", "c0", 0, False, 0, False, 0, 0),
         ("advance", 10),
-        ("checkout", "c0", 0, False, 0, False, 0),
+        ("checkout", "c0", 0, False, 0, False, 0, 0),
     ]:
         pair.step(op)
     assert not pair.machines[0]._dying
