@@ -121,6 +121,8 @@ def encode_command(command) -> list:
         ]
     if type(command) is qc.UpdateSettings:
         return ["UpdateSettings", list(command.settings)]
+    if type(command) is qc.Checkout and not command.rate_limit:
+        return ["Checkout", *command[:-1]]  # as before rate limits: a node of an earlier version decodes it
     if type(command) is qc.Purge and command.in_flight is False:
         return ["Purge"]  # as before SQS's PurgeQueue: a node of an earlier version decodes it
     return [type(command).__name__, *(_field(v) for v in command)]

@@ -32,6 +32,7 @@ from ..machines.queue_types import Deliver
 from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
 from .message_store import WalSyncer
+from .publish_rates import PublishRates
 from .queue_wakeups import QueueWakeups
 
 log = logging.getLogger("maxq.broker")
@@ -82,6 +83,7 @@ class Broker:
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
         self.queue_wakeups = QueueWakeups()  # SQS long polls waiting for a queue (queue_wakeups.py)
+        self.publish_rates = PublishRates()  # x-publish-rate-limit buckets (publish_rates.py)
         self.live_sessions: dict = {}  # every connection task, handshaking ones too
         self.started_at = time.time()
         self.messages_published = 0  # copies enqueued: a message routed to three queues counts three
@@ -166,6 +168,7 @@ class Broker:
     def queue_added(self, key: tuple[str, str], machine: QueueMachine) -> None:
         self.queues[key] = machine
         self.queues_created += 1
+        self.publish_rates.settings_changed(key, machine)
 
     def queue_removed(self, key: tuple[str, str], machine: QueueMachine) -> None:
         """Its shard deleted the queue (its machine dropped its stored messages): its consumers'
@@ -174,6 +177,7 @@ class Broker:
             del self.queues[key]
             self.queue_ids.pop(key, None)
             self.queues_deleted += 1
+            self.publish_rates.settings_changed(key, None)
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)

@@ -26,7 +26,7 @@ from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.queue_args import SUPPORTED_QUEUE_TYPES, QueueArgumentError, validate_queue_arguments
+from ..machines.queue_args import RATE_LIMIT_MAX, SUPPORTED_QUEUE_TYPES, QueueArgumentError, validate_queue_arguments
 from ..machines.queue_types import Rejected
 from .authorization import Authorization
 from .broker import Broker, ConsumerHandle
@@ -346,6 +346,14 @@ class Channel:
             raise ChannelError(
                 spec.PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}': expected an integer"
             )
+        rate_limit = arguments.get("x-consume-rate-limit")  # MaxQ-Raft's (machines/consume_rate.py)
+        if rate_limit is None:
+            rate_limit = 0
+        elif type(rate_limit) is not int or not 1 <= rate_limit <= RATE_LIMIT_MAX:
+            raise ChannelError(
+                spec.PRECONDITION_FAILED,
+                f"invalid arg 'x-consume-rate-limit' for consumer '{tag}': expected an integer 1-{RATE_LIMIT_MAX}",
+            )
         prefetch = self.state.consumer_prefetch_count()
         handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack)
         # Register before checkout: the checkout may deliver at once.
@@ -364,7 +372,7 @@ class Channel:
 
         self.broker.queue_call(
             queue_key,
-            qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT),
+            qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT, rate_limit),
             self._then(checked_out),
         )
 

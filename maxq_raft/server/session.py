@@ -163,6 +163,8 @@ class Session:
         self._sending_bytes = 0  # what the writer's send_all holds now
         self._drained = trio.Event()  # set by the writer after each send
         self.output_pauses = 0  # times reading stopped for unread output
+        self.publish_resume_at = 0.0  # x-publish-rate-limit: not read before this (publish_rates.py)
+        self.rate_pauses = 0  # times reading stopped for it
 
     # -------------------------------------------------------------- auth
 
@@ -253,6 +255,8 @@ class Session:
                 await self._flow_wait(log_)
             if conn.pending_output_bytes + self._sending_bytes > OUTPUT_BYTES_MAX:
                 await self._output_wait()
+            if self.publish_resume_at:
+                await self._publish_rate_wait()
             try:
                 data = await receive_some(READ_SIZE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -293,6 +297,26 @@ class Session:
                     dropped_bytes += len(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
                 return
+
+    async def _publish_rate_wait(self) -> None:
+        """Published over a queue's x-publish-rate-limit: not read until its bucket allows (TCP
+        slows the publisher; nothing is refused or dropped)."""
+        self.rate_pauses += 1
+        while not self.finished and self.conn.state is State.OPEN:
+            wait_s = self.publish_resume_at - trio.current_time()
+            if wait_s <= 0:
+                break
+            self.conn.note_peer_alive(trio.current_time())  # we are the ones not reading
+            await trio.sleep(min(wait_s, 1.0))
+        self.publish_resume_at = 0.0
+
+    def _publish_rate(self, vhost: str, queues: list[str]) -> None:
+        rates = self.broker.publish_rates
+        now_s = trio.current_time()
+        for name in queues:
+            wait_s = rates.take((vhost, name), 1, now_s)
+            if wait_s and now_s + wait_s > self.publish_resume_at:
+                self.publish_resume_at = now_s + wait_s
 
     async def _flow_wait(self, log_) -> None:
         """This node has too much proposed and not committed (ClusterLog.flow_bytes): a
@@ -605,6 +629,8 @@ class Session:
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
+            if broker.publish_rates.limits:  # (empty unless a queue has x-publish-rate-limit)
+                self._publish_rate(vhost, queues)
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
             self.run_out += 1
             pending = self.pending
