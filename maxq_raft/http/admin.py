@@ -37,7 +37,7 @@ from ..machines.queue_types import Rejected
 from ..server.message_rates import exchange_counts
 from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api
 from .engine_status import engine_status
-from .requests import HttpError, Request, commit, json_safe
+from .requests import HttpError, Reply, Request, commit, json_safe
 
 log = logging.getLogger("maxq.http")
 
@@ -240,13 +240,14 @@ def view_policies(broker) -> list:
     return _policy_rows(broker, "policies")
 
 
-async def _meta_change(broker, command) -> dict:
-    """Commit a metadata command and wait, bounded; {"ok": true} once applied."""
-    await commit(broker, command)
-    return {"ok": True}
+def _policy_written(broker, vhost: str, name: str, kind: str) -> Callable[[], Reply]:
+    """RabbitMQ's answer to a policy PUT: 201 Created for a new one, 204 No Content for a change."""
+    record = broker.meta.vhosts.get(vhost)
+    existed = record is not None and name in getattr(record, kind)
+    return lambda: Reply("204 No Content" if existed else "201 Created")
 
 
-async def put_policy(broker, request: Request) -> dict:
+async def put_policy(broker, request: Request) -> Reply:
     spec = request.json()
     if "pattern" not in spec or "definition" not in spec:
         raise HttpError("400 Bad Request", "a policy is a JSON object with pattern and definition")
@@ -261,18 +262,21 @@ async def put_policy(broker, request: Request) -> dict:
     refused = md.policy_record(command)  # before anything is proposed: a refusal leaves the log as it was
     if isinstance(refused, Rejected):
         raise HttpError("400 Bad Request", refused.reply_text)
-    return await _meta_change(broker, command)
+    answer = _policy_written(broker, command.vhost, command.name, "policies")
+    await commit(broker, command)
+    return answer()
 
 
-async def delete_policy(broker, request: Request) -> dict:
-    return await _meta_change(broker, md.ClearPolicy(request.params["vhost"], request.params["name"]))
+async def delete_policy(broker, request: Request) -> Reply:
+    await commit(broker, md.ClearPolicy(request.params["vhost"], request.params["name"]))
+    return Reply("204 No Content")
 
 
 def view_operator_policies(broker) -> list:
     return _policy_rows(broker, "operator_policies")
 
 
-async def put_operator_policy(broker, request: Request) -> dict:
+async def put_operator_policy(broker, request: Request) -> Reply:
     """RabbitMQ's PUT /api/operator-policies/{vhost}/{name}: a policy's body; apply-to is
     "queues" (the default), the keys OPERATOR_POLICY_KEYS."""
     spec = request.json()
@@ -289,11 +293,14 @@ async def put_operator_policy(broker, request: Request) -> dict:
     refused = md.operator_policy_record(command)  # before anything is proposed: the log stays as it was
     if isinstance(refused, Rejected):
         raise HttpError("400 Bad Request", refused.reply_text)
-    return await _meta_change(broker, command)
+    answer = _policy_written(broker, command.vhost, command.name, "operator_policies")
+    await commit(broker, command)
+    return answer()
 
 
-async def delete_operator_policy(broker, request: Request) -> dict:
-    return await _meta_change(broker, md.ClearOperatorPolicy(request.params["vhost"], request.params["name"]))
+async def delete_operator_policy(broker, request: Request) -> Reply:
+    await commit(broker, md.ClearOperatorPolicy(request.params["vhost"], request.params["name"]))
+    return Reply("204 No Content")
 
 
 async def _engine_answer(start: Callable[[Callable[[str | None], None]], None], timeout_s: float) -> str | None:

@@ -286,7 +286,8 @@ def test_the_admin_api_needs_credentials_and_the_right_tag(broker, user):
     assert (status, body["reason"]) == (401, "Not policymaker user")
     # policymaker: policies in its own vhosts, not in others
     ok(ctl(broker, "set-user-tags", user, "policymaker"))
-    assert api(broker, "PUT", f"/api/policies/{vhost}/p", policy, auth=(user, PASSWORD))[0] == 200
+    assert api(broker, "PUT", f"/api/policies/{vhost}/p", policy, auth=(user, PASSWORD))[0] == 201  # as RabbitMQ
+    assert api(broker, "PUT", f"/api/policies/{vhost}/p", policy, auth=(user, PASSWORD))[0] == 204  # changed
     status, body, _ = api(broker, "PUT", "/api/policies/%2F/p", policy, auth=(user, PASSWORD))
     assert (status, body["reason"]) == (401, "User not authorised to access virtual host")
     # monitoring reads everything
