@@ -77,6 +77,7 @@ from .commands import (
     malformed,
 )
 from .consumer import Consumer
+from .dedup import QueueDedup
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .fifo import QueueFifo
@@ -105,7 +106,7 @@ _NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it ove
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup):
     def __init__(
         self,
         vhost: str,
@@ -128,6 +129,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
         self._init_limits(settings)
         self._init_receives()  # SQS receives in flight (receives.py)
         self._init_fifo()  # SQS FIFO queues: deduplication, groups (fifo.py)
+        self._init_dedup(settings)  # x-message-deduplication (dedup.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -265,6 +267,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
                 case Tick():
                     if self.dedup:
                         self._prune_dedup()  # (a queue that no one sends to still forgets)
+                    if self.dedup_window is not None:
+                        self._prune_dedup_window()
                     reply, effects = self._tick(command)
                 case DeadLettered():
                     reply, effects = self._dead_lettered(command)
@@ -323,7 +327,15 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
                 delayed = delayed or bool(message.delay_ms)
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
             return malformed(cmd, "the same Message twice in one batch"), []
+        if cmd.dedup is not None:
+            return self._enqueue_dedup(cmd, messages)  # (dedup.py)
         if not delayed:
+            return self._accept(messages)
+        return self._enqueue_checked(messages)
+
+    def _enqueue_checked(self, messages: list[Message]) -> tuple[int | Overflowed, list[Effect]]:
+        """Enqueue new messages already checked: delayed ones are held, the rest accepted."""
+        if not any(message.delay_ms for message in messages):
             return self._accept(messages)
         # x-delay: held until due, then enqueued as if published then (delayed.py); sent now.
         for message in messages:
@@ -578,6 +590,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
         self.deleted = True
         if self.backing is not None:
             self.backing.drop()
+        self.dedup_window = None
         self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
@@ -650,6 +663,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
             "delayed": self.delayed.dump(),
             "next_receive_id": self.next_receive_id,
             **self._dump_fifo(),
+            **self._dump_dedup(),
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
@@ -754,6 +768,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
         machine.delayed.load(delayed)
         machine.next_receive_id = header.get("next_receive_id", 0)  # (absent from a version 1 dump)
         machine._load_fifo(header)
+        machine._load_dedup(header)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -1060,6 +1075,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo):
             seen.add(seq)
         self._check_receives()
         self._check_fifo()
+        self._check_dedup()
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)
