@@ -17,8 +17,9 @@ The window is by count and by time, both decided from the log only:
   empty ("stale"), so memory and a single node's stored records are bounded by `size_max` alike.
 - time (`x-cache-ttl` ms of queue time, or the publish's own `x-cache-ttl` header, which wins as
   on the plugin's exchanges): an id whose time is over is not a duplicate any more. Expired ids
-  at the front of `order` are dropped at each Enqueue with ids and at each Tick; one behind a
-  longer-lived one waits for its slot to come to the front or be evicted (it no longer counts).
+  at the front of `order` are dropped at each Enqueue with ids and at each Tick, PRUNE_BATCH_MAX
+  at most (bounded work per log entry); one behind a longer-lived one waits for its slot to come
+  to the front or be evicted (it no longer counts).
 
 The id is the shell's `dedup_key` of the header's value: strings and integers (and booleans,
 floats) are told apart by type as the plugin's cache keys are; a long one is replaced by its
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 DEDUP_HEADER = "x-deduplication-header"
 CACHE_TTL_HEADER = "x-cache-ttl"
 NO_EXPIRY_MS = (1 << 63) - 1  # an id without a TTL: it leaves by count only
+PRUNE_BATCH_MAX = 4096  # expired slots dropped per command at most (as queue_limits.DROP_BATCH_MAX)
 # An id longer than this (UTF-8 bytes, with its type tag) is kept as its SHA-256 instead: the
 # memory an id costs is bounded, and a single node's store record has room for it (255 bytes).
 KEY_BYTES_MAX = 128
@@ -145,16 +147,19 @@ class DedupWindow:
         if entry is not None and entry[1] == number:
             del self.entries[key]
 
-    def prune(self, now_ms: int) -> None:
-        """Drop the front slots that are stale or expired (see the module notes)."""
+    def prune(self, now_ms: int, limit: int = PRUNE_BATCH_MAX) -> None:
+        """Drop the front slots that are stale or expired (see the module notes), at most
+        `limit`: the rest wait for the next call (a window whose ids all expired at once must
+        not stall its group; they are no duplicates meanwhile, and count against the size)."""
         order = self.order
         entries = self.entries
-        while order:
+        while order and limit > 0:
             number, key = order[0]
             entry = entries.get(key)
             if entry is not None and entry[1] == number and entry[0] > now_ms:
                 return
             self._pop_front()
+            limit -= 1
 
     def resize(self, size_max: int) -> None:
         self.size_max = size_max
@@ -191,6 +196,10 @@ class DedupWindow:
                 self.entries[key] = (expires_ms, number)
             self.order.append((number, key))
             previous = number
+        for number, key in self.order:  # (a stale slot's key has a later, live slot)
+            entry = self.entries.get(key)
+            if entry is None or entry[1] < number:
+                raise ValueError(f"deduplication slot {number} has no live slot for its key")
         self.next_number = next_number
         self.resize(self.size_max)
 

@@ -189,6 +189,23 @@ def test_a_snapshot_carries_the_window_stale_slots_and_all() -> None:
     assert queued(r.machine) == queued(q.machine) == 6
 
 
+def test_pruning_is_bounded_per_command_and_changes_no_answer() -> None:
+    window = dedup.DedupWindow(100, 10)
+    for i in range(10):
+        window.record(f"s{i}", 10)
+    window.prune(10, limit=3)
+    assert len(window.order) == 7 and not window.seen("s9", 10)
+    window.prune(10)
+    assert not window.order and not window.entries
+    window.check_invariants()
+
+
+def test_a_window_whose_stale_slot_has_no_live_one_does_not_load() -> None:
+    window = dedup.DedupWindow(5, None)
+    with pytest.raises(ValueError):
+        window.load({"next_number": 3, "slots": [[1, "sa", None], [2, "sb", 7]]})
+
+
 def test_a_version_3_snapshot_without_a_window_still_loads() -> None:
     q = make()
     q.publish(0, "sa")
