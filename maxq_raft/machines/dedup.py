@@ -384,18 +384,23 @@ class QueueDedup:
 
     def recover_dedup(self) -> None:
         """A restarted single node: the window its backing kept (slots in number order; an id
-        recorded again after it expired has a later slot, which wins)."""
+        recorded again after it expired has a later slot, which wins). What the window held
+        before is dropped: at a restart only the metadata log was replayed, so at most a policy
+        started it, empty, already numbering from the store's counter."""
         window = self.dedup_window
         if window is None or self.backing is None or not self.durable:
             return
         stored, next_number = self.backing.dedup_stored()
+        window.entries.clear()
+        window.order.clear()
+        previous = 0
         for number, expires_ms, key, _unused in stored:
-            if number < window.next_number or _bad_key(key):
+            if number <= previous or _bad_key(key):
                 continue  # (never written so; skipped rather than trusted)
             window.entries[key] = (expires_ms, number)
             window.order.append((number, key))
-            window.next_number = number + 1
-        window.next_number = max(window.next_number, next_number)
+            previous = number
+        window.next_number = max(window.next_number, previous + 1, next_number)
         window.resize(window.size_max)  # (x-cache-size may have changed since)
         self._dedup_forgotten_below = 0
         self._dedup_forget()

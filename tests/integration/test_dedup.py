@@ -238,3 +238,28 @@ def test_the_window_of_a_durable_queue_survives_a_restart(start_broker, how):
     publish(channel, "kept", b"queued again", "q", persistent=True)
     assert drain(channel, "kept") == [b"queued"]
     connection.close()
+
+
+def test_the_window_of_a_queue_deduplicating_by_policy_survives_a_restart(start_broker):
+    """The policy comes after the queue in the metadata log: at the restart's replay the window
+    starts with the policy, before the store's records are read back into it."""
+    server = start_broker()
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.queue_declare("by-policy", durable=True)
+    result = maxqctl(server, "set-policy", "dedup", "^by-policy$", '{"message-deduplication": true}')
+    assert result.returncode == 0, result.stderr
+    channel.confirm_delivery()
+    for dedup_id in ("a", "b"):
+        publish(channel, "by-policy", dedup_id.encode(), dedup_id, persistent=True)
+    assert drain(channel, "by-policy") == [b"a", b"b"]
+    connection.close()
+
+    server = restart(start_broker, server, "sigterm")
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for dedup_id in ("a", "b", "c"):
+        publish(channel, "by-policy", b"again " + dedup_id.encode(), dedup_id, persistent=True)
+    assert drain(channel, "by-policy") == [b"again c"]
+    connection.close()

@@ -457,13 +457,17 @@ class DedupStateful(RuleBasedStateMachine):
             self.backing = backing
         self.q.machine = restored
 
-    @rule()
-    def restart(self) -> None:
-        """A single node's restart: a new machine whose window comes from the store alone."""
+    @rule(by_policy=st.booleans())
+    def restart(self, by_policy: bool) -> None:
+        """A single node's restart: a new machine whose window comes from the store alone
+        (`by_policy`: the replay of the metadata log gave it its settings by UpdateSettings)."""
         if self.backing is None or self.q.machine.dedup_window is None:
             return
         backing = copy.deepcopy(self.backing)
-        restarted = make_queue_machine("/", "q", settings=self.settings, backing=backing, durable=True)
+        declared = self.settings._replace(deduplication=False) if by_policy else self.settings
+        restarted = make_queue_machine("/", "q", settings=declared, backing=backing, durable=True)
+        if by_policy:
+            assert restarted.apply(Meta(1, 0), UpdateSettings(self.settings))[0] is True
         restarted.recover_dedup()
         restarted.check_invariants()
         assert restarted.dedup_window.dump() == self.q.machine.dedup_window.dump()
