@@ -133,6 +133,16 @@ def test_the_same_id_twice_in_one_enqueue_and_an_id_a_full_queue_refused() -> No
     assert queued(q.machine) == 1
 
 
+def test_a_delayed_publish_is_checked_and_recorded_when_published() -> None:
+    q = make()
+    delayed = Message("", "q", b"", b"later", delay_ms=100)
+    assert q(0, Enqueue([delayed], [(0, "sa", None)])) == 1
+    assert q.publish(1, "sa") == 1  # a duplicate while the first still waits for its due time
+    assert queued(q.machine) == 0 and q.machine.delayed.count == 1
+    q(100, Tick())
+    assert queued(q.machine) == 1
+
+
 def test_an_id_stays_recorded_when_its_message_is_consumed() -> None:
     q = make()
     q.publish(0, "sa")
