@@ -47,6 +47,10 @@ class Reply(NamedTuple):
 
 class Enqueue(NamedTuple):
     messages: list[Message]  # in publish order; `Overflowed` names refused ones by position here
+    # The publishes with an x-deduplication-header, as `(position in messages, key, TTL ms or
+    # None)` in position order (dedup.py: `dedup_key`, `dedup_ttl`); None when none has one.
+    # A queue without deduplication ignores them.
+    dedup: list[tuple[int, str, int | None]] | None = None
 
 
 class EnqueueFifo(NamedTuple):

@@ -101,6 +101,14 @@ POLICY_KEYS = {
     "retry-backoff-max-ms": "x-retry-backoff-max-ms",
     "consume-rate-limit": "x-consume-rate-limit",  # MaxQ-Raft's (issue #20)
     "publish-rate-limit": "x-publish-rate-limit",
+    # rabbitmq-message-deduplication (machines/dedup.py): our names, and the plugin's own policy
+    # keys (it registers them with their x- prefix), so its policies apply unchanged.
+    "message-deduplication": "x-message-deduplication",
+    "cache-size": "x-cache-size",
+    "cache-ttl": "x-cache-ttl",
+    "x-message-deduplication": "x-message-deduplication",
+    "x-cache-size": "x-cache-size",
+    "x-cache-ttl": "x-cache-ttl",
 }
 POLICY_APPLY_TO = ("queues", "all", "exchanges")
 # What an operator policy may set (RabbitMQ 3.10's operator_policy_validators that we have):

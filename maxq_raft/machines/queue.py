@@ -80,6 +80,7 @@ from .commands import (
 from .consume_rate import RATE_MAX, QueueConsumeRate
 from .consumer import Consumer
 from .consumer_pauses import QueuePauses
+from .dedup import QueueDedup
 from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .fifo import QueueFifo
@@ -108,7 +109,7 @@ _NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it ove
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueConsumeRate):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePauses, QueueConsumeRate):
     def __init__(
         self,
         vhost: str,
@@ -133,6 +134,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
         self._init_fifo()  # SQS FIFO queues: deduplication, groups (fifo.py)
         self._init_pauses()  # consumer pause rules (consumer_pauses.py)
         self._init_consume_rate()  # x-consume-rate-limit buckets (consume_rate.py)
+        self._init_dedup(settings)  # x-message-deduplication (dedup.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -270,6 +272,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
                 case Tick():
                     if self.dedup:
                         self._prune_dedup()  # (a queue that no one sends to still forgets)
+                    if self.dedup_window is not None:
+                        self._prune_dedup_window()
                     reply, effects = self._tick(command)
                 case DeadLettered():
                     reply, effects = self._dead_lettered(command)
@@ -330,7 +334,15 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
                 delayed = delayed or bool(message.delay_ms)
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
             return malformed(cmd, "the same Message twice in one batch"), []
+        if cmd.dedup is not None:
+            return self._enqueue_dedup(cmd, messages)  # (dedup.py)
         if not delayed:
+            return self._accept(messages)
+        return self._enqueue_checked(messages)
+
+    def _enqueue_checked(self, messages: list[Message]) -> tuple[int | Overflowed, list[Effect]]:
+        """Enqueue new messages already checked: delayed ones are held, the rest accepted."""
+        if not any(message.delay_ms for message in messages):
             return self._accept(messages)
         # x-delay: held until due, then enqueued as if published then (delayed.py); sent now.
         for message in messages:
@@ -593,6 +605,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
         self.deleted = True
         if self.backing is not None:
             self.backing.drop()
+        self.dedup_window = None
         self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0
@@ -677,6 +690,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
             "next_receive_id": self.next_receive_id,
             **self._dump_fifo(),
             **self._dump_pauses(),
+            **self._dump_dedup(),
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
@@ -787,6 +801,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
         machine._load_pauses(header)
         machine.rate_tat_us = header.get("rate_tat_us", 0)
         machine._update_rate_on()
+        machine._load_dedup(header)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -1109,6 +1124,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueuePauses, QueueCons
             seen.add(seq)
         self._check_receives()
         self._check_fifo()
+        self._check_dedup()
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)

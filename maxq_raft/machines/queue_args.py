@@ -27,6 +27,11 @@ EXPIRY_MS_MAX = 4294967295
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 MAX_SUPPORTED_PRIORITY = 255  # rabbit_amqqueue: ?MAX_SUPPORTED_PRIORITY
 SUPPORTED_QUEUE_TYPES = ("classic", "quorum")  # x-queue-type values declared here (no streams)
+# x-cache-size: ids a deduplication window holds (dedup.py). The plugin requires the argument on
+# its exchanges; here it has a default, and a ceiling, so a queue's window has a known memory
+# cost (docs/queue-features.md measures it) and a single node reads it back whole at a restart.
+DEDUP_CACHE_SIZE_DEFAULT = 100_000
+DEDUP_CACHE_SIZE_MAX = 1_000_000
 
 
 class QueueSettings(NamedTuple):
@@ -46,6 +51,13 @@ class QueueSettings(NamedTuple):
     retry_backoff_max_ms: int = 3_600_000  # x-retry-backoff-max-ms: ... at most this long
     single_active_consumer: bool = False  # x-single-active-consumer
     fifo: bool = False  # x-sqs-fifo: an SQS FIFO queue (fifo.py): groups and deduplication
+    # x-message-deduplication (rabbitmq-message-deduplication's queue argument): drop a publish
+    # whose x-deduplication-header was seen in the window (dedup.py), which holds the ids of the
+    # last x-cache-size recorded publishes (DEDUP_CACHE_SIZE_DEFAULT when absent), each for
+    # x-cache-ttl ms (None: until evicted by count).
+    deduplication: bool = False
+    dedup_cache_size: int | None = None  # x-cache-size
+    dedup_cache_ttl_ms: int | None = None  # x-cache-ttl
     consume_rate_limit: int | None = None  # x-consume-rate-limit: deliveries per second (consume_rate.py)
     publish_rate_limit: int | None = None  # x-publish-rate-limit: publishes per second (the shell's)
 
@@ -179,6 +191,24 @@ def _check_fifo(value: Any, arguments: Arguments) -> str | None:
     return error
 
 
+def _check_cache_size(value: Any, arguments: Arguments) -> str | None:
+    # (the plugin's own check: an integer greater than 0; the ceiling is ours)
+    error = _check_int(value)
+    if error is None and value <= 0:
+        return f"{{value_zero,{value}}}" if value == 0 else f"{{value_negative,{value}}}"
+    if error is None and value > DEDUP_CACHE_SIZE_MAX:
+        return f"{{value_too_large,{value},{DEDUP_CACHE_SIZE_MAX}}}"
+    return error
+
+
+def _check_cache_ttl(value: Any, arguments: Arguments) -> str | None:
+    # (the plugin: an integer greater than 0, in ms; bounded as every other TTL here)
+    error = _check_int(value)
+    if error is None and value == 0:
+        return f"{{value_zero,{value}}}"
+    return error or _check_expiry(value)
+
+
 RATE_LIMIT_MAX = 1_000_000  # per second: x-consume-rate-limit, x-publish-rate-limit
 
 
@@ -211,6 +241,9 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-overflow", _check_overflow),
     ("x-single-active-consumer", _check_bool),
     ("x-sqs-fifo", _check_fifo),
+    ("x-message-deduplication", _check_bool),
+    ("x-cache-size", _check_cache_size),
+    ("x-cache-ttl", _check_cache_ttl),
     ("x-consume-rate-limit", _check_rate),
     ("x-publish-rate-limit", _check_rate),
 )
@@ -247,6 +280,9 @@ def parse_queue_arguments(vhost: str, name: str, arguments: Arguments | None) ->
         retry_backoff_max_ms=arguments.get("x-retry-backoff-max-ms", 3_600_000),
         single_active_consumer=arguments.get("x-single-active-consumer") is True,
         fifo=arguments.get("x-sqs-fifo") is True,
+        deduplication=arguments.get("x-message-deduplication") is True,
+        dedup_cache_size=arguments.get("x-cache-size"),
+        dedup_cache_ttl_ms=arguments.get("x-cache-ttl"),
         consume_rate_limit=arguments.get("x-consume-rate-limit"),
         publish_rate_limit=arguments.get("x-publish-rate-limit"),
     )

@@ -93,6 +93,7 @@ class QueueLimits:
 
         def _settle(self, cmd: Settle | Discard) -> tuple[int | Rejected, list[Effect]]: ...
         def _forget_if_idle(self, consumer: Consumer) -> None: ...
+        def _dedup_settings(self, settings: QueueSettings) -> None: ...
 
     def _init_limits(self, settings: QueueSettings) -> None:
         # seq -> Message: left the queue for a dead-letter exchange, kept (and stored) until the
@@ -422,6 +423,7 @@ class QueueLimits:
             or settings.fifo != self.settings.fifo
         ):
             return Rejected(406, "x-max-priority, x-single-active-consumer and x-sqs-fifo cannot change"), []
+        self._dedup_settings(settings)  # x-message-deduplication may start, change or end (dedup.py)
         self.settings = settings
         if settings.message_ttl_ms is not None:
             self._timed = True

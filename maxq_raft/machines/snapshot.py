@@ -28,7 +28,8 @@ The records, in order (docs/replication.md, "Snapshot format"):
   the order is the machine's own (a heap's list order, a dict's insertion order), so nothing is
   re-sorted on the way.
   The header also holds an SQS FIFO queue's deduplication window (fifo.py): its size is
-  bounded by the sends of 5 minutes (DEDUP_ENTRIES_MAX), not by the depth.
+  bounded by the sends of 5 minutes (DEDUP_ENTRIES_MAX), not by the depth; and an
+  x-message-deduplication queue's window (dedup.py), bounded by its x-cache-size.
 - `["end", counts]`: how many messages each place had, checked by the loader (assert in pairs).
 
 Every message the original held in its backing (`stored`) is written to the new backing as it
@@ -64,10 +65,12 @@ Record: TypeAlias = list[Any]
 # Version 2 added the SQS receives: `in_flight`, `next_receive_id` in the header, a message's
 # sent and first-receive times. Version 3 added SQS FIFO queues (fifo.py): `dedup` (the
 # deduplication window, [id, expires ms, message id, sequence number] in expiry order) and
-# `next_sequence_number` in the header, a message's group id and sequence number. Versions 1
-# and 2 still load (they have none of them).
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# `next_sequence_number` in the header, a message's group id and sequence number. Version 4
+# added `dedup_window` (dedup.py: `next_number` and every slot, [number, key, expires ms or None
+# for a stale one], oldest first), only for a queue with x-message-deduplication. Versions 1 to
+# 3 still load (they have none of them: such a queue starts with an empty window).
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 

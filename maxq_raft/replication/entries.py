@@ -12,7 +12,9 @@ numbers the origin's entries in one group (1, 2, ...), so that replicas apply th
 exactly once even when a proposal is repeated after a leader change (server/cluster.py).
 
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
-`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`; EnqueueFifo
+`[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`, followed,
+when some publishes carry an x-deduplication-header, by `[position, key, TTL ms or None]` for
+each of those (dedup.py); EnqueueFifo
 has them and then `[group id, deduplication id or None, message id]` per message; UpdateSettings
 carries its `QueueSettings` as a list of its fields; SQS receipt handles (DeleteReceived,
 ChangeVisibility) are lists of ints, tuples again once decoded; AMQP field tables (arguments) are kept
@@ -103,13 +105,16 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        return [
+        encoded = [
             "Enqueue",
             [
                 [m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
                 for m in command.messages
             ],
         ]
+        if command.dedup is not None:  # (without ids, as before: a node of an earlier version decodes it)
+            encoded.append([list(item) for item in command.dedup])
+        return encoded
     if type(command) is qc.EnqueueFifo:
         return [
             "EnqueueFifo",
@@ -135,7 +140,9 @@ def decode_command(raw: list, metadata: bool):
             [
                 Message(e, rk, props, body, persistent, ttl_ms, priority, delay_ms)
                 for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
-            ]
+            ],
+            # (x-deduplication-header ids: tuples again, so a command decodes as it was made)
+            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]] if len(fields) > 1 else None,
         )
     if name == "EnqueueFifo" and not metadata:
         return qc.EnqueueFifo(

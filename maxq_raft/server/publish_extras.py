@@ -6,7 +6,8 @@ rabbit_channel's check_expiration_header does (406 on a bad one); both are carri
 `Message` for the queue machine. A queue with x-overflow reject-publish(-dlx) answers an Enqueue with `Overflowed` (positions in the batch);
 `note_refused` collects the confirm seqs of the publishes it refused, which confirms.py then
 nacks one by one (as RabbitMQ: a publish routed to several queues is nacked if any refused it),
-never covering one with an ack's `multiple`.
+never covering one with an ack's `multiple`. `dedup_fields` reads a publish's
+x-deduplication-header for the queues that drop duplicates (a dropped duplicate is confirmed).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from ..amqp import spec
 from ..amqp.errors import DecodeError
 from ..amqp.properties import BasicProperties, decode_properties, encode_properties
+from ..machines.dedup import CACHE_TTL_HEADER, DEDUP_HEADER, dedup_key, dedup_ttl
 from ..machines.queue_args import parse_expiration
 from .errors import ChannelError
 
@@ -52,6 +54,24 @@ def publish_extras(props_raw: bytes) -> tuple[int | None, int, int | None]:
         except ValueError as exc:
             raise ChannelError(spec.PRECONDITION_FAILED, f"invalid expiration '{expiration}': {exc}") from None
     return ttl_ms, props.priority or 0, delay_ms
+
+
+DEDUP_HEADER_BYTES = DEDUP_HEADER.encode()
+
+
+def dedup_fields(flags: int, props_raw: bytes) -> tuple[str, int | None] | None:
+    """(key, TTL ms or None) of a publish's x-deduplication-header and x-cache-ttl headers
+    (machines/dedup.py), or None: no id. A byte search first, so publishes without the header
+    decode nothing more; whether a queue deduplicates is its machine's business."""
+    if not flags & HEADERS_FLAG or DEDUP_HEADER_BYTES not in props_raw:
+        return None
+    headers = decode_properties(props_raw).headers
+    if not isinstance(headers, dict) or DEDUP_HEADER not in headers:
+        return None
+    key = dedup_key(headers[DEDUP_HEADER])
+    if key is None:
+        return None
+    return key, dedup_ttl(headers.get(CACHE_TTL_HEADER))
 
 
 def stored_properties(message) -> BasicProperties:

@@ -71,7 +71,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
     for queue_key, queue in broker.queues.items():
         queue_id = broker.queue_ids[queue_key]
         live_ids.add(queue_id)
-        live_ids.add(queue_id | DEDUP_QUEUE_BIT)  # a FIFO queue's deduplication window
+        live_ids.add(queue_id | DEDUP_QUEUE_BIT)  # a FIFO or x-message-deduplication queue's window
         backing = queue.backing
         persistent, next_seq, delivered = decode_counters(store.get_meta(counters_key(queue_id)))
         bounds = store.bounds(queue_id)
@@ -102,6 +102,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
         )
         queue.recover_fifo()
         queue.recover_pauses()
+        queue.recover_dedup()
     for queue_id in store.queue_ids():
         if queue_id not in live_ids:
             store.drop_queue(queue_id)

@@ -43,7 +43,7 @@ from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
-from .publish_extras import EXTRAS_FLAGS, delivery_props, note_refused, publish_extras, wants_extras
+from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
 
 log = logging.getLogger("maxq.session")
 
@@ -131,6 +131,9 @@ class Session:
         # queue key -> [(position in its pending batch, (channel number, confirm seq))]: kept beside
         # the batch for publishes awaiting a confirm, to nack those a reject-publish queue refuses
         self.pending_refs: dict[tuple, list] = {}
+        # queue key -> [(position in its pending batch, dedup key, TTL ms or None)]: the publishes
+        # with an x-deduplication-header (machines/dedup.py), for the Enqueue's `dedup`
+        self.pending_dedup: dict[tuple, list] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
@@ -646,6 +649,7 @@ class Session:
                     self._persistent_props[props_raw] = persistent
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
+            dedup = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
             for name in queues:
                 key = (vhost, name)
                 message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
@@ -660,6 +664,8 @@ class Session:
                         self.pending_refs[key] = [(len(batch) - 1, ref)]
                     else:
                         refs.append((len(batch) - 1, ref))
+                if dedup is not None:
+                    self.pending_dedup.setdefault(key, []).append((len(batch) - 1, *dedup))
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         else:
@@ -714,6 +720,7 @@ class Session:
             self.flush_settles()
         pending, self.pending = self.pending, {}
         refs, self.pending_refs = self.pending_refs, {}
+        dedups, self.pending_dedup = self.pending_dedup, {}
         broker = self.broker
         log_ = broker.log
         pendings = {}
@@ -728,7 +735,7 @@ class Session:
             then = None
             if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
-            entry = log_.submit(queue_key, qc.Enqueue(messages), then)
+            entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key)), then)
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
             broker.messages_published += len(messages)
         if self.pending_confirms:

@@ -43,27 +43,12 @@ WINDOW = fifo.DEDUP_WINDOW_MS
 
 
 class FifoBacking(DictBacking):
-    """DictBacking that also keeps what the store's FIFO flag keeps: group id, sequence number."""
+    """DictBacking that also keeps what the store's FIFO flag keeps: group id, sequence number
+    (the deduplication window's records are DictBacking's own)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fifo: dict[int, tuple[str | None, int | None]] = {}
-        self.dedup: dict[int, tuple[int, int, str, str]] = {}  # sequence number -> window entry
-        self.next_sequence_number = 1
-
-    def dedup_write(self, entries: list, next_sequence_number: int) -> None:
-        assert next_sequence_number >= self.next_sequence_number
-        for entry in entries:
-            assert entry[0] not in self.dedup and entry[0] < next_sequence_number
-            self.dedup[entry[0]] = entry
-        self.next_sequence_number = next_sequence_number
-
-    def dedup_forget(self, below_sequence_number: int) -> None:
-        for sequence in [s for s in self.dedup if s < below_sequence_number]:
-            del self.dedup[sequence]
-
-    def dedup_stored(self) -> tuple[list, int]:
-        return [self.dedup[s] for s in sorted(self.dedup)], self.next_sequence_number
 
     def write(self, messages: list) -> None:
         super().write(messages)

@@ -654,6 +654,24 @@ class DictBacking:
         self.delivered_upto = -1
         self.dropped = False
         self.pause_rules: list[tuple[str, str]] = []
+        # A deduplication window's records (an SQS FIFO queue's, fifo.py, or an
+        # x-message-deduplication queue's, dedup.py): sequence number -> entry
+        self.dedup: dict[int, tuple[int, int, str, str]] = {}
+        self.next_sequence_number = 1
+
+    def dedup_write(self, entries: list, next_sequence_number: int) -> None:
+        assert next_sequence_number >= self.next_sequence_number
+        for entry in entries:
+            assert entry[0] not in self.dedup and entry[0] < next_sequence_number
+            self.dedup[entry[0]] = entry
+        self.next_sequence_number = next_sequence_number
+
+    def dedup_forget(self, below_sequence_number: int) -> None:
+        for sequence in [s for s in self.dedup if s < below_sequence_number]:
+            del self.dedup[sequence]
+
+    def dedup_stored(self) -> tuple[list, int]:
+        return [self.dedup[s] for s in sorted(self.dedup)], self.next_sequence_number
 
     def write(self, messages: list) -> None:
         for m in messages:

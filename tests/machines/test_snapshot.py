@@ -109,6 +109,8 @@ def observe(machine: QueueMachine):
         machine.next_receive_id,
         sorted(machine.dead_lettering),
         sorted(machine.backing.records) if machine.backing is not None else None,
+        machine.dedup_window.dump() if machine.dedup_window is not None else None,
+        sorted(machine.backing.dedup) if machine.backing is not None else None,
     )
 
 
@@ -136,6 +138,11 @@ queue_settings = st.builds(
     single_active_consumer=st.sampled_from([False, False, False, True]),
     consume_rate_limit=st.sampled_from([None, None, None, 100, 1000]),
     publish_rate_limit=st.none(),
+    fifo=st.just(False),
+    # x-message-deduplication (dedup.py): a tiny window, so slots are evicted and expire
+    deduplication=st.booleans(),
+    dedup_cache_size=st.sampled_from([None, 2, 3]),
+    dedup_cache_ttl_ms=st.sampled_from([None, 20]),
 )
 
 holders = st.sampled_from(HOLDERS)
@@ -147,6 +154,7 @@ enqueues = st.tuples(
     st.sampled_from([0, 1, 5]),
     st.sampled_from([None, None, 0, 7, 25]),
     st.booleans(),
+    st.booleans(),  # with x-deduplication-header ids (four keys, some with their own TTL)
 )
 checkouts = st.tuples(
     st.just("checkout"),
@@ -203,14 +211,16 @@ class Pair:
         kind = op[0]
         first = self.machines[0]
         if kind == "enqueue":
-            _, n, ttl, priority, delay, persistent = op
+            _, n, ttl, priority, delay, persistent, *with_ids = op
             start = self.bodies
             self.bodies += n
+            ids = [(p, f"s{(start + p) % 4}", 9 if p % 2 else None) for p in range(n)] if any(with_ids) else None
             return lambda: Enqueue(
                 [
                     Message("ex", f"rk{i % 2}", b"p%d" % i, b"body-%d" % i, persistent, ttl, priority, delay or None)
                     for i in range(start, start + n)
-                ]
+                ],
+                ids,
             )
         if kind == "checkout":
             _, cid, prefetch, no_ack, priority, exclusive, credit, rate = op
