@@ -176,6 +176,37 @@ def test_confirms_come_before_the_close_ok_and_nothing_after_it(raw, durable):
     assert client.call(1, spec.QueueDelete(queue=queue), spec.QueueDeleteOk).message_count == 3
 
 
+def test_a_read_of_many_publishes_is_performed_in_order(raw, broker):
+    """A thousand publishes and a channel.close in one write (the server reads them in a few
+    reads of many frames): every publish confirmed in order before the close-ok, every
+    message queued in order."""
+    client = raw()
+    client.open_channel(1)
+    queue = "compat-turns-" + uuid.uuid4().hex[:8]
+    client.call(1, spec.QueueDeclare(queue=queue, arguments={}), spec.QueueDeclareOk)
+    client.call(1, spec.ConfirmSelect(nowait=False), spec.ConfirmSelectOk)
+    publish = spec.BasicPublish(exchange="", routing_key=queue)
+    data = b"".join(encode_content(1, publish, TRANSIENT, b"m%d" % i, 131072) for i in range(1000))
+    client.send(
+        data + encode_method_frame(1, spec.ChannelClose(reply_code=200, reply_text="", class_id=0, method_id=0))
+    )
+    frames = client.frames_until_quiet(1.0, limit=2000)
+    assert type(frames[-1][1]) is spec.ChannelCloseOk, frames[-3:]
+    acks = [m for _, m in frames[:-1] if isinstance(m, spec.BasicAck)]
+    confirmed = set()
+    for ack in acks:  # in order, each tag once (a multiple ack covers all up to its tag)
+        low = max(confirmed, default=0)
+        assert ack.delivery_tag > low
+        confirmed.update(range(low + 1, ack.delivery_tag + 1) if ack.multiple else [ack.delivery_tag])
+    assert confirmed == set(range(1, 1001))
+    connection = broker.connect()
+    channel = connection.channel()
+    bodies = [channel.basic_get(queue, auto_ack=True)[2] for _ in range(1000)]
+    assert bodies == [b"m%d" % i for i in range(1000)]
+    channel.queue_delete(queue)
+    connection.close()
+
+
 def test_frames_after_the_peer_close_are_dropped_until_the_close_ok(raw):
     client = raw()
     client.open_channel(1)
