@@ -586,6 +586,7 @@ def check_reply(reply: bytes, request: bytes = b"") -> AdminOutcome:
     well-formed. A connection may carry several replies (the server keeps connections alive):
     one per pipelined request, and one for the junk after a short Content-Length, read as the
     next request. Each is HTTP/1.1 with a JSON body of the length it declares, except:
+    - 201 Created and 204 No Content, empty as RabbitMQ's (a 204 without a Content-Length);
     - the server's own refusal of what it cannot parse (h11, in hypercorn): a 4xx with an empty
       body and Connection: close, last on the connection;
     - HTTP/2 framing (a SETTINGS frame first) for a request that opens with HTTP/2's preface."""
@@ -630,6 +631,8 @@ def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
         key, _, value = line.partition(":")
         headers[key.strip().lower()] = value.strip()
     length_text = headers.get("content-length", "")
+    if status == "204" and not length_text:
+        length_text = "0"  # a 204 has no body, so it needs no Content-Length (RFC 9110 8.6)
     if not length_text.isdigit():
         return AdminOutcome(status, f"no Content-Length ({length_text!r})", lines[0][:200]), b""
     length = int(length_text)
@@ -644,8 +647,8 @@ def _check_one_reply(data: bytes, request: bytes) -> tuple[AdminOutcome, bytes]:
         failure = f"{lines[0]}: {body[:300]!r}"
     elif rest and closes:
         failure = f"{len(rest)} bytes after a reply that said Connection: close"
-    elif not body and (status == "204" or request.startswith(b"HEAD ") or (status[0] in "45" and closes)):
-        pass  # no content; or the server's own refusal (see check_reply)
+    elif not body and (status in ("201", "204") or request.startswith(b"HEAD ") or (status[0] in "45" and closes)):
+        pass  # no content (RabbitMQ's 201 Created and 204 No Content); or the server's own refusal (see check_reply)
     elif _is_ui_request(request):
         # The web UI's files (maxq_raft/http/ui_files.py): HTML, JavaScript, CSS, a plain-text
         # 404, an empty 405; never JSON, and always with the UI's Content-Security-Policy.
