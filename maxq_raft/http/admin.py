@@ -240,11 +240,16 @@ def view_policies(broker) -> list:
     return _policy_rows(broker, "policies")
 
 
-def _policy_written(broker, vhost: str, name: str, kind: str) -> Callable[[], Reply]:
-    """RabbitMQ's answer to a policy PUT: 201 Created for a new one, 204 No Content for a change."""
-    record = broker.meta.vhosts.get(vhost)
-    existed = record is not None and name in getattr(record, kind)
-    return lambda: Reply("204 No Content" if existed else "201 Created")
+async def _write_policy(broker, command: Any, refused: Any, kind: str) -> Reply:
+    """Commit a policy or operator policy `command` that its record check did not refuse;
+    RabbitMQ's answer: 201 Created for a new one, 204 No Content for a change. `kind` is the
+    vhost record's dict of them ("policies" or "operator_policies")."""
+    if isinstance(refused, Rejected):  # before anything is proposed: a refusal leaves the log as it was
+        raise HttpError("400 Bad Request", refused.reply_text)
+    record = broker.meta.vhosts.get(command.vhost)
+    existed = record is not None and command.name in getattr(record, kind)
+    await commit(broker, command)
+    return Reply("204 No Content" if existed else "201 Created")
 
 
 async def put_policy(broker, request: Request) -> Reply:
@@ -259,12 +264,7 @@ async def put_policy(broker, request: Request) -> Reply:
         spec.get("priority", 0),
         spec.get("apply-to", "all"),
     )
-    refused = md.policy_record(command)  # before anything is proposed: a refusal leaves the log as it was
-    if isinstance(refused, Rejected):
-        raise HttpError("400 Bad Request", refused.reply_text)
-    answer = _policy_written(broker, command.vhost, command.name, "policies")
-    await commit(broker, command)
-    return answer()
+    return await _write_policy(broker, command, md.policy_record(command), "policies")
 
 
 async def delete_policy(broker, request: Request) -> Reply:
@@ -290,12 +290,7 @@ async def put_operator_policy(broker, request: Request) -> Reply:
         spec.get("priority", 0),
         spec.get("apply-to", "queues"),
     )
-    refused = md.operator_policy_record(command)  # before anything is proposed: the log stays as it was
-    if isinstance(refused, Rejected):
-        raise HttpError("400 Bad Request", refused.reply_text)
-    answer = _policy_written(broker, command.vhost, command.name, "operator_policies")
-    await commit(broker, command)
-    return answer()
+    return await _write_policy(broker, command, md.operator_policy_record(command), "operator_policies")
 
 
 async def delete_operator_policy(broker, request: Request) -> Reply:

@@ -963,18 +963,20 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         if self._sac_order:
             # x-single-active-consumer: only the first attached consumer gets messages.
             consumer = consumers[self._sac_order[0]]
-            return consumer if consumer.has_room() and self._under_rate(consumer) else None
+            return consumer if consumer.has_room() and (not consumer.rate_limit or self._under_rate(consumer)) else None
         for priority in self._priorities:
             ring = self._rings[priority]
             for _ in range(len(ring)):
                 consumer = consumers[ring[0]]
                 ring.rotate(-1)
-                if consumer.has_room() and self._under_rate(consumer):
+                if consumer.has_room() and (not consumer.rate_limit or self._under_rate(consumer)):
                     return consumer
         return None
 
     def _under_rate(self, consumer: Consumer) -> bool:
-        return not consumer.rate_limit or self._consumer_allowance(consumer) > 0
+        """A consumer with an x-consume-rate-limit: does its bucket allow a delivery now? (The
+        callers test `rate_limit` first: no call per pick for the common unlimited consumer.)"""
+        return self._consumer_allowance(consumer) > 0
 
     def _service(self) -> list[Effect]:
         """Hand ready messages to consumers with room, as far as both allow."""

@@ -167,7 +167,6 @@ class Session:
         self._drained = trio.Event()  # set by the writer after each send
         self.output_pauses = 0  # times reading stopped for unread output
         self.publish_resume_at = 0.0  # x-publish-rate-limit: not read before this (publish_rates.py)
-        self.rate_pauses = 0  # times reading stopped for it
 
     # -------------------------------------------------------------- auth
 
@@ -304,7 +303,6 @@ class Session:
     async def _publish_rate_wait(self) -> None:
         """Published over a queue's x-publish-rate-limit: not read until its bucket allows (TCP
         slows the publisher; nothing is refused or dropped)."""
-        self.rate_pauses += 1
         while not self.finished and self.conn.state is State.OPEN:
             wait_s = self.publish_resume_at - trio.current_time()
             if wait_s <= 0:
