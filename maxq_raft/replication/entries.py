@@ -20,7 +20,8 @@ carries its `QueueSettings` as a list of its fields; SQS receipt handles (Delete
 ChangeVisibility) are lists of ints, tuples again once decoded; AMQP field tables (arguments) are kept
 in AMQP's own table encoding so every value type round-trips exactly. Decoding never trusts
 its input: anything malformed raises EntryError, which the applier turns into a skipped entry
-instead of a stalled group.
+instead of a stalled group; an entry of a newer version (a later entry version, a command kind this
+code does not know) raises NewerEntry, which stops the member (server/cluster.py).
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" neve
 
 class EntryError(Exception):
     pass
+
+
+class NewerEntry(EntryError):
+    """An entry this code cannot read because a newer version wrote it: a later entry version,
+    or a command kind it does not know. Skipping it (as a malformed entry is skipped, alike on
+    every member) would leave this member's machines different from those of the members that
+    applied it: the member must stop instead, until it runs the newer code."""
 
 
 def _field(value: Any) -> Any:
@@ -161,6 +169,8 @@ def decode_command(raw: list, metadata: bool):
         return qc.ChangeVisibility([(seq, receive_id, ms) for seq, receive_id, ms in fields[0]])
     cls = (METADATA_COMMANDS if metadata else QUEUE_COMMANDS).get(name)
     if cls is None:
+        if type(name) is str and name.isidentifier():  # a name, not garbage: a newer version's command
+            raise NewerEntry(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")
     return cls(*(_unfield(v) for v in fields))
 
@@ -192,6 +202,8 @@ def decode_entry(payload: bytes) -> Entry:
     try:
         version, time_ms, body, origin, seq = msgpack.unpackb(payload, raw=False, use_list=True)
         if version != ENTRY_VERSION:
+            if type(version) is int and version > ENTRY_VERSION:
+                raise NewerEntry(f"entry version {version}, this code reads version {ENTRY_VERSION}")
             raise EntryError(f"entry version {version} is not {ENTRY_VERSION}")
         if type(time_ms) is not int or type(origin) is not str or type(seq) is not int:
             raise EntryError("malformed log entry header")

@@ -49,7 +49,7 @@ from ..machines.queue import QueueMachine
 from ..machines.queue_types import Meta, Rejected
 from ..machines.queue_args import settings_or_default
 from ..machines.shard import ALL_QUEUES, ends_life
-from ..replication.entries import EntryError, decode_entry
+from ..replication.entries import EntryError, NewerEntry, decode_entry
 from . import cluster_snapshot
 from .applier import Applier
 from .confirms import Unavailable
@@ -100,6 +100,10 @@ class ClusterLog(CommandLog):
         self.snapshotting: set[str] = set()
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
+        # Set once an entry of a newer version came (entries.NewerEntry): nothing more is applied
+        # or snapshotted, and `on_fatal` (main.py: the node stops) is told why.
+        self.halted: str | None = None
+        self.on_fatal: Callable[[str], None] | None = None
 
     @property
     def node(self) -> Any:
@@ -173,6 +177,8 @@ class ClusterLog(CommandLog):
         (a repeated proposal) is skipped, an entry that overtook an earlier one of its origin
         waits for it (machines/apply_order.py). Every member sees the same log, so every member
         decides alike."""
+        if self.halted is not None:
+            return
         order = self.broker.groups[group].order
         if entries:
             self.applied_index[group] = entries[-1][0]
@@ -180,6 +186,9 @@ class ClusterLog(CommandLog):
         for index, payload in entries:
             try:
                 entry = decode_entry(payload)
+            except NewerEntry as exc:
+                self._halt(f"{group}: entry {index} was written by a newer version ({exc}): run that version here")
+                return
             except EntryError as exc:
                 log.error("%s: entry %d skipped: %s", group, index, exc)
                 continue
@@ -209,10 +218,18 @@ class ClusterLog(CommandLog):
                 if since >= self.snapshot_every_bytes:
                     self._maybe_snapshot(group)
 
+    def _halt(self, why: str) -> None:
+        """Stop applying (fail-stop): this member's machines stay as they were before the entry,
+        so its data is still good for the newer code, which applies the entry after a restart."""
+        log.critical("%s", why)
+        self.halted = why
+        if self.on_fatal is not None:
+            self.on_fatal(why)
+
     def _maybe_snapshot(self, group: str) -> None:
         """Snapshot the group's state and let the engine compact its log, when that pays: the
         state (bodies of queued messages included) is well below the log it replaces."""
-        if group in self.snapshotting or self.node is None:
+        if group in self.snapshotting or self.node is None or self.halted is not None:
             return
         since = self.log_bytes_since.get(group, 0)
         if group != META_GROUP:

@@ -69,6 +69,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.event = trio.Event()
         self.failure: str | None = None
+        self.restart = True  # False: starting again cannot help (halt)
         self._token = trio.lowlevel.current_trio_token()
 
     def fail(self, reason: str) -> None:
@@ -77,6 +78,12 @@ class StopRequest:
             self._token.run_sync_soon(self._fail_here, reason)
         except trio.RunFinishedError:
             pass
+
+    def halt(self, reason: str) -> None:
+        """From the loop: stop serving for a reason a restart would meet again (this member's
+        log holds entries of a newer version): the process exits 1 instead of starting again."""
+        self.restart = False
+        self._fail_here(reason)
 
     def _fail_here(self, reason: str) -> None:
         if self.event.is_set():
@@ -174,6 +181,8 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
             await _serve_clustered(broker, settings, task_status, stop, tls_context)
         finally:
             broker.close()
+        if stop.failure is not None and not stop.restart:
+            raise StartupError(f"this member stopped: {stop.failure}")
         return stop.failure
     try:
         broker.attach(LocalLog(broker))
@@ -209,6 +218,7 @@ async def _serve_clustered(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )
     broker.attach(cluster)
+    cluster.on_fatal = stop.halt
     try:
         node = ReplicationNode(
             node_id=settings.node_id,

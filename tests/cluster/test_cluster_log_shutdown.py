@@ -43,3 +43,28 @@ def test_a_release_given_up_because_the_node_stops_is_not_proposed_again():
     assert entry.done and entry.error == "stopped"
     assert [e.tombstone for e in proposed] == [True], "only the seq's filler, no clean-up copy"
     assert proposer.open == {}
+
+
+def test_an_entry_of_a_newer_version_halts_the_member_before_anything_after_it():
+    """Skipping it, as a malformed entry is skipped, would leave this member's machines unlike
+    those of the members that applied it (a rolling upgrade's older member): it stops instead."""
+    import msgpack
+
+    from maxq_raft.replication.entries import encode_entry
+
+    cluster = make_cluster_log()
+    cluster.broker = types.SimpleNamespace(
+        node_id="n1", clock_ms=lambda: 0, groups={"shard-0": types.SimpleNamespace(order=None)}
+    )
+    told: list[str] = []
+    cluster.on_fatal = told.append
+    applied: list = []
+    cluster._apply_entry = lambda group, index, entry: applied.append(index)
+    newer = msgpack.packb([1, 0, [[["/", "q"], ["HalfCommit", "t1"], 0]], "n2", 0])
+    plain = encode_entry(0, [(("/", "q"), qc.Tick())], "n2", 0)
+    cluster._apply("shard-0", [(6, plain), (7, newer), (8, plain)])
+    assert applied == [6] and len(told) == 1
+    assert "shard-0: entry 7 was written by a newer version" in told[0] and "HalfCommit" in told[0]
+    assert cluster.halted == told[0]
+    cluster._apply("shard-0", [(9, plain)])
+    assert applied == [6] and len(told) == 1
