@@ -9,7 +9,8 @@ with bindings, an alternate exchange, durable queues with persistent messages an
 unacked deliveries at shutdown, a deduplication window), stops it with SIGTERM as an upgrade does
 (or SIGKILL, `--kill`, as a crash before an upgrade does), and writes two files:
 
-    <name>.tar.gz   the data folder (RocksDB's own info logs left out)
+    <name>.tar.gz   the data folder (RocksDB's own info logs left out); with --cluster, the
+                    folders of a 3-member cluster's members n1, n2, n3
     <name>.json     what the folder must hold: the definitions export, each queue's bodies in
                     delivery order, and how to check the rest
 
@@ -54,22 +55,26 @@ def free_port() -> int:
 class Node:
     """One maxq-server process of this checkout on loopback."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra_args: list[str] | None = None) -> None:
+        """Starts the process; `wait_ready` waits for it (a cluster's members wait for each other)."""
         self.data_dir = data_dir
         self.amqp_port, self.http_port = free_port(), free_port()
-        self.log_path = data_dir.parent / "server.log"
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
         args = [sys.executable, "-m", "maxq_raft", "--data-dir", str(data_dir)]
         args += ["--amqp-port", str(self.amqp_port), "--http-port", str(self.http_port)]
-        args += ["--prometheus-port", str(free_port()), "--sqs-port", str(free_port())]
+        args += ["--prometheus-port", str(free_port()), "--sqs-port", str(free_port()), *(extra_args or [])]
         self._log = open(self.log_path, "ab")
         # cwd outside the repo: our amqp/ folder must not shadow py-amqp (docs/design.md §1).
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(data_dir.parent))
+
+    def wait_ready(self) -> Node:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while b"maxq-server ready" not in self.log_path.read_bytes():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise SystemExit(f"the node did not start:\n{self.log_path.read_text(errors='replace')}")
             time.sleep(0.05)
+        return self
 
     def connect(self, vhost: str = "/", credentials: tuple[str, str] = ("guest", "guest")) -> pika.BlockingConnection:
         params = pika.ConnectionParameters(
@@ -110,7 +115,7 @@ def publish(channel, exchange: str, routing_key: str, bodies: list[str], props=P
         channel.basic_publish(exchange, routing_key, body.encode(), props, mandatory=False)
 
 
-def write_workload(node: Node) -> dict:
+def write_workload(node: Node, clustered: bool) -> dict:
     """Everything the fixture holds; returns the expectations for the manifest."""
     node.api("PUT", "/api/vhosts/upgrade", {})
     node.api("PUT", "/api/users/alice", {"password": ALICE[1], "tags": "management"})
@@ -215,7 +220,10 @@ def write_workload(node: Node) -> dict:
     queue("q.transient-messages")
     publish(ch, "", "q.transient-messages", ["transient-0"], TRANSIENT)
     publish(ch, "", "q.transient-messages", ["persistent-0"])
-    expect("q.transient-messages", ["persistent-0"])  # a transient message does not outlive its node
+    if clustered:  # every message is in the Raft log, as every message of a quorum queue is stored
+        expect("q.transient-messages", ["transient-0", "persistent-0"])
+    else:  # a transient message does not outlive its node
+        expect("q.transient-messages", ["persistent-0"])
 
     queue("policy.q")
     publish(ch, "", "policy.q", ["policy-0"])
@@ -248,6 +256,21 @@ def write_workload(node: Node) -> dict:
     connection.close()
     # The holder is returned so that its connection (and its unacked deliveries) lives until the stop.
     return {"queues": queues, "definitions": definitions, "holder": holder}
+
+
+MEMBERS = ["n1", "n2", "n3"]
+SHARDS = 2
+SNAPSHOT_EVERY_MB = "0.005"  # small: the folders hold group snapshots as well as Raft logs
+CLUSTER_SECRET = "upgrade-fixture"
+
+
+def member_args(name: str, raft_ports: dict[str, int]) -> list[str]:
+    args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[name]}", "--cluster-secret", CLUSTER_SECRET]
+    args += ["--shards", str(SHARDS), "--snapshot-every-mb", SNAPSHOT_EVERY_MB]
+    for peer, port in raft_ports.items():
+        if peer != name:
+            args += ["--peer", f"{peer}@127.0.0.1:{port}"]
+    return args
 
 
 def git_commit() -> str:
@@ -285,24 +308,41 @@ def main() -> int:
         help="stop the node with SIGKILL instead of SIGTERM: the folder is then as a crash leaves it (the "
         "messages in RocksDB's write-ahead log, not yet flushed to its tables)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=f"a 3-member cluster ({', '.join(MEMBERS)}, --shards {SHARDS}, a group snapshot every few KB): the "
+        "archive holds a folder per member, the workload goes through n1",
+    )
     options = parser.parse_args()
     from maxq_raft import __version__
 
     today = datetime.date.today().isoformat()
-    name = options.name or f"single-node-{__version__}-{today}-{'killed' if options.kill else 'stopped'}"
+    stopped = "killed" if options.kill else "stopped"
+    name = options.name or f"{'cluster' if options.cluster else 'single-node'}-{__version__}-{today}-{stopped}"
     options.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="maxq-fixture-") as tmp:
-        data_dir = Path(tmp) / "data"
-        node = Node(data_dir)
+        root = Path(tmp)
+        if options.cluster:
+            raft_ports = {member: free_port() for member in MEMBERS}
+            nodes = [Node(root / member, member_args(member, raft_ports)) for member in MEMBERS]
+        else:
+            nodes = [Node(root / "data")]
         try:
-            written = write_workload(node)
+            for node in nodes:
+                node.wait_ready()
+            written = write_workload(nodes[0], options.cluster)
         finally:
             # The unacked holder's connection is still open: as at a real upgrade (or crash).
-            node.stop(signal.SIGKILL if options.kill else signal.SIGTERM)
+            for node in nodes:
+                node.stop(signal.SIGKILL if options.kill else signal.SIGTERM)
         with tarfile.open(options.out / f"{name}.tar.gz", "w:gz") as tar:
-            for path in sorted(data_dir.rglob("*")):
-                if path.is_file() and not path.name.startswith("LOG") and path.name != "LOCK":
-                    tar.add(path, arcname=str(path.relative_to(data_dir)))
+            for node in nodes:
+                # (a single node's folder is the archive's root, a member's is its name)
+                top = node.data_dir if not options.cluster else root
+                for path in sorted(node.data_dir.rglob("*")):
+                    if path.is_file() and not path.name.startswith("LOG") and path.name != "LOCK":
+                        tar.add(path, arcname=str(path.relative_to(top)))
     manifest = {
         "made_by": {
             "version": __version__,
@@ -311,6 +351,7 @@ def main() -> int:
             "stopped_by": "SIGKILL" if options.kill else "SIGTERM",
         },
         "formats": formats(),
+        "members": MEMBERS if options.cluster else [],
         "queues": written["queues"],
         "definitions": written["definitions"],
     }

@@ -23,19 +23,31 @@ import pytest
 from ..helpers import api
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CASES = sorted(FIXTURES.glob("*.tar.gz"))
 GET_TIMEOUT_S = 10.0
 
 
-def test_there_is_a_folder_to_open() -> None:
-    # The parametrized test below would pass by running nothing if the fixtures went missing.
-    assert CASES, f"no data folder under {FIXTURES}"
+def manifest_of(archive: Path) -> dict:
+    return json.loads(archive.with_name(archive.name.removesuffix(".tar.gz") + ".json").read_text())
+
+
+CASES = sorted(FIXTURES.glob("*.tar.gz"))
+SINGLE_NODE = [case for case in CASES if not manifest_of(case)["members"]]
+CLUSTER = [case for case in CASES if manifest_of(case)["members"]]
+
+
+def name_of(archive: Path) -> str:
+    return archive.name.removesuffix(".tar.gz")
+
+
+def test_there_are_folders_to_open() -> None:
+    # The parametrized tests below would pass by running nothing if the fixtures went missing.
+    assert SINGLE_NODE and CLUSTER, f"no single-node or no cluster data folders under {FIXTURES}"
 
 
 def unpack(archive: Path, into: Path) -> dict:
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
-    return json.loads(archive.with_name(archive.name.removesuffix(".tar.gz") + ".json").read_text())
+    return manifest_of(archive)
 
 
 def comparable(definitions: dict) -> dict[str, list[str]]:
@@ -120,23 +132,44 @@ def check_dedup_window(node, name: str, spec: dict) -> None:
         connection.close()
 
 
-@pytest.mark.parametrize("archive", CASES, ids=[case.name.removesuffix(".tar.gz") for case in CASES])
-def test_an_earlier_versions_data_folder_opens_with_everything_in_it(start_broker, tmp_path, archive: Path) -> None:
-    data_dir = tmp_path / "data"
-    manifest = unpack(archive, data_dir)
-    node = start_broker(data_dir=data_dir)
+def check_everything(node, manifest: dict) -> None:
     check_definitions(node, manifest["definitions"])
     for name, spec in manifest["queues"].items():
         check_queue(node, name, spec)
         if "dedup_known_ids" in spec:
             check_dedup_window(node, name, spec)
+
+
+def check_empty(node, manifest: dict) -> None:
+    check_definitions(node, manifest["definitions"])
+    for name, spec in manifest["queues"].items():
+        status, queue, _ = api(node, "GET", f"/api/queues/{'%2F' if spec['vhost'] == '/' else spec['vhost']}/{name}")
+        assert status == 200 and queue["messages"] == 0, (name, queue)
+
+
+@pytest.mark.parametrize("archive", SINGLE_NODE, ids=name_of)
+def test_an_earlier_versions_data_folder_opens_with_everything_in_it(start_broker, tmp_path, archive: Path) -> None:
+    data_dir = tmp_path / "data"
+    manifest = unpack(archive, data_dir)
+    node = start_broker(data_dir=data_dir)
+    check_everything(node, manifest)
     # The folder, now written to by this version, opens again and holds what is left: nothing.
     node.stop()
-    again = start_broker(data_dir=data_dir)
-    check_definitions(again, manifest["definitions"])
-    for name, spec in manifest["queues"].items():
-        status, queue, _ = api(again, "GET", f"/api/queues/{'%2F' if spec['vhost'] == '/' else spec['vhost']}/{name}")
-        assert status == 200 and queue["messages"] == 0, (name, queue)
+    check_empty(start_broker(data_dir=data_dir), manifest)
+
+
+@pytest.mark.parametrize("archive", CLUSTER, ids=name_of)
+def test_an_earlier_versions_cluster_folders_open_with_everything_in_them(tmp_path, archive: Path) -> None:
+    """The members' Raft journals, group snapshots and stores; started on new ports (a member's
+    peers are given on its command line, not read from its folder)."""
+    from ..cluster.conftest import running_cluster
+
+    manifest = unpack(archive, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == manifest["members"] == ["n1", "n2", "n3"]
+    with running_cluster(tmp_path) as cluster:
+        check_everything(cluster["n1"], manifest)
+        cluster.restart("n2")
+        check_empty(cluster["n2"], manifest)
 
 
 def test_a_later_versions_store_is_refused_with_both_versions_named(start_broker, tmp_path) -> None:
@@ -147,7 +180,7 @@ def test_a_later_versions_store_is_refused_with_both_versions_named(start_broker
     from maxq_raft.storage.rocks import _FORMAT_KEY, FORMAT_VERSION, META_CF
 
     data_dir = tmp_path / "data"
-    unpack(CASES[0], data_dir)
+    unpack(SINGLE_NODE[0], data_dir)
     later = str(int(FORMAT_VERSION) + 1).encode()
     db = Rdict(str(data_dir / "store"), Options(raw_mode=True))
     meta = db.get_column_family(META_CF)
