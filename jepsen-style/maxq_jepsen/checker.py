@@ -11,7 +11,8 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          (one clock under one lock: a delivery is always recorded after the invoke
                          of its publish; if it is published later anyway and never delivered
                          again, it is lost as well)
-      nacked_delivered   nacked or returned (publish fail: "not enqueued") yet delivered
+      nacked_delivered   nacked or returned (publish fail: "not enqueued") yet delivered, except
+                         a nack from a node whose store failed (below)
       corrupt            delivered with a body whose CRC differs from the published one
       fifo_violations    within one consumer session, first deliveries (redelivered=false, the
                          first time the id is seen at all) of one publisher session arrive out
@@ -32,6 +33,13 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          `expired`: nothing else may put a message there (no rejects, no length
                          limit, no delivery limit in this workload)
     reported (benign, or a matter of degree)
+      nacked_delivered_store_failed
+                         nacked by a node while its disk was full (a disk-full nemesis record
+                         names it in `full_disk`, from the fault's invoke until STORE_RECOVERY_S
+                         after the next heal) and delivered all the same: a single node applies a
+                         publish (and may deliver it) before the fsync that failed, and stores it
+                         after its recovery; its nack means "not confirmed", as RabbitMQ's
+                         (docs/storage.md). Any other nack still means "not enqueued"
       recovered          indeterminate (info, or no completion at all) but delivered: fine
       unknown            indeterminate and never delivered: fine (it may never have arrived)
       duplicates         deliveries beyond the first of an id, split by the redelivered flag:
@@ -83,6 +91,9 @@ EXPIRED = "expired"  # the x-death reason of a message whose TTL ran out
 PASS, FAILED, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 EXAMPLES_MAX = 50  # ids listed per kind in the result (counts are always exact)
 HEAL_VERBS = ("heal",)  # the nemesis verb that ends every fault window (see nemesis.py)
+# A single node's store retries its recovery with a back-off of at most 30 s (docs/storage.md):
+# its nacks for what failed come at the latest this long after the disk was emptied.
+STORE_RECOVERY_S = 35.0
 
 
 @dataclass
@@ -156,6 +167,8 @@ def check(records: Iterable[dict]) -> CheckResult:
     heals: list[float] = []
     probes: list[dict] = []
     minority_windows: list[list] = []  # [start, end or None, frozenset(nodes)]
+    full_disk_windows: list[list] = []  # [start (the fault's invoke), end or None, frozenset(nodes)]
+    nemesis_invoked: dict[str, float] = {}  # f -> the time of its latest invoke
     confirm_times: list[float] = []
     drain_complete: bool | None = None
     notes: list[str] = []
@@ -280,16 +293,25 @@ def check(records: Iterable[dict]) -> CheckResult:
             complete = kind == OK and remaining == 0
             drain_complete = complete if drain_complete is None else (drain_complete and complete)
         elif r.get("process") == "nemesis":
+            if kind == INVOKE:
+                nemesis_invoked[f] = t
             if kind == INVOKE and f in HEAL_VERBS:
                 for window in minority_windows:
                     if window[1] is None:
                         window[1] = t
+                for window in full_disk_windows:
+                    if window[1] is None:
+                        window[1] = t + STORE_RECOVERY_S
             elif kind == OK:
                 minority = (r.get("value") or {}).get("minority") or []
                 if minority:
                     minority_windows.append([t, None, frozenset(minority)])
+                full = (r.get("value") or {}).get("full_disk") or []
+                if full:  # (the disk may fill while the nemesis still writes its ballast)
+                    full_disk_windows.append([nemesis_invoked.get(f, t), None, frozenset(full)])
 
     lost, nacked_delivered, recovered, unknown, minority_confirmed = [], [], [], [], []
+    nacked_delivered_store_failed: list[str] = []
     outcomes = {"ok": 0, "fail": 0, "info": 0, "pending": 0}
     returned = 0
     for mid, p in publishes.items():
@@ -305,7 +327,9 @@ def check(records: Iterable[dict]) -> CheckResult:
         elif p.outcome == FAIL:
             if p.error == "returned":
                 returned += 1
-            if delivered:
+            if delivered and p.error != "returned" and _in_window(full_disk_windows, p.node, p.outcome_time):
+                nacked_delivered_store_failed.append(mid)
+            elif delivered:
                 nacked_delivered.append(mid)
         elif delivered:
             recovered.append(mid)
@@ -336,6 +360,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         "lost": len(lost),
         "unexpected": len(unexpected),
         "nacked_delivered": len(nacked_delivered),
+        "nacked_delivered_store_failed": len(nacked_delivered_store_failed),
         "corrupt": len(corrupt),
         "fifo_violations": len(fifo),
         "minority_confirmed": len(minority_confirmed),
@@ -383,6 +408,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         "lost": sorted(lost, key=_id_key)[:EXAMPLES_MAX],
         "unexpected": unexpected[:EXAMPLES_MAX],
         "nacked_delivered": nacked_delivered[:EXAMPLES_MAX],
+        "nacked_delivered_store_failed": nacked_delivered_store_failed[:EXAMPLES_MAX],
         "corrupt": corrupt[:EXAMPLES_MAX],
         "fifo_violations": fifo[:EXAMPLES_MAX],
         "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
@@ -398,6 +424,12 @@ def check(records: Iterable[dict]) -> CheckResult:
         recovery_s=_recovery(heals, phases, confirm_times) + probes,
         notes=notes,
         drain_complete=drain_complete,
+    )
+
+
+def _in_window(windows: list[list], node: str | None, t: float | None) -> bool:
+    return t is not None and any(
+        node in nodes and start <= t and (end is None or t <= end) for start, end, nodes in windows
     )
 
 

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--nemesis",
         help="comma list: kill, kill-leader, kill-majority, pause, pause-leader, partition-one, "
         "partition-leader, partition-halves, one-way, bridge, partition-majorities-ring, "
-        "loss, delay, disk-stall, clock-skew, membership; 'none' or 'all' "
+        "loss, delay, disk-stall, disk-full, clock-skew, membership; 'none' or 'all' "
         "(default: the profile's)",
     )
     p.add_argument(

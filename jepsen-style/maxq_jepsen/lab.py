@@ -30,6 +30,12 @@ Features a run asks for (`features`), set up before the nodes start and undone a
            (`fusermount -u`, lazily when busy); mounts of dead harnesses are unmounted at setup.
   "clock"  every node runs under libfaketime with its own skew file, so `skew_clock(node, s)`
            moves its wall clock (monotonic untouched; see faults.faketime_env).
+  "diskfull" every node's data folder is on a tmpfs of its own (DISK_FULL_FS_SIZE; root), so
+           `fill_disk(node, slack)` can fill that filesystem with a ballast file but `slack`
+           bytes, which the node's own writes then use up (short writes, ENOSPC, its disk
+           alarm), and `empty_disk(node)` deletes the ballast; unmounted at teardown (lazily
+           when busy); mounts of dead harnesses (source `mxqjdf-<pid>`) are unmounted at setup.
+           With "disk" too, the tmpfs is the FUSE mount's backing folder.
 
 A cluster's members wait for each other at start (`launch` all, then `wait_ready` all); a
 member restarted later prints its ready line once it has caught up with the majority. The
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import random
@@ -446,6 +453,11 @@ class Lab:
     def prepare_features(self) -> None:
         """Before the nodes start: mount data folders through stallfs, give nodes their skew files."""
         self.helpers = getattr(self, "helpers", {})
+        self.small_disks: dict[str, Path] = getattr(self, "small_disks", {})
+        if "diskfull" in self.features:
+            unmount_stale()
+            for node in self.nodes:
+                self._mount_small_disk(node)
         if "disk" in self.features:
             unmount_stale()
             for node in self.nodes:
@@ -499,6 +511,55 @@ class Lab:
                 )
             time.sleep(0.05)
 
+    def _mount_small_disk(self, node: Node) -> None:
+        # Under stallfs (feature "disk") the bytes land in its backing folder: the tmpfs goes there.
+        target = node.data_dir.with_name("data.backing") if "disk" in self.features else node.data_dir
+        target.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_FULL_FS_SIZE}", f"mxqjdf-{os.getpid()}", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=CMD_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            raise LabError(f"cannot mount a tmpfs at {target} for disk-full (root needed): {done.stderr.strip()}")
+        self.small_disks[node.name] = target
+
+    def fill_disk(self, node: Node, slack_bytes: int) -> dict:
+        """Fill the node's filesystem but `slack_bytes` with a ballast file (allocated, not just sized)."""
+        if node.name not in self.small_disks:
+            raise LabError(
+                "the data folders are not on small filesystems: the run must include disk-full from the start"
+            )
+        target = self.small_disks[node.name]
+        before = _free_bytes(target)
+        fd = os.open(target / BALLAST_NAME, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            # In steps: tmpfs undoes a fallocate that does not fit whole, and the node's own writes
+            # take room meanwhile; a step that does not fit is halved, down to a page.
+            offset, chunk = os.fstat(fd).st_size, FILL_CHUNK_BYTES
+            for _ in range(FILL_STEPS_MAX):
+                room = _free_bytes(target) - slack_bytes
+                if room < FILL_PAGE_BYTES or chunk < FILL_PAGE_BYTES:
+                    break
+                step = min(chunk, room)
+                try:
+                    os.posix_fallocate(fd, offset, step)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    chunk //= 2
+                    continue
+                offset += step
+        finally:
+            os.close(fd)
+        return {"free_before_bytes": before, "free_after_bytes": _free_bytes(target)}
+
+    def empty_disk(self, node: Node) -> None:
+        if node.name in self.small_disks:
+            with contextlib.suppress(FileNotFoundError):
+                (self.small_disks[node.name] / BALLAST_NAME).unlink()
+
     def stall_disk(self, node: Node, stall: bool = True) -> None:
         if "disk" not in self.features:
             raise LabError("the data folders are not FUSE mounts: the run must include disk-stall from the start")
@@ -531,6 +592,19 @@ class Lab:
                         errors.append(f"unmount {node.data_dir}: {done.stderr.strip()}")
             stop_process(proc)
         self.helpers = {}
+        for name, target in sorted(getattr(self, "small_disks", {}).items()):
+            for lazy in (False, True):
+                if not os.path.ismount(target):
+                    break
+                done = subprocess.run(
+                    ["umount", *(["-l"] if lazy else []), str(target)],
+                    capture_output=True,
+                    text=True,
+                    timeout=CMD_TIMEOUT_S,
+                )
+                if done.returncode != 0 and lazy:
+                    errors.append(f"unmount {target} ({name}): {done.stderr.strip()}")
+        self.small_disks = {}
         return errors
 
 
@@ -826,6 +900,14 @@ FAKETIME_LIBRARIES = (
     "/usr/lib/faketime/libfaketimeMT.so.1",
 )
 MOUNT_TIMEOUT_S = 15.0
+# disk-full's filesystems: a cap, not a reservation (tmpfs takes memory only for what is written);
+# room for a run's data, well above what a node needs free to start again (main.py: 64 MiB + its
+# 50 MiB disk limit).
+DISK_FULL_FS_SIZE = "1g"
+BALLAST_NAME = ".jepsen-ballast"
+FILL_CHUNK_BYTES = 64 << 20
+FILL_PAGE_BYTES = 4096
+FILL_STEPS_MAX = 400  # 1 GiB in 64 MiB steps, and halvings down to a page, many times over
 HELPER_READY_TIMEOUT_S = 15.0
 DELAY_QUEUE_BASE = 100
 
@@ -852,22 +934,31 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 def unmount_stale() -> list[str]:
-    """Lazily unmount stallfs mounts whose harness is dead (a crashed run's leftovers): the mount
-    source names the harness (`mxqjfs-<pid>`); a live harness's mounts are left alone."""
+    """Lazily unmount stallfs and disk-full tmpfs mounts whose harness is dead (a crashed run's
+    leftovers): the mount source names the harness (`mxqjfs-<pid>`, `mxqjdf-<pid>`); a live
+    harness's mounts are left alone."""
     done = []
     try:
         lines = Path("/proc/mounts").read_text().splitlines()
     except OSError:
         return done
-    for line in lines:
+    for line in reversed(lines):  # the newest first: a tmpfs may sit under a stallfs mount
         parts = line.split()
-        if len(parts) < 3 or not parts[0].startswith("mxqjfs-") or not parts[2].startswith("fuse"):
+        if len(parts) < 3:
             continue
+        fuse = parts[0].startswith("mxqjfs-") and parts[2].startswith("fuse")
+        tmpfs = parts[0].startswith("mxqjdf-") and parts[2] == "tmpfs"
         owner = parts[0][len("mxqjfs-") :]
-        if owner.isdigit() and not _pid_alive(int(owner)):
-            subprocess.run(["fusermount", "-u", "-z", parts[1]], capture_output=True, timeout=CMD_TIMEOUT_S)
+        if (fuse or tmpfs) and owner.isdigit() and not _pid_alive(int(owner)):
+            command = ["fusermount", "-u", "-z"] if fuse else ["umount", "-l"]
+            subprocess.run([*command, parts[1]], capture_output=True, timeout=CMD_TIMEOUT_S)
             done.append(parts[1])
     return done
+
+
+def _free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
 
 
 def _pid_alive(pid: int) -> bool:

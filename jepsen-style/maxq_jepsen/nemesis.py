@@ -37,6 +37,14 @@ What runs (NEMESES):
                     iptables NFQUEUE + delayer.py in its namespace); the delayer stops at heal
   disk-stall        hold the leader's writes and fsyncs (its data folder is a FUSE passthrough,
                     stallfs.py, mounted for the whole run when the run includes this nemesis)
+  disk-full         fill the filesystem of the leader's (or, half the time, a random node's) data
+                    folder but 0 B (half the time) to 8 MiB, seeded, which the node's own writes use up:
+                    short writes, ENOSPC, its disk alarm; heal deletes the ballast (each data
+                    folder is a 1 GiB tmpfs for the whole run, lab feature "diskfull", root).
+                    No minority: a node that cannot store must not confirm, which the checker
+                    judges as loss once the node has restarted from what it did store; its
+                    record names the node in `full_disk` (see the checker's
+                    nacked_delivered_store_failed)
   clock-skew        move one node's wall clock (libfaketime skew file, monotonic untouched) by
                     30 s to 10 min, forward or back; heal sets it back to +0
 The leader comes from the cluster status (`Lab.leader_of`, highest term wins); when no member
@@ -405,6 +413,42 @@ class DiskStallNemesis(Nemesis):
         return {"released": released}
 
 
+# Half the fills leave nothing: the node meets ENOSPC before its disk alarm (polled) blocks its
+# publishers; the others leave room for its own writes to fill (short writes, then ENOSPC).
+DISK_FULL_SLACK_BYTES = (0, 0, 64 << 10, 1 << 20, 8 << 20)
+
+
+class DiskFullNemesis(Nemesis):
+    """Fill one node's data filesystem; heal empties it (lab.fill_disk / empty_disk)."""
+
+    name = "disk-full"
+    feature = "diskfull"
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.filled: list[Node] = []
+
+    def start(self, lab, rng):
+        slack = rng.choice(DISK_FULL_SLACK_BYTES)
+        if lab.clustered and rng.random() < 0.5:
+            node, extra = queue_leader(lab, self.queue, rng)
+        else:
+            node, extra = rng.choice(lab.nodes), {}
+        sizes = lab.fill_disk(node, slack)
+        self.filled.append(node)
+        # `full_disk`: the checker accepts a nack from this node, for a publish then delivered,
+        # until the store's recovery after the heal (checker.py, nacked_delivered_store_failed).
+        return {"targets": [node.name], "full_disk": [node.name], "slack_bytes": slack, **sizes, **extra}
+
+    def heal(self, lab):
+        emptied = []
+        for node in list(self.filled):
+            lab.empty_disk(node)
+            emptied.append(node.name)
+            self.filled.remove(node)
+        return {"emptied": emptied}
+
+
 SKEW_S = (30.0, 600.0)
 
 
@@ -589,6 +633,7 @@ NEMESES = {
         LossNemesis,
         DelayNemesis,
         DiskStallNemesis,
+        DiskFullNemesis,
         ClockSkewNemesis,
         MembershipNemesis,
     )
@@ -610,6 +655,10 @@ TOOLS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("py", "fuse", ".venv/bin/pip install fusepy"),
     ),
     "clock-skew": (("faketime", "libfaketimeMT.so.1", "apt-get install -y faketime"),),
+    "disk-full": (
+        ("root", "root", "run as root: it mounts a tmpfs per node"),
+        ("cmd", "mount", "apt-get install -y mount"),
+    ),
 }
 
 
@@ -631,6 +680,7 @@ def missing_tools(names: list[str]) -> dict[str, str]:
                 "dev": lambda: __import__("os").path.exists(what),
                 "lib": lambda: _lib_present(what),
                 "faketime": lambda: faketime_library() is not None,
+                "root": lambda: __import__("os").geteuid() == 0,
             }[kind]()
             if not present:
                 lacking.append(f"{what} ({how})")

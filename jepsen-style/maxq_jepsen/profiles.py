@@ -24,7 +24,7 @@ from .workload import WorkloadConfig
 CLUSTER_NOTICE = (
     "this profile's cluster run covers kill, kill-leader, pause-leader, partition-one and "
     "partition-leader; the rest of the menu (kill-majority, pause, partition-halves, one-way, bridge, "
-    "partition-majorities-ring (5 nodes), loss, delay, disk-stall, clock-skew, membership, with "
+    "partition-majorities-ring (5 nodes), loss, delay, disk-stall, disk-full, clock-skew, membership, with "
     "--overlap membership) runs in --profile long or with --nemesis"
 )
 
@@ -124,6 +124,7 @@ CLUSTER_NEMESES_ALL = (
     "loss",
     "delay",
     "disk-stall",
+    "disk-full",
     "clock-skew",
     "membership",
 )
@@ -233,7 +234,7 @@ def _long() -> Profile:
         runs.append(
             RunSpec(
                 seed=1001 + i,
-                nemeses=("kill", "pause", "disk-stall", "clock-skew"),
+                nemeses=("kill", "pause", "disk-stall", "disk-full", "clock-skew"),
                 workload_kind=kind,
                 workload=workload_for(kind, LONG_WORKLOAD),
                 time_s=300.0,

@@ -22,7 +22,7 @@ JEPSEN_DIR = Path(__file__).resolve().parents[2] / "jepsen-style"
 if str(JEPSEN_DIR) not in sys.path:
     sys.path.insert(0, str(JEPSEN_DIR))  # jepsen-style/ only; the repo root stays off sys.path
 
-from maxq_jepsen.checker import FAILED, PASS, UNKNOWN, check  # noqa: E402
+from maxq_jepsen.checker import FAILED, PASS, STORE_RECOVERY_S, UNKNOWN, check  # noqa: E402
 from maxq_jepsen.history import HistoryWriter, read_history, write_history  # noqa: E402
 from maxq_jepsen.nemesis import NemesisError, make_schedule, parse_nemeses, unsupported  # noqa: E402
 
@@ -241,6 +241,42 @@ def test_a_minority_node_confirming_is_fatal():
 def test_confirms_that_are_not_minority_confirms(node, invoke_inside, ok_inside):
     result = check(partition_history(node, invoke_inside, ok_inside).records)
     assert result.verdict == PASS, result.to_dict()
+
+
+def disk_full_history(nack_node: str, nack_when: str) -> H:
+    """n1's disk is full from the disk-full invoke until the store's recovery after the heal; a
+    publish nacked by `nack_node` at `nack_when` (during, after_heal, long_after) is delivered."""
+    h = clean(1)  # (a run with no confirm at all is UNKNOWN)
+    h.records.pop()  # its drain record: the drain is at the end
+    h.add("invoke", "disk-full", "nemesis")
+    h.add("invoke", "publish", "pub0", id="pub0-2", seq=2, session=1, node=nack_node, crc=7)
+    h.add("ok", "disk-full", "nemesis", value={"targets": ["n1"], "full_disk": ["n1"]})
+    if nack_when == "during":
+        h.add("fail", "publish", "pub0", id="pub0-2", seq=2, session=1, node=nack_node, error="nack")
+    h.add("invoke", "heal", "nemesis")
+    h.add("ok", "heal", "nemesis", value={"disk-full": {"emptied": ["n1"]}})
+    if nack_when == "long_after":
+        h.t += STORE_RECOVERY_S + 1
+    if nack_when in ("after_heal", "long_after"):
+        h.add("fail", "publish", "pub0", id="pub0-2", seq=2, session=1, node=nack_node, error="nack")
+    h.deliver("pub0-2")
+    h.drain_done()
+    return h
+
+
+@pytest.mark.parametrize("nack_when", ["during", "after_heal"])
+def test_a_nack_from_a_node_whose_disk_was_full_may_be_delivered(nack_when):
+    # A single node applies a publish before the fsync that failed and stores it on recovery:
+    # its nack means "not confirmed" (docs/storage.md), reported, not fatal.
+    result = check(disk_full_history("n1", nack_when).records)
+    assert result.verdict == PASS, result.to_dict()
+    assert result.counts["nacked_delivered_store_failed"] == 1 and result.counts["nacked_delivered"] == 0
+
+
+@pytest.mark.parametrize("node, nack_when", [("n2", "during"), ("n1", "long_after")])
+def test_any_other_nack_delivered_is_still_fatal(node, nack_when):
+    result = check(disk_full_history(node, nack_when).records)
+    assert result.verdict == FAILED and result.fatal == {"nacked_delivered": 1}, result.to_dict()
 
 
 # -- benign kinds: reported, not fatal ---------------------------------------------------------
@@ -597,6 +633,7 @@ def test_nemesis_names():
         "loss",
         "delay",
         "disk-stall",
+        "disk-full",
         "clock-skew",
         "membership",
     ]
