@@ -56,7 +56,9 @@ preflight: a nemesis whose tool is missing is refused with the reason, never sil
 Overlap (`make_schedule(..., overlap=("membership",))`): the membership nemesis then runs during
 other faults instead of in its own cycles: in a cycle marked `with_` the runner starts the fault,
 starts the removal in a thread of its own (maxqctl calls only), heals the fault when its window
-ends, waits for the removal to be done, then adds the member back.
+ends, waits for the removal to be done, then adds the member back. disk-full overlaps the same
+way (`overlap=("membership", "disk-full")`: each cycle carries at most one of them): a member's
+disk fills during another fault and is emptied after that fault's heal.
 """
 
 from __future__ import annotations
@@ -741,7 +743,7 @@ class Cycle:
     quiet_s: float
     nemesis: str
     fault_s: float
-    with_: str | None = None  # a nemesis that overlaps this cycle's fault (membership)
+    with_: str | None = None  # a nemesis that overlaps this cycle's fault (membership, disk-full)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -751,7 +753,9 @@ class Cycle:
 
 
 OVERLAP_CHANCE = 0.5
-OVERLAPPABLE = ("membership",)
+# A rider's start runs in a thread beside the fault and it is healed after it (runner.py): membership
+# (maxqctl calls and a stop) and disk-full (a ballast file written, then deleted) both can.
+OVERLAPPABLE = ("membership", "disk-full")
 # A membership change needs a quorum: during kill-majority it could only time out (90 s), and a
 # removal left pending might commit after the heal and stop a member nobody holds down.
 NO_OVERLAP_WITH = ("kill-majority",)

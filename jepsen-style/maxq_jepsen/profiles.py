@@ -248,7 +248,62 @@ def _long() -> Profile:
     return Profile("long", tuple(runs), (LONG_NOTICE,))
 
 
-PROFILES = {"ci": _ci, "cluster": _cluster, "long": _long}
+CAMPAIGN_CLUSTER_RUNS = 100
+CAMPAIGN_NOTICE = (
+    f"campaign: {CAMPAIGN_CLUSTER_RUNS} seeded cluster runs of 60 s over every nemesis (disk-full too; "
+    "membership and disk-full overlap the other faults), every fifth on 5 nodes, queue, fifo and dlx "
+    "workloads in turn; then single-node runs with at least 100 kill -9 / restart cycles under "
+    "confirmed load. Several hours on 2 cores; --runs N takes the first N"
+)
+CAMPAIGN_KINDS = ("queue", "fifo", "queue", "dlx")  # 5-node runs meet every kind: 5 and 4 are coprime
+CAMPAIGN_KILL_RUNS = 2  # of 120 s: a kill every 1.2-1.8 s, over 100 cycles in all
+
+
+def _campaign() -> Profile:
+    runs = []
+    for i in range(CAMPAIGN_CLUSTER_RUNS):
+        nodes = 5 if i % 5 == 4 else 3
+        kind = CAMPAIGN_KINDS[i % len(CAMPAIGN_KINDS)]
+        # Lower rates on 5 nodes (five brokers and their clients on two cores), as in the long profile.
+        base = replace(
+            CI_CLUSTER_WORKLOAD, publishers=3, consumers=2, rate_per_publisher_hz=10.0 if nodes == 5 else 15.0
+        )
+        runs.append(
+            RunSpec(
+                seed=3001 + i,
+                nemeses=CLUSTER_NEMESES_ALL,
+                workload_kind=kind,
+                workload=workload_for(kind, base),
+                time_s=60.0,
+                quiet_s=(4.0, 8.0),
+                fault_s=(5.0, 10.0),
+                tail_s=5.0,
+                nodes=nodes,
+                lab="netns",
+                recovery_timeout_s=90.0,
+                drain_timeout_s=90.0,
+                overlap=("membership", "disk-full"),
+                server_args=CLUSTER_SERVER_ARGS,
+            )
+        )
+    for i in range(CAMPAIGN_KILL_RUNS):
+        runs.append(
+            RunSpec(
+                seed=4001 + i,
+                nemeses=("kill",),
+                workload_kind="queue",
+                workload=CI_WORKLOAD,
+                time_s=120.0,
+                quiet_s=(0.8, 1.2),
+                fault_s=(0.4, 0.6),
+                tail_s=3.0,
+                recovery_timeout_s=30.0,
+            )
+        )
+    return Profile("campaign", tuple(runs), (CAMPAIGN_NOTICE,))
+
+
+PROFILES = {"ci": _ci, "cluster": _cluster, "long": _long, "campaign": _campaign}
 
 
 def get_profile(name: str) -> Profile:

@@ -225,3 +225,32 @@ def test_the_long_profile_starts_with_five_node_runs_over_the_whole_menu():
         assert spec.overlap == ("membership",)
     ci = cli.build_specs(cli.parse_args(["--profile", "ci"]))
     assert [s.nemeses for s in ci][-1] == ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
+
+
+def test_disk_full_rides_along_other_faults_too():
+    names = ["kill-leader", "partition-one", "membership", "disk-full"]
+    schedule = nem.make_schedule(9, names, 600.0, (5.0, 10.0), (5.0, 10.0), 5.0, overlap=("membership", "disk-full"))
+    riders = {c.with_ for c in schedule}
+    assert {"membership", "disk-full"} <= riders and all(c.nemesis not in riders for c in schedule)
+    assert cli.parse_overlap("disk-full") == ["disk-full"]
+
+
+def test_the_campaign_is_a_hundred_cluster_runs_over_every_fault_and_a_hundred_kills_of_one_node():
+    from maxq_jepsen.profiles import get_profile
+
+    runs = get_profile("campaign").runs
+    cluster = [r for r in runs if r.nodes > 1]
+    single = [r for r in runs if r.nodes == 1]
+    assert len(cluster) >= 100 and len({r.seed for r in runs}) == len(runs)
+    assert {r.nodes for r in cluster} == {3, 5} and sum(r.nodes == 5 for r in cluster) >= 20
+    for nodes in (3, 5):
+        assert {r.workload_kind for r in cluster if r.nodes == nodes} == {"queue", "fifo", "dlx"}
+    assert all(set(r.nemeses) >= {"disk-full", "kill-leader", "partition-leader", "membership"} for r in cluster)
+    assert all(r.overlap == ("membership", "disk-full") for r in cluster)
+    kills = sum(
+        1
+        for r in single
+        for c in nem.make_schedule(r.seed, list(r.nemeses), r.time_s, r.quiet_s, r.fault_s, r.tail_s)
+        if c.nemesis == "kill"
+    )
+    assert kills >= 100, kills
