@@ -221,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--join", help="on: start as a new member and wait to be added (maxqctl add-node)")
     parser.add_argument("--check", action="store_true", help="verify the data folder offline and exit (0: sound)")
     parser.add_argument(
+        "--repair-from-peers",
+        action="store_true",
+        help="a cluster member whose data fails its checks moves it aside (damaged-<time>/) and starts empty, "
+        "to be installed from the other members after `maxqctl repair-member` (sound data is left alone)",
+    )
+    parser.add_argument(
         "--prometheus-port",
         help="Prometheus metrics port (/metrics, /metrics/per-object), on --http-host, without credentials "
         "(default 15692; 0 disables it)",

@@ -58,6 +58,7 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as maxq_raft.config.NODE_ID
 READ_TIMEOUT_S = 5.0
 MEMBER_CHANGE_TIMEOUT_S = 45.0  # the node gives up after 35 s
 TRANSFER_TIMEOUT_S = 20.0  # the node gives up after 10 s
+REPAIR_START_WAIT_S = 300.0  # repair-member: how long it waits for the removed member to be started again
 AWAIT_STARTUP_TIMEOUT_S = 300.0  # rabbitmqctl await_startup's default
 AWAIT_STARTUP_POLL_S = 0.5
 STATUS_POLL_TIMEOUT_S = 2.0  # one read of the cluster status for a progress line
@@ -161,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     remove = sub.add_parser("remove-node", help="remove a member from every group (then stop it)")
     remove.add_argument("name", type=_node_name, metavar="NAME")
     remove.add_argument("--force", action="store_true", help="remove it even if a group would be left without a quorum")
+    repair = sub.add_parser(
+        "repair-member",
+        help="rebuild a stopped member whose data failed its checks from the others: remove it from every "
+        "group and add it back (then start it with maxq-server --repair-from-peers)",
+    )
+    repair.add_argument("name", type=_node_name, metavar="NAME")
+    repair.add_argument(
+        "--raft-addr", type=_host_port, required=True, metavar="HOST:PORT", help="the member's --raft-addr"
+    )
     transfer = sub.add_parser(
         "transfer-leadership",
         help="move a group's leadership to a member (ask the group's leader; "
@@ -572,6 +582,8 @@ def run(args) -> str:
             + (" (forced: a group may have lost its quorum)" if answer.get("forced") else "")
             + "; stop it now"
         )
+    if args.command == "repair-member":
+        return repair_member(args, timeout)
     if args.command == "transfer-leadership":
         answer = _with_progress(
             args.node,
@@ -592,6 +604,69 @@ def run(args) -> str:
     path, columns = LISTS[args.what]
     rows = fetch(args.node, path, timeout or READ_TIMEOUT_S)
     return json.dumps(rows, indent=1) if args.json else table(rows, columns)
+
+
+def repair_member(args: argparse.Namespace, timeout: float | None) -> str:
+    """Remove NAME from every group and add it back (server/member_repair.py): Raft lets a member
+    come back with less than it had only as a new one. NAME must be stopped (it would otherwise
+    go on with what it has), and the node refuses the removal when the others could not form a
+    majority without it (exit 4): then its copy is needed and must not be thrown away. After the
+    removal the operator starts NAME with --repair-from-peers (empty, joining); the addition is
+    retried while NAME cannot be reached, for up to REPAIR_START_WAIT_S."""
+    status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
+    members = {m["node"]: m for m in status.get("members", [])}
+    member = members.get(args.name)
+    if member is None:
+        raise CtlError(f"node {args.name} is not a member of the cluster (members: {', '.join(sorted(members))})", 4)
+    if member.get("state") == "up":
+        raise CtlError(
+            f"node {args.name} is up: stop it first (repair-member rebuilds a member whose data failed its "
+            "checks; a running member keeps what it has)",
+            4,
+        )
+    path = "/api/cluster/members/" + urllib.parse.quote(args.name)
+    _with_progress(
+        args.node,
+        lambda: fetch(args.node, path, timeout or MEMBER_CHANGE_TIMEOUT_S, "DELETE"),
+        lambda status: progress.groups_without_member(status, args.name),
+        f"removing {args.name}",
+    )
+    # Added back only once it runs again, empty and joining: a member is added by talking to it.
+    print(
+        f"maxqctl: {args.name} removed; now start it with `maxq-server ... --repair-from-peers` "
+        f"(waiting up to {REPAIR_START_WAIT_S:g} s for it)",
+        file=sys.stderr,
+        flush=True,
+    )
+    deadline = time.monotonic() + REPAIR_START_WAIT_S
+    while True:  # bounded by the deadline; each turn waits for the node's answer or 1 s
+        try:
+            answer = _with_progress(
+                args.node,
+                lambda: fetch(
+                    args.node,
+                    "/api/cluster/members",
+                    timeout or MEMBER_CHANGE_TIMEOUT_S,
+                    "POST",
+                    {"node": args.name, "raft_addr": args.raft_addr},
+                ),
+                lambda status: progress.groups_with_member(status, args.name),
+                f"adding {args.name} back",
+            )
+            break
+        except CtlError as exc:
+            unreachable = exc.code == 5 and (exc.body or {}).get("reason") == "unreachable"
+            if not unreachable or time.monotonic() >= deadline:
+                raise CtlError(
+                    f"{exc}; {args.name} is removed: add it with `maxqctl add-node {args.name} --raft-addr "
+                    f"{args.raft_addr}` once it runs with --repair-from-peers",
+                    exc.code,
+                    exc.body,
+                ) from None
+            time.sleep(1.0)
+    if args.json:
+        return json.dumps({**answer, "action": "repaired"}, indent=1)
+    return f"node {args.name} removed and added back to every group: it is installed from the other members"
 
 
 def main(argv: list[str] | None = None) -> int:

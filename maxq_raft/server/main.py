@@ -38,6 +38,7 @@ from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..replication.engine import ReplicationNode
+from ..replication.journal import JournalError
 from ..replication.snapshot_file import SnapshotError
 from ..storage.errors import StorageError
 from ..storage.guarded import GuardedStore
@@ -50,6 +51,7 @@ from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
 from .errors import ChannelError
 from .local_log import LocalLog
+from .member_repair import member_problems, move_aside
 from .recovery import recover
 from .session import Session, tick_sessions
 from .store_health import StoreWatch
@@ -148,6 +150,27 @@ def store_path(settings: Settings) -> Path:
     return Path(settings.data_dir) / "store"
 
 
+def repair_from_peers(settings: Settings) -> Settings:
+    """`--repair-from-peers`: a member whose data fails its checks moves it aside and starts empty,
+    to be installed from its peers (member_repair.py); sound data is left alone."""
+    data_dir = Path(settings.data_dir)
+    problems = member_problems(data_dir)
+    if not problems:
+        log.info("repair from peers: %s passes every check; starting from it as usual", data_dir)
+        return settings
+    for problem in problems:
+        log.warning("repair from peers: %s", problem)
+    moved = move_aside(data_dir)
+    log.warning(
+        "repair from peers: the damaged data is in %s; starting empty, to be installed from the other members "
+        "once `maxqctl repair-member %s` has added this node back",
+        moved,
+        settings.node_id,
+    )
+    settings.join = "on"
+    return settings
+
+
 def check_data_dir(settings: Settings) -> int:
     """`maxq-server --check`: verify every record and the metadata log offline; 0 when sound."""
     path = store_path(settings)
@@ -236,8 +259,12 @@ async def _serve_clustered(
         node.start()
     except OSError as exc:
         raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
-    except SnapshotError as exc:
-        raise StartupError(f"cannot start from the Raft data in {settings.data_dir}: {exc}") from None
+    except (SnapshotError, JournalError) as exc:
+        raise StartupError(
+            f"cannot start from the Raft data in {settings.data_dir}: {exc}. The other members hold this "
+            f"data: `maxqctl --node <another member> repair-member {settings.node_id} --raft-addr "
+            f"{settings.raft_addr}`, then start this node with --repair-from-peers (docs/operations.md)"
+        ) from None
     cluster.node = node
     log.info(
         "node %s: Raft on %s, %d shard groups, peers %s%s",
@@ -475,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         lock.close()
         return check_data_dir(settings)
+    if args.repair_from_peers:
+        if not settings.clustered:
+            lock.close()
+            print("maxq-server: --repair-from-peers is for a cluster member (--raft-addr, --peer)", file=sys.stderr)
+            return 2
+        settings = repair_from_peers(settings)
     path = store_path(settings)
     try:
         store = GuardedStore(
