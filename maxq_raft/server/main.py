@@ -51,7 +51,7 @@ from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
 from .errors import ChannelError
 from .local_log import LocalLog
-from .member_repair import member_problems, move_aside
+from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
 from .recovery import recover
 from .session import Session, tick_sessions
 from .store_health import StoreWatch
@@ -172,11 +172,18 @@ def repair_from_peers(settings: Settings) -> Settings:
 
 
 def check_data_dir(settings: Settings) -> int:
-    """`maxq-server --check`: verify every record and the metadata log offline; 0 when sound."""
+    """`maxq-server --check`: verify every record and the metadata log offline, and a cluster
+    member's Raft data (journals, term files, snapshots); 0 when sound."""
+    raft = Path(settings.data_dir) / RAFT_FOLDER
+    raft_found = raft_problems(Path(settings.data_dir)) if raft.exists() else []
+    if raft.exists():
+        for problem in raft_found:
+            print(f"{raft}: {problem}")
+        print(f"{raft}: {'OK' if not raft_found else f'{len(raft_found)} problem(s)'}")
     path = store_path(settings)
     if not path.exists():
         print(f"{path}: no message store here (nothing to check)")
-        return 0
+        return 0 if not raft_found else 1
     problems = verify_store(path)
     if not problems:
         try:
@@ -187,7 +194,7 @@ def check_data_dir(settings: Settings) -> int:
     for problem in problems:
         print(f"{path}: {problem}")
     print(f"{path}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-    return 0 if not problems else 1
+    return 0 if not problems and not raft_found else 1
 
 
 async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> str | None:

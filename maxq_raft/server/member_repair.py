@@ -32,6 +32,15 @@ SNAPSHOT_FOLDER = "snapshot"
 
 def member_problems(data_dir: Path) -> list[str]:
     """What is damaged in a member's data folder (empty: every check passes); changes nothing."""
+    problems = raft_problems(data_dir)
+    store = data_dir / STORE_FOLDER
+    if store.exists():
+        problems += [f"{store}: {problem}" for problem in verify_store(store)]
+    return problems
+
+
+def raft_problems(data_dir: Path) -> list[str]:
+    """What is damaged in a member's Raft data: journals, term files, snapshot files."""
     problems: list[str] = []
     raft_root = data_dir / RAFT_FOLDER / RAFT_FOLDER
     groups = sorted(p for p in raft_root.iterdir() if p.is_dir()) if raft_root.is_dir() else []
@@ -46,9 +55,6 @@ def member_problems(data_dir: Path) -> list[str]:
                 snapshot_file.read_header(path)
             except snapshot_file.SnapshotError as exc:
                 problems.append(str(exc))
-    store = data_dir / STORE_FOLDER
-    if store.exists():
-        problems += [f"{store}: {problem}" for problem in verify_store(store)]
     return problems
 
 

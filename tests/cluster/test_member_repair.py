@@ -51,6 +51,16 @@ def test_a_member_with_a_damaged_journal_is_rebuilt_from_its_peers(tmp_path):
         flip_a_byte_inside(segments[0])
         damaged_bytes = segments[0].read_bytes()
 
+        # --check finds it offline, naming the file and offset.
+        check = subprocess.run(
+            [*_server_command(), "--data-dir", str(n3.data_dir), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=str(tmp_path),
+        )
+        assert check.returncode == 1 and str(segments[0]) in check.stdout and "crc mismatch at offset" in check.stdout
+
         # A plain start refuses, naming the file and the way out, without a traceback.
         n3.launch()
         assert n3.proc.wait(CLUSTER_READY_S) == 1
