@@ -29,22 +29,25 @@ deadlines are replicated state, so a new leader goes on from the same attempt.
 
 Bounded: at most TXN_MESSAGES_MAX half messages and TXN_BYTES_MAX bytes of body per queue; a
 half publish beyond that is refused like a reject-publish overflow (the publisher gets a nack).
-Halves live in memory and in the snapshot header (format version 5), not in a single node's
-store: a restarted single node has no open transactions (docs/queue-features.md).
+Halves live in memory and in the snapshot header (format version 5). A durable queue on a single
+node also writes its persistent halves to its backing (`txn_write`, under the queue's own half
+numbers) and removes them once resolved (a commit writes them as messages first), so a restart
+finds its open transactions again (`recover_txns`): their check-backs start over, the first at
+once. Transient halves, like transient messages, do not survive a restart.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from .commands import Enqueue, ResolveTxn, malformed
 from .queue_args import EXPIRY_MS_MAX
-from .queue_types import Overflowed, Rejected
+from .queue_types import Overflowed, Rejected, TxnCheck, TxnTimedOut
 
 if TYPE_CHECKING:
     from .message import Message
     from .queue_args import QueueSettings
-    from .queue_types import Effect
+    from .queue_types import Backing, Effect
 
 TXN_EXCHANGE = "amq.maxq.transaction"  # the reserved exchange decisions are published to
 TXN_ID_HEADER = "x-transaction-id"
@@ -62,24 +65,7 @@ TXN_MESSAGES_MAX = 100_000  # half messages per queue
 TXN_BYTES_MAX = 64 << 20  # their bodies per queue
 ACTIONS = ("commit", "rollback", "expire")
 
-
-class TxnCheck(NamedTuple):
-    """Effect: transaction `txn_id` of queue `queue` has had no decision in time: publish check
-    number `attempt` to the reply_to of its first half (whose properties are `props_raw`)."""
-
-    vhost: str
-    queue: str
-    txn_id: str
-    attempt: int
-    props_raw: bytes
-
-
-class TxnTimedOut(NamedTuple):
-    """Effect: the checks of `txn_id` are spent with no answer: record a rollback ("expire")."""
-
-    vhost: str
-    queue: str
-    txn_id: str
+__all__ = ["QueueTxns", "HalfTxn", "TxnCheck", "TxnTimedOut", "txn_error"]
 
 
 def txn_error(txn_id: Any, timeout_ms: Any, checks: Any) -> str | None:
@@ -96,10 +82,11 @@ def txn_error(txn_id: Any, timeout_ms: Any, checks: Any) -> str | None:
 class HalfTxn:
     """One transaction's halves in one queue, and its check-back state."""
 
-    __slots__ = ("messages", "timeout_ms", "checks_max", "deadline_ms", "attempts")
+    __slots__ = ("messages", "numbers", "timeout_ms", "checks_max", "deadline_ms", "attempts")
 
     def __init__(self, timeout_ms: int, checks_max: int, deadline_ms: int) -> None:
         self.messages: list[Message] = []
+        self.numbers: list[int] = []  # beside each message: its half number in the backing, 0: not stored
         self.timeout_ms = timeout_ms
         self.checks_max = checks_max
         self.deadline_ms = deadline_ms
@@ -115,6 +102,8 @@ class QueueTxns:
         now_ms: int
         next_seq: int
         settings: QueueSettings
+        durable: bool
+        backing: Backing | None
 
         def _enqueue_checked(self, messages: list[Message]) -> tuple[int | Overflowed, list[Effect]]: ...
         def _enqueue_dedup(
@@ -126,6 +115,7 @@ class QueueTxns:
         self.txns: dict[str, HalfTxn] = {}  # by id, in the order they opened
         self.txn_messages = 0
         self.txn_bytes = 0
+        self._txn_next_number = 1  # a durable queue's next half number in its backing
 
     @property
     def txn_deadline_ms(self) -> int | None:
@@ -157,6 +147,7 @@ class QueueTxns:
             return malformed(cmd, "dedup must be a list"), []
         rest = [p for p in range(len(messages)) if p not in halves]
         refused: list[int] = []
+        stored: list[tuple[int, str, int, int, Message]] = []
         for position, (txn_id, timeout_ms, checks) in halves.items():
             message = messages[position]
             size = len(message.body)
@@ -168,8 +159,16 @@ class QueueTxns:
                 # The first half sets the timeout and the checks (later ones' fields are ignored).
                 txn = self.txns[txn_id] = HalfTxn(timeout_ms, checks, self.now_ms + timeout_ms)
             txn.messages.append(message)
+            number = 0
+            if self.durable and message.persistent:
+                number = self._txn_next_number
+                self._txn_next_number += 1
+                stored.append((number, txn_id, txn.timeout_ms, txn.checks_max, message))
+            txn.numbers.append(number)
             self.txn_messages += 1
             self.txn_bytes += size
+        if stored:
+            self.backing.txn_write(stored)  # type: ignore[union-attr]  # a durable queue has a backing
         if not rest:
             reply: Any = len(messages)
             effects: list[Effect] = []
@@ -206,13 +205,18 @@ class QueueTxns:
         messages = txn.messages
         self.txn_messages -= len(messages)
         self.txn_bytes -= sum(len(m.body) for m in messages)
+        numbers = [n for n in txn.numbers if n]
         if cmd.action == "commit":
             reply, effects = self._enqueue_checked(messages)
+            if numbers:  # (after the messages' own write: a crash between keeps both, never neither)
+                self.backing.txn_remove(numbers)  # type: ignore[union-attr]  # a durable queue has a backing
             if type(reply) is Overflowed:
                 # A full reject-publish queue refuses committed halves as it would a publish
                 # (they were confirmed as halves: counted as rejected publishes, docs say so).
                 return reply.accepted, effects
             return len(messages), effects
+        if numbers:
+            self.backing.txn_remove(numbers)  # type: ignore[union-attr]  # a durable queue has a backing
         if cmd.action == "expire":
             for message in messages:
                 # A seq of their own, never in the ready range: dead lettering keys by it.
@@ -248,15 +252,21 @@ class QueueTxns:
         return {
             "txns": [
                 [txn_id, txn.timeout_ms, txn.checks_max, txn.deadline_ms, txn.attempts]
-                + [[message_record(m) for m in txn.messages]]
+                + [[message_record(m) for m in txn.messages], list(txn.numbers)]
                 for txn_id, txn in self.txns.items()
-            ]
+            ],
+            "txn_next_number": self._txn_next_number,
         }
 
     def _load_txns(self, header: dict[str, Any]) -> None:
         from .snapshot import message_from_record
 
-        for txn_id, timeout_ms, checks_max, deadline_ms, attempts, records in header.get("txns", ()):
+        next_number = header.get("txn_next_number", 1)
+        if type(next_number) is not int:
+            raise TypeError("a queue's next half number is an int")
+        self._txn_next_number = next_number
+        stored: list[tuple[int, str, int, int, Message]] = []
+        for txn_id, timeout_ms, checks_max, deadline_ms, attempts, records, numbers in header.get("txns", ()):
             if txn_error(txn_id, timeout_ms, checks_max) is not None or type(deadline_ms) is not int:
                 raise ValueError(f"bad transaction {txn_id!r} in a queue header")
             if type(attempts) is not int or not 0 <= attempts <= checks_max or not records:
@@ -264,15 +274,42 @@ class QueueTxns:
             txn = self.txns[txn_id] = HalfTxn(timeout_ms, checks_max, deadline_ms)
             txn.attempts = attempts
             txn.messages = [message_from_record(r) for r in records]
+            if len(numbers) != len(records) or not all(type(n) is int and 0 <= n < next_number for n in numbers):
+                raise ValueError(f"bad half numbers of transaction {txn_id!r}")
+            txn.numbers = list(numbers)
+            if self.durable:  # the new backing holds what the original's did, as for stored messages
+                stored.extend(
+                    (n, txn_id, timeout_ms, checks_max, m) for n, m in zip(numbers, txn.messages, strict=True) if n
+                )
             self.txn_messages += len(txn.messages)
             self.txn_bytes += sum(len(m.body) for m in txn.messages)
+        if stored:
+            self.backing.txn_write(stored)  # type: ignore[union-attr]  # a durable queue has a backing
+
+    def recover_txns(self) -> None:
+        """A restarted single node: the open transactions its backing kept (their persistent
+        halves), in half-number order; their check-backs start over, the first due at once."""
+        if self.backing is None or not self.durable:
+            return
+        for number, txn_id, timeout_ms, checks, message in self.backing.txn_stored():
+            if txn_error(txn_id, timeout_ms, checks) is not None:
+                continue  # (never written so; skipped rather than trusted)
+            txn = self.txns.get(txn_id)
+            if txn is None:
+                txn = self.txns[txn_id] = HalfTxn(timeout_ms, checks, self.now_ms)
+            txn.messages.append(message)
+            txn.numbers.append(number)
+            self.txn_messages += 1
+            self.txn_bytes += len(message.body)
+            self._txn_next_number = max(self._txn_next_number, number + 1)
 
     def _check_txns(self) -> None:
         count = 0
         size = 0
         for txn in self.txns.values():
             assert txn.messages, "a transaction is held only while it has halves"
-            assert 0 <= txn.attempts <= txn.checks_max
+            assert 0 <= txn.attempts <= txn.checks_max and len(txn.numbers) == len(txn.messages)
+            assert all(0 <= n < self._txn_next_number for n in txn.numbers)
             for m in txn.messages:
                 assert m.seq == -1 and not m.stored, "a half has no seq and no stored copy"
             count += len(txn.messages)

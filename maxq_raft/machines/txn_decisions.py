@@ -43,7 +43,7 @@ class TxnDecisions:
         found = self.decided.get((vhost, txn_id))
         return None if found is None else found[0]
 
-    def apply(self, meta: Meta, command: DecideTxn) -> tuple[str | Rejected, list]:
+    def apply(self, meta: Meta, command: DecideTxn) -> tuple[str | Rejected, list[Any]]:
         vhost, txn_id, action = command
         if type(vhost) is not str or type(txn_id) is not str or type(action) is not str:
             return Rejected(541, f"malformed DecideTxn: {command!r}"[:200]), []

@@ -195,3 +195,47 @@ def _all(channel, queue: str) -> list:
             return found
         found.append(props)
     raise AssertionError("too many check messages")
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_open_transactions_of_a_durable_queue_survive_a_single_node_restart(start_broker, how):
+    """Persistent halves are on disk once confirmed: after a restart the transaction is still
+    open (checked back at once), a commit makes them visible, and a rolled-back one stays gone."""
+    server = start_broker()
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.queue_declare("tq", durable=True)
+    channel.queue_declare("checks", durable=True)
+    channel.confirm_delivery()
+    kept, dropped = new_id(), new_id()
+    channel.basic_publish(  # the first half's reply_to is where its checks go
+        "",
+        "tq",
+        b"kept 1",
+        pika.BasicProperties(
+            delivery_mode=2, reply_to="checks", headers={"x-transaction-id": kept, "x-transaction-timeout": 60_000}
+        ),
+    )
+    half(channel, "tq", b"kept 2", kept)
+    half(channel, "tq", b"dropped", dropped)
+    decide(channel, dropped, "rollback")
+    connection.close()
+    if how == "sigkill":
+        server.kill()
+    else:
+        assert server.stop() == 0, server.log_text()
+    server = start_broker(data_dir=server.data_dir)
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    assert message_count(channel, "tq") == 0
+    _, check, _ = get_one(channel, "checks", timeout_s=10, auto_ack=True)  # asked again at once
+    assert check.headers["x-transaction-id"] == kept and check.headers["x-transaction-check-attempt"] == 1
+    with pytest.raises(ChannelClosedByBroker) as err:
+        decide(channel, dropped, "commit")  # resolved before the restart: nothing holds it now
+    assert err.value.reply_code == 404
+    channel = connection.channel()
+    channel.confirm_delivery()
+    decide(channel, kept, "commit")
+    assert drain(channel, "tq") == [b"kept 1", b"kept 2"]
+    connection.close()

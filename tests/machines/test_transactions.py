@@ -232,3 +232,48 @@ class TxnModel(RuleBasedStateMachine):
 
 TestTxnModel = TxnModel.TestCase
 TestTxnModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def persistent(body: str) -> Message:
+    return Message("", "q", b"", body.encode(), True)
+
+
+def test_a_durable_queue_keeps_its_persistent_halves_for_a_restart() -> None:
+    import copy
+
+    from .test_queue_machine import DictBacking
+
+    backing = DictBacking()
+    q = Clocked(QueueMachine("/", "q", backing=backing, durable=True))
+    q(
+        1,
+        Enqueue(
+            [persistent("a"), msg("transient"), persistent("b")],
+            None,
+            [(0, "t", 500, 2), (1, "t", 500, 2), (2, "u", 500, 2)],
+        ),
+    )
+    q(2, Enqueue([persistent("c")], None, [(0, "t", 500, 2)]))
+    assert sorted(h[0] for h in backing.halves.values()) == ["t", "t", "u"]  # the transient one is not stored
+    q(3, ResolveTxn("u", "rollback"))
+    assert sorted(h[0] for h in backing.halves.values()) == ["t", "t"]
+    restarted = Clocked(QueueMachine("/", "q", backing=copy.deepcopy(backing), durable=True))
+    restarted.machine.recover_txns()
+    restarted.machine.check_invariants()
+    assert {t: [m.body for m in h.messages] for t, h in restarted.machine.txns.items()} == {"t": [b"a", b"c"]}
+    _, effects = restarted(10_000, Tick())  # the check-backs start over, the first at once
+    assert [(e.txn_id, e.attempt) for e in effects] == [("t", 1)]
+    assert restarted(10_001, ResolveTxn("t", "commit"))[0] == 2
+    assert not restarted.machine.backing.halves  # resolved: gone from the halves, stored as messages
+    assert bodies_got(restarted, 10_002) == ["a", "c"]
+
+
+def test_a_snapshot_of_a_durable_queue_writes_its_halves_to_the_new_backing() -> None:
+    from .test_queue_machine import DictBacking
+
+    q = Clocked(QueueMachine("/", "q", backing=DictBacking(), durable=True))
+    q(1, Enqueue([persistent("a")], None, [(0, "t", 500, 2)]))
+    fresh = DictBacking()
+    restored = load_queue(list(dump_queue(q.machine)), backing=fresh)
+    restored.check_invariants()
+    assert [h[0] for h in fresh.halves.values()] == ["t"]
