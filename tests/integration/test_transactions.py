@@ -239,3 +239,18 @@ def test_open_transactions_of_a_durable_queue_survive_a_single_node_restart(star
     decide(channel, kept, "commit")
     assert drain(channel, "tq") == [b"kept 1", b"kept 2"]
     connection.close()
+
+
+def test_halves_and_decisions_inside_an_amqp_tx_are_routed_at_tx_commit(env):
+    channel = env.channel()
+    name = env.queue_name("txtx")
+    channel.queue_declare(name)
+    channel.tx_select()
+    txn_id = new_id()
+    half(channel, name, b"in tx", txn_id)
+    channel.tx_commit()
+    assert message_count(channel, name) == 0
+    decide(channel, txn_id, "commit")
+    assert message_count(channel, name) == 0  # the decision waits for tx.commit too
+    channel.tx_commit()
+    assert drain(channel, name) == [b"in tx"]
