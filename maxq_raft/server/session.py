@@ -748,7 +748,11 @@ class Session:
         for queue_key, messages in pending.items():
             queue = broker.queues.get(queue_key)
             then = None
-            if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
+            if (
+                self.pending_confirms
+                and queue is not None
+                and (queue.settings.overflow != "drop-head" or queue_key in txns)
+            ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
             entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key), txns.get(queue_key)), then)
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)

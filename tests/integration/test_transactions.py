@@ -254,3 +254,23 @@ def test_halves_and_decisions_inside_an_amqp_tx_are_routed_at_tx_commit(env):
     assert message_count(channel, name) == 0  # the decision waits for tx.commit too
     channel.tx_commit()
     assert drain(channel, name) == [b"in tx"]
+
+
+def test_halves_beyond_the_queues_bound_are_nacked(env):
+    """At most 64 MiB of half bodies per queue (transactions.py): the next half is nacked,
+    even on a drop-head queue, and the transaction keeps the halves it had."""
+    from pika.exceptions import NackError
+
+    channel = env.channel()
+    name = env.queue_name("txbig")
+    channel.queue_declare(name)
+    channel.confirm_delivery()
+    txn_id = new_id()
+    body = b"b" * (1 << 20)
+    for _ in range(64):
+        half(channel, name, body, txn_id)
+    with pytest.raises(NackError):
+        half(channel, name, body, txn_id)
+    decide(channel, txn_id, "commit")
+    assert message_count(channel, name) == 64
+    channel.queue_purge(name)

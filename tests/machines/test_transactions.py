@@ -277,3 +277,15 @@ def test_a_snapshot_of_a_durable_queue_writes_its_halves_to_the_new_backing() ->
     restored = load_queue(list(dump_queue(q.machine)), backing=fresh)
     restored.check_invariants()
     assert [h[0] for h in fresh.halves.values()] == ["t"]
+
+
+def test_the_metadata_snapshot_keeps_the_decisions() -> None:
+    from maxq_raft.machines.metadata import MetadataMachine
+    from maxq_raft.server.metadata_snapshot import dump_metadata, load_metadata
+
+    machine = MetadataMachine()
+    assert machine.apply(Meta(1, 1000), DecideTxn("/", "t", "commit")) == ("commit", [])
+    machine.apply(Meta(2, 2000), DecideTxn("/", "u", "expire"))
+    restored = load_metadata(list(dump_metadata(machine)))
+    assert restored.txn_decisions.decided == machine.txn_decisions.decided
+    assert restored.apply(Meta(3, 3000), DecideTxn("/", "t", "rollback")) == ("commit", [])
