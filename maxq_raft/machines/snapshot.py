@@ -70,8 +70,9 @@ Record: TypeAlias = list[Any]
 # for a stale one], oldest first), only for a queue with x-message-deduplication. Versions 1 to
 # 3 still load (they have none of them: such a queue starts with an empty window). Version 5
 # added `txns` (transactions.py: each open transaction as [id, timeout ms, checks max, deadline
-# ms, attempts, [message, ...]], in the order they opened), only for a queue with some; a
-# version 1 to 4 dump has none open.
+# ms, attempts, [half, ...], [half number, ...]] in the order they opened, a half as a log entry
+# carries a message) and `txn_next_number`, only for a queue with some; a version 1 to 4 dump
+# has none open.
 FORMAT_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 CHUNK_MESSAGES_MAX = 1024

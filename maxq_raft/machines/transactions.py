@@ -41,11 +41,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .commands import Enqueue, ResolveTxn, malformed
+from .message import Message, new_message_error
 from .queue_args import EXPIRY_MS_MAX
 from .queue_types import Overflowed, Rejected, TxnCheck, TxnTimedOut
 
 if TYPE_CHECKING:
-    from .message import Message
     from .queue_args import QueueSettings
     from .queue_types import Backing, Effect
 
@@ -66,6 +66,30 @@ TXN_BYTES_MAX = 64 << 20  # their bodies per queue
 ACTIONS = ("commit", "rollback", "expire")
 
 __all__ = ["QueueTxns", "HalfTxn", "TxnCheck", "TxnTimedOut", "txn_error"]
+
+
+def _half_record(message: Message) -> list[Any]:
+    """A half as a list: only what a publish sets (a half is never delivered, stored in a
+    queue's ready range or timed before its commit), as a log entry carries a message."""
+    return [
+        message.exchange,
+        message.routing_key,
+        bytes(message.props_raw),
+        bytes(message.body),
+        message.persistent,
+        message.ttl_ms,
+        message.priority,
+        message.delay_ms,
+    ]
+
+
+def _half_from_record(record: list[Any]) -> Message:
+    exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms = record
+    message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
+    why = new_message_error(message)
+    if why is not None:
+        raise ValueError(f"bad half message: {why}")
+    return message
 
 
 def txn_error(txn_id: Any, timeout_ms: Any, checks: Any) -> str | None:
@@ -247,20 +271,16 @@ class QueueTxns:
         bounded by TXN_MESSAGES_MAX and TXN_BYTES_MAX, so they may sit in the header."""
         if not self.txns:
             return {}
-        from .snapshot import message_record  # (snapshot.py imports the machine)
-
         return {
             "txns": [
                 [txn_id, txn.timeout_ms, txn.checks_max, txn.deadline_ms, txn.attempts]
-                + [[message_record(m) for m in txn.messages], list(txn.numbers)]
+                + [[_half_record(m) for m in txn.messages], list(txn.numbers)]
                 for txn_id, txn in self.txns.items()
             ],
             "txn_next_number": self._txn_next_number,
         }
 
     def _load_txns(self, header: dict[str, Any]) -> None:
-        from .snapshot import message_from_record
-
         next_number = header.get("txn_next_number", 1)
         if type(next_number) is not int:
             raise TypeError("a queue's next half number is an int")
@@ -273,7 +293,7 @@ class QueueTxns:
                 raise ValueError(f"bad transaction {txn_id!r} in a queue header")
             txn = self.txns[txn_id] = HalfTxn(timeout_ms, checks_max, deadline_ms)
             txn.attempts = attempts
-            txn.messages = [message_from_record(r) for r in records]
+            txn.messages = [_half_from_record(r) for r in records]
             if len(numbers) != len(records) or not all(type(n) is int and 0 <= n < next_number for n in numbers):
                 raise ValueError(f"bad half numbers of transaction {txn_id!r}")
             txn.numbers = list(numbers)
