@@ -266,11 +266,11 @@ def test_halves_beyond_the_queues_bound_are_nacked(env):
     channel.queue_declare(name)
     channel.confirm_delivery()
     txn_id = new_id()
-    body = b"b" * (1 << 20)
-    for _ in range(64):
+    body = b"b" * (1 << 19)  # (a cluster's log entry holds at most 1 MiB)
+    for _ in range(128):
         half(channel, name, body, txn_id)
     with pytest.raises(NackError):
         half(channel, name, body, txn_id)
     decide(channel, txn_id, "commit")
-    assert message_count(channel, name) == 64
+    assert message_count(channel, name) == 128
     channel.queue_purge(name)
