@@ -1,8 +1,9 @@
 """Transactional half messages on a real 3-node cluster (machines/transactions.py,
 server/transactions.py, docs/queue-features.md): the halves, their check-back state and the
 decision are replicated, so killing the leader of the halves' shard between the half publish
-and the commit loses nothing and shows nothing early, and the check-backs go on from the
-attempt the dead leader had reached."""
+and the commit loses nothing and shows nothing early, the check-backs go on from the
+attempt the dead leader had reached, and a member restarted from its snapshot (format 5) keeps
+the open transactions."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import time
 import uuid
 
 import pika
+import pytest
 
 from maxq_raft.server.cluster import shard_of
 
 from ..helpers import wait_for
-from .conftest import drain
+from .conftest import drain, running_cluster
 
 SHARDS = 2
+BODY = b"x" * 4000
 
 
 def queue_in(group: str, prefix: str) -> str:
@@ -145,3 +148,46 @@ def test_check_backs_go_on_after_the_leader_dies(cluster):
     finally:
         conn.close()
     assert [body for body, _ in drain(survivors[1], queue, quiet_s=1.5)] == [f"{queue}/0".encode()]
+
+
+@pytest.fixture
+def snap_cluster(tmp_path):
+    with running_cluster(tmp_path, ["--snapshot-every-mb", "1"]) as c:
+        yield c
+
+
+def test_a_member_restarted_from_its_snapshot_keeps_open_transactions(snap_cluster):
+    """The halves are in the queue's snapshot (format 5): a member whose log was compacted past
+    them and that restarts from its snapshot still holds them, shows none, and commits them."""
+    n1 = snap_cluster["n1"]
+    group = shard_of(("/", "probe"), SHARDS)
+    queue, filler = queue_in(group, "txsnap"), queue_in(group, "txfill")
+    conn = n1.connect()
+    try:
+        channel = conn.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.queue_declare(filler, durable=True)
+    finally:
+        conn.close()
+    txn_id = f"txn-{uuid.uuid4().hex[:8]}"
+    publish_halves(n1, [queue], txn_id, 20)
+    conn = n1.connect(socket_timeout=10)
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for _ in range(400):  # ~1.6 MB through the same shard: a snapshot, the log compacted
+            channel.basic_publish("", filler, BODY, pika.BasicProperties(delivery_mode=2))
+    finally:
+        conn.close()
+    assert len(drain(n1, filler, quiet_s=1.0)) == 400
+
+    def first_index() -> int:
+        return {g["group"]: g for g in n1.admin("/api/cluster/status")["groups"]}[group]["first_index"]
+
+    wait_for(lambda: first_index() > 200, 30, f"n1 compacts {group}'s log")
+    snap_cluster.restart("n1")
+    assert "starting from the snapshot" in n1.log_text()
+    assert ready(n1, queue) == 0
+    commit(n1, txn_id)
+    got = drain(n1, queue, quiet_s=1.5)
+    assert [body for body, _ in got] == [f"{queue}/{i}".encode() for i in range(20)]
