@@ -7,7 +7,9 @@ Theory of operation:
   them in the Enqueue beside the message (`Enqueue.txn`); its confirm means the queues hold it;
 - a publish to the reserved exchange `amq.maxq.transaction` (no exchange object: the session
   hands it here before routing, and `amq.` names cannot be declared) with the transaction id as
-  routing key and `x-transaction-action: commit|rollback` decides it (`decide_publish`): the
+  routing key and `x-transaction-action: commit|rollback` decides it (`decide_publish`; an id
+  this member does not know is looked up again after a Sync through every shard group, since
+  the member may not have applied the halves yet): the
   decision is recorded in the metadata group first (`DecideTxn`, the first one stands), then
   `resolve` submits a `ResolveTxn` to every queue this node sees holding halves of it; the
   publisher's confirm waits for both. Unknown id: 404; a decision contrary to the one that
@@ -58,6 +60,7 @@ HEADERS_FLAG = 1 << 13
 TXN_ID_BYTES = TXN_ID_HEADER.encode()
 RESOLVES_PER_TICK_MAX = 1024  # ResolveTxn commands the ticker submits per turn at most
 SESSION_TXN_IDS_MAX = 10_000  # ids a connection remembers having published halves for
+SYNC_TARGET = ("", "")  # a Sync names no queue: its group is given
 
 _PAST = {"commit": "committed", "rollback": "rolled back", "expire": "rolled back (no answer to its checks)"}
 
@@ -127,9 +130,47 @@ def decide_publish(session: Any, channel: Any, seq: int | None, method: Any, pro
         session.flush_publishes()
     broker = session.broker
     vhost = session.vhost
-    standing = broker.meta.txn_decisions.get(vhost, txn_id)
-    if standing is None and txn_id not in session.txn_ids and not holders(broker, vhost, txn_id):
+    if _known(session, broker, vhost, txn_id):
+        _record(session, channel, seq, broker, vhost, txn_id, action)
+        return
+    log_ = broker.log
+    if log_.synchronous:  # a single node has applied everything: unknown it is
         raise ChannelError(spec.NOT_FOUND, f"NOT_FOUND - no transaction '{txn_id}' in vhost '{vhost}'")
+    # A cluster member may be a few entries behind the halves' groups (they were confirmed by a
+    # majority, perhaps not yet applied here): a Sync through every shard group is applied here
+    # after everything committed before it, so looking again then is looking at the halves.
+    shards = list(log_.shards)
+    left: dict[str, Any] = {"groups": len(shards), "failure": None}
+
+    def looked_again(_reply: Any) -> None:
+        if not _known(session, broker, vhost, txn_id):
+            raise ChannelError(spec.NOT_FOUND, f"NOT_FOUND - no transaction '{txn_id}' in vhost '{vhost}'")
+        _record(session, channel, seq, broker, vhost, txn_id, action)
+
+    resume = channel._then(looked_again)
+
+    def synced(reply: Any) -> None:
+        if type(reply) is not type(None) and left["failure"] is None:
+            left["failure"] = reply  # (Unavailable: the continuation closes the connection)
+        left["groups"] -= 1
+        if left["groups"] == 0:
+            resume(left["failure"])
+
+    for group in shards:
+        log_.submit(SYNC_TARGET, qc.Sync(), synced, group=group)
+
+
+def _known(session: Any, broker: Any, vhost: str, txn_id: str) -> bool:
+    """Decided already, published halves of on this connection, or held by a queue here."""
+    return (
+        broker.meta.txn_decisions.get(vhost, txn_id) is not None
+        or txn_id in session.txn_ids
+        or bool(holders(broker, vhost, txn_id))
+    )
+
+
+def _record(session: Any, channel: Any, seq: int | None, broker: Any, vhost: str, txn_id: str, action: str) -> None:
+    """Record the decision in the metadata group, then resolve the queues; the confirm after both."""
 
     def decided(reply: Any) -> None:
         if type(reply) is Rejected:
