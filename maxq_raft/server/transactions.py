@@ -126,7 +126,8 @@ def decide_publish(session: Any, channel: Any, seq: int | None, method: Any, pro
     if not txn_id:
         raise ChannelError(spec.PRECONDITION_FAILED, "PRECONDITION_FAILED - the routing key must be the transaction id")
     # Halves published earlier in this read must reach their queues before the decision does.
-    if session.pending or session.pending_confirms or session.pending_settles:
+    # (Only then: inside tx.commit a flush here would hide those queues from its own wait.)
+    if session.pending_txn:
         session.flush_publishes()
     broker = session.broker
     vhost = session.vhost

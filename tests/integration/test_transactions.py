@@ -14,6 +14,7 @@ between half and commit is tests/cluster/test_transactions_cluster.py.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -274,3 +275,34 @@ def test_halves_beyond_the_queues_bound_are_nacked(env):
     decide(channel, txn_id, "commit")
     assert message_count(channel, name) == 128
     channel.queue_purge(name)
+
+
+def test_halves_and_their_commit_in_one_read_reach_the_queue_before_the_decision(env):
+    """Publishes without confirms are not waited for: the halves and the decision arrive in one
+    read of the broker, and the halves reach their queue before the decision does (on a single
+    node, applied at once: all ready by the next method's reply)."""
+    channel = env.channel()
+    name = env.queue_name("txread")
+    channel.queue_declare(name)
+    txn_id = new_id()
+    props = pika.BasicProperties(headers={"x-transaction-id": txn_id})
+    for i in range(20):
+        channel.basic_publish("", name, f"r{i}".encode(), props)
+    decide(channel, txn_id, "commit")
+    if os.environ.get("MAXQ_TEST_CLUSTER", "") in ("", "0"):
+        assert message_count(channel, name) == 20  # not a tick later (the ticker's retry)
+    assert [get_one(channel, name, auto_ack=True)[2] for _ in range(20)] == [f"r{i}".encode() for i in range(20)]
+
+
+def test_halves_and_their_decision_in_one_amqp_tx(env):
+    channel = env.channel()
+    name = env.queue_name("txtx1")
+    channel.queue_declare(name)
+    channel.tx_select()
+    txn_id = new_id()
+    half(channel, name, b"a", txn_id)
+    half(channel, name, b"b", txn_id)
+    decide(channel, txn_id, "commit")
+    channel.tx_commit()
+    # (the next method on the channel waits for the decision: docs/queue-features.md)
+    assert [get_one(channel, name, auto_ack=True)[2] for _ in range(2)] == [b"a", b"b"]
