@@ -51,6 +51,9 @@ class Enqueue(NamedTuple):
     # None)` in position order (dedup.py: `dedup_key`, `dedup_ttl`); None when none has one.
     # A queue without deduplication ignores them.
     dedup: list[tuple[int, str, int | None]] | None = None
+    # The half messages (transactions.py), as `(position, transaction id, timeout ms, checks
+    # max)` in position order; None when none is one. Held apart until `ResolveTxn`.
+    txn: list[tuple[int, str, int, int]] | None = None
 
 
 class EnqueueFifo(NamedTuple):
@@ -189,6 +192,14 @@ class PauseConsumers(NamedTuple):
     paused: bool
 
 
+class ResolveTxn(NamedTuple):
+    """Apply a transaction's decision, recorded first in the metadata group (transactions.py):
+    `action` "commit", "rollback" or "expire". Idempotent: a queue without it changes nothing."""
+
+    txn_id: str
+    action: str
+
+
 QueueCommand: TypeAlias = (
     Enqueue
     | EnqueueFifo
@@ -210,6 +221,7 @@ QueueCommand: TypeAlias = (
     | DeleteReceived
     | ChangeVisibility
     | PauseConsumers
+    | ResolveTxn
 )
 # The classes of the union, exactly (a queue machine refuses any other type, subclasses too).
 QUEUE_COMMAND_TYPES = frozenset(get_args(QueueCommand))

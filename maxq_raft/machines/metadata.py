@@ -25,6 +25,7 @@ from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
 from .routing import EXCHANGE_TYPES, Router, make_router, validate_binding_arguments
+from .txn_decisions import DecideTxn, TxnDecisions
 
 DEFAULT_VHOST = "/"
 
@@ -387,7 +388,7 @@ class VhostDeleted(NamedTuple):
 MetaEffect: TypeAlias = QueueCreated | QueueDeleted | PolicyChanged | VhostDeleted
 # What a command answers: True/False (done, or nothing to do), the record declared, the number
 # of queues an OwnerDown deleted, or a refusal.
-MetaReply: TypeAlias = bool | int | ExchangeRecord | QueueRecord | Rejected
+MetaReply: TypeAlias = bool | int | str | ExchangeRecord | QueueRecord | Rejected  # str: DecideTxn's
 MetaResult: TypeAlias = tuple[MetaReply, list[MetaEffect]]
 
 
@@ -417,6 +418,7 @@ class MetadataMachine:
         self.access_keys: dict[str, AccessKeyRecord] = {}  # key id -> its user and secret, in creation order
         # Bumped by every change of users, permissions or limits: sessions cache what they checked.
         self.access_version = 0
+        self.txn_decisions = TxnDecisions()  # transactions' decisions (txn_decisions.py)
         self._add_vhost(DEFAULT_VHOST)
         self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
@@ -456,6 +458,9 @@ class MetadataMachine:
     def apply(self, meta: Meta, command: object) -> MetaResult:
         handler = self._handlers.get(type(command))
         if handler is None:
+            if type(command) is DecideTxn:  # (the one command that reads the entry's time)
+                return self.txn_decisions.apply(meta, command)
+
             return Rejected(541, f"unknown metadata command {type(command).__name__}"), []
         try:
             if type(command) in ACCESS_COMMANDS:

@@ -70,6 +70,7 @@ from .commands import (
     QueueCommand,
     Receive,
     Requeue,
+    ResolveTxn,
     Settle,
     Tick,
     Touch,
@@ -89,6 +90,7 @@ from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
 from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
 from .receives import QueueReceives
+from .transactions import QueueTxns
 
 # Ready messages a queue keeps in memory before it spills to its backing: enough that a consumer
 # briefly behind its publisher never touches the disk, small enough that a deep queue costs a
@@ -109,7 +111,7 @@ _NO_AMQP_ON_FIFO = Rejected(405, "this is an SQS FIFO queue: receive from it ove
 QueueReply = Any
 
 
-class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePauses, QueueConsumeRate):
+class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePauses, QueueConsumeRate, QueueTxns):
     def __init__(
         self,
         vhost: str,
@@ -135,6 +137,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         self._init_pauses()  # consumer pause rules (consumer_pauses.py)
         self._init_consume_rate()  # x-consume-rate-limit buckets (consume_rate.py)
         self._init_dedup(settings)  # x-message-deduplication (dedup.py)
+        self._init_txns()  # transactional half messages (transactions.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
         # x-single-active-consumer: attached consumer ids in the order they came; the first is served
@@ -275,6 +278,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                     if self.dedup_window is not None:
                         self._prune_dedup_window()
                     reply, effects = self._tick(command)
+                    if self.txns:
+                        effects = effects + self._tick_txns()
                 case DeadLettered():
                     reply, effects = self._dead_lettered(command)
                 case Down():
@@ -297,6 +302,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                     reply, effects = self._enqueue_fifo(command)
                 case PauseConsumers():
                     reply, effects = self._pause_consumers(command)
+                case ResolveTxn():
+                    reply, effects = self._resolve_txn(command)
                 case _:
                     # A type checker proves this unreachable for every QueueCommand; at run time
                     # a class in the union but not matched above raises, and the `except` refuses.
@@ -334,6 +341,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                 delayed = delayed or bool(message.delay_ms)
         if len(messages) > 1 and len({id(m) for m in messages}) != len(messages):
             return malformed(cmd, "the same Message twice in one batch"), []
+        if cmd.txn is not None:
+            return self._enqueue_txn(cmd, messages)  # (transactions.py)
         if cmd.dedup is not None:
             return self._enqueue_dedup(cmd, messages)  # (dedup.py)
         if not delayed:
@@ -691,6 +700,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
             **self._dump_fifo(),
             **self._dump_pauses(),
             **self._dump_dedup(),
+            **self._dump_txns(),
         }
 
     def dump_places(self, batch_max: int = 1024) -> Iterator[tuple[str, Any, Iterable[Any]]]:
@@ -802,6 +812,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         machine.rate_tat_us = header.get("rate_tat_us", 0)
         machine._update_rate_on()
         machine._load_dedup(header)
+        machine._load_txns(header)  # (absent before format version 5, or with none open)
         return machine
 
     def load_place(self, place: str, key: Any, items: list[Any]) -> None:
@@ -1127,6 +1138,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         self._check_receives()
         self._check_fifo()
         self._check_dedup()
+        self._check_txns()
         assert not self._dying and not self._unstore, "flushed at the end of every command"
         if not self._spilled_total():
             # (with spilled messages, the test that knows the backing checks the sum)

@@ -88,6 +88,8 @@ class QueueLimits:
         def _pop_next_raw(self) -> Message: ...
         @property
         def visibility_deadline_ms(self) -> int | None: ...
+        @property
+        def txn_deadline_ms(self) -> int | None: ...
 
         consumers: dict[str, Consumer]
 
@@ -141,6 +143,9 @@ class QueueLimits:
         visible = self.visibility_deadline_ms  # SQS receives in flight (receives.py)
         if visible is not None and (deadline is None or visible < deadline):
             deadline = visible
+        checks = self.txn_deadline_ms  # transaction check-backs (transactions.py)
+        if checks is not None and (deadline is None or checks < deadline):
+            deadline = checks
         if self._rate_on and self._active_count and self.ready_count:  # x-consume-rate-limit (consume_rate.py)
             refill = self.rate_deadline_ms()
             if refill is not None and (deadline is None or refill < deadline):

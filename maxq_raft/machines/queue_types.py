@@ -108,7 +108,27 @@ class QueueExpired(NamedTuple):
     name: str
 
 
-Effect: TypeAlias = Deliver | DeadLetter | QueueExpired
+class TxnCheck(NamedTuple):
+    """Effect: transaction `txn_id` of queue `queue` has had no decision in time: publish check
+    number `attempt` to the reply_to of its first half, whose properties are `props_raw`
+    (transactions.py)."""
+
+    vhost: str
+    queue: str
+    txn_id: str
+    attempt: int
+    props_raw: bytes
+
+
+class TxnTimedOut(NamedTuple):
+    """Effect: the checks of `txn_id` are spent with no answer: record a rollback ("expire")."""
+
+    vhost: str
+    queue: str
+    txn_id: str
+
+
+Effect: TypeAlias = Deliver | DeadLetter | QueueExpired | TxnCheck | TxnTimedOut
 
 
 # ------------------------------------------------------------------ storage
@@ -171,6 +191,18 @@ class Backing(Protocol):
 
     def pauses_stored(self) -> list[tuple[str, str]]:
         """After a restart: the rules last written ([] if none)."""
+
+    # Half messages of open transactions (transactions.py), for the same reason: asked of a
+    # durable queue only, for its persistent halves. `number` is the queue's own numbering.
+
+    def txn_write(self, entries: list[tuple[int, str, int, int, Message]]) -> None:
+        """New halves: (number, transaction id, timeout ms, checks max, message)."""
+
+    def txn_remove(self, numbers: list[int]) -> None:
+        """These halves are resolved (committed ones were written as messages before)."""
+
+    def txn_stored(self) -> list[tuple[int, str, int, int, Message]]:
+        """After a restart: the halves kept, in number order."""
 
     # What a restarted node's backing knows before any message is read (`QueueMachine.recover`).
 

@@ -68,9 +68,13 @@ Record: TypeAlias = list[Any]
 # `next_sequence_number` in the header, a message's group id and sequence number. Version 4
 # added `dedup_window` (dedup.py: `next_number` and every slot, [number, key, expires ms or None
 # for a stale one], oldest first), only for a queue with x-message-deduplication. Versions 1 to
-# 3 still load (they have none of them: such a queue starts with an empty window).
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# 3 still load (they have none of them: such a queue starts with an empty window). Version 5
+# added `txns` (transactions.py: each open transaction as [id, timeout ms, checks max, deadline
+# ms, attempts, [half, ...], [half number, ...]] in the order they opened, a half as a log entry
+# carries a message) and `txn_next_number`, only for a queue with some; a version 1 to 4 dump
+# has none open.
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 

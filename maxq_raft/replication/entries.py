@@ -14,7 +14,8 @@ exactly once even when a proposal is repeated after a leader change (server/clus
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
 `[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`, followed,
 when some publishes carry an x-deduplication-header, by `[position, key, TTL ms or None]` for
-each of those (dedup.py); EnqueueFifo
+each of those (dedup.py) or None, then, when some are half messages, by `[position, transaction
+id, timeout ms, checks max]` for each (transactions.py); EnqueueFifo
 has them and then `[group id, deduplication id or None, message id]` per message; UpdateSettings
 carries its `QueueSettings` as a list of its fields; SQS receipt handles (DeleteReceived,
 ChangeVisibility) are lists of ints, tuples again once decoded; AMQP field tables (arguments) are kept
@@ -36,6 +37,7 @@ from ..machines import metadata as md
 from ..machines.message import Message
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
+from ..machines.txn_decisions import DecideTxn
 
 ENTRY_VERSION = 1
 
@@ -65,6 +67,7 @@ QUEUE_COMMANDS = {
         qc.DeleteReceived,
         qc.ChangeVisibility,
         qc.PauseConsumers,
+        qc.ResolveTxn,
     )
 }
 METADATA_COMMANDS = {
@@ -83,6 +86,7 @@ METADATA_COMMANDS = {
         md.SetOperatorPolicy,
         md.ClearOperatorPolicy,
         *md.ACCESS_COMMANDS,
+        DecideTxn,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)
@@ -113,15 +117,18 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        encoded = [
+        encoded: list[Any] = [
             "Enqueue",
             [
                 [m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]
                 for m in command.messages
             ],
         ]
-        if command.dedup is not None:  # (without ids, as before: a node of an earlier version decodes it)
-            encoded.append([list(item) for item in command.dedup])
+        if command.dedup is not None or command.txn is not None:
+            # (without ids, as before: a node of an earlier version decodes it)
+            encoded.append(None if command.dedup is None else [list(item) for item in command.dedup])
+        if command.txn is not None:  # half messages (machines/transactions.py)
+            encoded.append([list(item) for item in command.txn])
         return encoded
     if type(command) is qc.EnqueueFifo:
         return [
@@ -150,7 +157,12 @@ def decode_command(raw: list, metadata: bool):
                 for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
             ],
             # (x-deduplication-header ids: tuples again, so a command decodes as it was made)
-            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]] if len(fields) > 1 else None,
+            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]]
+            if len(fields) > 1 and fields[1] is not None
+            else None,
+            [(position, txn_id, timeout_ms, checks) for position, txn_id, timeout_ms, checks in fields[2]]
+            if len(fields) > 2
+            else None,
         )
     if name == "EnqueueFifo" and not metadata:
         return qc.EnqueueFifo(

@@ -30,6 +30,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..machines.shard import MetaGroup, ShardMachine
+from . import transactions
 from .confirms import Confirms, Pending, Unavailable
 from .dead_letter import dead_letter, held_dead_letters
 
@@ -134,6 +135,7 @@ class CommandLog:
         """Time passes for the queues whose shards this member leads: a Tick when a queue's next
         deadline (TTL, x-expires, delays, back-offs) has come, one in flight per queue."""
         in_flight: dict[tuple, None] = {}
+        resolving: dict[tuple, None] = {}  # (queue key, transaction id) resolves in flight
         next_dead_letter_check = 0.0
         broker = self.broker
         while True:  # for the life of the node; each turn sleeps
@@ -145,6 +147,7 @@ class CommandLog:
             if trio.current_time() >= next_dead_letter_check:
                 next_dead_letter_check = trio.current_time() + DEAD_LETTER_CHECK_S
                 self._perform_held_dead_letters(led, now_ms)
+            transactions.resolve_decided(broker, led, resolving)
             for key, queue in list(broker.queues.items()):
                 deadline = queue.next_deadline_ms
                 if deadline is None or deadline > now_ms or key in in_flight or self.group_of(key) not in led:

@@ -25,6 +25,7 @@ from ..amqp.values import Long, Timestamp
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import DeadLetter, QueueExpired
+from . import transactions
 from .publish_extras import stored_properties
 
 log = logging.getLogger("maxq.dead_letter")
@@ -39,6 +40,8 @@ def perform_effect(broker, effect) -> None:
         # Every member's machine returns it; the source shard's leader acts on it.
         if broker.log.leads_queue((effect.vhost, effect.queue)):
             dead_letter(broker, effect)
+    elif transactions.perform_effect(broker, effect):
+        pass  # a transaction's check-back or time-out (transactions.py)
     elif kind is QueueExpired:
         key = (effect.vhost, effect.name)
         if key in broker.queues and broker.log.leads_queue(key):

@@ -164,6 +164,11 @@ def counters_key(queue_id: int) -> str:
 # entry under the queue's id with this bit set, keyed by the entry's sequence number, so the
 # window's expiry is one range delete from 0; `fifo_key` holds the next sequence number.
 DEDUP_QUEUE_BIT = 1 << 62
+# A durable queue's persistent half messages (machines/transactions.py): under its id with this
+# bit set, keyed by the queue's half number; a record is msgpack [transaction id, timeout ms,
+# checks max, the message's record].
+TXN_QUEUE_BIT = 1 << 61
+TXN_LOAD_MAX = 1 << 20  # halves read back at a restart (a queue holds at most 100,000)
 _DEDUP = struct.Struct(">QB")  # expires ms, deduplication id length; then the id, the message id
 DEDUP_LOAD_MAX = 1 << 20  # entries read back at a restart (the machine keeps at most 100,000)
 
@@ -353,6 +358,41 @@ class QueueBacking:
                 break
         return entries, next_sequence_number
 
+    def txn_write(self, entries: list) -> None:
+        queue, epoch = self.queue_id | TXN_QUEUE_BIT, self.epoch
+        puts = [
+            (queue, number, msgpack.packb([txn_id, timeout_ms, checks, encode_record(m, True, epoch)]))
+            for number, txn_id, timeout_ms, checks, m in entries
+        ]
+        self.store.write(puts, (), None, wal=True)
+        if self.syncer is not None:
+            self.syncer.dirty = True
+
+    def txn_remove(self, numbers: list[int]) -> None:
+        queue = self.queue_id | TXN_QUEUE_BIT
+        self.store.write((), [(queue, number) for number in numbers], None, wal=True)
+        if self.syncer is not None:
+            self.syncer.dirty = True
+
+    def txn_stored(self) -> list:
+        queue = self.queue_id | TXN_QUEUE_BIT
+        entries: list = []
+        seq_from = 0
+        while len(entries) < TXN_LOAD_MAX:  # bounded: each scan moves on, or ends the loop
+            records = self.store.scan(queue, seq_from, 4096)
+            for number, record in records:
+                try:
+                    txn_id, timeout_ms, checks, raw = msgpack.unpackb(bytes(record))
+                    message = decode_record(number, raw)[0]
+                except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
+                    raise StorageError(f"queue {self.queue_id}: damaged half message {number} ({exc!r})") from None
+                message.seq = -1
+                entries.append((number, txn_id, timeout_ms, checks, message))
+                seq_from = number + 1
+            if len(records) < 4096:
+                break
+        return entries
+
     def pauses_write(self, rules: list[tuple[str, str]]) -> None:
         packed = msgpack.packb([list(rule) for rule in rules]) if rules else None
         self.store.write((), (), {pauses_key(self.queue_id): packed}, wal=True)
@@ -374,6 +414,7 @@ class QueueBacking:
     def drop(self) -> None:
         self.store.drop_queue(self.queue_id)
         self.store.drop_queue(self.queue_id | DEDUP_QUEUE_BIT)
+        self.store.drop_queue(self.queue_id | TXN_QUEUE_BIT)
         if self.durable:
             self.store.write(
                 (),

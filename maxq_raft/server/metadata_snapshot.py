@@ -41,8 +41,9 @@ from ..machines.snapshot import SnapshotError
 
 log = logging.getLogger("maxq.metadata")
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 3 added `txn_decisions` to the header (machines/txn_decisions.py); older ones have none.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 CHUNK_BINDINGS_MAX = 1024
 
 
@@ -65,6 +66,7 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         "users_seeded": machine.users_seeded,
         "access_version": machine.access_version,
         "access_keys": [[k.key_id, k.user, k.secret] for k in machine.access_keys.values()],
+        "txn_decisions": machine.txn_decisions.dump(),
     }
     yield ["metadata", header]
     counts: dict[str, int] = {}
@@ -153,6 +155,11 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
             key_id: access.AccessKeyRecord(key_id, user, secret)
             for key_id, user, secret in header.get("access_keys", [])
         }
+        if "txn_decisions" in header:
+            try:
+                machine.txn_decisions.load(header["txn_decisions"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SnapshotError(f"metadata snapshot: malformed transaction decisions: {exc!r}") from None
     counts: dict[str, int] = {}
     ended = None
     for record in it:  # bounded by the records given

@@ -23,7 +23,7 @@ from ..machines.queue import SEQ_MASK
 from . import persistence
 from .applier import NoTopologyRecord
 from .local_log import LocalLog
-from .message_store import DEDUP_QUEUE_BIT, WalSyncer, counters_key, decode_counters
+from .message_store import DEDUP_QUEUE_BIT, TXN_QUEUE_BIT, WalSyncer, counters_key, decode_counters
 
 log = logging.getLogger("maxq.broker")
 
@@ -72,6 +72,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
         queue_id = broker.queue_ids[queue_key]
         live_ids.add(queue_id)
         live_ids.add(queue_id | DEDUP_QUEUE_BIT)  # a FIFO or x-message-deduplication queue's window
+        live_ids.add(queue_id | TXN_QUEUE_BIT)  # half messages of open transactions
         backing = queue.backing
         persistent, next_seq, delivered = decode_counters(store.get_meta(counters_key(queue_id)))
         bounds = store.bounds(queue_id)
@@ -103,6 +104,7 @@ def recover(broker, local_log: LocalLog, call_soon: Callable[..., None]) -> None
         queue.recover_fifo()
         queue.recover_pauses()
         queue.recover_dedup()
+        queue.recover_txns()
     for queue_id in store.queue_ids():
         if queue_id not in live_ids:
             store.drop_queue(queue_id)

@@ -44,6 +44,7 @@ from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
+from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
 log = logging.getLogger("maxq.session")
 
@@ -134,6 +135,13 @@ class Session:
         # queue key -> [(position in its pending batch, dedup key, TTL ms or None)]: the publishes
         # with an x-deduplication-header (machines/dedup.py), for the Enqueue's `dedup`
         self.pending_dedup: dict[tuple, list] = {}
+        # queue key -> [(position, transaction id, timeout ms, checks max)]: the half messages
+        # (server/transactions.py), for the Enqueue's `txn`; and the ResolveTxn entries a
+        # transaction's decision waits for before its confirm; the ids this connection published
+        # halves for (bounded).
+        self.pending_txn: dict[tuple, list] = {}
+        self.pending_entries: list = []
+        self.txn_ids: dict[str, None] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
@@ -582,6 +590,9 @@ class Session:
         flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
         meta = broker.meta
         self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
+        if exchange == TXN_EXCHANGE:  # a transaction's decision: no exchange object (transactions.py)
+            decide_publish(self, channel, seq, method, props_raw)
+            return
         if exchange:
             record = meta.exchange(vhost, exchange)
             if record is None:
@@ -628,6 +639,7 @@ class Session:
         else:
             ttl_ms, priority, delay_ms = None, 0, None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
+        txn = half_fields(flags, props_raw, broker, vhost) if flags & HEADERS_FLAG else None
         queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
             if broker.publish_rates.limits:  # (empty unless a queue has x-publish-rate-limit)
@@ -664,6 +676,10 @@ class Session:
                         refs.append((len(batch) - 1, ref))
                 if dedup is not None:
                     self.pending_dedup.setdefault(key, []).append((len(batch) - 1, *dedup))
+                if txn is not None:
+                    self.pending_txn.setdefault(key, []).append((len(batch) - 1, *txn))
+            if txn is not None:
+                note_half(self, txn[0])
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         else:
@@ -719,6 +735,7 @@ class Session:
         pending, self.pending = self.pending, {}
         refs, self.pending_refs = self.pending_refs, {}
         dedups, self.pending_dedup = self.pending_dedup, {}
+        txns, self.pending_txn = self.pending_txn, {}
         broker = self.broker
         log_ = broker.log
         pendings = {}
@@ -731,11 +748,19 @@ class Session:
         for queue_key, messages in pending.items():
             queue = broker.queues.get(queue_key)
             then = None
-            if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
+            if (
+                self.pending_confirms
+                and queue is not None
+                and (queue.settings.overflow != "drop-head" or queue_key in txns)
+            ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
-            entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key)), then)
+            entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key), txns.get(queue_key)), then)
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
             broker.messages_published += len(messages)
+        if self.pending_entries:  # transaction decisions' resolves (transactions.py)
+            for entry in self.pending_entries:
+                pendings[id(entry)] = entry
+            self.pending_entries = []
         if self.pending_confirms:
             confirms, self.pending_confirms = self.pending_confirms, {}
             broker.messages_received_confirm += sum(len(seqs) for seqs in confirms.values())

@@ -744,6 +744,22 @@ class DictBacking:
     def pauses_stored(self) -> list[tuple[str, str]]:
         return list(self.pause_rules)
 
+    # Half messages of open transactions (transactions.py): number -> (id, timeout, checks, record)
+    def txn_write(self, entries: list) -> None:
+        halves = self.__dict__.setdefault("halves", {})
+        for number, txn_id, timeout_ms, checks, m in entries:
+            assert number not in halves, "a half is written once"
+            halves[number] = (txn_id, timeout_ms, checks, m.exchange, m.routing_key, m.props_raw, m.body, m.persistent)
+
+    def txn_remove(self, numbers: list) -> None:
+        halves = self.__dict__.setdefault("halves", {})
+        for number in numbers:
+            del halves[number]
+
+    def txn_stored(self) -> list:
+        halves = self.__dict__.get("halves", {})
+        return [(n, *h[:3], Message(*h[3:])) for n, h in sorted(halves.items())]
+
     def drop(self) -> None:
         self.records.clear()
         self.pause_rules = []
