@@ -124,6 +124,7 @@ CLI_SETTINGS = (
     "sqs_port",
     "sqs_host",
 )
+CLUSTER_FRAME_MAX = 262144
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -307,6 +308,12 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
     _check_tls(settings)
     if settings.frame_max and settings.frame_max < 4096:
         raise SettingsError(f"frame_max must be at least 4096 (the AMQP minimum), got {settings.frame_max}")
+    if settings.clustered and not 0 < settings.frame_max <= CLUSTER_FRAME_MAX:
+        # A message and its properties (one frame at most) go into one Raft log entry of at most 1 MiB.
+        raise SettingsError(
+            f"a cluster member's frame_max is 4096 to {CLUSTER_FRAME_MAX} (a message and its properties must fit "
+            f"one Raft log entry), got {settings.frame_max}"
+        )
     return settings, args
 
 

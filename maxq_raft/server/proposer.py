@@ -35,12 +35,17 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..replication.entries import encode_entry
+from ..replication.group import PAYLOAD_BYTES_MAX
 from .confirms import Confirms, Pending, Unavailable
 
 log = logging.getLogger("maxq.cluster")
 
 ENTRY_BYTES_TARGET = 256 * 1024  # well under the engine's 1 MiB payload cap
 MESSAGE_OVERHEAD_BYTES = 48
+# An entry's envelope (version, time, origin, seq, targets, command names) and msgpack's own bytes:
+# what an entry may carry besides the sizes counted in `OpenEntry.size`.
+ENVELOPE_BYTES_MAX = 16 * 1024
+ENTRY_BYTES_MAX = PAYLOAD_BYTES_MAX - ENVELOPE_BYTES_MAX
 OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
 RETRYABLE = ("not leader", "timeout", "busy")
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see `_proposed`
@@ -114,7 +119,13 @@ class Proposer:
     def submit(self, group: str, target: Any, command: Any, then: Callable[[Any], None] | None) -> OpenEntry:
         """Add a command to its group's open entry; `then(reply)` runs once it is applied here
         (or with `Unavailable`). Returns the entry, for confirms to wait on."""
+        size = _command_bytes(command)
         entry = self.open.get(group)
+        if entry is not None and entry.items and entry.size + size > ENTRY_BYTES_MAX:
+            # This command would take the open entry past the engine's cap: that one goes first.
+            del self.open[group]
+            self._propose(entry)
+            entry = None
         if entry is None:
             entry = self.open[group] = OpenEntry(group)
         request = 0
@@ -124,12 +135,7 @@ class Proposer:
             self.requests[request] = then
             entry.requests.append(request)
         entry.items.append((target, command, request))
-        if type(command) is qc.Enqueue or type(command) is qc.EnqueueFifo:
-            entry.size += sum(
-                len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES for m in command.messages
-            )
-        else:
-            entry.size += 256
+        entry.size += size
         if entry.size >= ENTRY_BYTES_TARGET:
             del self.open[group]
             self._propose(entry)
@@ -314,3 +320,19 @@ def _call(then: Callable[[Any], None], reply: Any) -> None:
         then(reply)
     except Exception:  # the channel continuations handle their own errors; this is the backstop
         log.exception("continuation failed")
+
+
+def _command_bytes(command: Any) -> int:
+    """What a command adds to an entry, about (messages by their sizes, anything else 256 B)."""
+    if type(command) is qc.Enqueue or type(command) is qc.EnqueueFifo:
+        return sum(
+            len(m.body) + len(m.props_raw) + len(m.routing_key) + MESSAGE_OVERHEAD_BYTES for m in command.messages
+        )
+    return 256
+
+
+def message_bytes_max(frame_max: int, read_bytes: int) -> int:
+    """The largest body a cluster member accepts: the command that carries it holds its properties
+    (at most a frame), the other messages of the read that completed it (at most a read) and its
+    own, in one entry of at most ENTRY_BYTES_MAX (a larger one could never be proposed)."""
+    return ENTRY_BYTES_MAX - frame_max - read_bytes

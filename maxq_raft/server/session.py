@@ -43,6 +43,7 @@ from .broker import Broker
 from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
+from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
 from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
@@ -119,6 +120,11 @@ class Session:
             # EXTERNAL only on TLS with a verified client certificate (server/tls.py): its CN
             mechanisms=(*DEFAULT_MECHANISMS, EXTERNAL) if tls_user else DEFAULT_MECHANISMS,
             external_user=tls_user or "",
+            **(
+                {"max_message_size_bytes": message_bytes_max(settings.frame_max, READ_SIZE_BYTES)}
+                if settings.clustered
+                else {}
+            ),
         )
         self.channels: dict[int, Channel] = {}
         # Channels the client closed whose close-ok waits for their confirms (Confirms sends it
