@@ -22,7 +22,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from ..helpers import drain, get_one, message_count
+from ..helpers import api, drain, get_one, message_count
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,7 +42,13 @@ def new_id() -> str:
     return f"txn-{uuid.uuid4().hex[:12]}"
 
 
-def test_commit_makes_every_half_visible_in_every_queue(env):
+def half_counts(broker, queue: str) -> tuple[int, int]:
+    status, view, _ = api(broker, "GET", f"/api/queues/%2F/{queue}")
+    assert status == 200
+    return view["messages_half"], view["transactions_open"]
+
+
+def test_commit_makes_every_half_visible_in_every_queue(env, broker):
     channel = env.channel()
     a, b = env.queue_name("txa"), env.queue_name("txb")
     exchange = env.exchange_name("txf")
@@ -56,8 +62,10 @@ def test_commit_makes_every_half_visible_in_every_queue(env):
     half(channel, a, b"two", txn_id)
     channel.basic_publish("", a, b"plain")  # not in the transaction: delivered at once
     assert message_count(channel, a) == 1 and message_count(channel, b) == 0
+    assert half_counts(broker, a) == (2, 1) and half_counts(broker, b) == (1, 1)  # what the API shows
     assert drain(channel, a) == [b"plain"]
     decide(channel, txn_id, "commit")  # confirmed: the decision is recorded and the queues resolved
+    assert half_counts(broker, a) == (0, 0)
     assert drain(channel, a) == [b"one", b"two"]
     assert drain(channel, b) == [b"one"]
     decide(channel, txn_id, "commit")  # the same answer again is harmless (a late check's)
