@@ -66,6 +66,7 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         # consumer pauses (issue #20): how many attached consumers are paused, and by which rules
         "paused_consumers": queue.paused_consumer_count,
         "consumer_pauses": [{"scope": scope, "key": key} for scope, key in sorted(queue.pause_rules)],
+        "trace": queue.settings.trace,  # x-trace (server/tracer.py), by argument or policy
         # (rates since this node made the queue's machine: message_rates.QueueRates)
         "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(queue)),
     }

@@ -51,6 +51,10 @@ class Enqueue(NamedTuple):
     # None)` in position order (dedup.py: `dedup_key`, `dedup_ttl`); None when none has one.
     # A queue without deduplication ignores them.
     dedup: list[tuple[int, str, int | None]] | None = None
+    # x-trace (server/tracer.py): for a queue that traces, who published, as
+    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names]), ...])`,
+    # so every replica records the same publish; None otherwise. The machine ignores it.
+    trace: tuple[str, str, str, list[tuple[int, int, bool, list[str]]]] | None = None
 
 
 class EnqueueFifo(NamedTuple):

@@ -102,6 +102,9 @@ class QueueLimits:
         self._dying: dict[str, list[Message]] = {}  # reason -> messages leaving in this command
         self._unstore: list[Message] = []  # stored messages dropped in this command
         self.dropped = {reason: 0 for reason in REASONS}  # left with no dead-letter exchange
+        # x-trace (server/tracer.py): the messages dropped (no dead-letter exchange) by the command
+        # being applied, with their reason; the shell takes them after each apply. Not state.
+        self.trace_dropped: list[tuple[Message, str]] = []
         self.dead_lettered = {reason: 0 for reason in REASONS}
         self.rejected_publishes = 0
         self.last_used_ms: int | None = None  # x-expires: the last consume/get/declare
@@ -325,6 +328,8 @@ class QueueLimits:
                 dying.append(message)
         else:
             self.dropped[reason] += 1
+            if self.settings.trace:
+                self.trace_dropped.append((message, reason))
             if message.stored:
                 self._unstore.append(message)
 

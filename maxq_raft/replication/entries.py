@@ -112,8 +112,12 @@ def encode_command(command) -> list:
                 for m in command.messages
             ],
         ]
-        if command.dedup is not None:  # (without ids, as before: a node of an earlier version decodes it)
-            encoded.append([list(item) for item in command.dedup])
+        if command.dedup is not None or command.trace is not None:
+            # (without either, as before: a node of an earlier version decodes it)
+            encoded.append(None if command.dedup is None else [list(item) for item in command.dedup])
+        if command.trace is not None:
+            user, connection, address, publishes = command.trace
+            encoded.append([user, connection, address, [[p, c, f, list(q)] for p, c, f, q in publishes]])
         return encoded
     if type(command) is qc.EnqueueFifo:
         return [
@@ -142,7 +146,10 @@ def decode_command(raw: list, metadata: bool):
                 for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
             ],
             # (x-deduplication-header ids: tuples again, so a command decodes as it was made)
-            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]] if len(fields) > 1 else None,
+            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]]
+            if len(fields) > 1 and fields[1] is not None
+            else None,
+            _decode_trace(fields[2]) if len(fields) > 2 else None,
         )
     if name == "EnqueueFifo" and not metadata:
         return qc.EnqueueFifo(
@@ -163,6 +170,12 @@ def decode_command(raw: list, metadata: bool):
     if cls is None:
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")
     return cls(*(_unfield(v) for v in fields))
+
+
+def _decode_trace(raw: list) -> tuple[str, str, str, list[tuple[int, int, bool, list[str]]]]:
+    """An Enqueue's publisher context (x-trace), tuples again, so it decodes as it was made."""
+    user, connection, address, publishes = raw
+    return (user, connection, address, [(p, c, f, list(q)) for p, c, f, q in publishes])
 
 
 class Entry(NamedTuple):

@@ -53,6 +53,8 @@ from .local_log import LocalLog
 from .recovery import recover
 from .session import Session, tick_sessions
 from .store_health import StoreWatch
+from .trace_store import RocksKV, TraceLog
+from .tracer import compact_trace
 
 log = logging.getLogger("maxq.server")
 
@@ -168,6 +170,8 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
     except tls.TLSConfigError as exc:
         raise StartupError(str(exc)) from None
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
+    if store is not None:  # x-trace's records (tracer.py), in a RocksDB of their own beside the store
+        broker.tracer.log = TraceLog(RocksKV(Path(settings.data_dir) / "trace"))
     stop = StopRequest()
     if settings.clustered:
         try:
@@ -372,6 +376,7 @@ async def _serve(
             if watch is not None:
                 nursery.start_soon(watch.run, broker.alarms)
             nursery.start_soon(tick_sessions, broker)
+            nursery.start_soon(compact_trace, broker.tracer, broker.clock_ms)
             nursery.start_soon(broker.log.tick_queues)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()

@@ -44,6 +44,7 @@ from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
+from .tracer import with_trace_id
 
 log = logging.getLogger("maxq.session")
 
@@ -71,6 +72,7 @@ WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their 
 _wire_routing: dict[tuple[str, str], bytes] = {}
 
 _session_numbers = itertools.count(1)
+_trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 
 
 def server_properties(version: str) -> dict:
@@ -134,6 +136,9 @@ class Session:
         # queue key -> [(position in its pending batch, dedup key, TTL ms or None)]: the publishes
         # with an x-deduplication-header (machines/dedup.py), for the Enqueue's `dedup`
         self.pending_dedup: dict[tuple, list] = {}
+        # queue key -> [(position in its pending batch, channel number, confirm mode, routed queue
+        # names)]: the publishes to queues with x-trace (tracer.py), for the Enqueue's `trace`
+        self.pending_trace: dict[tuple, list] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
@@ -629,7 +634,11 @@ class Session:
             ttl_ms, priority, delay_ms = None, 0, None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = meta.route(vhost, exchange, routing_key, headers)
-        if queues:
+        traced = None
+        if queues and broker.tracer.traced:  # (empty unless a queue has x-trace)
+            traced = self._trace_publish(vhost, queues)
+            if traced is not None:
+                props_raw = with_trace_id(props_raw, self.id, next(_trace_numbers))
             if broker.publish_rates.limits:  # (empty unless a queue has x-publish-rate-limit)
                 self._publish_rate(vhost, queues)
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
@@ -664,6 +673,10 @@ class Session:
                         refs.append((len(batch) - 1, ref))
                 if dedup is not None:
                     self.pending_dedup.setdefault(key, []).append((len(batch) - 1, *dedup))
+                if traced is not None and key in traced:
+                    self.pending_trace.setdefault(key, []).append(
+                        (len(batch) - 1, channel.number, seq is not None, list(queues))
+                    )
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
         else:
@@ -674,6 +687,12 @@ class Session:
                 self.pending_confirms[channel] = [seq]
             else:
                 confirms.append(seq)
+
+    def _trace_publish(self, vhost: str, queues) -> dict | None:
+        """The traced queues among those a publish was routed to (None: none traces)."""
+        traced = self.broker.tracer.traced
+        found = {key: True for name in queues if (key := (vhost, name)) in traced}
+        return found or None
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
         self.broker.messages_unroutable_returned += 1
@@ -719,6 +738,10 @@ class Session:
         pending, self.pending = self.pending, {}
         refs, self.pending_refs = self.pending_refs, {}
         dedups, self.pending_dedup = self.pending_dedup, {}
+        traces = self.pending_trace
+        context = (self.user, self.id, self.peer_host)
+        if traces:
+            self.pending_trace = {}
         broker = self.broker
         log_ = broker.log
         pendings = {}
@@ -733,7 +756,12 @@ class Session:
             then = None
             if self.pending_confirms and queue is not None and queue.settings.overflow != "drop-head":
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
-            entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key)), then)
+            trace = traces.get(queue_key) if traces else None
+            entry = log_.submit(
+                queue_key,
+                qc.Enqueue(messages, dedups.get(queue_key), None if trace is None else (*context, trace)),
+                then,
+            )
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
             broker.messages_published += len(messages)
         if self.pending_confirms:

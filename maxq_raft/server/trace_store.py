@@ -1,0 +1,280 @@
+"""The message trace's storage (x-trace): records by queue and time, found by message id and
+correlation id with prefix scans, compacted by time and size.
+
+Theory of operation: `server/tracer.py` turns each applied command of a traced queue into
+records (plain dicts) and hands them here with their place in the log, `(time ms, log index,
+n)`. Each member writes them to its own key-value store (RocksDB in `<data dir>/trace`, or memory
+for a node without a data folder); the same log gives the same records under the same keys on
+every member, so writing a record twice (a member replaying its log after a restart) changes
+nothing. Keys are big-endian so that key order is time order:
+
+    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the record (JSON)
+    m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> the record's q key
+    c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
+    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64)
+
+(each name as a 2-byte length and its UTF-8). A query by queue and time range is one scan of a q
+range; by message id or correlation id, one scan of an m or c prefix and a get per hit.
+Compaction (`compact`, run by a task of the shell) deletes a queue's oldest records while they
+are older than its retention or its bytes exceed its size limit, with their m and c entries, a
+bounded batch per queue per pass. It uses the member's clock, so members may drop a record a
+few seconds apart: retention is a bound on what is kept, not part of the replicated state.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+_U64 = struct.Struct(">Q")
+_PLACE = struct.Struct(">QQI")  # time ms, log index, n
+NAME_BYTES_MAX = 0xFFFF
+QUERY_LIMIT_DEFAULT = 1000
+QUERY_LIMIT_MAX = 10_000
+COMPACT_BATCH_MAX = 5000  # records deleted per queue per pass: a pass never stalls the loop long
+TRACE_RETENTION_MS_DEFAULT = 24 * 3_600_000
+TRACE_RETENTION_BYTES_DEFAULT = 256 << 20
+
+
+class TraceKV(Protocol):
+    """The few verbs the trace needs of a sorted key-value store."""
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        """One atomic batch."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` items with start <= key < end, in key order."""
+
+    def close(self) -> None: ...
+
+
+class MemoryKV:
+    """A node without a data folder (and tests): a dict and its sorted keys."""
+
+    def __init__(self) -> None:
+        self._items: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        for key, value in puts:
+            if key not in self._items:
+                bisect.insort(self._keys, key)
+            self._items[key] = value
+        for key in deletes:
+            if self._items.pop(key, None) is not None:
+                del self._keys[bisect.bisect_left(self._keys, key)]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._items.get(key)
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        i = bisect.bisect_left(self._keys, start)
+        out = []
+        while i < len(self._keys) and len(out) < limit:
+            key = self._keys[i]
+            if key >= end:
+                break
+            out.append((key, self._items[key]))
+            i += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class RocksKV:
+    """`<data dir>/trace`: a RocksDB of its own, so the message store's key space and its
+    start-up scans (storage/rocks.py) never meet a trace key, and a cluster member's message
+    store, emptied at each start, leaves the trace alone. Written through the WAL without
+    fsync: a trace record is derived, and a member replays its log from its last snapshot."""
+
+    def __init__(self, path: Path) -> None:
+        from rocksdict import Options, Rdict, WriteBatch
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._batch = WriteBatch
+        self._db = Rdict(str(path), options)
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        batch = self._batch(raw_mode=True)
+        for key, value in puts:
+            batch.put(key, value)
+        for key in deletes:
+            batch.delete(key)
+        self._db.write(batch)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        from rocksdict import ReadOptions
+
+        read_options = ReadOptions()
+        read_options.set_iterate_upper_bound(end)
+        it = self._db.iter(read_options)
+        it.seek(start)
+        out = []
+        while it.valid() and len(out) < limit:
+            out.append((it.key(), it.value()))
+            it.next()
+        if not it.valid():
+            it.status()
+        return out
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _name(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")[:NAME_BYTES_MAX]
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key that starts with `prefix` (which never ends in 0xff here:
+    it ends in a length or a name's last UTF-8 byte)."""
+    return prefix[:-1] + bytes((prefix[-1] + 1,))
+
+
+def queue_prefix(vhost: str, queue: str) -> bytes:
+    return b"q" + _name(vhost) + _name(queue)
+
+
+def _index_key(kind: bytes, vhost: str, value: str, queue: str, place: bytes) -> bytes:
+    return kind + _name(vhost) + _name(value) + place[:8] + _name(queue) + place[8:]
+
+
+class TraceLog:
+    """Records in, queries and compaction out, over one `TraceKV`."""
+
+    def __init__(self, kv: TraceKV) -> None:
+        self.kv = kv
+        self._bytes: dict[tuple[str, str], int] = {}  # cache of the s keys
+        self.records_written = 0
+        self.records_compacted = 0
+
+    # -------------------------------------------------------------- writes
+
+    def add(self, vhost: str, queue: str, records: list[tuple[int, int, int, dict[str, Any]]]) -> None:
+        """`records`: (time ms, log index, n, record) of one queue, as the tracer made them."""
+        puts = []
+        prefix = queue_prefix(vhost, queue)
+        added = 0
+        for time_ms, log_index, n, record in records:
+            place = _PLACE.pack(time_ms, log_index, n)
+            key = prefix + place
+            value = json.dumps(record, separators=(",", ":")).encode()
+            if self.kv.get(key) is not None:
+                continue  # already written (a replayed log): the same record, counted once
+            puts.append((key, value))
+            added += len(key) + len(value)
+            for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
+                value_id = record.get(field)
+                if value_id:
+                    puts.append((_index_key(kind, vhost, value_id, queue, place), key))
+        if not puts:
+            return
+        total = self._queue_bytes(vhost, queue) + added
+        self._bytes[(vhost, queue)] = total
+        puts.append((b"s" + _name(vhost) + _name(queue), _U64.pack(total)))
+        self.kv.write(puts, [])
+        self.records_written += len(records)
+
+    def _queue_bytes(self, vhost: str, queue: str) -> int:
+        total = self._bytes.get((vhost, queue))
+        if total is None:
+            raw = self.kv.get(b"s" + _name(vhost) + _name(queue))
+            total = self._bytes[(vhost, queue)] = _U64.unpack(raw)[0] if raw is not None else 0
+        return total
+
+    # ------------------------------------------------------------- queries
+
+    def by_queue(
+        self, vhost: str, queue: str, since_ms: int = 0, until_ms: int | None = None, limit: int = QUERY_LIMIT_DEFAULT
+    ) -> list[dict[str, Any]]:
+        prefix = queue_prefix(vhost, queue)
+        start = prefix + _U64.pack(max(0, since_ms))
+        end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
+        return [json.loads(value) for _key, value in self.kv.scan(start, end, limit)]
+
+    def by_message_id(self, vhost: str, message_id: str, limit: int = QUERY_LIMIT_DEFAULT) -> list[dict[str, Any]]:
+        return self._by_index(b"m", vhost, message_id, limit)
+
+    def by_correlation_id(
+        self, vhost: str, correlation_id: str, limit: int = QUERY_LIMIT_DEFAULT
+    ) -> list[dict[str, Any]]:
+        return self._by_index(b"c", vhost, correlation_id, limit)
+
+    def _by_index(self, kind: bytes, vhost: str, value: str, limit: int) -> list[dict[str, Any]]:
+        prefix = kind + _name(vhost) + _name(value)
+        out = []
+        for _key, primary in self.kv.scan(prefix, _after(prefix), limit):
+            record = self.kv.get(primary)
+            if record is not None:  # (compacted between the two reads)
+                out.append(json.loads(record))
+        return out
+
+    # ---------------------------------------------------------- compaction
+
+    def queues(self) -> list[tuple[str, str]]:
+        """Every queue with trace records (deleted ones too, until compaction empties them)."""
+        out = []
+        start = b"s"
+        for key, _value in self.kv.scan(start, b"t", 1_000_000):
+            n = int.from_bytes(key[1:3], "big")
+            vhost = key[3 : 3 + n].decode("utf-8", "surrogatepass")
+            m = int.from_bytes(key[3 + n : 5 + n], "big")
+            out.append((vhost, key[5 + n : 5 + n + m].decode("utf-8", "surrogatepass")))
+        return out
+
+    def compact(self, now_ms: int, retention: Callable[[str, str], tuple[int, int]]) -> int:
+        """Drop what is past each queue's retention `(ms, bytes)`; returns how many records went."""
+        dropped = 0
+        for vhost, queue in self.queues():
+            retention_ms, retention_bytes = retention(vhost, queue)
+            dropped += self._compact_queue(vhost, queue, now_ms - retention_ms, retention_bytes)
+        self.records_compacted += dropped
+        return dropped
+
+    def _compact_queue(self, vhost: str, queue: str, cutoff_ms: int, bytes_max: int) -> int:
+        prefix = queue_prefix(vhost, queue)
+        total = self._queue_bytes(vhost, queue)
+        deletes: list[bytes] = []
+        for key, value in self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX):
+            time_ms = _U64.unpack_from(key, len(prefix))[0]
+            if time_ms >= cutoff_ms and total <= bytes_max:
+                break
+            deletes.append(key)
+            total -= len(key) + len(value)
+            place = key[len(prefix) :]
+            record = json.loads(value)
+            for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
+                value_id = record.get(field)
+                if value_id:
+                    deletes.append(_index_key(kind, vhost, value_id, queue, place))
+        if not deletes:
+            return 0
+        count_key = b"s" + _name(vhost) + _name(queue)
+        dropped = sum(1 for key in deletes if key.startswith(prefix))
+        if total <= 0 or not self.kv.scan(prefix, _after(prefix), dropped + 1)[dropped:]:
+            self._bytes.pop((vhost, queue), None)
+            self.kv.write([], [*deletes, count_key])  # nothing left: the queue leaves the s keys
+        else:
+            self._bytes[(vhost, queue)] = total
+            self.kv.write([(count_key, _U64.pack(total))], deletes)
+        return dropped
+
+    def close(self) -> None:
+        self.kv.close()
+
+
+def records_of(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records of several scans in one order: time, then place in the log."""
+    return sorted(items, key=lambda r: (r.get("time_ms", 0), r.get("log_index", 0), r.get("n", 0)))

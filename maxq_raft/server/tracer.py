@@ -1,0 +1,306 @@
+"""Message trace (x-trace): every step of a traced queue's messages as a record, derived from
+the applied log.
+
+Theory of operation: the applier (applier.py) asks `Tracer.traced` whether a command's queue
+traces (one dict test per applied queue command: nothing else when no queue traces). For one
+that does, `before` notes what the command will take away (the messages an ack, reject,
+requeue or SQS delete names, read from the machine before it applies) and `after` turns the
+command, the machine's reply and effects, and what the machine dropped (`trace_dropped`) into
+records: published (the publisher's context the Enqueue carries: server/session.py adds it for
+traced queues only), enqueued, refused, delivered, acked, rejected, requeued, received (SQS),
+deleted (SQS), dead-lettered, expired, dropped, purged. All of it is in the log and the
+machines are deterministic, so every member makes the same records with the same keys, stamped
+with the queue's time (`now_ms`, the broker's time in the log entry), and writes them to its
+own trace store (trace_store.py).
+
+A message is found by its `message_id` property or, without one, by the `x-maxq-trace-id`
+header the publishing node adds to a message routed to a traced queue (server/session.py); the
+`correlation_id` property is indexed too.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..amqp.properties import decode_properties, encode_properties
+from ..machines import commands as qc
+from ..machines.message import Message
+from ..machines.queue_types import DeadLetter, Deliver, HandleResult, Meta, Overflowed, Received, Rejected
+from .trace_store import TRACE_RETENTION_BYTES_DEFAULT, TRACE_RETENTION_MS_DEFAULT, TraceLog
+
+log = logging.getLogger("maxq.trace")
+
+TRACE_ID_HEADER = "x-maxq-trace-id"
+# How often retention runs: often enough that a short x-trace-retention is honoured within
+# seconds; a pass over a store without trace records is one scan of an empty range.
+COMPACT_INTERVAL_S = 2.0
+_IDS_CACHED_MAX = 4096  # distinct property lists whose ids are kept (publishers reuse theirs)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def with_trace_id(props_raw: bytes, connection: str, n: int) -> bytes:
+    """A publish routed to a traced queue: its properties with an `x-maxq-trace-id` header
+    ("node@connection-n", unique in the cluster) when it has no message id (nor that header)."""
+    try:
+        props = decode_properties(props_raw)
+    except Exception:  # (refused a few lines on, in route_publish, with RabbitMQ's error)
+        return props_raw
+    if props.message_id is not None or (props.headers and TRACE_ID_HEADER in props.headers):
+        return props_raw
+    props.headers = {**(props.headers or {}), TRACE_ID_HEADER: f"{connection}-{n}"}
+    return encode_properties(props)
+
+
+class Tracer:
+    def __init__(self, trace_log: TraceLog) -> None:
+        self.log = trace_log
+        # queue key -> its machine, for the queues whose settings say x-trace (the broker's
+        # index, kept by `settings_changed`): what the applier and the publish path test.
+        self.traced: dict[tuple[str, str], Any] = {}
+        self._ids: dict[bytes, tuple[str | None, str | None]] = {}
+        self._last: dict[tuple[str, str], tuple[int, int]] = {}  # queue -> (log index, next n)
+
+    def settings_changed(self, key: tuple[str, str], machine: Any) -> None:
+        if machine is not None and machine.settings.trace:
+            self.traced[key] = machine
+        else:
+            self.traced.pop(key, None)
+            self._last.pop(key, None)
+        if machine is not None:
+            machine.trace_dropped.clear()
+
+    def retention(self, vhost: str, queue: str) -> tuple[int, int]:
+        """A queue's (ms, bytes) to keep; the defaults for a queue that no longer traces."""
+        machine = self.traced.get((vhost, queue))
+        settings = machine.settings if machine is not None else None
+        return (
+            (settings and settings.trace_retention_ms) or TRACE_RETENTION_MS_DEFAULT,
+            (settings and settings.trace_retention_bytes) or TRACE_RETENTION_BYTES_DEFAULT,
+        )
+
+    def ids(self, props_raw: bytes) -> tuple[str | None, str | None]:
+        """(message id, correlation id) of a message's properties."""
+        found = self._ids.get(props_raw)
+        if found is None:
+            try:
+                props = decode_properties(props_raw)
+            except Exception:  # (refused at publish; a dead-lettered copy is ours)
+                return None, None
+            message_id = _text(props.message_id)
+            if message_id is None and props.headers:
+                message_id = _text(props.headers.get(TRACE_ID_HEADER))
+            found = (message_id, _text(props.correlation_id))
+            if len(self._ids) >= _IDS_CACHED_MAX:
+                self._ids.clear()
+            self._ids[props_raw] = found
+        return found
+
+    # ------------------------------------------------------------ apply
+
+    def before(self, machine: Any, command: Any) -> list[Message] | None:
+        """The messages `command` will take away from the machine, read before it applies."""
+        kind = type(command)
+        if kind is qc.Settle or kind is qc.Discard or kind is qc.Requeue:
+            consumer = machine.consumers.get(command.consumer_id)
+            if consumer is None or type(command.seqs) not in (list, tuple):
+                return None
+            checked_out = consumer.checked_out
+            return [checked_out[seq] for seq in command.seqs if seq in checked_out]
+        if kind is qc.Down and type(command.owner) is str:
+            owner = command.owner
+            prefix = owner.endswith(("@", "/"))
+            return [
+                message
+                for consumer in machine.consumers.values()
+                if consumer.owner == owner or prefix and consumer.owner.startswith(owner)
+                for message in consumer.checked_out.values()
+            ]
+        if kind is qc.DeleteReceived and type(command.handles) in (list, tuple):
+            in_flight = machine.in_flight
+            found = []
+            for handle in command.handles:
+                flight = in_flight.get(handle[0]) if type(handle) in (list, tuple) and handle else None
+                found.append(flight.message if flight is not None else None)
+            return found
+        return None
+
+    def after(
+        self,
+        meta: Meta,
+        key: tuple[str, str],
+        machine: Any,
+        command: Any,
+        reply: Any,
+        effects: list | None,
+        before: list | None,
+    ) -> None:
+        """Record what the command did to the traced queue `key` (never raises)."""
+        try:
+            records = self._records(meta, key, machine, command, reply, effects or (), before)
+        except Exception:  # a bug here must not stop the log: the records of this command are lost
+            log.exception("tracing %s on queue %r failed", type(command).__name__, key)
+            return
+        finally:
+            if machine.trace_dropped:
+                machine.trace_dropped.clear()
+        if records:
+            try:
+                self.log.add(key[0], key[1], records)
+            except Exception:  # the trace store cannot write: the broker goes on without these records
+                log.exception("writing %d trace records of queue %r failed", len(records), key)
+
+    def _records(
+        self, meta: Meta, key: tuple[str, str], machine: Any, command: Any, reply: Any, effects: Any, before: Any
+    ) -> list[tuple[int, int, int, dict[str, Any]]]:
+        if type(reply) is Rejected:
+            # (a refused command changed nothing, but the expiry run before it may have)
+            effects = [e for e in effects if type(e) is DeadLetter]
+        vhost, queue = key
+        now_ms = machine.now_ms
+        log_index = meta.log_index
+        last = self._last.get(key)
+        n = last[1] if last is not None and last[0] == log_index else 0
+        out: list[tuple[int, int, int, dict[str, Any]]] = []
+        bodies = machine.settings.trace_bodies
+
+        def record(event: str, message: Message | None, **fields: Any) -> None:
+            nonlocal n
+            entry: dict[str, Any] = {
+                "time_ms": now_ms,
+                "log_index": log_index,
+                "n": n,
+                "vhost": vhost,
+                "queue": queue,
+                "event": event,
+            }
+            if message is not None:
+                message_id, correlation_id = self.ids(message.props_raw)
+                entry["message_id"] = message_id
+                if correlation_id is not None:
+                    entry["correlation_id"] = correlation_id
+                if message.seq >= 0:
+                    entry["seq"] = message.seq
+            entry.update(fields)
+            out.append((now_ms, log_index, n, entry))
+            n += 1
+
+        kind = type(command)
+        if kind is qc.Enqueue and type(reply) is not Rejected:
+            self._enqueued(command, reply, record, bodies)
+        elif kind is qc.Settle and before:
+            for message in before:
+                record("acked", message)
+        elif kind is qc.Discard and before:
+            for message in before:
+                record("rejected", message, requeue=False)
+        elif kind is qc.Requeue and before:
+            for message in before:
+                record("requeued", message)
+        elif kind is qc.Down and before:
+            for message in before:
+                record("requeued", message, reason="consumer gone")
+        elif kind is qc.Get and type(reply) is tuple:
+            message, redelivered, _left = reply
+            record(
+                "delivered",
+                message,
+                consumer=command.consumer_id,
+                connection=command.owner.split("/", 1)[0],
+                via="basic.get",
+                no_ack=command.no_ack,
+                redelivered=redelivered,
+                delivery_count=message.delivery_count,
+            )
+        elif kind is qc.Receive and type(reply) is list:
+            for received in reply:
+                if type(received) is Received:
+                    record("received", received.message, via="sqs", receive_count=received.receive_count)
+        elif kind is qc.DeleteReceived and type(reply) is list and before:
+            for message, result in zip(before, reply, strict=False):
+                if message is not None and result == HandleResult.DONE:
+                    record("deleted", message, via="sqs")
+        elif kind is qc.Purge and type(reply) is int and reply:
+            record("purged", None, count=reply)
+        for effect in effects:
+            effect_kind = type(effect)
+            if effect_kind is Deliver:
+                message = effect.message
+                owner, _, tag = effect.consumer_id.rpartition("/")
+                record(
+                    "delivered",
+                    message,
+                    consumer_tag=tag,
+                    connection=owner.split("/", 1)[0],
+                    channel=owner.rpartition("/")[2],
+                    redelivered=effect.redelivered,
+                    delivery_count=message.delivery_count,
+                )
+            elif effect_kind is DeadLetter:
+                for message in effect.messages:
+                    record(
+                        "dead-lettered",
+                        message,
+                        reason=effect.reason,
+                        exchange=effect.exchange,
+                        routing_key=effect.routing_key if effect.routing_key is not None else message.routing_key,
+                    )
+        for message, reason in machine.trace_dropped:
+            record("expired" if reason == "expired" else "dropped", message, reason=reason)
+        if out:
+            self._last[key] = (log_index, n)
+        return out
+
+    def _enqueued(self, command: qc.Enqueue, reply: Any, record: Any, bodies: bool) -> None:
+        context = command.trace
+        publishes: dict[int, tuple[int, int, bool, list[str]]] = {}
+        if context is not None:
+            publishes = {publish[0]: publish for publish in context[3]}
+        refused = set(reply.rejected) if type(reply) is Overflowed else ()
+        for position, message in enumerate(command.messages):
+            publish = publishes.get(position)
+            if publish is not None:
+                fields: dict[str, Any] = {
+                    "user": context[0],  # type: ignore[index]  # (publishes is empty without a context)
+                    "connection": context[1],  # type: ignore[index]
+                    "client_address": context[2],  # type: ignore[index]
+                    "channel": publish[1],
+                    "exchange": message.exchange,
+                    "routing_key": message.routing_key,
+                    "routed_queues": publish[3],
+                }
+                if publish[2]:
+                    fields["confirmed"] = position not in refused  # ack, or nack (reject-publish)
+                if bodies:
+                    fields["body_base64"] = base64.b64encode(message.body).decode("ascii")
+                record("published", message, **fields)
+            if message.seq >= 0:
+                extra: dict[str, Any] = {"delayed_ms": message.delay_ms} if message.delay_ms else {}
+                if bodies and publish is None:  # (a dead-lettered copy, or a publish of an untraced moment)
+                    extra["body_base64"] = base64.b64encode(message.body).decode("ascii")
+                record("enqueued", message, **extra)
+            elif position in refused:
+                record("refused", message, reason="overflow")
+            elif command.dedup is not None:
+                record("dropped", message, reason="duplicate")
+
+
+async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:
+    """Apply each queue's trace retention every COMPACT_INTERVAL_S, for as long as the node runs."""
+    while True:
+        await trio.sleep(COMPACT_INTERVAL_S)
+        try:
+            tracer.log.compact(clock_ms(), tracer.retention)
+        except Exception:  # the trace store cannot be read or written now: try again next time
+            log.exception("trace retention failed")
