@@ -41,6 +41,21 @@ messages = st.builds(
 
 queue_commands = st.one_of(
     st.builds(qc.Enqueue, st.lists(messages, max_size=4)),
+    # with x-deduplication-header ids and an x-trace publisher context
+    st.builds(
+        qc.Enqueue,
+        st.lists(messages, max_size=4),
+        st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 3), names, st.one_of(st.none(), st.integers(0, 99))))),
+        st.one_of(
+            st.none(),
+            st.tuples(
+                names,
+                names,
+                names,
+                st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9), st.booleans(), st.lists(names, max_size=3))),
+            ),
+        ),
+    ),
     st.integers(0, 4).flatmap(
         lambda n: st.builds(
             qc.EnqueueFifo,
@@ -57,6 +72,8 @@ queue_commands = st.one_of(
         st.integers(-5, 5),
         st.booleans(),
         st.integers(0, 5000),
+        # (given, or hypothesis fills the defaulted field from its type with ints msgpack cannot carry)
+        rate_limit=st.integers(0, 1_000_000),
     ),
     st.builds(qc.Cancel, names),
     st.builds(qc.Settle, names, seqs),
@@ -141,6 +158,8 @@ def comparable(command):
                 for m in command.messages
             ],
             list(command.fifo) if type(command) is qc.EnqueueFifo else None,
+            command.dedup if type(command) is qc.Enqueue else None,
+            command.trace if type(command) is qc.Enqueue else None,
         )
     return (type(command).__name__, tuple(command))
 
