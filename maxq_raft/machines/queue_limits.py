@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 # next Tick (bounded work per log entry, so a deep queue whose whole backlog expired does not
 # stall its group). Read at call time (tests lower it to see "more is due").
 DROP_BATCH_MAX = 4096
+# x-trace: a bound on what one command may leave in `trace_dropped` for the shell (it takes them
+# after every apply; the bound only matters if the shell's index of traced queues were wrong).
+TRACE_DROPPED_MAX = 100_000
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 
 
@@ -328,7 +331,7 @@ class QueueLimits:
                 dying.append(message)
         else:
             self.dropped[reason] += 1
-            if self.settings.trace:
+            if self.settings.trace and len(self.trace_dropped) < TRACE_DROPPED_MAX:
                 self.trace_dropped.append((message, reason))
             if message.stored:
                 self._unstore.append(message)

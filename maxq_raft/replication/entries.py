@@ -105,7 +105,7 @@ def _unfield(value: Any) -> Any:
 
 def encode_command(command) -> list:
     if type(command) is qc.Enqueue:
-        encoded = [
+        encoded: list[Any] = [
             "Enqueue",
             [
                 [m.exchange, m.routing_key, m.props_raw, m.body, m.persistent, m.ttl_ms, m.priority, m.delay_ms]

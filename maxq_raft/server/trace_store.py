@@ -75,7 +75,7 @@ class MemoryKV:
 
     def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         i = bisect.bisect_left(self._keys, start)
-        out = []
+        out: list[tuple[bytes, bytes]] = []
         while i < len(self._keys) and len(out) < limit:
             key = self._keys[i]
             if key >= end:
@@ -120,7 +120,7 @@ class RocksKV:
         read_options.set_iterate_upper_bound(end)
         it = self._db.iter(read_options)
         it.seek(start)
-        out = []
+        out: list[tuple[bytes, bytes]] = []
         while it.valid() and len(out) < limit:
             out.append((it.key(), it.value()))
             it.next()

@@ -109,7 +109,7 @@ class Tracer:
 
     # ------------------------------------------------------------ apply
 
-    def before(self, machine: Any, command: Any) -> list[Message] | None:
+    def before(self, machine: Any, command: Any) -> list[Message | None] | None:
         """The messages `command` will take away from the machine, read before it applies."""
         kind = type(command)
         if kind is qc.Settle or kind is qc.Discard or kind is qc.Requeue:

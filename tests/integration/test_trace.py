@@ -67,7 +67,9 @@ def test_a_message_routed_to_two_queues_one_acked_one_dead_lettered(env, broker,
     channel.basic_reject(method.delivery_tag, requeue=False)
     assert wait_until(lambda: channel.basic_get(dead, auto_ack=True)[0] is not None, 5)
 
-    records = wait_until(lambda: (r := trace(broker, message_id=message_id)) and "delivered" in events(r, dead) and r, 5)
+    records = wait_until(
+        lambda: (r := trace(broker, message_id=message_id)) and "delivered" in events(r, dead) and r, 5
+    )
     assert records, trace(broker, message_id=message_id)
     assert events(records, acked) == ["published", "enqueued", "delivered", "acked"]
     assert events(records, rejected) == ["published", "enqueued", "delivered", "rejected", "dead-lettered"]

@@ -1,0 +1,238 @@
+"""The message trace's pure parts: records made from a queue machine's applied commands, as the
+applier makes them (server/tracer.py), and the trace store's keys, queries and retention
+(server/trace_store.py), in memory and on RocksDB."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
+from maxq_raft.machines.commands import Checkout, Credit, Discard, Down, Enqueue, Get, Requeue, Settle, Tick
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
+from maxq_raft.machines.queue_types import Meta
+from maxq_raft.replication.entries import decode_entry, encode_entry
+from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog
+from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, with_trace_id
+
+TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
+KEY = ("/", "q")
+
+
+def props(message_id: str | None = None, correlation_id: str | None = None) -> bytes:
+    return encode_properties(BasicProperties(message_id=message_id, correlation_id=correlation_id))
+
+
+class Replica:
+    """A queue machine and a tracer, applied to as the applier does (before, apply, after)."""
+
+    def __init__(self, settings: QueueSettings = TRACED) -> None:
+        self.machine = QueueMachine("/", "q", settings=settings)
+        self.tracer = Tracer(TraceLog(MemoryKV()))
+        self.tracer.settings_changed(KEY, self.machine)
+
+    def apply(self, index: int, time_ms: int, command) -> object:
+        before = self.tracer.before(self.machine, command)
+        reply, effects = self.machine.apply(Meta(index, time_ms), command)
+        self.tracer.after(Meta(index, time_ms), KEY, self.machine, command, reply, effects, before)
+        return reply
+
+
+def life(replica: Replica, decode: bool = False) -> None:
+    """Publish three, deliver, ack one, requeue one, reject one (dead-lettered), let one expire."""
+    context = ("alice", "n1@7", "10.0.0.9", [(0, 1, True, ["q", "other"]), (1, 1, True, ["q"])])
+    commands = [
+        Enqueue(
+            [
+                Message("ex", "rk", props("m1", "c1"), b"one"),
+                Message("ex", "rk", props("m2"), b"two"),
+                Message("", "q", props("m3"), b"three"),
+            ],
+            None,
+            context,
+        ),
+        Checkout("n1@7/1/tag", "n1@7/1", 10, False, 0, False, 10),
+        Settle("n1@7/1/tag", [0]),
+        Requeue("n1@7/1/tag", [1]),
+        Discard("n1@7/1/tag", [2]),
+        Down("n1@7/1"),
+        Enqueue([Message("", "q", props("m4"), b"four")]),
+        Tick(),
+    ]
+    times = [1000, 1001, 1002, 1003, 1004, 1005, 1006, 5000]
+    for index, (time_ms, command) in enumerate(zip(times, commands, strict=True), start=1):
+        if decode:  # as a cluster member gets it: through the log's encoding
+            command = decode_entry(encode_entry(time_ms, [(KEY, command)])).items[0][1]
+        replica.apply(index, time_ms, command)
+
+
+def test_each_step_is_a_record_with_the_publishers_context() -> None:
+    replica = Replica()
+    life(replica)
+    trace = replica.tracer.log
+    assert [r["event"] for r in trace.by_message_id("/", "m1")] == ["published", "enqueued", "delivered", "acked"]
+    published = trace.by_message_id("/", "m1")[0]
+    assert (
+        published["user"] == "alice" and published["connection"] == "n1@7" and published["client_address"] == "10.0.0.9"
+    )
+    assert published["routed_queues"] == ["q", "other"] and published["confirmed"] is True
+    assert published["exchange"] == "ex" and published["routing_key"] == "rk" and published["time_ms"] == 1000
+    delivered = trace.by_message_id("/", "m1")[2]
+    assert delivered["consumer_tag"] == "tag" and delivered["connection"] == "n1@7" and delivered["delivery_count"] == 1
+    assert [r["event"] for r in trace.by_message_id("/", "m2")] == [
+        "published",
+        "enqueued",
+        "delivered",
+        "requeued",
+        "delivered",
+        "requeued",  # (its consumer's channel went: Down)
+        "dead-lettered",  # (its TTL passed, and the queue has a dead-letter exchange)
+    ]
+    assert trace.by_message_id("/", "m2")[-1]["reason"] == "expired"
+    assert trace.by_message_id("/", "m2")[4]["redelivered"] is True
+    assert [r["event"] for r in trace.by_message_id("/", "m3")] == [
+        "enqueued",
+        "delivered",
+        "rejected",
+        "dead-lettered",
+    ]
+    assert trace.by_message_id("/", "m3")[-1]["exchange"] == "dlx"
+    assert [r["event"] for r in trace.by_message_id("/", "m4")] == ["enqueued", "dead-lettered"]
+    assert [r["event"] for r in trace.by_correlation_id("/", "c1")] == ["published", "enqueued", "delivered", "acked"]
+    assert [r["time_ms"] for r in trace.by_queue("/", "q", 1004, 1004)] == [1004, 1004]
+
+
+def test_replicas_make_the_same_records_from_the_same_log() -> None:
+    a, b = Replica(), Replica()
+    life(a)
+    life(b, decode=True)
+    assert a.tracer.log.by_queue("/", "q") == b.tracer.log.by_queue("/", "q")
+    assert len(a.tracer.log.by_queue("/", "q")) == 4 + 7 + 4 + 2  # m1 to m4
+
+
+def test_writing_a_replayed_log_again_changes_nothing() -> None:
+    replica = Replica()
+    life(replica)
+    before = replica.tracer.log.by_queue("/", "q")
+    sizes = replica.tracer.log._queue_bytes("/", "q")
+    again = Replica()
+    again.tracer = replica.tracer  # the same store, fresh machine: a member replaying its log
+    again.tracer.settings_changed(KEY, again.machine)
+    life(again)
+    assert replica.tracer.log.by_queue("/", "q") == before and replica.tracer.log._queue_bytes("/", "q") == sizes
+
+
+def test_an_untraced_queue_makes_no_records_and_get_and_credit_are_deliveries() -> None:
+    replica = Replica(QueueSettings())
+    replica.tracer.settings_changed(KEY, replica.machine)
+    assert replica.tracer.traced == {}
+    traced = Replica(QueueSettings(trace=True))
+    traced.apply(1, 10, Enqueue([Message("", "q", props("g1"), b"x"), Message("", "q", props("g2"), b"y")]))
+    traced.apply(2, 11, Get("get:n1@1/1", "n1@1/1", True))
+    traced.apply(3, 12, Checkout("n1@1/1/t", "n1@1/1", 0, True, 0, False, 0))
+    traced.apply(4, 13, Credit("n1@1/1/t", 1))
+    assert traced.tracer.log.by_message_id("/", "g1")[-1]["via"] == "basic.get"
+    assert [r["event"] for r in traced.tracer.log.by_message_id("/", "g2")] == ["enqueued", "delivered"]
+
+
+def test_a_message_without_id_gets_the_trace_header_once() -> None:
+    raw = with_trace_id(props(), "n1@3", 7)
+    assert decode_properties(raw).headers == {TRACE_ID_HEADER: "n1@3-7"}
+    assert with_trace_id(raw, "n1@3", 8) == raw
+    assert with_trace_id(props("mine"), "n1@3", 9) == props("mine")
+    assert Tracer(TraceLog(MemoryKV())).ids(raw) == ("n1@3-7", None)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"x-trace": 1}, {"x-trace-bodies": "yes"}, {"x-trace-retention": 0}, {"x-trace-retention-bytes": -1}],
+)
+def test_bad_trace_arguments_are_refused(arguments) -> None:
+    with pytest.raises(QueueArgumentError):
+        parse_queue_arguments("/", "q", arguments)
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def trace_log(request, tmp_path):
+    kv = MemoryKV() if request.param == "memory" else RocksKV(tmp_path / "trace")
+    log = TraceLog(kv)
+    yield log
+    log.close()
+
+
+def record(time_ms: int, n: int, message_id: str, correlation_id: str | None = None, pad: int = 0) -> tuple:
+    entry = {"time_ms": time_ms, "log_index": time_ms, "n": n, "event": "enqueued", "message_id": message_id}
+    if correlation_id is not None:
+        entry["correlation_id"] = correlation_id
+    if pad:
+        entry["pad"] = "x" * pad
+    return (time_ms, time_ms, n, entry)
+
+
+def test_queries_are_prefix_scans_that_do_not_mix_names(trace_log) -> None:
+    trace_log.add("/", "q", [record(10, 0, "m"), record(20, 0, "m", "c")])
+    trace_log.add("/", "q2", [record(15, 0, "m")])
+    trace_log.add("/", "q-longer", [record(16, 0, "mm")])
+    trace_log.add("other", "q", [record(17, 0, "m")])
+    assert [r["time_ms"] for r in trace_log.by_message_id("/", "m")] == [10, 15, 20]  # in time order, across queues
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == [10, 20]
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 11, 20)] == [20]
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 0, 19)] == [10]
+    assert [r["time_ms"] for r in trace_log.by_correlation_id("/", "c")] == [20]
+    assert trace_log.by_queue("/", "q", limit=1)[0]["time_ms"] == 10
+    assert sorted(trace_log.queues()) == [("/", "q"), ("/", "q-longer"), ("/", "q2"), ("other", "q")]
+
+
+def test_retention_by_time_then_by_size(trace_log) -> None:
+    trace_log.add("/", "q", [record(t, 0, f"m{t}", "c", pad=100) for t in range(100)])
+    assert trace_log.compact(150, lambda vhost, queue: (100, 1 << 30)) == 50  # older than 50 ms go
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == list(range(50, 100))
+    assert trace_log.by_message_id("/", "m10") == [] and len(trace_log.by_correlation_id("/", "c")) == 50
+    size = trace_log._queue_bytes("/", "q")
+    trace_log.compact(150, lambda vhost, queue: (100, size // 2))
+    kept = [r["time_ms"] for r in trace_log.by_queue("/", "q")]
+    assert (
+        kept == list(range(100 - len(kept), 100))
+        and 20 <= len(kept) <= 26
+        and trace_log._queue_bytes("/", "q") <= size // 2
+    )
+    trace_log.compact(10_000, lambda vhost, queue: (100, 1 << 30))
+    assert (
+        trace_log.by_queue("/", "q") == [] and trace_log.queues() == [] and trace_log.by_correlation_id("/", "c") == []
+    )
+
+
+def test_the_byte_count_survives_a_reopen(tmp_path) -> None:
+    log = TraceLog(RocksKV(tmp_path / "trace"))
+    log.add("/", "q", [record(t, 0, "m") for t in range(10)])
+    size = log._queue_bytes("/", "q")
+    log.close()
+    reopened = TraceLog(RocksKV(tmp_path / "trace"))
+    try:
+        assert reopened._queue_bytes("/", "q") == size and len(reopened.by_message_id("/", "m")) == 10
+    finally:
+        reopened.close()
+
+
+def test_memory_and_rocksdb_agree(tmp_path) -> None:
+    rng = random.Random(7)
+    memory, rocks = TraceLog(MemoryKV()), TraceLog(RocksKV(tmp_path / "trace"))
+    try:
+        for step in range(200):
+            queue = rng.choice(["a", "b", "ab"])
+            batch = [record(step, n, rng.choice(["x", "y", "z"]), rng.choice([None, "c"])) for n in range(3)]
+            memory.add("/", queue, batch)
+            rocks.add("/", queue, batch)
+            if step % 50 == 49:
+                for log in (memory, rocks):
+                    log.compact(step, lambda vhost, queue: (40, 1 << 30))
+        for queue in ("a", "b", "ab"):
+            assert memory.by_queue("/", queue) == rocks.by_queue("/", queue)
+        for value in ("x", "y", "z"):
+            assert memory.by_message_id("/", value) == rocks.by_message_id("/", value)
+        assert memory.by_correlation_id("/", "c") == rocks.by_correlation_id("/", "c")
+    finally:
+        rocks.close()
