@@ -634,11 +634,12 @@ class Session:
             ttl_ms, priority, delay_ms = None, 0, None
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = meta.route(vhost, exchange, routing_key, headers)
-        traced = None
-        if queues and broker.tracer.traced:  # (empty unless a queue has x-trace)
-            traced = self._trace_publish(vhost, queues)
-            if traced is not None:
-                props_raw = with_trace_id(props_raw, self.id, next(_trace_numbers))
+        if queues:
+            traced = None
+            if broker.tracer.traced:  # (empty unless a queue has x-trace)
+                traced = self._trace_publish(vhost, queues)
+                if traced is not None:
+                    props_raw = with_trace_id(props_raw, self.id, next(_trace_numbers))
             if broker.publish_rates.limits:  # (empty unless a queue has x-publish-rate-limit)
                 self._publish_rate(vhost, queues)
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
