@@ -171,7 +171,7 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
         raise StartupError(str(exc)) from None
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
     if store is not None:  # x-trace's records (tracer.py), in a RocksDB of their own beside the store
-        broker.tracer.log = TraceLog(RocksKV(Path(settings.data_dir) / "trace"))
+        broker.tracer.log = TraceLog(RocksKV(Path(settings.data_dir) / "trace"), replayed=settings.clustered)
     stop = StopRequest()
     if settings.clustered:
         try:

@@ -44,7 +44,7 @@ from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
-from .tracer import with_trace_id
+from .tracer import TRACE_ID_DIGITS, trace_id_template, with_trace_id
 
 log = logging.getLogger("maxq.session")
 
@@ -142,6 +142,7 @@ class Session:
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
+        self._trace_templates: dict[bytes, tuple[bytes, bytes] | None] = {}  # see _with_trace_id
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
@@ -635,11 +636,6 @@ class Session:
         headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
         queues = meta.route(vhost, exchange, routing_key, headers)
         if queues:
-            traced = None
-            if broker.tracer.traced:  # (empty unless a queue has x-trace)
-                traced = self._trace_publish(vhost, queues)
-                if traced is not None:
-                    props_raw = with_trace_id(props_raw, self.id, next(_trace_numbers))
             if broker.publish_rates.limits:  # (empty unless a queue has x-publish-rate-limit)
                 self._publish_rate(vhost, queues)
             self.messages_routed += 1  # (per message: measured in docs/operations.md, Prometheus)
@@ -655,6 +651,11 @@ class Session:
                     if len(self._persistent_props) >= PROPS_CACHED_MAX:
                         self._persistent_props.clear()
                     self._persistent_props[props_raw] = persistent
+            traced = None
+            if broker.tracer.traced:  # (empty unless a queue has x-trace)
+                traced = self._trace_publish(vhost, queues)
+                if traced is not None:
+                    props_raw = self._with_trace_id(props_raw)
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
             dedup = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
@@ -688,6 +689,23 @@ class Session:
                 self.pending_confirms[channel] = [seq]
             else:
                 confirms.append(seq)
+
+    def _with_trace_id(self, props_raw: bytes) -> bytes:
+        """A message routed to a traced queue: an x-maxq-trace-id header unless it has a
+        message id (tracer.py), from a template per distinct property list (as the cache above)."""
+        templates = self._trace_templates
+        if props_raw in templates:
+            template = templates[props_raw]
+        else:
+            template = trace_id_template(props_raw, self.id)
+            if len(props_raw) <= PROPS_CACHED_BYTES_MAX:
+                if len(templates) >= PROPS_CACHED_MAX:
+                    templates.clear()
+                templates[props_raw] = template
+        if template is None:
+            return props_raw
+        n = next(_trace_numbers)
+        return with_trace_id(template, n) if n < 10**TRACE_ID_DIGITS else props_raw
 
     def _trace_publish(self, vhost: str, queues) -> dict | None:
         """The traced queues among those a publish was routed to (None: none traces)."""

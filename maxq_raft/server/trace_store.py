@@ -5,13 +5,17 @@ Theory of operation: `server/tracer.py` turns each applied command of a traced q
 records (plain dicts) and hands them here with their place in the log, `(time ms, log index,
 n)`. Each member writes them to its own key-value store (RocksDB in `<data dir>/trace`, or memory
 for a node without a data folder); the same log gives the same records under the same keys on
-every member, so writing a record twice (a member replaying its log after a restart) changes
-nothing. Keys are big-endian so that key order is time order:
+every member. A cluster member replays its log from its last snapshot when it starts: records at
+or below the queue's last written (log index, n) are skipped then, so nothing is counted twice
+(a queue's records come in log order, and Raft's indexes only grow; a single node never replays
+queue commands, and its log's index starts again at each start, so it writes every record).
+Keys are big-endian so that key order is time order:
 
-    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the record (JSON)
+    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the record (msgpack)
     m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> the record's q key
     c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
-    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64)
+    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64) and
+                                                             its last (log index, n) written
 
 (each name as a 2-byte length and its UTF-8). A query by queue and time range is one scan of a q
 range; by message id or correlation id, one scan of an m or c prefix and a get per hit.
@@ -23,15 +27,18 @@ few seconds apart: retention is a bound on what is kept, not part of the replica
 
 from __future__ import annotations
 
+import base64
 import bisect
-import json
 import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgpack
+
 _U64 = struct.Struct(">Q")
 _PLACE = struct.Struct(">QQI")  # time ms, log index, n
+_COUNT = struct.Struct(">QQI")  # bytes, last log index, its n
 NAME_BYTES_MAX = 0xFFFF
 QUERY_LIMIT_DEFAULT = 1000
 QUERY_LIMIT_MAX = 10_000
@@ -151,48 +158,67 @@ def _index_key(kind: bytes, vhost: str, value: str, queue: str, place: bytes) ->
     return kind + _name(vhost) + _name(value) + place[:8] + _name(queue) + place[8:]
 
 
-class TraceLog:
-    """Records in, queries and compaction out, over one `TraceKV`."""
+def _decode(value: bytes) -> dict[str, Any]:
+    record = msgpack.unpackb(value, raw=False)
+    body = record.pop("body", None)
+    if body is not None:  # (JSON carries no bytes)
+        record["body_base64"] = base64.b64encode(body).decode("ascii")
+    return record
 
-    def __init__(self, kv: TraceKV) -> None:
+
+class TraceLog:
+    """Records in, queries and compaction out, over one `TraceKV`. `replayed`: the node replays
+    its log at a start (a cluster member): skip what was written before."""
+
+    def __init__(self, kv: TraceKV, replayed: bool = False) -> None:
         self.kv = kv
-        self._bytes: dict[tuple[str, str], int] = {}  # cache of the s keys
+        self.replayed = replayed
+        self._counts: dict[tuple[str, str], list[int]] = {}  # cache of the s keys: [bytes, index, n]
         self.records_written = 0
         self.records_compacted = 0
 
     # -------------------------------------------------------------- writes
 
     def add(self, vhost: str, queue: str, records: list[tuple[int, int, int, dict[str, Any]]]) -> None:
-        """`records`: (time ms, log index, n, record) of one queue, as the tracer made them."""
+        """`records`: (time ms, log index, n, record) of one queue, in log order, as the tracer
+        made them (a `body` field holds bytes)."""
+        count = self._count(vhost, queue)
+        if self.replayed:
+            last = (count[1], count[2])
+            records = [r for r in records if (r[1], r[2]) > last]
+            if not records:
+                return
         puts = []
         prefix = queue_prefix(vhost, queue)
         added = 0
+        pack = msgpack.packb
         for time_ms, log_index, n, record in records:
             place = _PLACE.pack(time_ms, log_index, n)
             key = prefix + place
-            value = json.dumps(record, separators=(",", ":")).encode()
-            if self.kv.get(key) is not None:
-                continue  # already written (a replayed log): the same record, counted once
+            value = pack(record, use_bin_type=True)
             puts.append((key, value))
             added += len(key) + len(value)
-            for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
-                value_id = record.get(field)
-                if value_id:
-                    puts.append((_index_key(kind, vhost, value_id, queue, place), key))
-        if not puts:
-            return
-        total = self._queue_bytes(vhost, queue) + added
-        self._bytes[(vhost, queue)] = total
-        puts.append((b"s" + _name(vhost) + _name(queue), _U64.pack(total)))
+            value_id = record.get("message_id")
+            if value_id:
+                puts.append((_index_key(b"m", vhost, value_id, queue, place), key))
+            value_id = record.get("correlation_id")
+            if value_id:
+                puts.append((_index_key(b"c", vhost, value_id, queue, place), key))
+        count[0] += added
+        count[1], count[2] = records[-1][1], records[-1][2]
+        puts.append((b"s" + _name(vhost) + _name(queue), _COUNT.pack(*count)))
         self.kv.write(puts, [])
         self.records_written += len(records)
 
-    def _queue_bytes(self, vhost: str, queue: str) -> int:
-        total = self._bytes.get((vhost, queue))
-        if total is None:
+    def _count(self, vhost: str, queue: str) -> list[int]:
+        count = self._counts.get((vhost, queue))
+        if count is None:
             raw = self.kv.get(b"s" + _name(vhost) + _name(queue))
-            total = self._bytes[(vhost, queue)] = _U64.unpack(raw)[0] if raw is not None else 0
-        return total
+            count = self._counts[(vhost, queue)] = list(_COUNT.unpack(raw)) if raw is not None else [0, 0, -1]
+        return count
+
+    def queue_bytes(self, vhost: str, queue: str) -> int:
+        return self._count(vhost, queue)[0]
 
     # ------------------------------------------------------------- queries
 
@@ -202,7 +228,7 @@ class TraceLog:
         prefix = queue_prefix(vhost, queue)
         start = prefix + _U64.pack(max(0, since_ms))
         end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
-        return [json.loads(value) for _key, value in self.kv.scan(start, end, limit)]
+        return [_decode(value) for _key, value in self.kv.scan(start, end, limit)]
 
     def by_message_id(self, vhost: str, message_id: str, limit: int = QUERY_LIMIT_DEFAULT) -> list[dict[str, Any]]:
         return self._by_index(b"m", vhost, message_id, limit)
@@ -218,7 +244,7 @@ class TraceLog:
         for _key, primary in self.kv.scan(prefix, _after(prefix), limit):
             record = self.kv.get(primary)
             if record is not None:  # (compacted between the two reads)
-                out.append(json.loads(record))
+                out.append(_decode(record))
         return out
 
     # ---------------------------------------------------------- compaction
@@ -245,16 +271,20 @@ class TraceLog:
 
     def _compact_queue(self, vhost: str, queue: str, cutoff_ms: int, bytes_max: int) -> int:
         prefix = queue_prefix(vhost, queue)
-        total = self._queue_bytes(vhost, queue)
+        count = self._count(vhost, queue)
+        total = count[0]
         deletes: list[bytes] = []
-        for key, value in self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX):
+        dropped = 0
+        scanned = self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX)
+        for key, value in scanned:
             time_ms = _U64.unpack_from(key, len(prefix))[0]
             if time_ms >= cutoff_ms and total <= bytes_max:
                 break
             deletes.append(key)
+            dropped += 1
             total -= len(key) + len(value)
             place = key[len(prefix) :]
-            record = json.loads(value)
+            record = msgpack.unpackb(value, raw=False)
             for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
                 value_id = record.get(field)
                 if value_id:
@@ -262,13 +292,14 @@ class TraceLog:
         if not deletes:
             return 0
         count_key = b"s" + _name(vhost) + _name(queue)
-        dropped = sum(1 for key in deletes if key.startswith(prefix))
-        if total <= 0 or not self.kv.scan(prefix, _after(prefix), dropped + 1)[dropped:]:
-            self._bytes.pop((vhost, queue), None)
-            self.kv.write([], [*deletes, count_key])  # nothing left: the queue leaves the s keys
+        if dropped == len(scanned) and not self.kv.scan(scanned[-1][0] + b"\0", _after(prefix), 1):
+            # Nothing left: the queue leaves the s keys, its last place too (a cluster member
+            # that replays its log may write again records that the next pass drops).
+            self._counts.pop((vhost, queue), None)
+            self.kv.write([], [*deletes, count_key])
         else:
-            self._bytes[(vhost, queue)] = total
-            self.kv.write([(count_key, _U64.pack(total))], deletes)
+            count[0] = max(0, total)
+            self.kv.write([(count_key, _COUNT.pack(*count))], deletes)
         return dropped
 
     def close(self) -> None:

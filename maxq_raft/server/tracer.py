@@ -20,14 +20,13 @@ header the publishing node adds to a message routed to a traced queue (server/se
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from ..amqp.properties import decode_properties, encode_properties
+from ..amqp.properties import CORRELATION_ID_FLAG, MESSAGE_ID_FLAG, decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import DeadLetter, Deliver, HandleResult, Meta, Overflowed, Received, Rejected
@@ -50,17 +49,51 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def with_trace_id(props_raw: bytes, connection: str, n: int) -> bytes:
-    """A publish routed to a traced queue: its properties with an `x-maxq-trace-id` header
-    ("node@connection-n", unique in the cluster) when it has no message id (nor that header)."""
+TRACE_ID_DIGITS = 12  # "node@connection-000000000042": a fixed width, so a template takes it
+_TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
+_ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
+
+
+def trace_id_template(props_raw: bytes, connection: str) -> tuple[bytes, bytes] | None:
+    """For a publish routed to a traced queue: its properties with an `x-maxq-trace-id` header
+    ("node@connection-n", unique in the cluster) as (prefix, suffix) around the digits of n, so
+    that each publish with these properties costs a concatenation (`with_trace_id`); None when
+    they have a message id or that header already (or do not decode: refused at publish)."""
     try:
         props = decode_properties(props_raw)
-    except Exception:  # (refused a few lines on, in route_publish, with RabbitMQ's error)
-        return props_raw
+    except Exception:
+        return None
     if props.message_id is not None or (props.headers and TRACE_ID_HEADER in props.headers):
-        return props_raw
-    props.headers = {**(props.headers or {}), TRACE_ID_HEADER: f"{connection}-{n}"}
-    return encode_properties(props)
+        return None
+    encoded = []
+    for digit in "01":
+        props.headers = {**(props.headers or {}), TRACE_ID_HEADER: f"{connection}-{digit * TRACE_ID_DIGITS}"}
+        encoded.append(encode_properties(props))
+    zeros, ones = encoded
+    at = next(i for i, (a, b) in enumerate(zip(zeros, ones, strict=True)) if a != b)
+    assert (
+        zeros[at : at + TRACE_ID_DIGITS] == b"0" * TRACE_ID_DIGITS
+        and zeros[at + TRACE_ID_DIGITS :] == ones[at + TRACE_ID_DIGITS :]
+    )
+    return zeros[:at], zeros[at + TRACE_ID_DIGITS :]
+
+
+def with_trace_id(template: tuple[bytes, bytes], n: int) -> bytes:
+    """The properties of `trace_id_template` with the id's number `n` (below 10**12)."""
+    return b"%b%012d%b" % (template[0], n, template[1])
+
+
+def _header_trace_id(props_raw: bytes) -> str | None:
+    """The fast path of `Tracer.ids` for what `with_trace_id` made: properties without message
+    or correlation id whose headers hold x-maxq-trace-id (a long string), found without a decode."""
+    if len(props_raw) < 2 or (props_raw[0] << 8 | props_raw[1]) & _ID_FLAGS:
+        return None
+    at = props_raw.find(_TRACE_ID_KEY)
+    if at < 0:
+        return None
+    at += len(_TRACE_ID_KEY)
+    length = int.from_bytes(props_raw[at : at + 4], "big")
+    return props_raw[at + 4 : at + 4 + length].decode("utf-8", "replace")
 
 
 class Tracer:
@@ -94,6 +127,9 @@ class Tracer:
         """(message id, correlation id) of a message's properties."""
         found = self._ids.get(props_raw)
         if found is None:
+            trace_id = _header_trace_id(props_raw)
+            if trace_id is not None:
+                return trace_id, None
             try:
                 props = decode_properties(props_raw)
             except Exception:  # (refused at publish; a dead-lettered copy is ours)
@@ -283,12 +319,12 @@ class Tracer:
                 if publish[2]:
                     fields["confirmed"] = position not in refused  # ack, or nack (reject-publish)
                 if bodies:
-                    fields["body_base64"] = base64.b64encode(message.body).decode("ascii")
+                    fields["body"] = message.body  # (bytes: base64 in the answers, trace_store.py)
                 record("published", message, **fields)
             if message.seq >= 0:
                 extra: dict[str, Any] = {"delayed_ms": message.delay_ms} if message.delay_ms else {}
                 if bodies and publish is None:  # (a dead-lettered copy, or a publish of an untraced moment)
-                    extra["body_base64"] = base64.b64encode(message.body).decode("ascii")
+                    extra["body"] = message.body
                 record("enqueued", message, **extra)
             elif position in refused:
                 record("refused", message, reason="overflow")

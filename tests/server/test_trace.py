@@ -16,7 +16,7 @@ from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, par
 from maxq_raft.machines.queue_types import Meta
 from maxq_raft.replication.entries import decode_entry, encode_entry
 from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog
-from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, with_trace_id
+from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
 
 TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
 KEY = ("/", "q")
@@ -113,16 +113,30 @@ def test_replicas_make_the_same_records_from_the_same_log() -> None:
     assert len(a.tracer.log.by_queue("/", "q")) == 4 + 7 + 4 + 2  # m1 to m4
 
 
-def test_writing_a_replayed_log_again_changes_nothing() -> None:
+def test_a_cluster_member_replaying_its_log_writes_nothing_twice() -> None:
     replica = Replica()
+    replica.tracer.log.replayed = True  # (a cluster member's: server/main.py)
     life(replica)
     before = replica.tracer.log.by_queue("/", "q")
-    sizes = replica.tracer.log._queue_bytes("/", "q")
+    sizes = replica.tracer.log.queue_bytes("/", "q")
     again = Replica()
-    again.tracer = replica.tracer  # the same store, fresh machine: a member replaying its log
+    again.tracer = Tracer(TraceLog(replica.tracer.log.kv, replayed=True))  # restarted: same store
     again.tracer.settings_changed(KEY, again.machine)
     life(again)
-    assert replica.tracer.log.by_queue("/", "q") == before and replica.tracer.log._queue_bytes("/", "q") == sizes
+    assert again.tracer.log.by_queue("/", "q") == before and again.tracer.log.queue_bytes("/", "q") == sizes
+    # A later entry is written.
+    again.apply(100, 9000, Enqueue([Message("", "q", props("m9"), b"nine")]))
+    assert [r["event"] for r in again.tracer.log.by_message_id("/", "m9")] == ["enqueued"]
+
+
+def test_a_single_node_whose_log_index_starts_again_writes_every_record() -> None:
+    replica = Replica()
+    life(replica)
+    restarted = Replica()
+    restarted.tracer = Tracer(TraceLog(replica.tracer.log.kv))  # (replayed=False: a single node)
+    restarted.tracer.settings_changed(KEY, restarted.machine)
+    restarted.apply(1, 9000, Enqueue([Message("", "q", props("m9"), b"nine")]))
+    assert [r["event"] for r in restarted.tracer.log.by_message_id("/", "m9")] == ["enqueued"]
 
 
 def test_an_untraced_queue_makes_no_records_and_get_and_credit_are_deliveries() -> None:
@@ -138,12 +152,21 @@ def test_an_untraced_queue_makes_no_records_and_get_and_credit_are_deliveries() 
     assert [r["event"] for r in traced.tracer.log.by_message_id("/", "g2")] == ["enqueued", "delivered"]
 
 
-def test_a_message_without_id_gets_the_trace_header_once() -> None:
-    raw = with_trace_id(props(), "n1@3", 7)
-    assert decode_properties(raw).headers == {TRACE_ID_HEADER: "n1@3-7"}
-    assert with_trace_id(raw, "n1@3", 8) == raw
-    assert with_trace_id(props("mine"), "n1@3", 9) == props("mine")
-    assert Tracer(TraceLog(MemoryKV())).ids(raw) == ("n1@3-7", None)
+def test_a_message_without_id_gets_the_trace_header_from_a_template() -> None:
+    original = encode_properties(BasicProperties(headers={"app": "kept"}, delivery_mode=2))
+    template = trace_id_template(original, "n1@3")
+    assert template is not None
+    raw = with_trace_id(template, 7)
+    decoded = decode_properties(raw)
+    assert decoded.headers == {"app": "kept", TRACE_ID_HEADER: "n1@3-000000000007"} and decoded.delivery_mode == 2
+    assert decode_properties(with_trace_id(template, 10**12 - 1)).headers[TRACE_ID_HEADER] == "n1@3-999999999999"
+    assert trace_id_template(raw, "n1@3") is None  # has the header already
+    assert trace_id_template(props("mine"), "n1@3") is None  # has a message id
+    tracer = Tracer(TraceLog(MemoryKV()))
+    assert tracer.ids(raw) == ("n1@3-000000000007", None)  # (the fast path, without a decode)
+    assert tracer.ids(props("mine", "c")) == ("mine", "c")
+    with_both = encode_properties(BasicProperties(correlation_id="c", headers={TRACE_ID_HEADER: "n2@1-5"}))
+    assert tracer.ids(with_both) == ("n2@1-5", "c")  # (the decode path)
 
 
 @pytest.mark.parametrize(
@@ -191,13 +214,13 @@ def test_retention_by_time_then_by_size(trace_log) -> None:
     assert trace_log.compact(150, lambda vhost, queue: (100, 1 << 30)) == 50  # older than 50 ms go
     assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == list(range(50, 100))
     assert trace_log.by_message_id("/", "m10") == [] and len(trace_log.by_correlation_id("/", "c")) == 50
-    size = trace_log._queue_bytes("/", "q")
+    size = trace_log.queue_bytes("/", "q")
     trace_log.compact(150, lambda vhost, queue: (100, size // 2))
     kept = [r["time_ms"] for r in trace_log.by_queue("/", "q")]
     assert (
         kept == list(range(100 - len(kept), 100))
         and 20 <= len(kept) <= 26
-        and trace_log._queue_bytes("/", "q") <= size // 2
+        and trace_log.queue_bytes("/", "q") <= size // 2
     )
     trace_log.compact(10_000, lambda vhost, queue: (100, 1 << 30))
     assert (
@@ -208,11 +231,11 @@ def test_retention_by_time_then_by_size(trace_log) -> None:
 def test_the_byte_count_survives_a_reopen(tmp_path) -> None:
     log = TraceLog(RocksKV(tmp_path / "trace"))
     log.add("/", "q", [record(t, 0, "m") for t in range(10)])
-    size = log._queue_bytes("/", "q")
+    size = log.queue_bytes("/", "q")
     log.close()
     reopened = TraceLog(RocksKV(tmp_path / "trace"))
     try:
-        assert reopened._queue_bytes("/", "q") == size and len(reopened.by_message_id("/", "m")) == 10
+        assert reopened.queue_bytes("/", "q") == size and len(reopened.by_message_id("/", "m")) == 10
     finally:
         reopened.close()
 
