@@ -11,8 +11,8 @@ or below the queue's last written (log index, n) are skipped then, so nothing is
 queue commands, and its log's index starts again at each start, so it writes every record).
 Keys are big-endian so that key order is time order:
 
-    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the record (msgpack)
-    m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> the record's q key
+    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the records of one command (msgpack)
+    m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> empty: the key names the q row
     c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
     s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64) and
                                                              its last (log index, n) written
@@ -42,7 +42,7 @@ _COUNT = struct.Struct(">QQI")  # bytes, last log index, its n
 NAME_BYTES_MAX = 0xFFFF
 QUERY_LIMIT_DEFAULT = 1000
 QUERY_LIMIT_MAX = 10_000
-COMPACT_BATCH_MAX = 5000  # records deleted per queue per pass: a pass never stalls the loop long
+COMPACT_BATCH_MAX = 2000  # rows deleted per queue per pass: a pass never stalls the loop long
 TRACE_RETENTION_MS_DEFAULT = 24 * 3_600_000
 TRACE_RETENTION_BYTES_DEFAULT = 256 << 20
 
@@ -154,21 +154,36 @@ def queue_prefix(vhost: str, queue: str) -> bytes:
     return b"q" + _name(vhost) + _name(queue)
 
 
-def _index_key(kind: bytes, vhost: str, value: str, queue: str, place: bytes) -> bytes:
-    return kind + _name(vhost) + _name(value) + place[:8] + _name(queue) + place[8:]
+def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str, Any]]:
+    """A row's records, each with its place and queue (not stored in it: they are in the key)."""
+    time_ms, log_index, n0 = _PLACE.unpack(place)
+    records = msgpack.unpackb(value, raw=False)
+    for n, record in enumerate(records, n0):
+        body = record.pop("body", None)
+        if body is not None:  # (JSON carries no bytes)
+            record["body_base64"] = base64.b64encode(body).decode("ascii")
+        record.update(time_ms=time_ms, log_index=log_index, n=n, vhost=vhost, queue=queue)
+    return records
 
 
-def _decode(value: bytes) -> dict[str, Any]:
-    record = msgpack.unpackb(value, raw=False)
-    body = record.pop("body", None)
-    if body is not None:  # (JSON carries no bytes)
-        record["body_base64"] = base64.b64encode(body).decode("ascii")
-    return record
+def _ids(records: list[dict[str, Any]], field: str) -> dict[str, None]:
+    """The distinct values of `field` in a row, in order (a dict: no set, so the keys written are
+    in the same order on every member)."""
+    found: dict[str, None] = {}
+    for record in records:
+        value = record.get(field)
+        if value:
+            found[value] = None
+    return found
 
 
 class TraceLog:
     """Records in, queries and compaction out, over one `TraceKV`. `replayed`: the node replays
-    its log at a start (a cluster member): skip what was written before."""
+    its log at a start (a cluster member): skip what was written before.
+
+    The records one command made are one row (one key, one msgpack value): a publish of a hundred
+    messages is one put and a hundred index entries (empty values: the key names the row), not
+    four hundred puts."""
 
     def __init__(self, kv: TraceKV, replayed: bool = False) -> None:
         self.kv = kv
@@ -179,34 +194,25 @@ class TraceLog:
 
     # -------------------------------------------------------------- writes
 
-    def add(self, vhost: str, queue: str, records: list[tuple[int, int, int, dict[str, Any]]]) -> None:
-        """`records`: (time ms, log index, n, record) of one queue, in log order, as the tracer
-        made them (a `body` field holds bytes)."""
+    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[dict[str, Any]]) -> None:
+        """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
+        order, as the tracer made them (a `body` field holds bytes)."""
         count = self._count(vhost, queue)
-        if self.replayed:
-            last = (count[1], count[2])
-            records = [r for r in records if (r[1], r[2]) > last]
-            if not records:
-                return
-        puts = []
-        prefix = queue_prefix(vhost, queue)
-        added = 0
-        pack = msgpack.packb
-        for time_ms, log_index, n, record in records:
-            place = _PLACE.pack(time_ms, log_index, n)
-            key = prefix + place
-            value = pack(record, use_bin_type=True)
-            puts.append((key, value))
-            added += len(key) + len(value)
-            value_id = record.get("message_id")
-            if value_id:
-                puts.append((_index_key(b"m", vhost, value_id, queue, place), key))
-            value_id = record.get("correlation_id")
-            if value_id:
-                puts.append((_index_key(b"c", vhost, value_id, queue, place), key))
-        count[0] += added
-        count[1], count[2] = records[-1][1], records[-1][2]
-        puts.append((b"s" + _name(vhost) + _name(queue), _COUNT.pack(*count)))
+        if self.replayed and (log_index, n0) <= (count[1], count[2]):
+            return
+        place = _PLACE.pack(time_ms, log_index, n0)
+        key = queue_prefix(vhost, queue) + place
+        value = msgpack.packb(records, use_bin_type=True)
+        puts = [(key, value)]
+        vhost_name = _name(vhost)
+        tail = place[:8] + _name(queue) + place[8:]
+        for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
+            head = kind + vhost_name
+            for value_id in _ids(records, field):
+                puts.append((head + _name(value_id) + tail, b""))
+        count[0] += len(key) + len(value)
+        count[1], count[2] = log_index, n0
+        puts.append((b"s" + vhost_name + _name(queue), _COUNT.pack(*count)))
         self.kv.write(puts, [])
         self.records_written += len(records)
 
@@ -228,32 +234,42 @@ class TraceLog:
         prefix = queue_prefix(vhost, queue)
         start = prefix + _U64.pack(max(0, since_ms))
         end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
-        return [_decode(value) for _key, value in self.kv.scan(start, end, limit)]
+        out: list[dict[str, Any]] = []
+        for key, value in self.kv.scan(start, end, limit):  # (a row holds one record at least)
+            out.extend(_expand(vhost, queue, key[len(prefix) :], value))
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     def by_message_id(self, vhost: str, message_id: str, limit: int = QUERY_LIMIT_DEFAULT) -> list[dict[str, Any]]:
-        return self._by_index(b"m", vhost, message_id, limit)
+        return self._by_index(b"m", "message_id", vhost, message_id, limit)
 
     def by_correlation_id(
         self, vhost: str, correlation_id: str, limit: int = QUERY_LIMIT_DEFAULT
     ) -> list[dict[str, Any]]:
-        return self._by_index(b"c", vhost, correlation_id, limit)
+        return self._by_index(b"c", "correlation_id", vhost, correlation_id, limit)
 
-    def _by_index(self, kind: bytes, vhost: str, value: str, limit: int) -> list[dict[str, Any]]:
+    def _by_index(self, kind: bytes, field: str, vhost: str, value: str, limit: int) -> list[dict[str, Any]]:
         prefix = kind + _name(vhost) + _name(value)
-        out = []
-        for _key, primary in self.kv.scan(prefix, _after(prefix), limit):
-            record = self.kv.get(primary)
-            if record is not None:  # (compacted between the two reads)
-                out.append(_decode(record))
-        return out
+        out: list[dict[str, Any]] = []
+        for key, _empty in self.kv.scan(prefix, _after(prefix), limit):
+            at = len(prefix) + 8
+            length = int.from_bytes(key[at : at + 2], "big")
+            queue = key[at + 2 : at + 2 + length].decode("utf-8", "surrogatepass")
+            place = key[len(prefix) : at] + key[at + 2 + length :]
+            row = self.kv.get(queue_prefix(vhost, queue) + place)
+            if row is not None:  # (compacted between the two reads)
+                out.extend(r for r in _expand(vhost, queue, place, row) if r.get(field) == value)
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     # ---------------------------------------------------------- compaction
 
     def queues(self) -> list[tuple[str, str]]:
         """Every queue with trace records (deleted ones too, until compaction empties them)."""
         out = []
-        start = b"s"
-        for key, _value in self.kv.scan(start, b"t", 1_000_000):
+        for key, _value in self.kv.scan(b"s", b"t", 1_000_000):
             n = int.from_bytes(key[1:3], "big")
             vhost = key[3 : 3 + n].decode("utf-8", "surrogatepass")
             m = int.from_bytes(key[3 + n : 5 + n], "big")
@@ -261,7 +277,7 @@ class TraceLog:
         return out
 
     def compact(self, now_ms: int, retention: Callable[[str, str], tuple[int, int]]) -> int:
-        """Drop what is past each queue's retention `(ms, bytes)`; returns how many records went."""
+        """Drop what is past each queue's retention `(ms, bytes)`; returns how many rows went."""
         dropped = 0
         for vhost, queue in self.queues():
             retention_ms, retention_bytes = retention(vhost, queue)
@@ -276,22 +292,22 @@ class TraceLog:
         deletes: list[bytes] = []
         dropped = 0
         scanned = self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX)
+        vhost_name = _name(vhost)
         for key, value in scanned:
-            time_ms = _U64.unpack_from(key, len(prefix))[0]
-            if time_ms >= cutoff_ms and total <= bytes_max:
+            place = key[len(prefix) :]
+            if _U64.unpack_from(place)[0] >= cutoff_ms and total <= bytes_max:
                 break
             deletes.append(key)
             dropped += 1
             total -= len(key) + len(value)
-            place = key[len(prefix) :]
-            record = msgpack.unpackb(value, raw=False)
+            records = msgpack.unpackb(value, raw=False)
+            tail = place[:8] + _name(queue) + place[8:]
             for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
-                value_id = record.get(field)
-                if value_id:
-                    deletes.append(_index_key(kind, vhost, value_id, queue, place))
+                for value_id in _ids(records, field):
+                    deletes.append(kind + vhost_name + _name(value_id) + tail)
         if not deletes:
             return 0
-        count_key = b"s" + _name(vhost) + _name(queue)
+        count_key = b"s" + vhost_name + _name(queue)
         if dropped == len(scanned) and not self.kv.scan(scanned[-1][0] + b"\0", _after(prefix), 1):
             # Nothing left: the queue leaves the s keys, its last place too (a cluster member
             # that replays its log may write again records that the next pass drops).

@@ -129,7 +129,11 @@ class Tracer:
         if found is None:
             trace_id = _header_trace_id(props_raw)
             if trace_id is not None:
-                return trace_id, None
+                found = (trace_id, None)
+                if len(self._ids) >= _IDS_CACHED_MAX:
+                    self._ids.clear()
+                self._ids[props_raw] = found
+                return found
             try:
                 props = decode_properties(props_raw)
             except Exception:  # (refused at publish; a dead-lettered copy is ours)
@@ -184,7 +188,7 @@ class Tracer:
     ) -> None:
         """Record what the command did to the traced queue `key` (never raises)."""
         try:
-            records = self._records(meta, key, machine, command, reply, effects or (), before)
+            records = self._records(command, reply, effects or (), before, machine)
         except Exception:  # a bug here must not stop the log: the records of this command are lost
             log.exception("tracing %s on queue %r failed", type(command).__name__, key)
             return
@@ -192,45 +196,37 @@ class Tracer:
             if machine.trace_dropped:
                 machine.trace_dropped.clear()
         if records:
+            # Their place: the log entry's index and, within it, their position among the
+            # records of this queue (an entry carries many commands), the same on every member.
+            log_index = meta.log_index
+            last = self._last.get(key)
+            n0 = last[1] if last is not None and last[0] == log_index else 0
+            self._last[key] = (log_index, n0 + len(records))
             try:
-                self.log.add(key[0], key[1], records)
+                self.log.add(key[0], key[1], machine.now_ms, log_index, n0, records)
             except Exception:  # the trace store cannot write: the broker goes on without these records
                 log.exception("writing %d trace records of queue %r failed", len(records), key)
 
-    def _records(
-        self, meta: Meta, key: tuple[str, str], machine: Any, command: Any, reply: Any, effects: Any, before: Any
-    ) -> list[tuple[int, int, int, dict[str, Any]]]:
+    def _records(self, command: Any, reply: Any, effects: Any, before: Any, machine: Any) -> list[dict[str, Any]]:
         if type(reply) is Rejected:
             # (a refused command changed nothing, but the expiry run before it may have)
             effects = [e for e in effects if type(e) is DeadLetter]
-        vhost, queue = key
-        now_ms = machine.now_ms
-        log_index = meta.log_index
-        last = self._last.get(key)
-        n = last[1] if last is not None and last[0] == log_index else 0
-        out: list[tuple[int, int, int, dict[str, Any]]] = []
+        out: list[dict[str, Any]] = []
         bodies = machine.settings.trace_bodies
+        ids = self.ids
 
         def record(event: str, message: Message | None, **fields: Any) -> None:
-            nonlocal n
-            entry: dict[str, Any] = {
-                "time_ms": now_ms,
-                "log_index": log_index,
-                "n": n,
-                "vhost": vhost,
-                "queue": queue,
-                "event": event,
-            }
+            entry: dict[str, Any] = {"event": event}
             if message is not None:
-                message_id, correlation_id = self.ids(message.props_raw)
+                message_id, correlation_id = ids(message.props_raw)
                 entry["message_id"] = message_id
                 if correlation_id is not None:
                     entry["correlation_id"] = correlation_id
                 if message.seq >= 0:
                     entry["seq"] = message.seq
-            entry.update(fields)
-            out.append((now_ms, log_index, n, entry))
-            n += 1
+            if fields:
+                entry.update(fields)
+            out.append(entry)
 
         kind = type(command)
         if kind is qc.Enqueue and type(reply) is not Rejected:
@@ -294,8 +290,6 @@ class Tracer:
                     )
         for message, reason in machine.trace_dropped:
             record("expired" if reason == "expired" else "dropped", message, reason=reason)
-        if out:
-            self._last[key] = (log_index, n)
         return out
 
     def _enqueued(self, command: qc.Enqueue, reply: Any, record: Any, bodies: bool) -> None:

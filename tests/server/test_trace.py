@@ -186,31 +186,53 @@ def trace_log(request, tmp_path):
     log.close()
 
 
-def record(time_ms: int, n: int, message_id: str, correlation_id: str | None = None, pad: int = 0) -> tuple:
-    entry = {"time_ms": time_ms, "log_index": time_ms, "n": n, "event": "enqueued", "message_id": message_id}
+def record(message_id: str, correlation_id: str | None = None, pad: int = 0) -> dict:
+    entry = {"event": "enqueued", "message_id": message_id}
     if correlation_id is not None:
         entry["correlation_id"] = correlation_id
     if pad:
         entry["pad"] = "x" * pad
-    return (time_ms, time_ms, n, entry)
+    return entry
+
+
+def row(log: TraceLog, queue: str, time_ms: int, *records: dict, vhost: str = "/") -> None:
+    """One command's records (its log index: the time here)."""
+    log.add(vhost, queue, time_ms, time_ms, 0, list(records))
 
 
 def test_queries_are_prefix_scans_that_do_not_mix_names(trace_log) -> None:
-    trace_log.add("/", "q", [record(10, 0, "m"), record(20, 0, "m", "c")])
-    trace_log.add("/", "q2", [record(15, 0, "m")])
-    trace_log.add("/", "q-longer", [record(16, 0, "mm")])
-    trace_log.add("other", "q", [record(17, 0, "m")])
-    assert [r["time_ms"] for r in trace_log.by_message_id("/", "m")] == [10, 15, 20]  # in time order, across queues
-    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == [10, 20]
-    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 11, 20)] == [20]
+    row(trace_log, "q", 10, record("m"))
+    row(trace_log, "q", 20, record("m", "c"), record("m2"), record("m", "c2"))
+    row(trace_log, "q2", 15, record("m"))
+    row(trace_log, "q-longer", 16, record("mm"))
+    row(trace_log, "q", 17, record("m"), vhost="other")
+    assert [r["time_ms"] for r in trace_log.by_message_id("/", "m")] == [10, 15, 20, 20]  # in time order, across queues
+    assert [r["n"] for r in trace_log.by_message_id("/", "m")] == [0, 0, 0, 2]  # (only its records of a row)
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == [10, 20, 20, 20]
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 11, 20)] == [20, 20, 20]
     assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 0, 19)] == [10]
-    assert [r["time_ms"] for r in trace_log.by_correlation_id("/", "c")] == [20]
-    assert trace_log.by_queue("/", "q", limit=1)[0]["time_ms"] == 10
+    assert [r["correlation_id"] for r in trace_log.by_correlation_id("/", "c")] == ["c"]
+    assert trace_log.by_queue("/", "q", limit=2)[1] == {
+        "event": "enqueued",
+        "message_id": "m",
+        "correlation_id": "c",
+        "time_ms": 20,
+        "log_index": 20,
+        "n": 0,
+        "vhost": "/",
+        "queue": "q",
+    }
     assert sorted(trace_log.queues()) == [("/", "q"), ("/", "q-longer"), ("/", "q2"), ("other", "q")]
 
 
+def test_bodies_are_stored_as_bytes_and_answered_in_base64(trace_log) -> None:
+    row(trace_log, "q", 1, {"event": "published", "message_id": "b", "body": b"\x00\xff"})
+    assert trace_log.by_message_id("/", "b")[0]["body_base64"] == "AP8="
+
+
 def test_retention_by_time_then_by_size(trace_log) -> None:
-    trace_log.add("/", "q", [record(t, 0, f"m{t}", "c", pad=100) for t in range(100)])
+    for t in range(100):
+        row(trace_log, "q", t, record(f"m{t}", "c", pad=100))
     assert trace_log.compact(150, lambda vhost, queue: (100, 1 << 30)) == 50  # older than 50 ms go
     assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == list(range(50, 100))
     assert trace_log.by_message_id("/", "m10") == [] and len(trace_log.by_correlation_id("/", "c")) == 50
@@ -230,7 +252,8 @@ def test_retention_by_time_then_by_size(trace_log) -> None:
 
 def test_the_byte_count_survives_a_reopen(tmp_path) -> None:
     log = TraceLog(RocksKV(tmp_path / "trace"))
-    log.add("/", "q", [record(t, 0, "m") for t in range(10)])
+    for t in range(10):
+        row(log, "q", t, record("m"))
     size = log.queue_bytes("/", "q")
     log.close()
     reopened = TraceLog(RocksKV(tmp_path / "trace"))
@@ -246,9 +269,9 @@ def test_memory_and_rocksdb_agree(tmp_path) -> None:
     try:
         for step in range(200):
             queue = rng.choice(["a", "b", "ab"])
-            batch = [record(step, n, rng.choice(["x", "y", "z"]), rng.choice([None, "c"])) for n in range(3)]
-            memory.add("/", queue, batch)
-            rocks.add("/", queue, batch)
+            batch = [record(rng.choice(["x", "y", "z"]), rng.choice([None, "c"])) for _ in range(3)]
+            memory.add("/", queue, step, step, 0, batch)
+            rocks.add("/", queue, step, step, 0, batch)
             if step % 50 == 49:
                 for log in (memory, rocks):
                     log.compact(step, lambda vhost, queue: (40, 1 << 30))
