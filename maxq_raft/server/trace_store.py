@@ -154,24 +154,65 @@ def queue_prefix(vhost: str, queue: str) -> bytes:
     return b"q" + _name(vhost) + _name(queue)
 
 
+# A stored record: (event, message id, correlation id, seq, extra) (message id and seq None for
+# a record of no message, as "purged"; seq -1 for a publish never enqueued); `extra` a dict of
+# further fields, or for the two records every message has, a list whose names are these:
+PUBLISHED_FIELDS = (
+    "user",
+    "connection",
+    "client_address",
+    "channel",
+    "exchange",
+    "routing_key",
+    "routed_queues",
+    "confirmed",
+    "body",
+)
+Record = tuple  # (str, str | None, str | None, int | None, dict | list | None)
+
+
 def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str, Any]]:
-    """A row's records, each with its place and queue (not stored in it: they are in the key)."""
+    """A row's records as dicts, each with its place and queue (in the key, not in the row)."""
     time_ms, log_index, n0 = _PLACE.unpack(place)
-    records = msgpack.unpackb(value, raw=False)
-    for n, record in enumerate(records, n0):
+    out = []
+    for n, (event, message_id, correlation_id, seq, extra) in enumerate(msgpack.unpackb(value, raw=False), n0):
+        record: dict[str, Any] = {"event": event}
+        if seq is not None:
+            record["message_id"] = message_id
+            if correlation_id is not None:
+                record["correlation_id"] = correlation_id
+            if seq >= 0:
+                record["seq"] = seq
+        if type(extra) is list:
+            if event == "delivered":  # [consumer id "node@connection/channel/tag", redelivered, count]
+                connection, channel, tag = (extra[0].split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
+                record.update(
+                    consumer_tag=tag,
+                    connection=connection,
+                    channel=channel,
+                    redelivered=extra[1],
+                    delivery_count=extra[2],
+                )
+            else:
+                record.update(
+                    (name, value) for name, value in zip(PUBLISHED_FIELDS, extra, strict=False) if value is not None
+                )
+        elif extra:
+            record.update(extra)
         body = record.pop("body", None)
         if body is not None:  # (JSON carries no bytes)
             record["body_base64"] = base64.b64encode(body).decode("ascii")
         record.update(time_ms=time_ms, log_index=log_index, n=n, vhost=vhost, queue=queue)
-    return records
+        out.append(record)
+    return out
 
 
-def _ids(records: list[dict[str, Any]], field: str) -> dict[str, None]:
-    """The distinct values of `field` in a row, in order (a dict: no set, so the keys written are
-    in the same order on every member)."""
+def _ids(records: list[Record], position: int) -> dict[str, None]:
+    """The distinct message ids (position 1) or correlation ids (2) of a row, in order (a dict:
+    no set, so the keys written are in the same order on every member)."""
     found: dict[str, None] = {}
     for record in records:
-        value = record.get(field)
+        value = record[position]
         if value:
             found[value] = None
     return found
@@ -194,9 +235,9 @@ class TraceLog:
 
     # -------------------------------------------------------------- writes
 
-    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[dict[str, Any]]) -> None:
+    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Record]) -> None:
         """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
-        order, as the tracer made them (a `body` field holds bytes)."""
+        order, as the tracer made them (`Record`)."""
         count = self._count(vhost, queue)
         if self.replayed and (log_index, n0) <= (count[1], count[2]):
             return
@@ -206,9 +247,9 @@ class TraceLog:
         puts = [(key, value)]
         vhost_name = _name(vhost)
         tail = place[:8] + _name(queue) + place[8:]
-        for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
+        for kind, position in ((b"m", 1), (b"c", 2)):
             head = kind + vhost_name
-            for value_id in _ids(records, field):
+            for value_id in _ids(records, position):
                 puts.append((head + _name(value_id) + tail, b""))
         count[0] += len(key) + len(value)
         count[1], count[2] = log_index, n0
@@ -302,8 +343,8 @@ class TraceLog:
             total -= len(key) + len(value)
             records = msgpack.unpackb(value, raw=False)
             tail = place[:8] + _name(queue) + place[8:]
-            for kind, field in ((b"m", "message_id"), (b"c", "correlation_id")):
-                for value_id in _ids(records, field):
+            for kind, position in ((b"m", 1), (b"c", 2)):
+                for value_id in _ids(records, position):
                     deletes.append(kind + vhost_name + _name(value_id) + tail)
         if not deletes:
             return 0

@@ -207,89 +207,80 @@ class Tracer:
             except Exception:  # the trace store cannot write: the broker goes on without these records
                 log.exception("writing %d trace records of queue %r failed", len(records), key)
 
-    def _records(self, command: Any, reply: Any, effects: Any, before: Any, machine: Any) -> list[dict[str, Any]]:
+    def _records(self, command: Any, reply: Any, effects: Any, before: Any, machine: Any) -> list[tuple]:
+        """The command's records in their stored shape (trace_store.py: `Record`)."""
         if type(reply) is Rejected:
             # (a refused command changed nothing, but the expiry run before it may have)
             effects = [e for e in effects if type(e) is DeadLetter]
-        out: list[dict[str, Any]] = []
-        bodies = machine.settings.trace_bodies
+        out: list[tuple] = []
+        append = out.append
         ids = self.ids
 
-        def record(event: str, message: Message | None, **fields: Any) -> None:
-            entry: dict[str, Any] = {"event": event}
-            if message is not None:
-                message_id, correlation_id = ids(message.props_raw)
-                entry["message_id"] = message_id
-                if correlation_id is not None:
-                    entry["correlation_id"] = correlation_id
-                if message.seq >= 0:
-                    entry["seq"] = message.seq
-            if fields:
-                entry.update(fields)
-            out.append(entry)
+        def record(event: str, message: Message, extra: Any = None) -> None:
+            message_id, correlation_id = ids(message.props_raw)
+            append((event, message_id, correlation_id, message.seq, extra))
 
         kind = type(command)
         if kind is qc.Enqueue and type(reply) is not Rejected:
-            self._enqueued(command, reply, record, bodies)
+            self._enqueued(command, reply, record, machine.settings.trace_bodies)
         elif kind is qc.Settle and before:
             for message in before:
                 record("acked", message)
         elif kind is qc.Discard and before:
             for message in before:
-                record("rejected", message, requeue=False)
+                record("rejected", message, {"requeue": False})
         elif kind is qc.Requeue and before:
             for message in before:
                 record("requeued", message)
         elif kind is qc.Down and before:
             for message in before:
-                record("requeued", message, reason="consumer gone")
+                record("requeued", message, {"reason": "consumer gone"})
         elif kind is qc.Get and type(reply) is tuple:
             message, redelivered, _left = reply
-            record(
-                "delivered",
-                message,
-                consumer=command.consumer_id,
-                connection=command.owner.split("/", 1)[0],
-                via="basic.get",
-                no_ack=command.no_ack,
-                redelivered=redelivered,
-                delivery_count=message.delivery_count,
-            )
+            extra = {
+                "consumer": command.consumer_id,
+                "connection": command.owner.split("/", 1)[0],
+                "via": "basic.get",
+                "no_ack": command.no_ack,
+                "redelivered": redelivered,
+                "delivery_count": message.delivery_count,
+            }
+            record("delivered", message, extra)
         elif kind is qc.Receive and type(reply) is list:
             for received in reply:
                 if type(received) is Received:
-                    record("received", received.message, via="sqs", receive_count=received.receive_count)
+                    record("received", received.message, {"via": "sqs", "receive_count": received.receive_count})
         elif kind is qc.DeleteReceived and type(reply) is list and before:
             for message, result in zip(before, reply, strict=False):
                 if message is not None and result == HandleResult.DONE:
-                    record("deleted", message, via="sqs")
+                    record("deleted", message, {"via": "sqs"})
         elif kind is qc.Purge and type(reply) is int and reply:
-            record("purged", None, count=reply)
+            append(("purged", None, None, None, {"count": reply}))
         for effect in effects:
             effect_kind = type(effect)
             if effect_kind is Deliver:
                 message = effect.message
-                owner, _, tag = effect.consumer_id.rpartition("/")
-                record(
-                    "delivered",
-                    message,
-                    consumer_tag=tag,
-                    connection=owner.split("/", 1)[0],
-                    channel=owner.rpartition("/")[2],
-                    redelivered=effect.redelivered,
-                    delivery_count=message.delivery_count,
+                message_id, correlation_id = ids(message.props_raw)
+                # (the hot one: a list, its names added when read: trace_store.py)
+                append(
+                    (
+                        "delivered",
+                        message_id,
+                        correlation_id,
+                        message.seq,
+                        [effect.consumer_id, effect.redelivered, message.delivery_count],
+                    )
                 )
             elif effect_kind is DeadLetter:
                 for message in effect.messages:
-                    record(
-                        "dead-lettered",
-                        message,
-                        reason=effect.reason,
-                        exchange=effect.exchange,
-                        routing_key=effect.routing_key if effect.routing_key is not None else message.routing_key,
-                    )
+                    extra = {
+                        "reason": effect.reason,
+                        "exchange": effect.exchange,
+                        "routing_key": effect.routing_key if effect.routing_key is not None else message.routing_key,
+                    }
+                    record("dead-lettered", message, extra)
         for message, reason in machine.trace_dropped:
-            record("expired" if reason == "expired" else "dropped", message, reason=reason)
+            record("expired" if reason == "expired" else "dropped", message, {"reason": reason})
         return out
 
     def _enqueued(self, command: qc.Enqueue, reply: Any, record: Any, bodies: bool) -> None:
@@ -297,33 +288,33 @@ class Tracer:
         publishes: dict[int, tuple[int, int, bool, list[str]]] = {}
         if context is not None:
             publishes = {publish[0]: publish for publish in context[3]}
+            user, connection, address = context[0], context[1], context[2]
         refused = set(reply.rejected) if type(reply) is Overflowed else ()
         for position, message in enumerate(command.messages):
             publish = publishes.get(position)
             if publish is not None:
-                fields: dict[str, Any] = {
-                    "user": context[0],  # type: ignore[index]  # (publishes is empty without a context)
-                    "connection": context[1],  # type: ignore[index]
-                    "client_address": context[2],  # type: ignore[index]
-                    "channel": publish[1],
-                    "exchange": message.exchange,
-                    "routing_key": message.routing_key,
-                    "routed_queues": publish[3],
-                }
-                if publish[2]:
-                    fields["confirmed"] = position not in refused  # ack, or nack (reject-publish)
-                if bodies:
-                    fields["body"] = message.body  # (bytes: base64 in the answers, trace_store.py)
-                record("published", message, **fields)
+                # (a list, its names added when read: trace_store.py's PUBLISHED_FIELDS)
+                extra = [
+                    user,
+                    connection,
+                    address,
+                    publish[1],
+                    message.exchange,
+                    message.routing_key,
+                    publish[3],
+                    position not in refused if publish[2] else None,  # ack, or nack (reject-publish)
+                    message.body if bodies else None,
+                ]
+                record("published", message, extra)
             if message.seq >= 0:
-                extra: dict[str, Any] = {"delayed_ms": message.delay_ms} if message.delay_ms else {}
-                if bodies and publish is None:  # (a dead-lettered copy, or a publish of an untraced moment)
-                    extra["body"] = message.body
-                record("enqueued", message, **extra)
+                fields: dict[str, Any] | None = {"delayed_ms": message.delay_ms} if message.delay_ms else None
+                if bodies and publish is None:  # (a dead-lettered copy, or an SQS or HTTP publish)
+                    fields = {**(fields or {}), "body": message.body}
+                record("enqueued", message, fields)
             elif position in refused:
-                record("refused", message, reason="overflow")
+                record("refused", message, {"reason": "overflow"})
             elif command.dedup is not None:
-                record("dropped", message, reason="duplicate")
+                record("dropped", message, {"reason": "duplicate"})
 
 
 async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:

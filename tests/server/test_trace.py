@@ -186,16 +186,12 @@ def trace_log(request, tmp_path):
     log.close()
 
 
-def record(message_id: str, correlation_id: str | None = None, pad: int = 0) -> dict:
-    entry = {"event": "enqueued", "message_id": message_id}
-    if correlation_id is not None:
-        entry["correlation_id"] = correlation_id
-    if pad:
-        entry["pad"] = "x" * pad
-    return entry
+def record(message_id: str, correlation_id: str | None = None, pad: int = 0) -> tuple:
+    """A stored record (trace_store.Record) of an enqueue."""
+    return ("enqueued", message_id, correlation_id, 0, {"pad": "x" * pad} if pad else None)
 
 
-def row(log: TraceLog, queue: str, time_ms: int, *records: dict, vhost: str = "/") -> None:
+def row(log: TraceLog, queue: str, time_ms: int, *records: tuple, vhost: str = "/") -> None:
     """One command's records (its log index: the time here)."""
     log.add(vhost, queue, time_ms, time_ms, 0, list(records))
 
@@ -216,6 +212,7 @@ def test_queries_are_prefix_scans_that_do_not_mix_names(trace_log) -> None:
         "event": "enqueued",
         "message_id": "m",
         "correlation_id": "c",
+        "seq": 0,
         "time_ms": 20,
         "log_index": 20,
         "n": 0,
@@ -226,7 +223,7 @@ def test_queries_are_prefix_scans_that_do_not_mix_names(trace_log) -> None:
 
 
 def test_bodies_are_stored_as_bytes_and_answered_in_base64(trace_log) -> None:
-    row(trace_log, "q", 1, {"event": "published", "message_id": "b", "body": b"\x00\xff"})
+    row(trace_log, "q", 1, ("enqueued", "b", None, 3, {"body": b"\x00\xff"}))
     assert trace_log.by_message_id("/", "b")[0]["body_base64"] == "AP8="
 
 
@@ -282,3 +279,10 @@ def test_memory_and_rocksdb_agree(tmp_path) -> None:
         assert memory.by_correlation_id("/", "c") == rocks.by_correlation_id("/", "c")
     finally:
         rocks.close()
+
+
+def test_a_delivery_names_its_consumer_even_with_a_slash_in_the_tag(trace_log) -> None:
+    row(trace_log, "q", 1, ("delivered", "d", None, 4, ["n1@7/3/a/b", True, 2]))
+    (delivered,) = trace_log.by_message_id("/", "d")
+    assert (delivered["connection"], delivered["channel"], delivered["consumer_tag"]) == ("n1@7", "3", "a/b")
+    assert delivered["redelivered"] is True and delivered["delivery_count"] == 2 and delivered["seq"] == 4
