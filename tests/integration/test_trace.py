@@ -190,3 +190,32 @@ def test_unknown_vhost_is_404_and_maxqctl_refuses_bad_arguments(broker):
         assert result.returncode == 2 and message in result.stderr, result.stderr
     none = maxqctl(broker, "trace", "no-such-id")
     assert none.returncode == 0 and "no trace records" in none.stdout
+
+
+def test_a_message_received_and_deleted_through_the_sqs_api(env, broker, channel):
+    import boto3
+    from botocore.config import Config
+
+    queue = env.queue_name("trace-sqs")
+    channel.queue_declare(queue, arguments={"x-trace": True})
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"over sqs", pika.BasicProperties(message_id="sqs-1"))
+    status, key, _ = api(broker, "POST", "/api/users/guest/access-keys")
+    assert status == 201, key
+    try:
+        sqs = boto3.client(
+            "sqs",
+            endpoint_url=f"http://127.0.0.1:{broker.sqs_port}",
+            region_name="us-east-1",
+            aws_access_key_id=key["access_key_id"],
+            aws_secret_access_key=key["secret_access_key"],
+            config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+        )
+        url = sqs.get_queue_url(QueueName=queue)["QueueUrl"]
+        (received,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, WaitTimeSeconds=2)["Messages"]
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=received["ReceiptHandle"])
+    finally:
+        api(broker, "DELETE", f"/api/access-keys/{key['access_key_id']}")
+    records = trace(broker, message_id="sqs-1")
+    assert events(records) == ["published", "enqueued", "received", "deleted"]
+    assert records[2]["via"] == "sqs" and records[2]["receive_count"] == 1
