@@ -38,7 +38,9 @@ TRACE_ID_HEADER = "x-maxq-trace-id"
 # How often retention runs: often enough that a short x-trace-retention is honoured within
 # seconds; a pass over a store without trace records is one scan of an empty range.
 COMPACT_INTERVAL_S = 2.0
-_IDS_CACHED_MAX = 4096  # distinct property lists whose ids are kept (publishers reuse theirs)
+# Property lists whose ids are kept: a message's are asked at each of its steps, and one with an
+# x-maxq-trace-id is unique, so the cache must outlast a window of messages (64 Ki: a few MiB).
+_IDS_CACHED_MAX = 65536
 
 
 def _text(value: Any) -> str | None:
@@ -216,8 +218,8 @@ class Tracer:
         append = out.append
         ids = self.ids
 
-        def record(event: str, message: Message, extra: Any = None) -> None:
-            message_id, correlation_id = ids(message.props_raw)
+        def record(event: str, message: Message, extra: Any = None, found: Any = None) -> None:
+            message_id, correlation_id = found or ids(message.props_raw)
             append((event, message_id, correlation_id, message.seq, extra))
 
         kind = type(command)
@@ -290,7 +292,9 @@ class Tracer:
             publishes = {publish[0]: publish for publish in context[3]}
             user, connection, address = context[0], context[1], context[2]
         refused = set(reply.rejected) if type(reply) is Overflowed else ()
+        ids = self.ids
         for position, message in enumerate(command.messages):
+            found = ids(message.props_raw)  # (once for its two records)
             publish = publishes.get(position)
             if publish is not None:
                 # (a list, its names added when read: trace_store.py's PUBLISHED_FIELDS)
@@ -305,12 +309,12 @@ class Tracer:
                     position not in refused if publish[2] else None,  # ack, or nack (reject-publish)
                     message.body if bodies else None,
                 ]
-                record("published", message, extra)
+                record("published", message, extra, found)
             if message.seq >= 0:
                 fields: dict[str, Any] | None = {"delayed_ms": message.delay_ms} if message.delay_ms else None
                 if bodies and publish is None:  # (a dead-lettered copy, or an SQS or HTTP publish)
                     fields = {**(fields or {}), "body": message.body}
-                record("enqueued", message, fields)
+                record("enqueued", message, fields, found)
             elif position in refused:
                 record("refused", message, {"reason": "overflow"})
             elif command.dedup is not None:
