@@ -2,20 +2,20 @@
 correlation id with prefix scans, compacted by time and size.
 
 Theory of operation: `server/tracer.py` turns each applied command of a traced queue into
-records (plain dicts) and hands them here with their place in the log, `(time ms, log index,
+records (`Record` tuples) and hands them here with their place in the log, `(time ms, log index,
 n)`. Each member writes them to its own key-value store (RocksDB in `<data dir>/trace`, or memory
 for a node without a data folder); the same log gives the same records under the same keys on
-every member. A cluster member replays its log from its last snapshot when it starts: records at
-or below the queue's last written (log index, n) are skipped then, so nothing is counted twice
-(a queue's records come in log order, and Raft's indexes only grow; a single node never replays
-queue commands, and its log's index starts again at each start, so it writes every record).
+every member. A cluster member replays its log from its last snapshot when it starts: a row
+whose key is there already is skipped (one read per row, only on a cluster member), so nothing
+is counted twice. (Not by comparing log indexes: a member admits entries in each origin's
+order, machines/apply_order.py, so a queue may apply index 10 after 11. A single node never
+replays queue commands, and its log's index starts again at each start: it writes every row.)
 Keys are big-endian so that key order is time order:
 
     q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the records of one command (msgpack)
     m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> empty: the key names the q row
     c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
-    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64) and
-                                                             its last (log index, n) written
+    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64)
 
 (each name as a 2-byte length and its UTF-8). A query by queue and time range is one scan of a q
 range; by message id or correlation id, one scan of an m or c prefix and a get per hit.
@@ -38,7 +38,6 @@ import msgpack
 
 _U64 = struct.Struct(">Q")
 _PLACE = struct.Struct(">QQI")  # time ms, log index, n
-_COUNT = struct.Struct(">QQI")  # bytes, last log index, its n
 NAME_BYTES_MAX = 0xFFFF
 QUERY_LIMIT_DEFAULT = 1000
 QUERY_LIMIT_MAX = 10_000
@@ -220,7 +219,7 @@ def _ids(records: list[Record], position: int) -> dict[str, None]:
 
 class TraceLog:
     """Records in, queries and compaction out, over one `TraceKV`. `replayed`: the node replays
-    its log at a start (a cluster member): skip what was written before.
+    its log at a start (a cluster member): skip rows written before.
 
     The records one command made are one row (one key, one msgpack value): a publish of a hundred
     messages is one put and a hundred index entries (empty values: the key names the row), not
@@ -229,7 +228,7 @@ class TraceLog:
     def __init__(self, kv: TraceKV, replayed: bool = False) -> None:
         self.kv = kv
         self.replayed = replayed
-        self._counts: dict[tuple[str, str], list[int]] = {}  # cache of the s keys: [bytes, index, n]
+        self._counts: dict[tuple[str, str], int] = {}  # cache of the s keys: each queue's bytes
         self.records_written = 0
         self.records_compacted = 0
 
@@ -238,11 +237,10 @@ class TraceLog:
     def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Record]) -> None:
         """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
         order, as the tracer made them (`Record`)."""
-        count = self._count(vhost, queue)
-        if self.replayed and (log_index, n0) <= (count[1], count[2]):
-            return
         place = _PLACE.pack(time_ms, log_index, n0)
         key = queue_prefix(vhost, queue) + place
+        if self.replayed and self.kv.get(key) is not None:
+            return  # (written before this member's restart: its log replays from its snapshot)
         value = msgpack.packb(records, use_bin_type=True)
         puts = [(key, value)]
         vhost_name = _name(vhost)
@@ -251,21 +249,21 @@ class TraceLog:
             head = kind + vhost_name
             for value_id in _ids(records, position):
                 puts.append((head + _name(value_id) + tail, b""))
-        count[0] += len(key) + len(value)
-        count[1], count[2] = log_index, n0
-        puts.append((b"s" + vhost_name + _name(queue), _COUNT.pack(*count)))
+        total = self._bytes(vhost, queue) + len(key) + len(value)
+        self._counts[(vhost, queue)] = total
+        puts.append((b"s" + vhost_name + _name(queue), _U64.pack(total)))
         self.kv.write(puts, [])
         self.records_written += len(records)
 
-    def _count(self, vhost: str, queue: str) -> list[int]:
-        count = self._counts.get((vhost, queue))
-        if count is None:
+    def _bytes(self, vhost: str, queue: str) -> int:
+        total = self._counts.get((vhost, queue))
+        if total is None:
             raw = self.kv.get(b"s" + _name(vhost) + _name(queue))
-            count = self._counts[(vhost, queue)] = list(_COUNT.unpack(raw)) if raw is not None else [0, 0, -1]
-        return count
+            total = self._counts[(vhost, queue)] = _U64.unpack(raw)[0] if raw is not None else 0
+        return total
 
     def queue_bytes(self, vhost: str, queue: str) -> int:
-        return self._count(vhost, queue)[0]
+        return self._bytes(vhost, queue)
 
     # ------------------------------------------------------------- queries
 
@@ -328,8 +326,7 @@ class TraceLog:
 
     def _compact_queue(self, vhost: str, queue: str, cutoff_ms: int, bytes_max: int) -> int:
         prefix = queue_prefix(vhost, queue)
-        count = self._count(vhost, queue)
-        total = count[0]
+        total = self._bytes(vhost, queue)
         deletes: list[bytes] = []
         dropped = 0
         scanned = self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX)
@@ -350,13 +347,13 @@ class TraceLog:
             return 0
         count_key = b"s" + vhost_name + _name(queue)
         if dropped == len(scanned) and not self.kv.scan(scanned[-1][0] + b"\0", _after(prefix), 1):
-            # Nothing left: the queue leaves the s keys, its last place too (a cluster member
-            # that replays its log may write again records that the next pass drops).
+            # Nothing left: the queue leaves the s keys (a cluster member that replays its log
+            # may write again rows that the next pass drops).
             self._counts.pop((vhost, queue), None)
             self.kv.write([], [*deletes, count_key])
         else:
-            count[0] = max(0, total)
-            self.kv.write([(count_key, _COUNT.pack(*count))], deletes)
+            self._counts[(vhost, queue)] = total = max(0, total)
+            self.kv.write([(count_key, _U64.pack(total))], deletes)
         return dropped
 
     def close(self) -> None:
