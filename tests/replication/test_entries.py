@@ -113,6 +113,18 @@ queue_commands = st.one_of(
             retry_backoff_multiplier=st.floats(1, 10),
             retry_backoff_max_ms=st.integers(0, 2**40),
             single_active_consumer=st.booleans(),
+            # (every field given: hypothesis fills a defaulted one from its type, with ints
+            # msgpack cannot carry)
+            fifo=st.booleans(),
+            deduplication=st.booleans(),
+            dedup_cache_size=optional_ints,
+            dedup_cache_ttl_ms=optional_ints,
+            consume_rate_limit=optional_ints,
+            publish_rate_limit=optional_ints,
+            trace=st.booleans(),
+            trace_bodies=st.booleans(),
+            trace_retention_ms=optional_ints,
+            trace_retention_bytes=optional_ints,
         ),
     ),
     st.builds(qc.Reply, names, names, names, st.binary(max_size=10), st.binary(max_size=10)),
