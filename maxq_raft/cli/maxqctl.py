@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
-from . import objects, progress
+from . import objects, progress, trace
 from .admin_client import AUTH_HEADERS, CtlError, fetch, split_scheme, use_tls
 
 LISTS = {
@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables"
         )
     objects.add_commands(sub)
+    trace.add_command(sub)
     return parser
 
 
@@ -511,6 +512,9 @@ def run(args) -> str:
         if done is not None:
             return done
     done = objects.run(args, timeout or READ_TIMEOUT_S)
+    if done is not None:
+        return done
+    done = trace.run(args, timeout or READ_TIMEOUT_S, table)
     if done is not None:
         return done
     if args.command == "set-policy":

@@ -35,7 +35,7 @@ import trio
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..server.message_rates import exchange_counts
-from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api
+from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api, trace_api
 from .engine_status import engine_status
 from .requests import HttpError, Reply, Request, commit, json_safe
 
@@ -659,6 +659,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "PUT": (ADMINISTRATOR, access_api.put_vhost_limit),
         "DELETE": (ADMINISTRATOR, access_api.delete_vhost_limit),
     },
+    "/api/trace/{vhost}": {"GET": (MONITORING, _sync(trace_api.get_trace))},  # x-trace (server/tracer.py)
     "/api/user-limits": {"GET": (ADMINISTRATOR, _view(access_api.list_user_limits))},
     "/api/user-limits/{vhost}/{name}": {  # {vhost} is the user's name here
         "PUT": (ADMINISTRATOR, access_api.put_user_limit),

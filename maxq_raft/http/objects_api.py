@@ -69,6 +69,7 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         # transactional half messages (issue #21): stored, not yet in `messages` (none is deliverable)
         "messages_half": queue.txn_messages,
         "transactions_open": len(queue.txns),
+        "trace": queue.settings.trace,  # x-trace (server/tracer.py), by argument or policy
         # (rates since this node made the queue's machine: message_rates.QueueRates)
         "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(queue)),
     }

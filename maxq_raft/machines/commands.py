@@ -54,6 +54,10 @@ class Enqueue(NamedTuple):
     # The half messages (transactions.py), as `(position, transaction id, timeout ms, checks
     # max)` in position order; None when none is one. Held apart until `ResolveTxn`.
     txn: list[tuple[int, str, int, int]] | None = None
+    # x-trace (server/tracer.py): for a queue that traces, who published, as
+    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names]), ...])`,
+    # so every replica records the same publish; None otherwise. The machine ignores it.
+    trace: tuple[str, str, str, list[tuple[int, int, bool, list[str]]]] | None = None
 
 
 class EnqueueFifo(NamedTuple):

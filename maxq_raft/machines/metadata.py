@@ -110,6 +110,15 @@ POLICY_KEYS = {
     "x-message-deduplication": "x-message-deduplication",
     "x-cache-size": "x-cache-size",
     "x-cache-ttl": "x-cache-ttl",
+    # Message trace (server/tracer.py, docs/queue-features.md), with or without the x- prefix.
+    "trace": "x-trace",
+    "trace-bodies": "x-trace-bodies",
+    "trace-retention": "x-trace-retention",
+    "trace-retention-bytes": "x-trace-retention-bytes",
+    "x-trace": "x-trace",
+    "x-trace-bodies": "x-trace-bodies",
+    "x-trace-retention": "x-trace-retention",
+    "x-trace-retention-bytes": "x-trace-retention-bytes",
 }
 POLICY_APPLY_TO = ("queues", "all", "exchanges")
 # What an operator policy may set (RabbitMQ 3.10's operator_policy_validators that we have):

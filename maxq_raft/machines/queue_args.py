@@ -60,6 +60,13 @@ class QueueSettings(NamedTuple):
     dedup_cache_ttl_ms: int | None = None  # x-cache-ttl
     consume_rate_limit: int | None = None  # x-consume-rate-limit: deliveries per second (consume_rate.py)
     publish_rate_limit: int | None = None  # x-publish-rate-limit: publishes per second (the shell's)
+    # x-trace: record every step of each message's life (the shell's: server/tracer.py); with
+    # x-trace-bodies its body too; kept x-trace-retention ms and at most x-trace-retention-bytes
+    # per queue (None: TRACE_RETENTION_MS_DEFAULT, TRACE_RETENTION_BYTES_DEFAULT).
+    trace: bool = False
+    trace_bodies: bool = False
+    trace_retention_ms: int | None = None
+    trace_retention_bytes: int | None = None
 
     def retry_delay_ms(self, returns: int) -> int:
         """The back-off of a message returned for the `returns`-th time (1 = the first); asked
@@ -210,6 +217,16 @@ def _check_cache_ttl(value: Any, arguments: Arguments) -> str | None:
 
 
 RATE_LIMIT_MAX = 1_000_000  # per second: x-consume-rate-limit, x-publish-rate-limit
+# x-trace-retention is bounded by a year, x-trace-retention-bytes by 1 TiB: past that, a typo.
+TRACE_RETENTION_MS_MAX = 366 * 86_400_000
+TRACE_RETENTION_BYTES_MAX = 1 << 40
+
+
+def _check_positive(value: Any, maximum: int) -> str | None:
+    error = _check_int(value)
+    if error is None and not 1 <= value <= maximum:
+        return f"{{value_out_of_range,{value},1,{maximum}}}"
+    return error
 
 
 def _check_rate(value: Any, arguments: Arguments) -> str | None:
@@ -246,6 +263,10 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-cache-ttl", _check_cache_ttl),
     ("x-consume-rate-limit", _check_rate),
     ("x-publish-rate-limit", _check_rate),
+    ("x-trace", _check_bool),
+    ("x-trace-bodies", _check_bool),
+    ("x-trace-retention", lambda v, a: _check_positive(v, TRACE_RETENTION_MS_MAX)),
+    ("x-trace-retention-bytes", lambda v, a: _check_positive(v, TRACE_RETENTION_BYTES_MAX)),
 )
 
 
@@ -285,6 +306,10 @@ def parse_queue_arguments(vhost: str, name: str, arguments: Arguments | None) ->
         dedup_cache_ttl_ms=arguments.get("x-cache-ttl"),
         consume_rate_limit=arguments.get("x-consume-rate-limit"),
         publish_rate_limit=arguments.get("x-publish-rate-limit"),
+        trace=arguments.get("x-trace") is True,
+        trace_bodies=arguments.get("x-trace-bodies") is True,
+        trace_retention_ms=arguments.get("x-trace-retention"),
+        trace_retention_bytes=arguments.get("x-trace-retention-bytes"),
     )
 
 

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 # next Tick (bounded work per log entry, so a deep queue whose whole backlog expired does not
 # stall its group). Read at call time (tests lower it to see "more is due").
 DROP_BATCH_MAX = 4096
+# x-trace: a bound on what one command may leave in `trace_dropped` for the shell (it takes them
+# after every apply; the bound only matters if the shell's index of traced queues were wrong).
+TRACE_DROPPED_MAX = 100_000
 REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 
 
@@ -104,6 +107,9 @@ class QueueLimits:
         self._dying: dict[str, list[Message]] = {}  # reason -> messages leaving in this command
         self._unstore: list[Message] = []  # stored messages dropped in this command
         self.dropped = {reason: 0 for reason in REASONS}  # left with no dead-letter exchange
+        # x-trace (server/tracer.py): the messages dropped (no dead-letter exchange) by the command
+        # being applied, with their reason; the shell takes them after each apply. Not state.
+        self.trace_dropped: list[tuple[Message, str]] = []
         self.dead_lettered = {reason: 0 for reason in REASONS}
         self.rejected_publishes = 0
         self.last_used_ms: int | None = None  # x-expires: the last consume/get/declare
@@ -330,6 +336,8 @@ class QueueLimits:
                 dying.append(message)
         else:
             self.dropped[reason] += 1
+            if self.settings.trace and len(self.trace_dropped) < TRACE_DROPPED_MAX:
+                self.trace_dropped.append((message, reason))
             if message.stored:
                 self._unstore.append(message)
 

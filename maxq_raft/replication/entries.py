@@ -124,11 +124,14 @@ def encode_command(command) -> list:
                 for m in command.messages
             ],
         ]
-        if command.dedup is not None or command.txn is not None:
-            # (without ids, as before: a node of an earlier version decodes it)
+        if command.dedup is not None or command.txn is not None or command.trace is not None:
+            # (without any, as before: a node of an earlier version decodes it)
             encoded.append(None if command.dedup is None else [list(item) for item in command.dedup])
-        if command.txn is not None:  # half messages (machines/transactions.py)
-            encoded.append([list(item) for item in command.txn])
+        if command.txn is not None or command.trace is not None:  # half messages (machines/transactions.py)
+            encoded.append(None if command.txn is None else [list(item) for item in command.txn])
+        if command.trace is not None:
+            user, connection, address, publishes = command.trace
+            encoded.append([user, connection, address, [[p, c, f, list(q)] for p, c, f, q in publishes]])
         return encoded
     if type(command) is qc.EnqueueFifo:
         return [
@@ -161,8 +164,9 @@ def decode_command(raw: list, metadata: bool):
             if len(fields) > 1 and fields[1] is not None
             else None,
             [(position, txn_id, timeout_ms, checks) for position, txn_id, timeout_ms, checks in fields[2]]
-            if len(fields) > 2
+            if len(fields) > 2 and fields[2] is not None
             else None,
+            _decode_trace(fields[3]) if len(fields) > 3 else None,
         )
     if name == "EnqueueFifo" and not metadata:
         return qc.EnqueueFifo(
@@ -185,6 +189,12 @@ def decode_command(raw: list, metadata: bool):
             raise NewerEntry(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")
         raise EntryError(f"unknown {'metadata' if metadata else 'queue'} command {name!r}")
     return cls(*(_unfield(v) for v in fields))
+
+
+def _decode_trace(raw: list) -> tuple[str, str, str, list[tuple[int, int, bool, list[str]]]]:
+    """An Enqueue's publisher context (x-trace), tuples again, so it decodes as it was made."""
+    user, connection, address, publishes = raw
+    return (user, connection, address, [(p, c, f, list(q)) for p, c, f, q in publishes])
 
 
 class Entry(NamedTuple):

@@ -67,9 +67,17 @@ class Applier:
             reply = self._apply_meta(group, meta, command, origin, mine)
             effects = None
         else:
-            reply, effects = group.apply(meta, target, command, origin)
-            if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit is the shell's
+            traced = broker.tracer.traced
+            if traced and target in traced:  # x-trace (tracer.py): nothing more when no queue traces
+                machine = traced[target]
+                before = broker.tracer.before(machine, command)
+                reply, effects = group.apply(meta, target, command, origin)
+                broker.tracer.after(meta, target, machine, command, reply, effects, before)
+            else:
+                reply, effects = group.apply(meta, target, command, origin)
+            if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit, x-trace are the shell's
                 broker.publish_rates.settings_changed(target, broker.queues.get(target))
+                broker.tracer.settings_changed(target, broker.queues.get(target))
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
                 effects = self._group_effects(effects)
             wakeups = broker.queue_wakeups

@@ -34,6 +34,8 @@ from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, Key
 from .message_store import WalSyncer
 from .publish_rates import PublishRates
 from .queue_wakeups import QueueWakeups
+from .trace_store import MemoryKV, TraceLog
+from .tracer import Tracer
 
 log = logging.getLogger("maxq.broker")
 
@@ -84,6 +86,7 @@ class Broker:
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
         self.queue_wakeups = QueueWakeups()  # SQS long polls waiting for a queue (queue_wakeups.py)
         self.publish_rates = PublishRates()  # x-publish-rate-limit buckets (publish_rates.py)
+        self.tracer = Tracer(TraceLog(MemoryKV()))  # x-trace (tracer.py); the shell gives it its store
         self.live_sessions: dict = {}  # every connection task, handshaking ones too
         self.started_at = time.time()
         self.messages_published = 0  # copies enqueued: a message routed to three queues counts three
@@ -162,6 +165,7 @@ class Broker:
             self.syncer.close()
         if self.store is not None:
             self.store.close()
+        self.tracer.log.close()
 
     # --------------------------------------------------------------- effects
 
@@ -169,6 +173,7 @@ class Broker:
         self.queues[key] = machine
         self.queues_created += 1
         self.publish_rates.settings_changed(key, machine)
+        self.tracer.settings_changed(key, machine)
 
     def queue_removed(self, key: tuple[str, str], machine: QueueMachine) -> None:
         """Its shard deleted the queue (its machine dropped its stored messages): its consumers'
@@ -178,6 +183,7 @@ class Broker:
             self.queue_ids.pop(key, None)
             self.queues_deleted += 1
             self.publish_rates.settings_changed(key, None)
+            self.tracer.settings_changed(key, None)
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)

@@ -55,6 +55,8 @@ from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_proble
 from .recovery import recover
 from .session import Session, tick_sessions
 from .store_health import StoreWatch
+from .trace_store import RocksKV, TraceLog
+from .tracer import compact_trace
 
 log = logging.getLogger("maxq.server")
 
@@ -205,6 +207,8 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
     except tls.TLSConfigError as exc:
         raise StartupError(str(exc)) from None
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
+    if store is not None:  # x-trace's records (tracer.py), in a RocksDB of their own beside the store
+        broker.tracer.log = TraceLog(RocksKV(Path(settings.data_dir) / "trace"), replayed=settings.clustered)
     stop = StopRequest()
     if settings.clustered:
         try:
@@ -416,6 +420,7 @@ async def _serve(
             if watch is not None:
                 nursery.start_soon(watch.run, broker.alarms)
             nursery.start_soon(tick_sessions, broker)
+            nursery.start_soon(compact_trace, broker.tracer, broker.clock_ms)
             nursery.start_soon(broker.log.tick_queues)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()

@@ -45,6 +45,7 @@ from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
+from .tracer import TRACE_ID_DIGITS, trace_id_template, with_trace_id
 from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
 log = logging.getLogger("maxq.session")
@@ -73,6 +74,7 @@ WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their 
 _wire_routing: dict[tuple[str, str], bytes] = {}
 
 _session_numbers = itertools.count(1)
+_trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 
 
 def server_properties(version: str) -> dict:
@@ -148,9 +150,13 @@ class Session:
         self.pending_txn: dict[tuple, list] = {}
         self.pending_entries: list = []
         self.txn_ids: dict[str, None] = {}
+        # queue key -> [(position in its pending batch, channel number, confirm mode, routed queue
+        # names)]: the publishes to queues with x-trace (tracer.py), for the Enqueue's `trace`
+        self.pending_trace: dict[tuple, list] = {}
         self.pending_confirms: dict[Channel, list] = {}
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
+        self._trace_templates: dict[bytes, tuple[bytes, bytes] | None] = {}  # see _with_trace_id
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
@@ -663,6 +669,11 @@ class Session:
                     if len(self._persistent_props) >= PROPS_CACHED_MAX:
                         self._persistent_props.clear()
                     self._persistent_props[props_raw] = persistent
+            traced = None
+            if broker.tracer.traced:  # (empty unless a queue has x-trace)
+                traced = self._trace_publish(vhost, queues)
+                if traced is not None:
+                    props_raw = self._with_trace_id(props_raw)
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
             dedup = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
@@ -684,6 +695,10 @@ class Session:
                     self.pending_dedup.setdefault(key, []).append((len(batch) - 1, *dedup))
                 if txn is not None:
                     self.pending_txn.setdefault(key, []).append((len(batch) - 1, *txn))
+                if traced is not None and key in traced:
+                    self.pending_trace.setdefault(key, []).append(
+                        (len(batch) - 1, channel.number, seq is not None, list(queues))
+                    )
             if txn is not None:
                 note_half(self, txn[0])
         elif method.mandatory:
@@ -696,6 +711,29 @@ class Session:
                 self.pending_confirms[channel] = [seq]
             else:
                 confirms.append(seq)
+
+    def _with_trace_id(self, props_raw: bytes) -> bytes:
+        """A message routed to a traced queue: an x-maxq-trace-id header unless it has a
+        message id (tracer.py), from a template per distinct property list (as the cache above)."""
+        templates = self._trace_templates
+        if props_raw in templates:
+            template = templates[props_raw]
+        else:
+            template = trace_id_template(props_raw, self.id)
+            if len(props_raw) <= PROPS_CACHED_BYTES_MAX:
+                if len(templates) >= PROPS_CACHED_MAX:
+                    templates.clear()
+                templates[props_raw] = template
+        if template is None:
+            return props_raw
+        n = next(_trace_numbers)
+        return with_trace_id(template, n) if n < 10**TRACE_ID_DIGITS else props_raw
+
+    def _trace_publish(self, vhost: str, queues) -> dict | None:
+        """The traced queues among those a publish was routed to (None: none traces)."""
+        traced = self.broker.tracer.traced
+        found = {key: True for name in queues if (key := (vhost, name)) in traced}
+        return found or None
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
         self.broker.messages_unroutable_returned += 1
@@ -742,6 +780,10 @@ class Session:
         refs, self.pending_refs = self.pending_refs, {}
         dedups, self.pending_dedup = self.pending_dedup, {}
         txns, self.pending_txn = self.pending_txn, {}
+        traces = self.pending_trace
+        context = (self.user, self.id, self.peer_host)
+        if traces:
+            self.pending_trace = {}
         broker = self.broker
         log_ = broker.log
         pendings = {}
@@ -760,7 +802,14 @@ class Session:
                 and (queue.settings.overflow != "drop-head" or queue_key in txns)
             ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
-            entry = log_.submit(queue_key, qc.Enqueue(messages, dedups.get(queue_key), txns.get(queue_key)), then)
+            trace = traces.get(queue_key) if traces else None
+            entry = log_.submit(
+                queue_key,
+                qc.Enqueue(
+                    messages, dedups.get(queue_key), txns.get(queue_key), None if trace is None else (*context, trace)
+                ),
+                then,
+            )
             pendings[id(entry)] = entry  # (a cluster puts several queues' commands in one entry)
             broker.messages_published += len(messages)
         if self.pending_entries:  # transaction decisions' resolves (transactions.py)

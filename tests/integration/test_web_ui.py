@@ -315,6 +315,7 @@ def test_a_user_without_the_tag_a_page_needs_sees_the_refusal_and_stays_logged_i
         ("channels", "Channels"),
         ("access", "Permissions"),
         ("policies", "Policies"),
+        ("trace", "x-trace"),
     ],
 )
 def test_every_other_page_opens_without_errors(ui, page, shows):
@@ -325,3 +326,20 @@ def test_every_other_page_opens_without_errors(ui, page, shows):
     ui.open(page)
     assert shows in ui.text_of("#live", lambda t: shows in t, f"the {page} page")
     assert ui.driver.find_element(By.ID, "notice").text == ""
+
+
+def test_the_trace_page_shows_a_messages_steps(ui, env):
+    channel = env.channel()
+    queue = env.queue_name("ui-trace")
+    channel.queue_declare(queue, arguments={"x-trace": True})
+    channel.confirm_delivery()
+    message_id = f"ui-{uuid.uuid4().hex[:8]}"
+    channel.basic_publish("", queue, b"seen", pika.BasicProperties(message_id=message_id))
+    ui.log_in()
+    ui.element("#whoami")
+    ui.open("trace")
+    ui.element("#trace-form input[name=value]").send_keys(message_id)
+    ui.driver.find_element(By.CSS_SELECTOR, "#trace-form button").click()
+    shown = ui.text_of("#live", lambda t: "enqueued" in t, "the trace of the message")
+    assert "published" in shown and queue in shown and "user=guest" in shown
+    assert ui.driver.current_url.endswith(f"#/trace/%2F/message_id/{message_id}")

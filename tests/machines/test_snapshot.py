@@ -143,6 +143,11 @@ queue_settings = st.builds(
     deduplication=st.booleans(),
     dedup_cache_size=st.sampled_from([None, 2, 3]),
     dedup_cache_ttl_ms=st.sampled_from([None, 20]),
+    # x-trace: the shell's (server/tracer.py); the machine only keeps what it drops for it
+    trace=st.booleans(),
+    trace_bodies=st.booleans(),
+    trace_retention_ms=st.sampled_from([None, 1000]),
+    trace_retention_bytes=st.sampled_from([None, 1 << 20]),
 )
 
 holders = st.sampled_from(HOLDERS)

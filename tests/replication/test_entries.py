@@ -41,6 +41,25 @@ messages = st.builds(
 
 queue_commands = st.one_of(
     st.builds(qc.Enqueue, st.lists(messages, max_size=4)),
+    # with x-deduplication-header ids, half messages (transactions) and an x-trace publisher context
+    st.builds(
+        qc.Enqueue,
+        st.lists(messages, max_size=4),
+        st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 3), names, st.one_of(st.none(), st.integers(0, 99))))),
+        txn=st.one_of(
+            st.none(),
+            st.lists(st.tuples(st.integers(0, 3), names, st.integers(1, 2**40), st.integers(0, 100)), max_size=4),
+        ),
+        trace=st.one_of(
+            st.none(),
+            st.tuples(
+                names,
+                names,
+                names,
+                st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9), st.booleans(), st.lists(names, max_size=3))),
+            ),
+        ),
+    ),
     st.integers(0, 4).flatmap(
         lambda n: st.builds(
             qc.EnqueueFifo,
@@ -57,6 +76,8 @@ queue_commands = st.one_of(
         st.integers(-5, 5),
         st.booleans(),
         st.integers(0, 5000),
+        # (given, or hypothesis fills the defaulted field from its type with ints msgpack cannot carry)
+        rate_limit=st.integers(0, 1_000_000),
     ),
     st.builds(qc.Cancel, names),
     st.builds(qc.Settle, names, seqs),
@@ -96,12 +117,18 @@ queue_commands = st.one_of(
             retry_backoff_multiplier=st.floats(1, 10),
             retry_backoff_max_ms=st.integers(0, 2**40),
             single_active_consumer=st.booleans(),
+            # (every field given: hypothesis fills a defaulted one from its type, with ints
+            # msgpack cannot carry)
             fifo=st.booleans(),
             deduplication=st.booleans(),
             dedup_cache_size=optional_ints,
             dedup_cache_ttl_ms=optional_ints,
             consume_rate_limit=optional_ints,
             publish_rate_limit=optional_ints,
+            trace=st.booleans(),
+            trace_bodies=st.booleans(),
+            trace_retention_ms=optional_ints,
+            trace_retention_bytes=optional_ints,
         ),
     ),
     st.builds(qc.Reply, names, names, names, st.binary(max_size=10), st.binary(max_size=10)),
@@ -147,6 +174,9 @@ def comparable(command):
                 for m in command.messages
             ],
             list(command.fifo) if type(command) is qc.EnqueueFifo else None,
+            command.dedup if type(command) is qc.Enqueue else None,
+            command.txn if type(command) is qc.Enqueue else None,
+            command.trace if type(command) is qc.Enqueue else None,
         )
     return (type(command).__name__, tuple(command))
 

@@ -12,6 +12,7 @@ import { exchangePage, exchangesPage } from "./exchanges.js";
 import { overviewPage } from "./overview.js";
 import { policiesPage } from "./policies.js";
 import { queuePage, queuesPage } from "./queues.js";
+import { tracePage } from "./trace.js";
 
 const REFRESH_MS = 5000;
 const ROUTES = {
@@ -25,6 +26,7 @@ const ROUTES = {
   access: accessPage,
   policies: policiesPage,
   cluster: clusterPage,
+  trace: tracePage,
 };
 
 const $ = (id) => document.getElementById(id);

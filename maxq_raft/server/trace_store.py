@@ -1,0 +1,365 @@
+"""The message trace's storage (x-trace): records by queue and time, found by message id and
+correlation id with prefix scans, compacted by time and size.
+
+Theory of operation: `server/tracer.py` turns each applied command of a traced queue into
+records (`Record` tuples) and hands them here with their place in the log, `(time ms, log index,
+n)`. Each member writes them to its own key-value store (RocksDB in `<data dir>/trace`, or memory
+for a node without a data folder); the same log gives the same records under the same keys on
+every member. A cluster member replays its log from its last snapshot when it starts: a row
+whose key is there already is skipped (one read per row, only on a cluster member), so nothing
+is counted twice. (Not by comparing log indexes: a member admits entries in each origin's
+order, machines/apply_order.py, so a queue may apply index 10 after 11. A single node never
+replays queue commands, and its log's index starts again at each start: it writes every row.)
+Keys are big-endian so that key order is time order:
+
+    q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the records of one command (msgpack)
+    m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> empty: the key names the q row
+    c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
+    s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64)
+
+(each name as a 2-byte length and its UTF-8). A query by queue and time range is one scan of a q
+range; by message id or correlation id, one scan of an m or c prefix and a get per hit.
+Compaction (`compact`, run by a task of the shell) deletes a queue's oldest records while they
+are older than its retention or its bytes exceed its size limit, with their m and c entries, a
+bounded batch per queue per pass. It uses the member's clock, so members may drop a record a
+few seconds apart: retention is a bound on what is kept, not part of the replicated state.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgpack
+
+_U64 = struct.Struct(">Q")
+_PLACE = struct.Struct(">QQI")  # time ms, log index, n
+NAME_BYTES_MAX = 0xFFFF
+QUERY_LIMIT_DEFAULT = 1000
+QUERY_LIMIT_MAX = 10_000
+COMPACT_BATCH_MAX = 2000  # rows deleted per queue per pass: a pass never stalls the loop long
+TRACE_RETENTION_MS_DEFAULT = 24 * 3_600_000
+TRACE_RETENTION_BYTES_DEFAULT = 256 << 20
+
+
+class TraceKV(Protocol):
+    """The few verbs the trace needs of a sorted key-value store."""
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        """One atomic batch."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` items with start <= key < end, in key order."""
+
+    def close(self) -> None: ...
+
+
+class MemoryKV:
+    """A node without a data folder (and tests): a dict and its sorted keys."""
+
+    def __init__(self) -> None:
+        self._items: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        for key, value in puts:
+            if key not in self._items:
+                bisect.insort(self._keys, key)
+            self._items[key] = value
+        for key in deletes:
+            if self._items.pop(key, None) is not None:
+                del self._keys[bisect.bisect_left(self._keys, key)]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._items.get(key)
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        i = bisect.bisect_left(self._keys, start)
+        out: list[tuple[bytes, bytes]] = []
+        while i < len(self._keys) and len(out) < limit:
+            key = self._keys[i]
+            if key >= end:
+                break
+            out.append((key, self._items[key]))
+            i += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class RocksKV:
+    """`<data dir>/trace`: a RocksDB of its own, so the message store's key space and its
+    start-up scans (storage/rocks.py) never meet a trace key, and a cluster member's message
+    store, emptied at each start, leaves the trace alone. Written through the WAL without
+    fsync: a trace record is derived, and a member replays its log from its last snapshot."""
+
+    def __init__(self, path: Path) -> None:
+        from rocksdict import Options, Rdict, WriteBatch
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._batch = WriteBatch
+        self._db = Rdict(str(path), options)
+
+    def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        batch = self._batch(raw_mode=True)
+        for key, value in puts:
+            batch.put(key, value)
+        for key in deletes:
+            batch.delete(key)
+        self._db.write(batch)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        from rocksdict import ReadOptions
+
+        read_options = ReadOptions()
+        read_options.set_iterate_upper_bound(end)
+        it = self._db.iter(read_options)
+        it.seek(start)
+        out: list[tuple[bytes, bytes]] = []
+        while it.valid() and len(out) < limit:
+            out.append((it.key(), it.value()))
+            it.next()
+        if not it.valid():
+            it.status()
+        return out
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _name(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")[:NAME_BYTES_MAX]
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key that starts with `prefix` (which never ends in 0xff here:
+    it ends in a length or a name's last UTF-8 byte)."""
+    return prefix[:-1] + bytes((prefix[-1] + 1,))
+
+
+def queue_prefix(vhost: str, queue: str) -> bytes:
+    return b"q" + _name(vhost) + _name(queue)
+
+
+# A stored record: (event, message id, correlation id, seq, extra) (message id and seq None for
+# a record of no message, as "purged"; seq -1 for a publish never enqueued); `extra` a dict of
+# further fields, or for the two records every message has, a list whose names are these:
+PUBLISHED_FIELDS = (
+    "user",
+    "connection",
+    "client_address",
+    "channel",
+    "exchange",
+    "routing_key",
+    "routed_queues",
+    "confirmed",
+    "body",
+)
+Record = tuple  # (str, str | None, str | None, int | None, dict | list | None)
+
+
+def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str, Any]]:
+    """A row's records as dicts, each with its place and queue (in the key, not in the row)."""
+    time_ms, log_index, n0 = _PLACE.unpack(place)
+    out = []
+    for n, (event, message_id, correlation_id, seq, extra) in enumerate(msgpack.unpackb(value, raw=False), n0):
+        record: dict[str, Any] = {"event": event}
+        if seq is not None:
+            record["message_id"] = message_id
+            if correlation_id is not None:
+                record["correlation_id"] = correlation_id
+            if seq >= 0:
+                record["seq"] = seq
+        if type(extra) is list:
+            if event == "delivered":  # [consumer id "node@connection/channel/tag", redelivered, count]
+                connection, channel, tag = (extra[0].split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
+                record.update(
+                    consumer_tag=tag,
+                    connection=connection,
+                    channel=channel,
+                    redelivered=extra[1],
+                    delivery_count=extra[2],
+                )
+            else:
+                record.update(
+                    (name, value) for name, value in zip(PUBLISHED_FIELDS, extra, strict=False) if value is not None
+                )
+        elif extra:
+            record.update(extra)
+        body = record.pop("body", None)
+        if body is not None:  # (JSON carries no bytes)
+            record["body_base64"] = base64.b64encode(body).decode("ascii")
+        record.update(time_ms=time_ms, log_index=log_index, n=n, vhost=vhost, queue=queue)
+        out.append(record)
+    return out
+
+
+def _ids(records: list[Record], position: int) -> dict[str, None]:
+    """The distinct message ids (position 1) or correlation ids (2) of a row, in order (a dict:
+    no set, so the keys written are in the same order on every member)."""
+    found: dict[str, None] = {}
+    for record in records:
+        value = record[position]
+        if value:
+            found[value] = None
+    return found
+
+
+class TraceLog:
+    """Records in, queries and compaction out, over one `TraceKV`. `replayed`: the node replays
+    its log at a start (a cluster member): skip rows written before.
+
+    The records one command made are one row (one key, one msgpack value): a publish of a hundred
+    messages is one put and a hundred index entries (empty values: the key names the row), not
+    four hundred puts."""
+
+    def __init__(self, kv: TraceKV, replayed: bool = False) -> None:
+        self.kv = kv
+        self.replayed = replayed
+        self._counts: dict[tuple[str, str], int] = {}  # cache of the s keys: each queue's bytes
+        self.records_written = 0
+        self.records_compacted = 0
+
+    # -------------------------------------------------------------- writes
+
+    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Record]) -> None:
+        """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
+        order, as the tracer made them (`Record`)."""
+        place = _PLACE.pack(time_ms, log_index, n0)
+        key = queue_prefix(vhost, queue) + place
+        if self.replayed and self.kv.get(key) is not None:
+            return  # (written before this member's restart: its log replays from its snapshot)
+        value = msgpack.packb(records, use_bin_type=True)
+        puts = [(key, value)]
+        vhost_name = _name(vhost)
+        tail = place[:8] + _name(queue) + place[8:]
+        for kind, position in ((b"m", 1), (b"c", 2)):
+            head = kind + vhost_name
+            for value_id in _ids(records, position):
+                puts.append((head + _name(value_id) + tail, b""))
+        total = self._bytes(vhost, queue) + len(key) + len(value)
+        self._counts[(vhost, queue)] = total
+        puts.append((b"s" + vhost_name + _name(queue), _U64.pack(total)))
+        self.kv.write(puts, [])
+        self.records_written += len(records)
+
+    def _bytes(self, vhost: str, queue: str) -> int:
+        total = self._counts.get((vhost, queue))
+        if total is None:
+            raw = self.kv.get(b"s" + _name(vhost) + _name(queue))
+            total = self._counts[(vhost, queue)] = _U64.unpack(raw)[0] if raw is not None else 0
+        return total
+
+    def queue_bytes(self, vhost: str, queue: str) -> int:
+        return self._bytes(vhost, queue)
+
+    # ------------------------------------------------------------- queries
+
+    def by_queue(
+        self, vhost: str, queue: str, since_ms: int = 0, until_ms: int | None = None, limit: int = QUERY_LIMIT_DEFAULT
+    ) -> list[dict[str, Any]]:
+        prefix = queue_prefix(vhost, queue)
+        start = prefix + _U64.pack(max(0, since_ms))
+        end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
+        out: list[dict[str, Any]] = []
+        for key, value in self.kv.scan(start, end, limit):  # (a row holds one record at least)
+            out.extend(_expand(vhost, queue, key[len(prefix) :], value))
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def by_message_id(self, vhost: str, message_id: str, limit: int = QUERY_LIMIT_DEFAULT) -> list[dict[str, Any]]:
+        return self._by_index(b"m", "message_id", vhost, message_id, limit)
+
+    def by_correlation_id(
+        self, vhost: str, correlation_id: str, limit: int = QUERY_LIMIT_DEFAULT
+    ) -> list[dict[str, Any]]:
+        return self._by_index(b"c", "correlation_id", vhost, correlation_id, limit)
+
+    def _by_index(self, kind: bytes, field: str, vhost: str, value: str, limit: int) -> list[dict[str, Any]]:
+        prefix = kind + _name(vhost) + _name(value)
+        out: list[dict[str, Any]] = []
+        for key, _empty in self.kv.scan(prefix, _after(prefix), limit):
+            at = len(prefix) + 8
+            length = int.from_bytes(key[at : at + 2], "big")
+            queue = key[at + 2 : at + 2 + length].decode("utf-8", "surrogatepass")
+            place = key[len(prefix) : at] + key[at + 2 + length :]
+            row = self.kv.get(queue_prefix(vhost, queue) + place)
+            if row is not None:  # (compacted between the two reads)
+                out.extend(r for r in _expand(vhost, queue, place, row) if r.get(field) == value)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    # ---------------------------------------------------------- compaction
+
+    def queues(self) -> list[tuple[str, str]]:
+        """Every queue with trace records (deleted ones too, until compaction empties them)."""
+        out = []
+        for key, _value in self.kv.scan(b"s", b"t", 1_000_000):
+            n = int.from_bytes(key[1:3], "big")
+            vhost = key[3 : 3 + n].decode("utf-8", "surrogatepass")
+            m = int.from_bytes(key[3 + n : 5 + n], "big")
+            out.append((vhost, key[5 + n : 5 + n + m].decode("utf-8", "surrogatepass")))
+        return out
+
+    def compact(self, now_ms: int, retention: Callable[[str, str], tuple[int, int]]) -> int:
+        """Drop what is past each queue's retention `(ms, bytes)`; returns how many rows went."""
+        dropped = 0
+        for vhost, queue in self.queues():
+            retention_ms, retention_bytes = retention(vhost, queue)
+            dropped += self._compact_queue(vhost, queue, now_ms - retention_ms, retention_bytes)
+        self.records_compacted += dropped
+        return dropped
+
+    def _compact_queue(self, vhost: str, queue: str, cutoff_ms: int, bytes_max: int) -> int:
+        prefix = queue_prefix(vhost, queue)
+        total = self._bytes(vhost, queue)
+        deletes: list[bytes] = []
+        dropped = 0
+        scanned = self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX)
+        vhost_name = _name(vhost)
+        for key, value in scanned:
+            place = key[len(prefix) :]
+            if _U64.unpack_from(place)[0] >= cutoff_ms and total <= bytes_max:
+                break
+            deletes.append(key)
+            dropped += 1
+            total -= len(key) + len(value)
+            records = msgpack.unpackb(value, raw=False)
+            tail = place[:8] + _name(queue) + place[8:]
+            for kind, position in ((b"m", 1), (b"c", 2)):
+                for value_id in _ids(records, position):
+                    deletes.append(kind + vhost_name + _name(value_id) + tail)
+        if not deletes:
+            return 0
+        count_key = b"s" + vhost_name + _name(queue)
+        if dropped == len(scanned) and not self.kv.scan(scanned[-1][0] + b"\0", _after(prefix), 1):
+            # Nothing left: the queue leaves the s keys (a cluster member that replays its log
+            # may write again rows that the next pass drops).
+            self._counts.pop((vhost, queue), None)
+            self.kv.write([], [*deletes, count_key])
+        else:
+            self._counts[(vhost, queue)] = total = max(0, total)
+            self.kv.write([(count_key, _U64.pack(total))], deletes)
+        return dropped
+
+    def close(self) -> None:
+        self.kv.close()
+
+
+def records_of(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records of several scans in one order: time, then place in the log."""
+    return sorted(items, key=lambda r: (r.get("time_ms", 0), r.get("log_index", 0), r.get("n", 0)))

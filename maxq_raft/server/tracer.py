@@ -1,0 +1,331 @@
+"""Message trace (x-trace): every step of a traced queue's messages as a record, derived from
+the applied log.
+
+Theory of operation: the applier (applier.py) asks `Tracer.traced` whether a command's queue
+traces (one dict test per applied queue command: nothing else when no queue traces). For one
+that does, `before` notes what the command will take away (the messages an ack, reject,
+requeue or SQS delete names, read from the machine before it applies) and `after` turns the
+command, the machine's reply and effects, and what the machine dropped (`trace_dropped`) into
+records: published (the publisher's context the Enqueue carries: server/session.py adds it for
+traced queues only), enqueued, refused, delivered, acked, rejected, requeued, received (SQS),
+deleted (SQS), dead-lettered, expired, dropped, purged. All of it is in the log and the
+machines are deterministic, so every member makes the same records with the same keys, stamped
+with the queue's time (`now_ms`, the broker's time in the log entry), and writes them to its
+own trace store (trace_store.py).
+
+A message is found by its `message_id` property or, without one, by the `x-maxq-trace-id`
+header the publishing node adds to a message routed to a traced queue (server/session.py); the
+`correlation_id` property is indexed too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..amqp.properties import CORRELATION_ID_FLAG, MESSAGE_ID_FLAG, decode_properties, encode_properties
+from ..machines import commands as qc
+from ..machines.message import Message
+from ..machines.queue_types import DeadLetter, Deliver, HandleResult, Meta, Overflowed, Received, Rejected
+from .trace_store import TRACE_RETENTION_BYTES_DEFAULT, TRACE_RETENTION_MS_DEFAULT, TraceLog
+
+log = logging.getLogger("maxq.trace")
+
+TRACE_ID_HEADER = "x-maxq-trace-id"
+# How often retention runs: often enough that a short x-trace-retention is honoured within
+# seconds; a pass over a store without trace records is one scan of an empty range.
+COMPACT_INTERVAL_S = 2.0
+# Property lists whose ids are kept: a message's are asked at each of its steps, and one with an
+# x-maxq-trace-id is unique, so the cache must outlast a window of messages (64 Ki: a few MiB).
+_IDS_CACHED_MAX = 65536
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+TRACE_ID_DIGITS = 12  # "node@connection-000000000042": a fixed width, so a template takes it
+_TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
+_ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
+
+
+def trace_id_template(props_raw: bytes, connection: str) -> tuple[bytes, bytes] | None:
+    """For a publish routed to a traced queue: its properties with an `x-maxq-trace-id` header
+    ("node@connection-n", unique in the cluster) as (prefix, suffix) around the digits of n, so
+    that each publish with these properties costs a concatenation (`with_trace_id`); None when
+    they have a message id or that header already (or do not decode: refused at publish)."""
+    try:
+        props = decode_properties(props_raw)
+    except Exception:
+        return None
+    if props.message_id is not None or (props.headers and TRACE_ID_HEADER in props.headers):
+        return None
+    encoded = []
+    for digit in "01":
+        props.headers = {**(props.headers or {}), TRACE_ID_HEADER: f"{connection}-{digit * TRACE_ID_DIGITS}"}
+        encoded.append(encode_properties(props))
+    zeros, ones = encoded
+    at = next(i for i, (a, b) in enumerate(zip(zeros, ones, strict=True)) if a != b)
+    assert (
+        zeros[at : at + TRACE_ID_DIGITS] == b"0" * TRACE_ID_DIGITS
+        and zeros[at + TRACE_ID_DIGITS :] == ones[at + TRACE_ID_DIGITS :]
+    )
+    return zeros[:at], zeros[at + TRACE_ID_DIGITS :]
+
+
+def with_trace_id(template: tuple[bytes, bytes], n: int) -> bytes:
+    """The properties of `trace_id_template` with the id's number `n` (below 10**12)."""
+    return b"%b%012d%b" % (template[0], n, template[1])
+
+
+def _header_trace_id(props_raw: bytes) -> str | None:
+    """The fast path of `Tracer.ids` for what `with_trace_id` made: properties without message
+    or correlation id whose headers hold x-maxq-trace-id (a long string), found without a decode."""
+    if len(props_raw) < 2 or (props_raw[0] << 8 | props_raw[1]) & _ID_FLAGS:
+        return None
+    at = props_raw.find(_TRACE_ID_KEY)
+    if at < 0:
+        return None
+    at += len(_TRACE_ID_KEY)
+    length = int.from_bytes(props_raw[at : at + 4], "big")
+    return props_raw[at + 4 : at + 4 + length].decode("utf-8", "replace")
+
+
+class Tracer:
+    def __init__(self, trace_log: TraceLog) -> None:
+        self.log = trace_log
+        # queue key -> its machine, for the queues whose settings say x-trace (the broker's
+        # index, kept by `settings_changed`): what the applier and the publish path test.
+        self.traced: dict[tuple[str, str], Any] = {}
+        self._ids: dict[bytes, tuple[str | None, str | None]] = {}
+        self._last: dict[tuple[str, str], tuple[int, int]] = {}  # queue -> (log index, next n)
+
+    def settings_changed(self, key: tuple[str, str], machine: Any) -> None:
+        if machine is not None and machine.settings.trace:
+            self.traced[key] = machine
+        else:
+            self.traced.pop(key, None)
+            self._last.pop(key, None)
+        if machine is not None:
+            machine.trace_dropped.clear()
+
+    def retention(self, vhost: str, queue: str) -> tuple[int, int]:
+        """A queue's (ms, bytes) to keep; the defaults for a queue that no longer traces."""
+        machine = self.traced.get((vhost, queue))
+        settings = machine.settings if machine is not None else None
+        return (
+            (settings and settings.trace_retention_ms) or TRACE_RETENTION_MS_DEFAULT,
+            (settings and settings.trace_retention_bytes) or TRACE_RETENTION_BYTES_DEFAULT,
+        )
+
+    def ids(self, props_raw: bytes) -> tuple[str | None, str | None]:
+        """(message id, correlation id) of a message's properties."""
+        found = self._ids.get(props_raw)
+        if found is None:
+            trace_id = _header_trace_id(props_raw)
+            if trace_id is not None:
+                found = (trace_id, None)
+                if len(self._ids) >= _IDS_CACHED_MAX:
+                    self._ids.clear()
+                self._ids[props_raw] = found
+                return found
+            try:
+                props = decode_properties(props_raw)
+            except Exception:  # (refused at publish; a dead-lettered copy is ours)
+                return None, None
+            message_id = _text(props.message_id)
+            if message_id is None and props.headers:
+                message_id = _text(props.headers.get(TRACE_ID_HEADER))
+            found = (message_id, _text(props.correlation_id))
+            if len(self._ids) >= _IDS_CACHED_MAX:
+                self._ids.clear()
+            self._ids[props_raw] = found
+        return found
+
+    # ------------------------------------------------------------ apply
+
+    def before(self, machine: Any, command: Any) -> list[Message | None] | None:
+        """The messages `command` will take away from the machine, read before it applies."""
+        kind = type(command)
+        if kind is qc.Settle or kind is qc.Discard or kind is qc.Requeue:
+            consumer = machine.consumers.get(command.consumer_id)
+            if consumer is None or type(command.seqs) not in (list, tuple):
+                return None
+            checked_out = consumer.checked_out
+            return [checked_out[seq] for seq in command.seqs if seq in checked_out]
+        if kind is qc.Down and type(command.owner) is str:
+            owner = command.owner
+            prefix = owner.endswith(("@", "/"))
+            return [
+                message
+                for consumer in machine.consumers.values()
+                if consumer.owner == owner or prefix and consumer.owner.startswith(owner)
+                for message in consumer.checked_out.values()
+            ]
+        if kind is qc.DeleteReceived and type(command.handles) in (list, tuple):
+            in_flight = machine.in_flight
+            found = []
+            for handle in command.handles:
+                flight = in_flight.get(handle[0]) if type(handle) in (list, tuple) and handle else None
+                found.append(flight.message if flight is not None else None)
+            return found
+        return None
+
+    def after(
+        self,
+        meta: Meta,
+        key: tuple[str, str],
+        machine: Any,
+        command: Any,
+        reply: Any,
+        effects: list | None,
+        before: list | None,
+    ) -> None:
+        """Record what the command did to the traced queue `key` (never raises)."""
+        try:
+            records = self._records(command, reply, effects or (), before, machine)
+        except Exception:  # a bug here must not stop the log: the records of this command are lost
+            log.exception("tracing %s on queue %r failed", type(command).__name__, key)
+            return
+        finally:
+            if machine.trace_dropped:
+                machine.trace_dropped.clear()
+        if records:
+            # Their place: the log entry's index and, within it, their position among the
+            # records of this queue (an entry carries many commands), the same on every member.
+            log_index = meta.log_index
+            last = self._last.get(key)
+            n0 = last[1] if last is not None and last[0] == log_index else 0
+            self._last[key] = (log_index, n0 + len(records))
+            try:
+                self.log.add(key[0], key[1], machine.now_ms, log_index, n0, records)
+            except Exception:  # the trace store cannot write: the broker goes on without these records
+                log.exception("writing %d trace records of queue %r failed", len(records), key)
+
+    def _records(self, command: Any, reply: Any, effects: Any, before: Any, machine: Any) -> list[tuple]:
+        """The command's records in their stored shape (trace_store.py: `Record`)."""
+        if type(reply) is Rejected:
+            # (a refused command changed nothing, but the expiry run before it may have)
+            effects = [e for e in effects if type(e) is DeadLetter]
+        out: list[tuple] = []
+        append = out.append
+        ids = self.ids
+
+        def record(event: str, message: Message, extra: Any = None, found: Any = None) -> None:
+            message_id, correlation_id = found or ids(message.props_raw)
+            append((event, message_id, correlation_id, message.seq, extra))
+
+        kind = type(command)
+        if kind is qc.Enqueue and type(reply) is not Rejected:
+            self._enqueued(command, reply, record, machine.settings.trace_bodies)
+        elif kind is qc.Settle and before:
+            for message in before:
+                record("acked", message)
+        elif kind is qc.Discard and before:
+            for message in before:
+                record("rejected", message, {"requeue": False})
+        elif kind is qc.Requeue and before:
+            for message in before:
+                record("requeued", message)
+        elif kind is qc.Down and before:
+            for message in before:
+                record("requeued", message, {"reason": "consumer gone"})
+        elif kind is qc.Get and type(reply) is tuple:
+            message, redelivered, _left = reply
+            extra = {
+                "consumer": command.consumer_id,
+                "connection": command.owner.split("/", 1)[0],
+                "via": "basic.get",
+                "no_ack": command.no_ack,
+                "redelivered": redelivered,
+                "delivery_count": message.delivery_count,
+            }
+            record("delivered", message, extra)
+        elif kind is qc.Receive and type(reply) is list:
+            for received in reply:
+                if type(received) is Received:
+                    record("received", received.message, {"via": "sqs", "receive_count": received.receive_count})
+        elif kind is qc.DeleteReceived and type(reply) is list and before:
+            for message, result in zip(before, reply, strict=False):
+                if message is not None and result == HandleResult.DONE:
+                    record("deleted", message, {"via": "sqs"})
+        elif kind is qc.Purge and type(reply) is int and reply:
+            append(("purged", None, None, None, {"count": reply}))
+        for effect in effects:
+            effect_kind = type(effect)
+            if effect_kind is Deliver:
+                message = effect.message
+                message_id, correlation_id = ids(message.props_raw)
+                # (the hot one: a list, its names added when read: trace_store.py)
+                append(
+                    (
+                        "delivered",
+                        message_id,
+                        correlation_id,
+                        message.seq,
+                        [effect.consumer_id, effect.redelivered, message.delivery_count],
+                    )
+                )
+            elif effect_kind is DeadLetter:
+                for message in effect.messages:
+                    extra = {
+                        "reason": effect.reason,
+                        "exchange": effect.exchange,
+                        "routing_key": effect.routing_key if effect.routing_key is not None else message.routing_key,
+                    }
+                    record("dead-lettered", message, extra)
+        for message, reason in machine.trace_dropped:
+            record("expired" if reason == "expired" else "dropped", message, {"reason": reason})
+        return out
+
+    def _enqueued(self, command: qc.Enqueue, reply: Any, record: Any, bodies: bool) -> None:
+        context = command.trace
+        publishes: dict[int, tuple[int, int, bool, list[str]]] = {}
+        if context is not None:
+            publishes = {publish[0]: publish for publish in context[3]}
+            user, connection, address = context[0], context[1], context[2]
+        refused = set(reply.rejected) if type(reply) is Overflowed else ()
+        ids = self.ids
+        for position, message in enumerate(command.messages):
+            found = ids(message.props_raw)  # (once for its two records)
+            publish = publishes.get(position)
+            if publish is not None:
+                # (a list, its names added when read: trace_store.py's PUBLISHED_FIELDS)
+                extra = [
+                    user,
+                    connection,
+                    address,
+                    publish[1],
+                    message.exchange,
+                    message.routing_key,
+                    publish[3],
+                    position not in refused if publish[2] else None,  # ack, or nack (reject-publish)
+                    message.body if bodies else None,
+                ]
+                record("published", message, extra, found)
+            if message.seq >= 0:
+                fields: dict[str, Any] | None = {"delayed_ms": message.delay_ms} if message.delay_ms else None
+                if bodies and publish is None:  # (a dead-lettered copy, or an SQS or HTTP publish)
+                    fields = {**(fields or {}), "body": message.body}
+                record("enqueued", message, fields, found)
+            elif position in refused:
+                record("refused", message, {"reason": "overflow"})
+            elif command.dedup is not None:
+                record("dropped", message, {"reason": "duplicate"})
+
+
+async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:
+    """Apply each queue's trace retention every COMPACT_INTERVAL_S, for as long as the node runs."""
+    while True:
+        await trio.sleep(COMPACT_INTERVAL_S)
+        try:
+            tracer.log.compact(clock_ms(), tracer.retention)
+        except Exception:  # the trace store cannot be read or written now: try again next time
+            log.exception("trace retention failed")

@@ -1,0 +1,300 @@
+"""The message trace's pure parts: records made from a queue machine's applied commands, as the
+applier makes them (server/tracer.py), and the trace store's keys, queries and retention
+(server/trace_store.py), in memory and on RocksDB."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
+from maxq_raft.machines.commands import Checkout, Credit, Discard, Down, Enqueue, Get, Requeue, Settle, Tick
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
+from maxq_raft.machines.queue_types import Meta
+from maxq_raft.replication.entries import decode_entry, encode_entry
+from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog
+from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
+
+TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
+KEY = ("/", "q")
+
+
+def props(message_id: str | None = None, correlation_id: str | None = None) -> bytes:
+    return encode_properties(BasicProperties(message_id=message_id, correlation_id=correlation_id))
+
+
+class Replica:
+    """A queue machine and a tracer, applied to as the applier does (before, apply, after)."""
+
+    def __init__(self, settings: QueueSettings = TRACED) -> None:
+        self.machine = QueueMachine("/", "q", settings=settings)
+        self.tracer = Tracer(TraceLog(MemoryKV()))
+        self.tracer.settings_changed(KEY, self.machine)
+
+    def apply(self, index: int, time_ms: int, command) -> object:
+        before = self.tracer.before(self.machine, command)
+        reply, effects = self.machine.apply(Meta(index, time_ms), command)
+        self.tracer.after(Meta(index, time_ms), KEY, self.machine, command, reply, effects, before)
+        return reply
+
+
+def life(replica: Replica, decode: bool = False) -> None:
+    """Publish three, deliver, ack one, requeue one, reject one (dead-lettered), let one expire."""
+    context = ("alice", "n1@7", "10.0.0.9", [(0, 1, True, ["q", "other"]), (1, 1, True, ["q"])])
+    commands = [
+        Enqueue(
+            [
+                Message("ex", "rk", props("m1", "c1"), b"one"),
+                Message("ex", "rk", props("m2"), b"two"),
+                Message("", "q", props("m3"), b"three"),
+            ],
+            None,
+            context,
+        ),
+        Checkout("n1@7/1/tag", "n1@7/1", 10, False, 0, False, 10),
+        Settle("n1@7/1/tag", [0]),
+        Requeue("n1@7/1/tag", [1]),
+        Discard("n1@7/1/tag", [2]),
+        Down("n1@7/1"),
+        Enqueue([Message("", "q", props("m4"), b"four")]),
+        Tick(),
+    ]
+    times = [1000, 1001, 1002, 1003, 1004, 1005, 1006, 5000]
+    for index, (time_ms, command) in enumerate(zip(times, commands, strict=True), start=1):
+        if decode:  # as a cluster member gets it: through the log's encoding
+            command = decode_entry(encode_entry(time_ms, [(KEY, command)])).items[0][1]
+        replica.apply(index, time_ms, command)
+
+
+def test_each_step_is_a_record_with_the_publishers_context() -> None:
+    replica = Replica()
+    life(replica)
+    trace = replica.tracer.log
+    assert [r["event"] for r in trace.by_message_id("/", "m1")] == ["published", "enqueued", "delivered", "acked"]
+    published = trace.by_message_id("/", "m1")[0]
+    assert (
+        published["user"] == "alice" and published["connection"] == "n1@7" and published["client_address"] == "10.0.0.9"
+    )
+    assert published["routed_queues"] == ["q", "other"] and published["confirmed"] is True
+    assert published["exchange"] == "ex" and published["routing_key"] == "rk" and published["time_ms"] == 1000
+    delivered = trace.by_message_id("/", "m1")[2]
+    assert delivered["consumer_tag"] == "tag" and delivered["connection"] == "n1@7" and delivered["delivery_count"] == 1
+    assert [r["event"] for r in trace.by_message_id("/", "m2")] == [
+        "published",
+        "enqueued",
+        "delivered",
+        "requeued",
+        "delivered",
+        "requeued",  # (its consumer's channel went: Down)
+        "dead-lettered",  # (its TTL passed, and the queue has a dead-letter exchange)
+    ]
+    assert trace.by_message_id("/", "m2")[-1]["reason"] == "expired"
+    assert trace.by_message_id("/", "m2")[4]["redelivered"] is True
+    assert [r["event"] for r in trace.by_message_id("/", "m3")] == [
+        "enqueued",
+        "delivered",
+        "rejected",
+        "dead-lettered",
+    ]
+    assert trace.by_message_id("/", "m3")[-1]["exchange"] == "dlx"
+    assert [r["event"] for r in trace.by_message_id("/", "m4")] == ["enqueued", "dead-lettered"]
+    assert [r["event"] for r in trace.by_correlation_id("/", "c1")] == ["published", "enqueued", "delivered", "acked"]
+    assert [r["time_ms"] for r in trace.by_queue("/", "q", 1004, 1004)] == [1004, 1004]
+
+
+def test_replicas_make_the_same_records_from_the_same_log() -> None:
+    a, b = Replica(), Replica()
+    life(a)
+    life(b, decode=True)
+    assert a.tracer.log.by_queue("/", "q") == b.tracer.log.by_queue("/", "q")
+    assert len(a.tracer.log.by_queue("/", "q")) == 4 + 7 + 4 + 2  # m1 to m4
+
+
+def test_a_cluster_member_replaying_its_log_writes_nothing_twice() -> None:
+    replica = Replica()
+    replica.tracer.log.replayed = True  # (a cluster member's: server/main.py)
+    life(replica)
+    before = replica.tracer.log.by_queue("/", "q")
+    sizes = replica.tracer.log.queue_bytes("/", "q")
+    again = Replica()
+    again.tracer = Tracer(TraceLog(replica.tracer.log.kv, replayed=True))  # restarted: same store
+    again.tracer.settings_changed(KEY, again.machine)
+    life(again)
+    assert again.tracer.log.by_queue("/", "q") == before and again.tracer.log.queue_bytes("/", "q") == sizes
+    # A later entry is written.
+    again.apply(100, 9000, Enqueue([Message("", "q", props("m9"), b"nine")]))
+    assert [r["event"] for r in again.tracer.log.by_message_id("/", "m9")] == ["enqueued"]
+
+
+def test_a_single_node_whose_log_index_starts_again_writes_every_record() -> None:
+    replica = Replica()
+    life(replica)
+    restarted = Replica()
+    restarted.tracer = Tracer(TraceLog(replica.tracer.log.kv))  # (replayed=False: a single node)
+    restarted.tracer.settings_changed(KEY, restarted.machine)
+    restarted.apply(1, 9000, Enqueue([Message("", "q", props("m9"), b"nine")]))
+    assert [r["event"] for r in restarted.tracer.log.by_message_id("/", "m9")] == ["enqueued"]
+
+
+def test_an_untraced_queue_makes_no_records_and_get_and_credit_are_deliveries() -> None:
+    replica = Replica(QueueSettings())
+    replica.tracer.settings_changed(KEY, replica.machine)
+    assert replica.tracer.traced == {}
+    traced = Replica(QueueSettings(trace=True))
+    traced.apply(1, 10, Enqueue([Message("", "q", props("g1"), b"x"), Message("", "q", props("g2"), b"y")]))
+    traced.apply(2, 11, Get("get:n1@1/1", "n1@1/1", True))
+    traced.apply(3, 12, Checkout("n1@1/1/t", "n1@1/1", 0, True, 0, False, 0))
+    traced.apply(4, 13, Credit("n1@1/1/t", 1))
+    assert traced.tracer.log.by_message_id("/", "g1")[-1]["via"] == "basic.get"
+    assert [r["event"] for r in traced.tracer.log.by_message_id("/", "g2")] == ["enqueued", "delivered"]
+
+
+def test_a_message_without_id_gets_the_trace_header_from_a_template() -> None:
+    original = encode_properties(BasicProperties(headers={"app": "kept"}, delivery_mode=2))
+    template = trace_id_template(original, "n1@3")
+    assert template is not None
+    raw = with_trace_id(template, 7)
+    decoded = decode_properties(raw)
+    assert decoded.headers == {"app": "kept", TRACE_ID_HEADER: "n1@3-000000000007"} and decoded.delivery_mode == 2
+    assert decode_properties(with_trace_id(template, 10**12 - 1)).headers[TRACE_ID_HEADER] == "n1@3-999999999999"
+    assert trace_id_template(raw, "n1@3") is None  # has the header already
+    assert trace_id_template(props("mine"), "n1@3") is None  # has a message id
+    tracer = Tracer(TraceLog(MemoryKV()))
+    assert tracer.ids(raw) == ("n1@3-000000000007", None)  # (the fast path, without a decode)
+    assert tracer.ids(props("mine", "c")) == ("mine", "c")
+    with_both = encode_properties(BasicProperties(correlation_id="c", headers={TRACE_ID_HEADER: "n2@1-5"}))
+    assert tracer.ids(with_both) == ("n2@1-5", "c")  # (the decode path)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"x-trace": 1}, {"x-trace-bodies": "yes"}, {"x-trace-retention": 0}, {"x-trace-retention-bytes": -1}],
+)
+def test_bad_trace_arguments_are_refused(arguments) -> None:
+    with pytest.raises(QueueArgumentError):
+        parse_queue_arguments("/", "q", arguments)
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def trace_log(request, tmp_path):
+    kv = MemoryKV() if request.param == "memory" else RocksKV(tmp_path / "trace")
+    log = TraceLog(kv)
+    yield log
+    log.close()
+
+
+def record(message_id: str, correlation_id: str | None = None, pad: int = 0) -> tuple:
+    """A stored record (trace_store.Record) of an enqueue."""
+    return ("enqueued", message_id, correlation_id, 0, {"pad": "x" * pad} if pad else None)
+
+
+def row(log: TraceLog, queue: str, time_ms: int, *records: tuple, vhost: str = "/") -> None:
+    """One command's records (its log index: the time here)."""
+    log.add(vhost, queue, time_ms, time_ms, 0, list(records))
+
+
+def test_queries_are_prefix_scans_that_do_not_mix_names(trace_log) -> None:
+    row(trace_log, "q", 10, record("m"))
+    row(trace_log, "q", 20, record("m", "c"), record("m2"), record("m", "c2"))
+    row(trace_log, "q2", 15, record("m"))
+    row(trace_log, "q-longer", 16, record("mm"))
+    row(trace_log, "q", 17, record("m"), vhost="other")
+    assert [r["time_ms"] for r in trace_log.by_message_id("/", "m")] == [10, 15, 20, 20]  # in time order, across queues
+    assert [r["n"] for r in trace_log.by_message_id("/", "m")] == [0, 0, 0, 2]  # (only its records of a row)
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == [10, 20, 20, 20]
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 11, 20)] == [20, 20, 20]
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q", 0, 19)] == [10]
+    assert [r["correlation_id"] for r in trace_log.by_correlation_id("/", "c")] == ["c"]
+    assert trace_log.by_queue("/", "q", limit=2)[1] == {
+        "event": "enqueued",
+        "message_id": "m",
+        "correlation_id": "c",
+        "seq": 0,
+        "time_ms": 20,
+        "log_index": 20,
+        "n": 0,
+        "vhost": "/",
+        "queue": "q",
+    }
+    assert sorted(trace_log.queues()) == [("/", "q"), ("/", "q-longer"), ("/", "q2"), ("other", "q")]
+
+
+def test_bodies_are_stored_as_bytes_and_answered_in_base64(trace_log) -> None:
+    row(trace_log, "q", 1, ("enqueued", "b", None, 3, {"body": b"\x00\xff"}))
+    assert trace_log.by_message_id("/", "b")[0]["body_base64"] == "AP8="
+
+
+def test_retention_by_time_then_by_size(trace_log) -> None:
+    for t in range(100):
+        row(trace_log, "q", t, record(f"m{t}", "c", pad=100))
+    assert trace_log.compact(150, lambda vhost, queue: (100, 1 << 30)) == 50  # older than 50 ms go
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q")] == list(range(50, 100))
+    assert trace_log.by_message_id("/", "m10") == [] and len(trace_log.by_correlation_id("/", "c")) == 50
+    size = trace_log.queue_bytes("/", "q")
+    trace_log.compact(150, lambda vhost, queue: (100, size // 2))
+    kept = [r["time_ms"] for r in trace_log.by_queue("/", "q")]
+    assert (
+        kept == list(range(100 - len(kept), 100))
+        and 20 <= len(kept) <= 26
+        and trace_log.queue_bytes("/", "q") <= size // 2
+    )
+    trace_log.compact(10_000, lambda vhost, queue: (100, 1 << 30))
+    assert (
+        trace_log.by_queue("/", "q") == [] and trace_log.queues() == [] and trace_log.by_correlation_id("/", "c") == []
+    )
+
+
+def test_the_byte_count_survives_a_reopen(tmp_path) -> None:
+    log = TraceLog(RocksKV(tmp_path / "trace"))
+    for t in range(10):
+        row(log, "q", t, record("m"))
+    size = log.queue_bytes("/", "q")
+    log.close()
+    reopened = TraceLog(RocksKV(tmp_path / "trace"))
+    try:
+        assert reopened.queue_bytes("/", "q") == size and len(reopened.by_message_id("/", "m")) == 10
+    finally:
+        reopened.close()
+
+
+def test_memory_and_rocksdb_agree(tmp_path) -> None:
+    rng = random.Random(7)
+    memory, rocks = TraceLog(MemoryKV()), TraceLog(RocksKV(tmp_path / "trace"))
+    try:
+        for step in range(200):
+            queue = rng.choice(["a", "b", "ab"])
+            batch = [record(rng.choice(["x", "y", "z"]), rng.choice([None, "c"])) for _ in range(3)]
+            memory.add("/", queue, step, step, 0, batch)
+            rocks.add("/", queue, step, step, 0, batch)
+            if step % 50 == 49:
+                for log in (memory, rocks):
+                    log.compact(step, lambda vhost, queue: (40, 1 << 30))
+        for queue in ("a", "b", "ab"):
+            assert memory.by_queue("/", queue) == rocks.by_queue("/", queue)
+        for value in ("x", "y", "z"):
+            assert memory.by_message_id("/", value) == rocks.by_message_id("/", value)
+        assert memory.by_correlation_id("/", "c") == rocks.by_correlation_id("/", "c")
+    finally:
+        rocks.close()
+
+
+def test_a_delivery_names_its_consumer_even_with_a_slash_in_the_tag(trace_log) -> None:
+    row(trace_log, "q", 1, ("delivered", "d", None, 4, ["n1@7/3/a/b", True, 2]))
+    (delivered,) = trace_log.by_message_id("/", "d")
+    assert (delivered["connection"], delivered["channel"], delivered["consumer_tag"]) == ("n1@7", "3", "a/b")
+    assert delivered["redelivered"] is True and delivered["delivery_count"] == 2 and delivered["seq"] == 4
+
+
+def test_a_cluster_members_rows_may_come_out_of_index_order() -> None:
+    """An entry held for its origin's order (machines/apply_order.py) is applied after a later
+    index: its rows are written all the same, and a replay of both writes nothing again."""
+    log = TraceLog(MemoryKV(), replayed=True)
+    row(log, "q", 5, record("later"))  # (log index 5)
+    log.add("/", "q", 6, 4, 0, [record("held")])  # index 4, applied after 5
+    size = log.queue_bytes("/", "q")
+    row(log, "q", 5, record("later"))
+    log.add("/", "q", 6, 4, 0, [record("held")])
+    assert [r["message_id"] for r in log.by_queue("/", "q")] == ["later", "held"] and log.queue_bytes("/", "q") == size
