@@ -32,6 +32,27 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          recent x-death entry does not name the work queue with reason
                          `expired`: nothing else may put a message there (no rejects, no length
                          limit, no delivery limit in this workload)
+      rolled_back_delivered
+                         (the txn workload) a delivery of a half of a transaction whose intended
+                         decision is rollback (intention "rollback", or "check" answered
+                         "rollback"), whatever its publish outcome: no one in the run ever
+                         publishes a commit for it, and an expired one is dropped
+      committed_lost     (the txn workload) a half confirmed on some attempt, whose transaction
+                         has a confirmed commit (by the publisher or the check responder), never
+                         delivered, not even by the drain: a confirmed commit means the first
+                         decision was commit and every queue holding halves applied it. Hole: a
+                         single node forgets decisions at a restart (docs/queue-features.md), so a
+                         transaction that expired before a restart and then got a retried half
+                         could be committed without its older halves; the workload's retries
+                         come before its decision and are bounded, and no run has met it
+      txn_duplicates     (the txn workload) two different copies of one id delivered, told apart
+                         by the body (each publish attempt of a half has its own, so its CRC
+                         names the attempt): two copies were stored, so a retry after a lost
+                         confirm was not deduplicated. Deliberately not "a delivery beyond the
+                         first that is not flagged redelivered": on a cluster the same copy comes
+                         back unflagged when the leader that delivered it died before the
+                         delivery was replicated, and a second copy may come flagged when a
+                         consumer died holding it; one copy delivered again is `duplicates`
     reported (benign, or a matter of degree)
       nacked_delivered_store_failed
                          nacked by a node while its disk was full (a disk-full nemesis record
@@ -61,6 +82,15 @@ queue receives messages in the order they die, and a requeued message past its d
 after later ones that expired in the queue. The queue names come from the meta record
 (spec.workload.queue and .dead_letter_queue); a delivery without a `queue` field (histories from
 before the field) counts as one from the work queue.
+
+The txn workload (txn_workload.py): records of f="txn" (invoke: the transaction's intention),
+f="decide" (invoke/ok/fail/info with txn, action, by) and f="check"; a half's publish records
+carry `txn` and `attempt`. A retried half is one id: a publish invoke of a known id with the same
+txn and attempt > 1 is its retry (not a reused id); any attempt's ok confirms it, else any info
+leaves it indeterminate (a later attempt's fail does not undo an earlier stored copy); its
+delivered CRC must be one of its attempts' (else corrupt). `lost` and the FIFO rule do not apply
+to halves: a confirmed half of a rolled-back transaction is never delivered, rightly
+(committed_lost is their rule), and halves become ready at their commit, not in publish order.
 
 The verdict is FAIL when any fatal count is non-zero, UNKNOWN when the run cannot vouch for its
 counts (no message was ever confirmed, or the final drain did not empty the queue), else PASS.
