@@ -272,7 +272,7 @@ class QueueDedup:
     def _enqueue_dedup(self, cmd: Enqueue, messages: list[Message]) -> tuple[int | Overflowed | Rejected, list[Effect]]:
         """An Enqueue with ids (`cmd.dedup`), its messages already checked."""
         ids = dedup_items(cmd, len(messages))
-        if type(ids) is Rejected:
+        if isinstance(ids, Rejected):
             return ids, []
         window = self.dedup_window
         if window is None:  # not a deduplicating queue (now): the ids mean nothing here

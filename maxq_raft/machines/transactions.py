@@ -186,7 +186,7 @@ class QueueTxns:
         duplicates = 0
         if dedup is not None and window is not None:
             ids = dedup_items(cmd, len(messages))
-            if type(ids) is Rejected:
+            if isinstance(ids, Rejected):
                 return ids, []
             window.prune(self.now_ms)
             keys_here: set[str] = set()
