@@ -38,6 +38,27 @@ def _netns_ok() -> bool:
     return netns_available()[0]
 
 
+def test_cli_workload_txn_declares_a_deduplicating_queue_and_a_checks_queue():
+    sys.path.insert(0, str(JEPSEN_DIR))
+    try:
+        from maxq_jepsen import cli
+        from maxq_jepsen.profiles import CI_WORKLOAD, TXN_CHECKS_QUEUE
+        from maxq_jepsen.txn_workload import half_body
+        from maxq_jepsen.workload import queue_arguments
+    finally:
+        sys.path.remove(str(JEPSEN_DIR))
+    (spec,) = cli.build_specs(cli.parse_args(["--runs", "1", "--workload", "txn", "--nemesis", "kill"]))
+    w = spec.workload
+    assert spec.workload_kind == "txn" and w.deduplication and w.checks_queue == TXN_CHECKS_QUEUE
+    assert w.rate_per_publisher_hz == CI_WORKLOAD.rate_per_publisher_hz / 3  # transactions of ~2 publishes
+    assert w.queues() == [w.queue]  # the drain and the settle leave the checks queue alone
+    assert queue_arguments(w, w.queue)["x-message-deduplication"] is True
+    assert "x-message-deduplication" not in queue_arguments(w, TXN_CHECKS_QUEUE)
+    assert spec.to_dict()["workload"]["checks_queue"] == TXN_CHECKS_QUEUE  # in the meta record
+    assert half_body("pub0-1", 1, 3, 64) != half_body("pub0-1", 2, 3, 64)  # a delivery names its attempt
+    assert len(half_body("pub0-1", 1, 3, 64)) == 64
+
+
 def run_txn(tmp_path: Path, *args: str, timeout_s: float) -> dict:
     done = subprocess.run(
         [str(RUN), "--store", str(tmp_path / "store"), "--runs", "1", "--workload", "txn", *args],
