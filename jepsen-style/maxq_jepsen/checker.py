@@ -32,6 +32,27 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          recent x-death entry does not name the work queue with reason
                          `expired`: nothing else may put a message there (no rejects, no length
                          limit, no delivery limit in this workload)
+      rolled_back_delivered
+                         (the txn workload) a delivery of a half of a transaction whose intended
+                         decision is rollback (intention "rollback", or "check" answered
+                         "rollback"), whatever its publish outcome: no one in the run ever
+                         publishes a commit for it, and an expired one is dropped
+      committed_lost     (the txn workload) a half confirmed on some attempt, whose transaction
+                         has a confirmed commit (by the publisher or the check responder), never
+                         delivered, not even by the drain: a confirmed commit means the first
+                         decision was commit and every queue holding halves applied it. Hole: a
+                         single node forgets decisions at a restart (docs/queue-features.md), so a
+                         transaction that expired before a restart and then got a retried half
+                         could be committed without its older halves; the workload's retries
+                         come before its decision and are bounded, and no run has met it
+      txn_duplicates     (the txn workload) two different copies of one id delivered, told apart
+                         by the body (each publish attempt of a half has its own, so its CRC
+                         names the attempt): two copies were stored, so a retry after a lost
+                         confirm was not deduplicated. Deliberately not "a delivery beyond the
+                         first that is not flagged redelivered": on a cluster the same copy comes
+                         back unflagged when the leader that delivered it died before the
+                         delivery was replicated, and a second copy may come flagged when a
+                         consumer died holding it; one copy delivered again is `duplicates`
     reported (benign, or a matter of degree)
       nacked_delivered_store_failed
                          nacked by a node while its disk was full (a disk-full nemesis record
@@ -62,6 +83,15 @@ after later ones that expired in the queue. The queue names come from the meta r
 (spec.workload.queue and .dead_letter_queue); a delivery without a `queue` field (histories from
 before the field) counts as one from the work queue.
 
+The txn workload (txn_workload.py): records of f="txn" (invoke: the transaction's intention),
+f="decide" (invoke/ok/fail/info with txn, action, by) and f="check"; a half's publish records
+carry `txn` and `attempt`. A retried half is one id: a publish invoke of a known id with the same
+txn and attempt > 1 is its retry (not a reused id); any attempt's ok confirms it, else any info
+leaves it indeterminate (a later attempt's fail does not undo an earlier stored copy); its
+delivered CRC must be one of its attempts' (else corrupt). `lost` and the FIFO rule do not apply
+to halves: a confirmed half of a rolled-back transaction is never delivered, rightly
+(committed_lost is their rule), and halves become ready at their commit, not in publish order.
+
 The verdict is FAIL when any fatal count is non-zero, UNKNOWN when the run cannot vouch for its
 counts (no message was ever confirmed, or the final drain did not empty the queue), else PASS.
 """
@@ -83,7 +113,11 @@ FATAL_KINDS = (
     "minority_confirmed",
     "dead_letter_without_x_death",
     "received_after_delete",
+    "rolled_back_delivered",
+    "committed_lost",
+    "txn_duplicates",
 )
+TXN_ACTIONS = ("commit", "rollback")
 # A delete answered within this share of the visibility timeout after its receive was invoked
 # used the latest receipt handle (the sqs workload; see received_after_delete).
 CERTAIN_DELETE_SHARE = 0.5
@@ -107,6 +141,9 @@ class _Publish:
     outcome: str | None = None  # ok | fail | info | None (no completion)
     outcome_time: float | None = None
     error: str | None = None
+    txn: str | None = None  # the txn workload: the transaction this half belongs to
+    crcs: dict = field(default_factory=dict)  # the txn workload: attempt -> CRC of that attempt's body
+    attempts: int = 1
 
 
 @dataclass
@@ -183,6 +220,13 @@ def check(records: Iterable[dict]) -> CheckResult:
     visibility_s: float | None = None  # the sqs workload's visibility timeout (meta)
     deletes_ok: list[tuple[str, float, float | None]] = []  # (id, answer time, its receive's invoke time)
     deletes_indeterminate = 0
+    # The txn workload: intentions, decisions, checks, the copies of each half delivered.
+    txn_intent: dict[str, dict] = {}  # txn -> the f="txn" invoke's value (intention, answer, size)
+    txn_ok: dict[str, set] = {}  # txn -> {(action, by)} of confirmed decisions
+    decide_counts = {"ok": 0, "fail": 0, "info": 0, "refused_404": 0, "refused_406": 0}
+    checks_seen = 0
+    half_retries = 0
+    copies: dict[str, set] = {}  # id -> the attempts whose copy was delivered (by body CRC)
 
     for r in records:
         kind, f, t = r.get("type"), r.get("f"), float(r.get("time", 0.0))
@@ -197,20 +241,42 @@ def check(records: Iterable[dict]) -> CheckResult:
             if mid is None:
                 notes.append(f"publish record without id at t={t}")
                 continue
+            attempt = r.get("attempt")
             if kind == INVOKE:
                 if mid in publishes:
+                    p = publishes[mid]
+                    if p.txn is not None and r.get("txn") == p.txn and isinstance(attempt, int) and attempt > 1:
+                        # The txn workload's retry of a half after a lost confirm (same id, same transaction).
+                        p.attempts += 1
+                        p.crcs[attempt] = r.get("crc")
+                        half_retries += 1
+                        continue
                     reused_ids.append(mid)
                     continue
                 publishes[mid] = _Publish(
-                    r.get("process", "?"), r.get("session"), r.get("seq"), r.get("node"), t, r.get("crc")
+                    r.get("process", "?"),
+                    r.get("session"),
+                    r.get("seq"),
+                    r.get("node"),
+                    t,
+                    r.get("crc"),
+                    txn=r.get("txn"),
                 )
+                if r.get("txn") is not None:
+                    publishes[mid].crcs[attempt if isinstance(attempt, int) else 1] = r.get("crc")
             else:
                 p = publishes.get(mid)
                 if p is None:
                     notes.append(f"completion of {mid} without an invoke")
                     continue
                 if p.outcome is not None:
-                    continue  # the first completion wins (a late ack after info is not news)
+                    # The first completion wins (a late ack after info is not news), except across
+                    # a retried half's attempts: any ok confirms the id, else any info leaves it open.
+                    if p.attempts > 1 and ((kind == OK and p.outcome != OK) or (kind == INFO and p.outcome == FAIL)):
+                        p.outcome, p.outcome_time, p.error = kind, t, r.get("error")
+                        if kind == OK:
+                            confirm_times.append(t)
+                    continue
                 p.outcome, p.outcome_time, p.error = kind, t, r.get("error")
                 if kind == OK:
                     confirm_times.append(t)
@@ -245,9 +311,16 @@ def check(records: Iterable[dict]) -> CheckResult:
                 continue
             first = mid not in deliveries
             deliveries.setdefault(mid, []).append(d)
-            if p.crc is not None and d.crc is not None and p.crc != d.crc:
+            if p.crcs:  # a half: its body names the attempt that published this copy
+                copy = next((a for a, crc in p.crcs.items() if crc == d.crc), None)
+                if copy is None and d.crc is not None:
+                    corrupt.append(mid)
+                elif copy is not None:
+                    copies.setdefault(mid, set()).add(copy)
+            elif p.crc is not None and d.crc is not None and p.crc != d.crc:
                 corrupt.append(mid)
-            if first and not d.redelivered and p.seq is not None and not dead_lettered:
+            # (halves become ready at their commit, not in publish order: no FIFO rule for them)
+            if first and not d.redelivered and p.seq is not None and not dead_lettered and p.txn is None:
                 per_consumer = fifo_last.setdefault((d.process, d.session), {})
                 publisher = (p.process, p.session)
                 last = per_consumer.get(publisher)
@@ -265,6 +338,21 @@ def check(records: Iterable[dict]) -> CheckResult:
                     )
                 else:
                     per_consumer[publisher] = (p.seq, mid)
+        elif f == "txn" and kind == INVOKE and r.get("txn") is not None:
+            txn_intent.setdefault(str(r["txn"]), dict(r.get("value") or {}))
+        elif f == "decide" and r.get("txn") is not None:
+            if kind == OK:
+                decide_counts["ok"] += 1
+                txn_ok.setdefault(str(r["txn"]), set()).add((r.get("action"), r.get("by")))
+            elif kind == FAIL:
+                decide_counts["fail"] += 1
+                code = str(r.get("error") or "")[:3]
+                if code in ("404", "406"):
+                    decide_counts[f"refused_{code}"] += 1
+            elif kind == INFO:
+                decide_counts["info"] += 1
+        elif f == "check" and kind == OK:
+            checks_seen += 1
         elif f == "ack":
             if kind in acks:
                 acks[kind] += 1
@@ -314,11 +402,26 @@ def check(records: Iterable[dict]) -> CheckResult:
     nacked_delivered_store_failed: list[str] = []
     outcomes = {"ok": 0, "fail": 0, "info": 0, "pending": 0}
     returned = 0
+    committed_lost: list[str] = []
+    rolled_back_delivered: list[str] = []
+
+    def intended(txn: str) -> str | None:
+        value = txn_intent.get(txn) or {}
+        decision = value.get("answer") if value.get("intention") == "check" else value.get("intention")
+        return decision if decision in TXN_ACTIONS else None
+
+    committed_txns = {txn for txn, oks in txn_ok.items() if any(action == "commit" for action, _ in oks)}
     for mid, p in publishes.items():
         delivered = mid in deliveries
         outcomes[p.outcome or "pending"] += 1
+        if p.txn is not None:
+            # A half: delivered only if its transaction was committed (see txn rules above).
+            if delivered and intended(p.txn) == "rollback":
+                rolled_back_delivered.append(mid)
+            if p.outcome == OK and not delivered and p.txn in committed_txns:
+                committed_lost.append(mid)
         if p.outcome == OK:
-            if not delivered:
+            if not delivered and p.txn is None:
                 lost.append(mid)
             for start, end, nodes in minority_windows:
                 if p.node in nodes and p.invoke_time >= start and (end is None or p.outcome_time <= end):
@@ -342,6 +445,10 @@ def check(records: Iterable[dict]) -> CheckResult:
     dup_flagged = sum(1 for ds in deliveries.values() for d in ds[1:] if d.redelivered)
     dup_ids = [mid for mid, ds in deliveries.items() if len(ds) > 1]
     dup_unflagged_ids = [mid for mid, ds in deliveries.items() if any(not d.redelivered for d in ds[1:])]
+    txn_duplicates = sorted((mid for mid, attempts in copies.items() if len(attempts) > 1), key=_id_key)
+    unknown_txns = sorted({p.txn for p in publishes.values() if p.txn is not None and intended(p.txn) is None})
+    if unknown_txns:
+        notes.append(f"{len(unknown_txns)} transactions without an intention record: {unknown_txns[:5]}")
     if reused_ids:
         notes.append(f"{len(reused_ids)} message ids published twice (a harness bug): {reused_ids[:5]}")
     if unexpected:
@@ -381,6 +488,39 @@ def check(records: Iterable[dict]) -> CheckResult:
                 "deletes_indeterminate": deletes_indeterminate,
             }
         )
+    if txn_intent:
+        intentions = [v.get("intention") for v in txn_intent.values()]
+        counts.update(
+            {
+                "txns": len(txn_intent),
+                "txns_intended_commit": intentions.count("commit"),
+                "txns_intended_rollback": intentions.count("rollback"),
+                "txns_left_to_check": intentions.count("check"),
+                "txns_committed": len(committed_txns),
+                "txns_rolled_back": sum(1 for oks in txn_ok.values() if any(action == "rollback" for action, _ in oks)),
+                "txns_checked_back": sum(
+                    1
+                    for txn, oks in txn_ok.items()
+                    if (txn_intent.get(txn) or {}).get("intention") == "check"
+                    and any(by == "responder" for _, by in oks)
+                ),
+                "decides_ok": decide_counts["ok"],
+                "decides_failed": decide_counts["fail"],
+                "decides_refused_404": decide_counts["refused_404"],
+                "decides_refused_406": decide_counts["refused_406"],
+                "decides_indeterminate": decide_counts["info"],
+                "checks": checks_seen,
+                "half_retries": half_retries,
+                "retried_ids_delivered": sum(1 for mid, p in publishes.items() if p.attempts > 1 and mid in deliveries),
+            }
+        )
+    counts.update(
+        {
+            "rolled_back_delivered": len(rolled_back_delivered),
+            "committed_lost": len(committed_lost),
+            "txn_duplicates": len(txn_duplicates),
+        }
+    )
     if dead_letter_queue is not None:
 
         def routes_of(ds: list[_Delivery]) -> tuple[bool, bool]:
@@ -416,6 +556,9 @@ def check(records: Iterable[dict]) -> CheckResult:
         "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
         "dead_letter_without_x_death": list(dead_letter_bad.values())[:EXAMPLES_MAX],
         "received_after_delete": after_delete[:EXAMPLES_MAX],
+        "rolled_back_delivered": sorted(rolled_back_delivered, key=_id_key)[:EXAMPLES_MAX],
+        "committed_lost": sorted(committed_lost, key=_id_key)[:EXAMPLES_MAX],
+        "txn_duplicates": txn_duplicates[:EXAMPLES_MAX],
     }
     return CheckResult(
         counts=counts,

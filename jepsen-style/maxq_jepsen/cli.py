@@ -69,7 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=WORKLOAD_KINDS,
         help="queue: several publishers/consumers; fifo: one of each; dlx: a work queue with a short "
         "message TTL dead-lettering to a second queue, consumers on both; sqs: boto3 senders and "
-        "receivers over the members' SQS endpoints (receive, delete most, let some visibilities run out)",
+        "receivers over the members' SQS endpoints (receive, delete most, let some visibilities run out); "
+        "txn: transactional halves (1-3 per transaction) to a deduplicating queue, committed, rolled back "
+        "or left to a check-back that a responder answers; half publishes retried after a lost confirm "
+        "(--rate is then transactions per second per publisher)",
     )
     p.add_argument("--ttl-ms", type=int, help="the dlx workload's x-message-ttl in ms (default 300)")
     p.add_argument("--rate", type=float, help="publishes per second per publisher")
@@ -295,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
             if "deletes_ok" in c
             else ""
         )
+        # The txn workload's own verdict and figures (checker: rolled_back_delivered, committed_lost, txn_duplicates).
+        if "txns" in c:
+            deletes += (
+                f"txns={c['txns']} committed={c['txns_committed']} rolled_back={c['txns_rolled_back']} "
+                f"checked_back={c['txns_checked_back']} rolled_back_delivered={c['rolled_back_delivered']} "
+                f"committed_lost={c['committed_lost']} txn_duplicates={c['txn_duplicates']} "
+                f"half_retries={c['half_retries']} "
+            )
         print(
             f"run {i}/{len(specs)}: {result['verdict']} published={c['published']} confirmed={c['confirmed']} "
             f"lost={c['lost']} unexpected={c['unexpected']} duplicates={c['duplicates']} {deletes}"

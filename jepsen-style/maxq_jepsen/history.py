@@ -17,13 +17,17 @@ Fields (absent when meaningless):
     time         float, seconds since the run began
     process      "pub0", "con1", "drain", "nemesis", "runner", "probe"
     type         "invoke" | "ok" | "fail" | "info" | "meta"
-    f            "publish" | "deliver" | "ack" | "connect" | "phase" | nemesis verbs ("kill", ...)
+    f            "publish" | "deliver" | "ack" | "connect" | "phase" | nemesis verbs ("kill", ...) |
+                 "txn" | "decide" | "check" (the txn workload)
     id           message id (unique per run: "<process>-<seq>")
     seq          the publisher's sequence number of that id
     session      the process's connection attempt number (FIFO holds within one session)
     node         the node the client was connected to
     redelivered  the broker's flag on a delivery
     crc          CRC-32 of the body (publish and deliver), to catch corruption
+    txn          (the txn workload) the transaction id of a half, a decision, a check, or f="txn"
+    attempt      (the txn workload) a half's publish attempt (a retry keeps the id), a check's number
+    action, by   (the txn workload) a decision's commit/rollback and who sent it (publisher, responder)
     error        why a completion is fail/info
     value        anything else (nemesis targets, phase name, counts)
 """

@@ -34,7 +34,7 @@ class RunSpec:
     seed: int
     nemeses: tuple[str, ...]
     # "queue" (several publishers and consumers), "fifo" (one of each), "dlx" (TTL + dead letters),
-    # "sqs" (senders and receivers over the SQS endpoint)
+    # "sqs" (senders and receivers over the SQS endpoint), "txn" (transactional halves, txn_workload.py)
     workload_kind: str
     workload: WorkloadConfig
     time_s: float
@@ -63,7 +63,8 @@ class Profile:
     notes: tuple[str, ...] = field(default=())
 
 
-WORKLOAD_KINDS = ("queue", "fifo", "dlx", "sqs")
+WORKLOAD_KINDS = ("queue", "fifo", "dlx", "sqs", "txn")
+TXN_CHECKS_QUEUE = "jepsen-txn-checks"
 DLX_QUEUE = "jepsen-dlq"
 DLX_TTL_MS = 300
 # The work queue's consumers consume for 1-3 s, then pause 0.5-2 s (seeded): with a 300 ms TTL about
@@ -89,6 +90,16 @@ def workload_for(kind: str, base: WorkloadConfig, ttl_ms: int | None = None) -> 
             message_ttl_ms=DLX_TTL_MS if ttl_ms is None else ttl_ms,
             consume_s=DLX_CONSUME_S,
             pause_s=DLX_PAUSE_S,
+        )
+    if kind == "txn":
+        # Transactional halves (1-3 per transaction) to a deduplicating work queue, commit /
+        # rollback / left to the check-back (txn_workload.py); a transaction is a few publishes,
+        # so the rate (transactions per second) is a third of the queue workload's.
+        return replace(
+            base,
+            deduplication=True,
+            checks_queue=TXN_CHECKS_QUEUE,
+            rate_per_publisher_hz=max(1.0, base.rate_per_publisher_hz / 3),
         )
     raise ValueError(f"unknown workload {kind!r} ({', '.join(WORKLOAD_KINDS)})")
 

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import sqs_workload
+from . import sqs_workload, txn_workload
 from .checker import check
 from .history import INFO, INVOKE, OK, HistoryWriter, read_history
 from .lab import Lab, LabError, make_lab
@@ -134,6 +134,27 @@ class Run:
                     sqs_workload.SqsSender(f"pub{i}", *common, pub_stop, hard_deadline, enter=self.lab.enter)
                     for i in range(spec.workload.publishers)
                 ]
+            elif spec.workload_kind == "txn":
+                book = txn_workload.TxnBook()
+                common_args = (self.history, nodes, spec.workload, spec.seed)
+                consumers = [
+                    Consumer(f"con{i}", *common_args, con_stop, hard_deadline, enter=self.lab.enter)
+                    for i in range(spec.workload.consumers)
+                ]
+                # The check responders answer until the consumers stop (after the settle), so that
+                # transactions left to the check-back are resolved before the drain.
+                consumers += [
+                    txn_workload.CheckResponder(
+                        f"chk{i}", *common_args, con_stop, hard_deadline, enter=self.lab.enter, book=book
+                    )
+                    for i in range(spec.workload.check_responders)
+                ]
+                publishers = [
+                    txn_workload.TxnPublisher(
+                        f"pub{i}", *common_args, pub_stop, hard_deadline, enter=self.lab.enter, book=book
+                    )
+                    for i in range(spec.workload.publishers)
+                ]
             else:
                 # With a dead-letter queue, odd consumers take from it; the work queue's consumers
                 # pause now and then (WorkloadConfig.consume_s/pause_s) so that messages expire.
@@ -218,6 +239,10 @@ class Run:
 
             pub_stop.set()
             self.join(publishers, spec.workload.confirm_timeout_s + 10.0)
+            if spec.workload.checks_queue:
+                # Transactions left to the check-back: their first check comes one timeout after
+                # the last half; give the responders that and a second round before the settle.
+                time.sleep(2 * max(spec.workload.txn_timeout_ms) / 1000.0 + 1.0)
             self.settle(nodes)
             con_stop.set()
             self.join(consumers, 10.0)

@@ -101,6 +101,15 @@ class WorkloadConfig:
     # received messages they leave alone so that the timeout runs out and they come back.
     visibility_timeout_s: int = 4
     abandon_ratio: float = 0.15
+    # The txn workload (txn_workload.py): the work queue deduplicates (x-message-deduplication),
+    # halves of 1-3 messages per transaction, check-backs to checks_queue after a seeded timeout.
+    deduplication: bool = False
+    checks_queue: str | None = None
+    check_responders: int = 1
+    txn_size: tuple[int, int] = (1, 3)
+    txn_timeout_ms: tuple[int, int] = (1000, 2000)
+    txn_checks: int = 3
+    txn_retries_max: int = 3  # attempts per half and per decision
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +139,8 @@ def queue_arguments(config: WorkloadConfig | None = None, queue: str | None = No
         args["x-dead-letter-routing-key"] = config.dead_letter_queue
         if config.message_ttl_ms is not None:
             args["x-message-ttl"] = int(config.message_ttl_ms)
+    if config is not None and config.deduplication and queue == config.queue:
+        args["x-message-deduplication"] = True
     return args
 
 
@@ -611,6 +622,8 @@ def declare_queue(host: str, port: int, config: WorkloadConfig, timeout_s: float
                 channel = conn.channel()
                 for queue in reversed(config.queues()):
                     channel.queue_declare(queue, durable=True, arguments=queue_arguments(config, queue))
+                if config.checks_queue:  # the txn workload's check-backs (not drained: not messages of the run)
+                    channel.queue_declare(config.checks_queue, durable=True, arguments=queue_arguments())
                 return
             finally:
                 _close_quietly(conn)

@@ -114,6 +114,30 @@ def _bad_key(key: Any) -> bool:
         return True
 
 
+def dedup_items(cmd: Enqueue, count: int) -> dict[int, tuple[str, int | None]] | Rejected:
+    """An Enqueue's `dedup` items checked, by position (of its `count` messages): key and TTL."""
+    dedup: Any = cmd.dedup  # (checked here: the field's type is what the shell should send)
+    if type(dedup) is not list and type(dedup) is not tuple:
+        return malformed(cmd, "dedup must be a list")
+    ids: dict[int, tuple[str, int | None]] = {}
+    previous = -1
+    for item in dedup:
+        if type(item) is not list and type(item) is not tuple or len(item) != 3:
+            return malformed(cmd, f"bad dedup item {item!r}")
+        position, key, ttl_ms = item
+        if (
+            type(position) is not int
+            or not previous < position < count
+            or _bad_key(key)
+            or ttl_ms is not None
+            and (type(ttl_ms) is not int or not 0 < ttl_ms <= EXPIRY_MS_MAX)
+        ):
+            return malformed(cmd, f"bad dedup item {item!r}")
+        ids[position] = (key, ttl_ms)
+        previous = position
+    return ids
+
+
 class DedupWindow:
     """The recorded ids of one queue: `entries` (key -> (expires ms, slot number)) and `order`
     (slot number, key), oldest first, at most `size_max` slots. A slot whose key has a later
@@ -247,25 +271,9 @@ class QueueDedup:
 
     def _enqueue_dedup(self, cmd: Enqueue, messages: list[Message]) -> tuple[int | Overflowed | Rejected, list[Effect]]:
         """An Enqueue with ids (`cmd.dedup`), its messages already checked."""
-        dedup: Any = cmd.dedup  # (checked here: the field's type is what the shell should send)
-        if type(dedup) is not list and type(dedup) is not tuple:
-            return malformed(cmd, "dedup must be a list"), []
-        ids: dict[int, tuple[str, int | None]] = {}
-        previous = -1
-        for item in dedup:
-            if type(item) is not list and type(item) is not tuple or len(item) != 3:
-                return malformed(cmd, f"bad dedup item {item!r}"), []
-            position, key, ttl_ms = item
-            if (
-                type(position) is not int
-                or not previous < position < len(messages)
-                or _bad_key(key)
-                or ttl_ms is not None
-                and (type(ttl_ms) is not int or not 0 < ttl_ms <= EXPIRY_MS_MAX)
-            ):
-                return malformed(cmd, f"bad dedup item {item!r}"), []
-            ids[position] = (key, ttl_ms)
-            previous = position
+        ids = dedup_items(cmd, len(messages))
+        if isinstance(ids, Rejected):
+            return ids, []
         window = self.dedup_window
         if window is None:  # not a deduplicating queue (now): the ids mean nothing here
             return self._enqueue_checked(messages)

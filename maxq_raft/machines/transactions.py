@@ -27,6 +27,10 @@ spent it returns `TxnTimedOut` instead, once per `timeout_ms` until it is resolv
 leader records the rollback in the metadata group, then resolves). Attempt counts and
 deadlines are replicated state, so a new leader goes on from the same attempt.
 
+Deduplication: on a queue with an `x-message-deduplication` window (dedup.py) a half's id is
+checked and recorded when the half arrives, as any publish's: a copy of a half whose id is in the
+window (a publisher's retry after a lost confirm) is accepted and not held.
+
 Bounded: at most TXN_MESSAGES_MAX half messages and TXN_BYTES_MAX bytes of body per queue; a
 half publish beyond that is refused like a reject-publish overflow (the publisher gets a nack).
 Halves live in memory and in the snapshot header (format version 5). A durable queue on a single
@@ -41,11 +45,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .commands import Enqueue, ResolveTxn, malformed
+from .dedup import NO_EXPIRY_MS, dedup_items
 from .message import Message, new_message_error
 from .queue_args import EXPIRY_MS_MAX
 from .queue_types import Overflowed, Rejected, TxnCheck, TxnTimedOut
 
 if TYPE_CHECKING:
+    from .dedup import DedupWindow
     from .queue_args import QueueSettings
     from .queue_types import Backing, Effect
 
@@ -134,6 +140,9 @@ class QueueTxns:
             self, cmd: Enqueue, messages: list[Message]
         ) -> tuple[int | Overflowed | Rejected, list[Effect]]: ...
         def _die(self, message: Message, reason: str) -> None: ...
+        def _dedup_forget(self) -> None: ...
+
+        dedup_window: DedupWindow | None
 
     def _init_txns(self) -> None:
         self.txns: dict[str, HalfTxn] = {}  # by id, in the order they opened
@@ -169,7 +178,30 @@ class QueueTxns:
         dedup: Any = cmd.dedup
         if dedup is not None and type(dedup) is not list and type(dedup) is not tuple:
             return malformed(cmd, "dedup must be a list"), []
+        # A deduplicating queue checks and records a half's id as any publish's: a publisher that
+        # lost a half's confirm and publishes it again gets the copy confirmed and dropped.
         rest = [p for p in range(len(messages)) if p not in halves]
+        window = self.dedup_window
+        half_ids: dict[int, tuple[str, int | None]] = {}  # position -> (key, ttl) to record
+        duplicates = 0
+        if dedup is not None and window is not None:
+            ids = dedup_items(cmd, len(messages))
+            if isinstance(ids, Rejected):
+                return ids, []
+            window.prune(self.now_ms)
+            keys_here: set[str] = set()
+            for position in halves:
+                found = ids.get(position)
+                if found is None:
+                    continue
+                if window.seen(found[0], self.now_ms) or found[0] in keys_here:
+                    duplicates += 1
+                    continue
+                keys_here.add(found[0])
+                half_ids[position] = found
+            if duplicates:  # confirmed, not held
+                window.duplicates += duplicates
+                halves = {p: v for p, v in halves.items() if p in half_ids or ids.get(p) is None}
         refused: list[int] = []
         stored: list[tuple[int, str, int, int, Message]] = []
         for position, (txn_id, timeout_ms, checks) in halves.items():
@@ -193,6 +225,19 @@ class QueueTxns:
             self.txn_bytes += size
         if stored:
             self.backing.txn_write(stored)  # type: ignore[union-attr]  # a durable queue has a backing
+        if window is not None and (half_ids or duplicates):
+            recorded = []
+            for position, (key, ttl_ms) in half_ids.items():
+                if position in refused:
+                    continue  # (refused: not recorded, a retry may work)
+                ttl_ms = ttl_ms or window.ttl_ms
+                expires_ms = self.now_ms + ttl_ms if ttl_ms is not None else NO_EXPIRY_MS
+                recorded.append((window.record(key, expires_ms), expires_ms, key, ""))
+            if self.durable:
+                # Also with nothing new: a single node's confirm of a duplicate waits for the next
+                # fsync, which covers the recording that made it one (as _enqueue_dedup does).
+                self.backing.dedup_write(recorded, window.next_number)  # type: ignore[union-attr]  # durable: a backing
+            self._dedup_forget()
         if not rest:
             reply: Any = len(messages)
             effects: list[Effect] = []

@@ -314,3 +314,21 @@ def test_halves_and_their_decision_in_one_amqp_tx(env):
     channel.tx_commit()
     # (the next method on the channel waits for the decision: docs/queue-features.md)
     assert [get_one(channel, name, auto_ack=True)[2] for _ in range(2)] == [b"a", b"b"]
+
+
+def test_a_half_published_again_with_its_dedup_id_is_dropped(env):
+    """A publisher that lost a half's confirm publishes it again (same transaction, same
+    x-deduplication-header); on a deduplicating queue the copy is confirmed and dropped, so the
+    commit delivers the message once (the txn workload of jepsen-style/ does this under kills)."""
+    channel = env.channel()
+    name = env.queue_name("txdedup")
+    channel.queue_declare(name, durable=True, arguments={"x-message-deduplication": True})
+    channel.confirm_delivery()
+    txn_id = new_id()
+    half(channel, name, b"first", txn_id, **{"x-deduplication-header": "m-1"})
+    half(channel, name, b"again", txn_id, **{"x-deduplication-header": "m-1"})  # the retry
+    half(channel, name, b"other", txn_id, **{"x-deduplication-header": "m-2"})
+    decide(channel, txn_id, "commit")
+    assert drain(channel, name) == [b"first", b"other"]
+    channel.basic_publish("", name, b"plain", pika.BasicProperties(headers={"x-deduplication-header": "m-2"}))
+    assert drain(channel, name) == []  # a half's id is in the window like any publish's

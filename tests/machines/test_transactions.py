@@ -289,3 +289,61 @@ def test_the_metadata_snapshot_keeps_the_decisions() -> None:
     restored = load_metadata(list(dump_metadata(machine)))
     assert restored.txn_decisions.decided == machine.txn_decisions.decided
     assert restored.apply(Meta(3, 3000), DecideTxn("/", "t", "rollback")) == ("commit", [])
+
+
+DEDUP = QueueSettings(deduplication=True)
+
+
+def test_a_deduplicating_queue_drops_a_half_published_again() -> None:
+    """A publisher that lost a half's confirm publishes it again with the same
+    x-deduplication-header: the copy is accepted (confirmed) and not held; a commit delivers one.
+    A half's id is recorded like any publish's (a plain publish repeating it is dropped too), and
+    two halves with one id in one Enqueue keep the first."""
+    q = Clocked(QueueMachine("/", "q", settings=DEDUP))
+    assert q(1, Enqueue([msg("a1")], [(0, "m1", None)], [(0, "t", 500, 2)]))[0] == 1
+    assert (
+        q(2, Enqueue([msg("a2"), msg("b")], [(0, "m1", None), (1, "m2", None)], [(0, "t", 500, 2), (1, "t", 500, 2)]))[
+            0
+        ]
+        == 2
+    )
+    assert (
+        q(3, Enqueue([msg("c1"), msg("c2")], [(0, "m3", None), (1, "m3", None)], [(0, "t", 500, 2), (1, "t", 500, 2)]))[
+            0
+        ]
+        == 2
+    )
+    assert q.machine.txn_messages == 3 and q.machine.dedup_window.duplicates == 2
+    assert q(4, Enqueue([msg("plain")], [(0, "m2", None)]))[0] == 1  # the half's id is in the window
+    assert q(5, ResolveTxn("t", "commit"))[0] == 3
+    assert bodies_got(q, 6) == ["a1", "b", "c1"]
+    # A queue without deduplication holds both copies (the ids mean nothing there).
+    plain = Clocked(QueueMachine("/", "q"))
+    plain(1, Enqueue([msg("a1")], [(0, "m1", None)], [(0, "t", 500, 2)]))
+    plain(2, Enqueue([msg("a2")], [(0, "m1", None)], [(0, "t", 500, 2)]))
+    assert plain(3, ResolveTxn("t", "commit"))[0] == 2
+
+
+def test_a_halfs_id_survives_a_snapshot_and_a_single_node_restart() -> None:
+    import copy
+
+    from .test_queue_machine import DictBacking
+
+    q = Clocked(QueueMachine("/", "q", settings=DEDUP))
+    q(1, Enqueue([msg("a1")], [(0, "m1", None)], [(0, "t", 500, 2)]))
+    restored = Clocked(load_queue(list(dump_queue(q.machine))))
+    restored.index = q.index
+    assert restored(2, Enqueue([msg("a2")], [(0, "m1", None)], [(0, "t", 500, 2)]))[0] == 1
+    assert restored(3, ResolveTxn("t", "commit"))[0] == 1
+    assert bodies_got(restored, 4) == ["a1"]
+
+    backing = DictBacking()
+    d = Clocked(QueueMachine("/", "q", settings=DEDUP, backing=backing, durable=True))
+    d(1, Enqueue([persistent("a1")], [(0, "m1", None)], [(0, "t", 500, 2)]))
+    restarted = Clocked(QueueMachine("/", "q", settings=DEDUP, backing=copy.deepcopy(backing), durable=True))
+    restarted.machine.recover_txns()
+    restarted.machine.recover_dedup()
+    restarted.machine.check_invariants()
+    assert restarted(2, Enqueue([persistent("a2")], [(0, "m1", None)], [(0, "t", 500, 2)]))[0] == 1
+    assert restarted(3, ResolveTxn("t", "commit"))[0] == 1
+    assert bodies_got(restarted, 4) == ["a1"]
