@@ -123,8 +123,10 @@ def write_workload(node: Node, clustered: bool) -> dict:
     node.api("PUT", "/api/permissions/%2F/alice", {"configure": "^alice-", "write": ".*", "read": "^q\\."})
     node.api(
         "PUT",
-        "/api/policies/%2F/long-ttl",
-        {"pattern": "^policy\\.", "apply-to": "queues", "definition": {"message-ttl": 3_600_000}, "priority": 1},
+        "/api/policies/%2F/bounded",
+        # Nothing that runs out with time: a fixture is opened months later (a message TTL of an hour
+        # expired the messages of the first fixtures an hour after they were made).
+        {"pattern": "^policy\\.", "apply-to": "queues", "definition": {"max-length": 1000}, "priority": 1},
     )
     queues: dict[str, dict] = {}
 
