@@ -316,6 +316,11 @@ def main() -> int:
         help=f"a 3-member cluster ({', '.join(MEMBERS)}, --shards {SHARDS}, a group snapshot every few KB): the "
         "archive holds a folder per member, the workload goes through n1",
     )
+    parser.add_argument(
+        "--commit",
+        help="the commit whose code makes the folder, recorded in the .json (default: this checkout's HEAD); "
+        "run an earlier commit's code with PYTHONPATH naming its package folder",
+    )
     options = parser.parse_args()
     from maxq_raft import __version__
 
@@ -348,7 +353,7 @@ def main() -> int:
     manifest = {
         "made_by": {
             "version": __version__,
-            "commit": git_commit(),
+            "commit": options.commit or git_commit(),
             "date": today,
             "stopped_by": "SIGKILL" if options.kill else "SIGTERM",
         },
