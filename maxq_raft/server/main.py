@@ -208,7 +208,12 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
         raise StartupError(str(exc)) from None
     broker = Broker(settings.node_id, store, fsync=settings.fsync == "on")
     if store is not None:  # x-trace's records (tracer.py), in a RocksDB of their own beside the store
-        broker.tracer.log = TraceLog(RocksKV(Path(settings.data_dir) / "trace"), replayed=settings.clustered)
+        trace_path = Path(settings.data_dir) / "trace"
+        try:
+            broker.tracer.log = TraceLog(RocksKV(trace_path), replayed=settings.clustered)
+        except Exception as exc:  # rocksdict raises plain Exception: a damaged trace store, a full disk
+            # Derived data: the node serves, its new records kept in memory until it stops.
+            log.error("trace store %s cannot be opened (%s): trace records are kept in memory only", trace_path, exc)
     stop = StopRequest()
     if settings.clustered:
         try:

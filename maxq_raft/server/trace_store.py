@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import base64
 import bisect
+import logging
 import struct
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +39,10 @@ from typing import Any, Protocol
 import msgpack
 
 _U64 = struct.Struct(">Q")
+log = logging.getLogger("maxq.trace")
+
 _PLACE = struct.Struct(">QQI")  # time ms, log index, n
+WRITE_FAILURE_LOG_EVERY_S = 60.0
 NAME_BYTES_MAX = 0xFFFF
 QUERY_LIMIT_DEFAULT = 1000
 QUERY_LIMIT_MAX = 10_000
@@ -231,6 +236,22 @@ class TraceLog:
         self._counts: dict[tuple[str, str], int] = {}  # cache of the s keys: each queue's bytes
         self.records_written = 0
         self.records_compacted = 0
+        # Records whose write failed (a full disk, an I/O error): a trace is derived data, so a
+        # failing trace store costs records, never the apply path that made them (nor a confirm).
+        self.records_lost = 0
+        self._failure_logged_at = -WRITE_FAILURE_LOG_EVERY_S
+
+    def _write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes], records: int) -> bool:
+        try:
+            self.kv.write(puts, deletes)
+        except Exception as exc:  # rocksdict raises plain Exception for RocksDB statuses
+            self.records_lost += records
+            now = time.monotonic()
+            if now - self._failure_logged_at >= WRITE_FAILURE_LOG_EVERY_S:
+                self._failure_logged_at = now
+                log.warning("trace store write failed (%s): %d records lost so far", exc, self.records_lost)
+            return False
+        return True
 
     # -------------------------------------------------------------- writes
 
@@ -252,7 +273,9 @@ class TraceLog:
         total = self._bytes(vhost, queue) + len(key) + len(value)
         self._counts[(vhost, queue)] = total
         puts.append((b"s" + vhost_name + _name(queue), _U64.pack(total)))
-        self.kv.write(puts, [])
+        if not self._write(puts, [], len(records)):
+            self._counts.pop((vhost, queue), None)  # (read again from the store next time)
+            return
         self.records_written += len(records)
 
     def _bytes(self, vhost: str, queue: str) -> int:
@@ -350,14 +373,20 @@ class TraceLog:
             # Nothing left: the queue leaves the s keys (a cluster member that replays its log
             # may write again rows that the next pass drops).
             self._counts.pop((vhost, queue), None)
-            self.kv.write([], [*deletes, count_key])
+            if not self._write([], [*deletes, count_key], 0):
+                return 0
         else:
-            self._counts[(vhost, queue)] = total = max(0, total)
-            self.kv.write([(count_key, _U64.pack(total))], deletes)
+            if not self._write([(count_key, _U64.pack(max(0, total)))], deletes, 0):
+                self._counts.pop((vhost, queue), None)
+                return 0
+            self._counts[(vhost, queue)] = max(0, total)
         return dropped
 
     def close(self) -> None:
-        self.kv.close()
+        try:
+            self.kv.close()
+        except Exception as exc:  # (a disk that fails its fsync at the close: the node stops all the same)
+            log.warning("trace store close failed: %s", exc)
 
 
 def records_of(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

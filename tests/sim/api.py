@@ -29,6 +29,8 @@ from maxq_raft.replication.entries import decode_entry, encode_entry
 from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
 from maxq_raft.server.message_store import QueueBacking
 from maxq_raft.server.metadata_snapshot import dump_metadata
+from maxq_raft.server.trace_store import MemoryKV, TraceLog
+from maxq_raft.server.tracer import Tracer
 from maxq_raft.storage.memory import MemorySegmentStore
 
 __all__ = [
@@ -58,6 +60,9 @@ __all__ = [
     "QueueBacking",
     "dump_metadata",
     "MemorySegmentStore",
+    "MemoryKV",
+    "TraceLog",
+    "Tracer",
     "META_GROUP",
     "VHOST",
     "shard_of",

@@ -30,11 +30,14 @@ import msgpack
 from .api import (
     ALL_QUEUES,
     META_GROUP,
+    MemoryKV,
     MemorySegmentStore,
     Meta,
     MetaGroup,
     QueueBacking,
     ShardMachine,
+    TraceLog,
+    Tracer,
     apply_committed,
     decode_entry,
     dump_group,
@@ -74,7 +77,15 @@ class Replica:
         self.window_max = window_max
         self.store = MemorySegmentStore(name)
         # What server/cluster_snapshot.py reads of a member: broker.groups and its store, the ids.
-        self.broker = SimpleNamespace(groups={}, store=self.store, next_queue_id=1, queue_ids={}, queues={}, epoch=1)
+        self.broker = SimpleNamespace(
+            groups={},
+            store=self.store,
+            next_queue_id=1,
+            queue_ids={},
+            queues={},
+            epoch=1,
+            tracer=Tracer(TraceLog(MemoryKV())),  # (the snapshot loader tells it each queue's settings)
+        )
         self.cluster = SimpleNamespace(broker=self.broker, meta_group=META_GROUP)
         self.broker.groups[META_GROUP] = MetaGroup()
         for group in shards:
