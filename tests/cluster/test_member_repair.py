@@ -77,6 +77,8 @@ def test_a_member_with_a_damaged_journal_is_rebuilt_from_its_peers(tmp_path):
         n2.launch()
         n2.wait_ready(CLUSTER_READY_S)
         wait_for(lambda: _state_of(n1, "n2") == "up" and _groups_led(n1), 30, "n2 back, as n1 sees it")
+        # (alone, n1 closed its clients and refused new ones: it serves again once it sees a majority)
+        wait_for(lambda: _serves(n1), 30, "n1 serving clients again")
 
         # Refused for a member that is up.
         up = maxqctl(n1, "repair-member", "n2", "--raft-addr", f"127.0.0.1:{n2.raft_port}")
@@ -121,6 +123,15 @@ def test_a_member_with_a_damaged_journal_is_rebuilt_from_its_peers(tmp_path):
         assert confirmed <= got, f"lost {len(confirmed - got)} confirmed messages"
     finally:
         cluster.stop()
+
+
+def _serves(member) -> bool:
+    try:
+        with member.connect() as connection:
+            connection.channel().queue_declare("repair-q", durable=True, passive=True)
+        return True
+    except Exception:  # refused or closed while it has no majority
+        return False
 
 
 def _removed_everywhere(member, name: str) -> bool:
