@@ -40,14 +40,32 @@ _port_rng = random.Random()  # (its own: tests that seed `random` must not make 
 _handed_out: set[int] = set()
 
 
+# Ports for the brokers tests start: 20000-29999, below the jepsen-style lab's (maxq_jepsen/lab.py:
+# 30000-32000), and split between pytest-xdist's workers (scripts/test runs two), so that no two
+# processes of one run ever pick the same port.
+TEST_PORTS = (20000, 30000)
+
+
+def _worker_ports() -> tuple[int, int]:
+    low, high = TEST_PORTS
+    high = min(high, _EPHEMERAL.start, 32768)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return low, high
+    size = (high - low) // count
+    start = low + int(worker[2:]) % count * size
+    return start, start + size
+
+
 def free_port() -> int:
     """A port free now, and outside the kernel's ephemeral range. A port the kernel hands out
     for bind(0) comes from that range, and between this call and the server's bind any
     outgoing connection (the members' Raft links, the clients') may take it as its local port:
     "Address already in use" at start-up under load. Below the range only listeners compete."""
-    top = min(_EPHEMERAL.start, 32768)
-    for _ in range(200 if top > 21000 else 0):  # bounded; each try is one bind
-        port = _port_rng.randrange(20000, top)
+    bottom, top = _worker_ports()
+    for _ in range(200 if top > bottom + 1000 else 0):  # bounded; each try is one bind
+        port = _port_rng.randrange(bottom, top)
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -186,9 +204,15 @@ def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the cluster pass (MAXQ_TEST_CLUSTER: scripts/test's second run), a test that uses only
+    """The jepsen-style runs go to one pytest-xdist worker, one after another (each runs brokers
+    and clients of its own: two at once on 2 cores would starve both).
+
+    In the cluster pass (MAXQ_TEST_CLUSTER: scripts/test's second run), a test that uses only
     brokers of its own (start_broker starts plain single nodes) and not the shared one would run
     exactly as in the first pass: skip it there (a deep priority queue's restart alone took 42 s)."""
+    for item in items:
+        if "/tests/jepsen/" in str(item.path):
+            item.add_marker(pytest.mark.xdist_group("jepsen"))
     if not os.environ.get("MAXQ_TEST_CLUSTER"):
         return
     skip = pytest.mark.skip(reason="single-node test (only start_broker's nodes): it ran in the first pass")

@@ -77,7 +77,9 @@ STATUS_TIMEOUT_S = 3.0
 CLUSTER_SECRET = "maxq-jepsen-secret"
 SERVER_ENV = "MAXQ_JEPSEN_SERVER"
 STOP_TIMEOUT_S = 10.0
-PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
+# Below Linux's default ephemeral range (32768-60999), and above the ports the test suite's own
+# brokers take (tests/conftest.py: 20000-29999), which may run beside a harness (pytest-xdist).
+PORT_RANGE = (30000, 32000)
 PORT_TRIES_MAX = 200
 LOG_PROBLEM_MARKERS = ("Traceback", "CRITICAL")
 MAXQCTL_ENV = "MAXQ_JEPSEN_MAXQCTL"
