@@ -556,18 +556,7 @@ def run(args) -> str:
         status = fetch(args.node, "/api/cluster/status", timeout or READ_TIMEOUT_S)
         return json.dumps(status, indent=1) if args.json else render_status(status)
     if args.command == "add-node":
-        answer = _with_progress(
-            args.node,
-            lambda: fetch(
-                args.node,
-                "/api/cluster/members",
-                timeout or MEMBER_CHANGE_TIMEOUT_S,
-                "POST",
-                {"node": args.name, "raft_addr": args.raft_addr},
-            ),
-            lambda status: progress.groups_with_member(status, args.name),
-            f"adding {args.name}",
-        )
+        answer = add_member(args, timeout, f"adding {args.name}")
         return (
             json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
         )
@@ -610,6 +599,22 @@ def run(args) -> str:
     return json.dumps(rows, indent=1) if args.json else table(rows, columns)
 
 
+def add_member(args: argparse.Namespace, timeout: float | None, label: str) -> dict:
+    """Add args.name at args.raft_addr to every group, with a progress line (add-node, repair-member)."""
+    return _with_progress(
+        args.node,
+        lambda: fetch(
+            args.node,
+            "/api/cluster/members",
+            timeout or MEMBER_CHANGE_TIMEOUT_S,
+            "POST",
+            {"node": args.name, "raft_addr": args.raft_addr},
+        ),
+        lambda status: progress.groups_with_member(status, args.name),
+        label,
+    )
+
+
 def repair_member(args: argparse.Namespace, timeout: float | None) -> str:
     """Remove NAME from every group and add it back (server/member_repair.py): Raft lets a member
     come back with less than it had only as a new one. NAME must be stopped (it would otherwise
@@ -645,18 +650,7 @@ def repair_member(args: argparse.Namespace, timeout: float | None) -> str:
     deadline = time.monotonic() + REPAIR_START_WAIT_S
     while True:  # bounded by the deadline; each turn waits for the node's answer or 1 s
         try:
-            answer = _with_progress(
-                args.node,
-                lambda: fetch(
-                    args.node,
-                    "/api/cluster/members",
-                    timeout or MEMBER_CHANGE_TIMEOUT_S,
-                    "POST",
-                    {"node": args.name, "raft_addr": args.raft_addr},
-                ),
-                lambda status: progress.groups_with_member(status, args.name),
-                f"adding {args.name} back",
-            )
+            answer = add_member(args, timeout, f"adding {args.name} back")
             break
         except CtlError as exc:
             unreachable = exc.code == 5 and (exc.body or {}).get("reason") == "unreachable"
