@@ -21,12 +21,9 @@ import argparse
 import datetime
 import json
 import os
-import shutil
-import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,56 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # noqa: E402 - run from a checkout
 
+from bench_node import Node  # noqa: E402 (scripts/ is on sys.path when a script runs)
+
 from maxq_raft.amqp import spec  # noqa: E402
 from maxq_raft.amqp.frames import FrameReader, encode_content  # noqa: E402
 from maxq_raft.perf.client import AmqpClient  # noqa: E402
 
-VENV_BIN = ROOT / ".venv" / "bin"
-READY_TIMEOUT_S = 30.0
 STAMP = struct.Struct(">Q")  # the first 8 body bytes: monotonic ns just before the publish was written
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Node:
-    """A fresh maxq-server on a free port and a new data folder; stopped (and the folder gone) at the end."""
-
-    def __init__(self) -> None:
-        self.data = tempfile.mkdtemp(prefix="maxq-fair-")
-        self.port = free_port()
-        self.log = Path(self.data) / "server.log"
-        server = VENV_BIN / "maxq-server"
-        if not server.exists():
-            sys.exit(f"{server} is missing: run scripts/test once")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(server), "--data-dir", f"{self.data}/data", "--amqp-port", str(self.port)]
-                + ["--http-port", "0", "--prometheus-port", "0"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data,
-                start_new_session=True,
-            )
-        until = time.monotonic() + READY_TIMEOUT_S
-        while "maxq-server ready" not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > until:
-                self.stop()
-                sys.exit(f"maxq-server did not start:\n{self.log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.data, ignore_errors=True)
 
 
 def client(port: int) -> AmqpClient:
@@ -174,7 +128,7 @@ def main() -> int:
     if not 1 <= args.quiet_queues <= 10_000 or not 2 <= args.seconds <= 600:
         p.error("--quiet-queues 1..10000, --seconds 2..600")
     sys.setswitchinterval(0.0005)  # the receive thread is not held back by the publishing one
-    node = Node()
+    node = Node("maxq-fair-")
     try:
         setup = client(node.port)
         queues = [f"quiet-{i}" for i in range(args.quiet_queues)]

@@ -19,66 +19,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pika
+from bench_node import Node  # (scripts/ is on sys.path when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = ROOT / ".venv" / "bin"
-READY_TIMEOUT_S = 30.0
 BODY = b"x" * 128
 QUEUE = "bench-txn"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Node:
-    """A fresh maxq-server on a free port and a new data folder; stopped (and the folder gone) at the end."""
-
-    def __init__(self) -> None:
-        self.data = tempfile.mkdtemp(prefix="maxq-txn-")
-        self.port = free_port()
-        self.log = Path(self.data) / "server.log"
-        server = VENV_BIN / "maxq-server"
-        if not server.exists():
-            sys.exit(f"{server} is missing: run scripts/test once")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(server), "--data-dir", f"{self.data}/data", "--amqp-port", str(self.port)]
-                + ["--http-port", "0", "--prometheus-port", "0"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data,
-                start_new_session=True,
-            )
-        until = time.monotonic() + READY_TIMEOUT_S
-        while "maxq-server ready" not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > until:
-                self.stop()
-                sys.exit(f"maxq-server did not start:\n{self.log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.data, ignore_errors=True)
 
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -118,7 +69,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
-    node = Node()
+    node = Node("maxq-txn-")
     results: dict[str, list[tuple[float, float]]] = {}
     try:
         connection = pika.BlockingConnection(pika.ConnectionParameters(port=node.port))
