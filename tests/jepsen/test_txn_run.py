@@ -17,25 +17,13 @@ kill-leader and pause-leader on loopback).
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-JEPSEN_DIR = Path(__file__).resolve().parents[2] / "jepsen-style"
-RUN = JEPSEN_DIR / "run"
-SUMMARY_RE = re.compile(r"^runs=(\d+) confirmed=(\d+) lost=(\d+) unexpected=(\d+) duplicates=(\d+) verdict=(\w+)$")
-
-
-def _netns_ok() -> bool:
-    sys.path.insert(0, str(JEPSEN_DIR))
-    try:
-        from maxq_jepsen.lab import netns_available
-    finally:
-        sys.path.remove(str(JEPSEN_DIR))
-    return netns_available()[0]
+from .test_cluster_run import JEPSEN_DIR, RUN, SUMMARY_RE, _netns_ok
 
 
 def test_cli_workload_txn_declares_a_deduplicating_queue_and_a_checks_queue():
