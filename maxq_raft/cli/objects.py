@@ -28,7 +28,7 @@ VERBS = (
     "pause-consumers",
     "resume-consumers",
 )
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-delayed-message")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-delayed-message", "x-message-deduplication")
 
 
 def _json_object(text: str) -> dict:

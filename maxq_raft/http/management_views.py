@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from .. import __version__
+from ..machines.metadata import DEDUP_EXCHANGE_TYPE, DELAYED_EXCHANGE_TYPE
 from ..machines.routing import EXCHANGE_TYPES
 from ..server.alarms import rss_bytes
 from ..server.message_rates import connection_counts, node_counts
@@ -151,7 +152,8 @@ def node_views(broker: Any, groups: dict[str, dict] | None) -> list[dict]:
 
 
 def exchange_types() -> list[dict]:
-    return [{"name": name, "description": "", "enabled": True} for name in EXCHANGE_TYPES]
+    names = [*EXCHANGE_TYPES, DELAYED_EXCHANGE_TYPE, DEDUP_EXCHANGE_TYPE]  # (the plugins' types too)
+    return [{"name": name, "description": "", "enabled": True} for name in names]
 
 
 def overview_extras(broker: Any) -> dict:

@@ -49,8 +49,9 @@ class Enqueue(NamedTuple):
     messages: list[Message]  # in publish order; `Overflowed` names refused ones by position here
     # The publishes with an x-deduplication-header, as `(position in messages, key, TTL ms or
     # None)` in position order (dedup.py: `dedup_key`, `dedup_ttl`); None when none has one.
-    # A queue without deduplication ignores them.
-    dedup: list[tuple[int, str, int | None]] | None = None
+    # A queue without deduplication ignores them. A publish to an x-message-deduplication
+    # exchange has its `ExchangeScope` after them: `(..., exchange, cache size, cache TTL ms or None)`.
+    dedup: list[tuple[Any, ...]] | None = None
     # The half messages (transactions.py), as `(position, transaction id, timeout ms, checks
     # max)` in position order; None when none is one. Held apart until `ResolveTxn`.
     txn: list[tuple[int, str, int, int]] | None = None

@@ -36,6 +36,24 @@ reads back the window it had.
 
 Unlike the plugin's queue-level mode, an id stays in the window when its message is consumed:
 it leaves only by count or time (docs/queue-features.md says why).
+
+Exchange windows (the plugin's exchange type `x-message-deduplication`, routing as fanout): the
+plugin keeps one cache per exchange, checked and filled before routing, which here would be a
+metadata-group commit apart from the queues' commits: a crash between the two would record an
+id whose message no queue stored, and the publisher's retry would then be dropped and
+confirmed. So the exchange's window lives in each queue it routes to, decided in the same log
+entry as the enqueue: the Enqueue's item carries the exchange and its window
+(`ExchangeScope`: name, x-cache-size, x-cache-ttl), and each queue keeps an `ExchangeWindow`
+per such exchange. A queue so gets at most one copy of an id published to the exchange within
+its window, which is what the plugin's single cache gives every queue bound to it; what differs
+is that a queue bound after an id was published still gets that id once. A queue's own window
+(x-message-deduplication on the queue) applies as well: a publish is a duplicate if any window
+that applies to it has seen its id. An exchange window takes the exchange's size and TTL from
+each Enqueue that names it (a redeclared exchange's new arguments apply from then on), leaves at
+a Tick once empty, and goes with its queue. On a single node, its slots are stored beside the
+queue window's, numbered from its `store_base` (a multiple of EXCHANGE_WINDOW_STRIDE) with the
+exchange's name in the record, and read back at a restart with the size they had; a half
+message (transactions.py) is checked by the queue's window only.
 """
 
 from __future__ import annotations
@@ -46,7 +64,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .commands import Enqueue, malformed
-from .queue_args import DEDUP_CACHE_SIZE_DEFAULT, EXPIRY_MS_MAX
+from .queue_args import DEDUP_CACHE_SIZE_DEFAULT, DEDUP_CACHE_SIZE_MAX, EXPIRY_MS_MAX
 from .queue_types import Overflowed, Rejected
 
 if TYPE_CHECKING:
@@ -61,6 +79,13 @@ PRUNE_BATCH_MAX = 4096  # expired slots dropped per command at most (as queue_li
 # An id longer than this (UTF-8 bytes, with its type tag) is kept as its SHA-256 instead: the
 # memory an id costs is bounded, and a single node's store record has room for it (255 bytes).
 KEY_BYTES_MAX = 128
+# An exchange window's slots are stored from its store base, a multiple of this: the queue's own
+# window numbers below it (one number per recording: 2^40 of them is beyond any queue's life).
+EXCHANGE_WINDOW_STRIDE = 1 << 40
+EXCHANGE_NAME_BYTES_MAX = 255  # (AMQP's shortstr)
+
+# An exchange window as an Enqueue item carries it: (exchange name, x-cache-size, x-cache-ttl ms or None).
+ExchangeScope = tuple[str, int, "int | None"]
 
 
 def dedup_key(value: Any) -> str | None:
@@ -114,26 +139,69 @@ def _bad_key(key: Any) -> bool:
         return True
 
 
-def dedup_items(cmd: Enqueue, count: int) -> dict[int, tuple[str, int | None]] | Rejected:
-    """An Enqueue's `dedup` items checked, by position (of its `count` messages): key and TTL."""
+def dedup_exchange_error(arguments: Any) -> str | None:
+    """The text of the 406 an x-message-deduplication exchange's declare gets for these
+    arguments, or None. As the plugin: x-cache-size is required, an integer above 0 (and here at
+    most DEDUP_CACHE_SIZE_MAX, as on queues); x-cache-ttl, if given, an integer above 0 (ms);
+    x-cache-persistence, if given, "memory" or "disk" (both mean replicated and stored here)."""
+    size = arguments.get("x-cache-size")
+    if type(size) is not int or not 0 < size <= DEDUP_CACHE_SIZE_MAX:
+        return (
+            "Missing or invalid argument, 'x-cache-size' must be an integer greater than 0"
+            f" and at most {DEDUP_CACHE_SIZE_MAX}"
+        )
+    ttl = arguments.get("x-cache-ttl")
+    if ttl is not None and (type(ttl) is not int or not 0 < ttl <= EXPIRY_MS_MAX):
+        return "Invalid argument, 'x-cache-ttl' must be an integer greater than 0"
+    persistence = arguments.get("x-cache-persistence")
+    if isinstance(persistence, bytes):
+        persistence = persistence.decode("utf-8", "replace")
+    if persistence is not None and persistence not in ("memory", "disk"):
+        return "Invalid argument, 'x-cache-persistence' must be either 'disk' or 'memory'"
+    return None
+
+
+def exchange_scope(name: str, arguments: Any) -> ExchangeScope:
+    """The window an x-message-deduplication exchange's publishes carry (its arguments were
+    checked by `dedup_exchange_error` when it was declared)."""
+    return (name, arguments["x-cache-size"], arguments.get("x-cache-ttl"))
+
+
+def _bad_scope(exchange: Any, size_max: Any, ttl_ms: Any) -> bool:
+    """Not an exchange window a session sends (`exchange_scope`)."""
+    return (
+        type(exchange) is not str
+        or not 0 < len(exchange.encode("utf-8", "surrogatepass")) <= EXCHANGE_NAME_BYTES_MAX
+        or type(size_max) is not int
+        or not 0 < size_max <= DEDUP_CACHE_SIZE_MAX
+        or ttl_ms is not None
+        and (type(ttl_ms) is not int or not 0 < ttl_ms <= EXPIRY_MS_MAX)
+    )
+
+
+def dedup_items(cmd: Enqueue, count: int) -> dict[int, tuple[str, int | None, ExchangeScope | None]] | Rejected:
+    """An Enqueue's `dedup` items checked, by position (of its `count` messages): key, TTL, and
+    the exchange window of a publish to an x-message-deduplication exchange (or None)."""
     dedup: Any = cmd.dedup  # (checked here: the field's type is what the shell should send)
     if type(dedup) is not list and type(dedup) is not tuple:
         return malformed(cmd, "dedup must be a list")
-    ids: dict[int, tuple[str, int | None]] = {}
+    ids: dict[int, tuple[str, int | None, ExchangeScope | None]] = {}
     previous = -1
     for item in dedup:
-        if type(item) is not list and type(item) is not tuple or len(item) != 3:
+        if type(item) is not list and type(item) is not tuple or len(item) not in (3, 6):
             return malformed(cmd, f"bad dedup item {item!r}")
-        position, key, ttl_ms = item
+        position, key, ttl_ms = item[:3]
         if (
             type(position) is not int
             or not previous < position < count
             or _bad_key(key)
             or ttl_ms is not None
             and (type(ttl_ms) is not int or not 0 < ttl_ms <= EXPIRY_MS_MAX)
+            or len(item) == 6
+            and _bad_scope(*item[3:])
         ):
             return malformed(cmd, f"bad dedup item {item!r}")
-        ids[position] = (key, ttl_ms)
+        ids[position] = (key, ttl_ms, (item[3], item[4], item[5]) if len(item) == 6 else None)
         previous = position
     return ids
 
@@ -242,6 +310,19 @@ class DedupWindow:
         assert live == len(self.entries), "every entry has its own slot"
 
 
+class ExchangeWindow(DedupWindow):
+    """An x-message-deduplication exchange's window in one queue (see the module notes)."""
+
+    def __init__(self, exchange: str, size_max: int, ttl_ms: int | None, store_base: int) -> None:
+        super().__init__(size_max, ttl_ms)
+        self.exchange = exchange
+        self.store_base = store_base  # its slot numbers are stored from here (single node)
+        self.forgotten_below = 1  # what the backing was last told had left (durable queues)
+
+    def dump_scoped(self) -> list[Any]:
+        return [self.exchange, self.size_max, self.ttl_ms, self.store_base, self.dump()]
+
+
 def make_window(settings: QueueSettings) -> DedupWindow | None:
     """The window `settings` ask for (None: no deduplication; an SQS FIFO queue has its own)."""
     if not settings.deduplication or settings.fifo:
@@ -268,6 +349,23 @@ class QueueDedup:
         # The next slot number while there is no window: a window started again goes on from
         # it, so a durable queue's stored records are never numbered twice.
         self._dedup_next_number = 1
+        self.exchange_windows: dict[str, ExchangeWindow] = {}  # x-message-deduplication exchanges
+
+    def _exchange_window(self, scope: ExchangeScope) -> ExchangeWindow:
+        """The window of the exchange `scope` names, made (or given its current size and TTL)."""
+        exchange, size_max, ttl_ms = scope
+        window = self.exchange_windows.get(exchange)
+        if window is None:
+            bases = {w.store_base for w in self.exchange_windows.values()}
+            base = EXCHANGE_WINDOW_STRIDE
+            while base in bases:  # (bounded by the windows held)
+                base += EXCHANGE_WINDOW_STRIDE
+            window = self.exchange_windows[exchange] = ExchangeWindow(exchange, size_max, ttl_ms, base)
+        else:
+            window.ttl_ms = ttl_ms
+            if window.size_max != size_max:
+                window.resize(size_max)
+        return window
 
     def _enqueue_dedup(self, cmd: Enqueue, messages: list[Message]) -> tuple[int | Overflowed | Rejected, list[Effect]]:
         """An Enqueue with ids (`cmd.dedup`), its messages already checked."""
@@ -275,43 +373,67 @@ class QueueDedup:
         if isinstance(ids, Rejected):
             return ids, []
         window = self.dedup_window
-        if window is None:  # not a deduplicating queue (now): the ids mean nothing here
+        # position -> the windows that apply to it: the queue's own, an exchange's
+        windows_of: dict[int, list[DedupWindow]] = {}
+        for position, (_key, _ttl, scope) in ids.items():
+            applying: list[DedupWindow] = [] if window is None else [window]
+            if scope is not None:
+                applying.append(self._exchange_window(scope))
+            if applying:
+                windows_of[position] = applying
+        if not windows_of:  # no window here (now): the ids mean nothing
             return self._enqueue_checked(messages)
         now = self.now_ms
-        window.prune(now)
+        used = {id(w): w for applying in windows_of.values() for w in applying}
+        for w in used.values():
+            w.prune(now)
         kept: list[int] = []  # positions enqueued
-        first_of: dict[str, int] = {}  # key -> position of its first publish in this Enqueue
+        first_of: dict[tuple[int, str], int] = {}  # (window, key) -> its first position in this Enqueue
+        firsts: list[int] = []  # positions whose id is recorded, if enqueued
         repeats: dict[int, int] = {}  # position -> the earlier position in this Enqueue it repeats
         dropped = 0
         for position in range(len(messages)):
-            found = ids.get(position)
+            found = windows_of.get(position)
             if found is not None:
-                key = found[0]
-                if window.seen(key, now):
+                key = ids[position][0]
+                if any(w.seen(key, now) for w in found):
                     dropped += 1
                     continue
-                first = first_of.get(key)
+                first = next((f for f in (first_of.get((id(w), key)) for w in found) if f is not None), None)
                 if first is not None:
                     repeats[position] = first
                     continue
-                first_of[key] = position
+                for w in found:
+                    first_of[(id(w), key)] = position
+                firsts.append(position)
             kept.append(position)
-        window.duplicates += dropped + len(repeats)
+        if window is not None:  # (counted once per publish, on the queue's window if it has one)
+            window.duplicates += dropped + len(repeats)
+        else:
+            next(iter(used.values())).duplicates += dropped + len(repeats)
         reply, effects = self._enqueue_checked([messages[p] for p in kept]) if kept else (0, [])
         refused: set[int] = set()
         if type(reply) is Overflowed:
             refused = {kept[i] for i in reply.rejected}
             refused.update(p for p, first in repeats.items() if first in refused)
-        recorded = []
-        for key, position in first_of.items():
-            if position not in refused:
-                ttl_ms = ids[position][1] or window.ttl_ms
+        recorded: list[tuple[int, int, str, str]] = []
+        for position in firsts:
+            if position in refused:
+                continue
+            key, item_ttl_ms, _scope = ids[position]
+            for w in windows_of[position]:
+                ttl_ms = item_ttl_ms or w.ttl_ms
                 expires_ms = now + ttl_ms if ttl_ms is not None else NO_EXPIRY_MS
-                recorded.append((window.record(key, expires_ms), expires_ms, key, ""))
+                number = w.record(key, expires_ms)
+                if type(w) is ExchangeWindow:
+                    recorded.append((w.store_base + number, expires_ms, key, w.exchange))
+                else:
+                    recorded.append((number, expires_ms, key, ""))
         if self.durable and (recorded or len(kept) < len(messages)):
             # Also with nothing new: the write makes a single node's confirm of a duplicate wait
             # for the next fsync, which covers the recording that made it one.
-            self.backing.dedup_write(recorded, window.next_number)  # type: ignore[union-attr]  # a durable queue has a backing
+            next_number = None if window is None else window.next_number
+            self.backing.dedup_write(recorded, next_number)  # type: ignore[union-attr]  # a durable queue has a backing
         self._dedup_forget()
         if refused:
             ordered = sorted(refused)
@@ -319,21 +441,34 @@ class QueueDedup:
         return len(messages), effects
 
     def _dedup_forget(self) -> None:
-        """Tell a durable queue's backing which slots have left the front (one range)."""
-        window = self.dedup_window
-        if window is None or not self.durable:
+        """Tell a durable queue's backing which slots have left the front (one range a window)."""
+        if not self.durable:
             return
-        first = window.first_number
-        if first > self._dedup_forgotten_below:
-            self.backing.dedup_forget(first)  # type: ignore[union-attr]  # a durable queue has a backing
-            self._dedup_forgotten_below = first
+        window = self.dedup_window
+        if window is not None:
+            first = window.first_number
+            if first > self._dedup_forgotten_below:
+                self.backing.dedup_forget(first)  # type: ignore[union-attr]  # a durable queue has a backing
+                self._dedup_forgotten_below = first
+        for scoped in self.exchange_windows.values():
+            first = scoped.first_number
+            if first > scoped.forgotten_below:
+                base = scoped.store_base
+                self.backing.dedup_forget(base + first, base)  # type: ignore[union-attr]  # durable: a backing
+                scoped.forgotten_below = first
 
     def _prune_dedup_window(self) -> None:
-        """At a Tick: expired ids at the front leave (a queue no one publishes to forgets too)."""
+        """At a Tick: expired ids at the front leave (a queue no one publishes to forgets too),
+        and an exchange window left empty goes (an exchange deleted or no longer publishing)."""
         window = self.dedup_window
         if window is not None and window.order:
             window.prune(self.now_ms)
-            self._dedup_forget()
+        if self.exchange_windows:
+            for exchange, scoped in list(self.exchange_windows.items()):
+                scoped.prune(self.now_ms)
+                if not scoped.order:
+                    del self.exchange_windows[exchange]  # (its stored slots are all forgotten)
+        self._dedup_forget()
 
     def _dedup_settings(self, settings: QueueSettings) -> None:
         """A policy changed the queue's settings: the window starts, changes size or ends."""
@@ -364,13 +499,19 @@ class QueueDedup:
     # ------------------------------------------------------- dump and load
 
     def _dump_dedup(self) -> dict[str, Any]:
+        dumped: dict[str, Any] = {}
         window = self.dedup_window
-        if window is None:
-            return {"dedup_next_number": self._dedup_next_number} if self._dedup_next_number > 1 else {}
-        return {"dedup_window": window.dump()}
+        if window is not None:
+            dumped["dedup_window"] = window.dump()
+        elif self._dedup_next_number > 1:
+            dumped["dedup_next_number"] = self._dedup_next_number
+        if self.exchange_windows:
+            dumped["exchange_windows"] = [w.dump_scoped() for w in self.exchange_windows.values()]
+        return dumped
 
     def _load_dedup(self, header: dict[str, Any]) -> None:
-        """From a header (absent before format version 4, or for a queue without a window)."""
+        """From a header (absent before format version 4, or for a queue without a window;
+        exchange windows from version 6)."""
         next_number = header.get("dedup_next_number", 1)
         if type(next_number) is not int:
             raise TypeError("a deduplication window's next number is an int")
@@ -381,36 +522,66 @@ class QueueDedup:
             window.load(dumped)
             self._dedup_forgotten_below = window.first_number
             if self.durable:
-                # The new backing holds what the original's did, as for stored messages, the
-                # next number too (a stale slot's expiry is not kept: 0; its key's later slot wins).
-                entries = window.entries
-                stored = []
-                for number, key in window.order:
-                    expires_ms, live = entries[key]
-                    stored.append((number, expires_ms if live == number else 0, key, ""))
-                self.backing.dedup_write(stored, window.next_number)  # type: ignore[union-attr]  # a durable queue has a backing
+                self.backing.dedup_write(self._stored_slots(window), window.next_number)  # type: ignore[union-attr]  # a durable queue has a backing
+        for exchange, size_max, ttl_ms, store_base, slots in header.get("exchange_windows", ()):
+            if (
+                _bad_scope(exchange, size_max, ttl_ms)
+                or type(store_base) is not int
+                or store_base <= 0
+                or store_base % EXCHANGE_WINDOW_STRIDE
+                or exchange in self.exchange_windows
+            ):
+                raise ValueError(f"bad exchange deduplication window {exchange!r}")
+            scoped = self.exchange_windows[exchange] = ExchangeWindow(exchange, size_max, ttl_ms, store_base)
+            scoped.load(slots)
+            scoped.forgotten_below = scoped.first_number
+            if self.durable:
+                self.backing.dedup_write(self._stored_slots(scoped), None)  # type: ignore[union-attr]  # durable: a backing
+
+    @staticmethod
+    def _stored_slots(window: DedupWindow) -> list[tuple[int, int, str, str]]:
+        """A loaded window's slots as a durable queue's backing keeps them, so the new backing
+        holds what the original's did, as for stored messages (a stale slot's expiry is not
+        kept: 0; its key's later slot wins)."""
+        base, exchange = (window.store_base, window.exchange) if type(window) is ExchangeWindow else (0, "")
+        entries = window.entries
+        stored = []
+        for number, key in window.order:
+            expires_ms, live = entries[key]
+            stored.append((base + number, expires_ms if live == number else 0, key, exchange))
+        return stored
 
     def recover_dedup(self) -> None:
-        """A restarted single node: the window its backing kept (slots in number order; an id
-        recorded again after it expired has a later slot, which wins). What the window held
-        before is dropped: at a restart only the metadata log was replayed, so at most a policy
-        started it, empty, already numbering from the store's counter."""
-        window = self.dedup_window
-        if window is None or self.backing is None or not self.durable:
+        """A restarted single node: the windows its backing kept (slots in number order; an id
+        recorded again after it expired has a later slot, which wins). What the queue's window
+        held before is dropped: at a restart only the metadata log was replayed, so at most a
+        policy started it, empty, already numbering from the store's counter. An exchange
+        window comes back with as many slots as it kept: the exchange's next publish gives it
+        its size and TTL again."""
+        if self.backing is None or not self.durable:
             return
-        stored, next_number = self.backing.dedup_stored()
-        window.entries.clear()
-        window.order.clear()
-        previous = 0
-        for number, expires_ms, key, _unused in stored:
-            if number <= previous or _bad_key(key):
+        window = self.dedup_window
+        if window is not None:
+            stored, next_number = self.backing.dedup_stored(0, EXCHANGE_WINDOW_STRIDE)
+            window.entries.clear()
+            window.order.clear()
+            _reload(window, stored, 0)
+            window.next_number = max(window.next_number, next_number)
+            window.resize(window.size_max)  # (x-cache-size may have changed since)
+            self._dedup_forgotten_below = 0
+        self.exchange_windows.clear()
+        stored, _unused = self.backing.dedup_stored(EXCHANGE_WINDOW_STRIDE, None)
+        by_base: dict[int, list[tuple[int, int, str, str]]] = {}
+        for record in stored:
+            by_base.setdefault(record[0] - record[0] % EXCHANGE_WINDOW_STRIDE, []).append(record)
+        for base, records in by_base.items():
+            exchange = records[-1][3]
+            if _bad_scope(exchange, 1, None) or exchange in self.exchange_windows:
                 continue  # (never written so; skipped rather than trusted)
-            window.entries[key] = (expires_ms, number)
-            window.order.append((number, key))
-            previous = number
-        window.next_number = max(window.next_number, previous + 1, next_number)
-        window.resize(window.size_max)  # (x-cache-size may have changed since)
-        self._dedup_forgotten_below = 0
+            scoped = ExchangeWindow(exchange, min(len(records), DEDUP_CACHE_SIZE_MAX), None, base)
+            _reload(scoped, records, base)
+            scoped.forgotten_below = 0
+            self.exchange_windows[exchange] = scoped
         self._dedup_forget()
 
     def _check_dedup(self) -> None:
@@ -419,3 +590,23 @@ class QueueDedup:
             window.check_invariants()
         else:
             assert not self.settings.deduplication or self.settings.fifo or self.deleted
+        bases = set()
+        for exchange, scoped in self.exchange_windows.items():
+            assert scoped.exchange == exchange
+            assert scoped.store_base > 0 and scoped.store_base % EXCHANGE_WINDOW_STRIDE == 0
+            bases.add(scoped.store_base)
+            scoped.check_invariants()
+        assert len(bases) == len(self.exchange_windows), "each exchange window has its own store range"
+
+
+def _reload(window: DedupWindow, stored: list[tuple[int, int, str, str]], base: int) -> None:
+    """Slots a single node's store kept (numbered from `base`), into an empty window."""
+    previous = 0
+    for stored_number, expires_ms, key, _scope in stored:
+        number = stored_number - base
+        if number <= previous or _bad_key(key):
+            continue  # (never written so; skipped rather than trusted)
+        window.entries[key] = (expires_ms, number)
+        window.order.append((number, key))
+        previous = number
+    window.next_number = max(window.next_number, previous + 1)

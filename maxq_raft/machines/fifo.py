@@ -39,6 +39,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .commands import Enqueue, EnqueueFifo, malformed
+from .dedup import EXCHANGE_WINDOW_STRIDE
 from .message import Message, new_message_error
 from .queue_types import Overflowed, Rejected
 
@@ -290,7 +291,8 @@ class QueueFifo:
         entries whose 5 minutes are over go at the next send or Tick, in the new log's time)."""
         if self.backing is None or not self.durable or not self.settings.fifo:
             return
-        entries, next_sequence_number = self.backing.dedup_stored()
+        # (below the first exchange window's slots, dedup.py)
+        entries, next_sequence_number = self.backing.dedup_stored(0, EXCHANGE_WINDOW_STRIDE)
         for sequence, expires_ms, dedup_id, message_id in entries:
             self.dedup.pop(dedup_id, None)  # (sent again after its window: the later one counts)
             self.dedup[dedup_id] = (expires_ms, message_id, sequence)

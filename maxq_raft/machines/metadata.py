@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeAlias
 
 from . import access
 from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, UserRecord
+from .dedup import dedup_exchange_error
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -49,6 +50,9 @@ QUEUE_EQUIVALENCE_ARGS = (
 )
 EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
 DELAYED_EXCHANGE_TYPE = "x-delayed-message"
+# rabbitmq-message-deduplication's exchange type: routes as fanout; the publish's queues drop an
+# id the exchange's window has seen (machines/dedup.py keeps that window in each queue).
+DEDUP_EXCHANGE_TYPE = "x-message-deduplication"
 
 BUILTIN_EXCHANGES = (
     ("", "direct"),
@@ -557,6 +561,11 @@ class MetadataMachine:
             if delayed_type not in EXCHANGE_TYPES:
                 return Rejected(406, "Invalid argument, 'x-delayed-type' must be an existing exchange type"), []
             routing_type = delayed_type
+        elif cmd.type == DEDUP_EXCHANGE_TYPE:
+            error = dedup_exchange_error(cmd.arguments or {})
+            if error is not None:
+                return Rejected(406, error), []
+            routing_type = "fanout"
         elif cmd.type not in EXCHANGE_TYPES:
             return Rejected(406, f"unknown exchange type '{cmd.type}'"), []
         if existing is None:

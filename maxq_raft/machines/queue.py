@@ -275,7 +275,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                 case Tick():
                     if self.dedup:
                         self._prune_dedup()  # (a queue that no one sends to still forgets)
-                    if self.dedup_window is not None:
+                    if self.dedup_window is not None or self.exchange_windows:
                         self._prune_dedup_window()
                     reply, effects = self._tick(command)
                     if self.txns:
@@ -615,6 +615,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         if self.backing is not None:
             self.backing.drop()
         self.dedup_window = None
+        self.exchange_windows.clear()
         self.spilled_count = self.spilled_persistent = 0
         self.ready.clear()
         self.window_bytes = 0

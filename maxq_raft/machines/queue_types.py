@@ -174,15 +174,19 @@ class Backing(Protocol):
     # An SQS FIFO queue's deduplication window (fifo.py), asked of a durable queue only: a
     # single node has no log to replay after a restart, so its window is kept here too.
 
-    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int) -> None:
-        """New window entries (sequence number, expires ms, deduplication id, message id), in
-        sequence order, and the queue's next sequence number."""
+    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int | None) -> None:
+        """New window entries (sequence number, expires ms, deduplication id, message id or
+        exchange name), in sequence order, and the queue's next sequence number (None: as it was)."""
 
-    def dedup_forget(self, below_sequence_number: int) -> None:
-        """The entries below this sequence number have left the window."""
+    def dedup_forget(self, below_sequence_number: int, from_sequence_number: int = 0) -> None:
+        """The entries from `from_sequence_number` up to below `below_sequence_number` have left
+        the window."""
 
-    def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
-        """After a restart: the entries kept (in sequence order) and the next sequence number."""
+    def dedup_stored(
+        self, from_sequence_number: int = 0, below_sequence_number: int | None = None
+    ) -> tuple[list[tuple[int, int, str, str]], int]:
+        """After a restart: the entries kept in that range (in sequence order; None: no upper
+        bound) and the next sequence number."""
 
     # Consumer pause rules (consumer_pauses.py), for the same reason: asked of a durable queue only.
 

@@ -72,9 +72,11 @@ Record: TypeAlias = list[Any]
 # added `txns` (transactions.py: each open transaction as [id, timeout ms, checks max, deadline
 # ms, attempts, [half, ...], [half number, ...]] in the order they opened, a half as a log entry
 # carries a message) and `txn_next_number`, only for a queue with some; a version 1 to 4 dump
-# has none open.
-FORMAT_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# has none open. Version 6 added `exchange_windows` (dedup.py: each x-message-deduplication
+# exchange's window in the queue as [exchange, size max, TTL ms or None, store base, window
+# dumped as `dedup_window`]), only for a queue with some; earlier versions have none.
+FORMAT_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 CHUNK_MESSAGES_MAX = 1024
 CHUNK_BYTES_MAX = 1 << 20  # of bodies (and properties) per chunk
 

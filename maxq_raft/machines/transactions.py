@@ -198,7 +198,7 @@ class QueueTxns:
                     duplicates += 1
                     continue
                 keys_here.add(found[0])
-                half_ids[position] = found
+                half_ids[position] = (found[0], found[1])  # (an exchange window does not apply: dedup.py)
             if duplicates:  # confirmed, not held
                 window.duplicates += duplicates
                 halves = {p: v for p, v in halves.items() if p in half_ids or ids.get(p) is None}

@@ -14,7 +14,8 @@ exactly once even when a proposal is repeated after a leader change (server/clus
 Each command is `[type name, *fields]`. Messages (in Enqueue) are
 `[exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms]`, followed,
 when some publishes carry an x-deduplication-header, by `[position, key, TTL ms or None]` for
-each of those (dedup.py) or None, then, when some are half messages, by `[position, transaction
+each of those (with `exchange, cache size, cache TTL ms or None` after them when published to an
+x-message-deduplication exchange: dedup.py) or None, then, when some are half messages, by `[position, transaction
 id, timeout ms, checks max]` for each (transactions.py); EnqueueFifo
 has them and then `[group id, deduplication id or None, message id]` per message; UpdateSettings
 carries its `QueueSettings` as a list of its fields; SQS receipt handles (DeleteReceived,
@@ -160,7 +161,7 @@ def decode_command(raw: list, metadata: bool):
                 for e, rk, props, body, persistent, ttl_ms, priority, delay_ms in fields[0]
             ],
             # (x-deduplication-header ids: tuples again, so a command decodes as it was made)
-            [(position, key, ttl_ms) for position, key, ttl_ms in fields[1]]
+            [tuple(item) for item in fields[1]]  # (3 fields, or 6 with an exchange window: dedup.py)
             if len(fields) > 1 and fields[1] is not None
             else None,
             [(position, txn_id, timeout_ms, checks) for position, txn_id, timeout_ms, checks in fields[2]]

@@ -328,27 +328,32 @@ class QueueBacking:
         self.delivered_upto = seq
         self.store.write((), (), self._counters(), wal=True)
 
-    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int) -> None:
+    def dedup_write(self, entries: list[tuple[int, int, str, str]], next_sequence_number: int | None) -> None:
         dedup_queue = self.queue_id | DEDUP_QUEUE_BIT
         puts = []
         for sequence, expires_ms, dedup_id, message_id in entries:
             raw_id = dedup_id.encode()
             puts.append((dedup_queue, sequence, _DEDUP.pack(expires_ms, len(raw_id)) + raw_id + message_id.encode()))
-        self.store.write(puts, (), {fifo_key(self.queue_id): _U64.pack(next_sequence_number)}, wal=True)
+        meta = {} if next_sequence_number is None else {fifo_key(self.queue_id): _U64.pack(next_sequence_number)}
+        self.store.write(puts, (), meta, wal=True)
         if self.syncer is not None:
             self.syncer.dirty = True
 
-    def dedup_forget(self, below_sequence_number: int) -> None:
-        self.store.delete_range(self.queue_id | DEDUP_QUEUE_BIT, 0, below_sequence_number)
+    def dedup_forget(self, below_sequence_number: int, from_sequence_number: int = 0) -> None:
+        self.store.delete_range(self.queue_id | DEDUP_QUEUE_BIT, from_sequence_number, below_sequence_number)
 
-    def dedup_stored(self) -> tuple[list[tuple[int, int, str, str]], int]:
+    def dedup_stored(
+        self, from_sequence_number: int = 0, below_sequence_number: int | None = None
+    ) -> tuple[list[tuple[int, int, str, str]], int]:
         raw = self.store.get_meta(fifo_key(self.queue_id))
         next_sequence_number = _U64.unpack(raw)[0] if raw else 1
         entries: list[tuple[int, int, str, str]] = []
-        seq_from = 0
+        seq_from = from_sequence_number
         while len(entries) < DEDUP_LOAD_MAX:  # bounded: each scan moves on, or ends the loop
             records = self.store.scan(self.queue_id | DEDUP_QUEUE_BIT, seq_from, 4096)
             for sequence, record in records:
+                if below_sequence_number is not None and sequence >= below_sequence_number:
+                    return entries, next_sequence_number
                 expires_ms, id_len = _DEDUP.unpack_from(record, 0)
                 start = _DEDUP.size
                 dedup_id = bytes(record[start : start + id_len]).decode()

@@ -36,7 +36,9 @@ from ..amqp.events import (
 from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties
 from ..machines import commands as qc
+from ..machines.dedup import exchange_scope
 from ..machines.message import Message
+from ..machines.metadata import DEDUP_EXCHANGE_TYPE
 from ..machines.queue_types import Overflowed
 from .authorization import Authorization, vhost_refusal
 from .broker import Broker
@@ -605,6 +607,7 @@ class Session:
         if exchange == TXN_EXCHANGE:  # a transaction's decision: no exchange object (transactions.py)
             decide_publish(self, channel, seq, method, props_raw)
             return
+        dedup_scope = None  # an x-message-deduplication exchange's window (machines/dedup.py)
         if exchange:
             record = meta.exchange(vhost, exchange)
             if record is None:
@@ -615,6 +618,8 @@ class Session:
                 )
             if record.routing_type == "topic":
                 self.authorization.check_topic("write", exchange, routing_key)
+            elif record.type == DEDUP_EXCHANGE_TYPE:
+                dedup_scope = exchange_scope(exchange, record.arguments)
         if flags & (REPLY_TO_FLAG | USER_ID_FLAG):
             if flags & USER_ID_FLAG:
                 user_id = decode_properties(props_raw).user_id
@@ -676,7 +681,9 @@ class Session:
                     props_raw = self._with_trace_id(props_raw)
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
-            dedup = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
+            dedup: tuple | None = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
+            if dedup is not None and dedup_scope is not None:
+                dedup = (*dedup, *dedup_scope)
             for name in queues:
                 key = (vhost, name)
                 message = Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)

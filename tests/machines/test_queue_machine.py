@@ -659,19 +659,27 @@ class DictBacking:
         self.dedup: dict[int, tuple[int, int, str, str]] = {}
         self.next_sequence_number = 1
 
-    def dedup_write(self, entries: list, next_sequence_number: int) -> None:
-        assert next_sequence_number >= self.next_sequence_number
+    def dedup_write(self, entries: list, next_sequence_number: int | None) -> None:
+        # (None: the entries of an exchange window, numbered from its store base: dedup.py)
+        assert next_sequence_number is None or next_sequence_number >= self.next_sequence_number
         for entry in entries:
-            assert entry[0] not in self.dedup and entry[0] < next_sequence_number
+            assert entry[0] not in self.dedup
+            assert next_sequence_number is None or entry[0] < next_sequence_number or entry[0] >= 1 << 40
             self.dedup[entry[0]] = entry
-        self.next_sequence_number = next_sequence_number
+        if next_sequence_number is not None:
+            self.next_sequence_number = next_sequence_number
 
-    def dedup_forget(self, below_sequence_number: int) -> None:
-        for sequence in [s for s in self.dedup if s < below_sequence_number]:
+    def dedup_forget(self, below_sequence_number: int, from_sequence_number: int = 0) -> None:
+        for sequence in [s for s in self.dedup if from_sequence_number <= s < below_sequence_number]:
             del self.dedup[sequence]
 
-    def dedup_stored(self) -> tuple[list, int]:
-        return [self.dedup[s] for s in sorted(self.dedup)], self.next_sequence_number
+    def dedup_stored(self, from_sequence_number: int = 0, below_sequence_number: int | None = None) -> tuple[list, int]:
+        chosen = [
+            s
+            for s in self.dedup
+            if from_sequence_number <= s and (below_sequence_number is None or s < below_sequence_number)
+        ]
+        return [self.dedup[s] for s in sorted(chosen)], self.next_sequence_number
 
     def write(self, messages: list) -> None:
         for m in messages:
