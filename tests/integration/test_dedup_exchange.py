@@ -20,7 +20,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from ..helpers import api, drain
-from .test_dedup import DEDUP, restart, with_id
+from .test_dedup import DEDUP, maxqctl, restart, with_id
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -118,6 +118,12 @@ def test_the_management_api_lists_and_declares_the_type(env, broker):
     status, shown, _ = api(broker, "GET", path)
     assert status == 200 and shown["type"] == EXCHANGE_TYPE and shown["arguments"] == {"x-cache-size": 5}
     assert api(broker, "DELETE", path)[0] == 204
+    name = env.exchange_name()
+    result = maxqctl(broker, "declare-exchange", name, EXCHANGE_TYPE)  # without x-cache-size
+    assert result.returncode != 0 and "'x-cache-size' must be an integer" in result.stderr
+    result = maxqctl(broker, "declare-exchange", name, EXCHANGE_TYPE, "--arguments", '{"x-cache-size": 10}')
+    assert result.returncode == 0, result.stderr
+    assert maxqctl(broker, "delete-exchange", name).returncode == 0
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
