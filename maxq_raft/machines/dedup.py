@@ -463,12 +463,12 @@ class QueueDedup:
         window = self.dedup_window
         if window is not None and window.order:
             window.prune(self.now_ms)
-        if self.exchange_windows:
-            for exchange, scoped in list(self.exchange_windows.items()):
-                scoped.prune(self.now_ms)
-                if not scoped.order:
-                    del self.exchange_windows[exchange]  # (its stored slots are all forgotten)
-        self._dedup_forget()
+        for scoped in self.exchange_windows.values():
+            scoped.prune(self.now_ms)
+        self._dedup_forget()  # (an emptied window's whole store range too: its front is its next number)
+        emptied = [exchange for exchange, scoped in self.exchange_windows.items() if not scoped.order]
+        for exchange in emptied:
+            del self.exchange_windows[exchange]
 
     def _dedup_settings(self, settings: QueueSettings) -> None:
         """A policy changed the queue's settings: the window starts, changes size or ends."""

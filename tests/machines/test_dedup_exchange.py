@@ -14,13 +14,16 @@ import copy
 
 import msgpack
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from maxq_raft.machines import dedup
-from maxq_raft.machines.commands import Enqueue, Tick
+from maxq_raft.machines.commands import Enqueue, Get, Tick
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue_args import DEDUP_CACHE_SIZE_MAX, QueueSettings
-from maxq_raft.machines.queue_types import Rejected
+from maxq_raft.machines.queue_types import Overflowed, Rejected
 from maxq_raft.machines.snapshot import SnapshotError, dump_queue, load_queue
 from maxq_raft.replication.entries import decode_command, encode_command
 
@@ -170,8 +173,8 @@ def test_a_durable_queue_keeps_each_window_in_its_own_store_range() -> None:
     ],
 )
 def test_malformed_exchange_items_are_refused_before_anything_changes(item) -> None:
-    for settings in (QueueSettings(deduplication=True), QueueSettings()):
-        q = make(settings)
+    for queue_settings in (QueueSettings(deduplication=True), QueueSettings()):
+        q = make(queue_settings)
         reply = q(0, Enqueue([Message("", "q", b"", b"x")], [item]))
         assert type(reply) is Rejected and reply.reply_code == 541
         assert queued(q.machine) == 0 and q.machine.exchange_windows == {}
@@ -206,3 +209,161 @@ def test_good_declare_arguments() -> None:
     ):
         assert dedup.dedup_exchange_error(arguments) is None
     assert dedup.exchange_scope("ex", {"x-cache-size": 10}) == ("ex", 10, None)
+
+
+# ------------------------------------------------------------------ a stateful test against a model
+
+EXCHANGES = ("ea", "eb")
+KEYS = ("sa", "sb", "sc", "sd")
+
+
+class ExchangeWindowsStateful(RuleBasedStateMachine):
+    """A queue (with or without a window of its own, durable or not, length-limited with
+    reject-publish or not) fed by two dedup exchanges and straight publishes, against a model
+    that keeps each window as a plain list of recordings: an id is a duplicate for a window
+    exactly when its latest recording is among that window's last `size` ones and its time is
+    not over; a publish is a duplicate when any window that applies to it says so. After every
+    step the queue holds what the model says, each window answers as its model, and a durable
+    queue's store holds exactly the windows' slots, each exchange's in its own range."""
+
+    @initialize(
+        own_window=st.booleans(),
+        own_size=st.sampled_from([1, 3]),
+        max_length=st.sampled_from([None, None, 3]),
+        durable=st.booleans(),
+    )
+    def start(self, own_window: bool, own_size: int, max_length: int | None, durable: bool) -> None:
+        self.settings = QueueSettings(
+            deduplication=own_window, dedup_cache_size=own_size, max_length=max_length, overflow="reject-publish"
+        )
+        self.backing = DictBacking() if durable else None
+        self.q = Clocked(make_queue_machine("/", "q", settings=self.settings, backing=self.backing, durable=durable))
+        self.now_ms = 0
+        # window name ("" for the queue's own) -> [(key, expires ms or None)], oldest first
+        self.recordings: dict[str, list[tuple[str, int | None]]] = {"": []} if own_window else {}
+        self.sizes: dict[str, int] = {"": own_size}
+        self.queue: list[bytes] = []
+        self.bodies = 0
+
+    def _seen(self, window: str, key: str, now_ms: int) -> bool:
+        for recorded, expires_ms in reversed(self.recordings.get(window, [])[-self.sizes[window] :]):
+            if recorded == key:
+                return expires_ms is None or expires_ms > now_ms
+        return False
+
+    @rule(
+        items=st.lists(
+            st.tuples(st.sampled_from([None, *EXCHANGES]), st.sampled_from(KEYS), st.sampled_from([None, None, 5, 60])),
+            min_size=1,
+            max_size=5,
+        ),
+        sizes=st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4])),
+        ttls=st.tuples(st.sampled_from([None, 10, 40]), st.sampled_from([None, 10, 40])),
+    )
+    def publish(self, items: list, sizes: tuple[int, int], ttls: tuple) -> None:
+        scope = {e: (e, sizes[i], ttls[i]) for i, e in enumerate(EXCHANGES)}
+        messages, ids, bodies = [], [], []
+        for position, (exchange, key, ttl) in enumerate(items):
+            body = b"m%d" % self.bodies
+            self.bodies += 1
+            bodies.append(body)
+            messages.append(Message(exchange or "", "q", b"", body))
+            ids.append((position, key, ttl, *scope[exchange]) if exchange else (position, key, ttl))
+        reply = self.q(self.now_ms, Enqueue(messages, ids))
+        # The model (machines/dedup.py, `_enqueue_dedup`).
+        for exchange in {e for e, _k, _t in items if e is not None}:
+            self.sizes[exchange] = scope[exchange][1]
+            kept = self.recordings.setdefault(exchange, [])
+            del kept[: -self.sizes[exchange]]
+        own = "" in self.recordings
+        first_of: dict[tuple[str, str], int] = {}
+        queued_at: dict[int, bool] = {}
+        refused, recorded = [], []
+        for position, (exchange, key, ttl) in enumerate(items):
+            windows = ([""] if own else []) + ([exchange] if exchange else [])
+            if windows:
+                if any(self._seen(w, key, self.now_ms) for w in windows):
+                    continue
+                first = next((first_of[(w, key)] for w in windows if (w, key) in first_of), None)
+                if first is not None:
+                    if not queued_at[first]:
+                        refused.append(position)
+                    continue
+                for w in windows:
+                    first_of[(w, key)] = position
+            room = self.settings.max_length is None or len(self.queue) < self.settings.max_length
+            queued_at[position] = room
+            if room:
+                self.queue.append(bodies[position])
+                for w in windows:
+                    ttl_ms = ttl or (scope[w][2] if w else None)
+                    recorded.append((w, key, None if ttl_ms is None else self.now_ms + ttl_ms))
+            else:
+                refused.append(position)
+        for w, key, expires_ms in recorded:
+            self.recordings[w].append((key, expires_ms))
+            del self.recordings[w][: -self.sizes[w]]
+        assert reply == (Overflowed(len(items) - len(refused), refused) if refused else len(items))
+
+    @rule(ms=st.sampled_from([1, 5, 20, 50]))
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+    @rule()
+    def tick(self) -> None:
+        self.q(self.now_ms, Tick())
+
+    @rule()
+    def consume(self) -> None:
+        reply = self.q(self.now_ms, Get("g", "o", True))
+        assert (reply[0].body if reply else None) == (self.queue.pop(0) if self.queue else None)
+
+    @rule()
+    def snapshot(self) -> None:
+        backing = DictBacking() if self.backing is not None else None
+        restored = round_trip(self.q.machine, backing)
+        restored.check_invariants()
+        if backing is not None:
+            assert backing.dedup.keys() == self.backing.dedup.keys()
+            self.backing = backing
+        self.q.machine = restored
+
+    @rule()
+    def restart(self) -> None:
+        """A single node's restart: a new machine whose windows come from the store alone."""
+        if self.backing is None:
+            return
+        original = self.q.machine
+        restarted = make_queue_machine(
+            "/", "q", settings=self.settings, backing=copy.deepcopy(self.backing), durable=True
+        )
+        restarted.recover_dedup()
+        restarted.check_invariants()
+        if original.dedup_window is not None:
+            assert restarted.dedup_window.dump() == original.dedup_window.dump()
+        # (an emptied window waits for a tick to leave; the store has nothing of it)
+        assert {e: w.dump() for e, w in restarted.exchange_windows.items()} == {
+            e: w.dump() for e, w in original.exchange_windows.items() if w.order
+        }
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        machine = self.q.machine
+        assert sorted(m.body for m in machine._ready_in_memory()) == sorted(self.queue)
+        now = machine.now_ms
+        windows = {"": machine.dedup_window} if machine.dedup_window is not None else {}
+        windows.update(machine.exchange_windows)
+        for name in self.recordings:
+            for key in KEYS:
+                window = windows.get(name)
+                seen = window is not None and window.seen(key, now)
+                assert seen == self._seen(name, key, now), (name, key)
+        if self.backing is not None:
+            expected = [] if machine.dedup_window is None else [n for n, _ in machine.dedup_window.order]
+            for window in machine.exchange_windows.values():
+                expected += [window.store_base + n for n, _ in window.order]
+            assert sorted(self.backing.dedup) == sorted(expected)
+
+
+ExchangeWindowsStateful.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+test_exchange_windows_against_model = ExchangeWindowsStateful.TestCase
