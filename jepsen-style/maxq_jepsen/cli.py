@@ -46,6 +46,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="seed of the first run (the next runs take seed+1, ...)")
     p.add_argument("--runs", type=int, help="number of runs (default: the profile's)")
     p.add_argument(
+        "--from-run",
+        type=int,
+        metavar="K",
+        help="start at the profile's K-th run (1-based; default 1): a long profile, such as the "
+        "campaign, stopped after run K-1 goes on where it stopped, with the same seeds",
+    )
+    p.add_argument(
         "--nemesis",
         help="comma list: kill, kill-leader, kill-majority, pause, pause-leader, partition-one, "
         "partition-leader, partition-halves, one-way, bridge, partition-majorities-ring, "
@@ -97,6 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.runs is not None and not 1 <= args.runs <= 1000:
         p.error("--runs must be 1..1000")
+    if args.from_run is not None and not 1 <= args.from_run <= len(get_profile(args.profile).runs):
+        p.error(f"--from-run must be 1..{len(get_profile(args.profile).runs)} (the {args.profile} profile's runs)")
     if args.time_s is not None and not 1 <= args.time_s <= 86400:
         p.error("--time must be 1..86400 seconds")
     if args.nodes is not None and not (args.nodes == 1 or 3 <= args.nodes <= 9):
@@ -122,13 +131,14 @@ def _range(text: str) -> tuple[float, float]:
 def build_specs(args: argparse.Namespace) -> list[RunSpec]:
     profile = get_profile(args.profile)
     base = list(profile.runs)
-    count = args.runs or len(base)
+    first = (args.from_run or 1) - 1
+    count = args.runs or len(base) - first
     specs = []
-    for i in range(count):
+    for i in range(first, first + count):
         spec = base[i % len(base)]
         changes: dict = {}
         if args.seed is not None:
-            changes["seed"] = args.seed + i
+            changes["seed"] = args.seed + i - first
         elif i >= len(base):
             changes["seed"] = spec.seed + 1000 * (i // len(base))
         if args.nemesis is not None:

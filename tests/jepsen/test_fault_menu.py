@@ -254,3 +254,14 @@ def test_the_campaign_is_a_hundred_cluster_runs_over_every_fault_and_a_hundred_k
         if c.nemesis == "kill"
     )
     assert kills >= 100, kills
+
+
+def test_a_campaign_stopped_part_way_goes_on_with_from_run(capsys):
+    whole = cli.build_specs(cli.parse_args(["--profile", "campaign"]))
+    rest = cli.build_specs(cli.parse_args(["--profile", "campaign", "--from-run", "76"]))
+    assert rest == whole[75:] and rest[0].seed == 3076
+    some = cli.build_specs(cli.parse_args(["--profile", "campaign", "--from-run", "76", "--runs", "2"]))
+    assert some == whole[75:77]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--profile", "ci", "--from-run", "4"])  # the ci profile has 3 runs
+    assert "--from-run must be 1..3" in capsys.readouterr().err
