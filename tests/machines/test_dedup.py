@@ -339,7 +339,29 @@ def test_good_arguments() -> None:
 KEYS = ["sa", "sb", "sc", "sd", "i1"]
 
 
-class DedupStateful(RuleBasedStateMachine):
+class ClockedQueueRules(RuleBasedStateMachine):
+    """The rules a stateful test of a queue's windows shares: time passes, ticks, consumption
+    (the subclass keeps `q`, `now_ms` and the model's `queue` of bodies)."""
+
+    q: Clocked
+    now_ms: int
+    queue: list[bytes]
+
+    @rule(ms=st.sampled_from([1, 5, 20, 50]))
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+    @rule()
+    def tick(self) -> None:
+        self.q(self.now_ms, Tick())
+
+    @rule()
+    def consume(self) -> None:
+        reply = self.q(self.now_ms, Get("g", "o", True))
+        assert (reply[0].body if reply else None) == (self.queue.pop(0) if self.queue else None)
+
+
+class DedupStateful(ClockedQueueRules):
     """A deduplicating queue against a list of recordings (see the module notes)."""
 
     @initialize(
@@ -427,22 +449,6 @@ class DedupStateful(RuleBasedStateMachine):
             assert reply == Overflowed(len(items) - len(refused), refused)
         else:
             assert reply == len(items)
-
-    @rule(ms=st.sampled_from([1, 5, 20, 50]))
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
-
-    @rule()
-    def tick(self) -> None:
-        self.q(self.now_ms, Tick())
-
-    @rule()
-    def consume(self) -> None:
-        reply = self.q(self.now_ms, Get("g", "o", True))
-        if self.queue:
-            assert reply[0].body == self.queue.pop(0)
-        else:
-            assert reply is None
 
     @rule(size=st.sampled_from([1, 2, 4]), ttl_ms=st.sampled_from([None, 10]), on=st.booleans())
     def policy(self, size: int, ttl_ms: int | None, on: bool) -> None:

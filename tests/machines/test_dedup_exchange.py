@@ -16,10 +16,10 @@ import msgpack
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from maxq_raft.machines import dedup
-from maxq_raft.machines.commands import Enqueue, Get, Tick
+from maxq_raft.machines.commands import Enqueue, Tick
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue_args import DEDUP_CACHE_SIZE_MAX, QueueSettings
@@ -27,7 +27,7 @@ from maxq_raft.machines.queue_types import Overflowed, Rejected
 from maxq_raft.machines.snapshot import SnapshotError, dump_queue, load_queue
 from maxq_raft.replication.entries import decode_command, encode_command
 
-from .test_dedup import Clocked, queued, round_trip
+from .test_dedup import Clocked, ClockedQueueRules, queued, round_trip
 from .test_queue_machine import DictBacking
 
 STRIDE = dedup.EXCHANGE_WINDOW_STRIDE
@@ -217,7 +217,7 @@ EXCHANGES = ("ea", "eb")
 KEYS = ("sa", "sb", "sc", "sd")
 
 
-class ExchangeWindowsStateful(RuleBasedStateMachine):
+class ExchangeWindowsStateful(ClockedQueueRules):
     """A queue (with or without a window of its own, durable or not, length-limited with
     reject-publish or not) fed by two dedup exchanges and straight publishes, against a model
     that keeps each window as a plain list of recordings: an id is a duplicate for a window
@@ -304,19 +304,6 @@ class ExchangeWindowsStateful(RuleBasedStateMachine):
             self.recordings[w].append((key, expires_ms))
             del self.recordings[w][: -self.sizes[w]]
         assert reply == (Overflowed(len(items) - len(refused), refused) if refused else len(items))
-
-    @rule(ms=st.sampled_from([1, 5, 20, 50]))
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
-
-    @rule()
-    def tick(self) -> None:
-        self.q(self.now_ms, Tick())
-
-    @rule()
-    def consume(self) -> None:
-        reply = self.q(self.now_ms, Get("g", "o", True))
-        assert (reply[0].body if reply else None) == (self.queue.pop(0) if self.queue else None)
 
     @rule()
     def snapshot(self) -> None:
