@@ -343,3 +343,45 @@ def test_the_trace_page_shows_a_messages_steps(ui, env):
     shown = ui.text_of("#live", lambda t: "enqueued" in t, "the trace of the message")
     assert "published" in shown and queue in shown and "user=guest" in shown
     assert ui.driver.current_url.endswith(f"#/trace/%2F/message_id/{message_id}")
+
+
+def test_declare_with_arguments_from_the_forms(ui, broker, env):
+    """The add forms take arguments as JSON (as RabbitMQ's UI does): a deduplicating exchange,
+    which needs x-cache-size, and a length-limited queue; text that is not a JSON object is
+    refused in the page with nothing sent, and the node's refusal is shown as it gives it."""
+    ui.log_in()
+    ui.element("#whoami")
+    ui.open("exchanges")
+    exchange = env.exchange_name()
+
+    def add_exchange(arguments: str) -> str:
+        form = ui.element("#add-exchange-form")
+        for name, value in (("name", exchange), ("arguments", arguments)):
+            box = form.find_element(By.NAME, name)
+            box.clear()
+            box.send_keys(value)
+        Select(form.find_element(By.NAME, "type")).select_by_value("x-message-deduplication")
+        ui.driver.execute_script('document.getElementById("notice").textContent = ""')
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        return ui.text_of("#notice", bool, "the form's answer")
+
+    assert add_exchange('{"x-cache-size": 5').startswith("arguments: not JSON")
+    assert add_exchange("[1]").startswith("arguments: a JSON object is needed")
+    assert api(broker, "GET", f"/api/exchanges/%2F/{exchange}")[0] == 404  # nothing was sent
+    refused = add_exchange("")
+    assert refused.startswith("400: ") and "'x-cache-size' must be an integer" in refused
+    assert add_exchange('{"x-cache-size": 5}') == f"exchange {exchange} declared"
+    status, shown, _ = api(broker, "GET", f"/api/exchanges/%2F/{exchange}")
+    assert status == 200 and shown["type"] == "x-message-deduplication" and shown["arguments"] == {"x-cache-size": 5}
+    api(broker, "DELETE", f"/api/exchanges/%2F/{exchange}")
+
+    ui.open("queues")
+    queue = env.queue_name("ui-args")
+    form = ui.element("#add-queue-form")
+    form.find_element(By.NAME, "name").send_keys(queue)
+    form.find_element(By.NAME, "arguments").send_keys('{"x-max-length": 3}')
+    form.find_element(By.CSS_SELECTOR, "button").click()
+    assert ui.text_of("#notice", bool, "the form's answer") == f"queue {queue} declared"
+    status, shown, _ = api(broker, "GET", f"/api/queues/%2F/{queue}")
+    assert status == 200 and shown["arguments"] == {"x-max-length": 3}
+    api(broker, "DELETE", f"/api/queues/%2F/{queue}")

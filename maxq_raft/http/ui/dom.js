@@ -72,6 +72,27 @@ export function field(label, name, attrs = {}) {
   return h("label", {}, label, input);
 }
 
+// The "arguments" of a declare, as RabbitMQ's UI asks for them: a JSON object (empty: none).
+export function argumentsField(placeholder) {
+  return field("arguments", "arguments", { placeholder, size: 28 });
+}
+
+// The object an "arguments" field holds; an Error saying what is wrong when it is not one
+// (nothing is sent then).
+export function parseArguments(text) {
+  if (!text || !text.trim()) return {};
+  let parsed;
+  try {
+    parsed = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`arguments: not JSON (${error.message})`);
+  }
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+    throw new Error('arguments: a JSON object is needed, such as {"x-max-length": 1000}');
+  }
+  return parsed;
+}
+
 export function section(title, ...children) {
   return h("section", {}, h("h2", {}, title), children);
 }

@@ -2,11 +2,12 @@
 // publish form.
 
 import { api, get, path } from "./api.js";
-import { field, form, h, link, section, table } from "./dom.js";
+import { argumentsField, field, form, h, link, parseArguments, section, table } from "./dom.js";
 import { listFilter } from "./filter.js";
 import { publishForm } from "./messages.js";
 
-const TYPES = ["direct", "fanout", "topic", "headers"];
+// (the last two: the plugins' types, rabbitmq-delayed-message-exchange and rabbitmq-message-deduplication)
+const TYPES = ["direct", "fanout", "topic", "headers", "x-delayed-message", "x-message-deduplication"];
 
 function shownName(name) {
   return name === "" ? "(AMQP default)" : name;
@@ -22,11 +23,18 @@ export function exchangesPage(ctx) {
         "Add an exchange",
         form(
           "add-exchange-form",
-          [field("vhost", "vhost", { value: "/" }), field("name", "name", { required: true }), field("type", "type", { tag: "select", options: TYPES }), field("durable", "durable", { type: "checkbox", checked: true })],
+          [
+            field("vhost", "vhost", { value: "/" }),
+            field("name", "name", { required: true }),
+            field("type", "type", { tag: "select", options: TYPES }),
+            field("durable", "durable", { type: "checkbox", checked: true }),
+            argumentsField('{"x-cache-size": 1000}'),
+          ],
           "Add exchange",
           async (values) => {
             try {
-              await api("PUT", path("exchanges", values.vhost, values.name), { type: values.type, durable: values.durable, auto_delete: false, internal: false, arguments: {} });
+              const args = parseArguments(values.arguments);
+              await api("PUT", path("exchanges", values.vhost, values.name), { type: values.type, durable: values.durable, auto_delete: false, internal: false, arguments: args });
               ctx.notice(`exchange ${values.name} declared`, true);
               ctx.refresh();
             } catch (error) {

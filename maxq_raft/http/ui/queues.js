@@ -2,7 +2,7 @@
 // its figures and bindings, the message browser (publish, get), purge and delete.
 
 import { api, get, path } from "./api.js";
-import { field, form, h, link, num, section, table } from "./dom.js";
+import { argumentsField, field, form, h, link, num, parseArguments, section, table } from "./dom.js";
 import { listFilter } from "./filter.js";
 import { getForm, publishForm } from "./messages.js";
 
@@ -16,11 +16,17 @@ export function queuesPage(ctx) {
         "Add a queue",
         form(
           "add-queue-form",
-          [field("vhost", "vhost", { value: "/" }), field("name", "name", { required: true }), field("durable", "durable", { type: "checkbox", checked: true })],
+          [
+            field("vhost", "vhost", { value: "/" }),
+            field("name", "name", { required: true }),
+            field("durable", "durable", { type: "checkbox", checked: true }),
+            argumentsField('{"x-max-length": 1000}'),
+          ],
           "Add queue",
           async (values) => {
             try {
-              await api("PUT", path("queues", values.vhost, values.name), { durable: values.durable, auto_delete: false, arguments: {} });
+              const args = parseArguments(values.arguments);
+              await api("PUT", path("queues", values.vhost, values.name), { durable: values.durable, auto_delete: false, arguments: args });
               ctx.notice(`queue ${values.name} declared`, true);
               ctx.refresh();
             } catch (error) {
