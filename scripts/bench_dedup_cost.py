@@ -11,7 +11,8 @@ Two parts of a publish change when its queue deduplicates (issue #21, part 3):
 
 Each scenario applies the same prepared commands to a fresh machine `--repeat` times and prints
 the best CPU time per message (process time: the least disturbed by other processes), for a plain
-queue with plain publishes, and for a deduplicating queue with unique ids. Compare with what a
+queue with plain publishes, for a deduplicating queue with unique ids, and for a plain queue fed
+by an x-message-deduplication exchange (its window kept in the queue, at the same size). Compare with what a
 whole publish costs the broker (`broker_cpu_s_per_M_pub` of scripts/bench's s1 runs, in µs per
 message) to read the share.
 """
@@ -37,27 +38,28 @@ def props(i: int, with_id: bool) -> bytes:
     return encode_properties(BasicProperties(delivery_mode=1, headers=headers))
 
 
-def commands(n_batches: int, batch: int, dedup: bool) -> list:
+def commands(n_batches: int, batch: int, dedup: bool, exchange: bool = False) -> list:
     out = []
+    scope = ("dedup-exchange", WINDOW, None) if exchange else ()  # (machines/dedup.py: ExchangeScope)
     for b in range(n_batches):
         messages = [Message("", "q", props(b * batch + k, dedup), b"x" * 100, False) for k in range(batch)]
         ids = None
         if dedup:
-            ids = [(k, f"order-{b * batch + k:012d}", None) for k in range(batch)]
+            ids = [(k, f"order-{b * batch + k:012d}", None, *scope) for k in range(batch)]
         out.append(qc.Enqueue(messages, ids))
     return out
 
 
-def machine(dedup: bool) -> QueueMachine:
+def machine(queue_window: bool) -> QueueMachine:
     m = QueueMachine("/", "q")
-    if dedup:
+    if queue_window:
         m.apply(Meta(0, 0), qc.UpdateSettings(QueueSettings(deduplication=True, dedup_cache_size=WINDOW)))
     return m
 
 
-def apply_seconds(n_batches: int, batch: int, dedup: bool) -> float:
-    prepared = commands(n_batches, batch, dedup)
-    m = machine(dedup)
+def apply_seconds(n_batches: int, batch: int, dedup: bool, exchange: bool = False) -> float:
+    prepared = commands(n_batches, batch, dedup, exchange)
+    m = machine(dedup and not exchange)
     start = time.process_time()
     for i, command in enumerate(prepared):
         m.apply(Meta(i + 1, i), command)
@@ -90,6 +92,8 @@ def main() -> None:
             f"{name}: plain {best[False]:.0f} ns/msg, deduplicating {best[True]:.0f} ns/msg, "
             f"+{best[True] - best[False]:.0f} ns/msg ({n} messages, best of {args.repeat})"
         )
+    by_exchange = min(apply_seconds(args.batches, args.batch, True, True) for _ in range(args.repeat)) / n * 1e9
+    print(f"machine apply, ids through an x-message-deduplication exchange: {by_exchange:.0f} ns/msg")
 
 
 if __name__ == "__main__":
