@@ -83,7 +83,13 @@ class Cluster:
 class ConfirmingPublisher(threading.Thread):
     """Publishes numbered persistent messages with confirms, one at a time, to the given members
     in turn: a connection that fails (the member died, or cannot commit) moves it to the next.
-    Only what was confirmed is promised; `confirmed` holds (number, time confirmed)."""
+    Only what was confirmed is promised; `confirmed` holds (number, time confirmed).
+
+    Mandatory, as a producer that must know is told to publish: a member routes by the metadata
+    it has applied, so right after a queue.declare on another member it may not know the queue
+    yet, and a publish it routes nowhere is confirmed as unroutable (RabbitMQ's rule for a
+    non-mandatory publish). Mandatory turns that into a basic.return (`unroutable`, not
+    confirmed: the test's first publishes raced the declare's arrival on a busy machine)."""
 
     def __init__(self, members: list, queue: str, pause_s: float = 0.0) -> None:
         super().__init__(daemon=True)
@@ -92,6 +98,7 @@ class ConfirmingPublisher(threading.Thread):
         self.pause_s = pause_s  # between publishes: a little load, not a flood
         self.confirmed: list[tuple[int, float]] = []
         self.in_doubt = 0
+        self.unroutable = 0
         self.errors: list[str] = []
         self.stop_flag = threading.Event()
 
@@ -119,9 +126,14 @@ class ConfirmingPublisher(threading.Thread):
                 while not self.stop_flag.is_set():
                     n += 1
                     try:
-                        channel.basic_publish("", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2))
+                        channel.basic_publish(
+                            "", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2), mandatory=True
+                        )
                     except pika.exceptions.NackError:
                         self.in_doubt += 1
+                        continue
+                    except pika.exceptions.UnroutableError:
+                        self.unroutable += 1
                         continue
                     self.confirmed.append((n, time.monotonic()))
                     if self.pause_s:

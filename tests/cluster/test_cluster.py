@@ -99,7 +99,7 @@ def test_killing_the_shard_leader_under_load_loses_no_confirmed_message(cluster)
     gaps = [b - a for a, b in pairwise(times) if b >= killed_at]
     print(
         f"\nleader {leader} of {group} killed; longest confirm gap after it {max(gaps):.2f} s; "
-        f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt"
+        f"{len(publisher.confirmed)} confirmed, {publisher.in_doubt} in doubt, {publisher.unroutable} returned unroutable"
     )
     new_leader = wait_for(lambda: cluster.leader_of(group, via=survivors[0]), 20, "a new leader")
     assert new_leader != leader
