@@ -63,15 +63,31 @@ def test_trace_read_on_a_survivor_after_the_publishers_member_was_killed(cluster
         records = member.admin("/api/trace/%2F?message_id=order-42")
         return records if any(r["queue"] == "traced-dead" and r["event"] == "enqueued" for r in records) else None
 
+    def once(records: list) -> list:
+        """Without a dead letter's repeated copies: dead-lettering is at-least-once. If n1 led
+        traced-rejected's group and dies after the copy's commit but before the source's
+        `DeadLettered`, the next leader performs it again after DEAD_LETTER_STALE_MS
+        (server/dead_letter.py), and every member then holds a second `enqueued` in traced-dead
+        (CI saw this once)."""
+        seen = False
+        out = []
+        for r in records:
+            if r["queue"] == "traced-dead" and r["event"] == "enqueued":
+                if seen:
+                    continue
+                seen = True
+            out.append(r)
+        return out
+
     on_n1 = wait_until(lambda: complete(n1), 15)
     assert on_n1, n1.admin("/api/trace/%2F?message_id=order-42")
     n1.kill()
 
     result = wait_until(lambda: (r := maxqctl(n2, "trace", "order-42", "--json")).returncode == 0 and r, 10)
     assert result, result.stderr
-    on_n2 = json.loads(result.stdout)
+    on_n2 = once(json.loads(result.stdout))
     assert on_n2 == on_n1, "every member holds the same records"
-    assert wait_until(lambda: complete(n3), 10) == on_n1
+    assert once(wait_until(lambda: complete(n3), 10)) == on_n1
 
     def events(queue: str) -> list[str]:
         return [r["event"] for r in on_n2 if r["queue"] == queue]
@@ -86,14 +102,22 @@ def test_trace_read_on_a_survivor_after_the_publishers_member_was_killed(cluster
     assert dead["reason"] == "rejected" and dead["exchange"] == "trace-dlx"
 
     table = maxqctl(n3, "trace", "order-42")
-    assert table.returncode == 0 and len(table.stdout.splitlines()) == 1 + len(on_n1), table.stdout
+    on_n3 = complete(n3)
+    assert table.returncode == 0 and len(table.stdout.splitlines()) in (1 + len(on_n1), 1 + len(on_n3)), table.stdout
     by_correlation = maxqctl(n3, "trace", "--correlation-id", "corr-42", "--json")
-    assert json.loads(by_correlation.stdout) == on_n1
+    assert once(json.loads(by_correlation.stdout)) == on_n1
     by_queue = maxqctl(n2, "trace", "--queue", "traced-acked", "--since", "10m", "--json")
     assert [r["event"] for r in json.loads(by_queue.stdout)] == ["published", "enqueued", "delivered", "acked"]
 
     # The killed member comes back: it replays its log over the trace it kept, and holds the
-    # same records, none twice (trace_store.py: a replayed row is skipped).
+    # same records as a member that never stopped, none twice (trace_store.py: a replayed row
+    # is skipped).
     cluster["n1"].launch()
     cluster["n1"].wait_ready(60)
-    assert wait_until(lambda: complete(n1) == on_n1, 20), n1.admin("/api/trace/%2F?message_id=order-42")
+    after = wait_until(lambda: (records := complete(n1)) is not None and records == complete(n2) and records, 20)
+    if not after:
+        after, survivor = n1.admin("/api/trace/%2F?message_id=order-42"), complete(n2) or []
+        gone = [r for r in survivor if r not in after]
+        extra = [r for r in after if r not in survivor]
+        raise AssertionError(f"n1 after its restart, against n2: missing {gone}, extra {extra}")
+    assert once(after) == on_n1
