@@ -350,6 +350,13 @@ class TraceLog:
     def _compact_queue(self, vhost: str, queue: str, cutoff_ms: int, bytes_max: int) -> int:
         prefix = queue_prefix(vhost, queue)
         total = self._bytes(vhost, queue)
+        if total <= bytes_max:
+            # The oldest row alone says whether anything is due: most passes drop nothing, and a
+            # batch read for nothing cost every traced queue COMPACT_BATCH_MAX rows per pass
+            # (5 % of a traced node's time at s1, seen with py-spy).
+            oldest = self.kv.scan(prefix, _after(prefix), 1)
+            if not oldest or _U64.unpack_from(oldest[0][0], len(prefix))[0] >= cutoff_ms:
+                return 0
         deletes: list[bytes] = []
         dropped = 0
         scanned = self.kv.scan(prefix, _after(prefix), COMPACT_BATCH_MAX)

@@ -246,6 +246,32 @@ def test_retention_by_time_then_by_size(trace_log) -> None:
     )
 
 
+class CountingKV(MemoryKV):
+    """A MemoryKV that counts the rows its scans return."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows_scanned = 0
+
+    def scan(self, start: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        found = super().scan(start, end, limit)
+        self.rows_scanned += len(found)
+        return found
+
+
+def test_a_pass_with_nothing_due_reads_one_row_per_queue() -> None:
+    kv = CountingKV()
+    trace_log = TraceLog(kv)
+    for t in range(500):
+        row(trace_log, "q1", t, record(f"m{t}"))
+        row(trace_log, "q2", t, record(f"n{t}"))
+    kv.rows_scanned = 0
+    assert trace_log.compact(500, lambda vhost, queue: (1000, 1 << 30)) == 0
+    assert kv.rows_scanned == 2 + 2  # the two s keys, then each queue's oldest row
+    assert trace_log.compact(1100, lambda vhost, queue: (1000, 1 << 30)) == 2 * 100  # t < 100 went
+    assert [r["time_ms"] for r in trace_log.by_queue("/", "q1")] == list(range(100, 500))
+
+
 def test_the_byte_count_survives_a_reopen(tmp_path) -> None:
     log = TraceLog(RocksKV(tmp_path / "trace"))
     for t in range(10):
