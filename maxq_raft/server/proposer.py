@@ -52,10 +52,11 @@ CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see `_proposed`
 NOT_LEADER_RETRY_EVERY_S = 0.05
 # A consumer's credit and acks are entries too, and wait behind what is proposed before them: at
 # 4 MiB / 2 MiB a 3-node transient consumer got 8,200 msgs/s beside a publisher taken at 139,000
-# (each credit round trip queued behind ~4 MiB of publishes); at 1 MiB / 512 KiB, 18,800, with
-# the persistent 128 B rate unchanged (docs/benchmarks.md, 2026-12-03).
-FLOW_BYTES_HIGH = 1 * 1024 * 1024
-FLOW_BYTES_LOW = 512 * 1024
+# (each credit round trip queued behind ~4 MiB of publishes); at 1 MiB / 512 KiB 19,200, at
+# 512 KiB / 256 KiB 32,200, with the persistent 128 B rate unchanged (docs/benchmarks.md,
+# 2026-12-03). Two entries of ENTRY_BYTES_TARGET still fit under the mark.
+FLOW_BYTES_HIGH = 512 * 1024
+FLOW_BYTES_LOW = 256 * 1024
 FLOW_LOG_EVERY_S = 10.0
 
 
