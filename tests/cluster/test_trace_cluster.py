@@ -68,7 +68,7 @@ def test_trace_read_on_a_survivor_after_the_publishers_member_was_killed(cluster
         traced-rejected's group and dies after the copy's commit but before the source's
         `DeadLettered`, the next leader performs it again after DEAD_LETTER_STALE_MS
         (server/dead_letter.py), and every member then holds a second `enqueued` in traced-dead
-        (CI saw this once)."""
+        (read in the code as the cause of one CI failure of this test; not reproduced here)."""
         seen = False
         out = []
         for r in records:
