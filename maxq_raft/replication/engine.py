@@ -94,6 +94,7 @@ class ReplicationNode:
         peer_timeout_s: float = 3.0,
         raft_settings: dict[str, Any] | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        apply_backlog_bytes: Callable[[], int] | None = None,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -117,6 +118,8 @@ class ReplicationNode:
         self.member_change_timeout_s = member_change_timeout_s
         self.raft_settings = dict(raft_settings or {})
         self.on_fatal = on_fatal
+        # bytes handed to on_commit and not applied yet: past a bound, groups wait (group.py)
+        self.apply_backlog_bytes = apply_backlog_bytes
         self.fatal: str | None = None  # why the node stopped by itself (fail-stop), once it has
         self.hub = Hub(
             node_id,
@@ -167,6 +170,7 @@ class ReplicationNode:
                     proposals_pending_max=self.proposals_pending_max,
                     joining=self.joining,
                     settings=self.raft_settings,
+                    apply_backlog_bytes=self.apply_backlog_bytes,
                 )
                 g = self.groups[name]
                 g.forward = self._forward
@@ -281,6 +285,12 @@ class ReplicationNode:
         if g is None:
             raise ValueError(f"unknown group {group!r} (or node not started)")
         return g
+
+    def resume_deliveries(self) -> None:
+        """The on_commit consumer has caught up after deliveries were held for it
+        (`apply_backlog_bytes`; any thread): every group delivers again at once, not at its
+        next periodic tick."""
+        self._post(lambda: self._touched.update(self.groups.values()))
 
     def _wake(self) -> None:
         if not self._wake_pending:

@@ -49,6 +49,7 @@ from ..machines.queue import QueueMachine
 from ..machines.queue_types import Meta, Rejected
 from ..machines.queue_args import settings_or_default
 from ..machines.shard import ALL_QUEUES, ends_life
+from ..replication.group import APPLY_BACKLOG_BYTES_MAX
 from ..replication.entries import EntryError, NewerEntry, decode_entry
 from . import cluster_snapshot
 from .applier import Applier
@@ -98,6 +99,11 @@ class ClusterLog(CommandLog):
         self.log_bytes_since: dict[str, int] = {}
         self.snapshot_next_try: dict[str, int] = {}
         self.snapshotting: set[str] = set()
+        # Payload bytes the engine handed to `on_commit` (written by the hub thread only) and
+        # those `_apply` has taken (the trio thread only): their difference bounds what the hub
+        # delivers ahead of the loop (replication/group.py, APPLY_BACKLOG_BYTES_MAX).
+        self.bytes_handed = 0
+        self.bytes_applied = 0
         self.snapshots_taken = 0
         self.snapshots_loaded = 0
         # Set once an entry of a newer version came (entries.NewerEntry): nothing more is applied
@@ -167,22 +173,39 @@ class ClusterLog(CommandLog):
 
     def on_commit(self, group: str, entries: list) -> None:
         """The engine's callback (hub thread): hop to the trio thread, in order."""
+        size = sum(len(p) for _i, p in entries)
+        self.bytes_handed += size
         try:
-            self._token.run_sync_soon(self._apply, group, entries)
+            self._token.run_sync_soon(self._apply, group, entries, size)
         except trio.RunFinishedError:
             pass
 
-    def _apply(self, group: str, entries: list) -> None:
+    def apply_backlog_bytes(self) -> int:
+        """Handed to `_apply` and not applied yet (read by the hub thread)."""
+        return self.bytes_handed - self.bytes_applied
+
+    def _apply(self, group: str, entries: list, size: int | None = None) -> None:
         """Apply committed entries in each origin's own order, each (origin, seq) once: a copy
         (a repeated proposal) is skipped, an entry that overtook an earlier one of its origin
         waits for it (machines/apply_order.py). Every member sees the same log, so every member
-        decides alike."""
+        decides alike. `size`: the entries' payload bytes, as `on_commit` counted them."""
+        if size is None:
+            size = sum(len(p) for _i, p in entries)
+        try:
+            self._apply_entries(group, entries, size)
+        finally:
+            backlog = self.bytes_handed - self.bytes_applied
+            self.bytes_applied += size
+            if backlog >= APPLY_BACKLOG_BYTES_MAX // 2 > backlog - size and self.node is not None:
+                self.node.resume_deliveries()  # (the hub may be holding deliveries for us)
+
+    def _apply_entries(self, group: str, entries: list, size: int) -> None:
         if self.halted is not None:
             return
         order = self.broker.groups[group].order
         if entries:
             self.applied_index[group] = entries[-1][0]
-            self.log_bytes_since[group] = self.log_bytes_since.get(group, 0) + sum(len(p) for _i, p in entries)
+            self.log_bytes_since[group] = self.log_bytes_since.get(group, 0) + size
         for index, payload in entries:
             try:
                 entry = decode_entry(payload)

@@ -271,6 +271,7 @@ async def _serve_clustered(
             on_snapshot=cluster.on_snapshot,
             joining=settings.join == "on",
             on_fatal=stop.fail,
+            apply_backlog_bytes=cluster.apply_backlog_bytes,
         )
         node.start()
     except OSError as exc:
