@@ -19,8 +19,14 @@ the new process's start to the first basic.get that returns a message; then the 
 clean stop (SIGTERM). Every server it starts is stopped at the end; the folders are removed
 unless --keep.
 
+`--nodes 3` does the same against a 3-member cluster (every member on loopback, the load
+generator and the probes on the first member; pass 2 SIGKILLs and restarts every member).
+
 Targets (storage issue): RSS under 300 MiB throughout; the publish rate at N within 10 % of the
-rate at 0; restart to the first message under 5 s.
+rate at 0; restart to the first message under 5 s. Issue #22's 100 M run (RSS at 100 M within
+1.2x of RSS at 1 M, the first sample):
+
+    .venv/bin/python scripts/bench_backlog.py --messages 100000000 --size 128 --sample-every 1000000
 """
 
 from __future__ import annotations
@@ -42,12 +48,14 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 LOADGEN = ROOT / "scripts" / "loadgen"
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 1800.0  # (a cluster member replays its whole log when no snapshot could be taken)
 STOP_TIMEOUT_S = 60.0
-FIRST_MESSAGE_TIMEOUT_S = 300.0
+FIRST_MESSAGE_TIMEOUT_S = 1800.0
 RSS_SAMPLE_S = 0.5
 RSS_TARGET_MIB = 300
 RATE_DROP_MAX = 0.10
+CLUSTER_SECRET = "bench-backlog-secret"
+RSS_GROWTH_MAX = 1.2  # issue #22: RSS at 100 M within 1.2x of RSS at 1 M
 RESTART_TARGET_S = 5.0
 QUEUE = "bench-q-0"  # amqpload's first queue (--queue-prefix bench-q)
 
@@ -74,6 +82,10 @@ def rss_mib(pid: int) -> float:
         return float("nan")
 
 
+def rss_all(server: Server | Members) -> str:
+    return ", ".join(f"{rss_mib(pid):.1f}" for pid in server.pids)
+
+
 def disk_mib(path: Path) -> float:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -86,20 +98,31 @@ def disk_mib(path: Path) -> float:
 
 
 class Server:
-    """One maxq-server process on a data folder; `start` returns once it logged ready."""
+    """One maxq-server process on a data folder; `start` returns once it logged ready.
+    `cluster`: the member's own arguments (--node-id, --raft-addr, --peer ...), for `Members`."""
 
-    def __init__(self, data_dir: Path, extra: list[str]) -> None:
+    def __init__(self, data_dir: Path, extra: list[str], cluster: list[str] | None = None) -> None:
         self.data_dir = data_dir
-        self.extra = extra
+        self.extra = [*extra, *(cluster or [])]
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / "server.log"
         self.started_at = 0.0
+        self._offset = 0
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.pid]
 
     def start(self) -> float:
         """Start; the seconds from the process's start to its ready line."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        offset = self.log_path.stat().st_size
+        self._offset = self.log_path.stat().st_size
         command = [
             sys.executable,
             "-m",
@@ -117,12 +140,15 @@ class Server:
         self.started_at = time.monotonic()
         # cwd outside the repo: our amqp/ folder must not shadow anything on sys.path.
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.data_dir.parent))
+
+    def wait_ready(self) -> float:
+        assert self.proc is not None
         deadline = self.started_at + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"maxq-server exited with {self.proc.returncode}; log: {self.log_path}")
             with open(self.log_path, "rb") as f:
-                f.seek(offset)
+                f.seek(self._offset)
                 if b"maxq-server ready" in f.read():
                     return time.monotonic() - self.started_at
             time.sleep(0.005)
@@ -153,22 +179,81 @@ class Server:
         return self.proc.returncode, time.monotonic() - t0
 
 
-class RssSampler(threading.Thread):
-    """Peak RSS of a process, sampled every RSS_SAMPLE_S until stopped."""
+class Members:
+    """A cluster of `count` members on loopback with `Server`'s verbs; the load generator and
+    the probes talk to the first member (which forwards to each group's leader)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, folder: Path, extra: list[str], count: int) -> None:
+        names = [f"n{i + 1}" for i in range(count)]
+        raft_ports = [free_port() for _ in names]
+        self.data_dir = folder
+        self.members: list[Server] = []
+        for i, name in enumerate(names):
+            peers = [
+                arg
+                for j, other in enumerate(names)
+                if j != i
+                for arg in ("--peer", f"{other}@127.0.0.1:{raft_ports[j]}")
+            ]
+            own = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_ports[i]}", "--cluster-secret", CLUSTER_SECRET]
+            self.members.append(Server(folder / name / "data", extra, [*own, *peers]))
+
+    @property
+    def port(self) -> int:
+        return self.members[0].port
+
+    @property
+    def pid(self) -> int:
+        return self.members[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [member.pid for member in self.members]
+
+    @property
+    def started_at(self) -> float:
+        return self.members[0].started_at
+
+    def start(self) -> float:
+        """Start every member at once (each waits for a majority); the seconds until the last is ready."""
+        for member in self.members:
+            member.launch()
+        return max(member.wait_ready() for member in self.members)
+
+    def kill(self) -> None:
+        for member in self.members:
+            member.kill()
+
+    def stop(self) -> tuple[int | None, float]:
+        stopped = [member.stop() for member in self.members]
+        return stopped[0][0], max(took for _code, took in stopped)
+
+
+def make_server(args, folder: Path) -> Server | Members:
+    if args.nodes == 1:
+        return Server(folder / "data", args.server_arg)
+    return Members(folder, args.server_arg, args.nodes)
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of processes (each member of a cluster), sampled every RSS_SAMPLE_S until stopped."""
+
+    def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
-        self.pid = pid
+        self.pids = pids
         self.peak_mib = 0.0
         self.peak_at_s = 0.0
+        self.peaks_mib = [0.0 for _ in pids]
         self._stop_event = threading.Event()
         self._t0 = time.monotonic()
 
     def run(self) -> None:
         while not self._stop_event.wait(RSS_SAMPLE_S):
-            rss = rss_mib(self.pid)
-            if rss > self.peak_mib:
-                self.peak_mib, self.peak_at_s = rss, time.monotonic() - self._t0
+            for i, pid in enumerate(self.pids):
+                rss = rss_mib(pid)
+                self.peaks_mib[i] = max(self.peaks_mib[i], rss)
+                if rss > self.peak_mib:
+                    self.peak_mib, self.peak_at_s = rss, time.monotonic() - self._t0
 
     def finish(self) -> float:
         self._stop_event.set()
@@ -176,7 +261,9 @@ class RssSampler(threading.Thread):
         return self.peak_mib
 
 
-def s4_args(amqpload: str, port: int, pid: int, n: int, size: int, settle_s: int, max_time_s: int) -> list[str]:
+def s4_args(
+    amqpload: str, port: int, pid: int, n: int, size: int, settle_s: int, max_time_s: int, sample_every: int = 0
+) -> list[str]:
     return [
         amqpload,
         "--host",
@@ -190,7 +277,7 @@ def s4_args(amqpload: str, port: int, pid: int, n: int, size: int, settle_s: int
         "-s",
         str(size),
         "--sample-every",
-        str(max(1, n // 10)),
+        str(sample_every or max(1, n // 10)),
         "--confirm",
         "1000",
         "--persistent",
@@ -214,12 +301,11 @@ def print_samples(title: str, samples: list[dict]) -> None:
 
 def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
     print(f"== pass 1: s4 publish {args.messages:,} x {args.size} B persistent, confirmed, then drain", flush=True)
-    server = Server(folder / "pass1" / "data", args.server_arg)
-    server.data_dir.mkdir(parents=True)
+    server = make_server(args, folder / "pass1")
     ready_s = server.start()
-    sampler = RssSampler(server.pid)
+    sampler = RssSampler(server.pids)
     sampler.start()
-    command = s4_args(amqpload, server.port, server.pid, args.messages, args.size, 5, args.max_time)
+    command = s4_args(amqpload, server.port, server.pid, args.messages, args.size, 5, args.max_time, args.sample_every)
     print("  " + " ".join(command), flush=True)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=3 * args.max_time + 60)
@@ -254,12 +340,24 @@ def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
         f"settled {run.get('rss_mb_settled', 0):.1f}, drained {run.get('rss_mb_drained', 0):.1f}, "
         f"peak (sampled every {RSS_SAMPLE_S} s) {peak:.1f} at {sampler.peak_at_s:.0f} s"
     )
+    if len(server.pids) > 1:
+        print(
+            "  (RSS above: the first member's) peak RSS MiB of each member: "
+            + ", ".join(f"{p:.1f}" for p in sampler.peaks_mib)
+        )
     print(
         f"  broker CPU s per M messages: publish {run.get('broker_cpu_s_per_M_pub', 0):.1f}, "
         f"drain {run.get('broker_cpu_s_per_M_drain', 0):.1f}; data folder after the drain {disk:.0f} MiB"
     )
     print(f"  confirm latency us: {run.get('confirm_lat_us')}")
-    return {"first_rate": first_rate, "last_rate": last_rate, "peak_rss_mib": peak, "run": run}
+    return {
+        "first_rate": first_rate,
+        "last_rate": last_rate,
+        "peak_rss_mib": peak,
+        "rss_first_sample_mib": pub[0]["rss_mb"] if pub else float("nan"),
+        "rss_last_sample_mib": pub[-1]["rss_mb"] if pub else float("nan"),
+        "run": run,
+    }
 
 
 def queue_depth(port: int) -> int | None:
@@ -311,10 +409,9 @@ def first_message(server: Server) -> tuple[float, int, bytes]:
 
 def pass_restart(args, amqpload: str, folder: Path) -> dict:
     print(f"== pass 2: publish the {args.messages:,} backlog again, then restart with it", flush=True)
-    server = Server(folder / "pass2" / "data", args.server_arg)
-    server.data_dir.mkdir(parents=True)
+    server = make_server(args, folder / "pass2")
     server.start()
-    sampler = RssSampler(server.pid)
+    sampler = RssSampler(server.pids)
     sampler.start()
     # A settle longer than the run: amqpload publishes, then waits; the broker dies meanwhile.
     command = s4_args(amqpload, server.port, server.pid, args.messages, args.size, 10 * args.max_time, args.max_time)
@@ -331,33 +428,33 @@ def pass_restart(args, amqpload: str, folder: Path) -> dict:
             if load.poll() is not None:
                 raise RuntimeError(f"amqpload ended ({load.returncode}) with the queue at {depth}")
         print(
-            f"  queue holds {depth:,} after {time.monotonic() - t0:.1f} s; RSS {rss_mib(server.pid):.1f} MiB; "
+            f"  queue holds {depth:,} after {time.monotonic() - t0:.1f} s; RSS {rss_all(server)} MiB; "
             f"data folder {disk_mib(server.data_dir):.0f} MiB"
         )
         out["peak_rss_publish_mib"] = sampler.finish()
 
         server.kill()
         ready_s = server.start()
-        sampler = RssSampler(server.pid)
+        sampler = RssSampler(server.pids)
         sampler.start()
         took, count, body = first_message(server)
         time.sleep(1.0)
         print(
             f"  after SIGKILL: ready in {ready_s:.2f} s, first message in {took:.2f} s from the process start; "
-            f"declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later"
+            f"declare-ok message_count {count:,}; RSS {rss_all(server)} MiB 1 s later"
         )
         out["kill_first_s"], out["kill_ready_s"], out["kill_count"] = took, ready_s, count
 
         code, stop_s = server.stop()
         out["peak_rss_restart_mib"] = sampler.finish()
         ready_s = server.start()
-        sampler = RssSampler(server.pid)
+        sampler = RssSampler(server.pids)
         sampler.start()
         took, count, body = first_message(server)
         time.sleep(1.0)
         print(
             f"  after SIGTERM (stopped in {stop_s:.2f} s, exit {code}): ready in {ready_s:.2f} s, first message in "
-            f"{took:.2f} s; declare-ok message_count {count:,}; RSS {rss_mib(server.pid):.1f} MiB 1 s later"
+            f"{took:.2f} s; declare-ok message_count {count:,}; RSS {rss_all(server)} MiB 1 s later"
         )
         out["term_first_s"], out["term_count"] = took, count
         out["peak_rss_restart_mib"] = max(out["peak_rss_restart_mib"], sampler.finish())
@@ -394,7 +491,11 @@ def run_rabbit(args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000, help="backlog depth N (default 1,000,000)")
+    parser.add_argument("--nodes", type=int, default=1, choices=(1, 3, 5), help="a single node, or a cluster of 3 or 5")
     parser.add_argument("--size", type=int, default=1024, help="body bytes (default 1024)")
+    parser.add_argument(
+        "--sample-every", type=int, default=0, help="messages between publish/drain samples (default N/10)"
+    )
     parser.add_argument("--max-time", type=int, help="amqpload --max-time per phase (default: from N)")
     parser.add_argument("--rabbit", action="store_true", help="also RabbitMQ classic and quorum (scripts/bench)")
     parser.add_argument("--rabbit-only", action="store_true", help="only RabbitMQ")
@@ -418,6 +519,8 @@ def main() -> int:
     ok = False
     try:
         first = {} if args.restart_only else pass_publish_drain(args, amqpload, folder)
+        if not args.keep:
+            shutil.rmtree(folder / "pass1", ignore_errors=True)  # (its disk, before pass 2 fills as much again)
         restart = {} if args.skip_restart or first.get("failed") else pass_restart(args, amqpload, folder)
         ok = True
     finally:
@@ -436,6 +539,12 @@ def main() -> int:
         print(
             f"  publish rate at N within {RATE_DROP_MAX:.0%} of the rate at 0: first fifth {first['first_rate']:,.0f}, "
             f"last fifth {first['last_rate']:,.0f} msg/s ({-drop:+.1%}) -> {'PASS' if drop <= RATE_DROP_MAX else 'FAIL'}"
+        )
+    if "rss_first_sample_mib" in first:
+        grown = first["rss_last_sample_mib"] / first["rss_first_sample_mib"]
+        print(
+            f"  RSS at N within {RSS_GROWTH_MAX:.1f}x of RSS at the first sample: {first['rss_first_sample_mib']:.1f} -> "
+            f"{first['rss_last_sample_mib']:.1f} MiB (x{grown:.2f}) -> {'PASS' if grown <= RSS_GROWTH_MAX else 'FAIL'}"
         )
     if "kill_first_s" in restart:
         worst = max(restart["kill_first_s"], restart["term_first_s"])
