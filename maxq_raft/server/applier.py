@@ -76,8 +76,7 @@ class Applier:
             else:
                 reply, effects = group.apply(meta, target, command, origin)
             if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit, x-trace are the shell's
-                broker.publish_rates.settings_changed(target, broker.queues.get(target))
-                broker.tracer.settings_changed(target, broker.queues.get(target))
+                broker.queue_settings_changed(target, broker.queues.get(target))
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
                 effects = self._group_effects(effects)
             wakeups = broker.queue_wakeups

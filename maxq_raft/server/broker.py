@@ -169,11 +169,16 @@ class Broker:
 
     # --------------------------------------------------------------- effects
 
+    def queue_settings_changed(self, key: tuple[str, str], machine: QueueMachine | None) -> None:
+        """The shell's indexes of queue settings (x-publish-rate-limit, x-trace) read the queue's
+        machine again: made, deleted (None), its settings changed, or installed from a snapshot."""
+        self.publish_rates.settings_changed(key, machine)
+        self.tracer.settings_changed(key, machine)
+
     def queue_added(self, key: tuple[str, str], machine: QueueMachine) -> None:
         self.queues[key] = machine
         self.queues_created += 1
-        self.publish_rates.settings_changed(key, machine)
-        self.tracer.settings_changed(key, machine)
+        self.queue_settings_changed(key, machine)
 
     def queue_removed(self, key: tuple[str, str], machine: QueueMachine) -> None:
         """Its shard deleted the queue (its machine dropped its stored messages): its consumers'
@@ -182,8 +187,7 @@ class Broker:
             del self.queues[key]
             self.queue_ids.pop(key, None)
             self.queues_deleted += 1
-            self.publish_rates.settings_changed(key, None)
-            self.tracer.settings_changed(key, None)
+            self.queue_settings_changed(key, None)
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)

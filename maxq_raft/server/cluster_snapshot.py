@@ -127,14 +127,14 @@ def load_group_body(cluster, group: str, index: int, chunks: Iterable[bytes]) ->
             if broker.queues.get(key) is old:
                 del broker.queues[key]
             broker.queue_ids.pop(key, None)
-            broker.tracer.settings_changed(key, None)
+            broker.queue_settings_changed(key, None)
         for key, machine in loaded.items():
             old = machines.queues.get(key)
             if old is not None and old.backing is not None and old.backing is not machine.backing:
                 old.backing.drop()
             machines.queues[key] = machine
             broker.queues[key] = machine
-            broker.tracer.settings_changed(key, machine)  # (x-trace: the installed machine's settings)
+            broker.queue_settings_changed(key, machine)  # (x-trace, x-publish-rate-limit: the installed settings)
     machines.order = ApplyOrder.load(expected, held, dead)
 
 

@@ -26,9 +26,11 @@ from maxq_raft.machines.queue_types import HandleResult
 from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine, ends_life
 from maxq_raft.machines.snapshot import dump_queue
 from maxq_raft.replication.entries import decode_entry, encode_entry
+from maxq_raft.server.broker import Broker
 from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
 from maxq_raft.server.message_store import QueueBacking
 from maxq_raft.server.metadata_snapshot import dump_metadata
+from maxq_raft.server.publish_rates import PublishRates
 from maxq_raft.server.trace_store import MemoryKV, TraceLog
 from maxq_raft.server.tracer import Tracer
 from maxq_raft.storage.memory import MemorySegmentStore
@@ -57,6 +59,8 @@ __all__ = [
     "encode_entry",
     "dump_group",
     "load_group_body",
+    "Broker",
+    "PublishRates",
     "QueueBacking",
     "dump_metadata",
     "MemorySegmentStore",

@@ -20,6 +20,7 @@ digests are cached and recomputed only for queues a command touched since.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -30,10 +31,12 @@ import msgpack
 from .api import (
     ALL_QUEUES,
     META_GROUP,
+    Broker,
     MemoryKV,
     MemorySegmentStore,
     Meta,
     MetaGroup,
+    PublishRates,
     QueueBacking,
     ShardMachine,
     TraceLog,
@@ -84,8 +87,12 @@ class Replica:
             queue_ids={},
             queues={},
             epoch=1,
-            tracer=Tracer(TraceLog(MemoryKV())),  # (the snapshot loader tells it each queue's settings)
+            # The shell's indexes of queue settings: the snapshot loader tells them each queue's
+            # settings through Broker.queue_settings_changed, as on a member.
+            tracer=Tracer(TraceLog(MemoryKV())),
+            publish_rates=PublishRates(),
         )
+        self.broker.queue_settings_changed = functools.partial(Broker.queue_settings_changed, self.broker)
         self.cluster = SimpleNamespace(broker=self.broker, meta_group=META_GROUP)
         self.broker.groups[META_GROUP] = MetaGroup()
         for group in shards:
