@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pika
@@ -52,6 +53,7 @@ READY_TIMEOUT_S = 1800.0  # (a cluster member replays its whole log when no snap
 STOP_TIMEOUT_S = 60.0
 FIRST_MESSAGE_TIMEOUT_S = 1800.0
 RSS_SAMPLE_S = 0.5
+STORE_SAMPLE_S = 2.0
 RSS_TARGET_MIB = 300
 RATE_DROP_MAX = 0.10
 CLUSTER_SECRET = "bench-backlog-secret"
@@ -105,6 +107,7 @@ class Server:
         self.data_dir = data_dir
         self.extra = [*extra, *(cluster or [])]
         self.port = free_port()
+        self.metrics_port = free_port()  # (Prometheus: the store's memtables and block cache)
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / "server.log"
         self.started_at = 0.0
@@ -134,7 +137,7 @@ class Server:
             "--http-port",
             "0",
             "--prometheus-port",
-            "0",
+            str(self.metrics_port),
             *self.extra,
         ]
         self.started_at = time.monotonic()
@@ -207,6 +210,10 @@ class Members:
         return self.members[0].pid
 
     @property
+    def metrics_port(self) -> int:
+        return self.members[0].metrics_port
+
+    @property
     def pids(self) -> list[int]:
         return [member.pid for member in self.members]
 
@@ -235,25 +242,50 @@ def make_server(args, folder: Path) -> Server | Members:
     return Members(folder, args.server_arg, args.nodes)
 
 
-class RssSampler(threading.Thread):
-    """Peak RSS of processes (each member of a cluster), sampled every RSS_SAMPLE_S until stopped."""
+def store_mib(metrics_port: int) -> tuple[float, float]:
+    """(memtables, block cache) of a node's message store in MiB, from its Prometheus endpoint
+    (NaN when it does not answer): the part of RSS that RocksDB's settings bound."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return float("nan"), float("nan")
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("maxq_store_memtable_bytes", "maxq_store_block_cache_bytes"):
+            found[name] = float(value) / 2**20
+    return found.get("maxq_store_memtable_bytes", float("nan")), found.get("maxq_store_block_cache_bytes", float("nan"))
 
-    def __init__(self, pids: list[int]) -> None:
+
+class RssSampler(threading.Thread):
+    """Peak RSS of processes (each member of a cluster), sampled every RSS_SAMPLE_S until stopped;
+    with `metrics_port`, the first one's store figures every STORE_SAMPLE_S too (`store_series`)."""
+
+    def __init__(self, pids: list[int], metrics_port: int | None = None) -> None:
         super().__init__(daemon=True)
         self.pids = pids
+        self.metrics_port = metrics_port
         self.peak_mib = 0.0
         self.peak_at_s = 0.0
         self.peaks_mib = [0.0 for _ in pids]
+        self.store_series: list[tuple[float, float, float, float]] = []  # (t s, RSS, memtables, block cache)
         self._stop_event = threading.Event()
         self._t0 = time.monotonic()
 
     def run(self) -> None:
+        next_store_at = 0.0
         while not self._stop_event.wait(RSS_SAMPLE_S):
+            now = time.monotonic() - self._t0
             for i, pid in enumerate(self.pids):
                 rss = rss_mib(pid)
                 self.peaks_mib[i] = max(self.peaks_mib[i], rss)
                 if rss > self.peak_mib:
-                    self.peak_mib, self.peak_at_s = rss, time.monotonic() - self._t0
+                    self.peak_mib, self.peak_at_s = rss, now
+            if self.metrics_port is not None and now >= next_store_at:
+                next_store_at = now + STORE_SAMPLE_S
+                memtables, block_cache = store_mib(self.metrics_port)
+                self.store_series.append((now, rss_mib(self.pids[0]), memtables, block_cache))
 
     def finish(self) -> float:
         self._stop_event.set()
@@ -292,6 +324,20 @@ def s4_args(
     ]
 
 
+def print_store(series: list[tuple[float, float, float, float]], rows: int = 12) -> None:
+    """What of the (first) node's RSS RocksDB's own bounded buffers hold, over the pass: RSS
+    minus memtables and block cache is what the broker itself holds."""
+    if not series:
+        return
+    print("  the store's share of RSS (Prometheus, every ~10th sample):")
+    print(f"    {'t s':>8} {'RSS MiB':>8} {'memtables':>10} {'block cache':>12} {'the rest':>9}")
+    step = max(1, len(series) // rows)
+    for t, rss, memtables, block_cache in [*series[::step], *series[-1:]]:
+        print(
+            f"    {t:>8.0f} {rss:>8.1f} {memtables:>10.1f} {block_cache:>12.1f} {rss - memtables - block_cache:>9.1f}"
+        )
+
+
 def print_samples(title: str, samples: list[dict]) -> None:
     print(f"  {title}:")
     print(f"    {'messages':>10} {'t s':>8} {'rate msg/s':>11} {'RSS MiB':>8}")
@@ -303,7 +349,7 @@ def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
     print(f"== pass 1: s4 publish {args.messages:,} x {args.size} B persistent, confirmed, then drain", flush=True)
     server = make_server(args, folder / "pass1")
     ready_s = server.start()
-    sampler = RssSampler(server.pids)
+    sampler = RssSampler(server.pids, server.metrics_port)
     sampler.start()
     command = s4_args(amqpload, server.port, server.pid, args.messages, args.size, 5, args.max_time, args.sample_every)
     print("  " + " ".join(command), flush=True)
@@ -322,6 +368,7 @@ def pass_publish_drain(args, amqpload: str, folder: Path) -> dict:
     print(f"  server ready in {ready_s:.2f} s; stopped (SIGTERM) in {stop_s:.2f} s, exit {code}")
     print_samples("publish (confirmed)", run["pub_samples"])
     print_samples("drain", run["drain_samples"])
+    print_store(sampler.store_series)
     # The rate at 0 and at N: over the first and the last fifth of the samples (one sample is
     # noisy on a small machine: the load generator and the broker share its CPUs).
     pub = run["pub_samples"]
