@@ -125,6 +125,7 @@ CLI_SETTINGS = (
     "sqs_host",
 )
 CLUSTER_FRAME_MAX = 262144
+SHARDS_MAX = 1024  # --shards, and the count a data folder holds (server/shard_count.py)
 NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -213,7 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="another cluster member (repeat for each); MAXQ_PEER takes them comma-separated",
     )
     parser.add_argument("--cluster-secret", help="secret shared by the members (or MAXQ_CLUSTER_SECRET)")
-    parser.add_argument("--shards", help="data shard groups (default 0: two per core); the same on every member")
+    parser.add_argument(
+        "--shards",
+        help="data shard groups (default 0: two per core at a member's first start, then kept in its data folder); "
+        "the same on every member",
+    )
     parser.add_argument(
         "--snapshot-every-mb",
         help="a cluster member snapshots a group's state and compacts its log "
@@ -287,6 +292,8 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
         raise SettingsError(f"fsync must be on or off, got {settings.fsync!r}")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
+    if settings.shards > SHARDS_MAX:
+        raise SettingsError(f"shards must be at most {SHARDS_MAX}, got {settings.shards}")
     for name, most in (("heartbeat_s", 65535), ("channel_max", 65535), ("frame_max", 2**32 - 1)):  # tune's field sizes
         if getattr(settings, name) > most:
             raise SettingsError(f"{name} must be at most {most}, got {getattr(settings, name)}")

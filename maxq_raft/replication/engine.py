@@ -36,6 +36,14 @@ API
         the change is committed in every group, else callback(error). One change at a time.
     transfer_leadership(group, node_id, callback=None): callback(None) once node_id leads.
 
+Group lists: members must run the same groups (the broker hashes each queue to a shard group by
+their number). On every link it opens, a node tells the peer its list (control op "groups"); a
+peer whose list differs is cut off from every group, both ways (its Raft frames and forwarded
+proposals dropped, none sent to it), and each side logs why once: the majority that agrees goes
+on as if that member were down, and a member whose list differs from all its peers' serves
+nothing rather than put queues in other groups than the rest. A peer that never says (an older
+release) is not checked. `mismatched_peers()` names the peers cut off and their lists.
+
 Fail-stop: when this node cannot keep its Raft state (a Journal's writer failed on a full disk or
 an I/O error, a group failed, the hub thread itself raised), the whole node stops: a member that
 cannot make entries durable must not vote, lead or acknowledge, and a half-working one keeps its
@@ -146,6 +154,8 @@ class ReplicationNode:
         # proposals this node forwarded to a leader: request id -> (leader, callback, deadline)
         self._forwards: dict[int, tuple[str, Callable, float, Group]] = {}
         self.stats: collections.Counter[str] = collections.Counter()
+        # peers whose group list differs from ours (their "groups" op): cut off from every group
+        self._mismatched: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -233,6 +243,10 @@ class ReplicationNode:
 
     def status(self) -> dict:
         return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
+
+    def mismatched_peers(self) -> dict[str, list[str]]:
+        """Peers cut off because they run other groups than this node: peer -> its group list."""
+        return dict(self._mismatched)
 
     def take_snapshot(
         self, group: str, index: int, body: list[bytes], callback: Callable[[Any, str | None], None]
@@ -338,9 +352,11 @@ class ReplicationNode:
     # ---------------------------------------------------------------- link (for groups)
 
     def peer_is_up(self, node_id: str) -> bool:
-        return self.hub.is_up(node_id)
+        return node_id not in self._mismatched and self.hub.is_up(node_id)
 
     def send_raft(self, node_id: str, body: bytes) -> bool:
+        if node_id in self._mismatched:
+            return False
         return self.hub.send(node_id, wire.KIND_RAFT, body)
 
     def add_peer(self, group: str, node_id: str, addr: tuple[str, int] | None) -> None:
@@ -368,6 +384,8 @@ class ReplicationNode:
         self._wake()
 
     def _on_peer_up(self, peer: str) -> None:
+        # (an older release ignores an op it does not know: the check is only between new ones)
+        self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control({"op": "groups", "groups": self.group_names}))
         for g in self.groups.values():
             g.transport.peer_up(peer)
             self._touched.add(g)
@@ -459,6 +477,9 @@ class ReplicationNode:
                 if self.stats["bad_raft_frames"] <= 10 or self.stats["bad_raft_frames"] % 1000 == 0:
                     log.warning("dropping a raft frame from %s: %s", peer, exc)
                 return
+            if peer in self._mismatched:
+                self.stats["frames_from_mismatched_peers"] += 1
+                return
             g = self.groups.get(name)
             if g is None or g.failed is not None:
                 self.stats["frames_for_unknown_group"] += 1
@@ -476,6 +497,12 @@ class ReplicationNode:
 
     def _on_control(self, peer: str, m: dict) -> None:
         op = m["op"]
+        if op == "groups":
+            self._on_peer_groups(peer, m.get("groups"))
+            return
+        if peer in self._mismatched:
+            self.stats["frames_from_mismatched_peers"] += 1
+            return  # (a forwarded proposal of a peer that hashes queues elsewhere: never ours to commit)
         if op == "member":
             req, name, action, nid = m.get("req"), m.get("group"), m.get("action"), m.get("node")
             host, port = m.get("host"), m.get("port")
@@ -523,6 +550,27 @@ class ReplicationNode:
             req, name, err = m.get("req"), m.get("group"), m.get("error")
             if type(req) is int and type(name) is str and (err is None or type(err) is str):
                 self._member_reply(name, req, err)
+
+    def _on_peer_groups(self, peer: str, groups: Any) -> None:
+        if type(groups) is not list or not all(type(name) is str for name in groups):
+            raise wire.WireError(f"bad group list from {peer}: {groups!r}"[:200])
+        if sorted(groups) == sorted(self.group_names):
+            if self._mismatched.pop(peer, None) is not None:
+                log.warning("node %s: %s now runs the same groups; it is part of them again", self.node_id, peer)
+            return
+        if self._mismatched.get(peer) != groups:
+            log.error(
+                "node %s: %s runs %d groups (%s), this node %d (%s): it is cut off from every group. Every "
+                "member must run the same shard groups (--shards; a member's count is kept in its data "
+                "folder): start the odd one with the others' count",
+                self.node_id,
+                peer,
+                len(groups),
+                ", ".join(groups[:8]) + (", ..." if len(groups) > 8 else ""),
+                len(self.group_names),
+                ", ".join(self.group_names[:8]) + (", ..." if len(self.group_names) > 8 else ""),
+            )
+        self._mismatched[peer] = list(groups)
 
     # ------------------------------------------------------------- membership changes
 

@@ -54,6 +54,7 @@ from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
 from .recovery import recover
 from .session import Session, tick_sessions
+from .shard_count import ShardCountError, member_shard_count, read_pinned
 from .store_health import StoreWatch
 from .trace_store import RocksKV, TraceLog
 from .tracer import compact_trace
@@ -162,7 +163,13 @@ def repair_from_peers(settings: Settings) -> Settings:
         return settings
     for problem in problems:
         log.warning("repair from peers: %s", problem)
+    try:
+        kept_count = read_pinned(data_dir / RAFT_FOLDER)
+    except ShardCountError:
+        kept_count = None  # (its record is damaged too: the start chooses again)
     moved = move_aside(data_dir)
+    if kept_count is not None and not settings.shards:
+        settings.shards = kept_count  # the cluster's count is not damaged data: the new raft/ keeps it
     log.warning(
         "repair from peers: the damaged data is in %s; starting empty, to be installed from the other members "
         "once `maxqctl repair-member %s` has added this node back",
@@ -252,7 +259,10 @@ async def _serve_clustered(
     if broker.store is not None:
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
-    shard_count = settings.shards or default_shards()
+    try:
+        shard_count = member_shard_count(Path(settings.data_dir) / "raft", settings.shards, default_shards())
+    except (ShardCountError, OSError) as exc:
+        raise StartupError(str(exc)) from None
     cluster = ClusterLog(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )

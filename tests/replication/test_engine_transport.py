@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import time
 from pathlib import Path
 
 import msgpack
@@ -426,3 +427,45 @@ def test_idle_unauthenticated_connections_cannot_keep_a_real_peer_out(node):
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_peer_with_another_group_list_is_cut_off_from_every_group(tmp_path, caplog):
+    # n3 runs three shard groups where n1 and n2 run two (a member started with another --shards,
+    # or on a machine with another core count): queues would hash to other groups on it. n1 and
+    # n2 go on as a majority; n3 gets nothing of theirs, and each side says why.
+    ports = {k: free_port() for k in ("n1", "n2", "n3")}
+    groups = {"n1": ["meta", "shard-0", "shard-1"], "n2": ["meta", "shard-0", "shard-1"]}
+    groups["n3"] = ["meta", "shard-0", "shard-1", "shard-2"]
+    nodes = {
+        k: ReplicationNode(
+            node_id=k,
+            raft_addr=("127.0.0.1", ports[k]),
+            peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
+            cluster_secret=SECRET,
+            data_dir=tmp_path / k,
+            groups=groups[k],
+            on_commit=lambda g, es: None,
+        )
+        for k in ports
+    }
+    for x in nodes.values():
+        x.start()
+    try:
+        cut_off = lambda: (  # noqa: E731
+            set(nodes["n1"].mismatched_peers()) == {"n3"}
+            and set(nodes["n2"].mismatched_peers()) == {"n3"}
+            and set(nodes["n3"].mismatched_peers()) == {"n1", "n2"}
+        )
+        assert wait_until(cut_off, 10), {k: x.mismatched_peers() for k, x in nodes.items()}
+        assert nodes["n1"].mismatched_peers()["n3"] == groups["n3"]
+        assert wait_until(lambda: nodes["n1"].leader("meta") in ("n1", "n2"), 15)
+        done: list = []
+        nodes["n2"].propose("shard-0", b"\x01payload", lambda index, error: done.append(error))
+        assert wait_until(lambda: done == [None], 10), done  # the majority commits without n3
+        time.sleep(1.0)  # (elections come and go: n3 never learns of a leader, nor leads)
+        assert all(nodes["n3"].leader(g) is None for g in groups["n3"])
+        assert nodes["n1"].leader("meta") != "n3" and nodes["n2"].leader("shard-0") != "n3"
+        assert "n3 runs 4 groups" in caplog.text and "cut off from every group" in caplog.text
+    finally:
+        for x in nodes.values():
+            x.stop()

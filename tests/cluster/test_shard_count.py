@@ -1,0 +1,70 @@
+"""Every member must run the same shard groups (each queue lives in the group its name hashes to
+by their number): a member keeps its count in its data folder and refuses another at a restart,
+and a member started with another count is cut off by the others, which go on without it."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from tests.helpers import wait_until
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def publish_confirmed(member, queue: str, body: bytes) -> None:
+    with member.connect() as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def without_shards(args: list[str]) -> list[str]:
+    i = args.index("--shards")
+    return args[:i] + args[i + 2 :]
+
+
+def test_a_restart_with_another_count_is_refused_and_one_without_takes_the_kept_count(tmp_path):
+    cluster = Cluster(tmp_path).start()
+    try:
+        publish_confirmed(cluster["n1"], "kept", b"before")
+        n3 = cluster["n3"]
+        n3.stop()
+        started_with = n3.extra_args
+        n3.extra_args = [*started_with, "--shards", "3"]  # (the last --shards counts)
+        n3.launch()
+        assert n3.proc.wait(60) != 0
+        refused = n3.log_text()
+        assert "runs 2 shard groups and --shards says 3" in refused and "Start it with --shards 2" in refused
+        n3.extra_args = without_shards(started_with)  # the default (two per core) would differ on most machines
+        n3.launch()
+        n3.wait_ready(60)
+        assert "2 shard groups" in n3.log_text()[len(refused) :]
+        with n3.connect() as connection:
+            method, _props, body = connection.channel().basic_get("kept", auto_ack=True)
+        assert method is not None and body == b"before"
+    finally:
+        cluster.stop()
+
+
+def test_a_new_member_with_another_count_is_cut_off_and_the_others_go_on(tmp_path):
+    cluster = Cluster(tmp_path)
+    n3 = cluster["n3"]
+    n3.extra_args = [*n3.extra_args, "--shards", "3"]
+    for member in cluster.members.values():
+        member.launch()
+    try:
+        cluster["n1"].wait_ready(60)
+        cluster["n2"].wait_ready(60)
+        publish_confirmed(cluster["n2"], "q", b"on two members")
+        assert wait_until(lambda: "cut off from every group" in n3.log_text(), 30), n3.log_text()[-2000:]
+        assert "n3 runs 4 groups" in cluster["n1"].log_text()
+        assert "maxq-server ready" not in n3.log_text()  # (it never has a majority of anything)
+        with cluster["n1"].connect() as connection:
+            method, _props, body = connection.channel().basic_get("q", auto_ack=True)
+        assert method is not None and body == b"on two members"
+    finally:
+        cluster.stop()
