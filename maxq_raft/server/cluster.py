@@ -64,6 +64,16 @@ log = logging.getLogger("maxq.cluster")
 BARRIER_RETRY_S = 0.5
 SNAPSHOT_EVERY_BYTES = 64 * 1024 * 1024  # --snapshot-every-mb
 SNAPSHOT_CHECK_S = 1.0
+# A snapshot is made whole in memory, in the trio loop: every queued message of the group, read
+# back from the store and encoded (dump_group). Its cost, estimated as the messages' bodies plus
+# SNAPSHOT_MESSAGE_OVERHEAD_BYTES each (measured: a 5 M x 128 B queue made a 3-member cluster's
+# members peak at 2.1-2.2 GiB, ~440 B per message), must stay under SNAPSHOT_STATE_BYTES_MAX, or
+# the snapshot waits until the queues have drained that far: a 30 M backlog being drained made
+# every member of a cluster grow past 8 GiB (one was OOM-killed) and stalled its loop for minutes.
+# Until then the log is kept (it holds those messages anyway). A snapshot streamed from a
+# consistent read of the store would lift the bound; not built.
+SNAPSHOT_STATE_BYTES_MAX = 256 * 1024 * 1024
+SNAPSHOT_MESSAGE_OVERHEAD_BYTES = 320
 
 
 def default_shards() -> int:
@@ -99,6 +109,7 @@ class ClusterLog(CommandLog):
         self.log_bytes_since: dict[str, int] = {}
         self.snapshot_next_try: dict[str, int] = {}
         self.snapshotting: set[str] = set()
+        self.snapshots_deferred: set[str] = set()  # groups whose state is too big to snapshot now
         # Payload bytes the engine handed to `on_commit` (written by the hub thread only) and
         # those `_apply` has taken (the trio thread only): their difference bounds what the hub
         # delivers ahead of the loop (replication/group.py, APPLY_BACKLOG_BYTES_MAX).
@@ -256,12 +267,29 @@ class ClusterLog(CommandLog):
             return
         since = self.log_bytes_since.get(group, 0)
         if group != META_GROUP:
-            live = sum(q.ready_bytes for k, q in self.broker.queues.items() if self.group_of(k) == group)
+            queues = [q for k, q in self.broker.queues.items() if self.group_of(k) == group]
+            live = sum(q.ready_bytes for q in queues)
             if live * 2 > since:
                 # Most of the log is still queued messages: try again after more log (or later,
                 # snapshot_when_due, once they are consumed).
                 self.snapshot_next_try[group] = since + self.snapshot_every_bytes // 4
                 return
+            messages = sum(q.ready_count + q.unacked_count for q in queues)
+            state_bytes = live + messages * SNAPSHOT_MESSAGE_OVERHEAD_BYTES
+            if state_bytes > SNAPSHOT_STATE_BYTES_MAX:
+                if group not in self.snapshots_deferred:
+                    log.warning(
+                        "%s: snapshot deferred while its queues hold %d messages (~%d MiB to snapshot, over %d "
+                        "MiB): the log is kept until they drain",
+                        group,
+                        messages,
+                        state_bytes >> 20,
+                        SNAPSHOT_STATE_BYTES_MAX >> 20,
+                    )
+                self.snapshots_deferred.add(group)
+                self.snapshot_next_try[group] = since + self.snapshot_every_bytes // 4
+                return
+            self.snapshots_deferred.discard(group)
         index = self.applied_index.get(group, 0)
         try:
             body = cluster_snapshot.dump_group(self, group, index)
