@@ -51,7 +51,15 @@ import pysyncobj.syncobj as ps_syncobj
 
 from .journal import Journal, JournalCorruption
 
-__all__ = ["RaftLog", "LogView", "install_journal_hook", "register_log", "unregister_log", "TOKEN_PREFIX"]
+__all__ = [
+    "RaftLog",
+    "LogView",
+    "install_journal_hook",
+    "register_log",
+    "unregister_log",
+    "TOKEN_PREFIX",
+    "write_atomic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +123,9 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(folder: Path, name: str, data: bytes, fsync: bool) -> None:
+def write_atomic(folder: Path, name: str, data: bytes, fsync: bool) -> None:
+    """`data` as `folder/name`, whole or not at all: a temp file, its fsync, a rename over the
+    old one, the folder's fsync (without `fsync`, the rename alone)."""
     tmp = folder / (name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -526,7 +536,7 @@ class RaftLog(ps_journal.Journal):
         if term == self._term and votedForNodeId == self._voted:
             return
         # Raft: currentTerm and votedFor are durable before any message that reflects them.
-        _write_atomic(self.folder, TERM_FILE, encode_term_file(term, votedForNodeId), self._fsync)
+        write_atomic(self.folder, TERM_FILE, encode_term_file(term, votedForNodeId), self._fsync)
         self._term, self._voted = term, votedForNodeId
         self.stats["term_writes"] += 1
 
@@ -546,5 +556,5 @@ class RaftLog(ps_journal.Journal):
     def _save_commit(self) -> None:
         value = self._commit
         head = _COMMIT_REC.pack(_COMMIT_MAGIC, value, 0)[:12]
-        _write_atomic(self.folder, COMMIT_FILE, head + struct.pack(">I", zlib.crc32(head)), self._fsync)
+        write_atomic(self.folder, COMMIT_FILE, head + struct.pack(">I", zlib.crc32(head)), self._fsync)
         self._commit_saved = value

@@ -16,11 +16,11 @@ replication engine cuts it off from every group and says why (replication/engine
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from ..config import SHARDS_MAX
+from ..replication.raft_journal import write_atomic
 
 PIN_FILE = "shard_groups"
 _GROUP_FOLDER = re.compile(r"shard-(\d+)")
@@ -57,17 +57,7 @@ def read_pinned(raft_dir: Path) -> int | None:
 
 def _write_pinned(raft_dir: Path, count: int) -> None:
     raft_dir.mkdir(parents=True, exist_ok=True)
-    tmp = raft_dir / (PIN_FILE + ".tmp")
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(f"{count}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, raft_dir / PIN_FILE)
-    fd = os.open(raft_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(raft_dir, PIN_FILE, f"{count}\n".encode("ascii"), fsync=True)
 
 
 def member_shard_count(raft_dir: Path, requested: int, default: int) -> int:
