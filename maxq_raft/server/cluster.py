@@ -195,13 +195,11 @@ class ClusterLog(CommandLog):
         """Handed to `_apply` and not applied yet (read by the hub thread)."""
         return self.bytes_handed - self.bytes_applied
 
-    def _apply(self, group: str, entries: list, size: int | None = None) -> None:
+    def _apply(self, group: str, entries: list, size: int) -> None:
         """Apply committed entries in each origin's own order, each (origin, seq) once: a copy
         (a repeated proposal) is skipped, an entry that overtook an earlier one of its origin
         waits for it (machines/apply_order.py). Every member sees the same log, so every member
         decides alike. `size`: the entries' payload bytes, as `on_commit` counted them."""
-        if size is None:
-            size = sum(len(p) for _i, p in entries)
         try:
             self._apply_entries(group, entries, size)
         finally:

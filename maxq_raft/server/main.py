@@ -260,7 +260,7 @@ async def _serve_clustered(
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
     try:
-        shard_count = member_shard_count(Path(settings.data_dir) / "raft", settings.shards, default_shards())
+        shard_count = member_shard_count(Path(settings.data_dir) / RAFT_FOLDER, settings.shards, default_shards())
     except (ShardCountError, OSError) as exc:
         raise StartupError(str(exc)) from None
     cluster = ClusterLog(
@@ -274,7 +274,7 @@ async def _serve_clustered(
             raft_addr=parse_addr(settings.raft_addr, "raft_addr"),
             peers=settings.peers(),
             cluster_secret=settings.cluster_secret.encode(),
-            data_dir=Path(settings.data_dir) / "raft",
+            data_dir=Path(settings.data_dir) / RAFT_FOLDER,
             groups=[META_GROUP, *cluster.shards],
             fsync=settings.fsync == "on",
             on_commit=cluster.on_commit,

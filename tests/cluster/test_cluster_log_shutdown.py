@@ -62,9 +62,9 @@ def test_an_entry_of_a_newer_version_halts_the_member_before_anything_after_it()
     cluster._apply_entry = lambda group, index, entry: applied.append(index)
     newer = msgpack.packb([1, 0, [[["/", "q"], ["HalfCommit", "t1"], 0]], "n2", 0])
     plain = encode_entry(0, [(("/", "q"), qc.Tick())], "n2", 0)
-    cluster._apply("shard-0", [(6, plain), (7, newer), (8, plain)])
+    cluster._apply("shard-0", [(6, plain), (7, newer), (8, plain)], 2 * len(plain) + len(newer))
     assert applied == [6] and len(told) == 1
     assert "shard-0: entry 7 was written by a newer version" in told[0] and "HalfCommit" in told[0]
     assert cluster.halted == told[0]
-    cluster._apply("shard-0", [(9, plain)])
+    cluster._apply("shard-0", [(9, plain)], len(plain))
     assert applied == [6] and len(told) == 1
