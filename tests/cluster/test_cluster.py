@@ -242,8 +242,20 @@ def test_a_consumer_whose_release_could_not_commit_for_long_is_released_later(cl
             consumer.close()
         except Exception:
             pass
+    # A member routes and answers by the metadata it has applied (docs/replication.md): right after
+    # its SIGCONT n2 may not have applied the queue's declare yet (CI saw 404 once under load).
+    wait_for(lambda: knows_queue(cluster["n2"], queue), 30, "n2 to know the queue")
     got = drain(cluster["n2"], queue, quiet_s=3.0, limit_s=40.0)
     assert got == [(b"taken", True)], "the closed consumer's delivery comes back, redelivered"
+
+
+def knows_queue(member, queue: str) -> bool:
+    with member.connect() as connection:
+        try:
+            connection.channel().queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            return False
+    return True
 
 
 def test_a_restarted_member_catches_up_from_the_log(cluster):
