@@ -33,6 +33,7 @@ from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
 from .message_store import WalSyncer
 from .publish_rates import PublishRates
+from .queue_timers import QueueTimers
 from .queue_wakeups import QueueWakeups
 from .trace_store import MemoryKV, TraceLog
 from .tracer import Tracer
@@ -84,6 +85,7 @@ class Broker:
         self.consumers: dict[str, ConsumerHandle] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
+        self.queue_timers = QueueTimers()  # the queues the ticker looks at (queue_timers.py)
         self.queue_wakeups = QueueWakeups()  # SQS long polls waiting for a queue (queue_wakeups.py)
         self.publish_rates = PublishRates()  # x-publish-rate-limit buckets (publish_rates.py)
         self.tracer = Tracer(TraceLog(MemoryKV()))  # x-trace (tracer.py); the shell gives it its store
@@ -170,10 +172,12 @@ class Broker:
     # --------------------------------------------------------------- effects
 
     def queue_settings_changed(self, key: tuple[str, str], machine: QueueMachine | None) -> None:
-        """The shell's indexes of queue settings (x-publish-rate-limit, x-trace) read the queue's
-        machine again: made, deleted (None), its settings changed, or installed from a snapshot."""
+        """The shell's indexes of queue settings (x-publish-rate-limit, x-trace) and the ticker's
+        (queue_timers.py) read the queue's machine again: made, deleted (None), its settings
+        changed, or installed from a snapshot."""
         self.publish_rates.settings_changed(key, machine)
         self.tracer.settings_changed(key, machine)
+        self.queue_timers.touch(key)
 
     def queue_added(self, key: tuple[str, str], machine: QueueMachine) -> None:
         self.queues[key] = machine

@@ -27,6 +27,7 @@ Theory of operation:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from ..amqp import spec
@@ -193,15 +194,18 @@ def resolve(broker: Any, vhost: str, txn_id: str, action: str) -> list:
     return [broker.log.submit(key, qc.ResolveTxn(txn_id, action), None) for key in holders(broker, vhost, txn_id)]
 
 
-def resolve_decided(broker: Any, led: Any, in_flight: dict) -> None:
+def resolve_decided(broker: Any, led: Any, in_flight: dict, keys: Iterable[tuple[str, str]] | None = None) -> None:
     """The ticker of a shard leader: resolve again the queues of shards in `led` that still hold
     halves of a decided transaction (at most RESOLVES_PER_TICK_MAX per turn, one in flight per
-    queue and transaction)."""
+    queue and transaction). `keys`: the queues to look at (the ticker's: those holding halves,
+    queue_timers.py), every queue when None."""
     decisions = broker.meta.txn_decisions
     log_ = broker.log
     budget = RESOLVES_PER_TICK_MAX
-    for key, queue in list(broker.queues.items()):
-        if not queue.txns or log_.group_of(key) not in led:
+    queues = broker.queues
+    for key in list(queues) if keys is None else keys:
+        queue = queues.get(key)
+        if queue is None or not queue.txns or log_.group_of(key) not in led:
             continue
         for txn_id in list(queue.txns):
             action = decisions.get(key[0], txn_id)

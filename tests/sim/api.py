@@ -31,6 +31,7 @@ from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
 from maxq_raft.server.message_store import QueueBacking
 from maxq_raft.server.metadata_snapshot import dump_metadata
 from maxq_raft.server.publish_rates import PublishRates
+from maxq_raft.server.queue_timers import QueueTimers
 from maxq_raft.server.trace_store import MemoryKV, TraceLog
 from maxq_raft.server.tracer import Tracer
 from maxq_raft.storage.memory import MemorySegmentStore
@@ -61,6 +62,7 @@ __all__ = [
     "load_group_body",
     "Broker",
     "PublishRates",
+    "QueueTimers",
     "QueueBacking",
     "dump_metadata",
     "MemorySegmentStore",

@@ -38,6 +38,7 @@ from .api import (
     MetaGroup,
     PublishRates,
     QueueBacking,
+    QueueTimers,
     ShardMachine,
     TraceLog,
     Tracer,
@@ -91,6 +92,7 @@ class Replica:
             # settings through Broker.queue_settings_changed, as on a member.
             tracer=Tracer(TraceLog(MemoryKV())),
             publish_rates=PublishRates(),
+            queue_timers=QueueTimers(),  # (the ticker's index: touched by the same call)
         )
         self.broker.queue_settings_changed = functools.partial(Broker.queue_settings_changed, self.broker)
         self.cluster = SimpleNamespace(broker=self.broker, meta_group=META_GROUP)
