@@ -95,5 +95,5 @@ class QueueTimers:
         return found
 
     def timed(self) -> int:
-        """How many queues have a deadline (a figure for tests and the management API)."""
+        """How many queues have a deadline now (for tests)."""
         return len(self._deadline_ms)
