@@ -75,10 +75,12 @@ class Applier:
                 broker.tracer.after(meta, target, machine, command, reply, effects, before)
             else:
                 reply, effects = group.apply(meta, target, command, origin)
-            if target == ALL_QUEUES:  # the ticker reads the queues it changed again (queue_timers.py)
-                broker.queue_timers.touch_all()
-            else:
+            # The ticker reads the queues a command changed again (queue_timers.py); a shard-wide
+            # Reply (a direct reply-to answer passing through a shard) changes none.
+            if target != ALL_QUEUES:
                 broker.queue_timers.touch(target)
+            elif type(command) is not qc.Reply:
+                broker.queue_timers.touch_all()
             if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit, x-trace are the shell's
                 broker.queue_settings_changed(target, broker.queues.get(target))
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
