@@ -38,7 +38,7 @@ from bench_node import Node  # noqa: E402 (scripts/ is on sys.path when a script
 
 from maxq_raft.amqp import spec  # noqa: E402
 from maxq_raft.amqp.frames import FrameReader, encode_content  # noqa: E402
-from maxq_raft.perf.client import AmqpClient  # noqa: E402
+from maxq_raft.perf.client import AmqpClient, BrokerClosed  # noqa: E402
 
 HOT_READY_SPLIT = 2000  # a consumer's flow credit (server/channel.py FLOW_CREDIT): a refill's most deliveries
 STAMP = struct.Struct(">Q")  # the first 8 body bytes: monotonic ns just before the publish was written
@@ -124,7 +124,10 @@ class BacklogSampler:
         sampler.ensure_channel()
         try:
             while not self.stop.wait(self.SAMPLE_EVERY_S):
-                ok = sampler.rpc(spec.QueueDeclare(queue=self.queue, passive=True), (spec.QueueDeclareOk,))
+                try:
+                    ok = sampler.rpc(spec.QueueDeclare(queue=self.queue, passive=True), (spec.QueueDeclareOk,))
+                except BrokerClosed:  # (the load generator deleted its queue as it finished)
+                    return
                 self.samples.append((time.monotonic_ns(), ok.message_count))
         finally:
             sampler.close()
