@@ -29,15 +29,9 @@ from bench_node import Node  # noqa: E402
 
 from maxq_raft.amqp import spec  # noqa: E402
 from maxq_raft.amqp.frames import encode_content  # noqa: E402
+from maxq_raft.perf.procstat import cpu_s  # noqa: E402
 
 TTL_MS = 600_000
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S  # utime, stime (fields 14, 15)
 
 
 def run(count: int, ttl_share: float, seconds: float) -> dict:
@@ -53,9 +47,9 @@ def run(count: int, ttl_share: float, seconds: float) -> dict:
             publish = spec.BasicPublish(exchange="", routing_key=f"idle-{i}")
             out.sendall(encode_content(1, publish, b"\x00\x00", b"held", 131072))
         time.sleep(2.0)  # the declares and publishes applied
-        before = cpu_s(node.proc.pid)
+        before = cpu_s([node.proc.pid])
         time.sleep(seconds)
-        idle_cpu = (cpu_s(node.proc.pid) - before) / seconds
+        idle_cpu = (cpu_s([node.proc.pid]) - before) / seconds
         latency = summary(quiet_run(node.port, [f"idle-{i}" for i in range(count - 100, count)], seconds))
         out.close()
         return {"queues": count, "timed_queues": timed, "idle_cpu_cores": round(idle_cpu, 3), "quiet": latency}
