@@ -50,14 +50,21 @@ from .events import (
     Event,
     MethodReceived,
 )
-from .frames import HEARTBEAT_FRAME, PROTOCOL_HEADER, FrameReader, encode_content, encode_frame
+from .frames import (
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    PUBLISH_TRIPLE,
+    FrameReader,
+    encode_content,
+    encode_frame,
+    unfold_publish,
+)
 from .properties import decode_content_header
 from .values import FieldTable, FieldValue, decode_table
 
 Authenticator = Callable[[str, str, str], bool]  # (mechanism, username, password) -> allowed
 VhostCheck = Callable[[str, str], str | None]  # (username, vhost) -> why refused (530), or None
 ChannelCheck = Callable[[], str | None]  # before a channel opens: why refused (530), or None
-Frame = tuple[int, int, bytes | memoryview]  # (frame type, channel, payload) from FrameReader
 
 FRAME_MAX_BEFORE_TUNE = 131072  # generous: some clients send large client_properties
 CLOSE_TIMEOUT_S = 3.0  # RabbitMQ's NORMAL_TIMEOUT: how long we wait for close-ok after our close
@@ -69,9 +76,6 @@ FATAL_CLOSE_GRACE_S = 1.0
 PROTOCOL_HEADER_0_9 = b"AMQP\x01\x01\x00\x09"
 # analyze_frame's pattern for a content header: class u16, weight u16, body size u64.
 CONTENT_HEADER_MIN_BYTES = 12
-_CONTENT_HEADER_MIN_WITH_FLAGS = 14  # class, weight, size and the property flags
-_UNPACK_CONTENT_HEADER = struct.Struct(">HHQ").unpack_from
-_PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
 PUBLISH_METHODS_CACHED_MAX = 256
 METHOD_MIN_BYTES = 4  # class u16, method u16
 FRAME_SIZE_FUDGE_BYTES = 8  # see _tune_ok
@@ -212,7 +216,7 @@ class ServerConnection:
         self._close_deadline: float | None = None  # while CLOSING: drop the peer at this time
         self._close_reason: tuple[int, str] = (spec.REPLY_SUCCESS, "")
         self._lost_sync = False  # a fatal frame error: input is discarded until we drop the peer
-        self._publish_methods: dict[bytes, spec.BasicPublish] = {}  # see _publish_fast
+        self._publish_methods: dict[bytes, spec.BasicPublish] = {}  # see _publish_whole
 
     # ------------------------------------------------------------------ input
 
@@ -263,30 +267,25 @@ class ServerConnection:
         """Parse everything buffered and return the events it produced (possibly none)."""
         if self.state is not State.CLOSED and not self._lost_sync:
             try:
-                frames = self._reader.read_frames()
+                frames = self._reader.read_frames(fuse_publishes=True)
             except FrameError as err:
                 self._fatal_frame_error(err.reply_code, err.reply_text)
                 frames = []
-            i = 0
-            count = len(frames)
-            while i < count:
+            for frame_type, channel, payload in frames:
                 # (the ignore: mypy keeps self.state narrowed by the test above across the calls
                 # below, which change it)
                 if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
                     break
-                frame_type, channel, payload = frames[i]
-                if frame_type == 1 and channel and payload[:4] == _PUBLISH_ID and count - i > 1:
-                    taken = self._publish_fast(frames, i, channel, payload)
-                    if taken:
-                        i += taken
+                if frame_type == PUBLISH_TRIPLE:
+                    if self._publish_whole(channel, payload):
                         continue
-                i += 1
-                try:
-                    self._handle_frame(frame_type, channel, payload)
-                except _ConnectionError as err:
-                    self.close(err.reply_code, err.reply_text, err.class_id, err.method_id)
-                except AMQPError as err:
-                    self.close(err.reply_code, err.reply_text)
+                    # (declined: a channel not open, a message too big, ...: its frames as they came)
+                    for one_type, one_channel, one_payload in unfold_publish(channel, payload):
+                        if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
+                            break
+                        self._take_frame(one_type, one_channel, one_payload)
+                    continue
+                self._take_frame(frame_type, channel, payload)
             if self._reader.failed and self.state is not State.CLOSED and not self._lost_sync:  # type: ignore[comparison-overlap]
                 # The frames before a broken one were handled above; now the error itself.
                 try:
@@ -584,49 +583,43 @@ class ServerConnection:
         else:
             raise FrameError(spec.FRAME_ERROR, f"unknown frame type {frame_type}")
 
-    def _publish_fast(self, frames: list[Frame], i: int, channel: int, payload: bytes | memoryview) -> int:
-        """basic.publish + its content header + at most one body frame, all well formed, on an
-        open channel with no content pending: the event at once, and how many frames it took
-        (0: anything unusual, and `_handle_frame` takes them one by one, errors included).
+    def _take_frame(self, frame_type: int, channel: int, payload: bytes | memoryview) -> None:
+        try:
+            self._handle_frame(frame_type, channel, payload)
+        except _ConnectionError as err:
+            self.close(err.reply_code, err.reply_text, err.class_id, err.method_id)
+        except AMQPError as err:
+            self.close(err.reply_code, err.reply_text)
+
+    def _publish_whole(self, channel: int, triple: tuple[bytes, bytes, bytes | None]) -> bool:
+        """A basic.publish the reader found whole with its content (frames.py, PUBLISH_TRIPLE),
+        on an open channel with no content pending: its event at once (False: anything
+        unusual, and `_handle_frame` takes its frames one by one, errors included).
 
         Publishing is most of what a broker reads; this skips the general per-frame checks
         that cannot fail for such a triple. The publish method is decoded once per distinct
         exchange, routing key and flags on this connection (publishers repeat them)."""
         if self.state is not State.OPEN:
-            return 0
+            return False
         ch = self._channels.get(channel)
         if ch is None or ch.closing or ch.peer_closed or ch.content_method is not None:
-            return 0
-        header_type, header_channel, header = frames[i + 1]
-        if header_type != 2 or header_channel != channel or len(header) < _CONTENT_HEADER_MIN_WITH_FLAGS:
-            return 0
-        class_id, _weight, body_size = _UNPACK_CONTENT_HEADER(header, 0)
-        if class_id != 60 or body_size > self.max_message_size_bytes:
-            return 0
-        if body_size:
-            if len(frames) - i < 3:
-                return 0
-            body_type, body_channel, body = frames[i + 2]
-            if body_type != 3 or body_channel != channel or len(body) != body_size:
-                return 0
-            body = bytes(body)
-            taken = 3
-        else:
+            return False
+        key, header, body = triple
+        if body is None:
             body = b""
-            taken = 2
-        key = bytes(payload)
+        elif len(body) > self.max_message_size_bytes:
+            return False
         method = self._publish_methods.get(key)
         if method is None:
             try:
-                # the payload starts with basic.publish's class and method ids (_PUBLISH_ID)
-                method = cast(spec.BasicPublish, spec.decode_method(payload))
+                method = cast(spec.BasicPublish, spec.decode_method(key))
             except DecodeError:
-                return 0
+                return False
             if len(self._publish_methods) >= PUBLISH_METHODS_CACHED_MAX:
                 self._publish_methods.clear()
             self._publish_methods[key] = method
-        self._events.append(ContentReceived(channel, method, bytes(header[12:]), body))
-        return taken
+        self._events.append(ContentReceived(channel, method, header[12:], body))
+        return True
 
     def _finish_content(self, ch: _Channel, method: spec.BasicPublish) -> None:
         """`method` is `ch.content_method`, which the caller found set."""

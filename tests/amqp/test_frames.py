@@ -13,10 +13,12 @@ from maxq_raft.amqp.frames import (
     COPY_PAYLOAD_BYTES_MAX,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
+    PUBLISH_TRIPLE,
     FrameReader,
     encode_content,
     encode_frame,
     encode_method_frame,
+    unfold_publish,
 )
 from maxq_raft.amqp.properties import BasicProperties, decode_content_header, encode_properties
 
@@ -204,3 +206,73 @@ def test_encode_delivery_matches_the_general_encoder(
         frame_max,
     )
     assert got == expected
+
+
+# Pieces of a stream for the reader's fused publishes: whole publishes and near misses.
+_PUBLISH = encode_method_frame(1, spec.BasicPublish(exchange="", routing_key="q"))[7:-1]
+_PROPS = encode_properties(BasicProperties(delivery_mode=2))
+
+
+def _header(size: int, class_id: int = 60, props: bytes = _PROPS) -> bytes:
+    return class_id.to_bytes(2, "big") + b"\0\0" + size.to_bytes(8, "big") + props
+
+
+FUSE_PIECES = {
+    "publish": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(3)), (3, ch, b"abc")],
+    "publish-empty": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(0))],
+    "two-body-frames": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(4)), (3, ch, b"ab"), (3, ch, b"cd")],
+    "body-too-short": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(4)), (3, ch, b"abc")],
+    "header-other-channel": lambda ch: [(1, ch, _PUBLISH), (2, ch + 1, _header(1)), (3, ch, b"a")],
+    "body-other-channel": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(1)), (3, ch + 1, b"a")],
+    "header-other-class": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(1, class_id=50)), (3, ch, b"a")],
+    "header-without-flags": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(1)[:12]), (3, ch, b"a")],
+    "publish-then-method": lambda ch: [(1, ch, _PUBLISH), (2, ch, _header(1)), (1, ch, _PUBLISH)],
+    "publish-alone": lambda ch: [(1, ch, _PUBLISH)],
+    "heartbeat": lambda ch: [(8, 0, b"")],
+    "ack": lambda ch: [(1, ch, encode_method_frame(ch, spec.BasicAck(delivery_tag=1))[7:-1])],
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(sorted(FUSE_PIECES)), st.sampled_from([0, 1, 2])), max_size=12),
+    st.data(),
+)
+def test_fused_publishes_unfold_to_the_frames_of_the_general_reader(pieces, data):
+    expected = [frame for name, channel in pieces for frame in FUSE_PIECES[name](channel)]
+    stream = b"".join(encode_frame(t, ch, p) for t, ch, p in expected)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    reader = FrameReader(4096)
+    got: list = []
+    fused = 0
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        reader.feed(stream[a:b])
+        for frame_type, channel, payload in reader.read_frames(fuse_publishes=True):
+            if frame_type == PUBLISH_TRIPLE:
+                fused += 1
+                got += unfold_publish(channel, payload)
+            else:
+                got.append((frame_type, channel, bytes(payload)))
+    assert got == expected
+    if not cuts:  # one read: every whole publish on a channel other than 0 is one item
+        assert fused == sum(1 for name, channel in pieces if name in ("publish", "publish-empty") and channel)
+
+
+def test_a_fused_publish_is_method_header_and_body_bytes():
+    stream = encode_content(1, spec.BasicPublish(exchange="x", routing_key="k"), _PROPS, b"body", 131072)
+    reader = FrameReader(131072)
+    reader.feed(stream)
+    [(frame_type, channel, (method, header, body))] = reader.read_frames(fuse_publishes=True)
+    assert (frame_type, channel, body) == (PUBLISH_TRIPLE, 1, b"body")
+    assert spec.decode_method(method) == spec.BasicPublish(exchange="x", routing_key="k")
+    assert header == _header(4)
+    reader.feed(stream)
+    assert [t for t, _, _ in reader.read_frames()] == [1, 2, 3]  # (not fused unless asked)
+
+
+def test_a_fused_publish_respects_frame_max():
+    reader = FrameReader(64)  # a body frame of 60 bytes is larger than frame_max allows
+    reader.feed(encode_frame(1, 1, _PUBLISH) + encode_frame(2, 1, _header(60)) + encode_frame(3, 1, b"x" * 60))
+    assert [t for t, _, _ in reader.read_frames(fuse_publishes=True)] == [1, 2]  # (the frames before it)
+    with pytest.raises(FrameError, match="exceeds frame_max 64"):
+        reader.read_frames(fuse_publishes=True)

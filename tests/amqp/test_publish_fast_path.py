@@ -1,4 +1,5 @@
-"""The publish fast path (`ServerConnection._publish_fast`) decides exactly as the general one.
+"""The publish fast path (`ServerConnection._publish_whole`, fed by the reader's PUBLISH_TRIPLE items)
+decides exactly as the general one.
 
 A frame only takes the fast path when its whole publish (method, header, body) arrived in the
 same read, so feeding the same bytes one frame per read always takes the general path: the
@@ -75,6 +76,16 @@ PIECES = {
     "headers-properties": lambda ch: publish(
         ch, b"h", props=encode_properties(BasicProperties(headers={"k": 1}, delivery_mode=1))
     ),
+    "header-on-another-channel": lambda ch: b"".join(
+        (
+            encode_method_frame(ch, spec.BasicPublish(exchange="", routing_key="q")),
+            encode_frame(spec.FRAME_HEADER, 3 - ch, encode_content_header(60, 4, PROPS)),
+            encode_frame(spec.FRAME_BODY, ch, b"body"),
+        )
+    ),
+    "body-on-another-channel": lambda ch: assembled(ch, 4, PROPS, encode_frame(spec.FRAME_BODY, 3 - ch, b"body")),
+    "publish-on-channel-zero": lambda ch: publish(0, b"body"),
+    "empty-body-then-a-body-frame": lambda ch: assembled(ch, 0, PROPS, encode_frame(spec.FRAME_BODY, ch, b"body")),
     "ack": lambda ch: encode_method_frame(ch, spec.BasicAck(delivery_tag=1)),
     "channel-close": lambda ch: encode_method_frame(ch, spec.ChannelClose(reply_code=200, reply_text="bye")),
 }
