@@ -52,7 +52,14 @@ from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
 log = logging.getLogger("maxq.session")
 
-READ_SIZE_BYTES = 65536
+READ_SIZE_BYTES = 65536  # the most a session reads at once (proposer.message_bytes_max counts on it)
+# Fair turns: a read's publishes are routed, applied and delivered before the loop runs another
+# task, so a read of 64 KiB of small publishes (about 900 of 16 B) held every other connection
+# of the node for 4 ms. A publisher's next read is sized for about READ_TURN_MESSAGES of its
+# recent messages, at least READ_SIZE_MIN_BYTES (fewer, larger reads cost more per message:
+# docs/benchmarks.md, 2026-12-03, fair dispatch).
+READ_TURN_MESSAGES = 256
+READ_SIZE_MIN_BYTES = 16384
 COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 TICK_INTERVAL_S = 0.25
@@ -77,6 +84,12 @@ _wire_routing: dict[tuple[str, str], bytes] = {}
 
 _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
+
+
+def next_read_bytes(read_bytes: int, published: int) -> int:
+    """The size of a publisher's next read, after one of `read_bytes` that held `published`
+    messages (> 0): about READ_TURN_MESSAGES of them, within [READ_SIZE_MIN_BYTES, READ_SIZE_BYTES]."""
+    return min(READ_SIZE_BYTES, max(READ_SIZE_MIN_BYTES, read_bytes * READ_TURN_MESSAGES // published))
 
 
 def server_properties(version: str) -> dict:
@@ -272,6 +285,7 @@ class Session:
         receive_some = self.stream.receive_some
         alarms = self.broker.alarms
         log_ = self.broker.log
+        read_bytes = READ_SIZE_BYTES
         while not self.finished:
             if alarms is not None and alarms.active and (self.messages_in or self._streaming_a_big_body()):
                 await self._blocked(alarms)
@@ -282,13 +296,14 @@ class Session:
             if self.publish_resume_at:
                 await self._publish_rate_wait()
             try:
-                data = await receive_some(READ_SIZE_BYTES)
+                data = await receive_some(read_bytes)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 data = b""
             if not data:
                 self._peer_closed = True
             self.recv_oct += len(data)
             self.recv_cnt += 1
+            published_before = self.messages_in
             conn.receive_data(data, trio.current_time())
             rest = self.handle_events(conn.next_events(), bounded=True)
             # (bounded in count: each turn performs at least one event of the read)
@@ -296,6 +311,8 @@ class Session:
                 self.wake()
                 await self._output_wait()
                 rest = self.handle_events(rest, bounded=True)
+            if self.messages_in != published_before:
+                read_bytes = next_read_bytes(len(data), self.messages_in - published_before)
             self.wake()
             if conn.state is State.CLOSED:
                 break
