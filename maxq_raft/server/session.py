@@ -751,7 +751,11 @@ class Session:
         if template is None:
             return props_raw
         n = next(_trace_numbers)
-        return with_trace_id(template, n) if n < 10**TRACE_ID_DIGITS else props_raw
+        if n >= 10**TRACE_ID_DIGITS:
+            return props_raw
+        traced = with_trace_id(template, n)
+        self.broker.tracer.note_trace_id(traced, f"{self.id}-{n:012d}")
+        return traced
 
     def _trace_publish(self, vhost: str, queues) -> dict | None:
         """The traced queues among those a publish was routed to (None: none traces)."""

@@ -125,6 +125,15 @@ class Tracer:
             (settings and settings.trace_retention_bytes) or TRACE_RETENTION_BYTES_DEFAULT,
         )
 
+    def note_trace_id(self, props_raw: bytes, trace_id: str) -> None:
+        """The publishing node made `props_raw` with `with_trace_id`, whose id is `trace_id`: kept
+        for `ids`, which then need not find it in the properties again (a parse per message, 4 %
+        of a traced node's time at s1). Left to `ids` when the properties carry a correlation id."""
+        if len(props_raw) >= 2 and not (props_raw[0] << 8 | props_raw[1]) & CORRELATION_ID_FLAG:
+            if len(self._ids) >= _IDS_CACHED_MAX:
+                self._ids.clear()
+            self._ids[props_raw] = (trace_id, None)
+
     def ids(self, props_raw: bytes) -> tuple[str | None, str | None]:
         """(message id, correlation id) of a message's properties."""
         found = self._ids.get(props_raw)

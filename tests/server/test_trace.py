@@ -168,6 +168,21 @@ def test_a_message_without_id_gets_the_trace_header_from_a_template() -> None:
     assert tracer.ids(with_both) == ("n2@1-5", "c")  # (the decode path)
 
 
+def test_an_id_noted_by_the_publishing_node_is_the_one_the_properties_carry() -> None:
+    noted, parsed = Tracer(TraceLog(MemoryKV())), Tracer(TraceLog(MemoryKV()))
+    for original in (
+        encode_properties(BasicProperties(delivery_mode=2)),
+        encode_properties(BasicProperties(headers={"app": "kept"}, correlation_id="c7")),
+    ):
+        template = trace_id_template(original, "n1@3")
+        assert template is not None
+        for n in (0, 42, 10**12 - 1):
+            raw = with_trace_id(template, n)
+            noted.note_trace_id(raw, f"n1@3-{n:012d}")  # (as session.py's _with_trace_id)
+            assert noted.ids(raw) == parsed.ids(raw)
+    assert parsed.ids(raw) == ("n1@3-999999999999", "c7")  # (with a correlation id: not noted, decoded)
+
+
 @pytest.mark.parametrize(
     "arguments",
     [{"x-trace": 1}, {"x-trace-bodies": "yes"}, {"x-trace-retention": 0}, {"x-trace-retention-bytes": -1}],
