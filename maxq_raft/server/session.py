@@ -754,7 +754,7 @@ class Session:
         if n >= 10**TRACE_ID_DIGITS:
             return props_raw
         traced = with_trace_id(template, n)
-        self.broker.tracer.note_trace_id(traced, f"{self.id}-{n:012d}")
+        self.broker.tracer.note_trace_id(traced, f"{self.id}-{n:0{TRACE_ID_DIGITS}d}")
         return traced
 
     def _trace_publish(self, vhost: str, queues) -> dict | None:
