@@ -39,8 +39,9 @@ from bench_node import Node  # noqa: E402 (scripts/ is on sys.path when a script
 from maxq_raft.amqp import spec  # noqa: E402
 from maxq_raft.amqp.frames import FrameReader, encode_content  # noqa: E402
 from maxq_raft.perf.client import AmqpClient, BrokerClosed  # noqa: E402
+from maxq_raft.server.channel import FLOW_CREDIT  # noqa: E402
 
-HOT_READY_SPLIT = 2000  # a consumer's flow credit (server/channel.py FLOW_CREDIT): a refill's most deliveries
+HOT_READY_SPLIT = FLOW_CREDIT  # a consumer's flow credit: a refill's most deliveries
 STAMP = struct.Struct(">Q")  # the first 8 body bytes: monotonic ns just before the publish was written
 
 

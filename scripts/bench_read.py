@@ -3,12 +3,13 @@
 
     .venv/bin/python scripts/bench_read.py [--size 16] [--reads 200] [--repeat 7]
 
-A client's handshake and channel.open, then 64 KiB reads each full of whole basic.publish
-triples (method, content header, one body frame of `--size` bytes, as a publisher's socket
-delivers them): `ServerConnection.receive_data` and `next_events` per read. Printed: the best
-wall time per publish over `--repeat` rounds of `--reads` reads (the least disturbed by other
-processes; the machine's speed moves it by tens of percent from day to day, so compare builds
-in the same minute, not with a figure from another day).
+A client's handshake and channel.open, then reads of READ_SIZE_BYTES (64 KiB, the most a
+session reads) each full of whole basic.publish triples (method, content header, one body frame
+of `--size` bytes, as a publisher's socket delivers them): `ServerConnection.receive_data` and
+`next_events` per read. Printed: the best wall time per publish over `--repeat` rounds of
+`--reads` reads (the least disturbed by other processes; the machine's speed moves it by tens
+of percent from day to day, so compare builds in the same minute, not with a figure from
+another day).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from maxq_raft.amqp.connection import ServerConnection, State
 from maxq_raft.amqp.events import ContentReceived
 from maxq_raft.amqp.frames import PROTOCOL_HEADER, encode_content, encode_method_frame
 from maxq_raft.amqp.properties import BasicProperties, encode_properties
-
-READ_BYTES = 65536  # what the server's session reads at once
+from maxq_raft.server.session import READ_SIZE_BYTES
 
 
 def open_connection() -> ServerConnection:
@@ -63,7 +63,7 @@ def main() -> None:
         b"x" * args.size,
         131072,
     )
-    per_read = max(1, READ_BYTES // len(one))
+    per_read = max(1, READ_SIZE_BYTES // len(one))
     data = one * per_read
     conn = open_connection()
     best_s = float("inf")
