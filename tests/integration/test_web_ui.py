@@ -42,7 +42,7 @@ def _find(*names: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def driver():
+def driver(tmp_path_factory):
     """A headless chromium driven by chromedriver; quit (browser and driver) when the module ends."""
     browser_path = _find("chromium", "chromium-browser", "google-chrome")
     driver_path = _find("chromedriver")
@@ -55,7 +55,11 @@ def driver():
     if os.geteuid() == 0:
         options.add_argument("--no-sandbox")  # chromium refuses to run as root with its sandbox
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=driver_path)
+    # chromium keeps its profile and its singleton socket folder (org.chromium.Chromium.*) under
+    # TMPDIR and leaves the latter behind after quit: both go to the test's own temporary folder.
+    browser_tmp = tmp_path_factory.mktemp("chromium")
+    options.add_argument(f"--user-data-dir={browser_tmp / 'profile'}")
+    service = webdriver.ChromeService(executable_path=driver_path, env={**os.environ, "TMPDIR": str(browser_tmp)})
     browser = webdriver.Chrome(options=options, service=service)
     try:
         browser.set_page_load_timeout(BROWSER_START_TIMEOUT_S)
