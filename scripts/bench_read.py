@@ -3,8 +3,8 @@
 
     .venv/bin/python scripts/bench_read.py [--size 16] [--reads 200] [--repeat 7]
 
-A client's handshake and channel.open, then reads of READ_SIZE_BYTES (64 KiB, the most a
-session reads) each full of whole basic.publish triples (method, content header, one body frame
+A client's handshake and channel.open, then reads of READ_SIZE_BYTES (128 KiB, the most a
+single node's session reads) each full of whole basic.publish triples (method, content header, one body frame
 of `--size` bytes, as a publisher's socket delivers them): `ServerConnection.receive_data` and
 `next_events` per read. Printed: the best wall time per publish over `--repeat` rounds of
 `--reads` reads (the least disturbed by other processes; the machine's speed moves it by tens

@@ -52,9 +52,18 @@ from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
 log = logging.getLogger("maxq.session")
 
-READ_SIZE_BYTES = 65536  # the most a session reads at once (proposer.message_bytes_max counts on it)
+# The most a session reads at once. Every read has a fixed cost (about 80 us: the scheduler, the
+# socket calls, one Enqueue through the applier, the consumer's writer), so larger messages gain
+# from larger reads: 128 KiB against 64 KiB took s1 1 KiB from ~155,000 to ~176,000 msgs/s, 4 KiB
+# +15 %, 16 KiB +55 % (docs/benchmarks.md, 2026-12-03). At 256 KiB a 1 KiB consumer fell behind
+# its publisher and the queue spilled to its store (a third of the rate): not there.
+READ_SIZE_BYTES = 131072
+# A cluster member carries a read's publishes to a queue in one Raft entry, the largest message
+# among them (proposer.message_bytes_max): its reads stay at 64 KiB, which keeps its largest
+# message at 816 KiB (docs/compatibility.md).
+CLUSTER_READ_SIZE_BYTES = 65536
 # Fair turns: a read's publishes are routed, applied and delivered before the loop runs another
-# task, so a read of 64 KiB of small publishes (about 900 of 16 B) held every other connection
+# task, so a read of 64 KiB of small publishes (about 1,100 of 16 B) held every other connection
 # of the node for 4 ms. A publisher's next read is sized for about READ_TURN_MESSAGES of its
 # recent messages, at least READ_SIZE_MIN_BYTES (fewer, larger reads cost more per message:
 # docs/benchmarks.md, 2026-12-03, fair dispatch).
@@ -86,10 +95,10 @@ _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 
 
-def next_read_bytes(read_bytes: int, published: int) -> int:
+def next_read_bytes(read_bytes: int, published: int, read_bytes_max: int = READ_SIZE_BYTES) -> int:
     """The size of a publisher's next read, after one of `read_bytes` that held `published`
-    messages (> 0): about READ_TURN_MESSAGES of them, within [READ_SIZE_MIN_BYTES, READ_SIZE_BYTES]."""
-    return min(READ_SIZE_BYTES, max(READ_SIZE_MIN_BYTES, read_bytes * READ_TURN_MESSAGES // published))
+    messages (> 0): about READ_TURN_MESSAGES of them, within [READ_SIZE_MIN_BYTES, read_bytes_max]."""
+    return min(read_bytes_max, max(READ_SIZE_MIN_BYTES, read_bytes * READ_TURN_MESSAGES // published))
 
 
 def server_properties(version: str) -> dict:
@@ -125,6 +134,7 @@ class Session:
         self.vhost = ""
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
+        self.read_bytes_max = CLUSTER_READ_SIZE_BYTES if settings.clustered else READ_SIZE_BYTES
         self.conn = ServerConnection(
             authenticate=self._login,
             vhost_allowed=self._vhost_refusal,
@@ -138,7 +148,7 @@ class Session:
             mechanisms=(*DEFAULT_MECHANISMS, EXTERNAL) if tls_user else DEFAULT_MECHANISMS,
             external_user=tls_user or "",
             **(
-                {"max_message_size_bytes": message_bytes_max(settings.frame_max, READ_SIZE_BYTES)}
+                {"max_message_size_bytes": message_bytes_max(settings.frame_max, CLUSTER_READ_SIZE_BYTES)}
                 if settings.clustered
                 else {}
             ),
@@ -285,7 +295,8 @@ class Session:
         receive_some = self.stream.receive_some
         alarms = self.broker.alarms
         log_ = self.broker.log
-        read_bytes = READ_SIZE_BYTES
+        read_bytes_max = self.read_bytes_max
+        read_bytes = read_bytes_max
         while not self.finished:
             if alarms is not None and alarms.active and (self.messages_in or self._streaming_a_big_body()):
                 await self._blocked(alarms)
@@ -312,7 +323,7 @@ class Session:
                 await self._output_wait()
                 rest = self.handle_events(rest, bounded=True)
             if self.messages_in != published_before:
-                read_bytes = next_read_bytes(len(data), self.messages_in - published_before)
+                read_bytes = next_read_bytes(len(data), self.messages_in - published_before, read_bytes_max)
             self.wake()
             if conn.state is State.CLOSED:
                 break

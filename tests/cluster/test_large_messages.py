@@ -14,10 +14,10 @@ import pika.exceptions
 import pytest
 
 from maxq_raft.server.proposer import message_bytes_max
-from maxq_raft.server.session import READ_SIZE_BYTES
+from maxq_raft.server.session import CLUSTER_READ_SIZE_BYTES
 
 FRAME_MAX = 131072  # the members' default
-LIMIT = message_bytes_max(FRAME_MAX, READ_SIZE_BYTES)
+LIMIT = message_bytes_max(FRAME_MAX, CLUSTER_READ_SIZE_BYTES)
 
 
 def body(n: int, size: int) -> bytes:
