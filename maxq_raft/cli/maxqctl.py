@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
-from . import objects, progress, trace
+from . import maintenance, objects, progress, trace
 from .admin_client import AUTH_HEADERS, CtlError, fetch, split_scheme, use_tls
 
 LISTS = {
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     objects.add_commands(sub)
     trace.add_command(sub)
+    maintenance.add_commands(sub, _node_name)
     return parser
 
 
@@ -515,6 +516,9 @@ def run(args) -> str:
     if done is not None:
         return done
     done = trace.run(args, timeout or READ_TIMEOUT_S, table)
+    if done is not None:
+        return done
+    done = maintenance.run(args, timeout)
     if done is not None:
         return done
     if args.command == "set-policy":

@@ -35,7 +35,18 @@ import trio
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..server.message_rates import exchange_counts
-from . import access_api, auth, definitions_api, health_api, management_views, messages_api, objects_api, trace_api
+from . import (
+    access_api,
+    auth,
+    definitions_api,
+    feature_flags_api,
+    health_api,
+    maintenance_api,
+    management_views,
+    messages_api,
+    objects_api,
+    trace_api,
+)
 from .engine_status import engine_status
 from .requests import HttpError, Reply, Request, commit, json_safe
 
@@ -549,6 +560,9 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/whoami": {"GET": (MANAGEMENT, _whoami)},
     "/api/overview": {"GET": (MANAGEMENT, _view(view_overview))},
     "/api/cluster-name": {"GET": (MANAGEMENT, _sync(health_api.cluster_name))},
+    "/api/feature-flags": {
+        "GET": (ADMINISTRATOR, _sync(lambda broker, _request: feature_flags_api.feature_flags(broker)))
+    },
     "/api/nodes": {"GET": (MONITORING, view_nodes)},
     "/api/nodes/{name}": {"GET": (MONITORING, view_node)},
     "/api/channels": {"GET": (MANAGEMENT, _view(management_views.channel_views))},
@@ -576,6 +590,8 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/cluster/members": {"POST": (ADMINISTRATOR, add_member)},
     "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},
     "/api/cluster/transfer-leadership": {"POST": (ADMINISTRATOR, transfer_leadership)},
+    "/api/cluster/drain": {"POST": (ADMINISTRATOR, maintenance_api.drain)},
+    "/api/cluster/revive": {"POST": (ADMINISTRATOR, maintenance_api.revive)},
     "/api/queues": {"GET": (MANAGEMENT, _view(view_queues))},
     "/api/queues/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.list_in_vhost))},
     "/api/queues/{vhost}/{name}": {

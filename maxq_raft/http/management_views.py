@@ -116,6 +116,7 @@ def this_node(broker: Any) -> dict:
         "name": broker.node_id,
         "type": "disc",
         "running": True,
+        "being_drained": broker.node_id in broker.meta.draining,  # (maxqctl drain: machines/maintenance.py)
         "os_pid": str(os.getpid()),
         "uptime": int((time.time() - broker.started_at) * 1000),
         "processors": os.cpu_count() or 1,
@@ -147,7 +148,11 @@ def node_views(broker: Any, groups: dict[str, dict] | None) -> list[dict]:
             for name, member in group.get("members", {}).items():
                 if name != broker.node_id:
                     seen[name] = seen.get(name, False) or bool(member.get("connected"))
-        nodes += [{"name": name, "type": "disc", "running": up} for name, up in sorted(seen.items())]
+        draining = broker.meta.draining
+        nodes += [
+            {"name": name, "type": "disc", "running": up, "being_drained": name in draining}
+            for name, up in sorted(seen.items())
+        ]
     return nodes
 
 

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple, TypeAlias
 from . import access
 from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, UserRecord
 from .dedup import dedup_exchange_error
+from .features import EnableFeatures
+from .maintenance import SetMaintenance
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -432,6 +434,8 @@ class MetadataMachine:
         # Bumped by every change of users, permissions or limits: sessions cache what they checked.
         self.access_version = 0
         self.txn_decisions = TxnDecisions()  # transactions' decisions (txn_decisions.py)
+        self.features_enabled: list[str] = []  # feature flags, in the order enabled (features.py)
+        self.draining: list[str] = []  # members under maintenance, in the order drained (maintenance.py)
         self._add_vhost(DEFAULT_VHOST)
         self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
@@ -459,6 +463,8 @@ class MetadataMachine:
             ClearOperatorPolicy: self._clear_operator_policy,
             PutAccessKey: self._put_access_key,
             DeleteAccessKey: self._delete_access_key,
+            EnableFeatures: self._enable_features,
+            SetMaintenance: self._set_maintenance,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -883,6 +889,31 @@ class MetadataMachine:
             return Rejected(404, f"no access key '{cmd.key_id}'"), []
         self._access_changed()
         return True, []
+
+    def _enable_features(self, cmd: EnableFeatures) -> MetaResult:
+        names = cmd.names
+        if type(names) is not list or not all(type(name) is str and name for name in names):
+            return Rejected(406, f"feature names must be a list of names, not {names!r}"[:200]), []
+        # (a name this code does not know is kept too: every member applies the same list; a
+        # member that lacks the feature meets its commands and stops, as it would without flags)
+        added = [name for name in dict.fromkeys(names) if name not in self.features_enabled]
+        self.features_enabled.extend(added)
+        return bool(added), []
+
+    def _set_maintenance(self, cmd: SetMaintenance) -> MetaResult:
+        if type(cmd.node) is not str or not cmd.node or type(cmd.draining) is not bool:
+            return Rejected(406, f"maintenance needs a node name and true/false, not {cmd!r}"[:200]), []
+        if cmd.draining == (cmd.node in self.draining):
+            return False, []  # (already so)
+        if cmd.draining:
+            self.draining.append(cmd.node)
+        else:
+            self.draining.remove(cmd.node)
+        return True, []
+
+    def feature_enabled(self, name: str) -> bool:
+        """Every member of the cluster applies the feature's commands (features.py)."""
+        return name in self.features_enabled
 
     def access_key_secret(self, key_id: str) -> str | None:
         record = self.access_keys.get(key_id)

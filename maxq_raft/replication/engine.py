@@ -42,7 +42,9 @@ peer whose list differs is cut off from every group, both ways (its Raft frames 
 proposals dropped, none sent to it), and each side logs why once: the majority that agrees goes
 on as if that member were down, and a member whose list differs from all its peers' serves
 nothing rather than put queues in other groups than the rest. A peer that never says (an older
-release) is not checked. `mismatched_peers()` names the peers cut off and their lists.
+release) is not checked. `mismatched_peers()` names the peers cut off and their lists. The same
+message carries the features this node's code supports (`features`, machines/features.py), kept
+per linked peer for `peer_features()`; an older release sends none.
 
 Fail-stop: when this node cannot keep its Raft state (a Journal's writer failed on a full disk or
 an I/O error, a group failed, the hub thread itself raised), the whole node stops: a member that
@@ -59,7 +61,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,7 @@ class ReplicationNode:
         raft_settings: dict[str, Any] | None = None,
         on_fatal: Callable[[str], None] | None = None,
         apply_backlog_bytes: Callable[[], int] | None = None,
+        features: Iterable[str] = (),
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -116,6 +119,7 @@ class ReplicationNode:
         self.peers = {k: (v[0], int(v[1])) for k, v in peers.items()}
         self.data_dir = Path(data_dir)
         self.group_names = list(groups)
+        self.features = sorted(features)  # what this code supports, announced to peers (machines/features.py)
         self.fsync = fsync
         self.on_commit = on_commit
         self.on_snapshot = on_snapshot  # (group, SnapshotHeader): load the machines' state from it
@@ -156,6 +160,9 @@ class ReplicationNode:
         self.stats: collections.Counter[str] = collections.Counter()
         # peers whose group list differs from ours (their "groups" op): cut off from every group
         self._mismatched: dict[str, list[str]] = {}
+        # what each peer linked now announced it supports (its "groups" op; none from an earlier
+        # release, forgotten when the link goes down)
+        self._peer_features: dict[str, frozenset[str]] = {}
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -247,6 +254,10 @@ class ReplicationNode:
     def mismatched_peers(self) -> dict[str, list[str]]:
         """Peers cut off because they run other groups than this node: peer -> its group list."""
         return dict(self._mismatched)
+
+    def peer_features(self) -> dict[str, frozenset[str]]:
+        """Peers linked now -> the features they announced (machines/features.py)."""
+        return dict(self._peer_features)
 
     def take_snapshot(
         self, group: str, index: int, body: list[bytes], callback: Callable[[Any, str | None], None]
@@ -385,7 +396,8 @@ class ReplicationNode:
 
     def _on_peer_up(self, peer: str) -> None:
         # (an older release ignores an op it does not know: the check is only between new ones)
-        self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control({"op": "groups", "groups": self.group_names}))
+        announce = {"op": "groups", "groups": self.group_names, "features": self.features}
+        self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
         for g in self.groups.values():
             g.transport.peer_up(peer)
             self._touched.add(g)
@@ -463,6 +475,7 @@ class ReplicationNode:
                 call_safely(callback, None, "timeout")
 
     def _on_peer_down(self, peer: str) -> None:
+        self._peer_features.pop(peer, None)
         self._expire_forwards(time.monotonic(), peer_down=peer)
         for g in self.groups.values():
             g.transport.peer_down(peer)
@@ -499,6 +512,10 @@ class ReplicationNode:
         op = m["op"]
         if op == "groups":
             self._on_peer_groups(peer, m.get("groups"))
+            features = m.get("features", [])
+            if type(features) is not list or not all(type(name) is str for name in features):
+                raise wire.WireError(f"bad feature list from {peer}: {features!r}"[:200])
+            self._peer_features[peer] = frozenset(features)
             return
         if peer in self._mismatched:
             self.stats["frames_from_mismatched_peers"] += 1

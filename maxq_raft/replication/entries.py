@@ -35,6 +35,8 @@ import msgpack
 from ..amqp.values import decode_table, encode_table
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.features import EnableFeatures
+from ..machines.maintenance import SetMaintenance
 from ..machines.message import Message
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
@@ -88,6 +90,8 @@ METADATA_COMMANDS = {
         md.ClearOperatorPolicy,
         *md.ACCESS_COMMANDS,
         DecideTxn,
+        EnableFeatures,
+        SetMaintenance,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)

@@ -37,6 +37,7 @@ from ..http.metrics_server import open_metrics_listeners, serve_metrics
 from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
+from ..machines.features import SUPPORTED
 from ..replication.engine import ReplicationNode
 from ..replication.journal import JournalError
 from ..replication.snapshot_file import SnapshotError
@@ -50,6 +51,7 @@ from .broker import Broker
 from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
 from .errors import ChannelError
+from .feature_flags import enable_features
 from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
 from .recovery import recover
@@ -282,6 +284,7 @@ async def _serve_clustered(
             joining=settings.join == "on",
             on_fatal=stop.fail,
             apply_backlog_bytes=cluster.apply_backlog_bytes,
+            features=SUPPORTED,
         )
         node.start()
     except OSError as exc:
@@ -438,6 +441,7 @@ async def _serve(
             nursery.start_soon(tick_sessions, broker)
             nursery.start_soon(compact_trace, broker.tracer, broker.clock_ms)
             nursery.start_soon(broker.log.tick_queues)
+            nursery.start_soon(enable_features, broker)
             nursery.start_soon(partial(trio.serve_listeners, partial(handle_connection, broker, settings), listeners))
             amqp_addr = listeners[0].socket.getsockname()
             http_addr = None

@@ -10,9 +10,11 @@ tables round-trip exactly); `load_metadata(records)` builds the machine state di
 replaying declares, so that the order of every dict and binding list (route results follow
 binding order, auto-delete cascades follow the reverse index) is the original's.
 
-Records: `["metadata", {"version", "users", "users_seeded", "access_version", "access_keys"}]`
+Records: `["metadata", {"version", "users", "users_seeded", "access_version", "access_keys",
+"txn_decisions", "features_enabled", "draining"}]`
 (users as `[name, password_hash, hashing_algorithm, tags, limits]`, access keys as `[key_id,
-user, secret]`; a header without "access_keys", written before they existed, has none); per vhost `["vhost", name]`, then
+user, secret]`; a header without "access_keys", "features_enabled" or "draining", written before they existed,
+has none); per vhost `["vhost", name]`, then
 `["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
 in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
 each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
@@ -67,6 +69,8 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         "access_version": machine.access_version,
         "access_keys": [[k.key_id, k.user, k.secret] for k in machine.access_keys.values()],
         "txn_decisions": machine.txn_decisions.dump(),
+        "features_enabled": list(machine.features_enabled),
+        "draining": list(machine.draining),
     }
     yield ["metadata", header]
     counts: dict[str, int] = {}
@@ -155,6 +159,14 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
             key_id: access.AccessKeyRecord(key_id, user, secret)
             for key_id, user, secret in header.get("access_keys", [])
         }
+        features = header.get("features_enabled", [])
+        if type(features) is not list or not all(type(name) is str for name in features):
+            raise SnapshotError(f"metadata snapshot: malformed enabled features: {features!r}"[:200])
+        machine.features_enabled = list(features)
+        draining = header.get("draining", [])
+        if type(draining) is not list or not all(type(name) is str for name in draining):
+            raise SnapshotError(f"metadata snapshot: malformed members under maintenance: {draining!r}"[:200])
+        machine.draining = list(draining)
         if "txn_decisions" in header:
             try:
                 machine.txn_decisions.load(header["txn_decisions"])

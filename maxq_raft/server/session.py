@@ -72,6 +72,7 @@ READ_SIZE_MIN_BYTES = 16384
 COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 TICK_INTERVAL_S = 0.25
+DRAINING_TEXT = "this node is being drained for maintenance; connect to another node"
 CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before it is cut
 # A peer that does not read what it asked for (basic.get in a loop, never reading the get-oks)
 # is not read either once this much output waits for it, until it has taken most of it: the
@@ -587,6 +588,8 @@ class Session:
                         "this node is cut off from the cluster majority; connect to another node",
                         now=trio.current_time(),
                     )
+                elif self.broker.node_id in self.broker.meta.draining:  # (maxqctl drain: watchdog.py)
+                    self.conn.close(spec.CONNECTION_FORCED, DRAINING_TEXT, now=trio.current_time())
                 log.debug(
                     "connection %s from %s opened (user %s, vhost %s)", self.id, self.peer_host, event.user, event.vhost
                 )

@@ -11,7 +11,10 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   is reachable again (`quorum_ok`); removed from the cluster, it stops (SIGTERM to itself);
 - every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards to
   the member leading fewest (one move per round, only when every member is up), so the leaders'
-  work is spread.
+  work is spread; a member under maintenance is never given one;
+- on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
+  clients' connections once (new ones are refused at connection.open: session.py), and hands the leadership of every
+  group it leads (after an election too) to the member up and not drained that leads fewest.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.maintenance import leader_target
 from ..machines.shard import ALL_QUEUES
 from .command_log import META_GROUP
+from .session import DRAINING_TEXT
 
 log = logging.getLogger("maxq.cluster")
 
 NODE_DOWN_AFTER_S = 3.0
 BALANCE_EVERY_S = 5.0
 QUORUM_LOST_AFTER_S = 1.5
+HAND_OVER_WAIT_S = 5.0  # a leadership transfer under way is not asked again before this
 WATCH_INTERVAL_S = 0.5
 
 
@@ -43,6 +49,9 @@ class MembershipWatchdog:
         self._declared_down: dict[str, None] = {}
         self._quorum_lost_at: float | None = None
         self._next_balance_at = 0.0
+        self._handing_over: dict[str, float] = {}  # group -> when its transfer may be asked again
+        self._no_target_said = False
+        self._draining = False  # this member is under maintenance (sessions refuse new clients then)
 
     async def run(self) -> None:
         cluster = self.cluster
@@ -66,6 +75,7 @@ class MembershipWatchdog:
                 return
             self._watch_quorum(now, members)
             self._watch_members(now, members, leading)
+            self._watch_maintenance(now, members)
 
     def _watch_quorum(self, now: float, members: list[str]) -> None:
         cluster = self.cluster
@@ -106,12 +116,56 @@ class MembershipWatchdog:
                         ALL_QUEUES, qc.Down(member + "@"), lambda _r, g=group: cluster.auto_delete_idle(g), group=group
                     )
 
+    def _watch_maintenance(self, now: float, others: list[str]) -> None:
+        cluster = self.cluster
+        draining = cluster.broker.meta.draining
+        under = cluster.node_id in draining
+        if under != self._draining:
+            self._draining = under
+            if under:
+                log.warning("this node is being drained: closing client connections, handing over its leaderships")
+                cluster.close_sessions(DRAINING_TEXT)
+            else:
+                log.info("this node is revived: serving clients and leading again")
+                self._handing_over.clear()
+        if not under:
+            return
+        node = cluster.node
+        groups = [META_GROUP, *cluster.shards]
+        leaders = {group: node.leader(group) for group in groups}
+        leads: dict[str, int] = {}
+        for leader in leaders.values():
+            if leader is not None:
+                leads[leader] = leads.get(leader, 0) + 1
+        up = [m for m in others if node.peer_is_up(m)]
+        for group in groups:
+            if leaders[group] != cluster.node_id or self._handing_over.get(group, 0.0) > now:
+                continue
+            target = leader_target(others, draining, up, leads)
+            if target is None:
+                if not self._no_target_said:
+                    log.warning("draining: no member is up and not drained to take the leadership of %s", group)
+                    self._no_target_said = True
+                return
+            self._no_target_said = False
+            log.info("draining: moving the leadership of %s to %s", group, target)
+            self._handing_over[group] = now + HAND_OVER_WAIT_S
+            leads[target] = leads.get(target, 0) + 1
+            node.transfer_leadership(group, target)
+
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another
-        hands one of its shards to the member leading fewest (one move per round, all up)."""
+        hands one of its shards to the member leading fewest (one move per round, all up; never
+        to or from a member under maintenance, whose leaderships `_watch_maintenance` moves)."""
         cluster = self.cluster
         node = cluster.node
         if not others or not all(node.peer_is_up(m) for m in others):
+            return
+        draining = cluster.broker.meta.draining
+        if cluster.node_id in draining:
+            return
+        others = [m for m in others if m not in draining]
+        if not others:
             return
         leads: dict[str, list[str]] = {m: [] for m in [cluster.node_id, *others]}
         for group in [META_GROUP, *cluster.shards]:

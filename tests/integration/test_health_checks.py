@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from maxq_raft.http.health_api import quorum_critical_groups
+from maxq_raft.machines.features import SUPPORTED
 
 from ..conftest import free_port
 from ..helpers import api, wait_until
@@ -107,3 +108,22 @@ def test_aliveness_test_round_trips_a_message(broker):
     assert api(broker, "GET", "/api/queues/%2F/aliveness-test")[1]["messages"] == 0
     status, body, _ = api(broker, "GET", "/api/aliveness-test/no-such-vhost")
     assert (status, body) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+
+
+def test_feature_flags_are_enabled_on_a_node_that_every_member_supports_and_only_administrators_see_them(broker):
+    # machines/features.py: a single node enables its own at start; a cluster's metadata leader
+    # once every member announced them (MAXQ_TEST_CLUSTER=3 runs this against a cluster).
+    def states():
+        status, answer, _ = api(broker, "GET", "/api/feature-flags")
+        assert status == 200
+        return {flag["name"]: flag["state"] for flag in answer}
+
+    assert wait_until(lambda: states() == dict.fromkeys(SUPPORTED, "enabled"), 10), states()
+    flag = api(broker, "GET", "/api/feature-flags")[1][0]
+    assert set(flag) == {"name", "desc", "doc_url", "state", "stability", "provided_by"}  # RabbitMQ's keys
+    user = f"ff-{uuid.uuid4().hex[:6]}"
+    assert api(broker, "PUT", f"/api/users/{user}", {"password": "pw", "tags": "monitoring"})[0] == 201
+    try:
+        assert api(broker, "GET", "/api/feature-flags", auth=(user, "pw"))[0] == 401  # administrators only
+    finally:
+        api(broker, "DELETE", f"/api/users/{user}")

@@ -477,3 +477,52 @@ def test_a_peer_with_another_group_list_is_cut_off_from_every_group(tmp_path, ca
     finally:
         for x in nodes.values():
             x.stop()
+
+
+def test_peers_announce_their_features_with_their_group_list_and_are_forgotten_when_down(tmp_path):
+    # machines/features.py: what a peer's code supports travels in its "groups" op; a peer that
+    # goes down no longer counts (a feature is enabled only while every member is linked).
+    ports = {k: free_port() for k in ("n1", "n2")}
+    features = {"n1": ["alpha", "beta"], "n2": ["alpha"]}
+    nodes = {
+        k: ReplicationNode(
+            node_id=k,
+            raft_addr=("127.0.0.1", ports[k]),
+            peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
+            cluster_secret=SECRET,
+            data_dir=tmp_path / k,
+            groups=["meta"],
+            on_commit=lambda g, es: None,
+            features=features[k],
+        )
+        for k in ports
+    }
+    for x in nodes.values():
+        x.start()
+    try:
+        assert wait_until(lambda: nodes["n1"].peer_features() == {"n2": frozenset({"alpha"})}, 10)
+        assert wait_until(lambda: nodes["n2"].peer_features() == {"n1": frozenset({"alpha", "beta"})}, 10)
+        nodes["n2"].stop()
+        assert wait_until(lambda: nodes["n1"].peer_features() == {}, 15), nodes["n1"].peer_features()
+    finally:
+        for x in nodes.values():
+            x.stop()
+
+
+def test_a_group_list_without_features_is_an_earlier_release_and_a_bad_feature_list_is_refused(tmp_path):
+    node = ReplicationNode(
+        node_id="n1",
+        raft_addr=("127.0.0.1", free_port()),
+        peers={},
+        cluster_secret=SECRET,
+        data_dir=tmp_path / "n1",
+        groups=["meta"],
+        on_commit=lambda g, es: None,
+        features=["alpha"],
+    )
+    node._on_control("old", {"op": "groups", "groups": ["meta"]})  # (the hub thread's call, made here)
+    assert node.peer_features() == {"old": frozenset()}
+    for bad in ("alpha", [1], {"alpha": 1}):
+        with pytest.raises(wire.WireError, match="bad feature list"):
+            node._on_control("odd", {"op": "groups", "groups": ["meta"], "features": bad})
+    assert "odd" not in node.peer_features()

@@ -6,7 +6,9 @@ clone's git history (`git archive`) and laid out as the installed package is (`a
 `storage/` inside `maxq_raft/`); a member runs it with that folder first on PYTHONPATH. Each
 member in turn is stopped with SIGTERM, as an upgrade stops it, and started again on the same
 data folder with this checkout's code, while a publisher keeps publishing persistent messages
-with confirms to the members in turn. At the end every confirmed message is consumed.
+with confirms to the members in turn. At the end every confirmed message is consumed. Feature
+flags (machines/features.py) stay off while a member of the previous release is in the cluster
+and are enabled once the last one is replaced.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from maxq_raft.machines.features import SUPPORTED
 from tests.cluster.conftest import Cluster, ConfirmingPublisher, drain
 from tests.helpers import wait_for
 
@@ -94,6 +97,11 @@ def groups_led(member) -> bool:
     return bool(groups) and all(g.get("leader") for g in groups)
 
 
+def flag_states(member) -> dict[str, str]:
+    """Feature flags (machines/features.py) as this member's /api/feature-flags shows them."""
+    return {flag["name"]: flag["state"] for flag in member.admin("/api/feature-flags")}
+
+
 def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_path, previous_tree) -> None:
     cluster = Cluster(tmp_path)
     old, new = environment(previous_tree), environment(None)
@@ -123,6 +131,14 @@ def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_pa
             member.launch()
             member.wait_ready(STEP_TIMEOUT_S)
             wait_for(lambda: groups_led(member), STEP_TIMEOUT_S, f"every group led, seen from the upgraded {name}")
+            if name != "n3":  # a member of the previous release announces no feature: none is enabled
+                assert flag_states(member) == dict.fromkeys(SUPPORTED, "unavailable")
+        for member in cluster.members.values():  # every member runs this code: its features are enabled
+            wait_for(
+                lambda: flag_states(member) == dict.fromkeys(SUPPORTED, "enabled"),
+                STEP_TIMEOUT_S,
+                f"feature flags enabled, seen from {member.name}",
+            )
         before = len(publisher.confirmed)
         wait_for(
             lambda: len(publisher.confirmed) >= before + CONFIRMS_PER_STEP, STEP_TIMEOUT_S, "confirms after the upgrade"

@@ -1,0 +1,81 @@
+"""`maxqctl drain NODE [--dry-run]` and `maxqctl revive NODE`: maintenance mode
+(machines/maintenance.py) through POST /api/cluster/drain and /api/cluster/revive.
+
+`drain` prints the plan (the groups NODE leads, whose leaderships move; its client connections
+close), then, without --dry-run, records the drain and waits, with a progress line, until NODE
+leads no group (at most --timeout, default HAND_OVER_TIMEOUT_S); NODE may then be stopped.
+`revive` lets NODE serve clients and lead again (the others' balancing gives it leaderships back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import progress
+from .admin_client import CtlError, fetch
+
+HAND_OVER_TIMEOUT_S = 60.0
+POLL_EVERY_S = 0.5
+STATUS_TIMEOUT_S = 2.0
+
+
+def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
+    drain = sub.add_parser(
+        "drain", help="put a member under maintenance: its clients go to other members, its leaderships move"
+    )
+    drain.add_argument("name", type=node_name, metavar="NODE")
+    drain.add_argument("--dry-run", action="store_true", help="print what would change and change nothing")
+    revive = sub.add_parser("revive", help="end a member's maintenance: it serves clients and leads again")
+    revive.add_argument("name", type=node_name, metavar="NODE")
+    for command in (drain, revive):
+        command.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+
+
+def _led_by(status: dict, node: str) -> list[str]:
+    return [g["group"] for g in status.get("groups", []) if g.get("leader") == node]
+
+
+def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
+    """What to print; None when `args` is another command."""
+    if args.command not in ("drain", "revive"):
+        return None
+    draining = args.command == "drain"
+    dry_run = draining and args.dry_run
+    body = {"node": args.name, "dry_run": dry_run}
+    answer = fetch(args.node, f"/api/cluster/{args.command}", STATUS_TIMEOUT_S * 5, "POST", body)
+    leads = ", ".join(answer.get("leads", [])) or "no group"
+    if dry_run:
+        plan = (
+            f"drain {args.name} (dry run, nothing changed): it leads {leads}; those leaderships would move "
+            f"to the members not drained, its client connections would close and new ones be refused"
+        )
+        return json.dumps(answer, indent=1) if args.json else plan
+    if not draining:
+        said = "revived" if answer.get("changed") else "was not under maintenance"
+        return json.dumps(answer, indent=1) if args.json else f"{args.name} {said}: it serves clients and leads again"
+    deadline = time.monotonic() + (timeout_s or HAND_OVER_TIMEOUT_S)
+
+    def handed_over() -> list[str]:
+        while True:  # bounded by the deadline
+            left = _led_by(fetch(args.node, "/api/cluster/status", STATUS_TIMEOUT_S), args.name)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(POLL_EVERY_S)
+
+    left = progress.wait_with_progress(
+        handed_over,
+        lambda: fetch(args.node, "/api/cluster/status", STATUS_TIMEOUT_S),
+        lambda status: f"{len(_led_by(status, args.name))} groups still led by {args.name}",
+        f"draining {args.name}",
+        sys.stderr,
+    )
+    if left:
+        raise CtlError(f"{args.name} is under maintenance but still leads {', '.join(left)}: see its log", 5)
+    if args.json:
+        return json.dumps({**answer, "still_leads": left}, indent=1)
+    return f"{args.name} drained: it leads no group and serves no client; it can be stopped (revive: maxqctl revive)"

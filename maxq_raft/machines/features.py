@@ -1,0 +1,50 @@
+"""Feature flags: the replicated behaviours every member of a cluster can apply.
+
+Why (RabbitMQ's feature flags, for the same reason: rolling upgrades): a member that meets a
+command its code does not know stops (replication/entries.py, NewerEntry) rather than skip it
+and drift from the others. So a release that adds a kind of replicated command (a feature) must
+not propose it while a member of an earlier release is still in the cluster.
+
+How: each member announces the features its code supports to every peer it links to (the
+replication engine's group-list message: an earlier release sends none, so it supports none).
+On the metadata group's leader the membership watchdog enables, with one `EnableFeatures`
+command of the metadata machine, the features that every member of the metadata group has
+announced over a link that is up now (`features_to_enable`); a single node (a one-member log)
+enables all of its own at start. The metadata machine keeps the enabled names, in the order
+they were enabled, in its snapshot. Code that proposes a new kind of command checks
+`MetadataMachine.feature_enabled(name)` first. An enabled feature stays enabled: a member of an
+earlier release must not join a cluster after that (it would stop at the first new command).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import NamedTuple
+
+from .maintenance import FEATURE as MAINTENANCE
+
+# name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
+# that an earlier release does not know, so it too waits until every member announces it.
+FEATURES: dict[str, str] = {
+    "feature_flags": "Members agree on the features the cluster uses before any is used",
+    MAINTENANCE: "Members can be drained for maintenance and revived (maxqctl drain / revive)",
+}
+SUPPORTED: frozenset[str] = frozenset(FEATURES)
+
+
+class EnableFeatures(NamedTuple):
+    names: list[str]  # sorted; names already enabled are skipped when applied
+
+
+def features_to_enable(
+    enabled: Collection[str], supported: Iterable[str], announced: Mapping[str, Collection[str]], others: Iterable[str]
+) -> list[str]:
+    """The features this code `supported` that are not `enabled` yet and that every member in
+    `others` (the other members of the metadata group) `announced`, sorted. A member absent from
+    `announced` (not linked now, or of an earlier release) holds every feature back."""
+    ready = set(supported) - set(enabled)
+    for member in others:
+        ready &= set(announced.get(member, ()))
+        if not ready:
+            break
+    return sorted(ready)
