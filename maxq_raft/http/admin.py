@@ -408,6 +408,23 @@ async def add_member(broker, request: Request) -> dict:
             f"a membership change is already in progress in {', '.join(pending)}; wait and retry",
             reason="pending",
         )
+    missing = await feature_flags_api.missing_features(broker, name)
+    if missing is None:
+        raise HttpError(
+            "409 Conflict",
+            f"node {name} did not announce its features to {broker.node_id} within "
+            f"{feature_flags_api.ANNOUNCE_WAIT_S:.0f} s: start it first (maxq-server --join on, the cluster "
+            "secret, this cluster's members as --peer); a release without feature flags cannot join this cluster",
+            reason="not linked",
+        )
+    if missing:
+        raise HttpError(
+            "409 Conflict",
+            f"node {name} does not support feature flags enabled in this cluster ({', '.join(missing)}): it runs "
+            "an earlier release and would stop at their first command; run this release on it first",
+            reason="missing feature flags",
+            missing=missing,
+        )
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
     err = await _engine_answer(partial(node.add_member, name, addr), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:

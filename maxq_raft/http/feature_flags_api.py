@@ -3,14 +3,21 @@ administrators), for this cluster's flags (machines/features.py).
 
 A flag is "enabled" once the metadata group applied it; "disabled" while every member announced
 it (the metadata leader enables it within a second or so); "unavailable" while some member has not
-(a member of an earlier release, or one not linked to this node now).
+(a member of an earlier release, or one not linked to this node now). `missing_features`: what a
+node about to be added lacks of the enabled ones (POST /api/cluster/members refuses it then).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from ..machines.features import FEATURES, SUPPORTED, features_to_enable
+from ..replication.engine import MEMBER_PROBE_S
+
+ANNOUNCE_WAIT_S = MEMBER_PROBE_S  # a joining node's announcement: as long as the engine waits for its answer
+ANNOUNCE_POLL_S = 0.1
 
 
 def feature_flags(broker: Any) -> list[dict[str, Any]]:
@@ -31,3 +38,21 @@ def feature_flags(broker: Any) -> list[dict[str, Any]]:
         }
         for name in names
     ]
+
+
+async def missing_features(broker: Any, name: str) -> list[str] | None:
+    """The enabled features that node `name` (about to be added) did not announce: a member of
+    an earlier release would stop at the first command of one of them, so it must not join.
+    Empty when nothing is enabled; None when `name` announced nothing to this node within
+    ANNOUNCE_WAIT_S (not running, not linked, or of a release that announces no features)."""
+    enabled = broker.meta.features_enabled
+    node = broker.log.replication_node
+    if not enabled or node is None:
+        return []
+    with trio.move_on_after(ANNOUNCE_WAIT_S):
+        while True:  # bounded by the deadline
+            announced = node.peer_features().get(name)
+            if announced is not None:
+                return [feature for feature in enabled if feature not in announced]
+            await trio.sleep(ANNOUNCE_POLL_S)
+    return None

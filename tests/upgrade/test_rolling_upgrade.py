@@ -8,7 +8,8 @@ member in turn is stopped with SIGTERM, as an upgrade stops it, and started agai
 data folder with this checkout's code, while a publisher keeps publishing persistent messages
 with confirms to the members in turn. At the end every confirmed message is consumed. Feature
 flags (machines/features.py) stay off while a member of the previous release is in the cluster
-and are enabled once the last one is replaced.
+and are enabled once the last one is replaced; after that, a member of the previous release
+cannot join.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from maxq_raft.machines.features import SUPPORTED
-from tests.cluster.conftest import Cluster, ConfirmingPublisher, drain
+from tests.cluster.conftest import Cluster, ConfirmingPublisher, Member, drain
+from tests.conftest import free_port
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ PREVIOUS = (Path(__file__).parent / "previous_release").read_text().split()[0]
 CONFIRMS_PER_STEP = 30
 STEP_TIMEOUT_S = 60.0
 GIT_TIMEOUT_S = 60
+MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +162,40 @@ def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_pa
         for member in cluster.members.values():
             if "Traceback" in member.log_text():
                 print(f"\n--- {member.name} log has a traceback ---\n{member.log_text()[-15000:]}")
+
+
+def test_a_member_of_the_previous_release_cannot_join_once_feature_flags_are_enabled(tmp_path, previous_tree) -> None:
+    # It would stop at the first command of an enabled feature: add-node refuses it and says why.
+    cluster = Cluster(tmp_path)
+    late = Member("n4", tmp_path, free_port(), {n: cluster[n].raft_port for n in cluster.members}, ["--join", "on"])
+    late.env = environment(previous_tree)
+    try:
+        cluster.start()
+        first = cluster["n1"]
+        wait_for(
+            lambda: flag_states(first) == dict.fromkeys(SUPPORTED, "enabled"), STEP_TIMEOUT_S, "feature flags enabled"
+        )
+        late.launch()
+        refused = subprocess.run(
+            [
+                MAXQCTL,
+                "--node",
+                f"127.0.0.1:{first.http_port}",
+                "add-node",
+                "n4",
+                "--raft-addr",
+                f"127.0.0.1:{late.raft_port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+        )
+        assert refused.returncode != 0 and "409" in refused.stderr, refused
+        # (the previous release announces nothing at all: it sends no group list; a later one
+        # without a feature would be named as lacking it: tests/http/test_feature_flags_api.py)
+        assert "a release without feature flags cannot join this cluster" in refused.stderr, refused.stderr
+        groups = first.admin("/api/cluster/status")["groups"]
+        assert all("n4" not in [m["node"] for m in g["members"]] for g in groups)
+    finally:
+        late.stop()
+        cluster.stop()
