@@ -618,6 +618,69 @@ class MembershipNemesis(Nemesis):
         return {"rejoined": [node.name], "attempts": result["attempts"], "seconds": round(time.monotonic() - began, 2)}
 
 
+DRAIN_WAIT_S = 15.0  # maxqctl drain's wait for the hand-over (the drain itself is recorded at once)
+DRAIN_TIMEOUT_S = 60.0  # one drain or revive, retries included
+
+
+class DrainNemesis(Nemesis):
+    """`maxqctl drain` a live member (the queue's shard leader half the time, so that a leadership
+    moves under load), during another fault when overlapped; `maxqctl revive` it at heal. Its
+    clients are closed (320) and reconnect to the other members; nothing confirmed may be lost.
+    A drain whose hand-over is not finished within DRAIN_WAIT_S (a partition may block it) is
+    still recorded (maxqctl exit 5): the member stays drained until the heal revives it."""
+
+    name = "maintenance"  # (not "drain": the runner's final drain of the queue has that name)
+    needs_cluster = True
+
+    def __init__(self, queue: str = "jepsen") -> None:
+        super().__init__(queue)
+        self.drained: Node | None = None
+
+    @staticmethod
+    def _ask(lab: Lab, verb: str, target: Node, done_codes: tuple[int, ...], sleep=time.sleep) -> dict:
+        """`maxqctl VERB TARGET` asked of the live members in turn until its exit is one of
+        `done_codes`, bounded in tries and time: {"done": bool, "attempts": [...]}."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        attempts: list = []
+        for i in range(CHANGE_TRIES_MAX):
+            live = [n for n in lab.nodes if n.alive() and not n.paused]
+            if not live or time.monotonic() >= deadline:
+                break
+            asker = live[i % len(live)]
+            code, out, err = run_maxqctl(
+                asker, "--timeout", f"{DRAIN_WAIT_S:g}", verb, target.name, timeout_s=DRAIN_WAIT_S + 30.0
+            )
+            attempts.append([asker.name, code, change_reason(out, err) if code != 0 else "ok"])
+            if code in done_codes:
+                return {"done": True, "attempts": attempts}
+            sleep(CHANGE_RETRY_S)
+        return {"done": False, "attempts": attempts}
+
+    def start(self, lab: Lab, rng: random.Random) -> dict:
+        if self.drained is not None:
+            return {"skipped": f"{self.drained.name} is still drained"}
+        live = [n for n in lab.nodes if n.alive() and not n.paused]
+        if len(live) < 2:
+            return {"skipped": "fewer than two live members"}
+        leaders = lab.leaders()
+        shard = shard_of((VHOST, self.queue), lab.shards())
+        leader = next((n for n in live if n.name == leaders.get(shard)), None)
+        target = leader if leader is not None and rng.random() < 0.5 else rng.choice(live)
+        self.drained = target  # revived at heal whatever came of it (an unanswered drain may have committed)
+        result = self._ask(lab, "drain", target, (0, 5))
+        return {"targets": [target.name], "drained": result["done"], "attempts": result["attempts"], "leaders": leaders}
+
+    def heal(self, lab: Lab) -> dict:
+        node = self.drained
+        if node is None:
+            return {"revived": []}
+        result = self._ask(lab, "revive", node, (0,))
+        if not result["done"]:
+            raise LabError(f"revive {node.name} not done: {result['attempts']}")
+        self.drained = None
+        return {"revived": [node.name], "attempts": result["attempts"]}
+
+
 NEMESES = {
     cls.name: cls
     for cls in (
@@ -638,6 +701,7 @@ NEMESES = {
         DiskFullNemesis,
         ClockSkewNemesis,
         MembershipNemesis,
+        DrainNemesis,
     )
 }
 
@@ -754,8 +818,9 @@ class Cycle:
 
 OVERLAP_CHANCE = 0.5
 # A rider's start runs in a thread beside the fault and it is healed after it (runner.py): membership
-# (maxqctl calls and a stop) and disk-full (a ballast file written, then deleted) both can.
-OVERLAPPABLE = ("membership", "disk-full")
+# (maxqctl calls and a stop), disk-full (a ballast file written, then deleted) and maintenance
+# (maxqctl drain, then revive) all can.
+OVERLAPPABLE = ("membership", "disk-full", "maintenance")
 # A membership change needs a quorum: during kill-majority it could only time out (90 s), and a
 # removal left pending might commit after the heal and stop a member nobody holds down.
 NO_OVERLAP_WITH = ("kill-majority",)

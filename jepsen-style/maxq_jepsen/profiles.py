@@ -4,7 +4,7 @@ Theory of operation: a profile is data. `ci` is small and fixed so that it can g
 two single-node runs of ~30 s (kill, pause) and one 3-node cluster run of ~60 s in all (kills of
 a member and of the queue's shard leader, pauses, partitions of one node and of the leader);
 `cluster` is that cluster run alone; `long` is for a human with a few hours (ten 5-node cluster
-runs of 300 s over every nemesis that exists, membership changes overlapping the other faults,
+runs of 300 s over every nemesis that exists, membership changes and drains overlapping the other faults,
 an eleventh with the TTL + dead-letter workload, then ten single-node runs of 300 s; the cluster
 runs come first so that `--runs 6` is six of them, about 35 minutes). The
 command line may override seeds, nemeses, duration and workload; a run is then fully described
@@ -138,6 +138,7 @@ CLUSTER_NEMESES_ALL = (
     "disk-full",
     "clock-skew",
     "membership",
+    "maintenance",
 )
 
 
@@ -186,7 +187,7 @@ def _cluster() -> Profile:
 
 
 LONG_NOTICE = (
-    "long: 5-node cluster runs (every nemesis; membership changes overlap the other faults; the 11th "
+    "long: 5-node cluster runs (every nemesis; membership changes and drains overlap the other faults; the 11th "
     "is the TTL + dead-letter workload) first, then single-node runs; --runs N takes the first N, "
     "--time S shortens each"
 )
@@ -215,7 +216,7 @@ def _long() -> Profile:
                 lab="netns",
                 recovery_timeout_s=90.0,
                 drain_timeout_s=120.0,
-                overlap=("membership",),
+                overlap=("membership", "maintenance"),
                 server_args=CLUSTER_SERVER_ARGS,
             )
         )
@@ -236,7 +237,7 @@ def _long() -> Profile:
             lab="netns",
             recovery_timeout_s=90.0,
             drain_timeout_s=120.0,
-            overlap=("membership",),
+            overlap=("membership", "maintenance"),
             server_args=CLUSTER_SERVER_ARGS,
         )
     )
@@ -262,7 +263,7 @@ def _long() -> Profile:
 CAMPAIGN_CLUSTER_RUNS = 100
 CAMPAIGN_NOTICE = (
     f"campaign: {CAMPAIGN_CLUSTER_RUNS} seeded cluster runs of 60 s over every nemesis (disk-full too; "
-    "membership and disk-full overlap the other faults), every fifth on 5 nodes, queue, fifo and dlx "
+    "membership, disk-full and maintenance overlap the other faults), every fifth on 5 nodes, queue, fifo and dlx "
     "workloads in turn; then single-node runs with at least 100 kill -9 / restart cycles under "
     "confirmed load. Several hours on 2 cores; --runs N takes the first N"
 )
@@ -293,7 +294,7 @@ def _campaign() -> Profile:
                 lab="netns",
                 recovery_timeout_s=90.0,
                 drain_timeout_s=90.0,
-                overlap=("membership", "disk-full"),
+                overlap=("membership", "disk-full", "maintenance"),
                 server_args=CLUSTER_SERVER_ARGS,
             )
         )

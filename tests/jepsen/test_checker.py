@@ -636,6 +636,7 @@ def test_nemesis_names():
         "disk-full",
         "clock-skew",
         "membership",
+        "maintenance",
     ]
     assert parse_nemeses("kill,disk-stall") == ["kill", "disk-stall"]  # the whole menu is built
     with pytest.raises(NemesisError, match="unknown nemesis"):
@@ -646,6 +647,8 @@ def test_nemesis_names():
     assert set(unsupported(["kill-leader", "partition-one", "one-way"], 3, "local")) == {"partition-one", "one-way"}
     assert set(unsupported(["membership"], 1, "local")) == {"membership"}
     assert unsupported(["membership"], 3, "local") == {}
+    assert set(unsupported(["maintenance"], 1, "local")) == {"maintenance"}
+    assert unsupported(["maintenance"], 3, "local") == {}
     # On 3 members only the ring is refused for its shape (a tool missing on this machine is refused too, loudly).
     shape = {
         k: v for k, v in unsupported(list(parse_nemeses("all")), 3, "netns").items() if not v.startswith("MISSING")

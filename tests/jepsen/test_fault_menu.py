@@ -222,7 +222,7 @@ def test_the_long_profile_starts_with_five_node_runs_over_the_whole_menu():
         # every nemesis that this machine can run (a missing tool is refused loudly, not silently)
         refused = nem.unsupported(list(full), 5, "netns")
         assert set(spec.nemeses) == full - set(refused)
-        assert spec.overlap == ("membership",)
+        assert spec.overlap == ("membership", "maintenance")
     ci = cli.build_specs(cli.parse_args(["--profile", "ci"]))
     assert [s.nemeses for s in ci][-1] == ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
 
@@ -245,8 +245,10 @@ def test_the_campaign_is_a_hundred_cluster_runs_over_every_fault_and_a_hundred_k
     assert {r.nodes for r in cluster} == {3, 5} and sum(r.nodes == 5 for r in cluster) >= 20
     for nodes in (3, 5):
         assert {r.workload_kind for r in cluster if r.nodes == nodes} == {"queue", "fifo", "dlx"}
-    assert all(set(r.nemeses) >= {"disk-full", "kill-leader", "partition-leader", "membership"} for r in cluster)
-    assert all(r.overlap == ("membership", "disk-full") for r in cluster)
+    assert all(
+        set(r.nemeses) >= {"disk-full", "kill-leader", "partition-leader", "membership", "maintenance"} for r in cluster
+    )
+    assert all(r.overlap == ("membership", "disk-full", "maintenance") for r in cluster)
     kills = sum(
         1
         for r in single

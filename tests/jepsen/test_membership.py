@@ -123,3 +123,28 @@ def test_a_refused_change_is_retried_on_live_members_and_bounded(monkeypatch):
 
 def test_heal_with_nothing_removed_does_nothing():
     assert nem.MembershipNemesis().heal(None) == {"rejoined": []}
+
+
+class FakeLab:
+    def __init__(self, nodes) -> None:
+        self.nodes = nodes
+
+
+def test_a_drain_is_done_once_recorded_and_a_revive_is_retried_until_it_is(monkeypatch):
+    # maintenance nemesis: exit 5 ("still leads" after the wait) means the drain is recorded
+    answers = [(4, json.dumps({"reason": "last member"}), ""), (5, "{}", "")]
+    asked = []
+
+    def fake(asker, *args, timeout_s):
+        asked.append((asker.name, args))
+        return answers.pop(0)
+
+    monkeypatch.setattr(nem, "run_maxqctl", fake)
+    n1, n2, n3 = FakeNode("n1"), FakeNode("n2", up=False), FakeNode("n3")
+    out = nem.DrainNemesis._ask(FakeLab([n1, n2, n3]), "drain", n3, (0, 5), sleep=lambda s: None)
+    assert out == {"done": True, "attempts": [["n1", 4, "last member"], ["n3", 5, ""]]}
+    assert [a for _, a in asked] == [("--timeout", "15", "drain", "n3")] * 2 and "n2" not in [n for n, _ in asked]
+    monkeypatch.setattr(nem, "run_maxqctl", lambda asker, *a, timeout_s: (5, "{}", ""))
+    out = nem.DrainNemesis._ask(FakeLab([n1, n3]), "revive", n3, (0,), sleep=lambda s: None)
+    assert out["done"] is False and len(out["attempts"]) == nem.CHANGE_TRIES_MAX
+    assert nem.DrainNemesis().heal(FakeLab([n1])) == {"revived": []}
