@@ -13,8 +13,9 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   the member leading fewest (one move per round, only when every member is up), so the leaders'
   work is spread; a member under maintenance is never given one;
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
-  clients' connections once (new ones are refused at connection.open: session.py), and hands the leadership of every
-  group it leads (after an election too) to the member up and not drained that leads fewest.
+  clients' connections once (new ones are refused at connection.open: session.py), and hands
+  the leadership of every group it leads (after an election too) to the member up and not
+  drained that leads fewest.
 """
 
 from __future__ import annotations
