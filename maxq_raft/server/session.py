@@ -42,7 +42,7 @@ from ..machines.metadata import DEDUP_EXCHANGE_TYPE
 from ..machines.queue_types import Overflowed
 from .authorization import Authorization, vhost_refusal
 from .broker import Broker
-from .channel import REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
+from .channel import CLUSTER_FLOW_CREDIT, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .proposer import message_bytes_max
@@ -136,6 +136,7 @@ class Session:
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
         self.read_bytes_max = CLUSTER_READ_SIZE_BYTES if settings.clustered else READ_SIZE_BYTES
+        self.flow_credit = CLUSTER_FLOW_CREDIT if settings.clustered else FLOW_CREDIT  # (channel.py)
         self.conn = ServerConnection(
             authenticate=self._login,
             vhost_allowed=self._vhost_refusal,
