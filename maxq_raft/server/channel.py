@@ -41,9 +41,13 @@ FLOW_CREDIT = 2000  # deliveries a consumer may have written-but-not-yet-flushed
 # In a cluster a consumer's credit comes back as a replicated command (Credit), committed behind
 # the publishes proposed before it (up to the proposer's flow mark), so a refill takes a round
 # trip of tens of ms under load: with 2,000 a 3-node transient 16 B consumer got 15,200-20,200
-# msgs/s beside a publisher at 39,000-40,000; with 8,000, 48,700-63,500, as fast as the publisher
-# (4,000: 46,300 of 50,500; 16,000 no more than 8,000; docs/benchmarks.md, 2026-12-03).
+# msgs/s beside a publisher at 39,000-40,000; with 8,000, 48,700-63,500, as fast as the
+# publisher; but 1 KiB consumers were slower with more (12,900-14,400 at 8,000 against
+# 15,000-18,100 at 2,000: bigger bursts of deliveries on a loaded node). So a cluster member's
+# session raises a consumer's credit up to CLUSTER_FLOW_CREDIT for small deliveries, about
+# CREDIT_BYTES of them (session.credit_target; docs/benchmarks.md, 2026-12-03).
 CLUSTER_FLOW_CREDIT = 8000
+CREDIT_BYTES = 1 << 20
 
 
 def _str(value) -> str:
@@ -58,7 +62,6 @@ class ChannelHost(Protocol):
     id: str  # the connection's id: exclusive queues and consumers' owners name it
     vhost: str
     authorization: Authorization
-    flow_credit: int  # a consumer's credit (FLOW_CREDIT, or CLUSTER_FLOW_CREDIT on a cluster member)
 
     def continuation(self, channel: Channel, fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
     def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
@@ -379,9 +382,7 @@ class Channel:
 
         self.broker.queue_call(
             queue_key,
-            qc.Checkout(
-                consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, self.session.flow_credit, rate_limit
-            ),
+            qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT, rate_limit),
             self._then(checked_out),
         )
 

@@ -42,7 +42,7 @@ from ..machines.metadata import DEDUP_EXCHANGE_TYPE
 from ..machines.queue_types import Overflowed
 from .authorization import Authorization, vhost_refusal
 from .broker import Broker
-from .channel import CLUSTER_FLOW_CREDIT, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
+from .channel import CLUSTER_FLOW_CREDIT, CREDIT_BYTES, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .proposer import message_bytes_max
@@ -71,6 +71,7 @@ READ_TURN_MESSAGES = 256
 READ_SIZE_MIN_BYTES = 16384
 COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
+CREDIT_LEVELS_KEPT_MAX = 256  # consumers' credit levels a session keeps before it sweeps out gone ones
 TICK_INTERVAL_S = 0.25
 DRAINING_TEXT = "this node is being drained for maintenance; connect to another node"
 CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before it is cut
@@ -100,6 +101,23 @@ def next_read_bytes(read_bytes: int, published: int, read_bytes_max: int = READ_
     """The size of a publisher's next read, after one of `read_bytes` that held `published`
     messages (> 0): about READ_TURN_MESSAGES of them, within [READ_SIZE_MIN_BYTES, read_bytes_max]."""
     return min(read_bytes_max, max(READ_SIZE_MIN_BYTES, read_bytes * READ_TURN_MESSAGES // published))
+
+
+def credit_target(sent_bytes: int, deliveries: int, credit_max: int) -> int:
+    """A cluster consumer's credit after deliveries averaging sent_bytes / deliveries on the wire:
+    about CREDIT_BYTES of them, within [FLOW_CREDIT, credit_max] (channel.py)."""
+    if deliveries <= 0:
+        return FLOW_CREDIT
+    return min(credit_max, max(FLOW_CREDIT, CREDIT_BYTES * deliveries // max(1, sent_bytes)))
+
+
+def credit_refill(level: int, written: int, target: int) -> tuple[int, int]:
+    """(credit to give back, the consumer's credit after it): `level` was granted and not yet
+    used before `written` deliveries were sent; the credit returns to `target` (never taken back:
+    above it, what was used is not given back until it is down to it)."""
+    left = max(0, level - written)
+    refill = max(0, target - left)
+    return refill, left + refill
 
 
 def server_properties(version: str) -> dict:
@@ -136,7 +154,10 @@ class Session:
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
         self.read_bytes_max = CLUSTER_READ_SIZE_BYTES if settings.clustered else READ_SIZE_BYTES
-        self.flow_credit = CLUSTER_FLOW_CREDIT if settings.clustered else FLOW_CREDIT  # (channel.py)
+        # A consumer's credit: FLOW_CREDIT, raised on a cluster member for small deliveries (channel.py)
+        self.credit_max = CLUSTER_FLOW_CREDIT if settings.clustered else FLOW_CREDIT
+        self.credit_levels: dict[str, int] = {}  # consumer id -> credit granted and not yet used
+        self._credit_counted = (0, 0)  # (bytes sent, deliveries written) at the last refill
         self.conn = ServerConnection(
             authenticate=self._login,
             vhost_allowed=self._vhost_refusal,
@@ -934,9 +955,24 @@ class Session:
     def _refill_credit(self) -> None:
         pending, self.credit_pending = self.credit_pending, {}
         broker = self.broker
+        if self.credit_max == FLOW_CREDIT:  # (a single node: the credit comes back at once)
+            for consumer_id, (handle, written) in pending.items():
+                if consumer_id in broker.consumers:
+                    broker.queue_cast(handle.queue_key, qc.Credit(consumer_id, written))
+            return
+        sent_bytes, delivered = self._credit_counted
+        self._credit_counted = (self.send_oct, self.messages_out)
+        target = credit_target(self.send_oct - sent_bytes, self.messages_out - delivered, self.credit_max)
+        levels = self.credit_levels
+        if len(levels) > CREDIT_LEVELS_KEPT_MAX:  # (consumers cancelled since: a bounded sweep)
+            levels = self.credit_levels = {cid: n for cid, n in levels.items() if cid in broker.consumers}
         for consumer_id, (handle, written) in pending.items():
-            if consumer_id in broker.consumers:
-                broker.queue_cast(handle.queue_key, qc.Credit(consumer_id, written))
+            if consumer_id not in broker.consumers:
+                levels.pop(consumer_id, None)
+                continue
+            refill, levels[consumer_id] = credit_refill(levels.get(consumer_id, FLOW_CREDIT), written, target)
+            if refill:
+                broker.queue_cast(handle.queue_key, qc.Credit(consumer_id, refill))
 
     # ----------------------------------------------------------- cleanup
 
