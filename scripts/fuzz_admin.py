@@ -46,6 +46,7 @@ PATHS = [
     "/api/connections",
     "/api/consumers",
     "/api/policies",
+    "/api/feature-flags",
 ]
 POLICY_NAMES = [f"fz-p{i}" for i in range(6)]
 DEFINITION_KEYS = [
@@ -296,7 +297,11 @@ def k_policy_junk_body(rng: random.Random, index: int, auth: str, host: str) -> 
 
 
 def k_cluster(rng: random.Random, index: int, auth: str, host: str) -> AdminRequest:
-    pick = rng.randrange(3)
+    pick = rng.randrange(4)
+    if pick == 3:  # maintenance: refused on a single node whatever the body (409), or a 400
+        body = _json_text(rng, {"node": rng.choice(["maxq1", 1, None, ""]), "dry_run": _json_value(rng)})
+        path = rng.choice(["/api/cluster/drain", "/api/cluster/revive"])
+        return AdminRequest(index, "cluster", _request("POST", path, _base_headers(rng, auth, body, host), body))
     if pick == 0:
         body = _json_text(rng, {"node": _json_value(rng), "raft_addr": rng.choice(["x:1", "[::1]:99999", 5, ""])})
         return AdminRequest(
