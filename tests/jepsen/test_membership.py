@@ -98,15 +98,20 @@ class FakeNode:
         return self.up
 
 
-def test_a_refused_change_is_retried_on_live_members_and_bounded(monkeypatch):
-    answers = [(4, json.dumps({"reason": "pending"}), ""), (5, json.dumps({"reason": "timeout"}), ""), (0, "{}", "")]
-    asked = []
+def answering(answers: list, asked: list):
+    """A stand-in for run_maxqctl: the next of `answers`, each call noted in `asked`."""
 
     def fake(asker, *args, timeout_s):
         asked.append((asker.name, args))
         return answers.pop(0)
 
-    monkeypatch.setattr(nem, "run_maxqctl", fake)
+    return fake
+
+
+def test_a_refused_change_is_retried_on_live_members_and_bounded(monkeypatch):
+    answers = [(4, json.dumps({"reason": "pending"}), ""), (5, json.dumps({"reason": "timeout"}), ""), (0, "{}", "")]
+    asked: list = []
+    monkeypatch.setattr(nem, "run_maxqctl", answering(answers, asked))
     n1, n2, n3 = FakeNode("n1"), FakeNode("n2", up=False), FakeNode("n3")
     out = nem.membership_change(None, "remove-node", ["n2"], [n2, n1, n3], sleep=lambda s: None)
     assert out == {"done": True, "attempts": [["n1", 4, "pending"], ["n3", 5, "timeout"], ["n1", 0, "ok"]]}
@@ -132,14 +137,10 @@ class FakeLab:
 
 def test_a_drain_is_done_once_recorded_and_a_revive_is_retried_until_it_is(monkeypatch):
     # maintenance nemesis: exit 5 ("still leads" after the wait) means the drain is recorded
-    answers = [(4, json.dumps({"reason": "last member"}), ""), (5, "{}", "")]
-    asked = []
-
-    def fake(asker, *args, timeout_s):
-        asked.append((asker.name, args))
-        return answers.pop(0)
-
-    monkeypatch.setattr(nem, "run_maxqctl", fake)
+    asked: list = []
+    monkeypatch.setattr(
+        nem, "run_maxqctl", answering([(4, json.dumps({"reason": "last member"}), ""), (5, "{}", "")], asked)
+    )
     n1, n2, n3 = FakeNode("n1"), FakeNode("n2", up=False), FakeNode("n3")
     out = nem.DrainNemesis._ask(FakeLab([n1, n2, n3]), "drain", n3, (0, 5), sleep=lambda s: None)
     assert out == {"done": True, "attempts": [["n1", 4, "last member"], ["n3", 5, ""]]}

@@ -429,25 +429,31 @@ def test_idle_unauthenticated_connections_cannot_keep_a_real_peer_out(node):
             s.close()
 
 
+def nodes_on_loopback(tmp_path: Path, settings: dict[str, dict]) -> dict[str, ReplicationNode]:
+    """One ReplicationNode per name (not started), each with the others as peers and its own
+    keyword settings (groups, features, ...)."""
+    ports = {name: free_port() for name in settings}
+    return {
+        name: ReplicationNode(
+            node_id=name,
+            raft_addr=("127.0.0.1", ports[name]),
+            peers={other: ("127.0.0.1", port) for other, port in ports.items() if other != name},
+            cluster_secret=SECRET,
+            data_dir=tmp_path / name,
+            on_commit=lambda g, es: None,
+            **own,
+        )
+        for name, own in settings.items()
+    }
+
+
 def test_a_peer_with_another_group_list_is_cut_off_from_every_group(tmp_path, caplog):
     # n3 runs three shard groups where n1 and n2 run two (a member started with another --shards,
     # or on a machine with another core count): queues would hash to other groups on it. n1 and
     # n2 go on as a majority; n3 gets nothing of theirs, and each side says why.
-    ports = {k: free_port() for k in ("n1", "n2", "n3")}
     groups = {"n1": ["meta", "shard-0", "shard-1"], "n2": ["meta", "shard-0", "shard-1"]}
     groups["n3"] = ["meta", "shard-0", "shard-1", "shard-2"]
-    nodes = {
-        k: ReplicationNode(
-            node_id=k,
-            raft_addr=("127.0.0.1", ports[k]),
-            peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
-            cluster_secret=SECRET,
-            data_dir=tmp_path / k,
-            groups=groups[k],
-            on_commit=lambda g, es: None,
-        )
-        for k in ports
-    }
+    nodes = nodes_on_loopback(tmp_path, {k: {"groups": g} for k, g in groups.items()})
     for x in nodes.values():
         x.start()
     try:
@@ -482,21 +488,10 @@ def test_a_peer_with_another_group_list_is_cut_off_from_every_group(tmp_path, ca
 def test_peers_announce_their_features_with_their_group_list_and_are_forgotten_when_down(tmp_path):
     # machines/features.py: what a peer's code supports travels in its "groups" op; a peer that
     # goes down no longer counts (a feature is enabled only while every member is linked).
-    ports = {k: free_port() for k in ("n1", "n2")}
-    features = {"n1": ["alpha", "beta"], "n2": ["alpha"]}
-    nodes = {
-        k: ReplicationNode(
-            node_id=k,
-            raft_addr=("127.0.0.1", ports[k]),
-            peers={o: ("127.0.0.1", p) for o, p in ports.items() if o != k},
-            cluster_secret=SECRET,
-            data_dir=tmp_path / k,
-            groups=["meta"],
-            on_commit=lambda g, es: None,
-            features=features[k],
-        )
-        for k in ports
-    }
+    nodes = nodes_on_loopback(
+        tmp_path,
+        {"n1": {"groups": ["meta"], "features": ["alpha", "beta"]}, "n2": {"groups": ["meta"], "features": ["alpha"]}},
+    )
     for x in nodes.values():
         x.start()
     try:
@@ -510,16 +505,7 @@ def test_peers_announce_their_features_with_their_group_list_and_are_forgotten_w
 
 
 def test_a_group_list_without_features_is_an_earlier_release_and_a_bad_feature_list_is_refused(tmp_path):
-    node = ReplicationNode(
-        node_id="n1",
-        raft_addr=("127.0.0.1", free_port()),
-        peers={},
-        cluster_secret=SECRET,
-        data_dir=tmp_path / "n1",
-        groups=["meta"],
-        on_commit=lambda g, es: None,
-        features=["alpha"],
-    )
+    node = nodes_on_loopback(tmp_path, {"n1": {"groups": ["meta"], "features": ["alpha"]}})["n1"]  # (not started)
     node._on_control("old", {"op": "groups", "groups": ["meta"]})  # (the hub thread's call, made here)
     assert node.peer_features() == {"old": frozenset()}
     for bad in ("alpha", [1], {"alpha": 1}):
