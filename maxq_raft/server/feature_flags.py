@@ -57,5 +57,8 @@ async def enable_features(broker: Any) -> None:
                     elif reply is not False:
                         log.warning("feature flags %s not enabled now (%s): trying again", ", ".join(names), reply)
 
-                broker.log.submit(None, EnableFeatures(names), done)
+                try:
+                    broker.meta_call(EnableFeatures(names), done)
+                except Exception:  # (never let this task take the node down: the next turn tries again)
+                    log.exception("feature flags: cannot propose %s", ", ".join(names))
         await trio.sleep(ENABLE_EVERY_S)
