@@ -267,6 +267,7 @@ def test_overview_and_cluster_pages(ui, broker, env, tmp_path):
     # two samples make a line; the page samples at each refresh
     ui.wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#rate-chart polyline")) > 0)
     ui.text_of("#total-messages", lambda t: t.split()[0] != "0", "the published messages in the totals")
+    ui.text_of("#live", lambda t: "maintenance" in t, "the nodes' table with its maintenance column")
     ui.driver.set_window_size(1280, 1250)  # the whole overview, nodes and listeners too
     assert ui.screenshot("ui-overview.png", tmp_path).stat().st_size > 10_000
     ui.driver.set_window_size(1280, 900)

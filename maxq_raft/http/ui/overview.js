@@ -39,6 +39,7 @@ export function overviewPage() {
               [
                 ["name", (n) => n.name],
                 ["running", (n) => (n.running ? "yes" : "no")],
+                ["maintenance", (n) => (n.being_drained ? "being drained" : "")],
                 ["memory used", (n) => num(n.mem_used), "num"],
                 ["disk free", (n) => num(n.disk_free), "num"],
                 ["file descriptors", (n) => (n.fd_used === undefined ? "" : `${n.fd_used} / ${n.fd_total}`)],
