@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from ..machines.maintenance import DRAINING_TEXT
 from ..sqs import sigv4
 from ..sqs.errors import SqsError
 from ..sqs.protocol import Limits, error_response, parse_request, success_response
@@ -155,6 +156,8 @@ class SqsApp:
         record = meta.access_keys.get(key_id)
         if record is None:  # deleted meanwhile
             raise SqsError("InvalidClientTokenId", sigv4.MSG_UNKNOWN_KEY)
+        if self.broker.node_id in meta.draining:  # (maxqctl drain: its clients go to other members)
+            raise SqsError("ServiceUnavailable", DRAINING_TEXT)
         request = parse_request(http.headers, body, self.limits)
         caller = Caller(record.user, _endpoint_vhost(path), self._base_url(http))
         result = await self.actions.run(request, caller)

@@ -17,6 +17,8 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 FEATURE = "maintenance_mode"
+# What a drained member tells its clients (AMQP 320 CONNECTION_FORCED, SQS 503 ServiceUnavailable)
+DRAINING_TEXT = "this node is being drained for maintenance; connect to another node"
 
 
 class SetMaintenance(NamedTuple):

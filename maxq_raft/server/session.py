@@ -37,6 +37,7 @@ from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties
 from ..machines import commands as qc
 from ..machines.dedup import exchange_scope
+from ..machines.maintenance import DRAINING_TEXT
 from ..machines.message import Message
 from ..machines.metadata import DEDUP_EXCHANGE_TYPE
 from ..machines.queue_types import Overflowed
@@ -73,7 +74,6 @@ COALESCED_METHODS = (spec.BasicAck, spec.BasicNack, spec.BasicReject)
 HANDSHAKE_TIMEOUT_S = 10.0
 CREDIT_LEVELS_KEPT_MAX = 256  # consumers' credit levels a session keeps before it sweeps out gone ones
 TICK_INTERVAL_S = 0.25
-DRAINING_TEXT = "this node is being drained for maintenance; connect to another node"
 CLOSED_GRACE_S = 2.0  # a closed connection's last frames get this long before it is cut
 # A peer that does not read what it asked for (basic.get in a loop, never reading the get-oks)
 # is not read either once this much output waits for it, until it has taken most of it: the

@@ -29,10 +29,9 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
-from ..machines.maintenance import leader_target
+from ..machines.maintenance import DRAINING_TEXT, leader_target
 from ..machines.shard import ALL_QUEUES
 from .command_log import META_GROUP
-from .session import DRAINING_TEXT
 
 log = logging.getLogger("maxq.cluster")
 

@@ -1,5 +1,5 @@
 """Maintenance mode on a real 3-node cluster (machines/maintenance.py): `maxqctl drain` under
-confirmed load moves every leadership and every client off the member and loses nothing;
+confirmed load moves every leadership and every client (AMQP and SQS) off the member and loses nothing;
 `--dry-run` changes nothing; `revive` lets it serve again; refusals exit non-zero and say why."""
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ import re
 import urllib.error
 import urllib.request
 
+import boto3
 import pika
 import pika.exceptions
 import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from maxq_raft.amqp import spec
-from maxq_raft.machines.maintenance import FEATURE
-from maxq_raft.server.session import DRAINING_TEXT
+from maxq_raft.machines.maintenance import DRAINING_TEXT, FEATURE
 
 from ..helpers import GUEST_AUTH, wait_for
 from ..raw_client import RawClient
@@ -62,6 +64,18 @@ def lead_everything(cluster, target: str) -> None:
     )
 
 
+def sqs_of(member, key: dict):
+    """A boto3 SQS client of the member's endpoint, no retries (a refusal is seen as it is)."""
+    return boto3.client(
+        "sqs",
+        endpoint_url=f"http://127.0.0.1:{member.sqs_port}",
+        region_name="us-east-1",
+        aws_access_key_id=key["access_key_id"],
+        aws_secret_access_key=key["secret_access_key"],
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=20, connect_timeout=10),
+    )
+
+
 def refusal_of_a_new_connection(member) -> spec.ConnectionClose:
     """What the member answers a new client right after connection.open-ok (a bare socket:
     pika reports a close that follows open-ok only as a closed connection)."""
@@ -79,6 +93,8 @@ def test_a_drained_member_leads_nothing_serves_no_one_and_nothing_confirmed_is_l
     wait_for(lambda: all(feature_enabled(cluster[n]) for n in NAMES), STEP_S, f"the {FEATURE} flag on every member")
     with first.connect() as connection:
         connection.channel().queue_declare("drain-q", durable=True)
+    status, key = post(first, "/api/users/guest/access-keys", {})
+    assert status == 201, key
     lead_everything(cluster, "n3")
     idle = cluster["n3"].connect(socket_timeout=10)  # a client of n3's: closed by the drain
     publisher = ConfirmingPublisher([cluster[n] for n in NAMES], "drain-q", pause_s=0.002)
@@ -107,6 +123,11 @@ def test_a_drained_member_leads_nothing_serves_no_one_and_nothing_confirmed_is_l
         assert closed.value.reply_code == 320 and closed.value.reply_text == FORCED_TEXT
         refused = refusal_of_a_new_connection(cluster["n3"])
         assert (refused.reply_code, refused.reply_text) == (320, FORCED_TEXT)
+        with pytest.raises(ClientError) as unavailable:  # the SQS endpoint sends its clients on too
+            sqs_of(cluster["n3"], key).list_queues()
+        error = unavailable.value.response
+        assert error["ResponseMetadata"]["HTTPStatusCode"] == 503 and error["Error"]["Message"] == DRAINING_TEXT
+        assert sqs_of(cluster["n1"], key).list_queues()["ResponseMetadata"]["HTTPStatusCode"] == 200  # n1 serves
         before = len(publisher.confirmed)
         wait_for(lambda: len(publisher.confirmed) >= before + CONFIRMS_PER_STEP, STEP_S, "confirms while drained")
         assert "n3" not in leaders(status_of(first)).values()  # the others' balancing gives it none
