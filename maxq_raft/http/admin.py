@@ -412,10 +412,10 @@ async def add_member(broker, request: Request) -> dict:
     if missing is None:
         raise HttpError(
             "409 Conflict",
-            f"node {name} did not announce its features to {broker.node_id} within "
-            f"{feature_flags_api.ANNOUNCE_WAIT_S:.0f} s: start it first (maxq-server --join on, the cluster "
-            "secret, this cluster's members as --peer); a release without feature flags cannot join this cluster",
-            reason="not linked",
+            f"node {name} is linked to {broker.node_id} but announced no features within "
+            f"{feature_flags_api.ANNOUNCE_WAIT_S:.0f} s: it runs a release from before feature flags, and a "
+            "release without feature flags cannot join this cluster; run this release on it first",
+            reason="missing feature flags",
         )
     if missing:
         raise HttpError(

@@ -16,7 +16,8 @@ import trio
 from ..machines.features import FEATURES, SUPPORTED, features_to_enable
 from ..replication.engine import MEMBER_PROBE_S
 
-ANNOUNCE_WAIT_S = MEMBER_PROBE_S  # a joining node's announcement: as long as the engine waits for its answer
+ANNOUNCE_WAIT_S = MEMBER_PROBE_S  # a joining node's link: as long as the engine waits for its answer
+ANNOUNCE_AFTER_LINK_S = 2.0  # its announcement, once linked (it is the first thing sent on a link)
 ANNOUNCE_POLL_S = 0.1
 
 
@@ -43,16 +44,21 @@ def feature_flags(broker: Any) -> list[dict[str, Any]]:
 async def missing_features(broker: Any, name: str) -> list[str] | None:
     """The enabled features that node `name` (about to be added) did not announce: a member of
     an earlier release would stop at the first command of one of them, so it must not join.
-    Empty when nothing is enabled; None when `name` announced nothing to this node within
-    ANNOUNCE_WAIT_S (not running, not linked, or of a release that announces no features)."""
+    Empty when nothing is enabled, or when `name` opened no link with this node within
+    ANNOUNCE_WAIT_S (the engine then probes it, and refuses a node that does not answer); None
+    when it linked but announced nothing within ANNOUNCE_AFTER_LINK_S (a release from before
+    feature flags). A node just started links within a second or two: it is waited for."""
     enabled = broker.meta.features_enabled
     node = broker.log.replication_node
     if not enabled or node is None:
         return []
-    with trio.move_on_after(ANNOUNCE_WAIT_S):
-        while True:  # bounded by the deadline
-            announced = node.peer_features().get(name)
-            if announced is not None:
-                return [feature for feature in enabled if feature not in announced]
-            await trio.sleep(ANNOUNCE_POLL_S)
-    return None
+    deadline = trio.current_time() + ANNOUNCE_WAIT_S
+    while True:  # bounded by the deadlines
+        announced = node.peer_features().get(name)
+        if announced is not None:
+            return [feature for feature in enabled if feature not in announced]
+        if node.peer_linked(name):
+            deadline = min(deadline, trio.current_time() + ANNOUNCE_AFTER_LINK_S)
+        if trio.current_time() >= deadline:
+            return None if node.peer_linked(name) else []
+        await trio.sleep(ANNOUNCE_POLL_S)

@@ -255,6 +255,10 @@ class ReplicationNode:
         """Peers cut off because they run other groups than this node: peer -> its group list."""
         return dict(self._mismatched)
 
+    def peer_linked(self, node_id: str) -> bool:
+        """A link with node_id is open, either way (a node about to join links to its --peer list)."""
+        return self.hub.is_up(node_id) or node_id in self.hub.inc_by_peer
+
     def peer_features(self) -> dict[str, frozenset[str]]:
         """Peers linked now -> the features they announced (machines/features.py)."""
         return dict(self._peer_features)

@@ -12,9 +12,13 @@ from maxq_raft.http import feature_flags_api
 
 
 class Engine:
-    def __init__(self, announced: dict[str, frozenset[str]], after_polls: int = 0) -> None:
+    def __init__(self, announced: dict[str, frozenset[str]], after_polls: int = 0, linked: tuple = ("n4",)) -> None:
         self.announced = announced
         self.polls_left = after_polls  # announcements arrive after this many reads
+        self.linked = linked
+
+    def peer_linked(self, node_id: str) -> bool:
+        return node_id in self.linked
 
     def peer_features(self) -> dict[str, frozenset[str]]:
         if self.polls_left:
@@ -43,6 +47,11 @@ def test_nothing_is_checked_before_any_feature_is_enabled_or_on_a_single_node():
     assert missing(broker(["feature_flags"], None), "n4") == []
 
 
-def test_a_node_that_announces_nothing_in_time_is_none(monkeypatch):
+def test_a_linked_node_that_announces_nothing_in_time_is_none(monkeypatch):
     monkeypatch.setattr(feature_flags_api, "ANNOUNCE_WAIT_S", 0.3)
     assert missing(broker(["feature_flags"], Engine({"n5": frozenset({"feature_flags"})})), "n4") is None
+
+
+def test_a_node_with_no_link_here_is_left_to_the_engine_which_refuses_an_unreachable_one(monkeypatch):
+    monkeypatch.setattr(feature_flags_api, "ANNOUNCE_WAIT_S", 0.3)
+    assert missing(broker(["feature_flags"], Engine({}, linked=())), "n4") == []
