@@ -20,6 +20,7 @@ from . import progress
 from .admin_client import CtlError, fetch
 
 HAND_OVER_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 20.0  # the drain or revive itself: the node commits it within 15 s or says why
 POLL_EVERY_S = 0.5
 STATUS_TIMEOUT_S = 2.0
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     draining = args.command == "drain"
     dry_run = draining and args.dry_run
     body = {"node": args.name, "dry_run": dry_run}
-    answer = fetch(args.node, f"/api/cluster/{args.command}", STATUS_TIMEOUT_S * 5, "POST", body)
+    answer = fetch(args.node, f"/api/cluster/{args.command}", REQUEST_TIMEOUT_S, "POST", body)
     leads = ", ".join(answer.get("leads", [])) or "no group"
     if dry_run:
         plan = (
