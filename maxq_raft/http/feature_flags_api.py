@@ -13,8 +13,9 @@ from typing import Any
 
 import trio
 
-from ..machines.features import FEATURES, SUPPORTED, features_to_enable
+from ..machines.features import FEATURES, SUPPORTED
 from ..replication.engine import MEMBER_PROBE_S
+from ..server.feature_flags import supported_everywhere
 
 ANNOUNCE_WAIT_S = MEMBER_PROBE_S  # a joining node's link: as long as the engine waits for its answer
 ANNOUNCE_AFTER_LINK_S = 2.0  # its announcement, once linked (it is the first thing sent on a link)
@@ -23,10 +24,7 @@ ANNOUNCE_POLL_S = 0.1
 
 def feature_flags(broker: Any) -> list[dict[str, Any]]:
     enabled = broker.meta.features_enabled
-    node = broker.log.replication_node
-    announced = node.peer_features() if node is not None else {}
-    others = [member for member in broker.log.members() if member != broker.node_id]
-    ready = set(features_to_enable(enabled, SUPPORTED, announced, others))
+    ready = set(supported_everywhere(broker))
     names = [*enabled, *sorted(SUPPORTED - set(enabled))]
     return [
         {

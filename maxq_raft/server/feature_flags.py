@@ -24,15 +24,18 @@ ENABLE_EVERY_S = 1.0
 PROPOSAL_WAIT_S = 10.0
 
 
-def ready_features(broker: Any) -> list[str]:
-    """What this node would enable now (empty unless it leads the metadata group)."""
+def supported_everywhere(broker: Any) -> list[str]:
+    """The features not enabled yet that this code and every other member (linked now) support."""
     command_log = broker.log
-    if not command_log.leads(META_GROUP):
-        return []
     node = command_log.replication_node
     announced = node.peer_features() if node is not None else {}
     others = [member for member in command_log.members() if member != broker.node_id]
     return features_to_enable(broker.meta.features_enabled, SUPPORTED, announced, others)
+
+
+def ready_features(broker: Any) -> list[str]:
+    """What this node would enable now (empty unless it leads the metadata group)."""
+    return supported_everywhere(broker) if broker.log.leads(META_GROUP) else []
 
 
 async def enable_features(broker: Any) -> None:

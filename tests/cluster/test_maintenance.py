@@ -4,22 +4,18 @@ confirmed load moves every leadership and every client (AMQP and SQS) off the me
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 
-import boto3
 import pika
 import pika.exceptions
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from maxq_raft.amqp import spec
 from maxq_raft.machines.maintenance import DRAINING_TEXT, FEATURE
 
-from ..helpers import GUEST_AUTH, wait_for
+from ..helpers import api, wait_for
+from ..integration.test_sqs import client as sqs_client
 from ..raw_client import RawClient
 from .conftest import ConfirmingPublisher, drain
 from .test_maxqctl_cluster import leaders, maxqctl, settled, status_of
@@ -39,26 +35,12 @@ def being_drained(member) -> dict[str, bool]:
     return {node["name"]: node["being_drained"] for node in member.admin("/api/nodes")}
 
 
-def post(member, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{member.http_port}{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={**GUEST_AUTH, "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
-
-
 def lead_everything(cluster, target: str) -> None:
     """Every group's leadership to `target` (each member hands over what it leads; the leaders'
     balancing then spreads them again, one every few seconds, but leaves it one)."""
     for name in NAMES:
         if name != target:
-            post(cluster[name], "/api/cluster/transfer-leadership", {"group": "all", "node": target})
+            api(cluster[name], "POST", "/api/cluster/transfer-leadership", {"group": "all", "node": target})
     wait_for(
         lambda: set(leaders(status_of(cluster["n1"])).values()) == {target}, STEP_S, f"{target} leading every group"
     )
@@ -66,14 +48,7 @@ def lead_everything(cluster, target: str) -> None:
 
 def sqs_of(member, key: dict):
     """A boto3 SQS client of the member's endpoint, no retries (a refusal is seen as it is)."""
-    return boto3.client(
-        "sqs",
-        endpoint_url=f"http://127.0.0.1:{member.sqs_port}",
-        region_name="us-east-1",
-        aws_access_key_id=key["access_key_id"],
-        aws_secret_access_key=key["secret_access_key"],
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=20, connect_timeout=10),
-    )
+    return sqs_client(member, key["access_key_id"], key["secret_access_key"])
 
 
 def refusal_of_a_new_connection(member) -> spec.ConnectionClose:
@@ -93,7 +68,7 @@ def test_a_drained_member_leads_nothing_serves_no_one_and_nothing_confirmed_is_l
     wait_for(lambda: all(feature_enabled(cluster[n]) for n in NAMES), STEP_S, f"the {FEATURE} flag on every member")
     with first.connect() as connection:
         connection.channel().queue_declare("drain-q", durable=True)
-    status, key = post(first, "/api/users/guest/access-keys", {})
+    status, key, _ = api(first, "POST", "/api/users/guest/access-keys")
     assert status == 201, key
     lead_everything(cluster, "n3")
     idle = cluster["n3"].connect(socket_timeout=10)  # a client of n3's: closed by the drain
@@ -157,7 +132,7 @@ def test_drain_refusals_say_why_and_change_nothing(cluster):
     unknown = maxqctl(first, "drain", "n9")
     assert unknown.returncode != 0 and "404" in unknown.stderr and "n9 is not a member" in unknown.stderr
     for body in ({"node": "n2", "dry_run": "yes"}, {"node": ""}, {"node": 7}, {}):
-        status, answer = post(first, "/api/cluster/drain", body)
+        status, answer, _ = api(first, "POST", "/api/cluster/drain", body)
         assert status == 400, (body, status, answer)
     assert being_drained(first) == dict.fromkeys(NAMES, False)
     assert maxqctl(first, "drain", "n1").returncode == 0
