@@ -8,12 +8,21 @@ does not own sockets: it encodes messages (wire.py) and hands them to a `link` (
 hub, which multiplexes every group over one authenticated TCP port per node). On the way it
 repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
 
-1. hold (durability): a message that carries entries (leader: append_entries) or claims them
-   (follower: a successful next_node_idx) waits in a per-peer FIFO until the local Journal
-   reports those entries durable; everything sent to that peer later waits behind it, so order
-   is kept. On release a held message whose entry was truncated or replaced meanwhile (its
-   (index, term) is gone) is dropped, and so is one made in a past term.
-   Consecutive acks released together are coalesced into the last one.
+1. hold (durability): a message that claims entries (follower: a successful next_node_idx)
+   waits in a per-peer FIFO until the local Journal reports those entries durable; everything
+   sent to that peer later waits behind it, so order is kept. On release a held message whose
+   entry was truncated or replaced meanwhile (its (index, term) is gone) is dropped, and so is
+   one made in a past term. Consecutive acks released together are coalesced into the last one.
+   The leader's append_entries go out before its own fsync ends (Raft lets the leader write in
+   parallel with its followers: the round trip and the fsync overlap): pysyncobj counts the
+   leader as holding every entry it appended, so its commit index may name entries on fewer
+   than a majority of disks. Two things keep that from being seen: every append_entries
+   carries commit_index capped at the local durable index (a follower applies only what the
+   leader's disk and the acking followers' disks hold: a majority), and the leader itself
+   delivers only up to its durable index (group.py, `deliver`). When the durable index moves
+   past what a peer was told, the commit is sent at once (`release`). An append that carries a
+   membership change is still held until durable here (pysyncobj acts on a membership entry
+   when it is appended, and the engine waits on its commit to make the next change).
 2. guard (follower, stale appends): pysyncobj truncates after prevLogIdx whenever its log is
    longer, without comparing terms, and its leader rewinds nextIndex after every ack, so
    re-sent old appends are routine and used to cut acknowledged entries. Before pysyncobj sees
@@ -66,6 +75,7 @@ __all__ = ["GroupTransport", "Link", "HELD_BYTES_MAX"]
 log = logging.getLogger(__name__)
 
 HELD_BYTES_MAX = 64 * 1024 * 1024  # per peer; beyond it messages are dropped (Raft re-sends)
+MEMBERSHIP_TYPE = bytes([wire.CMD_MEMBERSHIP])  # an entry's first byte: its kind
 
 
 class Link(Protocol):
@@ -284,6 +294,8 @@ class GroupTransport(Transport):
                     nid,
                 )
                 return False
+            if seams and message["commit_index"] > self.log.durable_index:
+                message = dict(message, commit_index=self.log.durable_index)  # (1. hold: a majority of disks)
             entries = message.get("entries")
             if entries:
                 message = dict(message, entries=list(entries))  # copy now: the log may change while held
@@ -294,7 +306,8 @@ class GroupTransport(Transport):
                 entries = message["entries"]
             if entries:
                 last = entries[-1]
-                need, check_idx, check_term = last[1], last[1], last[2]
+                if any(entry[0][:1] == MEMBERSHIP_TYPE for entry in entries):
+                    need, check_idx, check_term = last[1], last[1], last[2]  # (1. hold)
                 msg_term = message["term"]
                 if seams:
                     st = self.sent_hi.get(nid)
@@ -339,7 +352,16 @@ class GroupTransport(Transport):
         return True
 
     def release(self) -> None:
-        """Send held messages whose entries are now durable (hub thread, after durable advanced)."""
+        """Send held messages whose entries are now durable, and a leader's commit index that
+        its durable index held back (hub thread, after durable advanced)."""
+        self._release_held()
+        if self.seams and self.so._isLeader():
+            commit = min(self.so.raftCommitIndex, self.log.durable_index)
+            if any(self.commit_sent.get(nid, 0) < commit for nid in self.connected):
+                self.stats["commit_pushed"] += 1
+                self.so._SyncObj__sendAppendEntries()  # (1. hold: the follower applies it now)
+
+    def _release_held(self) -> None:
         if not self.held:
             return
         durable = self.log.durable_index

@@ -344,16 +344,49 @@ def become_leader(h: Harness, voter: str = "L") -> int:
     return rv[-1]["term"]
 
 
+def test_leader_sends_entries_before_its_fsync_but_commits_only_what_its_disk_holds(harness):
+    # Raft lets the leader write in parallel with its followers; what must not happen is a
+    # commit (a follower's apply, the leader's own confirm) of entries on fewer than a
+    # majority of disks: pysyncobj counts the leader as holding every entry it appended.
+    h = harness(auto_durable=False, node_id="me", peers=("L", "L2"), settings=FAST)
+    h.journal.make_durable()
+    term = become_leader(h)
+    h.durable()  # the no-op (index 2)
+    h.tick()
+    got: list = []
+    h.group.inbox.append((b"hello", lambda i, e: got.append((i, e)), time.monotonic() + 5))
+    h.tick(2)
+    assert 3 in sent_entries(h, "L"), "the leader waited for its own fsync before sending"
+    h.feed("L", {"type": "next_node_idx", "next_node_idx": 4, "reset": False, "success": True, "term": term})
+    h.tick(2)
+    assert h.group.so.raftCommitIndex == 3  # pysyncobj: the leader and L hold it
+    assert max(m["commit_index"] for m in h.link.of(t="append_entries")) <= 2, "commit named an entry on one disk"
+    assert got == [] and h.committed == [], "confirmed before it was on the leader's disk"
+    sent_before = len(h.link.sent)
+    h.durable()  # now on two disks of three: committed, and told to the followers at once
+    assert [m["commit_index"] for m in h.link.of("L2", "append_entries")[-1:]] == [3]
+    assert len(h.link.sent) > sent_before and h.t.stats["commit_pushed"] >= 1
+    h.tick()
+    assert got == [(3, None)] and h.committed == [(3, b"hello")]
+
+
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
-def test_leader_sends_entries_only_once_durable_here(harness, seams):
+def test_leader_holds_a_membership_change_until_durable_here(harness, seams):
+    # pysyncobj acts on a membership entry when it is appended, and the engine makes the next
+    # change once this one commits: its append waits for the leader's disk.
     h = harness(seams=seams, auto_durable=False, node_id="me", peers=("L", "L2"), settings=FAST)
     h.journal.make_durable()
-    become_leader(h)
-    with_entries = [m for m in h.link.of(t="append_entries") if m["entries"]]
-    assert with_entries == [], "the leader sent its no-op before it was durable on its own disk"
+    term = become_leader(h)
+    h.durable()
+    h.feed("L", {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True, "term": term})
+    h.tick()  # the no-op committed: pysyncobj takes a membership change now
+    answers: list = []
+    h.group.member_request("rem", "L2", None, answers.append, time.monotonic())
+    h.tick(2)
+    assert 3 not in sent_entries(h, "L"), "a membership change left before it was on the leader's disk"
     h.durable()
     h.tick()
-    assert [m["entries"][-1][1] for m in h.link.of("L", "append_entries") if m["entries"]] == [2]
+    assert 3 in sent_entries(h, "L")
 
 
 def test_single_node_confirms_only_durable_entries(harness):
