@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from ..machines import metadata as md
+from ..machines.maintenance import SetMaintenance
 from ..machines.queue_types import Rejected
 from ..server.message_rates import exchange_counts
 from . import (
@@ -472,6 +473,13 @@ async def remove_member(broker, request: Request) -> dict:
     if err is not None:
         log.warning("admin: removing member %s failed: %s", name, err)
         raise _engine_error(err, node=name)
+    if name in broker.meta.draining:
+        # Drained, then removed (the usual order): the record goes with it, or a member added
+        # back later under the same name would start drained.
+        try:
+            await commit(broker, SetMaintenance(name, False))
+        except HttpError as exc:
+            log.warning("admin: %s removed, but its maintenance record stays (revive it): %s", name, exc)
     return {"ok": True, "action": "removed", "node": name, "forced": force and bool(lost)}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from maxq_raft.http.admin import quorum_after_removal
 
 from ..conftest import free_port
-from ..helpers import wait_for
+from ..helpers import api, wait_for
 from .conftest import ConfirmingPublisher, Member, drain
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
@@ -149,11 +149,17 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
         before = len(publisher.confirmed)
         wait_for(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms with 4 members")
 
+        # An operator drains a member before removing it; the removal takes its maintenance
+        # record away (a member added back under the name must not start drained): reviving
+        # the removed name is then "not a member".
+        wait_for(lambda: maxqctl(n1, "drain", "n4").returncode == 0, 60, "n4 drained")
         removed = maxqctl(n3, "remove-node", "n4")
         assert removed.returncode == 0, (removed.stdout, removed.stderr)
         assert "node n4 removed" in removed.stdout
         for member in (n1, n2, n3):
             wait_for(lambda: settled(member, list(NAMES)), 60, f"{member.name} to list 3 members again")
+        status, answer, _ = api(n1, "POST", "/api/cluster/revive", {"node": "n4"})
+        assert status == 404 and "n4 is not a member" in json.dumps(answer), (status, answer)
         before = len(publisher.confirmed)
         wait_for(lambda: len(publisher.confirmed) >= before + 100, 60, "confirms after the removal")
     finally:
