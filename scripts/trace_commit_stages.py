@@ -11,11 +11,12 @@ that leads the queue's shard, so the leader's stages are the whole path, asks th
 (SIGUSR2) for the percentiles of each stage of the entries it committed meanwhile, and prints
 them with the load generator's end-to-end latency. Every node is stopped in a `finally`.
 
-Stages, per Raft index, on the leader (milliseconds between consecutive marks):
+Stages, per Raft index, on the leader (milliseconds between two marks, `STAGE_PAIRS`):
   propose        the broker proposes the entry (trio thread)
   log_add        pysyncobj appended it to the Raft log (hub thread)
   fsync_start    the journal writer took it (writer thread) ... fsync_end: written and fdatasynced
-  sent           the append_entries carrying it went to the first follower (hub; held until durable)
+  sent           the append_entries carrying it went to the first follower (hub; not waiting
+                 for the leader's own fsync, which runs meanwhile)
   ack            the first follower's acknowledgement came back (after its own fdatasync)
   committed      the engine's commit callback (hub thread)
   apply          the broker started applying it (trio thread) ... applied: done (deliveries written)
@@ -37,7 +38,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,19 @@ VENV_BIN = VENV / "bin"
 # run under the project's venv (maxq_raft and maxq-perf live there)
 if (VENV_BIN / "python").exists() and Path(sys.prefix).resolve() != VENV.resolve():
     os.execv(str(VENV_BIN / "python"), [str(VENV_BIN / "python"), str(Path(__file__).resolve()), *sys.argv[1:]])
-STAGES = ["propose", "log_add", "fsync_start", "fsync_end", "sent", "ack", "committed", "apply", "applied"]
+# (from, to) mark pairs: the leader's fsync runs beside the followers' round trip (its appends go
+# out before its own fdatasync ends: replication/group_transport.py, seam 1), so both start at log_add.
+STAGE_PAIRS = [
+    ("propose", "log_add"),
+    ("log_add", "fsync_start"),
+    ("fsync_start", "fsync_end"),
+    ("log_add", "sent"),
+    ("sent", "ack"),
+    ("ack", "committed"),
+    ("fsync_end", "committed"),
+    ("committed", "apply"),
+    ("apply", "applied"),
+]
 READY_TIMEOUT_S = 60.0
 QUEUE_PREFIX = "trace-q"
 
@@ -133,11 +145,11 @@ def node_main(out_path: str, server_args: list[str]) -> None:
         return traced_receive
 
     def apply(original):
-        def traced_apply(self, group, entries):
+        def traced_apply(self, group, entries, *rest):  # (ClusterLog._apply: group, entries, size)
             if not group_wanted(group):
-                return original(self, group, entries)
+                return original(self, group, entries, *rest)
             t0 = now()
-            result = original(self, group, entries)
+            result = original(self, group, entries, *rest)
             t1 = now()
             for index, _payload in entries:
                 marks[index]["apply"] = t0
@@ -156,9 +168,10 @@ def node_main(out_path: str, server_args: list[str]) -> None:
     def dump(_signum, _frame):
         rows = [m for m in list(marks.values()) if "propose" in m and "applied" in m]
         report = {"entries": len(rows), "stages": []}
-        present = [s for s in STAGES if any(s in r for r in rows)]
-        for a, b in pairwise(present):
-            report["stages"].append([a, b, percentiles([(r[b] - r[a]) * 1e3 for r in rows if a in r and b in r])])
+        for a, b in STAGE_PAIRS:
+            spans = [(r[b] - r[a]) * 1e3 for r in rows if a in r and b in r]
+            if spans:
+                report["stages"].append([a, b, percentiles(spans)])
         report["total"] = percentiles([(r["applied"] - r["propose"]) * 1e3 for r in rows])
         Path(out_path + ".tmp").write_text(json.dumps(report))
         os.replace(out_path + ".tmp", out_path)
