@@ -56,6 +56,7 @@ its peers only after a leader has replicated to it, so it does not campaign befo
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import time
@@ -75,7 +76,6 @@ __all__ = ["GroupTransport", "Link", "HELD_BYTES_MAX"]
 log = logging.getLogger(__name__)
 
 HELD_BYTES_MAX = 64 * 1024 * 1024  # per peer; beyond it messages are dropped (Raft re-sends)
-MEMBERSHIP_TYPE = bytes([wire.CMD_MEMBERSHIP])  # an entry's first byte: its kind
 
 
 class Link(Protocol):
@@ -306,7 +306,7 @@ class GroupTransport(Transport):
                 entries = message["entries"]
             if entries:
                 last = entries[-1]
-                if any(entry[0][:1] == MEMBERSHIP_TYPE for entry in entries):
+                if self._carries_membership(entries[0][1], last[1]):
                     need, check_idx, check_term = last[1], last[1], last[2]  # (1. hold)
                 msg_term = message["term"]
                 if seams:
@@ -334,6 +334,13 @@ class GroupTransport(Transport):
         q.append(_Held(need, check_idx, check_term, body, is_ack, msg_term, ack_idx))
         self.stats["held"] += 1
         return True
+
+    def _carries_membership(self, first: int, last: int) -> bool:
+        """Whether the log's entries first..last include a membership change (their indexes
+        are kept in order by the log: no scan of the entries on the hot path)."""
+        indexes = self.log.membership_indexes
+        at = bisect.bisect_left(indexes, first)
+        return at < len(indexes) and indexes[at] <= last
 
     def _wire(self, nid: str, body: bytes, is_ack: bool, ack_idx: int, term: int | None) -> bool:
         ok = self.link.send_raft(nid, body)
