@@ -35,6 +35,7 @@ from maxq_raft.amqp.frames import (
 )
 from maxq_raft.amqp.properties import BasicProperties, encode_content_header, encode_properties
 from maxq_raft.amqp.values import encode_table
+from maxq_raft.server.session import READ_SIZE_BYTES
 
 from ..helpers import GUEST_AUTH
 
@@ -751,8 +752,10 @@ def test_a_slow_reader_gets_every_reply_and_the_close_after_a_fatal_frame_error(
     methods = [spec.decode_method(p) for t, _, p in reader.read_frames() if t == spec.FRAME_METHOD]
     assert not reader._buffered, f"the reply ends {reader._buffered} bytes into a frame"
     # (the declares read together with the broken frame lose their replies: the close ends
-    # their channel first, as RabbitMQ's channel processes end with their connection)
-    assert sum(isinstance(m, spec.ExchangeDeclareOk) for m in methods) > declares * 0.9
+    # their channel first, as RabbitMQ's channel processes end with their connection; one read
+    # holds up to READ_SIZE_BYTES of them, ~3,500: 0.9 of 20,000 failed once CI's reads grew)
+    answered = sum(isinstance(m, spec.ExchangeDeclareOk) for m in methods)
+    assert declares - answered <= READ_SIZE_BYTES // len(passive) + 1, answered
     assert isinstance(methods[-1], spec.ConnectionClose) and methods[-1].reply_code == spec.FRAME_ERROR, methods[-1]
 
 
