@@ -44,7 +44,9 @@ on as if that member were down, and a member whose list differs from all its pee
 nothing rather than put queues in other groups than the rest. A peer that never says (an older
 release) is not checked. `mismatched_peers()` names the peers cut off and their lists. The same
 message carries the features this node's code supports (`features`, machines/features.py), kept
-per linked peer for `peer_features()`; an older release sends none.
+per linked peer for `peer_features()`; an older release sends none. Every list a peer announces
+is also handed to `on_peer_groups(peer, groups)` (the hub thread): a member that joins with only
+its default count takes the cluster's from it and starts again (server/shard_count.py).
 
 Fail-stop: when this node cannot keep its Raft state (a Journal's writer failed on a full disk or
 an I/O error, a group failed, the hub thread itself raised), the whole node stops: a member that
@@ -106,6 +108,7 @@ class ReplicationNode:
         on_fatal: Callable[[str], None] | None = None,
         apply_backlog_bytes: Callable[[], int] | None = None,
         features: Iterable[str] = (),
+        on_peer_groups: Callable[[str, list[str]], bool] | None = None,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -120,6 +123,10 @@ class ReplicationNode:
         self.data_dir = Path(data_dir)
         self.group_names = list(groups)
         self.features = sorted(features)  # what this code supports, announced to peers (machines/features.py)
+        # (peer, its group list) for every list a peer announces (the hub thread): a joining
+        # member whose count was only its default takes the cluster's (server/shard_count.py);
+        # True: this node starts again with that list (another list is then not logged as an error)
+        self.on_peer_groups = on_peer_groups
         self.fsync = fsync
         self.on_commit = on_commit
         self.on_snapshot = on_snapshot  # (group, SnapshotHeader): load the machines' state from it
@@ -575,11 +582,12 @@ class ReplicationNode:
     def _on_peer_groups(self, peer: str, groups: Any) -> None:
         if type(groups) is not list or not all(type(name) is str for name in groups):
             raise wire.WireError(f"bad group list from {peer}: {groups!r}"[:200])
+        taken = self.on_peer_groups is not None and self.on_peer_groups(peer, list(groups))
         if sorted(groups) == sorted(self.group_names):
             if self._mismatched.pop(peer, None) is not None:
                 log.warning("node %s: %s now runs the same groups; it is part of them again", self.node_id, peer)
             return
-        if self._mismatched.get(peer) != groups:
+        if self._mismatched.get(peer) != groups and not taken:
             log.error(
                 "node %s: %s runs %d groups (%s), this node %d (%s): it is cut off from every group. Every "
                 "member must run the same shard groups (--shards; a member's count is kept in its data "

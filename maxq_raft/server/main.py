@@ -11,7 +11,9 @@ full disk, an I/O error: the engine's `on_fatal`, the store's `on_failure`), it 
 so it no longer votes, leads or acknowledges and its clients reconnect to another member, then
 waits until its data folder has room and starts again from its files (the same process,
 re-executed), catching up from the others. A single node instead keeps serving and recovers its
-store in place (store_health.py): it has no one else to hand its clients to.
+store in place (store_health.py): it has no one else to hand its clients to. A joining member
+whose shard count was only its default and is not the cluster's stops the same way and starts
+again at once with the cluster's (shard_count.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import trio
 
@@ -56,7 +59,7 @@ from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
 from .recovery import recover
 from .session import Session, tick_sessions
-from .shard_count import ShardCountError, member_shard_count, read_pinned
+from .shard_count import ProvisionalCount, ShardCountError, is_provisional, member_shard_count, read_pinned
 from .store_health import StoreWatch
 from .trace_store import RocksKV, TraceLog
 from .tracer import compact_trace
@@ -77,6 +80,7 @@ class StopRequest:
         self.event = trio.Event()
         self.failure: str | None = None
         self.restart = True  # False: starting again cannot help (halt)
+        self.wait_for_room = True  # False: start again at once (the cause was no storage failure)
         self._token = trio.lowlevel.current_trio_token()
 
     def fail(self, reason: str) -> None:
@@ -85,6 +89,21 @@ class StopRequest:
             self._token.run_sync_soon(self._fail_here, reason)
         except trio.RunFinishedError:
             pass
+
+    def start_again(self, reason: str) -> None:
+        """From any thread: stop serving and start again at once, for `reason`."""
+        try:
+            self._token.run_sync_soon(self._start_again_here, reason)
+        except trio.RunFinishedError:
+            pass
+
+    def _start_again_here(self, reason: str) -> None:
+        if self.event.is_set():
+            return
+        self.wait_for_room = False
+        self.failure = reason
+        log.warning("this member stops serving to start again: %s", reason)
+        self.event.set()
 
     def halt(self, reason: str) -> None:
         """From the loop: stop serving for a reason a restart would meet again (this member's
@@ -208,9 +227,16 @@ def check_data_dir(settings: Settings) -> int:
     return 0 if not problems and not raft_found else 1
 
 
-async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> str | None:
-    """Run the node until a signal (returns None) or, for a cluster member, a storage failure
-    (returns its reason: the caller starts the process again once there is room)."""
+class Stopped(NamedTuple):
+    """Why a cluster member stopped serving by itself; the caller starts the process again."""
+
+    reason: str
+    wait_for_room: bool  # a storage failure: once its data folder has room; else at once
+
+
+async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGNORED) -> Stopped | None:
+    """Run the node until a signal (returns None) or, for a cluster member, a storage failure or
+    a shard count to take (returns why: the caller starts the process again)."""
     try:
         tls_context = tls.server_context(settings)
     except tls.TLSConfigError as exc:
@@ -231,7 +257,7 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
             broker.close()
         if stop.failure is not None and not stop.restart:
             raise StartupError(f"this member stopped: {stop.failure}")
-        return stop.failure
+        return Stopped(stop.failure, stop.wait_for_room) if stop.failure is not None else None
     try:
         broker.attach(LocalLog(broker))
         if store is not None:
@@ -261,10 +287,12 @@ async def _serve_clustered(
     if broker.store is not None:
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
+    raft_dir = Path(settings.data_dir) / RAFT_FOLDER
     try:
-        shard_count = member_shard_count(Path(settings.data_dir) / RAFT_FOLDER, settings.shards, default_shards())
+        shard_count = member_shard_count(raft_dir, settings.shards, default_shards(), joining=settings.join == "on")
     except (ShardCountError, OSError) as exc:
         raise StartupError(str(exc)) from None
+    provisional = ProvisionalCount(raft_dir, shard_count, META_GROUP, stop) if is_provisional(raft_dir) else None
     cluster = ClusterLog(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )
@@ -285,6 +313,7 @@ async def _serve_clustered(
             on_fatal=stop.fail,
             apply_backlog_bytes=cluster.apply_backlog_bytes,
             features=SUPPORTED,
+            on_peer_groups=provisional.on_peer_groups if provisional is not None else None,
         )
         node.start()
     except OSError as exc:
@@ -304,6 +333,12 @@ async def _serve_clustered(
         ", ".join(f"{k}@{h}:{p}" for k, (h, p) in settings.peers().items()) or "none",
         " (joining: waiting to be added)" if settings.join == "on" else "",
     )
+    if provisional is not None:
+        log.info(
+            "node %s: %d shard groups is this machine's default: the first peer's group list decides (shard_count.py)",
+            settings.node_id,
+            shard_count,
+        )
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cluster.retry_proposals)
@@ -560,8 +595,11 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         lock.close()
+    if failure is not None and not failure.wait_for_room:
+        log.warning("node %s starts again: %s", settings.node_id, failure.reason)
+        return start_again()
     if failure is not None:
-        return restart_when_room(settings, failure)
+        return restart_when_room(settings, failure.reason)
     return 0
 
 
@@ -602,6 +640,11 @@ def restart_when_room(settings: Settings, failure: str) -> int:
     except KeyboardInterrupt:
         return 0
     log.warning("node %s starts again (%d MiB free)", settings.node_id, disk_free_bytes(settings.data_dir) >> 20)
+    return start_again()
+
+
+def start_again() -> int:
+    """Execute this process again: same pid, same arguments, every file and thread of this life gone."""
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

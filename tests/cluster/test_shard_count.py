@@ -1,15 +1,18 @@
 """Every member must run the same shard groups (each queue lives in the group its name hashes to
 by their number): a member keeps its count in its data folder and refuses another at a restart,
-and a member started with another count is cut off by the others, which go on without it."""
+a member started with another count is cut off by the others, which go on without it, and a
+member that joins with only its machine's default takes the cluster's count."""
 
 from __future__ import annotations
 
 import pika
 import pytest
 
+from tests.conftest import free_port
 from tests.helpers import wait_until
 
-from .conftest import Cluster
+from .conftest import Cluster, Member
+from .test_maxqctl_cluster import maxqctl
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,4 +70,33 @@ def test_a_new_member_with_another_count_is_cut_off_and_the_others_go_on(tmp_pat
             method, _props, body = connection.channel().basic_get("q", auto_ack=True)
         assert method is not None and body == b"on two members"
     finally:
+        cluster.stop()
+
+
+def test_a_member_that_joins_with_its_default_count_takes_the_clusters(tmp_path):
+    cluster = Cluster(tmp_path, extra=["--shards", "3"]).start()  # (no machine's default is odd: two per core)
+    peers = {name: cluster[name].raft_port for name in ("n1", "n2", "n3")}
+    new = Member("n4", tmp_path, free_port(), peers, ["--join", "on"])
+    new.extra_args = without_shards(new.extra_args)
+    try:
+        publish_confirmed(cluster["n1"], "before-the-join", b"kept")
+        new.launch()
+        assert wait_until(lambda: "the first peer's group list decides" in new.log_text(), 60), new.log_text()[-2000:]
+        added = maxqctl(cluster["n2"], "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
+        assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-3000:])
+        new.wait_ready(120)
+        text = new.log_text()
+        assert "it takes the cluster's 3" in text and "starts again" in text, text[-3000:]
+        assert "node n4: Raft on" in text and ", 3 shard groups," in text.split("starts again")[-1]
+        assert (new.data_dir / "raft" / "shard_groups").read_text() == "3\n"
+        assert not (new.data_dir / "raft" / "shard_groups.default").exists()
+        with new.connect() as connection:  # the queue made before the join, read through the new member
+            method, _props, body = connection.channel().basic_get("before-the-join", auto_ack=True)
+        assert method is not None and body == b"kept"
+        publish_confirmed(new, "after-the-join", b"new")
+        with cluster["n3"].connect() as connection:
+            method, _props, body = connection.channel().basic_get("after-the-join", auto_ack=True)
+        assert method is not None and body == b"new"
+    finally:
+        new.stop()
         cluster.stop()

@@ -8,7 +8,16 @@ import pytest
 
 from maxq_raft.config import SHARDS_MAX, Settings, SettingsError, load_settings
 from maxq_raft.server.main import repair_from_peers
-from maxq_raft.server.shard_count import PIN_FILE, ShardCountError, member_shard_count, read_pinned
+from maxq_raft.server.shard_count import (
+    PIN_FILE,
+    PROVISIONAL_FILE,
+    ProvisionalCount,
+    ShardCountError,
+    count_of,
+    is_provisional,
+    member_shard_count,
+    read_pinned,
+)
 
 
 def test_the_first_start_keeps_its_count_and_later_starts_take_it(tmp_path: Path) -> None:
@@ -65,3 +74,88 @@ def test_a_member_repaired_from_its_peers_keeps_its_count(tmp_path: Path) -> Non
     assert settings.join == "on" and not (raft / PIN_FILE).exists()  # moved aside with the damage
     assert list(data.glob("damaged-*/raft/raft/shard-0/raft_term"))
     assert member_shard_count(raft, settings.shards, 16) == 2
+
+
+class Restarts:
+    def __init__(self) -> None:
+        self.again: list[str] = []
+        self.failed: list[str] = []
+
+    def start_again(self, reason: str) -> None:
+        self.again.append(reason)
+
+    def fail(self, reason: str) -> None:
+        self.failed.append(reason)
+
+
+def groups(count: int) -> list[str]:
+    return ["meta", *(f"shard-{i}" for i in range(count))]
+
+
+def test_a_joining_members_default_is_provisional_and_an_explicit_count_is_not(tmp_path: Path) -> None:
+    assert member_shard_count(tmp_path / "a", 0, 4, joining=True) == 4 and is_provisional(tmp_path / "a")
+    assert member_shard_count(tmp_path / "a", 0, 16, joining=True) == 4  # a restart keeps it, still provisional
+    assert is_provisional(tmp_path / "a")
+    assert member_shard_count(tmp_path / "b", 3, 4, joining=True) == 3 and not is_provisional(tmp_path / "b")
+    assert member_shard_count(tmp_path / "c", 0, 4) == 4 and not is_provisional(tmp_path / "c")  # founding member
+    # Never joined: a later explicit --shards replaces the default instead of being refused.
+    assert member_shard_count(tmp_path / "a", 2, 4, joining=True) == 2
+    assert (tmp_path / "a" / PIN_FILE).read_text() == "2\n" and not is_provisional(tmp_path / "a")
+
+
+@pytest.mark.parametrize(
+    "names, count",
+    [
+        (groups(1), 1),
+        (groups(6), 6),
+        (list(reversed(groups(3))), 3),
+        (["meta"], None),  # no shard group
+        (["shard-0", "shard-1"], None),  # no metadata group
+        (["meta", "shard-0", "shard-2"], None),  # a gap
+        (["meta", "shard-0", "shard-0"], None),
+        (["meta", "shard-0", "shard-01"], None),
+        (["meta", "shard-0", "queues"], None),
+        (groups(SHARDS_MAX + 1), None),
+    ],
+)
+def test_the_count_a_peers_group_list_stands_for(names: list[str], count: int | None) -> None:
+    assert count_of(names, "meta") == count
+
+
+def test_the_first_peers_list_settles_a_provisional_count(tmp_path: Path) -> None:
+    raft = tmp_path / "raft"
+    member_shard_count(raft, 0, 4, joining=True)
+    restarts = Restarts()
+    provisional = ProvisionalCount(raft, 4, "meta", restarts)
+    assert not provisional.on_peer_groups("n1", ["meta", "shard-0", "shard-9"])  # not a count: ignored
+    assert is_provisional(raft) and not restarts.again
+    assert provisional.on_peer_groups("n1", groups(2))
+    assert (raft / PIN_FILE).read_text() == "2\n" and not is_provisional(raft)
+    assert restarts.again == [
+        "it joined with this machine's default of 4 shard groups and n1 runs 2: it takes the cluster's 2"
+    ]
+    assert not provisional.on_peer_groups(
+        "n2", groups(5)
+    )  # settled: later lists change nothing here (the engine checks them)
+    assert (raft / PIN_FILE).read_text() == "2\n" and len(restarts.again) == 1
+    assert member_shard_count(raft, 0, 4, joining=True) == 2  # the next life runs the cluster's count
+
+
+def test_the_same_list_makes_the_default_final_without_a_restart(tmp_path: Path) -> None:
+    raft = tmp_path / "raft"
+    member_shard_count(raft, 0, 4, joining=True)
+    restarts = Restarts()
+    assert not ProvisionalCount(raft, 4, "meta", restarts).on_peer_groups("n1", groups(4))
+    assert not is_provisional(raft) and not restarts.again and not restarts.failed
+    with pytest.raises(ShardCountError, match="runs 4 shard groups and --shards says 2"):
+        member_shard_count(raft, 2, 4, joining=True)  # final now: another count is refused as for any member
+
+
+def test_a_count_that_cannot_be_written_stops_the_member_until_there_is_room(tmp_path: Path) -> None:
+    raft = tmp_path / "raft"
+    member_shard_count(raft, 0, 4, joining=True)
+    (raft / (PIN_FILE + ".tmp")).mkdir()  # the atomic write's temporary file cannot be made
+    restarts = Restarts()
+    assert not ProvisionalCount(raft, 4, "meta", restarts).on_peer_groups("n1", groups(2))
+    assert restarts.failed and "cannot record the cluster's 2 shard groups" in restarts.failed[0]
+    assert not restarts.again and (raft / PIN_FILE).read_text() == "4\n" and (raft / PROVISIONAL_FILE).exists()
