@@ -419,6 +419,7 @@ def render_status(status: dict) -> str:
             "snapshot": g.get("snapshot_index") or "",
             "here": g["role"] + (" removed" if g.get("removed") else ""),
             "change": "pending" if g["membership_change_pending"] else "",
+            "queues": g["queues"] if g.get("queues") is not None else "",
             "lag": ", ".join(
                 f"{m['node']}={_cell(m['lag']) if m['lag'] is not None else '?'}" + ("" if m["connected"] else "(down)")
                 for m in g["members"]
@@ -433,11 +434,16 @@ def render_status(status: dict) -> str:
         "lag: entries behind the group's last index, known to the group's leader ('?' elsewhere)",
         "snapshot: the index of this node's latest snapshot of the group (the log before it is compacted)",
     ]
+    if status.get("placement_recorded"):
+        notes.append("queues: how many queues the metadata group records in the shard group")
     if status.get("membership_change_pending"):
         notes.append("a membership change is in progress")
     return (
         f"{head}\n\nmembers\n{members}\n\ngroups\n"
-        + table(rows, ["group", "leader", "term", "commit_index", "applied_index", "snapshot", "here", "change", "lag"])
+        + table(
+            rows,
+            ["group", "leader", "term", "commit_index", "applied_index", "snapshot", "here", "change", "queues", "lag"],
+        )
         + "\n\n"
         + "\n".join(notes)
     )

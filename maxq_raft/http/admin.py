@@ -191,7 +191,19 @@ async def view_node(broker, request: Request) -> dict:
 async def view_status(broker, request: Request) -> dict:
     if broker.log.replication_node is None:
         return view_status_single(broker)
-    return status_from_engine(broker.node_id, await engine_status(broker))
+    return with_placement(status_from_engine(broker.node_id, await engine_status(broker)), broker.meta)
+
+
+def with_placement(status: dict, meta) -> dict:
+    """`status` with what the metadata group records of each shard group (machines/placement.py):
+    its replicas and how many queues it holds; both None while nothing is recorded."""
+    status["placement_recorded"] = bool(meta.shard_groups)
+    queues = meta.queues_per_group() if meta.shard_groups else {}
+    for group in status["groups"]:
+        replicas = meta.shard_groups.get(group["group"])
+        group["replicas"] = list(replicas) if replicas is not None else None
+        group["queues"] = queues.get(group["group"], 0) if replicas is not None else None
+    return status
 
 
 def view_queues(broker) -> list:

@@ -24,6 +24,7 @@ from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, U
 from .dedup import dedup_exchange_error
 from .features import EnableFeatures
 from .maintenance import SetMaintenance
+from .placement import SetGroups, groups_refusal, hash_group
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -90,6 +91,7 @@ class QueueRecord:
     exclusive_owner: str | None
     auto_delete: bool
     arguments: Arguments
+    group: str | None = None  # the shard group it lives in, once placement is recorded (placement.py)
 
 
 # Policy keys (RabbitMQ's names) and the queue arguments they stand for. x-max-priority and
@@ -436,6 +438,7 @@ class MetadataMachine:
         self.txn_decisions = TxnDecisions()  # transactions' decisions (txn_decisions.py)
         self.features_enabled: list[str] = []  # feature flags, in the order enabled (features.py)
         self.draining: list[str] = []  # members under maintenance, in the order drained (maintenance.py)
+        self.shard_groups: dict[str, list[str]] = {}  # group -> its replicas, in order (placement.py)
         self._add_vhost(DEFAULT_VHOST)
         self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
@@ -465,6 +468,7 @@ class MetadataMachine:
             DeleteAccessKey: self._delete_access_key,
             EnableFeatures: self._enable_features,
             SetMaintenance: self._set_maintenance,
+            SetGroups: self._set_groups,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -659,7 +663,12 @@ class MetadataMachine:
                     406, f"cannot declare queue '{cmd.name}': queue limit in vhost '{cmd.vhost}' ({limit}) is reached"
                 ), []
             record = QueueRecord(
-                cmd.name, durable, cmd.owner if cmd.exclusive else None, cmd.auto_delete, dict(cmd.arguments or {})
+                cmd.name,
+                durable,
+                cmd.owner if cmd.exclusive else None,
+                cmd.auto_delete,
+                dict(cmd.arguments or {}),
+                hash_group(cmd.vhost, cmd.name, list(self.shard_groups)) if self.shard_groups else None,
             )
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
@@ -910,6 +919,33 @@ class MetadataMachine:
         else:
             self.draining.remove(cmd.node)
         return True, []
+
+    def _set_groups(self, cmd: SetGroups) -> MetaResult:
+        holding = self.queues_per_group()
+        refused = groups_refusal(cmd.groups, holding)
+        if refused:
+            return Rejected(406, refused), []
+        groups = {name: list(members) for name, members in cmd.groups}
+        if groups == self.shard_groups and list(groups) == list(self.shard_groups):
+            return False, []  # (already so)
+        first = not self.shard_groups
+        self.shard_groups = groups
+        if first:  # every queue that exists now takes the group its name hashed to before
+            names = list(groups)
+            for vhost in self.vhosts.values():
+                for record in vhost.queues.values():
+                    if record.group is None:
+                        record.group = hash_group(vhost.name, record.name, names)
+        return True, []
+
+    def queues_per_group(self) -> dict[str, int]:
+        """Group -> how many queue records it holds (queues without a recorded group: none)."""
+        counts: dict[str, int] = {}
+        for vhost in self.vhosts.values():
+            for record in vhost.queues.values():
+                if record.group is not None:
+                    counts[record.group] = counts.get(record.group, 0) + 1
+        return counts
 
     def feature_enabled(self, name: str) -> bool:
         """Every member of the cluster applies the feature's commands (features.py)."""

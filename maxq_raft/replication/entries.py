@@ -38,6 +38,7 @@ from ..machines import metadata as md
 from ..machines.features import EnableFeatures
 from ..machines.maintenance import SetMaintenance
 from ..machines.message import Message
+from ..machines.placement import SetGroups
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
 from ..machines.txn_decisions import DecideTxn
@@ -92,6 +93,7 @@ METADATA_COMMANDS = {
         DecideTxn,
         EnableFeatures,
         SetMaintenance,
+        SetGroups,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)

@@ -85,7 +85,9 @@ def shard_groups(count: int) -> list[str]:
 
 
 def shard_of(queue_key: tuple[str, str], count: int) -> str:
-    """The shard group a queue lives in: a hash of vhost and name (every member computes the same)."""
+    """The shard group a queue without a recorded group lives in: a hash of vhost and name over
+    the `count` shard groups (every member computes the same): `placement.hash_group` over
+    `shard_groups(count)`, written out for the publish path."""
     vhost, name = queue_key
     digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
     return f"shard-{digest % count}"
@@ -146,8 +148,14 @@ class ClusterLog(CommandLog):
     # ------------------------------------------------------------ placement
 
     def group_of(self, target) -> str:
+        """The metadata group for None, else the queue's group: recorded in its queue record
+        once placement is (machines/placement.py), else the hash of its name."""
         if target is None:
             return META_GROUP
+        vhost = self.broker.meta.vhosts.get(target[0])
+        record = vhost.queues.get(target[1]) if vhost is not None else None
+        if record is not None and record.group is not None:
+            return record.group
         return shard_of(target, len(self.shards))
 
     def leads(self, group: str) -> bool:

@@ -11,22 +11,22 @@ replaying declares, so that the order of every dict and binding list (route resu
 binding order, auto-delete cascades follow the reverse index) is the original's.
 
 Records: `["metadata", {"version", "users", "users_seeded", "access_version", "access_keys",
-"txn_decisions", "features_enabled", "draining"}]`
+"txn_decisions", "features_enabled", "draining", "shard_groups"}]`
 (users as `[name, password_hash, hashing_algorithm, tags, limits]`, access keys as `[key_id,
-user, secret]`; a header without "access_keys", "features_enabled" or "draining", written before they existed,
-has none); per vhost `["vhost", name]`, then
+user, secret]`, shard groups as `[[group, [member, ...]], ...]`; a header without "access_keys",
+"features_enabled", "draining" or "shard_groups", written before they existed, has none); per vhost `["vhost", name]`, then
 `["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
 in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
 each router's order (chunks of at most CHUNK_BINDINGS_MAX), `["queue", vhost, name, durable,
-exclusive_owner, auto_delete, arguments]`, `["bindings_to", vhost, destination, [[source, key,
+exclusive_owner, auto_delete, arguments, group]` (group None when not placed; a record written
+before placement has no group field), `["bindings_to", vhost, destination, [[source, key,
 arguments], ...]]` (the reverse index, in its order), `["policy", vhost, name, pattern,
 definition, priority, apply_to]` (an operator policy's alike, `["operator_policy", ...]`), `["access", vhost, [[user, configure, write, read], ...],
 [[user, exchange, write, read], ...], limits]`; last `["end", counts]`, checked by the loader.
 Version 1 (before users had hashes and permissions) is read too: its plain passwords are hashed
 as a fresh machine hashes guest's, and guest gets every permission on "/" as it had.
 
-Not here: queue placement (a hash of vhost and name: cluster.shard_of, nothing to keep) and the
-node-local queue ids (the store's key prefix, given by each member as it creates the machine).
+Not here: the node-local queue ids (the store's key prefix, given by each member as it creates the machine).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from ..amqp.values import decode_table, encode_table
 from ..machines import access
 from ..machines import metadata as md
+from ..machines.placement import groups_refusal
 from ..machines.policy_pattern import PatternError, compile_pattern
 from ..machines.routing import make_router
 from ..machines.snapshot import SnapshotError
@@ -71,6 +72,7 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         "txn_decisions": machine.txn_decisions.dump(),
         "features_enabled": list(machine.features_enabled),
         "draining": list(machine.draining),
+        "shard_groups": [[group, list(members)] for group, members in machine.shard_groups.items()],
     }
     yield ["metadata", header]
     counts: dict[str, int] = {}
@@ -101,7 +103,16 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
                 yield ["bindings", vhost_name, ex.name, chunk]
                 count("bindings", len(chunk))
         for q in vhost.queues.values():
-            yield ["queue", vhost_name, q.name, q.durable, q.exclusive_owner, q.auto_delete, _table(q.arguments)]
+            yield [
+                "queue",
+                vhost_name,
+                q.name,
+                q.durable,
+                q.exclusive_owner,
+                q.auto_delete,
+                _table(q.arguments),
+                q.group,
+            ]
             count("queue")
         for dest, entries in vhost.bindings_to.items():
             for start in range(0, len(entries), CHUNK_BINDINGS_MAX):
@@ -167,6 +178,10 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
         if type(draining) is not list or not all(type(name) is str for name in draining):
             raise SnapshotError(f"metadata snapshot: malformed members under maintenance: {draining!r}"[:200])
         machine.draining = list(draining)
+        shard_groups = header.get("shard_groups", [])
+        if groups_refusal(shard_groups, {}) is not None and shard_groups != []:
+            raise SnapshotError(f"metadata snapshot: malformed shard groups: {shard_groups!r}"[:200])
+        machine.shard_groups = {group: list(members) for group, members in shard_groups}
         if "txn_decisions" in header:
             try:
                 machine.txn_decisions.load(header["txn_decisions"])
@@ -221,8 +236,11 @@ def _load_record(machine: md.MetadataMachine, kind: str, record: list) -> None:
             if not router.add(dest, key, _untable(arguments)):
                 raise ValueError(f"binding {dest!r} {key!r} twice")
     elif kind == "queue":
-        _, _, name, durable, exclusive_owner, auto_delete, arguments = record
-        vhost.queues[name] = md.QueueRecord(name, durable, exclusive_owner, auto_delete, _untable(arguments))
+        _, _, name, durable, exclusive_owner, auto_delete, arguments, *placed = record
+        group = placed[0] if placed else None
+        if len(placed) > 1 or (group is not None and type(group) is not str):
+            raise ValueError(f"queue {name!r}: malformed group {placed!r}")
+        vhost.queues[name] = md.QueueRecord(name, durable, exclusive_owner, auto_delete, _untable(arguments), group)
     elif kind == "bindings_to":
         entries = vhost.bindings_to.setdefault(record[2], [])
         entries.extend((source, key, _untable(arguments)) for source, key, arguments in record[3])

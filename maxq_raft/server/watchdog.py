@@ -15,7 +15,10 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
   clients' connections once (new ones are refused at connection.open: session.py), and hands
   the leadership of every group it leads (after an election too) to the member up and not
-  drained that leads fewest.
+  drained that leads fewest;
+- on the metadata leader, once the `placement` feature is enabled, the shard groups and their
+  members as this node's engine has them are recorded in the metadata group whenever the record
+  differs (`SetGroups`, machines/placement.py; one proposal out at a time).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import trio
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.maintenance import DRAINING_TEXT, leader_target
+from ..machines.placement import FEATURE as PLACEMENT
+from ..machines.placement import SetGroups
 from ..machines.shard import ALL_QUEUES
 from .command_log import META_GROUP
 
@@ -40,6 +45,7 @@ BALANCE_EVERY_S = 5.0
 QUORUM_LOST_AFTER_S = 1.5
 HAND_OVER_WAIT_S = 5.0  # a leadership transfer under way is not asked again before this
 WATCH_INTERVAL_S = 0.5
+RECORD_WAIT_S = 10.0  # a SetGroups not answered by then may be proposed again
 
 
 class MembershipWatchdog:
@@ -52,6 +58,7 @@ class MembershipWatchdog:
         self._handing_over: dict[str, float] = {}  # group -> when its transfer may be asked again
         self._no_target_said = False
         self._draining = False  # this member is under maintenance (sessions refuse new clients then)
+        self._recording_until = 0.0  # a SetGroups is out until then (or its answer)
 
     async def run(self) -> None:
         cluster = self.cluster
@@ -76,6 +83,8 @@ class MembershipWatchdog:
             self._watch_quorum(now, members)
             self._watch_members(now, members, leading)
             self._watch_maintenance(now, members)
+            if leading:
+                self._record_placement(now)
 
     def _watch_quorum(self, now: float, members: list[str]) -> None:
         cluster = self.cluster
@@ -152,6 +161,24 @@ class MembershipWatchdog:
             self._handing_over[group] = now + HAND_OVER_WAIT_S
             leads[target] = leads.get(target, 0) + 1
             node.transfer_leadership(group, target)
+
+    def _record_placement(self, now: float) -> None:
+        cluster = self.cluster
+        meta = cluster.broker.meta
+        if now < self._recording_until or not meta.feature_enabled(PLACEMENT):
+            return
+        groups = [[group, sorted(cluster.node.groups[group].member_ids())] for group in cluster.shards]
+        if groups == [[group, members] for group, members in meta.shard_groups.items()]:
+            return
+        self._recording_until = now + RECORD_WAIT_S
+
+        def done(reply: Any) -> None:
+            self._recording_until = 0.0
+            if reply is not True and reply is not False:
+                log.warning("the shard groups were not recorded (%s): trying again", reply)
+
+        log.info("recording the shard groups and their members: %s", groups)
+        cluster.submit(None, SetGroups(groups), done)
 
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another

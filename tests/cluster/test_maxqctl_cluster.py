@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from maxq_raft.http.admin import quorum_after_removal
+from maxq_raft.server.cluster import shard_of
 
 from ..conftest import free_port
 from ..helpers import api, wait_for
@@ -71,8 +72,32 @@ def test_status_shows_members_leaders_and_lag(cluster):
         isinstance(m["match_index"], int) and isinstance(m["lag"], int) and m["lag"] >= 0 for m in meta["members"]
     ), meta
 
+    # Placement (machines/placement.py): once every member announced the feature, the metadata
+    # leader records the shard groups with their members, and each queue's record its group.
+    with cluster["n3"].connect() as connection:
+        channel = connection.channel()
+        for i in range(6):
+            channel.queue_declare(f"placed-{i}", durable=True)
+
+    def placed(member):
+        status = status_of(member)
+        shards = [g for g in status["groups"] if g["group"] != "meta"]
+        if not status["placement_recorded"] or sum(g["queues"] for g in shards) != 6:
+            return None
+        return status
+
+    for name in NAMES:  # every member applied the same record
+        status = wait_for(lambda: placed(cluster[name]), 30, f"the placement recorded on {name}")
+        assert [(g["group"], g["replicas"]) for g in status["groups"]] == [("meta", None)] + [
+            (group, list(NAMES)) for group in GROUPS[1:]
+        ], status["groups"]
+        assert [g["queues"] for g in status["groups"]][1:] == [
+            sum(1 for i in range(6) if shard_of(("/", f"placed-{i}"), 2) == group) for group in GROUPS[1:]
+        ]
+
     table = maxqctl(cluster["n2"], "status")
     assert table.returncode == 0, table.stderr
+    assert "queues: how many queues the metadata group records in the shard group" in table.stdout
     lines = table.stdout.splitlines()
     assert lines[0] == "node n2"
     rows = [line.split() for line in lines]

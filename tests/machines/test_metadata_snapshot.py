@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from maxq_raft.machines import metadata as md
 from maxq_raft.machines.features import EnableFeatures
 from maxq_raft.machines.maintenance import SetMaintenance
+from maxq_raft.machines.placement import SetGroups
 from maxq_raft.machines.queue_types import Meta, Rejected
 from maxq_raft.machines.snapshot import SnapshotError
 from maxq_raft.server import persistence
@@ -73,7 +74,13 @@ def access_view(machine: md.MetadataMachine):
 
 
 def observe(machine: md.MetadataMachine):
-    out = [access_view(machine), machine.access_version, list(machine.features_enabled), list(machine.draining)]
+    out = [
+        access_view(machine),
+        machine.access_version,
+        list(machine.features_enabled),
+        list(machine.draining),
+        list(machine.shard_groups.items()),
+    ]
     for name, vhost in machine.vhosts.items():
         out.append(
             (
@@ -214,6 +221,19 @@ commands = st.one_of(
     # feature flags (machines/features.py), a name this code does not know among them
     st.builds(EnableFeatures, st.lists(st.sampled_from(["feature_flags", "later", "odd"]), max_size=3)),
     st.builds(SetMaintenance, st.sampled_from(["n1", "n2"]), st.booleans()),
+    # placement (machines/placement.py): lists that keep, grow, shrink or reorder the groups
+    st.builds(
+        SetGroups,
+        st.sampled_from(
+            [
+                [["shard-0", ["n1", "n2", "n3"]], ["shard-1", ["n1", "n2", "n3"]]],
+                [["shard-0", ["n1", "n2"]], ["shard-1", ["n2", "n3"]], ["shard-2", ["n1", "n3"]]],
+                [["shard-1", ["n1"]], ["shard-0", ["n2"]]],
+                [["shard-0", ["n1"]]],
+                [["shard-0", []]],
+            ]
+        ),
+    ),
 )
 
 

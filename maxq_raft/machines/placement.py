@@ -1,0 +1,64 @@
+"""Placement: the shard groups, the members that hold each, and the group each queue lives in,
+as a replicated record of the metadata group (issue #19; step 2 of docs/scale-out-plan.md).
+
+Why: a queue's group was a hash of its vhost and name over the member's own count of shard
+groups, worked out again by every member at every use. Moving groups, adding groups and
+placing them on a few members (the later steps) need the answer kept, not derived: a queue must
+stay in the group it was made in when the list of groups changes. So, behind the `placement`
+feature flag (machines/features.py), the metadata machine keeps the list of shard groups with
+each group's replicas (`SetGroups`, proposed by the metadata group's leader whenever the
+engine's memberships differ from the record: server/watchdog.py), and every queue record
+carries its group: a queue declared while a list is recorded takes the group its name hashes to
+over that list (`hash_group`, the same as the hash used before, so a cluster that enables the
+feature keeps its layout), and the first list recorded places every queue that exists then.
+A queue record without a group (a single node, or a cluster before the feature) lives where the
+hash over the member's own groups says (server/cluster.py, `group_of`).
+
+Today the record follows the engine, which runs every group on every member; nothing moves a
+group yet. A list that would drop a group still holding a queue is refused.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+FEATURE = "placement"
+
+
+class SetGroups(NamedTuple):
+    groups: list[Any]  # [[group name, [member, ...]], ...]: every shard group, in order, and its replicas
+
+
+def hash_group(vhost: str, name: str, groups: Sequence[str]) -> str:
+    """The group a queue's vhost and name hash to among `groups` (a non-empty list, in order)."""
+    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
+    return groups[digest % len(groups)]
+
+
+def groups_refusal(groups: object, holding: Mapping[str, int]) -> str | None:
+    """Why `groups` (a SetGroups' list) cannot be recorded (None: it can): a non-empty list of
+    distinct group names, each with a non-empty list of distinct member names, that keeps every
+    group in `holding` (group -> how many queues it holds)."""
+    if type(groups) is not list or not groups:
+        return f"the shard groups must be a non-empty list, not {groups!r}"[:200]
+    names: set[str] = set()
+    for item in groups:
+        if type(item) is not list or len(item) != 2:
+            return f"each shard group must be [name, [member, ...]], not {item!r}"[:200]
+        name, members = item
+        if type(name) is not str or not name or name in names:
+            return f"shard group names must be distinct names, not {name!r}"[:200]
+        if (
+            type(members) is not list
+            or not members
+            or not all(type(m) is str and m for m in members)
+            or len(set(members)) != len(members)
+        ):
+            return f"shard group {name} needs a list of distinct member names, not {members!r}"[:200]
+        names.add(name)
+    dropped = sorted(group for group, count in holding.items() if count and group not in names)
+    if dropped:
+        return f"shard group {dropped[0]} still holds {holding[dropped[0]]} queues: it cannot leave the list"
+    return None
