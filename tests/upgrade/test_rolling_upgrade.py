@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from maxq_raft.machines.features import SUPPORTED
+from maxq_raft.server.cluster import shard_of
 from tests.cluster.conftest import Cluster, ConfirmingPublisher, Member, drain
 from tests.conftest import free_port
 from tests.helpers import wait_for
@@ -100,6 +101,14 @@ def groups_led(member) -> bool:
     return bool(groups) and all(g.get("leader") for g in groups)
 
 
+def placed_queues(member) -> dict[str, int] | None:
+    """Shard group -> queues the metadata group records in it, as this member's status shows them."""
+    status = member.admin("/api/cluster/status")
+    if not status.get("placement_recorded"):
+        return None
+    return {g["group"]: g["queues"] for g in status["groups"] if g.get("queues")}
+
+
 def flag_states(member) -> dict[str, str]:
     """Feature flags (machines/features.py) as this member's /api/feature-flags shows them."""
     return {flag["name"]: flag["state"] for flag in member.admin("/api/feature-flags")}
@@ -141,6 +150,15 @@ def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_pa
                 lambda: flag_states(member) == dict.fromkeys(SUPPORTED, "enabled"),
                 STEP_TIMEOUT_S,
                 f"feature flags enabled, seen from {member.name}",
+            )
+        # With placement enabled the metadata group records the groups, and the queue made under
+        # the previous release in the group its name hashed to there (machines/placement.py).
+        home = shard_of(("/", "upgrade-q"), 2)
+        for member in cluster.members.values():
+            wait_for(
+                lambda: placed_queues(member) == {home: 1},
+                STEP_TIMEOUT_S,
+                f"the placement recorded, seen from {member.name}",
             )
         before = len(publisher.confirmed)
         wait_for(
