@@ -9,12 +9,14 @@ import types
 import trio
 
 from maxq_raft.machines import commands as qc
+from maxq_raft.machines.metadata import MetadataMachine
 from maxq_raft.server.cluster import ClusterLog
 from maxq_raft.server.proposer import OpenEntry
 
 
 def make_cluster_log() -> ClusterLog:
-    broker = types.SimpleNamespace(node_id="n1", clock_ms=lambda: 0)
+    # No queue record in `meta`: a queue's group is the hash of its name (ClusterLog.group_of).
+    broker = types.SimpleNamespace(node_id="n1", clock_ms=lambda: 0, meta=MetadataMachine())
     box: list = []
 
     async def build() -> None:

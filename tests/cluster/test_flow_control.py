@@ -14,6 +14,7 @@ import trio
 
 from maxq_raft.machines import commands as qc
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.metadata import MetadataMachine
 from maxq_raft.server.cluster import ClusterLog
 from maxq_raft.server.proposer import FLOW_BYTES_HIGH, FLOW_BYTES_LOW
 
@@ -32,7 +33,8 @@ class RecordingNode:
 
 def run_with_cluster_log(body) -> None:
     async def main() -> None:
-        broker = types.SimpleNamespace(node_id="n1", clock_ms=lambda: 0, sessions={})
+        # No queue record in `meta`: a queue's group is the hash of its name (ClusterLog.group_of).
+        broker = types.SimpleNamespace(node_id="n1", clock_ms=lambda: 0, sessions={}, meta=MetadataMachine())
         cluster = ClusterLog(broker, RecordingNode(), 2)
         body(cluster)
 
