@@ -9,8 +9,9 @@ CONNECTION_FORCED (as RabbitMQ does on shutdown), wait briefly for them to go, a
 Fail-stop (a cluster member only): when the member cannot keep its Raft state or its store (a
 full disk, an I/O error: the engine's `on_fatal`, the store's `on_failure`), it stops the same way,
 so it no longer votes, leads or acknowledges and its clients reconnect to another member, then
-waits until its data folder has room and starts again from its files (the same process,
-re-executed), catching up from the others. A single node instead keeps serving and recovers its
+waits until its data folder has room and takes a test write (written, fsynced, removed: a
+disk whose fsync fails would fail the store's open again), then starts again from its files (the
+same process, re-executed), catching up from the others. A single node instead keeps serving and recovers its
 store in place (store_health.py): it has no one else to hand its clients to. A joining member
 whose shard count was only its default and is not the cluster's stops the same way and starts
 again at once with the cluster's (shard_count.py).
@@ -71,6 +72,8 @@ RESTART_DELAY_S = 5.0  # a member that failed waits at least this long before it
 RESTART_FREE_BYTES_MIN = 64 << 20  # ... and until its data folder has this much free (plus the disk limit)
 RESTART_WAIT_S_MAX = 24 * 3600.0  # then it gives up (exit 75) and leaves the rest to an operator
 RESTART_LOG_EVERY_S = 60.0
+WRITE_PROBE_NAME = ".maxq-write-probe"  # the test write's file in the data folder, removed after it
+WRITE_PROBE_BYTES = 4096
 
 
 class StopRequest:
@@ -618,29 +621,62 @@ def restart_when_room(settings: Settings, failure: str) -> int:
         needed >> 20,
     )
     logged_at = stopped_at
+    write_failed_before = False
     try:
         while True:  # bounded by RESTART_WAIT_S_MAX; each turn sleeps
             now = time.monotonic()
             free = disk_free_bytes(settings.data_dir)
+            write_error = None
             if free >= needed and now - stopped_at >= RESTART_DELAY_S:
-                break
+                write_error = write_probe_error(settings.data_dir)
+                if write_error is None:
+                    break
             if now - stopped_at >= RESTART_WAIT_S_MAX:
-                log.critical("node %s: no room after %.0f s; giving up", settings.node_id, now - stopped_at)
-                return 75
-            if now - logged_at >= RESTART_LOG_EVERY_S:
-                logged_at = now
-                log.warning(
-                    "node %s still waits for room: %d MiB free in %s, %d MiB wanted",
-                    settings.node_id,
-                    free >> 20,
-                    settings.data_dir,
-                    needed >> 20,
+                log.critical(
+                    "node %s: the disk did not recover in %.0f s; giving up", settings.node_id, now - stopped_at
                 )
+                return 75
+            first_write_failure = write_error is not None and not write_failed_before
+            write_failed_before = write_failed_before or write_error is not None
+            if first_write_failure or now - logged_at >= RESTART_LOG_EVERY_S:
+                logged_at = now
+                if write_error is not None:
+                    log.warning(
+                        "node %s still waits: a test write in %s failed: %s",
+                        settings.node_id,
+                        settings.data_dir,
+                        write_error,
+                    )
+                else:
+                    log.warning(
+                        "node %s still waits for room: %d MiB free in %s, %d MiB wanted",
+                        settings.node_id,
+                        free >> 20,
+                        settings.data_dir,
+                        needed >> 20,
+                    )
             time.sleep(1.0)
     except KeyboardInterrupt:
         return 0
     log.warning("node %s starts again (%d MiB free)", settings.node_id, disk_free_bytes(settings.data_dir) >> 20)
     return start_again()
+
+
+def write_probe_error(data_dir: str) -> str | None:
+    """None when a small file can be written, fsynced and removed in `data_dir`; else the error.
+    Free space alone does not say a disk works again: one whose fsync fails (EIO) has room."""
+    path = os.path.join(data_dir, WRITE_PROBE_NAME)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, bytes(WRITE_PROBE_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def start_again() -> int:

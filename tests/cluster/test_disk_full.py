@@ -118,6 +118,10 @@ def test_a_member_whose_disk_fails_stops_and_catches_up_once_it_works(tmp_path, 
             assert wait_until(stopped, 30), f"n3 never stopped ({fault}):\n" + n3.log_text()[-3000:]
             assert n3.alive(), "a member whose disk failed waits; it does not exit"
             acked |= publish(n1, 100_000, AFTER_FULL)  # n1 and n2 are a majority: all confirmed
+            if fault == "fsync fails":  # it has room, but it does not start again while its disk fails
+                probe_failed = lambda: "a test write in" in n3.log_text()  # noqa: E731
+                assert wait_until(probe_failed, 30), n3.log_text()[-3000:]
+                assert n3.alive() and n3.log_text().count("maxq-server ready") == 1, n3.log_text()[-3000:]
             heal()
             assert wait_until(lambda: n3.log_text().count("maxq-server ready") >= 2, 60), n3.log_text()[-4000:]
             assert wait_until(lambda: depth(n3) >= len(acked), 60, step_s=0.5), (depth(n3), len(acked))
