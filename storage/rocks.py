@@ -45,7 +45,9 @@ and calls `status()` when it stops).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -78,6 +80,8 @@ from .records import (
     queue_prefix,
     range_end_key,
 )
+
+log = logging.getLogger("maxq.storage")
 
 META_CF = "meta"
 FORMAT_VERSION = b"1"
@@ -160,14 +164,33 @@ def _meta_options(cache: Cache) -> Options:
     return options
 
 
-def _check_folder(path: str) -> bool:
-    """True if a new store may be created at `path`; raises StoreCorruption if it holds something else."""
+# What RocksDB (and rocksdict) write while creating a database, before CURRENT names its first
+# MANIFEST: a folder holding only these and no CURRENT is a creation that was interrupted (a disk
+# that failed, a kill). Nothing was ever written through it (a write needs an open database, which
+# needs CURRENT), so it is started over. Tables (.sst) and write-ahead logs (.log) are not among
+# them: a folder with those and no CURRENT lost its CURRENT and is refused as damaged.
+_CREATION_LEFTOVER = re.compile(
+    r"^(LOCK|LOG|LOG\.old\.\d+|IDENTITY|rocksdict-config\.json|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?|\d+\.dbtmp)$"
+)
+
+
+def _check_folder(path: str, *, clean: bool = True) -> bool:
+    """True if a new store may be created at `path`; raises StoreCorruption if it holds something
+    else. With `clean`, what an interrupted creation left is removed first (else only judged)."""
     if not os.path.lexists(path):
         return True
     if not os.path.isdir(path):
         raise StoreCorruption(path, "not a folder")
     entries = sorted(os.listdir(path))
     if not entries:
+        return True
+    if "CURRENT" not in entries and all(_CREATION_LEFTOVER.match(name) for name in entries):
+        if clean:
+            log.warning(
+                "store %s: a creation that did not finish (%s, no CURRENT); creating it again", path, ", ".join(entries)
+            )
+            for name in entries:
+                os.unlink(os.path.join(path, name))
         return True
     if "CURRENT" not in entries:
         raise StoreCorruption(
@@ -251,7 +274,7 @@ class RocksSegmentStore:
         self._no_wal_options = WriteOptions()
         self._no_wal_options.disable_wal = True  # type: ignore[method-assign, assignment]
         self._cache = Cache(BLOCK_CACHE_BYTES)
-        fresh = _check_folder(self.path)
+        fresh = _check_folder(self.path, clean=not read_only)
         self._db: Rdict | None = None
         self._meta: Rdict | None = None
         self._meta_cf_handle: ColumnFamily | None = None  # made on first use (_meta_handle)
@@ -672,7 +695,7 @@ def verify(path: str | os.PathLike[str], *, problems_max: int = VERIFY_PROBLEMS_
     folder (read-only opens take no LOCK), though it then sees a point-in-time view."""
     path = os.fspath(path)
     try:
-        fresh = _check_folder(path)
+        fresh = _check_folder(path, clean=False)
     except StoreCorruption as exc:
         return [str(exc)]
     if fresh:

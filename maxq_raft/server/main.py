@@ -72,6 +72,11 @@ RESTART_DELAY_S = 5.0  # a member that failed waits at least this long before it
 RESTART_FREE_BYTES_MIN = 64 << 20  # ... and until its data folder has this much free (plus the disk limit)
 RESTART_WAIT_S_MAX = 24 * 3600.0  # then it gives up (exit 75) and leaves the rest to an operator
 RESTART_LOG_EVERY_S = 60.0
+# A member re-executed after a storage failure whose start fails again (a disk that failed once
+# more between the test write and the open) waits and tries again, this many times in a row, then
+# exits with the start's error. The count travels to the next life in the environment.
+FAILED_STARTS_ENV = "MAXQ_STARTS_AFTER_FAILURE"
+FAILED_STARTS_MAX = 10
 WRITE_PROBE_NAME = ".maxq-write-probe"  # the test write's file in the data folder, removed after it
 WRITE_PROBE_BYTES = 4096
 
@@ -526,6 +531,7 @@ async def _serve(
                 metrics_addr if metrics_listeners else None,
                 settings.raft_addr,
             )
+            os.environ.pop(FAILED_STARTS_ENV, None)  # this life started: a later failure counts from 0
             log.info(
                 "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s%s, data in %s",
                 settings.node_id,
@@ -585,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except StorageError as exc:
         lock.close()
+        if failed_starts() > 0:
+            return restart_when_room(settings, f"the message store cannot be opened again: {exc}")
         print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
         return 3
     failure = None
@@ -592,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         failure = trio.run(serve, settings, store)
     except StartupError as exc:
+        if failed_starts() > 0:
+            lock.close()
+            return restart_when_room(settings, f"the start after a storage failure failed: {exc}")
         print(f"maxq-server: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
@@ -606,10 +617,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def failed_starts() -> int:
+    """How many lives in a row were started after a storage failure and did not get to serve
+    (0 in a process that was not re-executed after one)."""
+    try:
+        return max(0, int(os.environ.get(FAILED_STARTS_ENV, "0")))
+    except ValueError:
+        return 0
+
+
 def restart_when_room(settings: Settings, failure: str) -> int:
-    """Fail-stop's second half: wait until the data folder has room, then start this process
-    again (exec: same pid, same arguments, every file and thread of this life gone). Returns
-    only on giving up (75, EX_TEMPFAIL) or a signal (0)."""
+    """Fail-stop's second half: wait until the data folder has room and takes a test write, then
+    start this process again (exec: same pid, same arguments, every file and thread of this life
+    gone). Returns only on giving up (75, EX_TEMPFAIL) or a signal (0)."""
+    tries = failed_starts()
+    if tries >= FAILED_STARTS_MAX:
+        log.critical("node %s: %s, after %d starts in a row that failed; giving up", settings.node_id, failure, tries)
+        return 75
     needed = RESTART_FREE_BYTES_MIN + (settings.disk_free_limit_mb << 20)
     stopped_at = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -659,6 +683,7 @@ def restart_when_room(settings: Settings, failure: str) -> int:
     except KeyboardInterrupt:
         return 0
     log.warning("node %s starts again (%d MiB free)", settings.node_id, disk_free_bytes(settings.data_dir) >> 20)
+    os.environ[FAILED_STARTS_ENV] = str(tries + 1)  # reset once the next life serves
     return start_again()
 
 

@@ -135,3 +135,54 @@ def test_a_member_whose_disk_fails_stops_and_catches_up_once_it_works(tmp_path, 
 @pytest.fixture(scope="module")
 def fsync_shim(tmp_path_factory):
     return build_fsync_shim(tmp_path_factory.mktemp("shim"))
+
+
+def test_a_member_whose_start_after_a_failure_fails_again_waits_and_tries_again(tmp_path, request):
+    # As if n3 had been re-executed after a storage failure (the count server/main.py passes to
+    # its next life) and its disk failed once more before the open: it must wait for a test
+    # write to pass and start again, not exit and stay down.
+    cluster = Cluster(tmp_path)
+    n3 = cluster["n3"]
+    trigger = tmp_path / "fail-fsync-now"
+    trigger.touch()
+    n3.env = dict(
+        os.environ,
+        LD_PRELOAD=str(request.getfixturevalue("fsync_shim")),
+        MAXQ_FAIL_FSYNC_FILE=str(trigger),
+        MAXQ_STARTS_AFTER_FAILURE="1",
+    )
+    try:
+        for name in ("n1", "n2"):
+            cluster[name].launch()
+        n3.launch()
+        for name in ("n1", "n2"):
+            cluster[name].wait_ready(60)
+        assert wait_until(lambda: "a test write in" in n3.log_text(), 30), n3.log_text()[-3000:]
+        assert n3.alive(), n3.log_text()[-3000:]
+        assert "maxq-server ready" not in n3.log_text()
+        trigger.unlink()
+        assert wait_until(lambda: "maxq-server ready" in n3.log_text(), 60), n3.log_text()[-3000:]
+        assert publish(cluster["n1"], 0, 20) == set(range(20))
+        assert wait_until(lambda: depth(n3) == 20, 30, step_s=0.5), depth(n3)
+    finally:
+        cluster.stop()
+    assert "Traceback" not in n3.log_text(), n3.log_text()[-6000:]
+
+
+def test_a_member_started_by_hand_on_a_failing_disk_exits_with_the_error(tmp_path, request):
+    cluster = Cluster(tmp_path)
+    n3 = cluster["n3"]
+    trigger = tmp_path / "fail-fsync-now"
+    trigger.touch()
+    n3.env = dict(os.environ, LD_PRELOAD=str(request.getfixturevalue("fsync_shim")), MAXQ_FAIL_FSYNC_FILE=str(trigger))
+    try:
+        n3.launch()
+        assert wait_until(lambda: not n3.alive(), 30), n3.log_text()[-3000:]
+        assert n3.proc.returncode == 3 and "Input/output error" in n3.log_text(), n3.log_text()[-3000:]
+        assert "a test write in" not in n3.log_text()  # no waiting: an operator sees it at once
+        # The store it began to create is no damage: once the disk works, it starts (it used to
+        # refuse the half-made folder, "no CURRENT file", for good).
+        trigger.unlink()
+        cluster.start()  # (ready needs a quorum: the other two as well)
+    finally:
+        cluster.stop()

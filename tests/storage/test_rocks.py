@@ -237,6 +237,34 @@ def test_garbage_folder_is_refused_and_left_untouched(tmp_path):
     assert len(verify(path)) == 1 and "no CURRENT file" in verify(path)[0]
 
 
+def test_a_creation_that_did_not_finish_is_started_over(tmp_path, caplog):
+    # What a store created on a disk whose fsync failed left behind (seen in a cluster test):
+    # RocksDB's LOCK and LOG and rocksdict's config, no CURRENT. Nothing was ever stored in it.
+    path = tmp_path / "store"
+    path.mkdir()
+    for name in ("LOCK", "LOG", "rocksdict-config.json", "MANIFEST-000001", "OPTIONS-000005.dbtmp"):
+        (path / name).write_bytes(b"x")
+    assert verify(path) == [f"store {path}: no store here (missing or empty folder)"]
+    assert len(os.listdir(path)) == 5  # verify changes nothing
+    with caplog.at_level("WARNING", logger="maxq.storage"), RocksSegmentStore(path) as store:
+        store.put_batch([(1, 1, b"after")])
+        store.flush()
+    assert "a creation that did not finish" in caplog.text
+    with RocksSegmentStore(path) as store:
+        assert [body for _, body in store.scan(1, 0, 10)] == [b"after"]
+
+
+def test_a_folder_without_current_but_with_tables_or_logs_is_refused(tmp_path):
+    for leftover in ("000004.log", "000007.sst"):
+        path = tmp_path / leftover
+        path.mkdir()
+        (path / "LOCK").write_bytes(b"")
+        (path / leftover).write_bytes(os.urandom(100))
+        with pytest.raises(StoreCorruption, match="no CURRENT file"):
+            RocksSegmentStore(path)
+        assert sorted(os.listdir(path)) == sorted(["LOCK", leftover])
+
+
 def test_garbage_current_file(tmp_path):
     path = tmp_path / "store"
     RocksSegmentStore(path).close()
