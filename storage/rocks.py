@@ -167,11 +167,20 @@ def _meta_options(cache: Cache) -> Options:
 # What RocksDB (and rocksdict) write while creating a database, before CURRENT names its first
 # MANIFEST: a folder holding only these and no CURRENT is a creation that was interrupted (a disk
 # that failed, a kill). Nothing was ever written through it (a write needs an open database, which
-# needs CURRENT), so it is started over. Tables (.sst) and write-ahead logs (.log) are not among
-# them: a folder with those and no CURRENT lost its CURRENT and is refused as damaged.
-_CREATION_LEFTOVER = re.compile(
-    r"^(LOCK|LOG|LOG\.old\.\d+|IDENTITY|rocksdict-config\.json|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?|\d+\.dbtmp)$"
-)
+# needs CURRENT), so it is started over. Only the first MANIFEST: a later one, an OPTIONS file,
+# a table (.sst) or a write-ahead log (.log) is written by an open that succeeded, so a folder
+# with one of those and no CURRENT lost its CURRENT and is refused as damaged.
+_CREATION_LEFTOVER = re.compile(r"LOCK|LOG|LOG\.old\.\d+|IDENTITY|rocksdict-config\.json|MANIFEST-000001|\d+\.dbtmp")
+
+
+def interrupted_creation(path: str | os.PathLike[str]) -> bool:
+    """True when `path` holds only what an interrupted creation leaves (and no CURRENT): no store
+    yet, and no damage; opening it for writing creates the store again."""
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return False
+    return bool(entries) and all(_CREATION_LEFTOVER.fullmatch(name) for name in entries)
 
 
 def _check_folder(path: str, *, clean: bool = True) -> bool:
@@ -184,13 +193,16 @@ def _check_folder(path: str, *, clean: bool = True) -> bool:
     entries = sorted(os.listdir(path))
     if not entries:
         return True
-    if "CURRENT" not in entries and all(_CREATION_LEFTOVER.match(name) for name in entries):
+    if interrupted_creation(path):
         if clean:
             log.warning(
                 "store %s: a creation that did not finish (%s, no CURRENT); creating it again", path, ", ".join(entries)
             )
-            for name in entries:
-                os.unlink(os.path.join(path, name))
+            try:
+                for name in entries:
+                    os.unlink(os.path.join(path, name))
+            except OSError as exc:  # the disk that interrupted the creation may still fail
+                raise StorageError(f"cannot create store {path}: removing {name}: {exc.strerror or exc}") from None
         return True
     if "CURRENT" not in entries:
         raise StoreCorruption(
@@ -698,6 +710,8 @@ def verify(path: str | os.PathLike[str], *, problems_max: int = VERIFY_PROBLEMS_
         fresh = _check_folder(path, clean=False)
     except StoreCorruption as exc:
         return [str(exc)]
+    if fresh and interrupted_creation(path):
+        return [f"store {path}: no store here (a creation that did not finish; a start creates it again)"]
     if fresh:
         return [f"store {path}: no store here (missing or empty folder)"]
     try:

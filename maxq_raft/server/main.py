@@ -43,11 +43,11 @@ from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..machines.features import SUPPORTED
 from ..replication.engine import ReplicationNode
-from ..replication.journal import JournalError
+from ..replication.journal import JournalCorruption, JournalError
 from ..replication.snapshot_file import SnapshotError
-from ..storage.errors import StorageError
+from ..storage.errors import StorageError, StoreCorruption, StoreLocked
 from ..storage.guarded import GuardedStore
-from ..storage.rocks import RocksSegmentStore
+from ..storage.rocks import RocksSegmentStore, interrupted_creation
 from ..storage.rocks import verify as verify_store
 from . import collector, heap, persistence, tls
 from .alarms import ResourceAlarms, disk_free_bytes
@@ -72,11 +72,15 @@ RESTART_DELAY_S = 5.0  # a member that failed waits at least this long before it
 RESTART_FREE_BYTES_MIN = 64 << 20  # ... and until its data folder has this much free (plus the disk limit)
 RESTART_WAIT_S_MAX = 24 * 3600.0  # then it gives up (exit 75) and leaves the rest to an operator
 RESTART_LOG_EVERY_S = 60.0
-# A member re-executed after a storage failure whose start fails again (a disk that failed once
-# more between the test write and the open) waits and tries again, this many times in a row, then
-# exits with the start's error. The count travels to the next life in the environment.
-FAILED_STARTS_ENV = "MAXQ_STARTS_AFTER_FAILURE"
+# A member re-executed after a storage failure whose start fails again on its disk (a disk that
+# failed once more between the test write and the open) waits and tries again, up to this many
+# starts in a row, then exits with the start's error and code. Both travel to the next life in
+# the environment and are cleared once a life serves; a start failure that is not the disk's
+# (damage, a port in use, a halt) exits at once, as a start by hand does.
+RESTARTED_ENV = "MAXQ_RESTARTED_AFTER_FAILURE"  # set: this life was re-executed after one
+FAILED_STARTS_ENV = "MAXQ_FAILED_STARTS"  # how many such lives in a row failed to start
 FAILED_STARTS_MAX = 10
+DISK_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 WRITE_PROBE_NAME = ".maxq-write-probe"  # the test write's file in the data folder, removed after it
 WRITE_PROBE_BYTES = 4096
 
@@ -164,8 +168,22 @@ async def handle_connection(
             await stream.aclose()
 
 
+def damaged_raft_data(settings: Settings, exc: Exception) -> str:
+    """What to say of Raft data that cannot be started from, and how to repair it."""
+    return (
+        f"cannot start from the Raft data in {settings.data_dir}: {exc}. The other members hold this "
+        f"data: `maxqctl --node <another member> repair-member {settings.node_id} --raft-addr "
+        f"{settings.raft_addr}`, then start this node with --repair-from-peers (docs/operations.md)"
+    )
+
+
 class StartupError(Exception):
-    """The node cannot start (a port in use, an address we cannot bind); the message says why."""
+    """The node cannot start (a port in use, an address we cannot bind); the message says why.
+    `disk`: the cause is the disk failing (a start after a storage failure then waits again)."""
+
+    def __init__(self, message: str, *, disk: bool = False) -> None:
+        super().__init__(message)
+        self.disk = disk
 
 
 async def _bind(what: str, host: str, port: int, opener) -> list:
@@ -219,8 +237,9 @@ def check_data_dir(settings: Settings) -> int:
             print(f"{raft}: {problem}")
         print(f"{raft}: {'OK' if not raft_found else f'{len(raft_found)} problem(s)'}")
     path = store_path(settings)
-    if not path.exists():
-        print(f"{path}: no message store here (nothing to check)")
+    if not path.exists() or interrupted_creation(path):
+        what = "a creation that did not finish, created again at start" if path.exists() else "nothing to check"
+        print(f"{path}: no message store here ({what})")
         return 0 if not raft_found else 1
     problems = verify_store(path)
     if not problems:
@@ -325,13 +344,17 @@ async def _serve_clustered(
         )
         node.start()
     except OSError as exc:
+        if exc.errno in DISK_ERRNOS:
+            raise StartupError(
+                f"cannot open the Raft data in {settings.data_dir}: {exc.strerror or exc}", disk=True
+            ) from None
         raise StartupError(f"cannot listen for Raft on {settings.raft_addr}: {exc.strerror or exc}") from None
-    except (SnapshotError, JournalError) as exc:
-        raise StartupError(
-            f"cannot start from the Raft data in {settings.data_dir}: {exc}. The other members hold this "
-            f"data: `maxqctl --node <another member> repair-member {settings.node_id} --raft-addr "
-            f"{settings.raft_addr}`, then start this node with --repair-from-peers (docs/operations.md)"
-        ) from None
+    except JournalError as exc:
+        if not isinstance(exc, JournalCorruption):  # (a write or fsync at open that failed: the disk)
+            raise StartupError(f"cannot open the Raft data in {settings.data_dir}: {exc}", disk=True) from None
+        raise StartupError(damaged_raft_data(settings, exc)) from None
+    except SnapshotError as exc:
+        raise StartupError(damaged_raft_data(settings, exc)) from None
     cluster.node = node
     log.info(
         "node %s: Raft on %s, %d shard groups, peers %s%s",
@@ -531,7 +554,8 @@ async def _serve(
                 metrics_addr if metrics_listeners else None,
                 settings.raft_addr,
             )
-            os.environ.pop(FAILED_STARTS_ENV, None)  # this life started: a later failure counts from 0
+            os.environ.pop(RESTARTED_ENV, None)  # this life serves: a later failure counts from 0
+            os.environ.pop(FAILED_STARTS_ENV, None)
             log.info(
                 "maxq-server ready: node %s accepting AMQP 0-9-1 on %s:%s%s%s, data in %s",
                 settings.node_id,
@@ -591,20 +615,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     except StorageError as exc:
         lock.close()
-        if failed_starts() > 0:
-            return restart_when_room(settings, f"the message store cannot be opened again: {exc}")
-        print(f"maxq-server: cannot open the message store: {exc}", file=sys.stderr)
-        return 3
+        disk = not isinstance(exc, (StoreCorruption, StoreLocked))
+        return start_failed(settings, f"cannot open the message store: {exc}", 3, disk=disk)
     failure = None
     collector.tune()
     try:
         failure = trio.run(serve, settings, store)
     except StartupError as exc:
-        if failed_starts() > 0:
-            lock.close()
-            return restart_when_room(settings, f"the start after a storage failure failed: {exc}")
-        print(f"maxq-server: {exc}", file=sys.stderr)
-        return 1
+        lock.close()
+        return start_failed(settings, str(exc), 1, disk=exc.disk)
     except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
         pass
     finally:
@@ -613,27 +632,36 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("node %s starts again: %s", settings.node_id, failure.reason)
         return start_again()
     if failure is not None:
-        return restart_when_room(settings, failure.reason)
+        return restart_when_room(settings, failure.reason, failed_starts())
     return 0
 
 
 def failed_starts() -> int:
-    """How many lives in a row were started after a storage failure and did not get to serve
-    (0 in a process that was not re-executed after one)."""
+    """How many lives in a row, re-executed after a storage failure, failed to start on their
+    disk (0 in a process that was not re-executed after one, or whose previous life served)."""
     try:
         return max(0, int(os.environ.get(FAILED_STARTS_ENV, "0")))
     except ValueError:
         return 0
 
 
-def restart_when_room(settings: Settings, failure: str) -> int:
+def start_failed(settings: Settings, error: str, code: int, *, disk: bool) -> int:
+    """A start that failed: a cluster member re-executed after a storage failure whose disk
+    failed again waits and tries again (FAILED_STARTS_MAX in a row); anything else exits."""
+    tries = failed_starts() + 1
+    if settings.clustered and disk and RESTARTED_ENV in os.environ:
+        if tries <= FAILED_STARTS_MAX:
+            return restart_when_room(settings, f"its start failed again: {error}", tries)
+        log.critical("node %s: %d starts in a row failed on its disk; giving up", settings.node_id, tries)
+    print(f"maxq-server: {error}", file=sys.stderr)
+    return code
+
+
+def restart_when_room(settings: Settings, failure: str, failed_starts_now: int) -> int:
     """Fail-stop's second half: wait until the data folder has room and takes a test write, then
     start this process again (exec: same pid, same arguments, every file and thread of this life
-    gone). Returns only on giving up (75, EX_TEMPFAIL) or a signal (0)."""
-    tries = failed_starts()
-    if tries >= FAILED_STARTS_MAX:
-        log.critical("node %s: %s, after %d starts in a row that failed; giving up", settings.node_id, failure, tries)
-        return 75
+    gone), telling it how many starts in a row failed. Returns only on giving up (75,
+    EX_TEMPFAIL) or a signal (0)."""
     needed = RESTART_FREE_BYTES_MIN + (settings.disk_free_limit_mb << 20)
     stopped_at = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -683,7 +711,8 @@ def restart_when_room(settings: Settings, failure: str) -> int:
     except KeyboardInterrupt:
         return 0
     log.warning("node %s starts again (%d MiB free)", settings.node_id, disk_free_bytes(settings.data_dir) >> 20)
-    os.environ[FAILED_STARTS_ENV] = str(tries + 1)  # reset once the next life serves
+    os.environ[RESTARTED_ENV] = "1"
+    os.environ[FAILED_STARTS_ENV] = str(failed_starts_now)
     return start_again()
 
 
@@ -693,15 +722,17 @@ def write_probe_error(data_dir: str) -> str | None:
     path = os.path.join(data_dir, WRITE_PROBE_NAME)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, bytes(WRITE_PROBE_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(path)
     except OSError as exc:
         return exc.strerror or str(exc)
-    return None
+    error = None
+    # Every step runs (the file is closed and removed whatever failed); the first error is kept.
+    steps = (lambda: os.write(fd, bytes(WRITE_PROBE_BYTES)), lambda: os.fsync(fd), lambda: os.close(fd))
+    for step in (*steps, lambda: os.unlink(path)):
+        try:
+            step()
+        except OSError as exc:
+            error = error or exc.strerror or str(exc)
+    return error
 
 
 def start_again() -> int:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from ..replication import journal, raft_journal, snapshot_file
+from ..storage.rocks import interrupted_creation
 from ..storage.rocks import verify as verify_store
 
 RAFT_FOLDER = "raft"  # (main.py: the engine's data_dir; it keeps one folder per group under raft/)
@@ -34,7 +35,7 @@ def member_problems(data_dir: Path) -> list[str]:
     """What is damaged in a member's data folder (empty: every check passes); changes nothing."""
     problems = raft_problems(data_dir)
     store = data_dir / STORE_FOLDER
-    if store.exists():
+    if store.exists() and not interrupted_creation(store):  # (that is no damage: a start creates it)
         problems += [f"{store}: {problem}" for problem in verify_store(store)]
     return problems
 

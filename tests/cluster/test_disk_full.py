@@ -19,6 +19,8 @@ import struct
 import pika
 import pytest
 
+from maxq_raft.server.main import RESTARTED_ENV
+
 from ..helpers import build_fsync_shim, can_mount, grow_filesystem, small_filesystem, wait_until
 from .conftest import Cluster
 
@@ -138,7 +140,7 @@ def fsync_shim(tmp_path_factory):
 
 
 def test_a_member_whose_start_after_a_failure_fails_again_waits_and_tries_again(tmp_path, request):
-    # As if n3 had been re-executed after a storage failure (the count server/main.py passes to
+    # As if n3 had been re-executed after a storage failure (the mark server/main.py passes to
     # its next life) and its disk failed once more before the open: it must wait for a test
     # write to pass and start again, not exit and stay down.
     cluster = Cluster(tmp_path)
@@ -149,7 +151,7 @@ def test_a_member_whose_start_after_a_failure_fails_again_waits_and_tries_again(
         os.environ,
         LD_PRELOAD=str(request.getfixturevalue("fsync_shim")),
         MAXQ_FAIL_FSYNC_FILE=str(trigger),
-        MAXQ_STARTS_AFTER_FAILURE="1",
+        **{RESTARTED_ENV: "1"},
     )
     try:
         for name in ("n1", "n2"):
@@ -184,5 +186,6 @@ def test_a_member_started_by_hand_on_a_failing_disk_exits_with_the_error(tmp_pat
         # refuse the half-made folder, "no CURRENT file", for good).
         trigger.unlink()
         cluster.start()  # (ready needs a quorum: the other two as well)
+        assert "a creation that did not finish" in n3.log_text(), n3.log_text()[-3000:]
     finally:
         cluster.stop()

@@ -242,9 +242,9 @@ def test_a_creation_that_did_not_finish_is_started_over(tmp_path, caplog):
     # RocksDB's LOCK and LOG and rocksdict's config, no CURRENT. Nothing was ever stored in it.
     path = tmp_path / "store"
     path.mkdir()
-    for name in ("LOCK", "LOG", "rocksdict-config.json", "MANIFEST-000001", "OPTIONS-000005.dbtmp"):
+    for name in ("LOCK", "LOG", "rocksdict-config.json", "MANIFEST-000001", "000001.dbtmp"):
         (path / name).write_bytes(b"x")
-    assert verify(path) == [f"store {path}: no store here (missing or empty folder)"]
+    assert verify(path) == [f"store {path}: no store here (a creation that did not finish; a start creates it again)"]
     assert len(os.listdir(path)) == 5  # verify changes nothing
     with caplog.at_level("WARNING", logger="maxq.storage"), RocksSegmentStore(path) as store:
         store.put_batch([(1, 1, b"after")])
@@ -254,8 +254,9 @@ def test_a_creation_that_did_not_finish_is_started_over(tmp_path, caplog):
         assert [body for _, body in store.scan(1, 0, 10)] == [b"after"]
 
 
-def test_a_folder_without_current_but_with_tables_or_logs_is_refused(tmp_path):
-    for leftover in ("000004.log", "000007.sst"):
+def test_a_folder_without_current_but_with_what_only_an_open_writes_is_refused(tmp_path):
+    # tables, write-ahead logs, a MANIFEST after the first, OPTIONS: that store was opened once
+    for leftover in ("000004.log", "000007.sst", "MANIFEST-000005", "OPTIONS-000007", "LOG\n"):
         path = tmp_path / leftover
         path.mkdir()
         (path / "LOCK").write_bytes(b"")
