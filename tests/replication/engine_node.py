@@ -69,7 +69,9 @@ def on_commit(group: str, entries: list[tuple[int, bytes]]) -> None:
             d = digest(payload)
             chain[group] = digest((chain[group] + d).encode())
             lines.append(f"{group} {idx} {d}\n")
-    os.write(applied_fd, "".join(lines).encode())
+        # Written before the lock is let go: a "chain" answer that shows these entries applied
+        # must find them in the file too (the install test read it between the two and saw none).
+        os.write(applied_fd, "".join(lines).encode())
 
 
 def on_snapshot(group: str, header) -> None:
@@ -79,7 +81,7 @@ def on_snapshot(group: str, header) -> None:
             order_errors[0] += 1
         applied_last[group] = header.index
         chain[group] = st["chain"]
-    os.write(applied_fd, f"{group} {header.index} snapshot:{st['chain']}\n".encode())
+        os.write(applied_fd, f"{group} {header.index} snapshot:{st['chain']}\n".encode())
 
 
 node = ReplicationNode(
