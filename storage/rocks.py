@@ -177,9 +177,12 @@ def interrupted_creation(path: str | os.PathLike[str]) -> bool:
     """True when `path` holds only what an interrupted creation leaves (and no CURRENT): no store
     yet, and no damage; opening it for writing creates the store again."""
     try:
-        entries = os.listdir(path)
+        return _creation_leftovers(os.listdir(path))
     except OSError:
         return False
+
+
+def _creation_leftovers(entries: list[str]) -> bool:
     return bool(entries) and all(_CREATION_LEFTOVER.fullmatch(name) for name in entries)
 
 
@@ -193,7 +196,7 @@ def _check_folder(path: str, *, clean: bool = True) -> bool:
     entries = sorted(os.listdir(path))
     if not entries:
         return True
-    if interrupted_creation(path):
+    if _creation_leftovers(entries):
         if clean:
             log.warning(
                 "store %s: a creation that did not finish (%s, no CURRENT); creating it again", path, ", ".join(entries)

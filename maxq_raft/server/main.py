@@ -10,9 +10,10 @@ Fail-stop (a cluster member only): when the member cannot keep its Raft state or
 full disk, an I/O error: the engine's `on_fatal`, the store's `on_failure`), it stops the same way,
 so it no longer votes, leads or acknowledges and its clients reconnect to another member, then
 waits until its data folder has room and takes a test write (written, fsynced, removed: a
-disk whose fsync fails would fail the store's open again), then starts again from its files (the
-same process, re-executed), catching up from the others. A single node instead keeps serving and recovers its
-store in place (store_health.py): it has no one else to hand its clients to. A joining member
+disk whose fsync fails would fail the store's open again), then starts again from its files
+(the same process, re-executed), catching up from the others. A single node instead keeps
+serving and recovers its store in place (store_health.py): it has no one else to hand its
+clients to. A joining member
 whose shard count was only its default and is not the cluster's stops the same way and starts
 again at once with the cluster's (shard_count.py).
 """
@@ -689,7 +690,7 @@ def restart_when_room(settings: Settings, failure: str, failed_starts_now: int) 
                 )
                 return 75
             first_write_failure = write_error is not None and not write_failed_before
-            write_failed_before = write_failed_before or write_error is not None
+            write_failed_before |= first_write_failure
             if first_write_failure or now - logged_at >= RESTART_LOG_EVERY_S:
                 logged_at = now
                 if write_error is not None:

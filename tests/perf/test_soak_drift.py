@@ -50,9 +50,3 @@ def test_a_group_log_that_is_not_cut_any_more_drifted() -> None:
 
 def test_a_series_with_no_samples_is_not_compared() -> None:
     assert soak.drifted(summary(group_log_mb_max=[None, 90.0]), 0.10, 16.0) == []
-
-
-def test_the_segment_size_is_the_journals() -> None:
-    from maxq_raft.replication.journal import SEGMENT_MAX_BYTES_DEFAULT
-
-    assert soak.SEGMENT_MB * (1 << 20) == SEGMENT_MAX_BYTES_DEFAULT
