@@ -6,7 +6,8 @@ and the tracer, with the trace store in memory or in RocksDB, no sockets.
 
 One traced queue lives a life like scripts/bench's s1: a consumer with a prefetch of 4 x batch
 and manual acks; each round publishes `--batch` messages in one Enqueue (with the publishers'
-trace context, as server/session.py adds it), then acks what was delivered in one Settle. Each
+trace context and each message's trace id header, as server/session.py adds them; the messages
+are made in the timed part, traced or not), then acks what was delivered in one Settle. Each
 command goes through the applier's trace calls (`Tracer.before` / `after`, applier.py). Printed:
 the best CPU time per message (process time, the least disturbed by other processes) of the
 machine alone, with trace records kept in memory (`MemoryKV`), and in RocksDB (`RocksKV`, a
@@ -62,14 +63,21 @@ def run(batches: int, batch: int, store: str | None, folder: Path) -> float:
     template = trace_id_template(encode_properties(BasicProperties(delivery_mode=1)), "bench@conn-1")
     assert template is not None
     context = ("guest", "bench@conn-1", "127.0.0.1:5000")
-    rounds = []
-    for b in range(batches):  # (prepared before the clock starts)
-        messages = [Message("", "q", with_trace_id(template, b * batch + k), b"x" * 16, False) for k in range(batch)]
-        trace = (*context, [(k, 1, True, ["q"]) for k in range(batch)]) if tracer is not None else None
-        rounds.append(qc.Enqueue(messages, None, None, trace))
+    untraced = encode_properties(BasicProperties(delivery_mode=1))
     start = time.process_time()
-    for command in rounds:
-        delivered = [e.message.seq for e in apply(command) if type(e) is Deliver]
+    for b in range(batches):
+        if tracer is not None:  # (the publishing session's part: server/session.py, _with_trace_id)
+            messages = []
+            publishes = []
+            for k in range(batch):
+                n = b * batch + k
+                messages.append(Message("", "q", with_trace_id(template, n), b"x" * 16, False))
+                publishes.append((k, 1, True, ["q"], n))
+            trace = (*context, publishes)
+        else:
+            messages = [Message("", "q", untraced, b"x" * 16, False) for k in range(batch)]
+            trace = None
+        delivered = [e.message.seq for e in apply(qc.Enqueue(messages, None, None, trace)) if type(e) is Deliver]
         while delivered:  # (bounded: each ack delivers what was queued, and nothing is added)
             delivered = [e.message.seq for e in apply(qc.Settle("c1", delivered)) if type(e) is Deliver]
     return time.process_time() - start

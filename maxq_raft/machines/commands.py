@@ -56,9 +56,11 @@ class Enqueue(NamedTuple):
     # max)` in position order; None when none is one. Held apart until `ResolveTxn`.
     txn: list[tuple[int, str, int, int]] | None = None
     # x-trace (server/tracer.py): for a queue that traces, who published, as
-    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names]), ...])`,
-    # so every replica records the same publish; None otherwise. The machine ignores it.
-    trace: tuple[str, str, str, list[tuple[int, int, bool, list[str]]]] | None = None
+    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names],
+    # trace number), ...])`, so every replica records the same publish; None otherwise. The trace
+    # number n: the message's x-maxq-trace-id is "connection-n" (12 digits), None when it has its
+    # own message id (an older member proposes the tuple without it). The machine ignores it.
+    trace: tuple[str, str, str, list[tuple[Any, ...]]] | None = None
 
 
 class EnqueueFifo(NamedTuple):

@@ -24,12 +24,17 @@ from typing import NamedTuple
 from .maintenance import FEATURE as MAINTENANCE
 from .placement import FEATURE as PLACEMENT
 
+# x-trace (server/tracer.py): an Enqueue's publish tuples gain a fifth item, which an earlier
+# release's decoder refuses.
+TRACE_NUMBERS = "trace_numbers"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
     "feature_flags": "Members agree on the features the cluster uses before any is used",
     MAINTENANCE: "Members can be drained for maintenance and revived (maxqctl drain / revive)",
     PLACEMENT: "The metadata group records the shard groups, their replicas and each queue's group",
+    TRACE_NUMBERS: "A traced publish carries the number of the x-maxq-trace-id its node gave it",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

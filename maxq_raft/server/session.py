@@ -37,6 +37,7 @@ from ..amqp.frames import encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties
 from ..machines import commands as qc
 from ..machines.dedup import exchange_scope
+from ..machines.features import TRACE_NUMBERS
 from ..machines.maintenance import DRAINING_TEXT
 from ..machines.message import Message
 from ..machines.metadata import DEDUP_EXCHANGE_TYPE
@@ -728,10 +729,11 @@ class Session:
                         self._persistent_props.clear()
                     self._persistent_props[props_raw] = persistent
             traced = None
+            trace_number = None
             if broker.tracer.traced:  # (empty unless a queue has x-trace)
                 traced = self._trace_publish(vhost, queues)
                 if traced is not None:
-                    props_raw = self._with_trace_id(props_raw)
+                    props_raw, trace_number = self._with_trace_id(props_raw)
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
             dedup: tuple | None = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
@@ -758,6 +760,8 @@ class Session:
                 if traced is not None and key in traced:
                     self.pending_trace.setdefault(key, []).append(
                         (len(batch) - 1, channel.number, seq is not None, list(queues))
+                        if trace_number is None
+                        else (len(batch) - 1, channel.number, seq is not None, list(queues), trace_number)
                     )
             if txn is not None:
                 note_half(self, txn[0])
@@ -772,9 +776,11 @@ class Session:
             else:
                 confirms.append(seq)
 
-    def _with_trace_id(self, props_raw: bytes) -> bytes:
+    def _with_trace_id(self, props_raw: bytes) -> tuple[bytes, int | None]:
         """A message routed to a traced queue: an x-maxq-trace-id header unless it has a
-        message id (tracer.py), from a template per distinct property list (as the cache above)."""
+        message id (tracer.py), from a template per distinct property list (as the cache above);
+        and the header's number, which the Enqueue's trace context carries (so that the tracer
+        need not read the id back from the properties: `Tracer.published_id`)."""
         templates = self._trace_templates
         if props_raw in templates:
             template = templates[props_raw]
@@ -785,13 +791,12 @@ class Session:
                     templates.clear()
                 templates[props_raw] = template
         if template is None:
-            return props_raw
+            return props_raw, None
         n = next(_trace_numbers)
         if n >= 10**TRACE_ID_DIGITS:
-            return props_raw
-        traced = with_trace_id(template, n)
-        self.broker.tracer.note_trace_id(traced, f"{self.id}-{n:0{TRACE_ID_DIGITS}d}")
-        return traced
+            return props_raw, None
+        # (the number only once every member decodes it; until then the tracer reads the header)
+        return with_trace_id(template, n), n if TRACE_NUMBERS in self.broker.meta.features_enabled else None
 
     def _trace_publish(self, vhost: str, queues) -> dict | None:
         """The traced queues among those a publish was routed to (None: none traces)."""

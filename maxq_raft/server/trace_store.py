@@ -14,11 +14,24 @@ Keys are big-endian so that key order is time order:
 
     q ‖ vhost ‖ queue ‖ time ms ‖ log index ‖ n          -> the records of one command (msgpack)
     m ‖ vhost ‖ message id ‖ time ms ‖ queue ‖ index ‖ n  -> empty: the key names the q row
+    n ‖ vhost ‖ id bucket ‖ time ms ‖ queue ‖ index ‖ n   -> likewise, for a publish group's ids
     c ‖ vhost ‖ correlation id ‖ ...                      -> likewise
+    k ‖ vhost ‖ queue ‖ seq bucket ‖ time ms ‖ index ‖ n  -> likewise, for a row's seqs
     s ‖ vhost ‖ queue                                     -> the queue's trace bytes (u64)
 
 (each name as a 2-byte length and its UTF-8). A query by queue and time range is one scan of a q
-range; by message id or correlation id, one scan of an m or c prefix and a get per hit.
+range; by message id or correlation id, one scan of an m, n or c prefix and a get per hit, then
+the rows of the found messages' seq buckets (k) for their deliveries and acks.
+
+Why groups and buckets: a traced message has four steps at least (published, enqueued,
+delivered, acked), and a record and an index key for each cost a traced node more than the
+message itself (issue #20's ×0.8). The hot steps are therefore stored as groups of one command
+(`PUBLISH_GROUP`, `DELIVER_GROUP`, `ACK_GROUP`): a delivery or an ack names only the message's
+seq, whose ids a query reads from its enqueue; a publish group's ids are indexed by bucket (a
+trace id "node@connection-000000000042" and its 99 neighbours share one key, a query keeps the
+exact matches), and a row's seqs by buckets of SEQ_BUCKET_SIZE. A record of the other steps
+(`Record`) carries its ids and is indexed by them, as every record was before the groups, so a
+store written by an older version is read and compacted by the same rules.
 Compaction (`compact`, run by a task of the shell) deletes a queue's oldest records while they
 are older than its retention or its bytes exceed its size limit, with their m and c entries, a
 bounded batch per queue per pass. It uses the member's clock, so members may drop a record a
@@ -174,52 +187,264 @@ PUBLISHED_FIELDS = (
 )
 Record = tuple  # (str, str | None, str | None, int | None, dict | list | None)
 
+# The groups (a list whose first item names it; a Record's first item is an event name):
+#   [PUBLISH_GROUP, user, connection, client address, [entry, ...]] with each entry
+#       [message id, correlation id, seq, exchange, routing key, publish, body, delayed ms, fate]:
+#       the message id an int n for the x-maxq-trace-id the publishing node gave it (read as
+#       "connection-n", n in TRACE_ID_DIGITS digits);
+#       publish [channel, routed queues, confirmed] or None (not published here: a dead-lettered
+#       copy, an SQS or HTTP publish); seq -1 when not enqueued, then fate "refused" (overflow) or
+#       "dropped" (a duplicate); body None unless x-trace-bodies. Read as "published" (when
+#       publish) and "enqueued" / "refused" / "dropped" records.
+#   [DELIVER_GROUP, consumer id, [seq, ...], [redelivered, ...], [delivery count, ...]]
+#   [ACK_GROUP, [seq, ...]]
+PUBLISH_GROUP = "P"
+DELIVER_GROUP = "D"
+ACK_GROUP = "A"
+TRACE_ID_DIGITS = 12  # "node@connection-000000000042" (tracer.py makes them)
+SEQ_BUCKET_BITS = 8  # a k key covers the rows of 256 consecutive seqs of a queue
+SEQ_BUCKET_SIZE = 1 << SEQ_BUCKET_BITS
+_SEQ_BUCKETS_SPANNED_MAX = 4  # a row whose seqs span more buckets lists the buckets it holds
+
+
+def id_bucket(value: str) -> str:
+    """The n key of a publish group's message id: the id less its last two characters when
+    they are digits (consecutive ids share a key), else the id itself."""
+    return value[:-2] if len(value) > 2 and value[-2:].isdigit() else value
+
 
 def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str, Any]]:
-    """A row's records as dicts, each with its place and queue (in the key, not in the row)."""
+    """A row's records as dicts, each with its place and queue (in the key, not in the row). A
+    delivery or an ack of a group answers with "message_id" None: the query fills it in."""
     time_ms, log_index, n0 = _PLACE.unpack(place)
-    out = []
-    for n, (event, message_id, correlation_id, seq, extra) in enumerate(msgpack.unpackb(value, raw=False), n0):
-        record: dict[str, Any] = {"event": event}
-        if seq is not None:
-            record["message_id"] = message_id
-            if correlation_id is not None:
-                record["correlation_id"] = correlation_id
-            if seq >= 0:
-                record["seq"] = seq
-        if type(extra) is list:
-            if event == "delivered":  # [consumer id "node@connection/channel/tag", redelivered, count]
-                connection, channel, tag = (extra[0].split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
-                record.update(
-                    consumer_tag=tag,
-                    connection=connection,
-                    channel=channel,
-                    redelivered=extra[1],
-                    delivery_count=extra[2],
+    out: list[dict[str, Any]] = []
+    append = out.append
+    for item in msgpack.unpackb(value, raw=False):
+        kind = item[0]
+        if kind == PUBLISH_GROUP:
+            _kind, user, connection, address, entries = item
+            for message_id, correlation_id, seq, exchange, routing_key, publish, body, delayed_ms, fate in entries:
+                if type(message_id) is int:  # (the trace number: see PUBLISH_GROUP)
+                    message_id = f"{connection}-{message_id:0{TRACE_ID_DIGITS}d}"
+                ids: dict[str, Any] = {"message_id": message_id}
+                if correlation_id is not None:
+                    ids["correlation_id"] = correlation_id
+                if seq >= 0:
+                    ids["seq"] = seq
+                if publish is not None:
+                    channel, routed_queues, confirmed = publish
+                    published = {
+                        "event": "published",
+                        **ids,
+                        "user": user,
+                        "connection": connection,
+                        "client_address": address,
+                        "channel": channel,
+                        "exchange": exchange,
+                        "routing_key": routing_key,
+                        "routed_queues": routed_queues,
+                    }
+                    if confirmed is not None:
+                        published["confirmed"] = confirmed
+                    if body is not None:
+                        published["body"] = body
+                    append(published)
+                if seq >= 0:
+                    enqueued = {"event": "enqueued", **ids}
+                    if delayed_ms:
+                        enqueued["delayed_ms"] = delayed_ms
+                    if body is not None and publish is None:
+                        enqueued["body"] = body
+                    append(enqueued)
+                elif fate is not None:
+                    append({"event": fate, **ids, "reason": "overflow" if fate == "refused" else "duplicate"})
+        elif kind == DELIVER_GROUP:
+            _kind, consumer, seqs, redelivered, counts = item
+            connection, channel, tag = (consumer.split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
+            for seq, again, count in zip(seqs, redelivered, counts, strict=True):
+                append(
+                    {
+                        "event": "delivered",
+                        "message_id": None,
+                        "seq": seq,
+                        "consumer_tag": tag,
+                        "connection": connection,
+                        "channel": channel,
+                        "redelivered": again,
+                        "delivery_count": count,
+                    }
                 )
-            else:
-                record.update(
-                    (name, value) for name, value in zip(PUBLISHED_FIELDS, extra, strict=False) if value is not None
-                )
-        elif extra:
-            record.update(extra)
+        elif kind == ACK_GROUP:
+            for seq in item[1]:
+                append({"event": "acked", "message_id": None, "seq": seq})
+        else:
+            append(_expand_record(item))
+    for n, record in enumerate(out, n0):
         body = record.pop("body", None)
         if body is not None:  # (JSON carries no bytes)
             record["body_base64"] = base64.b64encode(body).decode("ascii")
         record.update(time_ms=time_ms, log_index=log_index, n=n, vhost=vhost, queue=queue)
-        out.append(record)
     return out
 
 
-def _ids(records: list[Record], position: int) -> dict[str, None]:
-    """The distinct message ids (position 1) or correlation ids (2) of a row, in order (a dict:
-    no set, so the keys written are in the same order on every member)."""
-    found: dict[str, None] = {}
-    for record in records:
-        value = record[position]
-        if value:
-            found[value] = None
-    return found
+def _expand_record(item: list) -> dict[str, Any]:
+    event, message_id, correlation_id, seq, extra = item
+    record: dict[str, Any] = {"event": event}
+    if seq is not None:
+        record["message_id"] = message_id
+        if correlation_id is not None:
+            record["correlation_id"] = correlation_id
+        if seq >= 0:
+            record["seq"] = seq
+    if type(extra) is list:
+        if event == "delivered":  # [consumer id "node@connection/channel/tag", redelivered, count]
+            connection, channel, tag = (extra[0].split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
+            record.update(
+                consumer_tag=tag,
+                connection=connection,
+                channel=channel,
+                redelivered=extra[1],
+                delivery_count=extra[2],
+            )
+        else:
+            record.update(
+                (name, value) for name, value in zip(PUBLISHED_FIELDS, extra, strict=False) if value is not None
+            )
+    elif extra:
+        record.update(extra)
+    return record
+
+
+def _add_seq_buckets(buckets: dict[int, None], seqs: list[int]) -> None:
+    if not seqs:
+        return
+    low, high = min(seqs) >> SEQ_BUCKET_BITS, max(seqs) >> SEQ_BUCKET_BITS
+    if high - low < _SEQ_BUCKETS_SPANNED_MAX:  # (the usual row: its seqs close together)
+        for bucket in range(low, high + 1):
+            buckets[bucket] = None
+    else:
+        for seq in seqs:
+            buckets[seq >> SEQ_BUCKET_BITS] = None
+
+
+def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) -> list[bytes]:
+    """The m, n, c and k keys of one row (written with it, deleted with it by compaction), in an
+    order that depends on the records alone."""
+    message_ids: dict[str, None] = {}
+    buckets: dict[str, None] = {}
+    correlation_ids: dict[str, None] = {}
+    seq_buckets: dict[int, None] = {}
+    for item in records:
+        kind = item[0]
+        if kind == PUBLISH_GROUP:
+            seqs = []
+            numbers: dict[int, None] = {}
+            for entry in item[4]:
+                message_id = entry[0]
+                if type(message_id) is int:
+                    numbers[message_id // 100] = None
+                elif message_id:
+                    buckets[message_id[:-2] if len(message_id) > 2 and message_id[-2:].isdigit() else message_id] = (
+                        None  # (id_bucket, inlined: once per published message)
+                    )
+                if entry[1]:
+                    correlation_ids[entry[1]] = None
+                if entry[2] >= 0:
+                    seqs.append(entry[2])
+            for number in numbers:  # (id_bucket of "connection-n": its last two digits dropped)
+                buckets[f"{item[2]}-{number:0{TRACE_ID_DIGITS - 2}d}"] = None
+            _add_seq_buckets(seq_buckets, seqs)
+        elif kind == DELIVER_GROUP:
+            _add_seq_buckets(seq_buckets, item[2])
+        elif kind == ACK_GROUP:
+            _add_seq_buckets(seq_buckets, item[1])
+        else:
+            if item[1]:
+                message_ids[item[1]] = None
+            if item[2]:
+                correlation_ids[item[2]] = None
+    tail = place[:8] + _name(queue) + place[8:]
+    keys = [b"m" + vhost_name + _name(value) + tail for value in message_ids]
+    keys.extend(b"n" + vhost_name + _name(value) + tail for value in buckets)
+    keys.extend(b"c" + vhost_name + _name(value) + tail for value in correlation_ids)
+    if seq_buckets:
+        head = b"k" + vhost_name + _name(queue)
+        keys.extend(head + _U64.pack(bucket) + place for bucket in seq_buckets)
+    return keys
+
+
+def _at(record: dict[str, Any]) -> tuple[int, int, int]:
+    """A record's place in its queue's order."""
+    return record["time_ms"], record["log_index"], record["n"]
+
+
+class _Reader:
+    """The rows one query reads, each read and expanded once, and the seq buckets that link a
+    delivery or an ack to its message's enqueue."""
+
+    def __init__(self, kv: TraceKV, vhost: str) -> None:
+        self.kv = kv
+        self.vhost = vhost
+        self._rows: dict[tuple[str, bytes], list[dict[str, Any]]] = {}
+        self._buckets: dict[tuple[str, int], list[bytes]] = {}
+
+    def row(self, queue: str, place: bytes) -> list[dict[str, Any]]:
+        """Its records ([] once compacted)."""
+        found = self._rows.get((queue, place))
+        if found is None:
+            value = self.kv.get(queue_prefix(self.vhost, queue) + place)
+            found = self._rows[(queue, place)] = _expand(self.vhost, queue, place, value) if value else []
+        return found
+
+    def keep(self, queue: str, place: bytes, records: list[dict[str, Any]]) -> None:
+        self._rows.setdefault((queue, place), records)
+
+    def bucket(self, queue: str, seq: int) -> list[bytes]:
+        """The places of the rows that hold seqs of `seq`'s bucket, in time order."""
+        bucket = seq >> SEQ_BUCKET_BITS
+        found = self._buckets.get((queue, bucket))
+        if found is None:
+            head = b"k" + _name(self.vhost) + _name(queue)
+            start = head + _U64.pack(bucket)
+            rows = self.kv.scan(start, head + _U64.pack(bucket + 1), QUERY_LIMIT_MAX)
+            found = self._buckets[(queue, bucket)] = [key[len(start) :] for key, _empty in rows]
+        return found
+
+    def later_steps(self, queue: str, enqueued: dict[str, Any]) -> list[dict[str, Any]]:
+        """The deliveries and acks of the message `enqueued` (a record of queue `queue`), its ids
+        filled in: the group records of its seq after it, up to the seq's next enqueue (a queue of
+        the same name declared again starts its seqs again)."""
+        seq, at = enqueued["seq"], _at(enqueued)
+        found: list[dict[str, Any]] = []
+        for place in self.bucket(queue, seq):
+            for record in self.row(queue, place):
+                if record.get("seq") != seq or _at(record) <= at:
+                    continue
+                if record["event"] == "enqueued":
+                    return found
+                if record["message_id"] is None:
+                    _fill(record, enqueued)
+                    found.append(record)
+        return found
+
+    def enqueue_before(self, queue: str, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The last enqueue of `record`'s seq before it."""
+        seq, at = record["seq"], _at(record)
+        last = None
+        for place in self.bucket(queue, seq):
+            for other in self.row(queue, place):
+                if _at(other) >= at:
+                    return last
+                if other["event"] == "enqueued" and other.get("seq") == seq:
+                    last = other
+        return last
+
+
+def _fill(record: dict[str, Any], enqueued: dict[str, Any]) -> None:
+    record["message_id"] = enqueued["message_id"]
+    correlation_id = enqueued.get("correlation_id")
+    if correlation_id is not None:
+        record["correlation_id"] = correlation_id
 
 
 class TraceLog:
@@ -255,7 +480,7 @@ class TraceLog:
 
     # -------------------------------------------------------------- writes
 
-    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Record]) -> None:
+    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Any]) -> None:
         """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
         order, as the tracer made them (`Record`)."""
         place = _PLACE.pack(time_ms, log_index, n0)
@@ -265,11 +490,7 @@ class TraceLog:
         value = msgpack.packb(records, use_bin_type=True)
         puts = [(key, value)]
         vhost_name = _name(vhost)
-        tail = place[:8] + _name(queue) + place[8:]
-        for kind, position in ((b"m", 1), (b"c", 2)):
-            head = kind + vhost_name
-            for value_id in _ids(records, position):
-                puts.append((head + _name(value_id) + tail, b""))
+        puts.extend((index_key, b"") for index_key in _row_index_keys(vhost_name, queue, place, records))
         total = self._bytes(vhost, queue) + len(key) + len(value)
         self._counts[(vhost, queue)] = total
         puts.append((b"s" + vhost_name + _name(queue), _U64.pack(total)))
@@ -296,35 +517,64 @@ class TraceLog:
         prefix = queue_prefix(vhost, queue)
         start = prefix + _U64.pack(max(0, since_ms))
         end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
+        reader = _Reader(self.kv, vhost)
         out: list[dict[str, Any]] = []
         for key, value in self.kv.scan(start, end, limit):  # (a row holds one record at least)
-            out.extend(_expand(vhost, queue, key[len(prefix) :], value))
+            place = key[len(prefix) :]
+            records = _expand(vhost, queue, place, value)
+            reader.keep(queue, place, records)
+            out.extend(records)
             if len(out) >= limit:
                 break
-        return out[:limit]
+        del out[limit:]
+        enqueues: dict[int, dict[str, Any]] = {}  # seq -> its last enqueue seen so far
+        for record in out:
+            seq = record.get("seq")
+            if seq is None:
+                continue
+            if record["event"] == "enqueued":
+                enqueues[seq] = record
+            elif record.get("message_id", "") is None:  # (a group's delivery or ack)
+                enqueued = enqueues.get(seq) or reader.enqueue_before(queue, record)
+                if enqueued is not None:
+                    _fill(record, enqueued)
+        return out
 
     def by_message_id(self, vhost: str, message_id: str, limit: int = QUERY_LIMIT_DEFAULT) -> list[dict[str, Any]]:
-        return self._by_index(b"m", "message_id", vhost, message_id, limit)
+        return self._by_index(
+            "message_id", vhost, message_id, [(b"m", message_id), (b"n", id_bucket(message_id))], limit
+        )
 
     def by_correlation_id(
         self, vhost: str, correlation_id: str, limit: int = QUERY_LIMIT_DEFAULT
     ) -> list[dict[str, Any]]:
-        return self._by_index(b"c", "correlation_id", vhost, correlation_id, limit)
+        return self._by_index("correlation_id", vhost, correlation_id, [(b"c", correlation_id)], limit)
 
-    def _by_index(self, kind: bytes, field: str, vhost: str, value: str, limit: int) -> list[dict[str, Any]]:
-        prefix = kind + _name(vhost) + _name(value)
+    def _by_index(
+        self, field: str, vhost: str, value: str, indexes: list[tuple[bytes, str]], limit: int
+    ) -> list[dict[str, Any]]:
+        """The records whose `field` is `value`: the rows its index keys name, then for each of
+        its enqueues the deliveries and acks of that seq (which name no ids)."""
+        places: dict[tuple[str, bytes], None] = {}
+        for kind, text in indexes:
+            prefix = kind + _name(vhost) + _name(text)
+            for key, _empty in self.kv.scan(prefix, _after(prefix), limit):
+                at = len(prefix) + 8
+                length = int.from_bytes(key[at : at + 2], "big")
+                queue = key[at + 2 : at + 2 + length].decode("utf-8", "surrogatepass")
+                places[(queue, key[len(prefix) : at] + key[at + 2 + length :])] = None
+        reader = _Reader(self.kv, vhost)
         out: list[dict[str, Any]] = []
-        for key, _empty in self.kv.scan(prefix, _after(prefix), limit):
-            at = len(prefix) + 8
-            length = int.from_bytes(key[at : at + 2], "big")
-            queue = key[at + 2 : at + 2 + length].decode("utf-8", "surrogatepass")
-            place = key[len(prefix) : at] + key[at + 2 + length :]
-            row = self.kv.get(queue_prefix(vhost, queue) + place)
-            if row is not None:  # (compacted between the two reads)
-                out.extend(r for r in _expand(vhost, queue, place, row) if r.get(field) == value)
+        taken: set[int] = set()  # (ids of the records in `out`: a group's record, once filled in, matches too)
+        for queue, place in places:
+            for record in reader.row(queue, place):  # (none once compacted between the two reads)
+                if record.get(field) == value and id(record) not in taken:
+                    found = [record, *reader.later_steps(queue, record)] if record["event"] == "enqueued" else [record]
+                    out.extend(found)
+                    taken.update(map(id, found))
             if len(out) >= limit:
                 break
-        return out[:limit]
+        return records_of(out)[:limit]
 
     # ---------------------------------------------------------- compaction
 
@@ -368,11 +618,7 @@ class TraceLog:
             deletes.append(key)
             dropped += 1
             total -= len(key) + len(value)
-            records = msgpack.unpackb(value, raw=False)
-            tail = place[:8] + _name(queue) + place[8:]
-            for kind, position in ((b"m", 1), (b"c", 2)):
-                for value_id in _ids(records, position):
-                    deletes.append(kind + vhost_name + _name(value_id) + tail)
+            deletes.extend(_row_index_keys(vhost_name, queue, place, msgpack.unpackb(value, raw=False)))
         if not deletes:
             return 0
         count_key = b"s" + vhost_name + _name(queue)

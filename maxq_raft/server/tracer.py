@@ -30,7 +30,16 @@ from ..amqp.properties import CORRELATION_ID_FLAG, MESSAGE_ID_FLAG, decode_prope
 from ..machines import commands as qc
 from ..machines.message import Message
 from ..machines.queue_types import DeadLetter, Deliver, HandleResult, Meta, Overflowed, Received, Rejected
-from .trace_store import TRACE_RETENTION_BYTES_DEFAULT, TRACE_RETENTION_MS_DEFAULT, TraceLog
+from .trace_store import (
+    ACK_GROUP,
+    DELIVER_GROUP,
+    PUBLISH_GROUP,
+    TRACE_ID_DIGITS,
+    TRACE_RETENTION_BYTES_DEFAULT,
+    TRACE_RETENTION_MS_DEFAULT,
+    Record,
+    TraceLog,
+)
 
 log = logging.getLogger("maxq.trace")
 
@@ -51,9 +60,10 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-TRACE_ID_DIGITS = 12  # "node@connection-000000000042": a fixed width, so a template takes it
 _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
+_CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
+assert CORRELATION_ID_FLAG & 0xFF == 0
 
 
 def trace_id_template(props_raw: bytes, connection: str) -> tuple[bytes, bytes] | None:
@@ -125,15 +135,6 @@ class Tracer:
             (settings and settings.trace_retention_bytes) or TRACE_RETENTION_BYTES_DEFAULT,
         )
 
-    def note_trace_id(self, props_raw: bytes, trace_id: str) -> None:
-        """The publishing node made `props_raw` with `with_trace_id`, whose id is `trace_id`: kept
-        for `ids`, which then need not find it in the properties again (a parse per message, 4 %
-        of a traced node's time at s1). Left to `ids` when the properties carry a correlation id."""
-        if len(props_raw) >= 2 and not (props_raw[0] << 8 | props_raw[1]) & CORRELATION_ID_FLAG:
-            if len(self._ids) >= _IDS_CACHED_MAX:
-                self._ids.clear()
-            self._ids[props_raw] = (trace_id, None)
-
     def ids(self, props_raw: bytes) -> tuple[str | None, str | None]:
         """(message id, correlation id) of a message's properties."""
         found = self._ids.get(props_raw)
@@ -160,14 +161,17 @@ class Tracer:
 
     # ------------------------------------------------------------ apply
 
-    def before(self, machine: Any, command: Any) -> list[Message | None] | None:
-        """The messages `command` will take away from the machine, read before it applies."""
+    def before(self, machine: Any, command: Any) -> list | None:
+        """The messages `command` will take away from the machine (for an ack, their seqs), read
+        before it applies."""
         kind = type(command)
         if kind is qc.Settle or kind is qc.Discard or kind is qc.Requeue:
             consumer = machine.consumers.get(command.consumer_id)
             if consumer is None or type(command.seqs) not in (list, tuple):
                 return None
             checked_out = consumer.checked_out
+            if kind is qc.Settle:  # (an ack's record names its seq alone: ACK_GROUP)
+                return [seq for seq in command.seqs if seq in checked_out]
             return [checked_out[seq] for seq in command.seqs if seq in checked_out]
         if kind is qc.Down and type(command.owner) is str:
             owner = command.owner
@@ -199,7 +203,7 @@ class Tracer:
     ) -> None:
         """Record what the command did to the traced queue `key` (never raises)."""
         try:
-            records = self._records(command, reply, effects or (), before, machine)
+            records, count = self._records(command, reply, effects or (), before, machine)
         except Exception:  # a bug here must not stop the log: the records of this command are lost
             log.exception("tracing %s on queue %r failed", type(command).__name__, key)
             return
@@ -212,31 +216,35 @@ class Tracer:
             log_index = meta.log_index
             last = self._last.get(key)
             n0 = last[1] if last is not None and last[0] == log_index else 0
-            self._last[key] = (log_index, n0 + len(records))
+            self._last[key] = (log_index, n0 + count)
             try:
                 self.log.add(key[0], key[1], machine.now_ms, log_index, n0, records)
             except Exception:  # the trace store cannot write: the broker goes on without these records
                 log.exception("writing %d trace records of queue %r failed", len(records), key)
 
-    def _records(self, command: Any, reply: Any, effects: Any, before: Any, machine: Any) -> list[tuple]:
-        """The command's records in their stored shape (trace_store.py: `Record`)."""
+    def _records(
+        self, command: Any, reply: Any, effects: Any, before: Any, machine: Any
+    ) -> tuple[list[Record | list], int]:
+        """The command's records and groups in their stored shape (trace_store.py: `Record`,
+        PUBLISH_GROUP, DELIVER_GROUP, ACK_GROUP), and how many records they are read as."""
         if type(reply) is Rejected:
             # (a refused command changed nothing, but the expiry run before it may have)
             effects = [e for e in effects if type(e) is DeadLetter]
-        out: list[tuple] = []
+        out: list[Record | list] = []
         append = out.append
         ids = self.ids
+        count = 0
 
-        def record(event: str, message: Message, extra: Any = None, found: Any = None) -> None:
-            message_id, correlation_id = found or ids(message.props_raw)
+        def record(event: str, message: Message, extra: Any = None) -> None:
+            message_id, correlation_id = ids(message.props_raw)
             append((event, message_id, correlation_id, message.seq, extra))
 
         kind = type(command)
         if kind is qc.Enqueue and type(reply) is not Rejected:
-            self._enqueued(command, reply, record, machine.settings.trace_bodies)
+            count += self._enqueued(command, reply, out, machine.settings.trace_bodies)
         elif kind is qc.Settle and before:
-            for message in before:
-                record("acked", message)
+            append([ACK_GROUP, before])
+            count += len(before)
         elif kind is qc.Discard and before:
             for message in before:
                 record("rejected", message, {"requeue": False})
@@ -267,22 +275,19 @@ class Tracer:
                     record("deleted", message, {"via": "sqs"})
         elif kind is qc.Purge and type(reply) is int and reply:
             append(("purged", None, None, None, {"count": reply}))
+        group: list | None = None  # the DELIVER_GROUP being filled: deliveries in a row to one consumer
         for effect in effects:
             effect_kind = type(effect)
             if effect_kind is Deliver:
                 message = effect.message
-                message_id, correlation_id = ids(message.props_raw)
-                # (the hot one: a list, its names added when read: trace_store.py)
-                append(
-                    (
-                        "delivered",
-                        message_id,
-                        correlation_id,
-                        message.seq,
-                        [effect.consumer_id, effect.redelivered, message.delivery_count],
-                    )
-                )
+                if group is None or group[1] != effect.consumer_id:
+                    group = [DELIVER_GROUP, effect.consumer_id, [], [], []]
+                    append(group)
+                group[2].append(message.seq)
+                group[3].append(effect.redelivered)
+                group[4].append(message.delivery_count)
             elif effect_kind is DeadLetter:
+                group = None
                 for message in effect.messages:
                     extra = {
                         "reason": effect.reason,
@@ -292,42 +297,73 @@ class Tracer:
                     record("dead-lettered", message, extra)
         for message, reason in machine.trace_dropped:
             record("expired" if reason == "expired" else "dropped", message, {"reason": reason})
-        return out
+        for item in out:
+            kind_name = item[0]
+            if kind_name == DELIVER_GROUP:
+                count += len(item[2])
+            elif kind_name != PUBLISH_GROUP and kind_name != ACK_GROUP:
+                count += 1
+        return out, count
 
-    def _enqueued(self, command: qc.Enqueue, reply: Any, record: Any, bodies: bool) -> None:
+    def _enqueued(self, command: qc.Enqueue, reply: Any, out: list, bodies: bool) -> int:
+        """Append the Enqueue's PUBLISH_GROUP to `out`; the number of records it is read as."""
         context = command.trace
-        publishes: dict[int, tuple[int, int, bool, list[str]]] = {}
+        publishes: dict[int, tuple[Any, ...]] = {}
+        user = connection = address = None
         if context is not None:
             publishes = {publish[0]: publish for publish in context[3]}
             user, connection, address = context[0], context[1], context[2]
         refused = set(reply.rejected) if type(reply) is Overflowed else ()
+        deduplicated = command.dedup is not None
         ids = self.ids
+        entries: list[list[Any]] = []
+        append = entries.append
+        count = 0
         for position, message in enumerate(command.messages):
-            found = ids(message.props_raw)  # (once for its two records)
-            publish = publishes.get(position)
+            publish: Any = publishes.get(position)
+            props_raw = message.props_raw
+            if (
+                publish is not None
+                and len(publish) > 4
+                and publish[4] is not None
+                and not props_raw[0] & _CORRELATION_BYTE
+            ):
+                # The id the publishing node gave it, "connection-n": stored as n (the group
+                # names the connection; trace_store.py reads it as the id).
+                message_id, correlation_id = publish[4], None
+            else:
+                message_id, correlation_id = ids(props_raw)
+            seq = message.seq
+            fate = None
+            if seq < 0:
+                if position in refused:
+                    fate = "refused"
+                elif deduplicated:
+                    fate = "dropped"
             if publish is not None:
-                # (a list, its names added when read: trace_store.py's PUBLISHED_FIELDS)
-                extra = [
-                    user,
-                    connection,
-                    address,
-                    publish[1],
+                count += 1
+                # [channel, routed queues, ack (True) or nack (False, reject-publish) if confirmed]
+                publish = [publish[1], publish[3], position not in refused if publish[2] else None]
+            if seq >= 0 or fate is not None:
+                count += 1
+            elif publish is None:
+                continue  # (nothing to say of it)
+            append(
+                [
+                    message_id,
+                    correlation_id,
+                    seq,
                     message.exchange,
                     message.routing_key,
-                    publish[3],
-                    position not in refused if publish[2] else None,  # ack, or nack (reject-publish)
+                    publish,
                     message.body if bodies else None,
+                    message.delay_ms,
+                    fate,
                 ]
-                record("published", message, extra, found)
-            if message.seq >= 0:
-                fields: dict[str, Any] | None = {"delayed_ms": message.delay_ms} if message.delay_ms else None
-                if bodies and publish is None:  # (a dead-lettered copy, or an SQS or HTTP publish)
-                    fields = {**(fields or {}), "body": message.body}
-                record("enqueued", message, fields, found)
-            elif position in refused:
-                record("refused", message, {"reason": "overflow"})
-            elif command.dedup is not None:
-                record("dropped", message, {"reason": "duplicate"})
+            )
+        if entries:
+            out.append([PUBLISH_GROUP, user, connection, address, entries])
+        return count
 
 
 async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:

@@ -15,7 +15,7 @@ from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
 from maxq_raft.machines.queue_types import Meta
 from maxq_raft.replication.entries import decode_entry, encode_entry
-from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog
+from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog, id_bucket
 from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
 
 TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
@@ -112,6 +112,68 @@ def test_replicas_make_the_same_records_from_the_same_log() -> None:
     assert len(a.tracer.log.by_queue("/", "q")) == 4 + 7 + 4 + 2  # m1 to m4
 
 
+def test_a_delivery_and_an_ack_name_their_message_through_its_seq() -> None:
+    """Deliveries and acks are stored by seq alone (trace_store.py's groups): a query by message
+    id finds them through the seq's bucket, a query by queue fills the ids in, also when the
+    enqueue is before the range asked for; a queue declared again starts its seqs again, and the
+    old message's steps stop at the new enqueue of its seq."""
+    replica = Replica(QueueSettings(trace=True))
+    replica.apply(1, 100, Checkout("n1@1/1/t", "n1@1/1", 1000, False, 0, False, 1000))
+    replica.apply(2, 101, Enqueue([Message("", "q", props(f"a{i}", "c"), b"") for i in range(300)]))
+    replica.apply(3, 102, Settle("n1@1/1/t", list(range(300))))
+    trace = replica.tracer.log
+    assert [(r["event"], r["seq"]) for r in trace.by_message_id("/", "a299")] == [
+        ("enqueued", 299),
+        ("delivered", 299),
+        ("acked", 299),
+    ]
+    acks = trace.by_queue("/", "q", 102, 102)
+    assert len(acks) == 300 and {(r["event"], r["message_id"], r["correlation_id"]) for r in acks[:1]} == {
+        ("acked", "a0", "c")
+    }
+    assert [r["message_id"] for r in acks] == [f"a{i}" for i in range(300)]
+    assert len(trace.by_correlation_id("/", "c")) == 900
+    # The queue is deleted and declared again: seq 5 is another message's.
+    again = Replica(QueueSettings(trace=True))
+    again.tracer = replica.tracer
+    again.tracer.settings_changed(KEY, again.machine)
+    again.apply(4, 200, Checkout("n1@1/2/t", "n1@1/2", 1000, False, 0, False, 1000))
+    again.apply(5, 201, Enqueue([Message("", "q", props(f"b{i}"), b"") for i in range(6)]))
+    assert [r["event"] for r in trace.by_message_id("/", "a5")] == ["enqueued", "delivered", "acked"]
+    assert [(r["event"], r["message_id"]) for r in trace.by_message_id("/", "b5")] == [
+        ("enqueued", "b5"),
+        ("delivered", "b5"),
+    ]
+
+
+def test_compaction_leaves_no_key_behind(trace_log) -> None:
+    replica = Replica(QueueSettings(trace=True))
+    replica.tracer = Tracer(trace_log)
+    replica.tracer.settings_changed(KEY, replica.machine)
+    life(replica)
+    template = trace_id_template(props(), "n1@3")
+    assert template is not None
+    replica.apply(20, 6000, Checkout("n1@7/2/t", "n1@7/2", 1000, False, 0, False, 1000))
+    publishes = [(i, 1, True, ["q"], 1000 + i) for i in range(150)]
+    replica.apply(
+        21,
+        6001,
+        Enqueue(
+            [Message("", "q", with_trace_id(template, 1000 + i), b"") for i in range(150)],
+            trace=("u", "n1@3", "a", publishes),
+        ),
+    )
+    replica.apply(22, 6002, Settle("n1@7/2/t", list(range(4, 154))))
+    assert [r["event"] for r in trace_log.by_message_id("/", "n1@3-000000001149")] == [
+        "published",
+        "enqueued",
+        "delivered",
+        "acked",
+    ]
+    assert trace_log.compact(10**9, lambda vhost, queue: (1, 1 << 30)) > 0
+    assert trace_log.kv.scan(b"", b"\xff", 10) == []
+
+
 def test_a_cluster_member_replaying_its_log_writes_nothing_twice() -> None:
     replica = Replica()
     replica.tracer.log.replayed = True  # (a cluster member's: server/main.py)
@@ -168,8 +230,9 @@ def test_a_message_without_id_gets_the_trace_header_from_a_template() -> None:
     assert tracer.ids(with_both) == ("n2@1-5", "c")  # (the decode path)
 
 
-def test_an_id_noted_by_the_publishing_node_is_the_one_the_properties_carry() -> None:
-    noted, parsed = Tracer(TraceLog(MemoryKV())), Tracer(TraceLog(MemoryKV()))
+def test_the_trace_number_of_a_publish_reads_as_the_id_its_properties_carry() -> None:
+    """The publishing node sends the number of the x-maxq-trace-id it added (session.py), and the
+    record reads it back as the same id the header holds (and a dead-lettered copy parses)."""
     for original in (
         encode_properties(BasicProperties(delivery_mode=2)),
         encode_properties(BasicProperties(headers={"app": "kept"}, correlation_id="c7")),
@@ -177,10 +240,17 @@ def test_an_id_noted_by_the_publishing_node_is_the_one_the_properties_carry() ->
         template = trace_id_template(original, "n1@3")
         assert template is not None
         for n in (0, 42, 10**12 - 1):
+            replica = Replica()
             raw = with_trace_id(template, n)
-            noted.note_trace_id(raw, f"n1@3-{n:012d}")  # (as session.py's _with_trace_id)
-            assert noted.ids(raw) == parsed.ids(raw)
-    assert parsed.ids(raw) == ("n1@3-999999999999", "c7")  # (with a correlation id: not noted, decoded)
+            replica.apply(
+                1, 1000, Enqueue([Message("", "q", raw, b"")], trace=("u", "n1@3", "a", [(0, 1, True, ["q"], n)]))
+            )
+            records = replica.tracer.log.by_queue("/", "q")
+            assert [r["event"] for r in records] == ["published", "enqueued"]
+            assert {(r["message_id"], r.get("correlation_id")) for r in records} == {replica.tracer.ids(raw)}
+            assert replica.tracer.log.by_message_id("/", f"n1@3-{n:012d}") == records
+            assert id_bucket(f"n1@3-{n:012d}") == f"n1@3-{n // 100:010d}"  # (the n key trace_store.py writes)
+    assert replica.tracer.ids(raw) == ("n1@3-999999999999", "c7")  # (with a correlation id: decoded)
 
 
 @pytest.mark.parametrize(
