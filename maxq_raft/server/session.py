@@ -206,6 +206,7 @@ class Session:
         self.pending_settles: dict[tuple, list] = {}  # (command type, queue key, consumer id) -> seqs
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
         self._trace_templates: dict[bytes, tuple[bytes, bytes] | None] = {}  # see _with_trace_id
+        self._trace_numbers = False  # the trace_numbers feature seen enabled (_with_trace_id)
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
@@ -731,9 +732,16 @@ class Session:
             traced = None
             trace_number = None
             if broker.tracer.traced:  # (empty unless a queue has x-trace)
-                traced = self._trace_publish(vhost, queues)
-                if traced is not None:
+                traced = broker.tracer.traced
+                if (
+                    len(queues) == 1
+                    and (vhost, queues[0]) in traced
+                    or len(queues) > 1
+                    and self._traces_one(vhost, queues)
+                ):
                     props_raw, trace_number = self._with_trace_id(props_raw)
+                else:
+                    traced = None
             # (the channel's number, not the channel: a queued message must not keep it alive)
             ref = None if seq is None else (channel.number, seq)
             dedup: tuple | None = dedup_fields(flags, props_raw) if flags & HEADERS_FLAG else None
@@ -758,11 +766,16 @@ class Session:
                 if txn is not None:
                     self.pending_txn.setdefault(key, []).append((len(batch) - 1, *txn))
                 if traced is not None and key in traced:
-                    self.pending_trace.setdefault(key, []).append(
-                        (len(batch) - 1, channel.number, seq is not None, list(queues))
+                    publish = (
+                        (len(batch) - 1, channel.number, seq is not None, queues)
                         if trace_number is None
-                        else (len(batch) - 1, channel.number, seq is not None, list(queues), trace_number)
+                        else (len(batch) - 1, channel.number, seq is not None, queues, trace_number)
                     )
+                    publishes = self.pending_trace.get(key)
+                    if publishes is None:
+                        self.pending_trace[key] = [publish]
+                    else:
+                        publishes.append(publish)
             if txn is not None:
                 note_half(self, txn[0])
         elif method.mandatory:
@@ -795,14 +808,18 @@ class Session:
         n = next(_trace_numbers)
         if n >= 10**TRACE_ID_DIGITS:
             return props_raw, None
-        # (the number only once every member decodes it; until then the tracer reads the header)
-        return with_trace_id(template, n), n if TRACE_NUMBERS in self.broker.meta.features_enabled else None
+        # (the number only once every member decodes it; until then the tracer reads the header.
+        # An enabled feature stays enabled: asked of the metadata until it is.)
+        if not self._trace_numbers:
+            self._trace_numbers = TRACE_NUMBERS in self.broker.meta.features_enabled
+            if not self._trace_numbers:
+                return with_trace_id(template, n), None
+        return with_trace_id(template, n), n
 
-    def _trace_publish(self, vhost: str, queues) -> dict | None:
-        """The traced queues among those a publish was routed to (None: none traces)."""
+    def _traces_one(self, vhost: str, queues: list[str]) -> bool:
+        """Whether a queue a publish was routed to traces."""
         traced = self.broker.tracer.traced
-        found = {key: True for name in queues if (key := (vhost, name)) in traced}
-        return found or None
+        return any((vhost, name) in traced for name in queues)
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:
         self.broker.messages_unroutable_returned += 1
