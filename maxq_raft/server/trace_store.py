@@ -191,7 +191,9 @@ Record = tuple  # (str, str | None, str | None, int | None, dict | list | None)
 #   [PUBLISH_GROUP, user, connection, client address, [entry, ...]] with each entry
 #       [message id, correlation id, seq, exchange, routing key, publish, body, delayed ms, fate]:
 #       the message id an int n for the x-maxq-trace-id the publishing node gave it (read as
-#       "connection-n", n in TRACE_ID_DIGITS digits);
+#       "connection-n", n in TRACE_ID_DIGITS digits); or a run of published and enqueued
+#       messages, the same entry with a tenth item, the count: ids n, n+1, ... and seqs seq,
+#       seq+1, ..., the rest the same for each (no correlation id, no body, no fate);
 #       publish [channel, routed queues, confirmed] or None (not published here: a dead-lettered
 #       copy, an SQS or HTTP publish); seq -1 when not enqueued, then fate "refused" (overflow) or
 #       "dropped" (a duplicate); body None unless x-trace-bodies. Read as "published" (when
@@ -223,7 +225,11 @@ def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str
         kind = item[0]
         if kind == PUBLISH_GROUP:
             _kind, user, connection, address, entries = item
-            for message_id, correlation_id, seq, exchange, routing_key, publish, body, delayed_ms, fate in entries:
+            for entry in entries:
+                if len(entry) > 9:  # (a run: see PUBLISH_GROUP)
+                    _expand_run(entry, user, connection, address, append)
+                    continue
+                message_id, correlation_id, seq, exchange, routing_key, publish, body, delayed_ms, fate = entry
                 if type(message_id) is int:  # (the trace number: see PUBLISH_GROUP)
                     message_id = f"{connection}-{message_id:0{TRACE_ID_DIGITS}d}"
                 ids: dict[str, Any] = {"message_id": message_id}
@@ -287,6 +293,32 @@ def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str
     return out
 
 
+def _expand_run(entry: list, user: Any, connection: Any, address: Any, append: Callable[[dict], None]) -> None:
+    number, _correlation_id, seq, exchange, routing_key, publish, _body, delayed_ms, _fate, count = entry
+    channel, routed_queues, confirmed = publish
+    for i in range(count):
+        message_id = f"{connection}-{number + i:0{TRACE_ID_DIGITS}d}"
+        published = {
+            "event": "published",
+            "message_id": message_id,
+            "seq": seq + i,
+            "user": user,
+            "connection": connection,
+            "client_address": address,
+            "channel": channel,
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "routed_queues": routed_queues,
+        }
+        if confirmed is not None:
+            published["confirmed"] = confirmed
+        append(published)
+        enqueued = {"event": "enqueued", "message_id": message_id, "seq": seq + i}
+        if delayed_ms:
+            enqueued["delayed_ms"] = delayed_ms
+        append(enqueued)
+
+
 def _expand_record(item: list) -> dict[str, Any]:
     event, message_id, correlation_id, seq, extra = item
     record: dict[str, Any] = {"event": event}
@@ -341,6 +373,13 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
             numbers: dict[int, None] = {}
             for entry in item[4]:
                 message_id = entry[0]
+                if len(entry) > 9:  # (a run: numbers and seqs from its first, `count` of them)
+                    last = entry[9] - 1
+                    for number in range(message_id // 100, (message_id + last) // 100 + 1):
+                        numbers[number] = None
+                    for bucket in range(entry[2] >> SEQ_BUCKET_BITS, (entry[2] + last >> SEQ_BUCKET_BITS) + 1):
+                        seq_buckets[bucket] = None
+                    continue
                 if type(message_id) is int:
                     numbers[message_id // 100] = None
                 elif message_id:

@@ -308,20 +308,29 @@ class Tracer:
     def _enqueued(self, command: qc.Enqueue, reply: Any, out: list, bodies: bool) -> int:
         """Append the Enqueue's PUBLISH_GROUP to `out`; the number of records it is read as."""
         context = command.trace
-        publishes: dict[int, tuple[Any, ...]] = {}
+        messages = command.messages
+        publishes: Any = {}  # position -> its publish tuple (a list when every message has one)
         user = connection = address = None
         if context is not None:
-            publishes = {publish[0]: publish for publish in context[3]}
+            listed = context[3]
+            if len(listed) == len(messages) and listed and listed[0][0] == 0 and listed[-1][0] == len(listed) - 1:
+                publishes = listed  # (positions rise, so they are 0 .. n-1: index them)
+            else:
+                publishes = {publish[0]: publish for publish in listed}
             user, connection, address = context[0], context[1], context[2]
+        indexed = type(publishes) is list
         refused = set(reply.rejected) if type(reply) is Overflowed else ()
         deduplicated = command.dedup is not None
         ids = self.ids
         entries: list[list[Any]] = []
         append = entries.append
         count = 0
-        for position, message in enumerate(command.messages):
-            publish: Any = publishes.get(position)
+        run: list[Any] | None = None  # the run entry being extended (see trace_store.PUBLISH_GROUP)
+        run_channel = run_routed = run_confirmed = None
+        for position, message in enumerate(messages):
+            publish: Any = publishes[position] if indexed else publishes.get(position)
             props_raw = message.props_raw
+            seq = message.seq
             if (
                 publish is not None
                 and len(publish) > 4
@@ -330,10 +339,42 @@ class Tracer:
             ):
                 # The id the publishing node gave it, "connection-n": stored as n (the group
                 # names the connection; trace_store.py reads it as the id).
-                message_id, correlation_id = publish[4], None
+                number = publish[4]
+                if seq >= 0 and not bodies:  # (a run's messages: published and enqueued, no body)
+                    confirmed = position not in refused if publish[2] else None
+                    if (
+                        run is not None
+                        and run[0] + run[9] == number
+                        and run[2] + run[9] == seq
+                        and run_channel == publish[1]
+                        and run_confirmed == confirmed
+                        and run[3] == message.exchange
+                        and run[4] == message.routing_key
+                        and run[7] == message.delay_ms
+                        and run_routed == publish[3]
+                    ):
+                        run[9] += 1
+                    else:
+                        run_channel, run_routed, run_confirmed = publish[1], publish[3], confirmed
+                        run = [
+                            number,
+                            None,
+                            seq,
+                            message.exchange,
+                            message.routing_key,
+                            [run_channel, run_routed, confirmed],
+                            None,
+                            message.delay_ms,
+                            None,
+                            1,
+                        ]
+                        append(run)
+                    count += 2
+                    continue
+                message_id, correlation_id = number, None
             else:
                 message_id, correlation_id = ids(props_raw)
-            seq = message.seq
+            run = None
             fate = None
             if seq < 0:
                 if position in refused:

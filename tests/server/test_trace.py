@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
@@ -144,6 +145,34 @@ def test_a_delivery_and_an_ack_name_their_message_through_its_seq() -> None:
         ("enqueued", "b5"),
         ("delivered", "b5"),
     ]
+
+
+def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None:
+    """Publishes with trace numbers and seqs in a row, alike otherwise, are stored as one run
+    (trace_store.py, PUBLISH_GROUP); a message in its middle is found with all its steps, and a
+    publish that differs (here its routing key) starts a new run."""
+    replica = Replica(QueueSettings(trace=True))
+    replica.tracer = Tracer(trace_log)
+    replica.tracer.settings_changed(KEY, replica.machine)
+    template = trace_id_template(props(), "n1@3")
+    assert template is not None
+    replica.apply(1, 100, Checkout("n1@3/1/t", "n1@3/1", 5000, False, 0, False, 5000))
+    count = 1300  # (seqs over six buckets, numbers over fourteen)
+    messages = [Message("", "q" if i != 700 else "other", with_trace_id(template, 50 + i), b"") for i in range(count)]
+    publishes = [(i, 1, True, ["q"], 50 + i) for i in range(count)]
+    replica.apply(2, 101, Enqueue(messages, trace=("u", "n1@3", "a", publishes)))
+    replica.apply(3, 102, Settle("n1@3/1/t", list(range(count))))
+    rows = trace_log.kv.scan(b"q", b"r", 10)
+    assert len(rows) == 2  # (the Enqueue's and the Settle's)
+    publish_group = msgpack.unpackb(rows[0][1], raw=False)[0]
+    assert [entry[9] for entry in publish_group[4]] == [700, 1, 599]  # three runs
+    for i in (0, 613, 700, 701, count - 1):
+        records = trace_log.by_message_id("/", f"n1@3-{50 + i:012d}")
+        assert [(r["event"], r["seq"]) for r in records] == [
+            (e, i) for e in ("published", "enqueued", "delivered", "acked")
+        ]
+        assert records[0]["routing_key"] == ("other" if i == 700 else "q") and records[0]["confirmed"] is True
+    assert len(trace_log.by_queue("/", "q", limit=10_000)) == 4 * count
 
 
 def test_compaction_leaves_no_key_behind(trace_log) -> None:
