@@ -296,6 +296,9 @@ class ClusterLog(CommandLog):
                 self.snapshot_next_try[group] = since + self.snapshot_every_bytes // 4
                 return
             self.snapshots_deferred.discard(group)
+        # The trace records of what the snapshot covers are written before it: a restart replays
+        # only the log after it (server/trace_store.py buffers rows for a moment).
+        self.broker.tracer.log.flush()
         index = self.applied_index.get(group, 0)
         try:
             body = cluster_snapshot.dump_group(self, group, index)

@@ -59,6 +59,10 @@ WRITE_FAILURE_LOG_EVERY_S = 60.0
 NAME_BYTES_MAX = 0xFFFF
 QUERY_LIMIT_DEFAULT = 1000
 QUERY_LIMIT_MAX = 10_000
+# Rows are written in batches (one RocksDB write cost a traced node about 10 µs, more than the
+# records of a small command): at this many puts, and at least every FLUSH_INTERVAL_S.
+FLUSH_PUTS_MAX = 512
+FLUSH_INTERVAL_S = 0.05
 COMPACT_BATCH_MAX = 2000  # rows deleted per queue per pass: a pass never stalls the loop long
 TRACE_RETENTION_MS_DEFAULT = 24 * 3_600_000
 TRACE_RETENTION_BYTES_DEFAULT = 256 << 20
@@ -156,9 +160,19 @@ class RocksKV:
         self._db.close()
 
 
+_NAMES_CACHED_MAX = 4096
+_names: dict[str, bytes] = {}  # (vhost and queue names come again in every row: encoded once)
+
+
 def _name(text: str) -> bytes:
-    raw = text.encode("utf-8", "surrogatepass")[:NAME_BYTES_MAX]
-    return len(raw).to_bytes(2, "big") + raw
+    found = _names.get(text)
+    if found is None:
+        raw = text.encode("utf-8", "surrogatepass")[:NAME_BYTES_MAX]
+        found = len(raw).to_bytes(2, "big") + raw
+        if len(_names) >= _NAMES_CACHED_MAX:
+            _names.clear()
+        _names[text] = found
+    return found
 
 
 def _after(prefix: bytes) -> bytes:
@@ -504,6 +518,12 @@ class TraceLog:
         # failing trace store costs records, never the apply path that made them (nor a confirm).
         self.records_lost = 0
         self._failure_logged_at = -WRITE_FAILURE_LOG_EVERY_S
+        # What `add` buffered for `flush`: the puts, the queues whose byte counts they changed,
+        # and how many records they hold.
+        self._puts: list[tuple[bytes, bytes]] = []
+        self._dirty: dict[tuple[str, str], None] = {}
+        self._records_buffered = 0
+        self._rows_buffered: set[bytes] = set()  # (their q keys, kept when `replayed`)
 
     def _write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes], records: int) -> bool:
         try:
@@ -519,24 +539,45 @@ class TraceLog:
 
     # -------------------------------------------------------------- writes
 
-    def add(self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Any]) -> None:
+    def add(
+        self, vhost: str, queue: str, time_ms: int, log_index: int, n0: int, records: list[Any], count: int = 0
+    ) -> None:
         """The records one command made in queue `queue` (the n-th of its log entry from `n0`), in
-        order, as the tracer made them (`Record`)."""
+        order, as the tracer made them (`Record` and groups; `count`: how many records they are
+        read as, for the counters). Buffered: written with the rows of other commands by `flush`."""
         place = _PLACE.pack(time_ms, log_index, n0)
         key = queue_prefix(vhost, queue) + place
-        if self.replayed and self.kv.get(key) is not None:
-            return  # (written before this member's restart: its log replays from its snapshot)
+        if self.replayed:
+            if key in self._rows_buffered or self.kv.get(key) is not None:
+                return  # (written before this member's restart: its log replays from its snapshot)
+            self._rows_buffered.add(key)
         value = msgpack.packb(records, use_bin_type=True)
-        puts = [(key, value)]
-        vhost_name = _name(vhost)
-        puts.extend((index_key, b"") for index_key in _row_index_keys(vhost_name, queue, place, records))
-        total = self._bytes(vhost, queue) + len(key) + len(value)
-        self._counts[(vhost, queue)] = total
-        puts.append((b"s" + vhost_name + _name(queue), _U64.pack(total)))
-        if not self._write(puts, [], len(records)):
-            self._counts.pop((vhost, queue), None)  # (read again from the store next time)
+        puts = self._puts
+        puts.append((key, value))
+        puts.extend((index_key, b"") for index_key in _row_index_keys(_name(vhost), queue, place, records))
+        self._counts[(vhost, queue)] = self._bytes(vhost, queue) + len(key) + len(value)
+        self._dirty[(vhost, queue)] = None
+        self._records_buffered += count or len(records)
+        if len(puts) >= FLUSH_PUTS_MAX:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what `add` buffered, in one batch with the byte counts of the queues it touched.
+        The shell calls it every FLUSH_INTERVAL_S and before a snapshot; queries, compaction and
+        the close call it first."""
+        if not self._puts:
             return
-        self.records_written += len(records)
+        puts, self._puts = self._puts, []
+        dirty, self._dirty = self._dirty, {}
+        self._rows_buffered.clear()
+        records, self._records_buffered = self._records_buffered, 0
+        for vhost, queue in dirty:
+            puts.append((b"s" + _name(vhost) + _name(queue), _U64.pack(self._counts[(vhost, queue)])))
+        if not self._write(puts, [], records):
+            for queue_key in dirty:
+                self._counts.pop(queue_key, None)  # (read again from the store next time)
+            return
+        self.records_written += records
 
     def _bytes(self, vhost: str, queue: str) -> int:
         total = self._counts.get((vhost, queue))
@@ -553,6 +594,7 @@ class TraceLog:
     def by_queue(
         self, vhost: str, queue: str, since_ms: int = 0, until_ms: int | None = None, limit: int = QUERY_LIMIT_DEFAULT
     ) -> list[dict[str, Any]]:
+        self.flush()
         prefix = queue_prefix(vhost, queue)
         start = prefix + _U64.pack(max(0, since_ms))
         end = prefix + _U64.pack(until_ms + 1) if until_ms is not None else _after(prefix)
@@ -594,6 +636,7 @@ class TraceLog:
     ) -> list[dict[str, Any]]:
         """The records whose `field` is `value`: the rows its index keys name, then for each of
         its enqueues the deliveries and acks of that seq (which name no ids)."""
+        self.flush()
         places: dict[tuple[str, bytes], None] = {}
         for kind, text in indexes:
             prefix = kind + _name(vhost) + _name(text)
@@ -619,6 +662,7 @@ class TraceLog:
 
     def queues(self) -> list[tuple[str, str]]:
         """Every queue with trace records (deleted ones too, until compaction empties them)."""
+        self.flush()
         out = []
         for key, _value in self.kv.scan(b"s", b"t", 1_000_000):
             n = int.from_bytes(key[1:3], "big")
@@ -675,6 +719,7 @@ class TraceLog:
         return dropped
 
     def close(self) -> None:
+        self.flush()
         try:
             self.kv.close()
         except Exception as exc:  # (a disk that fails its fsync at the close: the node stops all the same)

@@ -33,6 +33,7 @@ from ..machines.queue_types import DeadLetter, Deliver, HandleResult, Meta, Over
 from .trace_store import (
     ACK_GROUP,
     DELIVER_GROUP,
+    FLUSH_INTERVAL_S,
     PUBLISH_GROUP,
     TRACE_ID_DIGITS,
     TRACE_RETENTION_BYTES_DEFAULT,
@@ -218,7 +219,7 @@ class Tracer:
             n0 = last[1] if last is not None and last[0] == log_index else 0
             self._last[key] = (log_index, n0 + count)
             try:
-                self.log.add(key[0], key[1], machine.now_ms, log_index, n0, records)
+                self.log.add(key[0], key[1], machine.now_ms, log_index, n0, records, count)
             except Exception:  # the trace store cannot write: the broker goes on without these records
                 log.exception("writing %d trace records of queue %r failed", len(records), key)
 
@@ -408,10 +409,15 @@ class Tracer:
 
 
 async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:
-    """Apply each queue's trace retention every COMPACT_INTERVAL_S, for as long as the node runs."""
+    """Write the buffered records every FLUSH_INTERVAL_S and apply each queue's trace retention
+    every COMPACT_INTERVAL_S, for as long as the node runs."""
+    compact_at = trio.current_time() + COMPACT_INTERVAL_S
     while True:
-        await trio.sleep(COMPACT_INTERVAL_S)
+        await trio.sleep(FLUSH_INTERVAL_S)
         try:
-            tracer.log.compact(clock_ms(), tracer.retention)
+            tracer.log.flush()  # (a write that fails is counted and logged there)
+            if trio.current_time() >= compact_at:
+                compact_at = trio.current_time() + COMPACT_INTERVAL_S
+                tracer.log.compact(clock_ms(), tracer.retention)
         except Exception:  # the trace store cannot be read or written now: try again next time
             log.exception("trace retention failed")

@@ -11,6 +11,8 @@ from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueSettings
 from maxq_raft.server import cluster as cluster_module
 from maxq_raft.server.cluster import SNAPSHOT_MESSAGE_OVERHEAD_BYTES, SNAPSHOT_STATE_BYTES_MAX
+from maxq_raft.server.trace_store import _PLACE, MemoryKV, TraceLog, queue_prefix
+from maxq_raft.server.tracer import Tracer
 
 from .test_cluster_log_shutdown import make_cluster_log
 
@@ -30,13 +32,17 @@ def queue(ready_count: int, body_bytes: int, unacked: int = 0) -> QueueMachine:
 
 def member_with(queues: dict, log_bytes: int, monkeypatch) -> tuple:
     cluster = make_cluster_log()
-    cluster.broker = types.SimpleNamespace(queues=queues)
+    trace_log = TraceLog(MemoryKV())
+    trace_log.add("/", "q", 1, 1, 0, [("enqueued", "m", None, 0, None)])  # (buffered, not written yet)
+    cluster.broker = types.SimpleNamespace(queues=queues, tracer=Tracer(trace_log))
     cluster.group_of = lambda key: GROUP  # (every queue of the test in the one group)
     cluster.node = types.SimpleNamespace()
     cluster.log_bytes_since[GROUP] = log_bytes
     dumped: list = []
 
     def dump_group(_cluster, group, index):
+        # The trace rows of what the snapshot covers are written first (a restart replays only after it).
+        assert trace_log.kv.get(queue_prefix("/", "q") + _PLACE.pack(1, 1, 0)) is not None
         dumped.append(group)
         raise RuntimeError("(the test stops here: the snapshot would be made)")
 

@@ -162,6 +162,7 @@ def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None
     publishes = [(i, 1, True, ["q"], 50 + i) for i in range(count)]
     replica.apply(2, 101, Enqueue(messages, trace=("u", "n1@3", "a", publishes)))
     replica.apply(3, 102, Settle("n1@3/1/t", list(range(count))))
+    trace_log.flush()  # (rows are buffered for a moment)
     rows = trace_log.kv.scan(b"q", b"r", 10)
     assert len(rows) == 2  # (the Enqueue's and the Settle's)
     publish_group = msgpack.unpackb(rows[0][1], raw=False)[0]
