@@ -56,10 +56,12 @@ class Enqueue(NamedTuple):
     # max)` in position order; None when none is one. Held apart until `ResolveTxn`.
     txn: list[tuple[int, str, int, int]] | None = None
     # x-trace (server/tracer.py): for a queue that traces, who published, as
-    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names],
-    # trace number), ...])`, so every replica records the same publish; None otherwise. The trace
-    # number n: the message's x-maxq-trace-id is "connection-n" (12 digits), None when it has its
-    # own message id (an older member proposes the tuple without it). The machine ignores it.
+    # `(user, connection, client address, [(position, channel, confirm mode, [routed queue names]), ...])`,
+    # so every replica records the same publish; None otherwise. The machine ignores it. Once the
+    # trace_numbers feature is on, a publish whose x-maxq-trace-id the node made ("connection-n",
+    # 12 digits) comes in a run, `(position, channel, confirm mode, [routed queue names], n,
+    # count)`: `count` publishes at positions and numbers from those, alike in the rest and in
+    # their exchange, routing key, delay and properties but for that id (server/session.py).
     trace: tuple[str, str, str, list[tuple[Any, ...]]] | None = None
 
 

@@ -138,9 +138,9 @@ def encode_command(command) -> list:
             encoded.append(None if command.txn is None else [list(item) for item in command.txn])
         if command.trace is not None:
             user, connection, address, publishes = command.trace
-            # (each publish [position, channel, confirm mode, routed queues, trace number]; the
-            # number since x-trace stored it, so an older entry's lists have four items)
-            encoded.append([user, connection, address, [[p[0], p[1], p[2], list(p[3]), *p[4:5]] for p in publishes]])
+            # (each publish [position, channel, confirm mode, routed queues], or a run of them
+            # with its first trace number and count appended: commands.py, Enqueue.trace)
+            encoded.append([user, connection, address, [[p[0], p[1], p[2], list(p[3]), *p[4:6]] for p in publishes]])
         return encoded
     if type(command) is qc.EnqueueFifo:
         return [
@@ -203,7 +203,7 @@ def decode_command(raw: list, metadata: bool):
 def _decode_trace(raw: list) -> tuple[str, str, str, list[tuple]]:
     """An Enqueue's publisher context (x-trace), tuples again, so it decodes as it was made."""
     user, connection, address, publishes = raw
-    return (user, connection, address, [(p[0], p[1], p[2], list(p[3]), *p[4:5]) for p in publishes])
+    return (user, connection, address, [(p[0], p[1], p[2], list(p[3]), *p[4:6]) for p in publishes])
 
 
 class Entry(NamedTuple):

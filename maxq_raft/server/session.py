@@ -96,6 +96,12 @@ _wire_routing: dict[tuple[str, str], bytes] = {}
 
 _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
+_TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
+_TRACE_RUN_ITEMS = 6  # [position, channel, confirm, routed queues, first trace number, count]
+_NOT_CACHED: tuple[bytes, bytes] = (
+    b"",
+    b"",
+)  # (a miss of the template cache, by identity: None is a cached "no template")
 
 
 def next_read_bytes(read_bytes: int, published: int, read_bytes_max: int = READ_SIZE_BYTES) -> int:
@@ -207,6 +213,7 @@ class Session:
         self._persistent_props: dict[bytes, bool] = {}  # see route_publish
         self._trace_templates: dict[bytes, tuple[bytes, bytes] | None] = {}  # see _with_trace_id
         self._trace_numbers = False  # the trace_numbers feature seen enabled (_with_trace_id)
+        self._trace_template: tuple[bytes, bytes] | None = None  # the last one _with_trace_id used
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
         self.client_properties: dict = {}
@@ -766,16 +773,9 @@ class Session:
                 if txn is not None:
                     self.pending_txn.setdefault(key, []).append((len(batch) - 1, *txn))
                 if traced is not None and key in traced:
-                    publish = (
-                        (len(batch) - 1, channel.number, seq is not None, queues)
-                        if trace_number is None
-                        else (len(batch) - 1, channel.number, seq is not None, queues, trace_number)
+                    self._note_traced(
+                        key, len(batch) - 1, channel.number, seq is not None, queues, trace_number, message
                     )
-                    publishes = self.pending_trace.get(key)
-                    if publishes is None:
-                        self.pending_trace[key] = [publish]
-                    else:
-                        publishes.append(publish)
             if txn is not None:
                 note_half(self, txn[0])
         elif method.mandatory:
@@ -793,11 +793,10 @@ class Session:
         """A message routed to a traced queue: an x-maxq-trace-id header unless it has a
         message id (tracer.py), from a template per distinct property list (as the cache above);
         and the header's number, which the Enqueue's trace context carries (so that the tracer
-        need not read the id back from the properties: `Tracer.published_id`)."""
+        need not read the id back from the properties)."""
         templates = self._trace_templates
-        if props_raw in templates:
-            template = templates[props_raw]
-        else:
+        template = templates.get(props_raw, _NOT_CACHED)
+        if template is _NOT_CACHED:
             template = trace_id_template(props_raw, self.id)
             if len(props_raw) <= PROPS_CACHED_BYTES_MAX:
                 if len(templates) >= PROPS_CACHED_MAX:
@@ -805,8 +804,9 @@ class Session:
                 templates[props_raw] = template
         if template is None:
             return props_raw, None
+        self._trace_template = template  # (for _note_traced's runs)
         n = next(_trace_numbers)
-        if n >= 10**TRACE_ID_DIGITS:
+        if n >= _TRACE_NUMBER_END:
             return props_raw, None
         # (the number only once every member decodes it; until then the tracer reads the header.
         # An enabled feature stays enabled: asked of the metadata until it is.)
@@ -815,6 +815,59 @@ class Session:
             if not self._trace_numbers:
                 return with_trace_id(template, n), None
         return with_trace_id(template, n), n
+
+    def _note_traced(
+        self,
+        key: tuple[str, str],
+        position: int,
+        channel_number: int,
+        confirm: bool,
+        queues: list[str],
+        trace_number: int | None,
+        message: Message,
+    ) -> None:
+        """Add a publish to a traced queue to the Enqueue's trace context (commands.py): a
+        publish with a trace number extends the queue's last run when it follows it in every way
+        (position, number, channel, confirm mode, routed queues) and has the same exchange, routing
+        key, delay and property template as its first (a run's items 6-9, dropped at the flush),
+        so that the tracer records a run as a whole (tracer.py, `_enqueued`)."""
+        publishes = self.pending_trace.get(key)
+        if trace_number is None:
+            publish: list = [position, channel_number, confirm, queues]
+        else:
+            if publishes:
+                run = publishes[-1]
+                count = run[5] if len(run) > 5 else 0
+                if (
+                    count
+                    and run[0] + count == position
+                    and run[4] + count == trace_number
+                    and run[1] == channel_number
+                    and run[2] == confirm
+                    and run[6] == message.exchange
+                    and run[7] == message.routing_key
+                    and run[8] == message.delay_ms
+                    and run[9] is self._trace_template
+                    and run[3] == queues
+                ):
+                    run[5] = count + 1
+                    return
+            publish = [
+                position,
+                channel_number,
+                confirm,
+                queues,
+                trace_number,
+                1,
+                message.exchange,
+                message.routing_key,
+                message.delay_ms,
+                self._trace_template,
+            ]
+        if publishes is None:
+            self.pending_trace[key] = [publish]
+        else:
+            publishes.append(publish)
 
     def _traces_one(self, vhost: str, queues: list[str]) -> bool:
         """Whether a queue a publish was routed to traces."""
@@ -889,6 +942,8 @@ class Session:
             ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
             trace = traces.get(queue_key) if traces else None
+            if trace is not None:  # (a run's last four items are the session's: see _note_traced)
+                trace = [publish if len(publish) == 4 else publish[:_TRACE_RUN_ITEMS] for publish in trace]
             entry = log_.submit(
                 queue_key,
                 qc.Enqueue(

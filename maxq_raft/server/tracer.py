@@ -276,19 +276,24 @@ class Tracer:
                     record("deleted", message, {"via": "sqs"})
         elif kind is qc.Purge and type(reply) is int and reply:
             append(("purged", None, None, None, {"count": reply}))
-        group: list | None = None  # the DELIVER_GROUP being filled: deliveries in a row to one consumer
+        # The DELIVER_GROUP being filled (deliveries in a row to one consumer): its consumer and lists.
+        consumer: str | None = None
+        seqs: list[int] = []
+        again: list[bool] = []
+        counts: list[int] = []
         for effect in effects:
             effect_kind = type(effect)
             if effect_kind is Deliver:
+                if effect.consumer_id != consumer:
+                    consumer = effect.consumer_id
+                    seqs, again, counts = [], [], []
+                    append([DELIVER_GROUP, consumer, seqs, again, counts])
                 message = effect.message
-                if group is None or group[1] != effect.consumer_id:
-                    group = [DELIVER_GROUP, effect.consumer_id, [], [], []]
-                    append(group)
-                group[2].append(message.seq)
-                group[3].append(effect.redelivered)
-                group[4].append(message.delivery_count)
+                seqs.append(message.seq)
+                again.append(effect.redelivered)
+                counts.append(message.delivery_count)
             elif effect_kind is DeadLetter:
-                group = None
+                consumer = None
                 for message in effect.messages:
                     extra = {
                         "reason": effect.reason,
@@ -307,104 +312,111 @@ class Tracer:
         return out, count
 
     def _enqueued(self, command: qc.Enqueue, reply: Any, out: list, bodies: bool) -> int:
-        """Append the Enqueue's PUBLISH_GROUP to `out`; the number of records it is read as."""
-        context = command.trace
+        """Append the Enqueue's PUBLISH_GROUP to `out`; the number of records it is read as. A run
+        of publishes (commands.py, Enqueue.trace) whose messages were all enqueued, in a row, is
+        one entry, written without a look at each message."""
         messages = command.messages
-        publishes: Any = {}  # position -> its publish tuple (a list when every message has one)
         user = connection = address = None
-        if context is not None:
-            listed = context[3]
-            if len(listed) == len(messages) and listed and listed[0][0] == 0 and listed[-1][0] == len(listed) - 1:
-                publishes = listed  # (positions rise, so they are 0 .. n-1: index them)
-            else:
-                publishes = {publish[0]: publish for publish in listed}
-            user, connection, address = context[0], context[1], context[2]
-        indexed = type(publishes) is list
+        listed: Any = ()
+        if command.trace is not None:
+            user, connection, address, listed = command.trace
         refused = set(reply.rejected) if type(reply) is Overflowed else ()
         deduplicated = command.dedup is not None
-        ids = self.ids
+        whole = not refused and not deduplicated and command.txn is None and not bodies
         entries: list[list[Any]] = []
-        append = entries.append
         count = 0
-        run: list[Any] | None = None  # the run entry being extended (see trace_store.PUBLISH_GROUP)
-        run_channel = run_routed = run_confirmed = None
-        for position, message in enumerate(messages):
-            publish: Any = publishes[position] if indexed else publishes.get(position)
-            props_raw = message.props_raw
-            seq = message.seq
-            if (
-                publish is not None
-                and len(publish) > 4
-                and publish[4] is not None
-                and not props_raw[0] & _CORRELATION_BYTE
-            ):
-                # The id the publishing node gave it, "connection-n": stored as n (the group
-                # names the connection; trace_store.py reads it as the id).
-                number = publish[4]
-                if seq >= 0 and not bodies:  # (a run's messages: published and enqueued, no body)
-                    confirmed = position not in refused if publish[2] else None
-                    if (
-                        run is not None
-                        and run[0] + run[9] == number
-                        and run[2] + run[9] == seq
-                        and run_channel == publish[1]
-                        and run_confirmed == confirmed
-                        and run[3] == message.exchange
-                        and run[4] == message.routing_key
-                        and run[7] == message.delay_ms
-                        and run_routed == publish[3]
-                    ):
-                        run[9] += 1
-                    else:
-                        run_channel, run_routed, run_confirmed = publish[1], publish[3], confirmed
-                        run = [
+        covered = 0  # the messages before this position are recorded
+        for publish in listed:
+            position = publish[0]
+            for at in range(covered, position):  # (none in a session's batch: every one has a publish)
+                count += self._entry(entries, at, messages[at], None, refused, deduplicated, bodies)
+            if len(publish) > 5:  # a run: n, count
+                number, run = publish[4], publish[5]
+                first, last = messages[position], messages[position + run - 1]
+                if (
+                    whole
+                    and first.seq >= 0
+                    and last.seq - first.seq == run - 1
+                    and not first.props_raw[0] & _CORRELATION_BYTE
+                ):
+                    entries.append(
+                        [
                             number,
                             None,
-                            seq,
-                            message.exchange,
-                            message.routing_key,
-                            [run_channel, run_routed, confirmed],
+                            first.seq,
+                            first.exchange,
+                            first.routing_key,
+                            [publish[1], publish[3], True if publish[2] else None],
                             None,
-                            message.delay_ms,
+                            first.delay_ms,
                             None,
-                            1,
+                            run,
                         ]
-                        append(run)
-                    count += 2
-                    continue
-                message_id, correlation_id = number, None
+                    )
+                    count += 2 * run
+                else:
+                    for i in range(run):
+                        at = position + i
+                        one = (at, publish[1], publish[2], publish[3], number + i)
+                        count += self._entry(entries, at, messages[at], one, refused, deduplicated, bodies)
+                covered = position + run
             else:
-                message_id, correlation_id = ids(props_raw)
-            run = None
-            fate = None
-            if seq < 0:
-                if position in refused:
-                    fate = "refused"
-                elif deduplicated:
-                    fate = "dropped"
-            if publish is not None:
-                count += 1
-                # [channel, routed queues, ack (True) or nack (False, reject-publish) if confirmed]
-                publish = [publish[1], publish[3], position not in refused if publish[2] else None]
-            if seq >= 0 or fate is not None:
-                count += 1
-            elif publish is None:
-                continue  # (nothing to say of it)
-            append(
-                [
-                    message_id,
-                    correlation_id,
-                    seq,
-                    message.exchange,
-                    message.routing_key,
-                    publish,
-                    message.body if bodies else None,
-                    message.delay_ms,
-                    fate,
-                ]
-            )
+                count += self._entry(entries, position, messages[position], publish, refused, deduplicated, bodies)
+                covered = position + 1
+        for at in range(covered, len(messages)):
+            count += self._entry(entries, at, messages[at], None, refused, deduplicated, bodies)
         if entries:
             out.append([PUBLISH_GROUP, user, connection, address, entries])
+        return count
+
+    def _entry(
+        self,
+        entries: list[list[Any]],
+        position: int,
+        message: Message,
+        publish: Any,
+        refused: Any,
+        deduplicated: bool,
+        bodies: bool,
+    ) -> int:
+        """Append one message's entry of a PUBLISH_GROUP (`publish`: its publish tuple, with its
+        trace number as a fifth item, or None); the number of records it is read as."""
+        props_raw = message.props_raw
+        if publish is not None and len(publish) > 4 and publish[4] is not None and not props_raw[0] & _CORRELATION_BYTE:
+            # The id the publishing node gave it, "connection-n": stored as n (the group names
+            # the connection; trace_store.py reads it as the id).
+            message_id, correlation_id = publish[4], None
+        else:
+            message_id, correlation_id = self.ids(props_raw)
+        seq = message.seq
+        fate = None
+        if seq < 0:
+            if position in refused:
+                fate = "refused"
+            elif deduplicated:
+                fate = "dropped"
+        count = 0
+        if publish is not None:
+            count += 1
+            # [channel, routed queues, ack (True) or nack (False, reject-publish) if confirmed]
+            publish = [publish[1], publish[3], position not in refused if publish[2] else None]
+        if seq >= 0 or fate is not None:
+            count += 1
+        elif publish is None:
+            return 0  # (nothing to say of it)
+        entries.append(
+            [
+                message_id,
+                correlation_id,
+                seq,
+                message.exchange,
+                message.routing_key,
+                publish,
+                message.body if bodies else None,
+                message.delay_ms,
+                fate,
+            ]
+        )
         return count
 
 

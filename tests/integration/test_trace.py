@@ -125,6 +125,32 @@ def test_a_policy_turns_trace_on_and_a_message_without_id_gets_one(env, broker, 
         api(broker, "DELETE", f"/api/policies/%2F/{prefix}")
 
 
+def test_a_burst_of_publishes_is_traced_message_by_message(env, broker, channel):
+    """Publishes in a burst (so that one read carries many) are recorded as runs (server/session.py,
+    tracer.py); every message, the one whose properties broke its run too, reads back with all its
+    steps under the id in its header."""
+    prefix = fresh("trace-burst")
+    queue = env.queue_name(prefix)
+    channel.queue_declare(queue, arguments={"x-trace": True})
+    count = 300
+    for i in range(count):
+        props = pika.BasicProperties(headers={"odd": 1}) if i == 150 else pika.BasicProperties()
+        channel.basic_publish("", queue, b"m%d" % i, props)  # (no confirms: the frames go out together)
+    ids = []
+    for _ in range(count):
+        method, props, body = wait_until(lambda: (got := channel.basic_get(queue))[0] and got, 5)
+        ids.append((body, props.headers["x-maxq-trace-id"]))
+        channel.basic_ack(method.delivery_tag)
+    assert [body for body, _ in ids] == [b"m%d" % i for i in range(count)]
+    assert len({trace_id for _, trace_id in ids}) == count
+    for i in (0, 1, 149, 150, 151, count - 1):
+        records = wait_until(lambda: (r := trace(broker, message_id=ids[i][1])) and "acked" in events(r) and r, 5)
+        assert events(records) == ["published", "enqueued", "delivered", "acked"], records
+        assert len({r["seq"] for r in records}) == 1 and all(r["message_id"] == ids[i][1] for r in records)
+    everything = trace(broker, queue=queue, limit="10000")
+    assert len(everything) == 4 * count and all(r["message_id"] for r in everything)
+
+
 def trace_on(broker, queue: str) -> bool:
     status, body, _ = api(broker, "GET", f"/api/queues/%2F/{quote(queue, safe='')}")
     return status == 200 and body["trace"] is True

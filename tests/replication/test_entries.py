@@ -57,13 +57,14 @@ queue_commands = st.one_of(
                 names,
                 names,
                 st.lists(
-                    st.one_of(  # (with the trace number of its x-maxq-trace-id; without: an older member's)
+                    st.one_of(  # (a run with its first trace number and count; one publish)
                         st.tuples(
                             st.integers(0, 3),
                             st.integers(1, 9),
                             st.booleans(),
                             st.lists(names, max_size=3),
-                            st.one_of(st.none(), st.integers(0, 10**12 - 1)),
+                            st.integers(0, 10**12 - 1),
+                            st.integers(1, 1000),
                         ),
                         st.tuples(st.integers(0, 3), st.integers(1, 9), st.booleans(), st.lists(names, max_size=3)),
                     )

@@ -148,9 +148,8 @@ def test_a_delivery_and_an_ack_name_their_message_through_its_seq() -> None:
 
 
 def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None:
-    """Publishes with trace numbers and seqs in a row, alike otherwise, are stored as one run
-    (trace_store.py, PUBLISH_GROUP); a message in its middle is found with all its steps, and a
-    publish that differs (here its routing key) starts a new run."""
+    """A run of publishes (commands.py, Enqueue.trace) is stored as one entry (trace_store.py,
+    PUBLISH_GROUP); a message in its middle is found with all its steps."""
     replica = Replica(QueueSettings(trace=True))
     replica.tracer = Tracer(trace_log)
     replica.tracer.settings_changed(KEY, replica.machine)
@@ -159,7 +158,8 @@ def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None
     replica.apply(1, 100, Checkout("n1@3/1/t", "n1@3/1", 5000, False, 0, False, 5000))
     count = 1300  # (seqs over six buckets, numbers over fourteen)
     messages = [Message("", "q" if i != 700 else "other", with_trace_id(template, 50 + i), b"") for i in range(count)]
-    publishes = [(i, 1, True, ["q"], 50 + i) for i in range(count)]
+    # (the runs the publishing session makes: the odd routing key is a run of its own)
+    publishes = [(0, 1, True, ["q"], 50, 700), (700, 1, True, ["q"], 750, 1), (701, 1, True, ["q"], 751, count - 701)]
     replica.apply(2, 101, Enqueue(messages, trace=("u", "n1@3", "a", publishes)))
     replica.apply(3, 102, Settle("n1@3/1/t", list(range(count))))
     trace_log.flush()  # (rows are buffered for a moment)
@@ -176,6 +176,25 @@ def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None
     assert len(trace_log.by_queue("/", "q", limit=10_000)) == 4 * count
 
 
+def test_a_run_of_which_some_were_refused_is_recorded_message_by_message() -> None:
+    replica = Replica(QueueSettings(trace=True, max_length=3, overflow="reject-publish"))
+    template = trace_id_template(props(), "n1@3")
+    assert template is not None
+    messages = [Message("", "q", with_trace_id(template, 10 + i), b"") for i in range(5)]
+    replica.apply(1, 100, Enqueue(messages, trace=("u", "n1@3", "a", [(0, 1, True, ["q"], 10, 5)])))
+    trace = replica.tracer.log
+    assert [(r["event"], r.get("confirmed")) for r in trace.by_message_id("/", "n1@3-000000000012")] == [
+        ("published", True),
+        ("enqueued", None),
+    ]
+    assert [
+        (r["event"], r.get("confirmed"), r.get("reason")) for r in trace.by_message_id("/", "n1@3-000000000013")
+    ] == [
+        ("published", False, None),
+        ("refused", None, "overflow"),
+    ]
+
+
 def test_compaction_leaves_no_key_behind(trace_log) -> None:
     replica = Replica(QueueSettings(trace=True))
     replica.tracer = Tracer(trace_log)
@@ -184,7 +203,7 @@ def test_compaction_leaves_no_key_behind(trace_log) -> None:
     template = trace_id_template(props(), "n1@3")
     assert template is not None
     replica.apply(20, 6000, Checkout("n1@7/2/t", "n1@7/2", 1000, False, 0, False, 1000))
-    publishes = [(i, 1, True, ["q"], 1000 + i) for i in range(150)]
+    publishes = [(0, 1, True, ["q"], 1000, 150)]  # (one run)
     replica.apply(
         21,
         6001,
@@ -273,7 +292,7 @@ def test_the_trace_number_of_a_publish_reads_as_the_id_its_properties_carry() ->
             replica = Replica()
             raw = with_trace_id(template, n)
             replica.apply(
-                1, 1000, Enqueue([Message("", "q", raw, b"")], trace=("u", "n1@3", "a", [(0, 1, True, ["q"], n)]))
+                1, 1000, Enqueue([Message("", "q", raw, b"")], trace=("u", "n1@3", "a", [(0, 1, True, ["q"], n, 1)]))
             )
             records = replica.tracer.log.by_queue("/", "q")
             assert [r["event"] for r in records] == ["published", "enqueued"]
