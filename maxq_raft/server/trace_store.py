@@ -727,5 +727,16 @@ class TraceLog:
 
 
 def records_of(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Records of several scans in one order: time, then place in the log."""
-    return sorted(items, key=lambda r: (r.get("time_ms", 0), r.get("log_index", 0), r.get("n", 0)))
+    """Records of several scans in one order: time, then place in the log, then (records of two
+    queues at the same place: each queue's log numbers its own) vhost and queue, so that every
+    query that finds the same records lists them alike."""
+    return sorted(
+        items,
+        key=lambda r: (
+            r.get("time_ms", 0),
+            r.get("log_index", 0),
+            r.get("n", 0),
+            r.get("vhost", ""),
+            r.get("queue", ""),
+        ),
+    )
