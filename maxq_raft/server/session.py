@@ -49,7 +49,7 @@ from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
-from .tracer import TRACE_ID_DIGITS, trace_id_template, with_trace_id
+from .tracer import TRACE_ID_DIGITS, trace_id_template
 from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
 log = logging.getLogger("maxq.session")
@@ -810,11 +810,12 @@ class Session:
             return props_raw, None
         # (the number only once every member decodes it; until then the tracer reads the header.
         # An enabled feature stays enabled: asked of the metadata until it is.)
+        traced = b"%b%012d%b" % (template[0], n, template[1])  # (with_trace_id, inlined: per publish)
         if not self._trace_numbers:
             self._trace_numbers = TRACE_NUMBERS in self.broker.meta.features_enabled
             if not self._trace_numbers:
-                return with_trace_id(template, n), None
-        return with_trace_id(template, n), n
+                return traced, None
+        return traced, n
 
     def _note_traced(
         self,

@@ -278,20 +278,23 @@ class Tracer:
             append(("purged", None, None, None, {"count": reply}))
         # The DELIVER_GROUP being filled (deliveries in a row to one consumer): its consumer and lists.
         consumer: str | None = None
-        seqs: list[int] = []
-        again: list[bool] = []
-        counts: list[int] = []
+        add_seq: Any = None
+        add_again: Any = None
+        add_count: Any = None
         for effect in effects:
             effect_kind = type(effect)
             if effect_kind is Deliver:
                 if effect.consumer_id != consumer:
                     consumer = effect.consumer_id
-                    seqs, again, counts = [], [], []
+                    seqs: list[int] = []
+                    again: list[bool] = []
+                    counts: list[int] = []
+                    add_seq, add_again, add_count = seqs.append, again.append, counts.append
                     append([DELIVER_GROUP, consumer, seqs, again, counts])
                 message = effect.message
-                seqs.append(message.seq)
-                again.append(effect.redelivered)
-                counts.append(message.delivery_count)
+                add_seq(message.seq)
+                add_again(effect.redelivered)
+                add_count(message.delivery_count)
             elif effect_kind is DeadLetter:
                 consumer = None
                 for message in effect.messages:
