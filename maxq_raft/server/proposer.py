@@ -48,6 +48,7 @@ ENVELOPE_BYTES_MAX = 16 * 1024
 ENTRY_BYTES_MAX = PAYLOAD_BYTES_MAX - ENVELOPE_BYTES_MAX
 OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again for this long
 RETRYABLE = ("not leader", "timeout", "busy")
+UNENCODABLE = "cannot be encoded"  # (an entry whose commands encode_entry refused: _propose)
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see `_proposed`
 NOT_LEADER_RETRY_EVERY_S = 0.05
 # A consumer's credit and acks are entries too, and wait behind what is proposed before them: at
@@ -167,8 +168,14 @@ class Proposer:
                 self.entry_seq[entry.group] = seq
                 entry.origin = self.origin
                 self.in_flight[(entry.group, seq)] = entry
-            entry.payload = encode_entry(self.clock_ms(), entry.items, entry.origin, seq)
             entry.first_proposed = trio.current_time()
+            try:
+                entry.payload = encode_entry(self.clock_ms(), entry.items, entry.origin, seq)
+            except Exception as exc:  # a command no log can hold: a bug of ours, which must not end the node
+                kinds = sorted({type(command).__name__ for _target, command, _request in entry.items})
+                log.error("cannot encode an entry of %s (%s): %r", entry.group, ", ".join(kinds), exc)
+                self._proposed(entry, UNENCODABLE)  # (its callers refused, its seq filled)
+                return
             self.entries_proposed += 1
             if tracked:
                 entry.flow_bytes = len(entry.payload)
@@ -236,8 +243,10 @@ class Proposer:
         cleanup = [
             (target, command)
             for target, command, _request in entry.items
-            if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")
-        ]  # not a node's lives
+            if type(command) in CLEANUP_COMMANDS
+            and not command.owner.endswith("@")  # (not a node's lives)
+            and (error != UNENCODABLE or _encodes(target, command))  # (proposed again, it would fail again)
+        ]
         if cleanup and error != "stopped":  # stopping: the others release this node's consumers
             log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
             for target, command in cleanup:
@@ -318,6 +327,14 @@ class Proposer:
                 if then is not None:
                     _call(then, Rejected(541, "command was not applied"))
         self.confirms.done(entry, error)
+
+
+def _encodes(target: Any, command: Any) -> bool:
+    try:
+        encode_entry(0, [(target, command, 0)], "", 1)
+    except Exception:
+        return False
+    return True
 
 
 def _call(then: Callable[[Any], None], reply: Any) -> None:

@@ -8,6 +8,7 @@ import trio
 
 from maxq_raft.machines import commands as qc
 from maxq_raft.machines.message import Message
+from maxq_raft.replication.entries import decode_entry
 from maxq_raft.replication.group import PAYLOAD_BYTES_MAX
 from maxq_raft.server.confirms import Confirms
 from maxq_raft.server.proposer import ENTRY_BYTES_MAX, Proposer, message_bytes_max
@@ -18,11 +19,13 @@ class CappedNode:
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
+        self.payloads: list[bytes] = []
 
     def propose(self, group, payload, callback) -> None:
         if len(payload) > PAYLOAD_BYTES_MAX:
             raise ValueError(f"payload of {len(payload)} bytes exceeds PAYLOAD_BYTES_MAX")
         self.sizes.append(len(payload))
+        self.payloads.append(payload)
 
 
 def enqueue(size: int, props_bytes: int = 0) -> qc.Enqueue:
@@ -62,3 +65,28 @@ def test_the_largest_accepted_message_fits_an_entry_with_a_full_read_beside_it()
 
     trio.run(run)
     assert len(node.sizes) == 1 and node.sizes[0] <= PAYLOAD_BYTES_MAX
+
+
+def test_an_entry_that_cannot_be_encoded_is_refused_and_the_node_goes_on() -> None:
+    """A command no log can hold (here a routed queue name that is not a string: a bug of ours)
+    used to raise out of the proposer's end-of-pass callback, which ended the whole node with
+    TrioInternalError. Now its entry's callers are refused, its seq is filled with an empty entry,
+    a clean-up command beside it is proposed again, and later entries go on."""
+    node = CappedNode()
+    replies: list = []
+
+    async def run() -> None:
+        proposer = Proposer("n1", node, Confirms(), lambda: 0)
+        bad = qc.Enqueue([Message("", "q", b"", b"x", False)], trace=("u", "n1@1", "a", [(0, 1, False, [object()])]))
+        proposer.submit("shard-0", ("/", "q"), bad, replies.append)
+        proposer.submit("shard-0", ("/", "q"), qc.Down("n1@1/1"), None)
+        proposer.flush()
+        proposer.submit("shard-0", ("/", "q"), enqueue(10), None)
+        proposer.flush()
+        await trio.sleep(0)
+
+    trio.run(run)
+    assert [type(reply).__name__ for reply in replies] == ["Unavailable"]
+    # The filler of the refused seq (no commands), then the Down again with the later enqueue.
+    filler, after = (decode_entry(payload) for payload in node.payloads)
+    assert filler.items == [] and [type(item[1]).__name__ for item in after.items] == ["Down", "Enqueue"]
