@@ -240,44 +240,12 @@ def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str
         if kind == PUBLISH_GROUP:
             _kind, user, connection, address, entries = item
             for entry in entries:
-                if len(entry) > 9:  # (a run: see PUBLISH_GROUP)
-                    _expand_run(entry, user, connection, address, append)
-                    continue
-                message_id, correlation_id, seq, exchange, routing_key, publish, body, delayed_ms, fate = entry
-                if type(message_id) is int:  # (the trace number: see PUBLISH_GROUP)
-                    message_id = f"{connection}-{message_id:0{TRACE_ID_DIGITS}d}"
-                ids: dict[str, Any] = {"message_id": message_id}
-                if correlation_id is not None:
-                    ids["correlation_id"] = correlation_id
-                if seq >= 0:
-                    ids["seq"] = seq
-                if publish is not None:
-                    channel, routed_queues, confirmed = publish
-                    published = {
-                        "event": "published",
-                        **ids,
-                        "user": user,
-                        "connection": connection,
-                        "client_address": address,
-                        "channel": channel,
-                        "exchange": exchange,
-                        "routing_key": routing_key,
-                        "routed_queues": routed_queues,
-                    }
-                    if confirmed is not None:
-                        published["confirmed"] = confirmed
-                    if body is not None:
-                        published["body"] = body
-                    append(published)
-                if seq >= 0:
-                    enqueued = {"event": "enqueued", **ids}
-                    if delayed_ms:
-                        enqueued["delayed_ms"] = delayed_ms
-                    if body is not None and publish is None:
-                        enqueued["body"] = body
-                    append(enqueued)
-                elif fate is not None:
-                    append({"event": fate, **ids, "reason": "overflow" if fate == "refused" else "duplicate"})
+                if len(entry) > 9:  # (a run: see PUBLISH_GROUP; read as its messages one by one)
+                    number, _none, seq, *alike, count = entry
+                    for i in range(count):
+                        _expand_entry([number + i, None, seq + i, *alike], user, connection, address, append)
+                else:
+                    _expand_entry(entry, user, connection, address, append)
         elif kind == DELIVER_GROUP:
             _kind, consumer, seqs, redelivered, counts = item
             connection, channel, tag = (consumer.split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
@@ -307,15 +275,21 @@ def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str
     return out
 
 
-def _expand_run(entry: list, user: Any, connection: Any, address: Any, append: Callable[[dict], None]) -> None:
-    number, _correlation_id, seq, exchange, routing_key, publish, _body, delayed_ms, _fate, count = entry
-    channel, routed_queues, confirmed = publish
-    for i in range(count):
-        message_id = f"{connection}-{number + i:0{TRACE_ID_DIGITS}d}"
+def _expand_entry(entry: list, user: Any, connection: Any, address: Any, append: Callable[[dict], None]) -> None:
+    """One message's records of a PUBLISH_GROUP entry."""
+    message_id, correlation_id, seq, exchange, routing_key, publish, body, delayed_ms, fate = entry
+    if type(message_id) is int:  # (the trace number: see PUBLISH_GROUP)
+        message_id = f"{connection}-{message_id:0{TRACE_ID_DIGITS}d}"
+    ids: dict[str, Any] = {"message_id": message_id}
+    if correlation_id is not None:
+        ids["correlation_id"] = correlation_id
+    if seq >= 0:
+        ids["seq"] = seq
+    if publish is not None:
+        channel, routed_queues, confirmed = publish
         published = {
             "event": "published",
-            "message_id": message_id,
-            "seq": seq + i,
+            **ids,
             "user": user,
             "connection": connection,
             "client_address": address,
@@ -326,11 +300,18 @@ def _expand_run(entry: list, user: Any, connection: Any, address: Any, append: C
         }
         if confirmed is not None:
             published["confirmed"] = confirmed
+        if body is not None:
+            published["body"] = body
         append(published)
-        enqueued = {"event": "enqueued", "message_id": message_id, "seq": seq + i}
+    if seq >= 0:
+        enqueued = {"event": "enqueued", **ids}
         if delayed_ms:
             enqueued["delayed_ms"] = delayed_ms
+        if body is not None and publish is None:
+            enqueued["body"] = body
         append(enqueued)
+    elif fate is not None:
+        append({"event": fate, **ids, "reason": "overflow" if fate == "refused" else "duplicate"})
 
 
 def _expand_record(item: list) -> dict[str, Any]:
