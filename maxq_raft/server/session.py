@@ -98,10 +98,8 @@ _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
 _TRACE_RUN_ITEMS = 6  # [position, channel, confirm, routed queues, first trace number, count]
-_NOT_CACHED: tuple[bytes, bytes] = (
-    b"",
-    b"",
-)  # (a miss of the template cache, by identity: None is a cached "no template")
+# A miss of the template cache, told apart by identity (None is a cached "no template").
+_NOT_CACHED: tuple[bytes, bytes] = (b"", b"")
 
 
 def next_read_bytes(read_bytes: int, published: int, read_bytes_max: int = READ_SIZE_BYTES) -> int:
@@ -808,9 +806,9 @@ class Session:
         n = next(_trace_numbers)
         if n >= _TRACE_NUMBER_END:
             return props_raw, None
-        # (the number only once every member decodes it; until then the tracer reads the header.
-        # An enabled feature stays enabled: asked of the metadata until it is.)
         traced = b"%b%012d%b" % (template[0], n, template[1])  # (with_trace_id, inlined: per publish)
+        # The number only once every member decodes it; until then the tracer reads the header.
+        # (An enabled feature stays enabled: asked of the metadata until it is.)
         if not self._trace_numbers:
             self._trace_numbers = TRACE_NUMBERS in self.broker.meta.features_enabled
             if not self._trace_numbers:

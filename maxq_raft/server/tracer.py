@@ -11,7 +11,10 @@ traced queues only), enqueued, refused, delivered, acked, rejected, requeued, re
 deleted (SQS), dead-lettered, expired, dropped, purged. All of it is in the log and the
 machines are deterministic, so every member makes the same records with the same keys, stamped
 with the queue's time (`now_ms`, the broker's time in the log entry), and writes them to its
-own trace store (trace_store.py).
+own trace store (trace_store.py). The hot steps go in the store's lean shapes (its groups):
+a command's publishes one group, in which a run of publishes the session sent as one (commands.py,
+Enqueue.trace) is one entry when its messages were all enqueued in a row; deliveries and acks
+by seq alone.
 
 A message is found by its `message_id` property or, without one, by the `x-maxq-trace-id`
 header the publishing node adds to a message routed to a traced queue (server/session.py); the
