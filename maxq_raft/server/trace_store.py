@@ -29,7 +29,7 @@ message itself (issue #20's ×0.8). The hot steps are therefore stored as groups
 (`PUBLISH_GROUP`, `DELIVER_GROUP`, `ACK_GROUP`): a delivery or an ack names only the message's
 seq, whose ids a query reads from its enqueue; a publish group's ids are indexed by bucket (a
 trace id "node@connection-000000000042" and its 99 neighbours share one key, a query keeps the
-exact matches), and a row's seqs by buckets of SEQ_BUCKET_SIZE. A record of the other steps
+exact matches), and a row's seqs by buckets of 256 (SEQ_BUCKET_BITS). A record of the other steps
 (`Record`) carries its ids and is indexed by them, as every record was before the groups, so a
 store written by an older version is read and compacted by the same rules.
 Compaction (`compact`, run by a task of the shell) deletes a queue's oldest records while they
@@ -219,7 +219,6 @@ DELIVER_GROUP = "D"
 ACK_GROUP = "A"
 TRACE_ID_DIGITS = 12  # "node@connection-000000000042" (tracer.py makes them)
 SEQ_BUCKET_BITS = 8  # a k key covers the rows of 256 consecutive seqs of a queue
-SEQ_BUCKET_SIZE = 1 << SEQ_BUCKET_BITS
 _SEQ_BUCKETS_SPANNED_MAX = 4  # a row whose seqs span more buckets lists the buckets it holds
 
 
@@ -378,9 +377,7 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
                 if type(message_id) is int:
                     numbers[message_id // 100] = None
                 elif message_id:
-                    buckets[message_id[:-2] if len(message_id) > 2 and message_id[-2:].isdigit() else message_id] = (
-                        None  # (id_bucket, inlined: once per published message)
-                    )
+                    buckets[id_bucket(message_id)] = None
                 if entry[1]:
                     correlation_ids[entry[1]] = None
                 if entry[2] >= 0:

@@ -386,9 +386,9 @@ class Tracer:
         bodies: bool,
     ) -> int:
         """Append one message's entry of a PUBLISH_GROUP (`publish`: its publish tuple, with its
-        trace number as a fifth item, or None); the number of records it is read as."""
+        trace number as a fifth item when it has one, or None); the number of records it is read as."""
         props_raw = message.props_raw
-        if publish is not None and len(publish) > 4 and publish[4] is not None and not props_raw[0] & _CORRELATION_BYTE:
+        if publish is not None and len(publish) > 4 and not props_raw[0] & _CORRELATION_BYTE:
             # The id the publishing node gave it, "connection-n": stored as n (the group names
             # the connection; trace_store.py reads it as the id).
             message_id, correlation_id = publish[4], None
