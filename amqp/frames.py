@@ -203,6 +203,62 @@ def encode_delivery(
     )
 
 
+def encode_deliveries(
+    channel: int,
+    consumer_tag_field: bytes,
+    first_delivery_tag: int,
+    deliveries: list[tuple[bytes, bytes, bytes, bool]],
+    frame_max: int,
+) -> bytes:
+    """Several deliveries to one consumer as one bytes: what `encode_delivery` writes for each
+    `(exchange_routing_key_fields, props_raw, body, redelivered)`, with delivery tags
+    `first_delivery_tag`, +1, ... in order.
+
+    A queue hands its consumer a run of messages at a time; one join for the run instead of a
+    call and a join per message saves about a third of what encoding a small delivery costs."""
+    parts: list[bytes] = []
+    extend = parts.extend
+    method_fixed_size = 13 + len(consumer_tag_field)
+    single_frame_max = frame_max - FRAME_OVERHEAD if frame_max else 1 << 62
+    tag = first_delivery_tag
+    for routing_fields, props_raw, body, redelivered in deliveries:
+        body_size = len(body)
+        if body_size > single_frame_max or len(props_raw) + 12 > single_frame_max:
+            parts.append(
+                encode_delivery(
+                    channel, consumer_tag_field, tag, redelivered, routing_fields, props_raw, body, frame_max
+                )
+            )
+        elif body_size:
+            extend(
+                (
+                    _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_fixed_size + len(routing_fields), 60, 60),
+                    consumer_tag_field,
+                    _PACK_DELIVER_TAG(tag, 1 if redelivered else 0),
+                    routing_fields,
+                    _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size),
+                    props_raw,
+                    _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size),
+                    body,
+                    _END,
+                )
+            )
+        else:
+            extend(
+                (
+                    _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_fixed_size + len(routing_fields), 60, 60),
+                    consumer_tag_field,
+                    _PACK_DELIVER_TAG(tag, 1 if redelivered else 0),
+                    routing_fields,
+                    _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
+                    props_raw,
+                    _END,
+                )
+            )
+        tag += 1
+    return b"".join(parts)
+
+
 class FrameReader:
     """Incremental frame parser. Not thread-safe; one per connection.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from operator import attrgetter
 from typing import Any
 
 from ..amqp.frames import encode_shortstr_field
@@ -39,6 +40,7 @@ from .trace_store import MemoryKV, TraceLog
 from .tracer import Tracer
 
 log = logging.getLogger("maxq.broker")
+_REDELIVERED = attrgetter("redelivered")  # of a Deliver effect
 
 META_GROUP = "meta"
 
@@ -197,20 +199,33 @@ class Broker:
             handle.channel.consumer_gone(handle)
 
     def perform(self, effects: list) -> None:
-        consumers = self.consumers
+        # Deliveries go in runs to one consumer (a queue serves a consumer many at a time), and
+        # each run is written as one (Channel.deliver_run): the order of all effects is kept.
+        run: list = []
         for effect in effects:
             if type(effect) is Deliver:
-                # Every replica decides every delivery; only the consumer's node sends it.
-                handle = consumers.get(effect.consumer_id)
-                if handle is not None:
-                    handle.channel.deliver(handle, effect.message, effect.redelivered)
-                    self.messages_delivered += 1
-                    if handle.no_ack:
-                        self.messages_delivered_auto_ack += 1
-                    if effect.redelivered:
-                        self.messages_redelivered += 1
+                if run and effect[0] is not run[0][0] and effect[0] != run[0][0]:
+                    self._deliver_run(run)
+                    run = []
+                run.append(effect)
             else:
+                if run:
+                    self._deliver_run(run)
+                    run = []
                 dead_letter.perform_effect(self, effect)
+        if run:
+            self._deliver_run(run)
+
+    def _deliver_run(self, run: list) -> None:
+        # Every replica decides every delivery; only the consumer's node sends it.
+        handle = self.consumers.get(run[0][0])
+        if handle is None:
+            return
+        handle.channel.deliver_run(handle, run)
+        self.messages_delivered += len(run)
+        if handle.no_ack:
+            self.messages_delivered_auto_ack += len(run)
+        self.messages_redelivered += sum(map(_REDELIVERED, run))
 
     # ------------------------------------------------- calls and casts
     #

@@ -71,6 +71,9 @@ class ChannelHost(Protocol):
     def write_delivery(
         self, channel_number: int, handle: ConsumerHandle, delivery_tag: int, redelivered: bool, message
     ) -> None: ...
+    def write_deliveries(
+        self, channel_number: int, handle: ConsumerHandle, first_delivery_tag: int, run: list
+    ) -> None: ...
     def wake(self) -> None: ...
     def cancel_later(self, channel: Channel, consumer_tag: str) -> None: ...
 
@@ -571,13 +574,30 @@ class Channel:
 
     # --------------------------------------------------------- deliveries
 
-    def deliver(self, handle: ConsumerHandle, message, redelivered: bool) -> None:
+    def deliver_run(self, handle: ConsumerHandle, run: list) -> None:
+        """Write a run of `Deliver` effects to `handle`, in order, as one (Session.write_deliveries):
+        their tags are consecutive. What the channel may not write now (paused, at the
+        channel-wide limit, or behind held ones; the limit may be reached part way) is held."""
         state = self.state
-        if state.holding:  # paused, at the channel-wide limit, or behind held ones
+        if state.holding:
+            written = 0
+        elif handle.no_ack:
+            written = len(run)
+            state.deliver_no_ack(written)
+        else:
+            written = 0
+            queue_key, consumer_id = handle.queue_key, handle.consumer_id
+            for _consumer_id, message, _redelivered in run:
+                state.deliver((queue_key, consumer_id, message.seq))
+                written += 1
+                if state.holding:
+                    break
+        if written:
+            self.session.write_deliveries(
+                self.number, handle, state.next_delivery_tag - written, run if written == len(run) else run[:written]
+            )
+        for _consumer_id, message, redelivered in run[written:] if written < len(run) else ():
             state.hold((handle, message, redelivered))
-            return
-        tag = state.deliver(None if handle.no_ack else (handle.queue_key, handle.consumer_id, message.seq))
-        self.session.write_delivery(self.number, handle, tag, redelivered, message)
 
     def _return_held(self, handle: ConsumerHandle | None = None) -> None:
         """Give back deliveries held on this channel (of `handle`, or all): the queue checked

@@ -104,6 +104,13 @@ class ChannelState:
                 self.holding = True
         return tag
 
+    def deliver_no_ack(self, count: int) -> int:
+        """The first of `count` consecutive tags of deliveries needing no ack, written now (the
+        caller checked `holding`)."""
+        tag = self.next_delivery_tag
+        self.next_delivery_tag = tag + count
+        return tag
+
     def hold(self, item) -> None:
         """Keep a delivery that may not be written now (`holding` was true)."""
         self.held.append(item)

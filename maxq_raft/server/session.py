@@ -33,7 +33,7 @@ from ..amqp.events import (
     ContentReceived,
     MethodReceived,
 )
-from ..amqp.frames import encode_delivery, encode_shortstr_field
+from ..amqp.frames import encode_deliveries, encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties
 from ..machines import commands as qc
 from ..machines.dedup import exchange_scope
@@ -1027,6 +1027,39 @@ class Session:
             self._wake.set()
         else:
             entry[1] += 1
+
+    def write_deliveries(self, channel_number: int, handle, first_delivery_tag: int, run: list) -> None:
+        """`write_delivery` for a run of `Deliver` effects to one consumer (tags from
+        `first_delivery_tag` on): one encoding and one write for the run (frames.encode_deliveries)."""
+        deliveries: list[tuple[bytes, bytes, bytes, bool]] = []
+        append = deliveries.append
+        exchange = routing_key = None
+        wire_routing = b""
+        for _consumer_id, message, redelivered in run:
+            if message.exchange is not exchange or message.routing_key is not routing_key:
+                exchange, routing_key = message.exchange, message.routing_key
+                wire_routing = _wire_routing.get((exchange, routing_key)) or wire_routing_of(exchange, routing_key)
+            append(
+                (
+                    wire_routing,
+                    message.props_raw if not message.count_header else delivery_props(message),
+                    message.body,
+                    redelivered,
+                )
+            )
+        conn = self.conn
+        conn.send_raw(
+            channel_number,
+            encode_deliveries(channel_number, handle.wire_tag, first_delivery_tag, deliveries, conn.frame_max),
+        )
+        written = len(run)
+        self.messages_out += written
+        entry = self.credit_pending.get(handle.consumer_id)
+        if entry is None:
+            self.credit_pending[handle.consumer_id] = [handle, written]
+            self._wake.set()
+        else:
+            entry[1] += written
 
     def _refill_credit(self) -> None:
         pending, self.credit_pending = self.credit_pending, {}

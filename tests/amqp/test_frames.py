@@ -208,6 +208,40 @@ def test_encode_delivery_matches_the_general_encoder(
     assert got == expected
 
 
+@given(
+    st.integers(1, 65535),
+    st.text(max_size=40),
+    st.integers(0, 2**63),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["", "amq.direct", "x" * 200]),
+            st.text(max_size=20),
+            st.binary(max_size=40),
+            st.binary(max_size=5000),
+            st.booleans(),
+        ),
+        max_size=6,
+    ),
+    st.sampled_from([0, 4096, 131072]),
+)
+def test_encode_deliveries_writes_each_delivery_as_encode_delivery_with_consecutive_tags(
+    channel, tag, first_delivery_tag, messages, frame_max
+):
+    from maxq_raft.amqp.frames import encode_deliveries, encode_delivery, encode_shortstr_field
+
+    assume(all(len(s.encode()) <= 255 for s in [tag] + [m[1] for m in messages]))
+    tag_field = encode_shortstr_field(tag)
+    deliveries = [
+        (encode_shortstr_field(exchange) + encode_shortstr_field(routing_key), props_raw, body, redelivered)
+        for exchange, routing_key, props_raw, body, redelivered in messages
+    ]
+    expected = b"".join(
+        encode_delivery(channel, tag_field, first_delivery_tag + i, redelivered, routing, props_raw, body, frame_max)
+        for i, (routing, props_raw, body, redelivered) in enumerate(deliveries)
+    )
+    assert encode_deliveries(channel, tag_field, first_delivery_tag, deliveries, frame_max) == expected
+
+
 # Pieces of a stream for the reader's fused publishes: whole publishes and near misses.
 _PUBLISH = encode_method_frame(1, spec.BasicPublish(exchange="", routing_key="q"))[7:-1]
 _PROPS = encode_properties(BasicProperties(delivery_mode=2))

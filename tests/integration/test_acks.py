@@ -189,6 +189,37 @@ def test_global_prefetch_is_channel_wide(env):
     assert len(a.messages) + len(b.messages) == 3
 
 
+def test_a_run_cut_by_the_global_limit_is_written_in_order_with_consecutive_tags(env):
+    # A channel-wide limit of 3 over two queues: q1's consumer takes one, then q2's queue
+    # hands its consumer a run of 3 (its own prefetch is the channel's 3); the channel writes
+    # two of them and holds the third; each ack lets the next one out, in order, its tag the
+    # next number.
+    connection, channel, q1 = setup_queue(env, 1)
+    q2 = env.queue_name()
+    channel.queue_declare(q2)
+    for i in range(4):
+        channel.basic_publish("", q2, b"b%d" % i)
+    channel.basic_qos(prefetch_count=3, global_qos=True)
+    collector = Collector()
+    channel.basic_consume(q1, collector, consumer_tag="one")
+    assert wait_until(lambda: len(collector.messages) == 1, 5.0, connections=[connection])
+    channel.basic_consume(q2, collector, consumer_tag="two")
+    assert wait_until(lambda: len(collector.messages) >= 3, 5.0, connections=[connection])
+    pump([connection], 0.3)
+
+    def delivered() -> list[tuple]:
+        return [(consumer, tag, body) for consumer, tag, _, body in collector.messages]
+
+    assert delivered() == [("one", 1, b"m0"), ("two", 2, b"b0"), ("two", 3, b"b1")]
+    channel.basic_ack(1)
+    assert wait_until(lambda: len(collector.messages) == 4, 5.0, connections=[connection])
+    channel.basic_ack(3, multiple=True)
+    assert wait_until(lambda: len(collector.messages) == 5, 5.0, connections=[connection])
+    pump([connection], 0.2)
+    assert delivered()[3:] == [("two", 4, b"b2"), ("two", 5, b"b3")]
+    assert counts(connection.channel(), q2) == (0, 1)
+
+
 def test_messages_held_back_by_the_global_limit_are_not_lost(env):
     # With a channel-wide limit of one and two consumers, one delivery is sent and the other
     # waits on the channel. Cancelling the waiting consumer, or closing the channel, must give
