@@ -7,7 +7,8 @@ socket or a clock; time comes in as an argument (the latest `now` seen by `recei
 methods itself (protocol header, start/start-ok, tune/tune-ok, open, close both ways,
 heartbeats, channel open/close/flow, update-secret) and assembles content (method + header +
 body frames), so the broker sees only `ConnectionOpened`, `ChannelOpened`, `MethodReceived`,
-`ContentReceived`, `ChannelClosed` and finally `ConnectionClosed`. One answer is the shell's:
+`ContentReceived` (or runs of whole publishes, `PublishesReceived`, when asked for),
+`ChannelClosed` and finally `ConnectionClosed`. One answer is the shell's:
 the close-ok of a channel the peer closed (`finish_peer_close`), because what the broker still
 owes that channel (the confirms of its publishes) must reach the peer before it.
 
@@ -49,6 +50,7 @@ from .events import (
     ContentReceived,
     Event,
     MethodReceived,
+    PublishesReceived,
 )
 from .frames import (
     HEARTBEAT_FRAME,
@@ -186,8 +188,10 @@ class ServerConnection:
         now: float = 0.0,
         mechanisms: Sequence[str] = DEFAULT_MECHANISMS,
         external_user: str = "",
+        publish_runs: bool = False,
     ) -> None:
         self.state = State.AWAIT_HEADER
+        self.publish_runs = publish_runs  # whole publishes as PublishesReceived runs (events.py)
         # offered in connection.start, in this order; EXTERNAL only with `external_user`
         self.mechanisms = tuple(m for m in mechanisms if m in MECHANISMS or (m == EXTERNAL and external_user))
         self._external_user = external_user
@@ -618,7 +622,22 @@ class ServerConnection:
             if len(self._publish_methods) >= PUBLISH_METHODS_CACHED_MAX:
                 self._publish_methods.clear()
             self._publish_methods[key] = method
-        self._events.append(ContentReceived(channel, method, header[12:], body))
+        props_raw = header[12:]
+        if self.publish_runs:
+            events = self._events
+            if events:
+                last = events[-1]
+                if (
+                    last.__class__ is PublishesReceived
+                    and last.method is method  # (one object per distinct method: the cache above)
+                    and last.channel == channel
+                    and last.props_raw == props_raw
+                ):
+                    last.bodies.append(body)
+                    return True
+            events.append(PublishesReceived(channel, method, props_raw, [body]))
+            return True
+        self._events.append(ContentReceived(channel, method, props_raw, body))
         return True
 
     def _finish_content(self, ch: _Channel, method: spec.BasicPublish) -> None:

@@ -2,7 +2,8 @@
 
 The connection handles the protocol's own bookkeeping (handshake, tuning, heartbeats,
 channel open/close, content assembly) and reports only what the broker must act on.
-Events are small records, never changed once made; the hot ones (`ContentReceived`,
+Events are small records, never changed once handed out (a `PublishesReceived` gains
+bodies only while `next_events` is still reading); the hot ones (`ContentReceived`,
 `MethodReceived`, one per publish or ack) are not frozen, because a frozen dataclass's
 `__init__` sets each field through `object.__setattr__` and costs three times as much.
 """
@@ -70,6 +71,21 @@ class ContentReceived:
     body: bytes
 
 
+@dataclass(slots=True)
+class PublishesReceived:
+    """Consecutive whole basic.publishes on one channel with the same method (exchange, routing
+    key, flags) and the same property list, in the order they came: one per body. A connection
+    made with `publish_runs=True` reports a whole publish this way (a run of one when the next
+    differs); one of several body frames still comes as a ContentReceived.
+
+    A publisher mostly repeats itself: the broker checks and routes a run once (Session)."""
+
+    channel: int
+    method: BasicPublish
+    props_raw: bytes
+    bodies: list[bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """Terminal: flush `data_to_send()` and close the socket.
@@ -83,5 +99,11 @@ class ConnectionClosed:
 
 
 Event: TypeAlias = (
-    ConnectionOpened | ChannelOpened | ChannelClosed | MethodReceived | ContentReceived | ConnectionClosed
+    ConnectionOpened
+    | ChannelOpened
+    | ChannelClosed
+    | MethodReceived
+    | ContentReceived
+    | PublishesReceived
+    | ConnectionClosed
 )

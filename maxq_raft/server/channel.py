@@ -34,6 +34,7 @@ from .channel_state import ChannelState
 from .confirms import Unavailable
 from .errors import ChannelError, HardError
 from .publish_extras import delivery_props
+from .publish_plan import PublishPlan
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
@@ -64,7 +65,12 @@ class ChannelHost(Protocol):
     authorization: Authorization
 
     def continuation(self, channel: Channel, fn: Callable[[Any], None]) -> Callable[[Any], None]: ...
-    def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None: ...
+    def route_publish(
+        self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes
+    ) -> PublishPlan | None: ...
+    def route_again(
+        self, channel: Channel, first_seq: int | None, plan: PublishPlan, method, bodies: list[bytes]
+    ) -> None: ...
     def flush_publishes(self) -> dict: ...
     def defer_settles(self, kind, entries: list) -> None: ...
     def flush_settles(self) -> None: ...
@@ -536,15 +542,26 @@ class Channel:
 
     # ------------------------------------------------------------ publish
 
-    def publish(self, method, props_raw: bytes, body: bytes) -> None:
+    def publish(self, method, props_raw: bytes, body: bytes) -> PublishPlan | None:
+        """Take one basic.publish; its plan (Session.route_publish) when more like it may follow it."""
         if method.immediate:
             # RabbitMQ dropped `immediate` in 3.0: rabbit_channel answers it with a connection error.
             raise HardError(spec.NOT_IMPLEMENTED, "immediate=true")
         state = self.state
         if state.tx:
             state.buffer_publish((method, props_raw, body))
-            return
-        self.session.route_publish(self, state.next_publish_seq() if state.confirm else None, method, props_raw, body)
+            return None
+        return self.session.route_publish(
+            self, state.next_publish_seq() if state.confirm else None, method, props_raw, body
+        )
+
+    def publish_again(self, plan: PublishPlan, method, bodies: list[bytes]) -> None:
+        """More publishes with the method and properties whose first gave `plan` (`publish`
+        returned it), right after it: routed as it was (Session.route_again)."""
+        state = self.state
+        self.session.route_again(
+            self, state.next_publish_seqs(len(bodies)) if state.confirm else None, plan, method, bodies
+        )
 
     def rewrite_reply_to(self, props_raw: bytes) -> bytes:
         """Direct reply-to: 'amq.rabbitmq.reply-to' becomes an address of this channel's reply consumer."""

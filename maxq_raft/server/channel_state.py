@@ -221,6 +221,12 @@ class ChannelState:
         self.publish_seq = seq
         return seq
 
+    def next_publish_seqs(self, count: int) -> int:
+        """The first of the seqs of `count` publishes in a row (`next_publish_seq` of each)."""
+        first = self.publish_seq + 1
+        self.publish_seq += count
+        return first
+
     def confirm_through(self, last_seq: int) -> bool:
         """Record that every seq up to `last_seq` is confirmed; whether the basic.ack/nack that
         says so needs `multiple` (it covers more than one publish). Confirms go out in seq order."""

@@ -32,6 +32,7 @@ from ..amqp.events import (
     ConnectionOpened,
     ContentReceived,
     MethodReceived,
+    PublishesReceived,
 )
 from ..amqp.frames import encode_deliveries, encode_delivery, encode_shortstr_field
 from ..amqp.properties import decode_properties
@@ -49,6 +50,7 @@ from .confirms import ConfirmBatch, Unavailable
 from .errors import ChannelError, HardError
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
+from .publish_plan import PublishPlan
 from .tracer import TRACE_ID_DIGITS, trace_id_template
 from .transactions import TXN_EXCHANGE, decide_publish, half_fields, note_half
 
@@ -175,6 +177,7 @@ class Session:
             # EXTERNAL only on TLS with a verified client certificate (server/tls.py): its CN
             mechanisms=(*DEFAULT_MECHANISMS, EXTERNAL) if tls_user else DEFAULT_MECHANISMS,
             external_user=tls_user or "",
+            publish_runs=True,  # a publisher's repeated publishes checked and routed once (_publish_run)
             **(
                 {"max_message_size_bytes": message_bytes_max(settings.frame_max, CLUSTER_READ_SIZE_BYTES)}
                 if settings.clustered
@@ -548,13 +551,16 @@ class Session:
                 if channel is not None and channel in holding:
                     channel.backlog.append(event)  # behind a method that waits for a commit
                     continue
-            if kind is ContentReceived:
+            if kind is PublishesReceived or kind is ContentReceived:
                 channel = channels.get(event.channel)
                 if channel is None:
                     continue
                 try:
-                    channel.publish(event.method, event.props_raw, event.body)
-                    self.messages_in += 1
+                    if kind is PublishesReceived:
+                        self._publish_run(channel, event.method, event.props_raw, event.bodies)
+                    else:
+                        channel.publish(event.method, event.props_raw, event.body)
+                        self.messages_in += 1
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
                 except AMQPError as err:  # the codec refused something decoded lazily (properties)
@@ -656,7 +662,30 @@ class Session:
 
     # ----------------------------------------------------------- publish
 
-    def route_publish(self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes) -> None:
+    def _publish_run(self, channel: Channel, method, props_raw: bytes, bodies: list[bytes]) -> None:
+        """basic.publish of each of `bodies` in order, with the same method and properties
+        (PublishesReceived): the first goes the whole way; when it gives a plan (a plain publish:
+        `route_publish`), the rest are routed by it, checked and looked up once for the run."""
+        plan = channel.publish(method, props_raw, bodies[0])
+        self.messages_in += 1
+        if len(bodies) == 1:
+            return
+        if plan is not None:
+            rest = bodies[1:]
+            channel.publish_again(plan, method, rest)
+            self.messages_in += len(rest)
+            return
+        for body in itertools.islice(bodies, 1, None):
+            channel.publish(method, props_raw, body)
+            self.messages_in += 1
+
+    def route_publish(
+        self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes
+    ) -> PublishPlan | None:
+        """Check, route and queue one publish (sent at the end of the read: `flush_publishes`).
+        A plain one (no headers, not traced, no publish rate limit, routed somewhere) returns its
+        plan: another publish of the same method and properties would be checked, routed and
+        made into messages just the same (`route_again`)."""
         broker = self.broker
         vhost = self.vhost
         exchange = method.exchange
@@ -666,7 +695,7 @@ class Session:
         self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
         if exchange == TXN_EXCHANGE:  # a transaction's decision: no exchange object (transactions.py)
             decide_publish(self, channel, seq, method, props_raw)
-            return
+            return None
         dedup_scope = None  # an x-message-deduplication exchange's window (machines/dedup.py)
         if exchange:
             record = meta.exchange(vhost, exchange)
@@ -710,7 +739,7 @@ class Session:
                 broker.messages_unroutable_dropped += 1
             if seq is not None:
                 self.pending_confirms.setdefault(channel, []).append(seq)
-            return
+            return None
         if flags & EXTRAS_FLAGS or flags & HEADERS_FLAG and wants_extras(flags, props_raw):  # one bit test for most
             ttl_ms, priority, delay_ms = publish_extras(props_raw)
         else:
@@ -776,16 +805,60 @@ class Session:
                     )
             if txn is not None:
                 note_half(self, txn[0])
+            plan = (
+                None
+                if flags & HEADERS_FLAG or traced is not None or broker.publish_rates.limits
+                else PublishPlan(queues, props_raw, persistent, ttl_ms, priority, delay_ms)
+            )
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
+            plan = None
         else:
             broker.messages_unroutable_dropped += 1
+            plan = None
         if seq is not None:
             confirms = self.pending_confirms.get(channel)
             if confirms is None:
                 self.pending_confirms[channel] = [seq]
             else:
                 confirms.append(seq)
+        return plan
+
+    def route_again(self, channel: Channel, first_seq: int | None, plan: PublishPlan, method, bodies: list) -> None:
+        """Publish `bodies` as the publish that gave `plan` (same channel, method and properties,
+        right after it): to the same queues, as the same kind of message, with the publish seqs
+        `first_seq`, +1, ... when the channel confirms."""
+        count = len(bodies)
+        self.messages_routed += count
+        self.run_in += count  # (the exchange's run: the first publish of the plan started it)
+        self.run_out += count
+        exchange, routing_key = method.exchange, method.routing_key
+        queues, props_raw, persistent, ttl_ms, priority, delay_ms = plan
+        pending = self.pending
+        vhost = self.vhost
+        for name in queues:
+            key = (vhost, name)
+            batch = pending.get(key)
+            if batch is None:
+                batch = pending[key] = []
+            start = len(batch)
+            batch.extend(
+                [
+                    Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
+                    for body in bodies
+                ]
+            )
+            if first_seq is not None:
+                number = channel.number
+                refs = self.pending_refs.get(key)
+                if refs is None:
+                    refs = self.pending_refs[key] = []
+                refs.extend([(start + i, (number, first_seq + i)) for i in range(count)])
+        if first_seq is not None:
+            confirms = self.pending_confirms.get(channel)
+            if confirms is None:
+                confirms = self.pending_confirms[channel] = []
+            confirms.extend(range(first_seq, first_seq + count))
 
     def _with_trace_id(self, props_raw: bytes) -> tuple[bytes, int | None]:
         """A message routed to a traced queue: an x-maxq-trace-id header unless it has a

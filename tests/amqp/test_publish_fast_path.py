@@ -9,11 +9,13 @@ well-formed publishes and for every kind of broken one mixed in.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from maxq_raft.amqp import spec
-from maxq_raft.amqp.events import ContentReceived
+from maxq_raft.amqp.events import ContentReceived, PublishesReceived
 from maxq_raft.amqp.frames import FrameReader, encode_content, encode_frame, encode_method_frame
 from maxq_raft.amqp.properties import BasicProperties, encode_content_header, encode_properties
 
@@ -91,8 +93,8 @@ PIECES = {
 }
 
 
-def run(data: bytes, per_frame: bool) -> tuple[list, bytes, str]:
-    peer = open_peer(max_message_size_bytes=MAX_MESSAGE)
+def run(data: bytes, per_frame: bool, publish_runs: bool = False) -> tuple[list, bytes, str]:
+    peer = open_peer(max_message_size_bytes=MAX_MESSAGE, publish_runs=publish_runs)
     open_channel(peer, 1)
     open_channel(peer, 2)
     events: list = []
@@ -134,3 +136,61 @@ def test_a_publish_split_across_reads_is_assembled():
         assert [(type(e), e.body, e.props_raw, e.method.routing_key) for e in events] == [
             (ContentReceived, b"hello", PROPS, "q")
         ], cut
+
+
+def unfolded(events: list) -> list:
+    """Each PublishesReceived as the ContentReceived of each of its bodies."""
+    out: list = []
+    for e in events:
+        if type(e) is PublishesReceived:
+            out += [ContentReceived(e.channel, e.method, e.props_raw, body) for body in e.bodies]
+        else:
+            out.append(e)
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(sorted(PIECES)), st.sampled_from([1, 2])), min_size=1, max_size=12))
+def test_runs_of_publishes_are_the_same_publishes_in_the_same_order(pieces):
+    data = b"".join(PIECES[name](channel) for name, channel in pieces)
+    events, sent, state = run(data, per_frame=False, publish_runs=True)
+    assert (unfolded(events), sent, state) == run(data, per_frame=False)
+    for before, after in itertools.pairwise(events):  # a run goes as far as the publishes are alike
+        assert not (
+            type(before) is PublishesReceived
+            and type(after) is PublishesReceived
+            and (before.channel, before.method, before.props_raw) == (after.channel, after.method, after.props_raw)
+        )
+
+
+def test_a_run_ends_where_the_channel_method_or_properties_change():
+    peer = open_peer(publish_runs=True)
+    open_channel(peer, 1)
+    open_channel(peer, 2)
+    other_props = encode_properties(BasicProperties(delivery_mode=1))
+    data = b"".join(
+        (
+            publish(1, b"a"),
+            publish(1, b"b"),
+            publish(2, b"c"),
+            publish(1, b"d", routing_key="r"),
+            publish(1, b"e", routing_key="r", props=other_props),
+            publish(1, b"f", routing_key="r", props=other_props),
+            encode_method_frame(1, spec.BasicQos(prefetch_count=1)),
+            publish(1, b"g", routing_key="r", props=other_props),
+        )
+    )
+    peer.conn.receive_data(data, 0.0)
+    events = peer.conn.next_events()
+    runs = [
+        (e.channel, e.method.routing_key, e.props_raw, e.bodies) if type(e) is PublishesReceived else type(e).__name__
+        for e in events
+    ]
+    assert runs == [
+        (1, "q", PROPS, [b"a", b"b"]),
+        (2, "q", PROPS, [b"c"]),
+        (1, "r", PROPS, [b"d"]),
+        (1, "r", other_props, [b"e", b"f"]),
+        "MethodReceived",
+        (1, "r", other_props, [b"g"]),
+    ]
