@@ -765,6 +765,7 @@ class Session:
                     self._persistent_props[props_raw] = persistent
             traced = None
             trace_number = None
+            plain_props = props_raw
             if broker.tracer.traced:  # (empty unless a queue has x-trace)
                 traced = broker.tracer.traced
                 if (
@@ -805,11 +806,14 @@ class Session:
                     )
             if txn is not None:
                 note_half(self, txn[0])
-            plan = (
-                None
-                if flags & HEADERS_FLAG or traced is not None or broker.publish_rates.limits
-                else PublishPlan(queues, props_raw, persistent, ttl_ms, priority, delay_ms)
-            )
+            if flags & HEADERS_FLAG or broker.publish_rates.limits:
+                plan = None
+            elif traced is None:
+                plan = PublishPlan(queues, props_raw, persistent, ttl_ms, priority, delay_ms, None)
+            elif trace_number is not None:  # (its id from the template, numbered: the others' in a row)
+                plan = PublishPlan(queues, plain_props, persistent, ttl_ms, priority, delay_ms, self._trace_template)
+            else:
+                plan = None
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
             plan = None
@@ -833,21 +837,46 @@ class Session:
         self.run_in += count  # (the exchange's run: the first publish of the plan started it)
         self.run_out += count
         exchange, routing_key = method.exchange, method.routing_key
-        queues, props_raw, persistent, ttl_ms, priority, delay_ms = plan
+        queues, props_raw, persistent, ttl_ms, priority, delay_ms, trace_template = plan
         pending = self.pending
         vhost = self.vhost
+        if trace_template is None:
+            messages_props = None
+            first_number = None
+        else:  # each its own id, numbered in a row (as _with_trace_id would, one by one)
+            head, tail = trace_template
+            numbers = list(itertools.islice(_trace_numbers, count))
+            first_number = numbers[0]
+            if numbers[-1] < _TRACE_NUMBER_END:
+                messages_props = [b"%b%012d%b" % (head, n, tail) for n in numbers]
+            else:  # (past 10**12 on this node: no id, as _with_trace_id)
+                messages_props, first_number = [props_raw] * count, None
+            traced = self.broker.tracer.traced
         for name in queues:
             key = (vhost, name)
             batch = pending.get(key)
             if batch is None:
                 batch = pending[key] = []
             start = len(batch)
-            batch.extend(
-                [
-                    Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
-                    for body in bodies
-                ]
-            )
+            if messages_props is None:
+                batch.extend(
+                    [
+                        Message(exchange, routing_key, props_raw, body, persistent, ttl_ms, priority, delay_ms)
+                        for body in bodies
+                    ]
+                )
+            else:
+                batch.extend(
+                    [
+                        Message(exchange, routing_key, traced_props, body, persistent, ttl_ms, priority, delay_ms)
+                        for traced_props, body in zip(messages_props, bodies, strict=True)
+                    ]
+                )
+                if key in traced:
+                    self._trace_template = trace_template
+                    self._note_traced(
+                        key, start, channel.number, first_seq is not None, queues, first_number, batch[start], count
+                    )
             if first_seq is not None:
                 number = channel.number
                 refs = self.pending_refs.get(key)
@@ -897,49 +926,51 @@ class Session:
         queues: list[str],
         trace_number: int | None,
         message: Message,
+        count: int = 1,
     ) -> None:
-        """Add a publish to a traced queue to the Enqueue's trace context (commands.py): a
+        """Add a publish (or `count` in a row, numbered in a row, alike but for their bodies:
+        `route_again`) to a traced queue to the Enqueue's trace context (commands.py): a
         publish with a trace number extends the queue's last run when it follows it in every way
         (position, number, channel, confirm mode, routed queues) and has the same exchange, routing
         key, delay and property template as its first (a run's items 6-9, dropped at the flush),
         so that the tracer records a run as a whole (tracer.py, `_enqueued`)."""
         publishes = self.pending_trace.get(key)
+        if publishes is None:
+            publishes = self.pending_trace[key] = []
         if trace_number is None:
-            publish: list = [position, channel_number, confirm, queues]
-        else:
-            if publishes:
-                run = publishes[-1]
-                count = run[5] if len(run) > 5 else 0
-                if (
-                    count
-                    and run[0] + count == position
-                    and run[4] + count == trace_number
-                    and run[1] == channel_number
-                    and run[2] == confirm
-                    and run[6] == message.exchange
-                    and run[7] == message.routing_key
-                    and run[8] == message.delay_ms
-                    and run[9] is self._trace_template
-                    and run[3] == queues
-                ):
-                    run[5] = count + 1
-                    return
-            publish = [
+            publishes.extend([[position + i, channel_number, confirm, queues] for i in range(count)])
+            return
+        if publishes:
+            run = publishes[-1]
+            run_count = run[5] if len(run) > 5 else 0
+            if (
+                run_count
+                and run[0] + run_count == position
+                and run[4] + run_count == trace_number
+                and run[1] == channel_number
+                and run[2] == confirm
+                and run[6] == message.exchange
+                and run[7] == message.routing_key
+                and run[8] == message.delay_ms
+                and run[9] is self._trace_template
+                and run[3] == queues
+            ):
+                run[5] = run_count + count
+                return
+        publishes.append(
+            [
                 position,
                 channel_number,
                 confirm,
                 queues,
                 trace_number,
-                1,
+                count,
                 message.exchange,
                 message.routing_key,
                 message.delay_ms,
                 self._trace_template,
             ]
-        if publishes is None:
-            self.pending_trace[key] = [publish]
-        else:
-            publishes.append(publish)
+        )
 
     def _traces_one(self, vhost: str, queues: list[str]) -> bool:
         """Whether a queue a publish was routed to traces."""

@@ -16,7 +16,11 @@ from urllib.parse import quote, urlencode
 import pika
 import pytest
 
+from maxq_raft.amqp import spec as amqp_spec
+from maxq_raft.amqp.frames import encode_content
+
 from ..helpers import api, wait_until
+from ..raw_client import RawClient
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 
@@ -149,6 +153,60 @@ def test_a_burst_of_publishes_is_traced_message_by_message(env, broker, channel)
         assert len({r["seq"] for r in records}) == 1 and all(r["message_id"] == ids[i][1] for r in records)
     everything = trace(broker, queue=queue, limit="10000")
     assert len(everything) == 4 * count and all(r["message_id"] for r in everything)
+
+
+def test_one_write_of_alike_publishes_gives_each_its_own_numbered_id(env, broker, channel):
+    """A client's one write of alike publishes is routed as a run (server/publish_plan.py): each
+    message still gets its own id, in a row, and each reads back with its steps in each traced
+    queue it reached; an untraced queue beside them gets the messages with the same ids."""
+    prefix = fresh("trace-run")
+    traced_a, traced_b, plain = (env.queue_name(prefix) for _ in range(3))
+    exchange = fresh("trace-run-fanout")
+    channel.exchange_declare(exchange, "fanout")
+    for queue, arguments in ((traced_a, {"x-trace": True}), (traced_b, {"x-trace": True}), (plain, {})):
+        channel.queue_declare(queue, arguments=arguments)
+        channel.queue_bind(queue, exchange)
+    count = 120
+    client = RawClient(broker.amqp_port)
+    try:
+        client.open()
+        client.open_channel(1)
+        client.call(1, amqp_spec.ConfirmSelect(), amqp_spec.ConfirmSelectOk)
+        client.send(
+            b"".join(
+                encode_content(1, amqp_spec.BasicPublish(exchange=exchange), b"\x00\x00", b"m%d" % i, 131072)
+                for i in range(count)
+            )
+        )
+        acked = 0
+        while acked < count:
+            frame = client.next_frame()
+            assert frame is not None and isinstance(frame[2], amqp_spec.BasicAck), frame
+            acked = frame[2].delivery_tag
+    finally:
+        client.close()
+    got: dict[str, list] = {}
+    for queue in (traced_a, traced_b, plain):
+        got[queue] = []
+        for _ in range(count):
+            method, props, body = channel.basic_get(queue, auto_ack=True)
+            assert method is not None, (queue, len(got[queue]))
+            got[queue].append((body, props.headers["x-maxq-trace-id"]))
+    assert got[traced_a] == got[traced_b] == got[plain]
+    assert [body for body, _ in got[plain]] == [b"m%d" % i for i in range(count)]
+    numbers = [int(trace_id.rsplit("-", 1)[1]) for _, trace_id in got[plain]]
+    assert numbers == list(range(numbers[0], numbers[0] + count))
+    for i in (0, 1, count // 2, count - 1):
+        trace_id = got[plain][i][1]
+        records = wait_until(
+            lambda: (r := trace(broker, message_id=trace_id)) and events(r).count("delivered") == 2 and r, 5
+        )
+        for queue in (traced_a, traced_b):
+            assert events(records, queue) == ["published", "enqueued", "delivered"], records  # (a get, no ack)
+        assert not events(records, plain)
+        assert all(r["message_id"] == trace_id for r in records)
+        published = [r for r in records if r["event"] == "published"]
+        assert [(r["channel"], r["confirmed"]) for r in published] == [(1, True), (1, True)], published
 
 
 def trace_on(broker, queue: str) -> bool:
