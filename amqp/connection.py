@@ -55,11 +55,13 @@ from .events import (
 from .frames import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
+    PUBLISH_RUN,
     PUBLISH_TRIPLE,
     FrameReader,
     encode_content,
     encode_frame,
     unfold_publish,
+    unfold_publish_run,
 )
 from .properties import decode_content_header
 from .values import FieldTable, FieldValue, decode_table
@@ -280,11 +282,17 @@ class ServerConnection:
                 # below, which change it)
                 if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
                     break
-                if frame_type == PUBLISH_TRIPLE:
-                    if self._publish_whole(channel, payload):
-                        continue
+                if frame_type in (PUBLISH_TRIPLE, PUBLISH_RUN):
+                    if frame_type == PUBLISH_TRIPLE:
+                        if self._publish_whole(channel, payload):
+                            continue
+                        unfolded = unfold_publish(channel, payload)
+                    else:
+                        if self._publish_run(channel, payload):
+                            continue
+                        unfolded = unfold_publish_run(channel, payload)
                     # (declined: a channel not open, a message too big, ...: its frames as they came)
-                    for one_type, one_channel, one_payload in unfold_publish(channel, payload):
+                    for one_type, one_channel, one_payload in unfolded:
                         if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
                             break
                         self._take_frame(one_type, one_channel, one_payload)
@@ -613,15 +621,9 @@ class ServerConnection:
             body = b""
         elif len(body) > self.max_message_size_bytes:
             return False
-        method = self._publish_methods.get(key)
+        method = self._publish_methods.get(key) or self._publish_method(key)
         if method is None:
-            try:
-                method = cast(spec.BasicPublish, spec.decode_method(key))
-            except DecodeError:
-                return False
-            if len(self._publish_methods) >= PUBLISH_METHODS_CACHED_MAX:
-                self._publish_methods.clear()
-            self._publish_methods[key] = method
+            return False
         props_raw = header[12:]
         if self.publish_runs:
             events = self._events
@@ -629,7 +631,7 @@ class ServerConnection:
                 last = events[-1]
                 if (
                     last.__class__ is PublishesReceived
-                    and last.method is method  # (one object per distinct method: the cache above)
+                    and last.method is method  # (one object per distinct method: the cache)
                     and last.channel == channel
                     and last.props_raw == props_raw
                 ):
@@ -639,6 +641,52 @@ class ServerConnection:
             return True
         self._events.append(ContentReceived(channel, method, props_raw, body))
         return True
+
+    def _publish_run(self, channel: int, run: tuple[bytes, bytes, list[bytes]]) -> bool:
+        """`_publish_whole` for a PUBLISH_RUN item: publishes alike but for their bodies, which
+        have one size (frames.py), so that what holds for the first holds for each."""
+        if self.state is not State.OPEN:
+            return False
+        ch = self._channels.get(channel)
+        if ch is None or ch.closing or ch.peer_closed or ch.content_method is not None:
+            return False
+        key, header, bodies = run
+        if len(bodies[0]) > self.max_message_size_bytes:
+            return False
+        method = self._publish_method(key)
+        if method is None:
+            return False
+        props_raw = header[12:]
+        events = self._events
+        if not self.publish_runs:
+            events.extend([ContentReceived(channel, method, props_raw, body) for body in bodies])
+            return True
+        if events:
+            last = events[-1]
+            if (
+                last.__class__ is PublishesReceived
+                and last.method is method
+                and last.channel == channel
+                and last.props_raw == props_raw
+            ):
+                last.bodies.extend(bodies)
+                return True
+        events.append(PublishesReceived(channel, method, props_raw, bodies))
+        return True
+
+    def _publish_method(self, key: bytes) -> spec.BasicPublish | None:
+        """basic.publish's method payload decoded, once per distinct payload on this connection
+        (publishers repeat it); None when it does not decode."""
+        method = self._publish_methods.get(key)
+        if method is None:
+            try:
+                method = cast(spec.BasicPublish, spec.decode_method(key))
+            except DecodeError:
+                return None
+            if len(self._publish_methods) >= PUBLISH_METHODS_CACHED_MAX:
+                self._publish_methods.clear()
+            self._publish_methods[key] = method
+        return method
 
     def _finish_content(self, ch: _Channel, method: spec.BasicPublish) -> None:
         """`method` is `ch.content_method`, which the caller found set."""

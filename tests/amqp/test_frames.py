@@ -13,12 +13,14 @@ from maxq_raft.amqp.frames import (
     COPY_PAYLOAD_BYTES_MAX,
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
+    PUBLISH_RUN,
     PUBLISH_TRIPLE,
     FrameReader,
     encode_content,
     encode_frame,
     encode_method_frame,
     unfold_publish,
+    unfold_publish_run,
 )
 from maxq_raft.amqp.properties import BasicProperties, decode_content_header, encode_properties
 
@@ -285,6 +287,10 @@ def test_fused_publishes_unfold_to_the_frames_of_the_general_reader(pieces, data
             if frame_type == PUBLISH_TRIPLE:
                 fused += 1
                 got += unfold_publish(channel, payload)
+            elif frame_type == PUBLISH_RUN:
+                assert len(payload[2]) > 1 and len({len(body) for body in payload[2]}) == 1
+                fused += len(payload[2])
+                got += unfold_publish_run(channel, payload)
             else:
                 got.append((frame_type, channel, bytes(payload)))
     assert got == expected
@@ -302,6 +308,33 @@ def test_a_fused_publish_is_method_header_and_body_bytes():
     assert header == _header(4)
     reader.feed(stream)
     assert [t for t, _, _ in reader.read_frames()] == [1, 2, 3]  # (not fused unless asked)
+
+
+def test_alike_publishes_are_one_run_until_anything_else_comes():
+    def whole(body: bytes, channel: int = 1) -> bytes:
+        return encode_content(channel, spec.BasicPublish(exchange="x", routing_key="k"), _PROPS, body, 131072)
+
+    heartbeat = encode_frame(spec.FRAME_HEARTBEAT, 0, b"")
+    last = whole(b"k", 2)
+    stream = b"".join(
+        [whole(b"a"), whole(b"b"), whole(b"c"), heartbeat, whole(b"d"), whole(b"e"), whole(b"fg"), whole(b"i", 2)]
+        + [whole(b"j", 2), last[:-2]]
+    )
+    reader = FrameReader(131072)
+    reader.feed(stream)
+    items = [
+        (t, ch, payload[2]) if t in (PUBLISH_RUN, PUBLISH_TRIPLE) else (t, ch)
+        for t, ch, payload in reader.read_frames(fuse_publishes=True)
+    ]
+    assert items == [
+        (PUBLISH_RUN, 1, [b"a", b"b", b"c"]),
+        (spec.FRAME_HEARTBEAT, 0),
+        (PUBLISH_RUN, 1, [b"d", b"e"]),
+        (PUBLISH_TRIPLE, 1, b"fg"),  # (another size: other header bytes)
+        (PUBLISH_RUN, 2, [b"i", b"j"]),
+    ]
+    reader.feed(last[-2:])  # the rest of a publish that began like the run before it: its body
+    assert [(t, payload[2]) for t, _, payload in reader.read_frames(fuse_publishes=True)] == [(PUBLISH_TRIPLE, b"k")]
 
 
 def test_a_fused_publish_respects_frame_max():
