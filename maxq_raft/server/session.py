@@ -99,6 +99,7 @@ _wire_routing: dict[tuple[str, str], bytes] = {}
 _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
+_TWO_DIGITS = [b"%02d" % i for i in range(100)]
 _TRACE_RUN_ITEMS = 6  # [position, channel, confirm, routed queues, first trace number, count]
 # A miss of the template cache, told apart by identity (None is a cached "no template").
 _NOT_CACHED: tuple[bytes, bytes] = (b"", b"")
@@ -848,7 +849,7 @@ class Session:
             numbers = list(itertools.islice(_trace_numbers, count))
             first_number = numbers[0]
             if numbers[-1] < _TRACE_NUMBER_END:
-                messages_props = [b"%b%012d%b" % (head, n, tail) for n in numbers]
+                messages_props = _numbered(head, numbers, tail)
             else:  # (past 10**12 on this node: no id, as _with_trace_id)
                 messages_props, first_number = [props_raw] * count, None
             traced = self.broker.tracer.traced
@@ -1284,6 +1285,21 @@ async def tick_sessions(broker) -> None:
         now = trio.current_time()
         for session in list(broker.live_sessions):
             session.tick(now)
+
+
+def _numbered(head: bytes, numbers: list[int], tail: bytes) -> list[bytes]:
+    """`head + n in TRACE_ID_DIGITS digits + tail` for each n of `numbers`: the digits but the
+    last two formatted once per hundred (a third less than formatting each whole)."""
+    out: list[bytes] = []
+    append = out.append
+    hundred = -1
+    prefix = b""
+    for n in numbers:
+        if n // 100 != hundred:
+            hundred = n // 100
+            prefix = b"%b%0*d" % (head, TRACE_ID_DIGITS - 2, hundred)
+        append(prefix + _TWO_DIGITS[n % 100] + tail)
+    return out
 
 
 def wire_routing_of(exchange: str, routing_key: str) -> bytes:

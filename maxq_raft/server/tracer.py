@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import trio
@@ -66,6 +67,9 @@ def _text(value: Any) -> str | None:
 
 _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
+# a Deliver effect's parts, read in C over a command's deliveries (Tracer._records)
+_CONSUMER_ID = attrgetter("consumer_id")
+_REDELIVERED = attrgetter("redelivered")
 _CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
 assert CORRELATION_ID_FLAG & 0xFF == 0
 
@@ -279,6 +283,19 @@ class Tracer:
                     record("deleted", message, {"via": "sqs"})
         elif kind is qc.Purge and type(reply) is int and reply:
             append(("purged", None, None, None, {"count": reply}))
+        if effects and set(map(type, effects)) == {Deliver} and len(set(map(_CONSUMER_ID, effects))) == 1:
+            # The usual case, every effect a delivery to one consumer: its group at once.
+            delivered = [effect[1] for effect in effects]
+            append(
+                [
+                    DELIVER_GROUP,
+                    effects[0].consumer_id,
+                    [message.seq for message in delivered],
+                    list(map(_REDELIVERED, effects)),
+                    [message.delivery_count for message in delivered],
+                ]
+            )
+            effects = ()
         # The DELIVER_GROUP being filled (deliveries in a row to one consumer): its consumer and lists.
         consumer: str | None = None
         add_seq: Any = None

@@ -8,15 +8,17 @@ import random
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
 from maxq_raft.machines.commands import Checkout, Credit, Discard, Down, Enqueue, Get, Requeue, Settle, Tick
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
-from maxq_raft.machines.queue_types import Meta
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta
 from maxq_raft.replication.entries import decode_entry, encode_entry
-from maxq_raft.server.trace_store import MemoryKV, RocksKV, TraceLog, id_bucket
+from maxq_raft.server.trace_store import DELIVER_GROUP, MemoryKV, RocksKV, TraceLog, id_bucket
 from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
 
 TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
@@ -145,6 +147,34 @@ def test_a_delivery_and_an_ack_name_their_message_through_its_seq() -> None:
         ("enqueued", "b5"),
         ("delivered", "b5"),
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.booleans(), st.integers(1, 5)), min_size=1, max_size=30))
+def test_deliveries_make_the_same_groups_at_once_as_one_by_one(deliveries) -> None:
+    """A command whose effects are all deliveries to one consumer has its DELIVER_GROUP made at
+    once (Tracer._records); with anything else among them each delivery is added in turn: the
+    groups are the same."""
+    effects = []
+    for seq, (consumer, redelivered, delivery_count) in enumerate(deliveries):
+        message = Message("", "q", b"\x00\x00", b"")
+        message.seq, message.delivery_count = seq, delivery_count
+        effects.append(Deliver(consumer, message, redelivered))
+    dead = Message("", "q", props("gone"), b"")
+    other = DeadLetter("/", "q", "expired", [dead], 0, "dlx", None)
+    tracer = Tracer(TraceLog(MemoryKV()))
+    machine = QueueMachine("/", "q", settings=TRACED)
+    at_once, _ = tracer._records(Tick(), None, effects, None, machine)
+    one_by_one, _ = tracer._records(Tick(), None, [*effects, other], None, machine)
+    assert at_once == one_by_one[:-1] and one_by_one[-1][0] == "dead-lettered"
+    expected: list = []
+    for effect in effects:
+        if not expected or expected[-1][1] != effect.consumer_id:
+            expected.append([DELIVER_GROUP, effect.consumer_id, [], [], []])
+        expected[-1][2].append(effect.message.seq)
+        expected[-1][3].append(effect.redelivered)
+        expected[-1][4].append(effect.message.delivery_count)
+    assert at_once == expected
 
 
 def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None:
@@ -457,3 +487,11 @@ def test_a_cluster_members_rows_may_come_out_of_index_order() -> None:
     row(log, "q", 5, record("later"))
     log.add("/", "q", 6, 4, 0, [record("held")])
     assert [r["message_id"] for r in log.by_queue("/", "q")] == ["later", "held"] and log.queue_bytes("/", "q") == size
+
+
+@given(st.integers(0, 10**12 - 1000), st.integers(1, 400), st.binary(max_size=8), st.binary(max_size=8))
+def test_a_runs_trace_ids_are_its_numbers_in_twelve_digits(first, count, head, tail) -> None:
+    from maxq_raft.server.session import _numbered
+
+    numbers = list(range(first, first + count))
+    assert _numbered(head, numbers, tail) == [b"%b%012d%b" % (head, n, tail) for n in numbers]
