@@ -212,7 +212,9 @@ Record = tuple  # (str, str | None, str | None, int | None, dict | list | None)
 #       copy, an SQS or HTTP publish); seq -1 when not enqueued, then fate "refused" (overflow) or
 #       "dropped" (a duplicate); body None unless x-trace-bodies. Read as "published" (when
 #       publish) and "enqueued" / "refused" / "dropped" records.
-#   [DELIVER_GROUP, consumer id, [seq, ...], [redelivered, ...], [delivery count, ...]]
+#   [DELIVER_GROUP, consumer id, [seq, ...], [redelivered, ...], [delivery count, ...]], or a
+#       run [DELIVER_GROUP, consumer id, first seq, count]: seqs first seq, +1, ..., each its
+#       message's first delivery (not redelivered, delivery count 1)
 #   [ACK_GROUP, [seq, ...]]
 PUBLISH_GROUP = "P"
 DELIVER_GROUP = "D"
@@ -246,7 +248,11 @@ def _expand(vhost: str, queue: str, place: bytes, value: bytes) -> list[dict[str
                 else:
                     _expand_entry(entry, user, connection, address, append)
         elif kind == DELIVER_GROUP:
-            _kind, consumer, seqs, redelivered, counts = item
+            if len(item) == 4:  # (a run: see DELIVER_GROUP)
+                _kind, consumer, first, count = item
+                seqs, redelivered, counts = range(first, first + count), [False] * count, [1] * count
+            else:
+                _kind, consumer, seqs, redelivered, counts = item
             connection, channel, tag = (consumer.split("/", 2) + ["", ""])[:3]  # (a tag may hold "/")
             for seq, again, count in zip(seqs, redelivered, counts, strict=True):
                 append(
@@ -386,7 +392,11 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
                 buckets[f"{item[2]}-{number:0{TRACE_ID_DIGITS - 2}d}"] = None
             _add_seq_buckets(seq_buckets, seqs)
         elif kind == DELIVER_GROUP:
-            _add_seq_buckets(seq_buckets, item[2])
+            if len(item) == 4:  # (a run: seqs item[2] to item[2] + item[3] - 1)
+                for bucket in range(item[2] >> SEQ_BUCKET_BITS, (item[2] + item[3] - 1 >> SEQ_BUCKET_BITS) + 1):
+                    seq_buckets[bucket] = None
+            else:
+                _add_seq_buckets(seq_buckets, item[2])
         elif kind == ACK_GROUP:
             _add_seq_buckets(seq_buckets, item[1])
         else:

@@ -69,7 +69,10 @@ _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
 # a Deliver effect's parts, read in C over a command's deliveries (Tracer._records)
 _CONSUMER_ID = attrgetter("consumer_id")
+_MESSAGE = attrgetter("message")
 _REDELIVERED = attrgetter("redelivered")
+_SEQ = attrgetter("seq")  # (of a message)
+_DELIVERY_COUNT = attrgetter("delivery_count")
 _CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
 assert CORRELATION_ID_FLAG & 0xFF == 0
 
@@ -284,17 +287,28 @@ class Tracer:
         elif kind is qc.Purge and type(reply) is int and reply:
             append(("purged", None, None, None, {"count": reply}))
         if effects and set(map(type, effects)) == {Deliver} and len(set(map(_CONSUMER_ID, effects))) == 1:
-            # The usual case, every effect a delivery to one consumer: its group at once.
-            delivered = [effect[1] for effect in effects]
-            append(
-                [
-                    DELIVER_GROUP,
-                    effects[0].consumer_id,
-                    [message.seq for message in delivered],
-                    list(map(_REDELIVERED, effects)),
-                    [message.delivery_count for message in delivered],
-                ]
-            )
+            # The usual case, every effect a delivery to one consumer: its group at once, and
+            # as a run when they are first deliveries of seqs in a row (trace_store.py).
+            delivered = list(map(_MESSAGE, effects))
+            delivered_seqs = list(map(_SEQ, delivered))
+            first, delivered_count = delivered_seqs[0], len(delivered_seqs)
+            if (
+                delivered_seqs[-1] - first == delivered_count - 1
+                and not any(map(_REDELIVERED, effects))
+                and set(map(_DELIVERY_COUNT, delivered)) == {1}
+                and delivered_seqs == list(range(first, first + delivered_count))
+            ):
+                append([DELIVER_GROUP, effects[0].consumer_id, first, delivered_count])
+            else:
+                append(
+                    [
+                        DELIVER_GROUP,
+                        effects[0].consumer_id,
+                        delivered_seqs,
+                        list(map(_REDELIVERED, effects)),
+                        list(map(_DELIVERY_COUNT, delivered)),
+                    ]
+                )
             effects = ()
         # The DELIVER_GROUP being filled (deliveries in a row to one consumer): its consumer and lists.
         consumer: str | None = None
@@ -329,7 +343,7 @@ class Tracer:
         for item in out:
             kind_name = item[0]
             if kind_name == DELIVER_GROUP:
-                count += len(item[2])
+                count += item[3] if len(item) == 4 else len(item[2])
             elif kind_name != PUBLISH_GROUP and kind_name != ACK_GROUP:
                 count += 1
         return out, count

@@ -210,6 +210,7 @@ def test_encode_delivery_matches_the_general_encoder(
     assert got == expected
 
 
+@settings(deadline=None)  # (a slow example under load is not a failure)
 @given(
     st.integers(1, 65535),
     st.text(max_size=40),
