@@ -684,9 +684,10 @@ class Session:
         self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes
     ) -> PublishPlan | None:
         """Check, route and queue one publish (sent at the end of the read: `flush_publishes`).
-        A plain one (no headers, not traced, no publish rate limit, routed somewhere) returns its
-        plan: another publish of the same method and properties would be checked, routed and
-        made into messages just the same (`route_again`)."""
+        A plain one (no headers, no publish rate limit, routed somewhere; if traced, with the
+        broker's numbered id) returns its plan: another publish of the same method and
+        properties would be checked, routed and made into messages just the same
+        (`route_again`)."""
         broker = self.broker
         vhost = self.vhost
         exchange = method.exchange
