@@ -284,11 +284,12 @@ class ServerConnection:
                     break
                 if frame_type in (PUBLISH_TRIPLE, PUBLISH_RUN):
                     if frame_type == PUBLISH_TRIPLE:
-                        if self._publish_whole(channel, payload):
+                        key, header, body = payload
+                        if self._publish_whole(channel, key, header, [b"" if body is None else body]):
                             continue
                         unfolded = unfold_publish(channel, payload)
                     else:
-                        if self._publish_run(channel, payload):
+                        if self._publish_whole(channel, *payload):
                             continue
                         unfolded = unfold_publish_run(channel, payload)
                     # (declined: a channel not open, a message too big, ...: its frames as they came)
@@ -603,57 +604,24 @@ class ServerConnection:
         except AMQPError as err:
             self.close(err.reply_code, err.reply_text)
 
-    def _publish_whole(self, channel: int, triple: tuple[bytes, bytes, bytes | None]) -> bool:
-        """A basic.publish the reader found whole with its content (frames.py, PUBLISH_TRIPLE),
-        on an open channel with no content pending: its event at once (False: anything
-        unusual, and `_handle_frame` takes its frames one by one, errors included).
+    def _publish_whole(self, channel: int, key: bytes, header: bytes, bodies: list[bytes]) -> bool:
+        """Basic.publishes the reader found whole with their content (frames.py: a
+        PUBLISH_TRIPLE, or a PUBLISH_RUN of publishes alike but for their bodies, which have
+        one size, so that what holds for the first holds for each), on an open channel with no
+        content pending: their events at once (False: anything unusual, and `_handle_frame`
+        takes their frames one by one, errors included).
 
         Publishing is most of what a broker reads; this skips the general per-frame checks
-        that cannot fail for such a triple. The publish method is decoded once per distinct
+        that cannot fail for such publishes. The publish method is decoded once per distinct
         exchange, routing key and flags on this connection (publishers repeat them)."""
         if self.state is not State.OPEN:
             return False
         ch = self._channels.get(channel)
         if ch is None or ch.closing or ch.peer_closed or ch.content_method is not None:
             return False
-        key, header, body = triple
-        if body is None:
-            body = b""
-        elif len(body) > self.max_message_size_bytes:
-            return False
-        method = self._publish_methods.get(key) or self._publish_method(key)
-        if method is None:
-            return False
-        props_raw = header[12:]
-        if self.publish_runs:
-            events = self._events
-            if events:
-                last = events[-1]
-                if (
-                    last.__class__ is PublishesReceived
-                    and last.method is method  # (one object per distinct method: the cache)
-                    and last.channel == channel
-                    and last.props_raw == props_raw
-                ):
-                    last.bodies.append(body)
-                    return True
-            events.append(PublishesReceived(channel, method, props_raw, [body]))
-            return True
-        self._events.append(ContentReceived(channel, method, props_raw, body))
-        return True
-
-    def _publish_run(self, channel: int, run: tuple[bytes, bytes, list[bytes]]) -> bool:
-        """`_publish_whole` for a PUBLISH_RUN item: publishes alike but for their bodies, which
-        have one size (frames.py), so that what holds for the first holds for each."""
-        if self.state is not State.OPEN:
-            return False
-        ch = self._channels.get(channel)
-        if ch is None or ch.closing or ch.peer_closed or ch.content_method is not None:
-            return False
-        key, header, bodies = run
         if len(bodies[0]) > self.max_message_size_bytes:
             return False
-        method = self._publish_method(key)
+        method = self._publish_methods.get(key) or self._publish_method(key)
         if method is None:
             return False
         props_raw = header[12:]
@@ -665,7 +633,7 @@ class ServerConnection:
             last = events[-1]
             if (
                 last.__class__ is PublishesReceived
-                and last.method is method
+                and last.method is method  # (one object per distinct method: the cache)
                 and last.channel == channel
                 and last.props_raw == props_raw
             ):

@@ -169,52 +169,12 @@ def encode_delivery(
     the exchange + routing key arrive pre-encoded (`encode_shortstr_field`): a consumer's tag is
     encoded once per consumer and a message's routing fields once per message, not per delivery.
     """
-    body_size = len(body)
-    chunk = frame_max - FRAME_OVERHEAD if frame_max else body_size
-    if body_size > chunk or len(props_raw) + 12 + FRAME_OVERHEAD > (frame_max or 1 << 62):
-        # The rare message that needs several body frames takes the general path.
-        tag = consumer_tag_field[1:].decode("utf-8")
-        exchange_len = exchange_routing_key_fields[0]
-        exchange = exchange_routing_key_fields[1 : 1 + exchange_len].decode("utf-8")
-        routing_key = exchange_routing_key_fields[2 + exchange_len :].decode("utf-8")
-        return encode_content(
-            channel,
-            BasicDeliver(
-                consumer_tag=tag,
-                delivery_tag=delivery_tag,
-                redelivered=redelivered,
-                exchange=exchange,
-                routing_key=routing_key,
-            ),
-            props_raw,
-            body,
-            frame_max,
-        )
-    method_size = 13 + len(consumer_tag_field) + len(exchange_routing_key_fields)
-    if body_size:
-        return b"".join(
-            (
-                _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60),
-                consumer_tag_field,
-                _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0),
-                exchange_routing_key_fields,
-                _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size),
-                props_raw,
-                _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size),
-                body,
-                _END,
-            )
-        )
-    return b"".join(
-        (
-            _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_size, 60, 60),
-            consumer_tag_field,
-            _PACK_DELIVER_TAG(delivery_tag, 1 if redelivered else 0),
-            exchange_routing_key_fields,
-            _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
-            props_raw,
-            _END,
-        )
+    return encode_deliveries(
+        channel,
+        consumer_tag_field,
+        delivery_tag,
+        [(exchange_routing_key_fields, props_raw, body, redelivered)],
+        frame_max,
     )
 
 
@@ -239,23 +199,10 @@ def encode_deliveries(
     for routing_fields, props_raw, body, redelivered in deliveries:
         body_size = len(body)
         if body_size > single_frame_max or len(props_raw) + 12 > single_frame_max:
+            # The rare message that needs several body frames takes the general path.
             parts.append(
-                encode_delivery(
+                _encode_delivery_frames(
                     channel, consumer_tag_field, tag, redelivered, routing_fields, props_raw, body, frame_max
-                )
-            )
-        elif body_size:
-            extend(
-                (
-                    _PACK_DELIVER_HEAD(FRAME_METHOD, channel, method_fixed_size + len(routing_fields), 60, 60),
-                    consumer_tag_field,
-                    _PACK_DELIVER_TAG(tag, 1 if redelivered else 0),
-                    routing_fields,
-                    _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size),
-                    props_raw,
-                    _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size),
-                    body,
-                    _END,
                 )
             )
         else:
@@ -265,13 +212,46 @@ def encode_deliveries(
                     consumer_tag_field,
                     _PACK_DELIVER_TAG(tag, 1 if redelivered else 0),
                     routing_fields,
-                    _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, 0),
+                    _PACK_END_CONTENT_HEADER(FRAME_END, FRAME_HEADER, channel, 12 + len(props_raw), 60, 0, body_size),
                     props_raw,
+                    # the header frame's end and the body frame's header (none for an empty body)
+                    _PACK_END_FRAME_HEADER(FRAME_END, FRAME_BODY, channel, body_size) if body_size else b"",
+                    body,
                     _END,
                 )
             )
         tag += 1
     return b"".join(parts)
+
+
+def _encode_delivery_frames(
+    channel: int,
+    consumer_tag_field: bytes,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange_routing_key_fields: bytes,
+    props_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """A delivery through `encode_content`: for a body of several frames."""
+    tag = consumer_tag_field[1:].decode("utf-8")
+    exchange_len = exchange_routing_key_fields[0]
+    exchange = exchange_routing_key_fields[1 : 1 + exchange_len].decode("utf-8")
+    routing_key = exchange_routing_key_fields[2 + exchange_len :].decode("utf-8")
+    return encode_content(
+        channel,
+        BasicDeliver(
+            consumer_tag=tag,
+            delivery_tag=delivery_tag,
+            redelivered=redelivered,
+            exchange=exchange,
+            routing_key=routing_key,
+        ),
+        props_raw,
+        body,
+        frame_max,
+    )
 
 
 class FrameReader:
