@@ -613,7 +613,7 @@ class Channel:
             self.session.write_deliveries(
                 self.number, handle, state.next_delivery_tag - written, run if written == len(run) else run[:written]
             )
-        for _consumer_id, message, redelivered in run[written:] if written < len(run) else ():
+        for _consumer_id, message, redelivered in run[written:]:
             state.hold((handle, message, redelivered))
 
     def _return_held(self, handle: ConsumerHandle | None = None) -> None:
