@@ -15,6 +15,7 @@ messages return to their queues, exclusive queues are deleted.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import itertools
 import logging
@@ -100,6 +101,8 @@ _session_numbers = itertools.count(1)
 _trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
 _TWO_DIGITS = [b"%02d" % i for i in range(100)]
+_ENDINGS_CACHED_MAX = 64  # trace template tails -> _TWO_DIGITS each followed by it (_numbered)
+_endings: dict[bytes, list[bytes]] = {}
 _TRACE_RUN_ITEMS = 6  # [position, channel, confirm, routed queues, first trace number, count]
 # A miss of the template cache, told apart by identity (None is a cached "no template").
 _NOT_CACHED: tuple[bytes, bytes] = (b"", b"")
@@ -847,10 +850,9 @@ class Session:
             first_number = None
         else:  # each its own id, numbered in a row (as _with_trace_id would, one by one)
             head, tail = trace_template
-            numbers = list(itertools.islice(_trace_numbers, count))
-            first_number = numbers[0]
-            if numbers[-1] < _TRACE_NUMBER_END:
-                messages_props = _numbered(head, numbers, tail)
+            first_number = _take_trace_numbers(count)
+            if first_number + count <= _TRACE_NUMBER_END:
+                messages_props = _numbered(head, first_number, count, tail)
             else:  # (past 10**12 on this node: no id, as _with_trace_id)
                 messages_props, first_number = [props_raw] * count, None
             traced = self.broker.tracer.traced
@@ -1288,19 +1290,31 @@ async def tick_sessions(broker) -> None:
             session.tick(now)
 
 
-def _numbered(head: bytes, numbers: list[int], tail: bytes) -> list[bytes]:
-    """`head + n in TRACE_ID_DIGITS digits + tail` for each n of `numbers`: the digits but the
-    last two formatted once per hundred (a third less than formatting each whole)."""
+def _numbered(head: bytes, first: int, count: int, tail: bytes) -> list[bytes]:
+    """`head + n in TRACE_ID_DIGITS digits + tail` for the `count` numbers n from `first`: per
+    hundred, the digits but the last two formatted once and joined to the hundred endings
+    (cached per tail): one concatenation per message, in C."""
+    endings = _endings.get(tail)
+    if endings is None:
+        if len(_endings) >= _ENDINGS_CACHED_MAX:
+            _endings.clear()
+        endings = _endings[tail] = [digits + tail for digits in _TWO_DIGITS]
     out: list[bytes] = []
-    append = out.append
-    hundred = -1
-    prefix = b""
-    for n in numbers:
-        if n // 100 != hundred:
-            hundred = n // 100
-            prefix = b"%b%0*d" % (head, TRACE_ID_DIGITS - 2, hundred)
-        append(prefix + _TWO_DIGITS[n % 100] + tail)
+    n, end = first, first + count
+    while n < end:  # (once per hundred numbers)
+        hundred, low = divmod(n, 100)
+        high = min(100, low + end - n)
+        out += map((b"%b%0*d" % (head, TRACE_ID_DIGITS - 2, hundred)).__add__, endings[low:high])
+        n += high - low
     return out
+
+
+def _take_trace_numbers(count: int) -> int:
+    """The first of `count` consecutive trace numbers, taken from this process's counter."""
+    first = next(_trace_numbers)
+    if count > 1:
+        collections.deque(itertools.islice(_trace_numbers, count - 1), maxlen=0)
+    return first
 
 
 def wire_routing_of(exchange: str, routing_key: str) -> bytes:

@@ -68,9 +68,6 @@ def _text(value: Any) -> str | None:
 _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
 # a Deliver effect's parts, read in C over a command's deliveries (Tracer._records)
-_CONSUMER_ID = attrgetter("consumer_id")
-_MESSAGE = attrgetter("message")
-_REDELIVERED = attrgetter("redelivered")
 _SEQ = attrgetter("seq")  # (of a message)
 _DELIVERY_COUNT = attrgetter("delivery_count")
 _CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
@@ -286,30 +283,33 @@ class Tracer:
                     record("deleted", message, {"via": "sqs"})
         elif kind is qc.Purge and type(reply) is int and reply:
             append(("purged", None, None, None, {"count": reply}))
-        if effects and set(map(type, effects)) == {Deliver} and len(set(map(_CONSUMER_ID, effects))) == 1:
-            # The usual case, every effect a delivery to one consumer: its group at once, and
-            # as a run when they are first deliveries of seqs in a row (trace_store.py).
-            delivered = list(map(_MESSAGE, effects))
-            delivered_seqs = list(map(_SEQ, delivered))
-            first, delivered_count = delivered_seqs[0], len(delivered_seqs)
-            if (
-                delivered_seqs[-1] - first == delivered_count - 1
-                and not any(map(_REDELIVERED, effects))
-                and set(map(_DELIVERY_COUNT, delivered)) == {1}
-                and delivered_seqs == list(range(first, first + delivered_count))
-            ):
-                append([DELIVER_GROUP, effects[0].consumer_id, first, delivered_count])
-            else:
-                append(
-                    [
-                        DELIVER_GROUP,
-                        effects[0].consumer_id,
-                        delivered_seqs,
-                        list(map(_REDELIVERED, effects)),
-                        list(map(_DELIVERY_COUNT, delivered)),
-                    ]
-                )
-            effects = ()
+        if effects and set(map(type, effects)) == {Deliver}:
+            # The usual case, every effect a delivery (to one consumer): its group at once, and
+            # as a run when they are first deliveries of seqs in a row (trace_store.py). Each
+            # step one pass in C over the command's deliveries: a traced message's largest cost.
+            consumers, delivered, redelivered = zip(*effects, strict=True)
+            receiver, delivered_count = consumers[0], len(consumers)
+            if consumers.count(receiver) == delivered_count:
+                delivered_seqs = list(map(_SEQ, delivered))
+                first = delivered_seqs[0]
+                if (
+                    True not in redelivered
+                    # (every count is 1 at least: a message's delivery counted before its effect)
+                    and sum(map(_DELIVERY_COUNT, delivered)) == delivered_count
+                    and delivered_seqs == list(range(first, first + delivered_count))
+                ):
+                    append([DELIVER_GROUP, receiver, first, delivered_count])
+                else:
+                    append(
+                        [
+                            DELIVER_GROUP,
+                            receiver,
+                            delivered_seqs,
+                            list(redelivered),
+                            list(map(_DELIVERY_COUNT, delivered)),
+                        ]
+                    )
+                effects = ()
         # The DELIVER_GROUP being filled (deliveries in a row to one consumer): its consumer and lists.
         consumer: str | None = None
         add_seq: Any = None

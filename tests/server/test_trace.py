@@ -507,5 +507,4 @@ def test_a_cluster_members_rows_may_come_out_of_index_order() -> None:
 def test_a_runs_trace_ids_are_its_numbers_in_twelve_digits(first, count, head, tail) -> None:
     from maxq_raft.server.session import _numbered
 
-    numbers = list(range(first, first + count))
-    assert _numbered(head, numbers, tail) == [b"%b%012d%b" % (head, n, tail) for n in numbers]
+    assert _numbered(head, first, count, tail) == [b"%b%012d%b" % (head, n, tail) for n in range(first, first + count)]
