@@ -15,7 +15,6 @@ messages return to their queues, exclusive queues are deleted.
 
 from __future__ import annotations
 
-import collections
 import ipaddress
 import itertools
 import logging
@@ -98,7 +97,7 @@ WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their 
 _wire_routing: dict[tuple[str, str], bytes] = {}
 
 _session_numbers = itertools.count(1)
-_trace_numbers = itertools.count(1)  # x-maxq-trace-id: "node@connection-n" (tracer.py)
+_trace_numbers = [1]  # the next x-maxq-trace-id's n, "node@connection-n" (tracer.py): _take_trace_numbers
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
 _TWO_DIGITS = [b"%02d" % i for i in range(100)]
 _ENDINGS_CACHED_MAX = 64  # trace template tails -> _TWO_DIGITS each followed by it (_numbered)
@@ -909,7 +908,7 @@ class Session:
         if template is None:
             return props_raw, None
         self._trace_template = template  # (for _note_traced's runs)
-        n = next(_trace_numbers)
+        n = _take_trace_numbers(1)
         if n >= _TRACE_NUMBER_END:
             return props_raw, None
         traced = b"%b%012d%b" % (template[0], n, template[1])  # (with_trace_id, inlined: per publish)
@@ -1311,9 +1310,8 @@ def _numbered(head: bytes, first: int, count: int, tail: bytes) -> list[bytes]:
 
 def _take_trace_numbers(count: int) -> int:
     """The first of `count` consecutive trace numbers, taken from this process's counter."""
-    first = next(_trace_numbers)
-    if count > 1:
-        collections.deque(itertools.islice(_trace_numbers, count - 1), maxlen=0)
+    first = _trace_numbers[0]
+    _trace_numbers[0] = first + count
     return first
 
 

@@ -175,6 +175,13 @@ def _name(text: str) -> bytes:
     return found
 
 
+def _id_name(text: str) -> bytes:
+    """`_name` of a message or correlation id or an id bucket: each comes in a row or two only,
+    so it is encoded each time rather than churn the cache of vhost and queue names."""
+    raw = text.encode("utf-8", "surrogatepass")[:NAME_BYTES_MAX]
+    return len(raw).to_bytes(2, "big") + raw
+
+
 def _after(prefix: bytes) -> bytes:
     """The first key past every key that starts with `prefix` (which never ends in 0xff here:
     it ends in a length or a name's last UTF-8 byte)."""
@@ -405,9 +412,9 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
             if item[2]:
                 correlation_ids[item[2]] = None
     tail = place[:8] + _name(queue) + place[8:]
-    keys = [b"m" + vhost_name + _name(value) + tail for value in message_ids]
-    keys.extend(b"n" + vhost_name + _name(value) + tail for value in buckets)
-    keys.extend(b"c" + vhost_name + _name(value) + tail for value in correlation_ids)
+    keys = [b"m" + vhost_name + _id_name(value) + tail for value in message_ids]
+    keys.extend(b"n" + vhost_name + _id_name(value) + tail for value in buckets)
+    keys.extend(b"c" + vhost_name + _id_name(value) + tail for value in correlation_ids)
     if seq_buckets:
         head = b"k" + vhost_name + _name(queue)
         keys.extend(head + _U64.pack(bucket) + place for bucket in seq_buckets)
@@ -627,7 +634,7 @@ class TraceLog:
         self.flush()
         places: dict[tuple[str, bytes], None] = {}
         for kind, text in indexes:
-            prefix = kind + _name(vhost) + _name(text)
+            prefix = kind + _name(vhost) + _id_name(text)
             for key, _empty in self.kv.scan(prefix, _after(prefix), limit):
                 at = len(prefix) + 8
                 length = int.from_bytes(key[at : at + 2], "big")
