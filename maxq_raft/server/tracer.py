@@ -290,13 +290,20 @@ class Tracer:
             consumers, delivered, redelivered = zip(*effects, strict=True)
             receiver, delivered_count = consumers[0], len(consumers)
             if consumers.count(receiver) == delivered_count:
-                delivered_seqs = list(map(_SEQ, delivered))
-                first = delivered_seqs[0]
+                first = delivered[0].seq
                 if (
                     True not in redelivered
                     # (every count is 1 at least: a message's delivery counted before its effect)
                     and sum(map(_DELIVERY_COUNT, delivered)) == delivered_count
-                    and delivered_seqs == list(range(first, first + delivered_count))
+                    and (
+                        # The messages this Enqueue queued, in its order (a consumer that keeps
+                        # up): the machine gave them seqs in a row, as `_enqueued` takes a
+                        # publish run's, so the ends tell; else each seq is compared.
+                        kind is qc.Enqueue
+                        and delivered[-1].seq - first == delivered_count - 1
+                        and delivered == tuple(command.messages)
+                        or list(map(_SEQ, delivered)) == list(range(first, first + delivered_count))
+                    )
                 ):
                     append([DELIVER_GROUP, receiver, first, delivered_count])
                 else:
@@ -304,7 +311,7 @@ class Tracer:
                         [
                             DELIVER_GROUP,
                             receiver,
-                            delivered_seqs,
+                            list(map(_SEQ, delivered)),
                             list(redelivered),
                             list(map(_DELIVERY_COUNT, delivered)),
                         ]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from maxq_raft.amqp.properties import BasicProperties, decode_properties, encode_properties
 from maxq_raft.machines.commands import Checkout, Credit, Discard, Down, Enqueue, Get, Requeue, Settle, Tick
 from maxq_raft.machines.message import Message
+from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
 from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta
@@ -188,6 +189,62 @@ def test_deliveries_grouped_at_once_read_as_one_by_one(deliveries, first_seq, in
         and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     )
     assert (len(at_once) == 1 and len(at_once[0]) == 4) == as_run, at_once
+
+
+def _delivered_read(records: list) -> list[dict]:
+    """The delivered records of `records` (a command's, from Tracer._records), as a query reads them."""
+    groups = [item for item in records if item[0] == "D"]
+    place = _PLACE.pack(1, 1, 0)
+    return [r for r in _expand("/", "q", place, msgpack.packb(groups)) if r["event"] == "delivered"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["enqueue", "ack", "requeue"]), st.lists(st.integers(0, 2), min_size=1, max_size=6)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from([(0, True), (3, False), (8, False)]),
+    st.sampled_from(["plain", "max-length", "priority"]),
+)
+def test_an_enqueues_deliveries_read_as_one_by_one(steps, consumer, kind) -> None:
+    """A consumer that keeps up is handed the very messages an Enqueue queued, in its order:
+    their group is a run told by its ends (Tracer._records). Through any life of a machine (a
+    prefetch that holds some back, requeues, a max-length that refuses some, priorities that
+    reorder them), the group of each applied command reads as its deliveries one by one."""
+    settings = {
+        "plain": QueueSettings(trace=True),
+        "max-length": QueueSettings(trace=True, max_length=5, overflow="reject-publish"),
+        "priority": QueueSettings(trace=True, max_priority=2),
+    }[kind]
+    machine = make_queue_machine("/", "q", settings=settings)
+    tracer = Tracer(TraceLog(MemoryKV()))
+    prefetch, no_ack = consumer
+    machine.apply(Meta(1, 1), Checkout("c", "n1@1/1", prefetch, no_ack, 0, False, 1000))
+    runs = 0
+    for index, (step, priorities) in enumerate(steps, 2):
+        checked_out = list(machine.consumers["c"].checked_out)
+        if step == "enqueue":
+            command = Enqueue(
+                [Message("", "q", props(f"m{index}-{i}"), b"", priority=p) for i, p in enumerate(priorities)]
+            )
+        elif step == "ack":
+            command = Settle("c", checked_out[: len(priorities)])
+        else:
+            command = Requeue("c", checked_out[: len(priorities)])
+        reply, effects = machine.apply(Meta(index, index), command)
+        at_once, _count = tracer._records(command, reply, effects, None, machine)
+        other = DeadLetter("/", "q", "expired", [Message("", "q", props("gone"), b"")], 0, "dlx", None)
+        one_by_one, _count = tracer._records(Tick(), None, [*effects, other], None, machine)
+        read = _delivered_read(at_once)
+        assert read == _delivered_read(one_by_one)
+        assert [(r["seq"], r["redelivered"], r["delivery_count"]) for r in read] == [
+            (e.message.seq, e.redelivered, e.message.delivery_count) for e in effects
+        ]
+        runs += any(item[0] == "D" and len(item) == 4 for item in at_once)
+    if no_ack and kind == "plain" and any(step == "enqueue" for step, _priorities in steps):
+        assert runs  # (a no-ack consumer takes each Enqueue's messages as they come: a run)
 
 
 def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None:
