@@ -354,13 +354,18 @@ def _expand_record(item: list) -> dict[str, Any]:
     return record
 
 
+def _add_seq_span(buckets: dict[int, None], low_seq: int, high_seq: int) -> None:
+    """The buckets of every seq from `low_seq` to `high_seq` (a run, or seqs close together)."""
+    for bucket in range(low_seq >> SEQ_BUCKET_BITS, (high_seq >> SEQ_BUCKET_BITS) + 1):
+        buckets[bucket] = None
+
+
 def _add_seq_buckets(buckets: dict[int, None], seqs: list[int]) -> None:
     if not seqs:
         return
-    low, high = min(seqs) >> SEQ_BUCKET_BITS, max(seqs) >> SEQ_BUCKET_BITS
-    if high - low < _SEQ_BUCKETS_SPANNED_MAX:  # (the usual row: its seqs close together)
-        for bucket in range(low, high + 1):
-            buckets[bucket] = None
+    low, high = min(seqs), max(seqs)
+    if (high >> SEQ_BUCKET_BITS) - (low >> SEQ_BUCKET_BITS) < _SEQ_BUCKETS_SPANNED_MAX:  # (the usual row)
+        _add_seq_span(buckets, low, high)
     else:
         for seq in seqs:
             buckets[seq >> SEQ_BUCKET_BITS] = None
@@ -384,8 +389,7 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
                     last = entry[9] - 1
                     for number in range(message_id // 100, (message_id + last) // 100 + 1):
                         numbers[number] = None
-                    for bucket in range(entry[2] >> SEQ_BUCKET_BITS, (entry[2] + last >> SEQ_BUCKET_BITS) + 1):
-                        seq_buckets[bucket] = None
+                    _add_seq_span(seq_buckets, entry[2], entry[2] + last)
                     continue
                 if type(message_id) is int:
                     numbers[message_id // 100] = None
@@ -400,8 +404,7 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
             _add_seq_buckets(seq_buckets, seqs)
         elif kind == DELIVER_GROUP:
             if len(item) == 4:  # (a run: seqs item[2] to item[2] + item[3] - 1)
-                for bucket in range(item[2] >> SEQ_BUCKET_BITS, (item[2] + item[3] - 1 >> SEQ_BUCKET_BITS) + 1):
-                    seq_buckets[bucket] = None
+                _add_seq_span(seq_buckets, item[2], item[2] + item[3] - 1)
             else:
                 _add_seq_buckets(seq_buckets, item[2])
         elif kind == ACK_GROUP:

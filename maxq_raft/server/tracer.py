@@ -67,8 +67,8 @@ def _text(value: Any) -> str | None:
 
 _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"  # in a field table
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
-# a Deliver effect's parts, read in C over a command's deliveries (Tracer._records)
-_SEQ = attrgetter("seq")  # (of a message)
+# a delivered message's seq and delivery count, read in C over a command's deliveries (Tracer._records)
+_SEQ = attrgetter("seq")
 _DELIVERY_COUNT = attrgetter("delivery_count")
 _CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
 assert CORRELATION_ID_FLAG & 0xFF == 0
