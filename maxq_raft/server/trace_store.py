@@ -46,6 +46,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -373,10 +374,12 @@ def _add_seq_buckets(buckets: dict[int, None], seqs: list[int]) -> None:
 
 def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) -> list[bytes]:
     """The m, n, c and k keys of one row (written with it, deleted with it by compaction), in an
-    order that depends on the records alone."""
-    message_ids: dict[str, None] = {}
-    buckets: dict[str, None] = {}
-    correlation_ids: dict[str, None] = {}
+    order that depends on the records alone. (Each kind's dict made when a record needs it: this
+    runs for every row a traced queue writes, mostly a publish run and a delivery run.)"""
+    message_ids: dict[str, None] | None = None
+    buckets: dict[str, None] | None = None
+    correlation_ids: dict[str, None] | None = None
+    number_heads: list[tuple[bytes, dict[int, None]]] | None = None  # (a publish group's id buckets)
     seq_buckets: dict[int, None] = {}
     for item in records:
         kind = item[0]
@@ -394,13 +397,29 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
                 if type(message_id) is int:
                     numbers[message_id // 100] = None
                 elif message_id:
+                    if buckets is None:
+                        buckets = {}
                     buckets[id_bucket(message_id)] = None
                 if entry[1]:
+                    if correlation_ids is None:
+                        correlation_ids = {}
                     correlation_ids[entry[1]] = None
                 if entry[2] >= 0:
                     seqs.append(entry[2])
-            for number in numbers:  # (id_bucket of "connection-n": its last two digits dropped)
-                buckets[f"{item[2]}-{number:0{TRACE_ID_DIGITS - 2}d}"] = None
+            if numbers:
+                # (id_bucket of "connection-n", its last two digits dropped: `_id_name` of
+                # f"{connection}-{number:010d}", made as bytes from the connection's part)
+                if number_heads is None:
+                    number_heads = []
+                connection = str(item[2]).encode("utf-8", "surrogatepass") + b"-"
+                size = len(connection) + TRACE_ID_DIGITS - 2
+                if size <= NAME_BYTES_MAX:
+                    number_heads.append((size.to_bytes(2, "big") + connection, numbers))
+                else:  # (a name cut at NAME_BYTES_MAX: as _id_name cuts it)
+                    if buckets is None:
+                        buckets = {}
+                    for number in numbers:
+                        buckets[f"{item[2]}-{number:0{TRACE_ID_DIGITS - 2}d}"] = None
             _add_seq_buckets(seq_buckets, seqs)
         elif kind == DELIVER_GROUP:
             if len(item) == 4:  # (a run: seqs item[2] to item[2] + item[3] - 1)
@@ -411,16 +430,29 @@ def _row_index_keys(vhost_name: bytes, queue: str, place: bytes, records: list) 
             _add_seq_buckets(seq_buckets, item[1])
         else:
             if item[1]:
+                if message_ids is None:
+                    message_ids = {}
                 message_ids[item[1]] = None
             if item[2]:
+                if correlation_ids is None:
+                    correlation_ids = {}
                 correlation_ids[item[2]] = None
-    tail = place[:8] + _name(queue) + place[8:]
-    keys = [b"m" + vhost_name + _id_name(value) + tail for value in message_ids]
-    keys.extend(b"n" + vhost_name + _id_name(value) + tail for value in buckets)
-    keys.extend(b"c" + vhost_name + _id_name(value) + tail for value in correlation_ids)
+    keys: list[bytes] = []
+    if message_ids or buckets or correlation_ids or number_heads:
+        tail = place[:8] + _name(queue) + place[8:]
+        if message_ids:
+            keys += [b"m" + vhost_name + _id_name(value) + tail for value in message_ids]
+        if number_heads:
+            for head, numbers in number_heads:
+                head = b"n" + vhost_name + head
+                keys += [b"%b%0*d%b" % (head, TRACE_ID_DIGITS - 2, number, tail) for number in numbers]
+        if buckets:
+            keys += [b"n" + vhost_name + _id_name(value) + tail for value in buckets]
+        if correlation_ids:
+            keys += [b"c" + vhost_name + _id_name(value) + tail for value in correlation_ids]
     if seq_buckets:
         head = b"k" + vhost_name + _name(queue)
-        keys.extend(head + _U64.pack(bucket) + place for bucket in seq_buckets)
+        keys += [head + _U64.pack(bucket) + place for bucket in seq_buckets]
     return keys
 
 
@@ -522,6 +554,8 @@ class TraceLog:
         self._dirty: dict[tuple[str, str], None] = {}
         self._records_buffered = 0
         self._rows_buffered: set[bytes] = set()  # (their q keys, kept when `replayed`)
+        self._prefixes: dict[tuple[str, str], bytes] = {}  # (vhost, queue) -> queue_prefix: one per row
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer each call)
 
     def _write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes], records: int) -> bool:
         try:
@@ -544,17 +578,26 @@ class TraceLog:
         order, as the tracer made them (`Record` and groups; `count`: how many records they are
         read as, for the counters). Buffered: written with the rows of other commands by `flush`."""
         place = _PLACE.pack(time_ms, log_index, n0)
-        key = queue_prefix(vhost, queue) + place
+        queue_key = (vhost, queue)
+        prefix = self._prefixes.get(queue_key)
+        if prefix is None:
+            if len(self._prefixes) >= _NAMES_CACHED_MAX:
+                self._prefixes.clear()
+            prefix = self._prefixes[queue_key] = queue_prefix(vhost, queue)
+        key = prefix + place
         if self.replayed:
             if key in self._rows_buffered or self.kv.get(key) is not None:
                 return  # (written before this member's restart: its log replays from its snapshot)
             self._rows_buffered.add(key)
-        value = msgpack.packb(records, use_bin_type=True)
+        value = self._pack(records)
         puts = self._puts
         puts.append((key, value))
-        puts.extend((index_key, b"") for index_key in _row_index_keys(_name(vhost), queue, place, records))
-        self._counts[(vhost, queue)] = self._bytes(vhost, queue) + len(key) + len(value)
-        self._dirty[(vhost, queue)] = None
+        puts += zip(_row_index_keys(_name(vhost), queue, place, records), repeat(b""))
+        total = self._counts.get(queue_key)
+        if total is None:
+            total = self._bytes(vhost, queue)
+        self._counts[queue_key] = total + len(key) + len(value)
+        self._dirty[queue_key] = None
         self._records_buffered += count or len(records)
         if len(puts) >= FLUSH_PUTS_MAX:
             self.flush()

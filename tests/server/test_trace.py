@@ -19,7 +19,17 @@ from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueArgumentError, QueueSettings, parse_queue_arguments
 from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta
 from maxq_raft.replication.entries import decode_entry, encode_entry
-from maxq_raft.server.trace_store import _PLACE, MemoryKV, RocksKV, TraceLog, _expand, id_bucket
+from maxq_raft.server.trace_store import (
+    _PLACE,
+    MemoryKV,
+    RocksKV,
+    TraceLog,
+    _expand,
+    _id_name,
+    _name,
+    _row_index_keys,
+    id_bucket,
+)
 from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
 
 TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
@@ -207,12 +217,14 @@ def _delivered_read(records: list) -> list[dict]:
     ),
     st.sampled_from([(0, True), (3, False), (8, False)]),
     st.sampled_from(["plain", "max-length", "priority"]),
+    st.booleans(),
 )
-def test_an_enqueues_deliveries_read_as_one_by_one(steps, consumer, kind) -> None:
+def test_an_enqueues_deliveries_read_as_one_by_one(steps, consumer, kind, second_consumer) -> None:
     """A consumer that keeps up is handed the very messages an Enqueue queued, in its order:
     their group is a run told by its ends (Tracer._records). Through any life of a machine (a
     prefetch that holds some back, requeues, a max-length that refuses some, priorities that
-    reorder them), the group of each applied command reads as its deliveries one by one."""
+    reorder them, a second consumer that takes its turns), the group of each applied command
+    reads as its deliveries one by one."""
     settings = {
         "plain": QueueSettings(trace=True),
         "max-length": QueueSettings(trace=True, max_length=5, overflow="reject-publish"),
@@ -222,6 +234,8 @@ def test_an_enqueues_deliveries_read_as_one_by_one(steps, consumer, kind) -> Non
     tracer = Tracer(TraceLog(MemoryKV()))
     prefetch, no_ack = consumer
     machine.apply(Meta(1, 1), Checkout("c", "n1@1/1", prefetch, no_ack, 0, False, 1000))
+    if second_consumer:
+        machine.apply(Meta(1, 1), Checkout("d", "n1@1/2", 1, False, 0, False, 1000))
     runs = 0
     for index, (step, priorities) in enumerate(steps, 2):
         checked_out = list(machine.consumers["c"].checked_out)
@@ -243,8 +257,44 @@ def test_an_enqueues_deliveries_read_as_one_by_one(steps, consumer, kind) -> Non
             (e.message.seq, e.redelivered, e.message.delivery_count) for e in effects
         ]
         runs += any(item[0] == "D" and len(item) == 4 for item in at_once)
-    if no_ack and kind == "plain" and any(step == "enqueue" for step, _priorities in steps):
+    if no_ack and kind == "plain" and not second_consumer and any(step == "enqueue" for step, _priorities in steps):
         assert runs  # (a no-ack consumer takes each Enqueue's messages as they come: a run)
+
+
+def test_an_enqueue_whose_effects_begin_with_a_redelivery_is_not_read_as_its_run() -> None:
+    """The Enqueue shortcut of Tracer._records takes the effects for the command's own messages
+    only when they are those very messages: a redelivered one before them, whose seq happens to
+    make the ends look like a run of the right length, keeps its own flags."""
+    machine = make_queue_machine("/", "q", settings=QueueSettings(trace=True))
+    machine.apply(Meta(1, 1), Checkout("c", "n1@1/1", 0, True, 0, False, 1000))
+    tracer = Tracer(TraceLog(MemoryKV()))
+    old = Message("", "q", props("old"), b"")
+    old.seq, old.delivery_count = 9, 2
+    fresh = [Message("", "q", props(f"m{i}"), b"") for i in range(3)]
+    for seq, message in enumerate(fresh, 10):
+        message.seq, message.delivery_count = seq, 1
+    effects = [Deliver("c", old, True), Deliver("c", fresh[0], False), Deliver("c", fresh[1], False)]
+    records, _count = tracer._records(Enqueue(fresh), None, effects, None, machine)
+    assert [(r["seq"], r["redelivered"], r["delivery_count"]) for r in _delivered_read(records)] == [
+        (9, True, 2),
+        (10, False, 1),
+        (11, False, 1),
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=40), st.integers(0, 10**12 - 1000), st.integers(1, 700))
+def test_a_runs_id_bucket_keys_are_those_of_its_ids(connection, first, count) -> None:
+    """A publish run's n keys, made as bytes from its connection (trace_store._row_index_keys),
+    are the keys of `id_bucket` of each of its ids, which a query by one of them scans."""
+    place = _PLACE.pack(5, 6, 7)
+    run = [first, None, 3, "", "q", [1, ["q"], None], None, None, None, count]
+    keys = _row_index_keys(_name("/"), "q", place, [["P", "u", connection, "a", [run]]])
+    tail = place[:8] + _name("q") + place[8:]
+    expected = {
+        b"n" + _name("/") + _id_name(id_bucket(f"{connection}-{n:012d}")) + tail for n in range(first, first + count)
+    }
+    assert {key for key in keys if key[:1] == b"n"} == expected
 
 
 def test_a_run_of_publishes_is_one_entry_read_as_each_message(trace_log) -> None:
