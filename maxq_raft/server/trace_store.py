@@ -602,6 +602,11 @@ class TraceLog:
         if len(puts) >= FLUSH_PUTS_MAX:
             self.flush()
 
+    @property
+    def buffered(self) -> bool:
+        """Rows wait for `flush`."""
+        return bool(self._puts)
+
     def flush(self) -> None:
         """Write what `add` buffered, in one batch with the byte counts of the queues it touched.
         The shell calls it every FLUSH_INTERVAL_S and before a snapshot; queries, compaction and

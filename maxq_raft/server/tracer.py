@@ -487,10 +487,12 @@ class Tracer:
 
 async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:
     """Write the buffered records every FLUSH_INTERVAL_S and apply each queue's trace retention
-    every COMPACT_INTERVAL_S, for as long as the node runs."""
+    every COMPACT_INTERVAL_S, for as long as the node runs. While no queue traces and nothing
+    waits to be written (most nodes, most of the time), it wakes for retention only."""
     compact_at = trio.current_time() + COMPACT_INTERVAL_S
     while True:
-        await trio.sleep(FLUSH_INTERVAL_S)
+        busy = tracer.traced or tracer.log.buffered
+        await trio.sleep(FLUSH_INTERVAL_S if busy else max(0.0, compact_at - trio.current_time()))
         try:
             tracer.log.flush()  # (a write that fails is counted and logged there)
             if trio.current_time() >= compact_at:

@@ -8,6 +8,8 @@ import random
 
 import msgpack
 import pytest
+import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +23,7 @@ from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta
 from maxq_raft.replication.entries import decode_entry, encode_entry
 from maxq_raft.server.trace_store import (
     _PLACE,
+    FLUSH_INTERVAL_S,
     MemoryKV,
     RocksKV,
     TraceLog,
@@ -30,7 +33,14 @@ from maxq_raft.server.trace_store import (
     _row_index_keys,
     id_bucket,
 )
-from maxq_raft.server.tracer import TRACE_ID_HEADER, Tracer, trace_id_template, with_trace_id
+from maxq_raft.server.tracer import (
+    COMPACT_INTERVAL_S,
+    TRACE_ID_HEADER,
+    Tracer,
+    compact_trace,
+    trace_id_template,
+    with_trace_id,
+)
 
 TRACED = QueueSettings(trace=True, dead_letter_exchange="dlx", message_ttl_ms=1000)
 KEY = ("/", "q")
@@ -615,3 +625,40 @@ def test_a_runs_trace_ids_are_its_numbers_in_twelve_digits(first, count, head, t
     from maxq_raft.server.session import _numbered
 
     assert _numbered(head, first, count, tail) == [b"%b%012d%b" % (head, n, tail) for n in range(first, first + count)]
+
+
+class _CountingTraceLog(TraceLog):
+    def __init__(self) -> None:
+        super().__init__(MemoryKV())
+        self.flushes = 0
+        self.compactions = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+    def compact(self, now_ms, retention) -> int:
+        self.compactions += 1
+        return super().compact(now_ms, retention)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_trace_task_wakes_for_retention_alone_while_nothing_traces(traced) -> None:
+    """compact_trace flushes every FLUSH_INTERVAL_S while a queue traces, and while none does
+    wakes only every COMPACT_INTERVAL_S (a node without trace does not wake 20 times a second)."""
+    trace_log = _CountingTraceLog()
+    tracer = Tracer(trace_log)
+    if traced:
+        tracer.settings_changed(KEY, make_queue_machine("/", "q", settings=QueueSettings(trace=True)))
+
+    async def main() -> None:
+        with trio.move_on_after(10 * COMPACT_INTERVAL_S):
+            await compact_trace(tracer, lambda: 0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert 9 <= trace_log.compactions <= 10
+    wakeups = trace_log.flushes - trace_log.compactions  # (a retention pass flushes once more)
+    if traced:
+        assert wakeups >= 10 * COMPACT_INTERVAL_S / FLUSH_INTERVAL_S - 2
+    else:
+        assert wakeups == trace_log.compactions
