@@ -138,10 +138,15 @@ class Tracer:
         self.traced: dict[tuple[str, str], Any] = {}
         self._ids: dict[bytes, tuple[str | None, str | None]] = {}
         self._last: dict[tuple[str, str], tuple[int, int]] = {}  # queue -> (log index, next n)
+        # Set while compact_trace waits with nothing traced (the apply path and the task share
+        # the trio thread): a queue that begins to trace wakes it.
+        self.tracing_began: trio.Event | None = None
 
     def settings_changed(self, key: tuple[str, str], machine: Any) -> None:
         if machine is not None and machine.settings.trace:
             self.traced[key] = machine
+            if self.tracing_began is not None:
+                self.tracing_began.set()  # (compact_trace flushes every FLUSH_INTERVAL_S again)
         else:
             self.traced.pop(key, None)
             self._last.pop(key, None)
@@ -491,8 +496,13 @@ async def compact_trace(tracer: Tracer, clock_ms: Callable[[], int]) -> None:
     waits to be written (most nodes, most of the time), it wakes for retention only."""
     compact_at = trio.current_time() + COMPACT_INTERVAL_S
     while True:
-        busy = tracer.traced or tracer.log.buffered
-        await trio.sleep(FLUSH_INTERVAL_S if busy else max(0.0, compact_at - trio.current_time()))
+        if tracer.traced or tracer.log.buffered:
+            await trio.sleep(FLUSH_INTERVAL_S)
+        else:  # (until the next retention pass, or a queue begins to trace: `settings_changed`)
+            tracer.tracing_began = trio.Event()
+            with trio.move_on_at(compact_at):
+                await tracer.tracing_began.wait()
+            tracer.tracing_began = None
         try:
             tracer.log.flush()  # (a write that fails is counted and logged there)
             if trio.current_time() >= compact_at:

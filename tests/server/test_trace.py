@@ -662,3 +662,27 @@ def test_the_trace_task_wakes_for_retention_alone_while_nothing_traces(traced) -
         assert wakeups >= 10 * COMPACT_INTERVAL_S / FLUSH_INTERVAL_S - 2
     else:
         assert wakeups == trace_log.compactions
+
+
+def test_a_queue_that_begins_to_trace_wakes_the_idle_trace_task() -> None:
+    """While nothing traces, compact_trace sleeps until its next retention pass; a queue that
+    begins to trace wakes it, so its first records are written within FLUSH_INTERVAL_S or so,
+    not a retention interval later."""
+    trace_log = _CountingTraceLog()
+    tracer = Tracer(trace_log)
+    written_after: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(compact_trace, tracer, lambda: 0)
+            await trio.sleep(COMPACT_INTERVAL_S / 4)  # (the task is asleep, nothing traced)
+            began = trio.current_time()
+            tracer.settings_changed(KEY, make_queue_machine("/", "q", settings=QueueSettings(trace=True)))
+            trace_log.add("/", "q", 1, 1, 0, [("purged", None, None, None, {"count": 1})])
+            while trace_log.buffered:
+                await trio.sleep(FLUSH_INTERVAL_S / 10)
+            written_after.append(trio.current_time() - began)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert written_after[0] <= 2 * FLUSH_INTERVAL_S
