@@ -100,7 +100,12 @@ META_WRITE_BUFFER_BYTES = 4 << 20  # snapshots are small; keep the meta memtable
 WAL_TOTAL_BYTES_MAX = 512 << 20
 # The block cache also holds index blocks (cache_index_and_filter_blocks): without that every open
 # SST keeps its index on the heap and RSS grows with depth, which docs/design.md §5 forbids.
-BLOCK_CACHE_BYTES = 32 << 20
+# 16 MiB: each new SST's index enters the cache as the file is written, so under a growing
+# backlog the cache fills to its bound (none is pinned: _table_options), and that bound is RSS's
+# growth from a shallow queue to a deep one (issue #22: within x1.2 from 1 M to 100 M). Reads
+# are sequential scans of the queue heads, which need the index blocks of the few SSTs they
+# read, not a large cache (the drain rate at 100 M was the same with 32 MiB).
+BLOCK_CACHE_BYTES = 16 << 20
 # 16 KiB blocks: reads are mostly sequential scans of 1 KiB-ish records, and bigger blocks mean a
 # 4x smaller index than the 4 KiB default.
 BLOCK_SIZE_BYTES = 16 << 10
@@ -124,7 +129,12 @@ def _table_options(cache: Cache) -> BlockBasedOptions:
     table.set_block_size(BLOCK_SIZE_BYTES)
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    # Not pinned, not even for level-0 files: a pin is taken when a file's table reader opens,
+    # which for a new file is at level 0, and it lasts as long as the reader (max_open_files
+    # keeps it open), also after the file is moved down unchanged, as the appended keys of a
+    # backlog are. Pinned, the index blocks of a growing backlog stayed in memory past the
+    # cache's bound (28 MiB in a 16 MiB cache at 100 M 128 B messages, issue #22).
+    table.set_pin_l0_filter_and_index_blocks_in_cache(False)
     return table
 
 

@@ -64,7 +64,7 @@ class ProcessSample:
 STORE_FIGURES = (
     ("sst_bytes", "Bytes of the message store's SST files on disk (RocksDB)"),
     ("memtable_bytes", "Bytes of the message store's memtables (RocksDB; bounded by its settings)"),
-    ("block_cache_bytes", "Bytes in the message store's block cache (RocksDB; at most 32 MiB)"),
+    ("block_cache_bytes", "Bytes in the message store's block cache (RocksDB; at most 16 MiB)"),
     ("redo_bytes", "Bytes written but not yet durable, kept to redo after a store failure"),
 )
 
