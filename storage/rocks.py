@@ -104,7 +104,7 @@ WAL_TOTAL_BYTES_MAX = 512 << 20
 # backlog the cache fills to its bound (none is pinned: _table_options), and that bound is RSS's
 # growth from a shallow queue to a deep one (issue #22: within x1.2 from 1 M to 100 M). Reads
 # are sequential scans of the queue heads, which need the index blocks of the few SSTs they
-# read, not a large cache (the drain rate at 100 M was the same with 32 MiB).
+# read, not a large cache (the drain rate at 100 M was within 4 % of 32 MiB's).
 BLOCK_CACHE_BYTES = 16 << 20
 # 16 KiB blocks: reads are mostly sequential scans of 1 KiB-ish records, and bigger blocks mean a
 # 4x smaller index than the 4 KiB default.
