@@ -554,7 +554,6 @@ class TraceLog:
         self._dirty: dict[tuple[str, str], None] = {}
         self._records_buffered = 0
         self._rows_buffered: set[bytes] = set()  # (their q keys, kept when `replayed`)
-        self._prefixes: dict[tuple[str, str], bytes] = {}  # (vhost, queue) -> queue_prefix: one per row
         self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer each call)
 
     def _write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes], records: int) -> bool:
@@ -578,13 +577,7 @@ class TraceLog:
         order, as the tracer made them (`Record` and groups; `count`: how many records they are
         read as, for the counters). Buffered: written with the rows of other commands by `flush`."""
         place = _PLACE.pack(time_ms, log_index, n0)
-        queue_key = (vhost, queue)
-        prefix = self._prefixes.get(queue_key)
-        if prefix is None:
-            if len(self._prefixes) >= _NAMES_CACHED_MAX:
-                self._prefixes.clear()
-            prefix = self._prefixes[queue_key] = queue_prefix(vhost, queue)
-        key = prefix + place
+        key = queue_prefix(vhost, queue) + place
         if self.replayed:
             if key in self._rows_buffered or self.kv.get(key) is not None:
                 return  # (written before this member's restart: its log replays from its snapshot)
@@ -593,11 +586,8 @@ class TraceLog:
         puts = self._puts
         puts.append((key, value))
         puts += zip(_row_index_keys(_name(vhost), queue, place, records), repeat(b""))
-        total = self._counts.get(queue_key)
-        if total is None:
-            total = self._bytes(vhost, queue)
-        self._counts[queue_key] = total + len(key) + len(value)
-        self._dirty[queue_key] = None
+        self._counts[(vhost, queue)] = self._bytes(vhost, queue) + len(key) + len(value)
+        self._dirty[(vhost, queue)] = None
         self._records_buffered += count or len(records)
         if len(puts) >= FLUSH_PUTS_MAX:
             self.flush()

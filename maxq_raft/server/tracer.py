@@ -78,12 +78,12 @@ _TRACE_ID_KEY = bytes((len(TRACE_ID_HEADER),)) + TRACE_ID_HEADER.encode() + b"S"
 _ID_FLAGS = MESSAGE_ID_FLAG | CORRELATION_ID_FLAG
 # a delivered message's seq and delivery count, read in C over a command's deliveries (Tracer._records)
 _SEQ = attrgetter("seq")
+_DELIVERY_COUNT = attrgetter("delivery_count")
 _MESSAGE = itemgetter(1)  # (a Deliver's message)
 # Of a queue machine's effects only a Deliver holds a Message second, so the Enqueue shortcut of
 # Tracer._records tells that its effects are all deliveries by their second items alone.
 if [kind for kind in get_args(Effect) if kind._fields[1] == "message"] != [Deliver]:
     raise ImportError("tracer.py: an effect other than Deliver holds a message second (Tracer._records)")
-_DELIVERY_COUNT = attrgetter("delivery_count")
 _CORRELATION_BYTE = CORRELATION_ID_FLAG >> 8  # (its bit in the first byte of the property flags)
 assert CORRELATION_ID_FLAG & 0xFF == 0
 
@@ -318,18 +318,19 @@ class Tracer:
             append([DELIVER_GROUP, effects[0][0], effects[0][1].seq, len(effects)])
             effects = ()
         elif effects and set(map(type, effects)) == {Deliver}:
-            # Every effect a delivery (to one consumer): its group at once, and
-            # as a run when they are first deliveries of seqs in a row (trace_store.py). Each
-            # step one pass in C over the command's deliveries: a traced message's largest cost.
+            # Every effect a delivery (to one consumer): its group at once, and as a run when
+            # they are first deliveries of seqs in a row (trace_store.py). Each step one pass in
+            # C over the command's deliveries.
             consumers, delivered, redelivered = zip(*effects, strict=True)
             receiver, delivered_count = consumers[0], len(consumers)
             if consumers.count(receiver) == delivered_count:
-                first = delivered[0].seq
+                delivered_seqs = list(map(_SEQ, delivered))
+                first = delivered_seqs[0]
                 if (
                     True not in redelivered
                     # (every count is 1 at least: a message's delivery counted before its effect)
                     and sum(map(_DELIVERY_COUNT, delivered)) == delivered_count
-                    and list(map(_SEQ, delivered)) == list(range(first, first + delivered_count))
+                    and delivered_seqs == list(range(first, first + delivered_count))
                 ):
                     append([DELIVER_GROUP, receiver, first, delivered_count])
                 else:
@@ -337,7 +338,7 @@ class Tracer:
                         [
                             DELIVER_GROUP,
                             receiver,
-                            list(map(_SEQ, delivered)),
+                            delivered_seqs,
                             list(redelivered),
                             list(map(_DELIVERY_COUNT, delivered)),
                         ]
