@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from ..machines import access
+from ..machines import access, partitions
 from ..machines import metadata as md
 from ..machines.queue_args import SUPPORTED_QUEUE_TYPES, QueueArgumentError, validate_queue_arguments
 from ..machines.queue_types import Rejected
@@ -128,7 +128,9 @@ def _vhost_parts(meta: md.MetadataMachine, name: str) -> dict[str, list[dict[str
             "arguments": json_value(q.arguments),
         }
         for q in v.queues.values()
-        if q.exclusive_owner is None  # an exclusive queue dies with its connection: nothing to restore
+        # an exclusive queue dies with its connection: nothing to restore; a partition is its
+        # queue's (machines/partitions.py): declaring that makes it again
+        if q.exclusive_owner is None and partitions.parent_of(q.name) is None
     ]
     exchanges = [
         {
@@ -401,6 +403,9 @@ def _queue_step(item: _Item, vhost: str | None) -> Step | None:
     except QueueArgumentError as exc:
         raise DefinitionsError(f"{where}: {exc.reply_text}") from None
     durable, auto_delete = item.flag("durable", True), item.flag("auto_delete", False)
+    refusal = partitions.declare_refusal(name, partitions.partition_count(arguments), False, auto_delete, arguments)
+    if refusal is not None:
+        raise DefinitionsError(f"{where}: invalid arg 'x-partitions' for queue '{name}' in vhost '{v}': {refusal}")
     return Step(where, md.DeclareQueue(v, name, False, durable, False, auto_delete, arguments, ""))
 
 

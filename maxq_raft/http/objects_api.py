@@ -26,9 +26,11 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.partitions import parent_of
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from ..server.message_rates import exchange_counts, queue_counts
+from ..server.partitioned import partition_keys
 from . import auth, definitions
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -49,6 +51,13 @@ ACCESS_REFUSED = "Access refused."
 
 def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
     record = broker.meta.queue(vhost, name)
+    keys = partition_keys(broker, vhost, name)
+    ready, unacked = queue.ready_count, queue.unacked_count
+    if len(keys) > 1:  # a partitioned queue (machines/partitions.py) counts every partition's
+        machines = [broker.queues.get(key) for key in keys]
+        ready = sum(m.ready_count for m in machines if m is not None)
+        unacked = sum(m.unacked_count for m in machines if m is not None)
+    partition = parent_of(name)
     return {
         "vhost": vhost,
         "name": name,
@@ -59,9 +68,12 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "type": QUEUE_TYPE,
         "state": "running",
         "node": broker.node_id,
-        "messages": queue.ready_count + queue.unacked_count,
-        "messages_ready": queue.ready_count,
-        "messages_unacknowledged": queue.unacked_count,
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "group": broker.log.group_of((vhost, name)),  # its shard group (a quorum queue's "leader" is the group's)
+        "partitions": len(keys),  # x-partitions: 1 unless partitioned (then 1.. are amq.partition-<i>.<name>)
+        "partition_of": None if partition is None else partition[0],
         "consumers": queue.active_consumer_count,
         # consumer pauses (issue #20): how many attached consumers are paused, and by which rules
         "paused_consumers": queue.paused_consumer_count,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -13,6 +14,7 @@ from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
+from ..server.partitioned import missing_partitions, unavailable
 
 COMMIT_TIMEOUT_S = 15.0
 
@@ -118,6 +120,14 @@ async def commit(broker: Any, command: Any) -> Any:
     """Commit a metadata command (through the metadata group in a cluster), wait (bounded) and
     return the machine's reply (see `wait_for_reply`). A queue is declared as a channel declares
     it: its queue machine is made in its shard before its record is committed
-    (Broker.declare_queue)."""
-    submit = broker.declare_queue if type(command) is md.DeclareQueue else broker.meta_call
-    return await wait_for_reply(lambda then: submit(command, then))
+    (Broker.declare_queue), and a partitioned queue's partitions after it (server/partitioned.py)."""
+    if type(command) is not md.DeclareQueue:
+        return await wait_for_reply(lambda then: broker.meta_call(command, then))
+    refusal = unavailable(broker, command.arguments)
+    if refusal is not None:
+        raise HttpError("400 Bad Request", f"invalid arg 'x-partitions' for queue '{command.name}': {refusal}")
+    reply = await wait_for_reply(lambda then: broker.declare_queue(command, then))
+    if not command.passive:
+        for partition in missing_partitions(broker, command.vhost, command.name, command.owner):
+            await wait_for_reply(partial(broker.declare_queue, partition))
+    return reply

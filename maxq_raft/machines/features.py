@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from .maintenance import FEATURE as MAINTENANCE
+from .partitions import FEATURE as PARTITIONS
 from .placement import FEATURE as PLACEMENT
 
 # x-trace (server/tracer.py): an Enqueue's publish tuples gain a fifth item, which an earlier
@@ -35,6 +36,7 @@ FEATURES: dict[str, str] = {
     MAINTENANCE: "Members can be drained for maintenance and revived (maxqctl drain / revive)",
     PLACEMENT: "The metadata group records the shard groups, their replicas and each queue's group",
     TRACE_NUMBERS: "A traced publish carries the number of the x-maxq-trace-id its node gave it",
+    PARTITIONS: "A queue may be partitioned (x-partitions): its partitions' records and routing",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
-from . import access
+from . import access, partitions
 from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, UserRecord
 from .dedup import dedup_exchange_error
 from .features import EnableFeatures
@@ -50,6 +50,7 @@ QUEUE_EQUIVALENCE_ARGS = (
     "x-sqs-fifo",
     "x-consume-rate-limit",
     "x-publish-rate-limit",
+    partitions.ARGUMENT,
 )
 EXCHANGE_EQUIVALENCE_ARGS = ("alternate-exchange", "x-delayed-type")
 DELAYED_EXCHANGE_TYPE = "x-delayed-message"
@@ -516,7 +517,12 @@ class MetadataMachine:
         """
         v = self.vhosts[vhost]
         if exchange == "":
-            return [routing_key] if routing_key in v.queues else []
+            target = v.queues.get(routing_key)
+            if target is None:
+                return []
+            if partitions.ARGUMENT in target.arguments:
+                return [_partition_for(v.queues, target, routing_key, headers)]
+            return [routing_key]
         queues: list[str] = []
         seen_queues: dict[str, None] = {}
         visited: dict[str, None] = {}
@@ -545,6 +551,13 @@ class MetadataMachine:
                 else:
                     work.append(dest[2:])
         queues.extend(seen_queues)
+        records = v.queues
+        for i, qname in enumerate(queues):
+            target = records.get(qname)
+            if target is not None and partitions.ARGUMENT in target.arguments:
+                if callable(headers):
+                    headers = headers()  # (decoded once for every partitioned queue on the route)
+                queues[i] = _partition_for(records, target, routing_key, headers)
         return queues
 
     # ------------------------------------------------------------ exchanges
@@ -654,7 +667,11 @@ class MetadataMachine:
         # rabbit_channel: an exclusive queue is never durable (Durable = durable andalso not exclusive).
         durable = cmd.durable and not cmd.exclusive
         if existing is None:
-            if cmd.name.startswith("amq.") and not cmd.name.startswith("amq.gen-"):
+            if (
+                cmd.name.startswith("amq.")
+                and not cmd.name.startswith("amq.gen-")
+                and partitions.parent_of(cmd.name) is None  # (proposed once FEATURE is enabled: channel.py)
+            ):
                 return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []
             limit = v.limits.get("max-queues")
             if limit is not None and len(v.queues) >= limit:
@@ -965,6 +982,9 @@ class MetadataMachine:
         v = self.vhosts.get(vhost)
         if v is None or not v.policies:
             return None
+        partition = partitions.parent_of(queue)
+        if partition is not None:  # a partition is its parent's: the parent's name is matched
+            queue = partition[0]
         best = None
         for name in sorted(v.policies):
             policy = v.policies[name]
@@ -1103,6 +1123,26 @@ class MetadataMachine:
             for dest, key, args in record.router.bindings():
                 out.append((record.name, "exchange" if dest[0] == "e" else "queue", dest[2:], key, args))
         return out
+
+
+def _partition_for(records: dict[str, QueueRecord], record: QueueRecord, routing_key: str, headers: Any) -> str:
+    """The partition of a partitioned queue that a publish goes to: by its x-partition-key
+    header if it has one, else by its routing key (partitions.py). A partition whose record is
+    missing (its declare did not finish) is the parent's: the message is kept there."""
+    count = partitions.partition_count(record.arguments)
+    if count == 1:
+        return record.name
+    if callable(headers):
+        headers = headers()
+    key = headers.get(partitions.KEY_HEADER) if isinstance(headers, dict) else None
+    if isinstance(key, bytes):
+        key_bytes = key
+    elif key is not None:
+        key_bytes = str(key).encode()
+    else:
+        key_bytes = routing_key.encode()
+    name = partitions.partition_name(record.name, partitions.partition_of_key(key_bytes, count))
+    return name if name in records else record.name
 
 
 def _locked(vhost: str, name: str) -> Rejected:

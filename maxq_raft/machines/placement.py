@@ -24,6 +24,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .partitions import parent_of
+
 FEATURE = "placement"
 
 
@@ -32,9 +34,19 @@ class SetGroups(NamedTuple):
 
 
 def hash_group(vhost: str, name: str, groups: Sequence[str]) -> str:
-    """The group a queue's vhost and name hash to among `groups` (a non-empty list, in order)."""
-    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
-    return groups[digest % len(groups)]
+    """The group a queue's vhost and name hash to among `groups` (a non-empty list, in order);
+    partition i of a partitioned queue (partitions.py), the group i after its parent's, so
+    that its partitions are in as many groups as there are."""
+    return groups[hash_index(vhost, name, len(groups))]
+
+
+def hash_index(vhost: str, name: str, count: int) -> int:
+    """`hash_group`'s choice as an index into a list of `count` groups."""
+    partition = parent_of(name)
+    if partition is not None:
+        parent, index = partition
+        return (zlib.crc32(vhost.encode() + b"\0" + parent.encode()) + index) % count
+    return zlib.crc32(vhost.encode() + b"\0" + name.encode()) % count
 
 
 def groups_refusal(groups: object, holding: Mapping[str, int]) -> str | None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple, TypeAlias
 
+from . import partitions
+
 # A queue's (or binding's) x-arguments as the client sent them: a field table, so the values can
 # be anything; the validators below check each before the settings rely on it.
 Arguments: TypeAlias = dict[str, Any]
@@ -267,6 +269,7 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-trace-bodies", _check_bool),
     ("x-trace-retention", lambda v, a: _check_positive(v, TRACE_RETENTION_MS_MAX)),
     ("x-trace-retention-bytes", lambda v, a: _check_positive(v, TRACE_RETENTION_BYTES_MAX)),
+    (partitions.ARGUMENT, lambda v, a: partitions.check_count(v)),
 )
 
 

@@ -19,6 +19,7 @@ module never imports session.py: the session makes channels, never the reverse.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from ..amqp import spec
@@ -26,6 +27,7 @@ from ..amqp.connection import ServerConnection
 from ..amqp.properties import decode_properties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines import partitions
 from ..machines.queue_args import RATE_LIMIT_MAX, SUPPORTED_QUEUE_TYPES, QueueArgumentError, validate_queue_arguments
 from ..machines.queue_types import Rejected
 from .authorization import Authorization
@@ -33,6 +35,7 @@ from .broker import Broker, ConsumerHandle
 from .channel_state import ChannelState
 from .confirms import Unavailable
 from .errors import ChannelError, HardError
+from .partitioned import in_turn, missing_partitions, partition_keys, ready_count, share, unavailable
 from .publish_extras import delivery_props
 from .publish_plan import PublishPlan
 
@@ -49,6 +52,10 @@ FLOW_CREDIT = 2000  # deliveries a consumer may have written-but-not-yet-flushed
 # CREDIT_BYTES of them (session.credit_target; docs/benchmarks.md, 2026-12-03).
 CLUSTER_FLOW_CREDIT = 8000
 CREDIT_BYTES = 1 << 20
+
+
+def _ignore(_reply: Any) -> None:
+    pass
 
 
 def _str(value) -> str:
@@ -93,6 +100,9 @@ class Channel:
         # Delivery tags, unacked entries (queue key, consumer id, queue seq), confirms, tx, held deliveries.
         self.state = ChannelState()
         self.consumers: dict[str, ConsumerHandle] = {}  # consumer tag -> handle
+        # consumer tag -> its handles on partitions 1.. of a partitioned queue (0's is in consumers)
+        self.partition_consumers: dict[str, list[ConsumerHandle]] = {}
+        self.get_turns: dict[str, int] = {}  # partitioned queue -> where its next basic.get starts
         self.owner = f"{session.id}/{number}"  # consumers' owner: Down(owner) when the channel goes
         self.get_consumer_id = f"get:{self.owner}"
         self.last_queue = ""
@@ -254,6 +264,15 @@ class Channel:
                 validate_queue_arguments(vhost, name, arguments)
             except QueueArgumentError as err:
                 raise ChannelError(spec.PRECONDITION_FAILED, err.reply_text) from None
+        count = 1 if m.passive else partitions.partition_count(arguments)
+        if count > 1:
+            refusal = partitions.declare_refusal(name, count, m.exclusive, m.auto_delete, arguments)
+            refusal = refusal or unavailable(self.broker, arguments)
+            if refusal is not None:
+                raise ChannelError(
+                    spec.PRECONDITION_FAILED,
+                    f"invalid arg 'x-partitions' for queue '{name}' in vhost '{vhost}': {refusal}",
+                )
         if not m.passive:
             authz = self.session.authorization
             authz.check("configure", "queue", name)
@@ -264,22 +283,30 @@ class Channel:
                 authz.check("read", "queue", name)
                 authz.check("write", "exchange", _str(dlx))
 
-        def declared(reply) -> None:
-            if type(reply) is Rejected:
-                raise ChannelError(reply.reply_code, reply.reply_text)
-            self.last_queue = name
+        def answer(_replies) -> None:
             queue = self.broker.queues.get((vhost, name))
             if queue is not None and queue.settings.expires_ms is not None:
                 self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
             if not m.no_wait:
                 # In a cluster the counts are this replica's, which may trail the leader's a little.
+                # A partitioned queue's: the messages of every partition, the consumers of the
+                # first (a consumer of the name consumes from each).
                 self._reply(
                     spec.QueueDeclareOk(
                         queue=name,
-                        message_count=queue.ready_count if queue else 0,
+                        message_count=ready_count(self.broker, partition_keys(self.broker, vhost, name)),
                         consumer_count=queue.active_consumer_count if queue else 0,
                     )
                 )
+
+        def declared(reply) -> None:
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            self.last_queue = name
+            # A partitioned queue's other partitions (a redeclare makes those still missing).
+            missing = [] if m.passive else missing_partitions(self.broker, vhost, name, self.session.id)
+            steps = [partial(self.broker.declare_queue, command) for command in missing]
+            in_turn(self._then, steps, answer)
 
         self.broker.declare_queue(
             md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, arguments, self.session.id),
@@ -307,11 +334,16 @@ class Channel:
         self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
 
-        def purged(count) -> None:
+        def purged(counts: list) -> None:
             if not m.no_wait:
-                self._reply(spec.QueuePurgeOk(message_count=count if isinstance(count, int) else 0))
+                total = sum(count for count in counts if isinstance(count, int) and not isinstance(count, bool))
+                self._reply(spec.QueuePurgeOk(message_count=total))
 
-        self.broker.queue_call(self._queue_key(name), qc.Purge(), self._then(purged))
+        steps = [
+            lambda done, key=key: self.broker.queue_call(key, qc.Purge(), done)
+            for key in partition_keys(self.broker, self.session.vhost, name)
+        ]
+        in_turn(self._then, steps, purged)
 
     def queue_delete(self, m) -> None:
         name = self._expand_queue_name(m.queue)
@@ -323,16 +355,26 @@ class Channel:
                 self._reply(spec.QueueDeleteOk(message_count=0))
             return
         self._existing_queue(name)
+        partition = partitions.parent_of(name)
+        if partition is not None and self.broker.meta.queue(vhost, partition[0]) is not None:
+            raise ChannelError(
+                spec.ACCESS_REFUSED,
+                f"queue '{name}' in vhost '{vhost}' is a partition of '{partition[0]}': delete that",
+            )
+        keys = partition_keys(self.broker, vhost, name)
 
         def delete(_synced) -> None:
             queue = self.broker.queues.get((vhost, name))
             if m.if_unused and queue is not None and queue.active_consumer_count:
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
-            if m.if_empty and queue is not None and queue.ready_count:
+            if m.if_empty and ready_count(self.broker, keys):
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' not empty")
-            self.broker.delete_queue(
-                (vhost, name),
-                self._then(lambda count: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=count))),
+            # Partition 0, the queue of the name, goes last (partitioned.py).
+            steps = [lambda done, key=key: self.broker.delete_queue(key, done) for key in reversed(keys)]
+            in_turn(
+                self._then,
+                steps,
+                lambda counts: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=sum(counts))),
             )
 
         # The checks read the queue: in a cluster, once its shard has what this node sent before.
@@ -374,11 +416,23 @@ class Channel:
                 f"invalid arg 'x-consume-rate-limit' for consumer '{tag}': expected an integer 1-{RATE_LIMIT_MAX}",
             )
         prefetch = self.state.consumer_prefetch_count()
+        keys = partition_keys(self.broker, self.session.vhost, name)
+        if len(keys) > 1:  # a partitioned queue: a checkout in each partition, sharing the limits
+            prefetch, rate_limit = share(prefetch, len(keys)), share(rate_limit, len(keys))
         handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack)
         # Register before checkout: the checkout may deliver at once.
         self.consumers[tag] = handle
         self.broker.consumers[consumer_id] = handle
         self.queues_touched[queue_key] = None
+
+        def checkout(handle: ConsumerHandle, done: Callable[[Any], None]) -> None:
+            self.broker.queue_call(
+                handle.queue_key,
+                qc.Checkout(
+                    handle.consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT, rate_limit
+                ),
+                done,
+            )
 
         def checked_out(reply) -> None:
             if type(reply) is Rejected or type(reply) is Unavailable:
@@ -388,12 +442,18 @@ class Channel:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             if not m.no_wait and type(reply) is not Unavailable:
                 self._reply(spec.BasicConsumeOk(consumer_tag=tag))  # before the first delivery
+            if len(keys) > 1 and type(reply) is not Unavailable:
+                # The other partitions after consume-ok, so that none delivers before it; a
+                # refusal there closes the channel (its consumers go everywhere with it).
+                others = self.partition_consumers[tag] = []
+                for key in keys[1:]:
+                    other = ConsumerHandle(f"{consumer_id}#{key[1]}", tag, self, key, m.no_ack)
+                    others.append(other)
+                    self.broker.consumers[other.consumer_id] = other
+                    self.queues_touched[key] = None
+                in_turn(self._then, [partial(checkout, h) for h in others], _ignore)
 
-        self.broker.queue_call(
-            queue_key,
-            qc.Checkout(consumer_id, self.owner, prefetch, m.no_ack, priority, m.exclusive, FLOW_CREDIT, rate_limit),
-            self._then(checked_out),
-        )
+        checkout(handle, self._then(checked_out))
 
     def _consume_reply_to(self, m, tag: str) -> None:
         if not m.no_ack:
@@ -428,7 +488,20 @@ class Channel:
                         self._then(lambda _deleted: m.no_wait or self._reply(spec.BasicCancelOk(consumer_tag=tag))),
                     )
 
-                self.broker.queue_call(handle.queue_key, qc.Cancel(handle.consumer_id), self._then(cancelled))
+                def others_cancelled(_replies) -> None:
+                    for other in self.partition_consumers.pop(tag, ()):
+                        self.broker.consumers.pop(other.consumer_id, None)
+                        if self.state.held:
+                            self._return_held(other)
+                    self.broker.queue_call(handle.queue_key, qc.Cancel(handle.consumer_id), self._then(cancelled))
+
+                # A partitioned queue's consumer: partition 0 last, so nothing comes after cancel-ok.
+                others = self.partition_consumers.get(tag, [])
+                steps = [
+                    lambda done, h=h: self.broker.queue_call(h.queue_key, qc.Cancel(h.consumer_id), done)
+                    for h in others
+                ]
+                in_turn(self._then, steps, others_cancelled)
                 return
         if not m.no_wait:
             self._reply(spec.BasicCancelOk(consumer_tag=tag))
@@ -441,18 +514,32 @@ class Channel:
         name = self._expand_queue_name(m.queue)
         self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
-        queue_key = self._queue_key(name)
-        self.queues_touched[queue_key] = None
+        keys = partition_keys(self.broker, self.session.vhost, name)
+        if len(keys) > 1:  # a partitioned queue: its partitions in turn, from where the last get left
+            start = self.get_turns.get(name, 0) % len(keys)
+            keys = keys[start:] + keys[:start]
+        for key in keys:
+            self.queues_touched[key] = None
+        self._get(m, name, keys, 0)
+
+    def _get(self, m, name: str, keys: list, turn: int) -> None:
+        queue_key = keys[turn]
 
         def got(reply) -> None:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             broker = self.broker
+            if reply is None and turn + 1 < len(keys):
+                self._get(m, name, keys, turn + 1)  # this partition is empty: the next one
+                return
             if reply is None:
                 broker.messages_get_empty += 1
                 self._reply(spec.BasicGetEmpty())
                 return
             message, redelivered, remaining = reply
+            if len(keys) > 1:
+                self.get_turns[name] = (self.get_turns.get(name, 0) + turn + 1) % len(keys)
+                remaining += ready_count(broker, [key for key in keys if key != queue_key])
             if m.no_ack:
                 broker.messages_got_auto_ack += 1
             else:
@@ -633,11 +720,17 @@ class Channel:
             write_delivery(self.number, handle, tag, redelivered, message)
 
     def consumer_gone(self, handle: ConsumerHandle) -> None:
-        """The queue was deleted: tell the client (consumer_cancel_notify) and forget the consumer."""
-        if self.consumers.pop(handle.tag, None) is None:
+        """The queue was deleted: tell the client (consumer_cancel_notify) and forget the consumer
+        (of a partitioned queue: on every partition)."""
+        first = self.consumers.pop(handle.tag, None)
+        if first is None:
             return
+        gone = [first, *self.partition_consumers.pop(handle.tag, ())]
+        for other in gone:
+            if other is not handle and self.broker.consumers.pop(other.consumer_id, None) is not None:
+                self.broker.queue_cast(other.queue_key, qc.Cancel(other.consumer_id))
         if self.state.held:
-            self.state.take_held(lambda item: item[0] is handle)
+            self.state.take_held(lambda item: item[0] in gone)
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
             self.session.cancel_later(self, handle.tag)
 
@@ -658,7 +751,11 @@ class Channel:
     def _unregister(self) -> None:
         for handle in self.consumers.values():
             self.broker.consumers.pop(handle.consumer_id, None)
+        for others in self.partition_consumers.values():
+            for handle in others:
+                self.broker.consumers.pop(handle.consumer_id, None)
         self.consumers.clear()
+        self.partition_consumers.clear()
         self.state.take_held()
         if self.reply_key is not None:
             self._drop_reply_to()

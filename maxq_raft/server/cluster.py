@@ -44,6 +44,7 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.apply_order import apply_committed
+from ..machines.placement import hash_index
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Meta, Rejected
@@ -87,10 +88,8 @@ def shard_groups(count: int) -> list[str]:
 def shard_of(queue_key: tuple[str, str], count: int) -> str:
     """The shard group a queue without a recorded group lives in: a hash of vhost and name over
     the `count` shard groups (every member computes the same): `placement.hash_group` over
-    `shard_groups(count)`, written out for the publish path."""
-    vhost, name = queue_key
-    digest = zlib.crc32(vhost.encode() + b"\0" + name.encode())
-    return f"shard-{digest % count}"
+    `shard_groups(count)`."""
+    return f"shard-{hash_index(queue_key[0], queue_key[1], count)}"
 
 
 class ClusterLog(CommandLog):

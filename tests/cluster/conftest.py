@@ -102,6 +102,10 @@ class ConfirmingPublisher(threading.Thread):
         self.errors: list[str] = []
         self.stop_flag = threading.Event()
 
+    def message(self, n: int) -> tuple[bytes, pika.BasicProperties]:
+        """The body and properties of publish number n."""
+        return str(n).encode(), pika.BasicProperties(delivery_mode=2)
+
     def confirmed_numbers(self) -> set[int]:
         return {n for n, _ in self.confirmed}
 
@@ -126,9 +130,7 @@ class ConfirmingPublisher(threading.Thread):
                 while not self.stop_flag.is_set():
                     n += 1
                     try:
-                        channel.basic_publish(
-                            "", self.queue, str(n).encode(), pika.BasicProperties(delivery_mode=2), mandatory=True
-                        )
+                        channel.basic_publish("", self.queue, *self.message(n), mandatory=True)
                     except pika.exceptions.NackError:
                         self.in_doubt += 1
                         continue

@@ -1,0 +1,100 @@
+"""A channel's methods on a partitioned queue (machines/partitions.py): the same command, one
+partition after another.
+
+Why one after another: each partition is a queue in its own shard group, so the commands commit
+in different logs; doing them in turn keeps the client's view simple (declare-ok, consume-ok,
+cancel-ok and delete-ok are sent once every partition has done its part, and a refusal stops
+the rest). A partitioned queue's declare, consume or delete takes one commit per partition.
+
+Which partitions exist: those whose records exist. A declare makes partition 0 (the queue of
+that name) first and the others after it, a delete removes them in the reverse order, so a
+crash in between leaves a queue whose missing partitions route to partition 0 (metadata.py,
+`_partition_for`) and that a redeclare completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..machines import metadata as md
+from ..machines import partitions
+from ..machines.queue_types import Rejected
+from .errors import ChannelError
+
+# step(done): starts one partition's command; done(reply) is its continuation
+Step = Callable[[Callable[[Any], None]], None]
+
+
+def partition_keys(broker: Any, vhost: str, name: str) -> list[tuple[str, str]]:
+    """The keys of the partitions of queue `name` whose records exist, partition 0 first;
+    [(vhost, name)] for a queue that is not partitioned."""
+    meta = broker.meta
+    record = meta.queue(vhost, name)
+    count = partitions.partition_count(record.arguments) if record is not None else 1
+    if count == 1:
+        return [(vhost, name)]
+    return [(vhost, n) for n in partitions.partition_names(name, count) if meta.queue(vhost, n) is not None]
+
+
+def missing_partitions(broker: Any, vhost: str, name: str, owner: str) -> list[md.DeclareQueue]:
+    """The declares of the partitions of queue `name` (declared, partitioned) that have no record
+    yet: durable as it is, with its own arguments but `x-partitions`."""
+    meta = broker.meta
+    record = meta.queue(vhost, name)
+    count = partitions.partition_count(record.arguments) if record is not None else 1
+    if record is None or count == 1:
+        return []
+    own = {key: value for key, value in record.arguments.items() if key != partitions.ARGUMENT}
+    return [
+        md.DeclareQueue(vhost, n, False, record.durable, False, False, own, owner)
+        for n in partitions.partition_names(name, count)[1:]
+        if meta.queue(vhost, n) is None
+    ]
+
+
+def unavailable(broker: Any, arguments: dict[str, Any]) -> str | None:
+    """Why a queue with these arguments cannot be declared now (None: it can): partitions before
+    every member supports them (machines/features.py)."""
+    if partitions.partition_count(arguments) > 1 and not broker.meta.feature_enabled(partitions.FEATURE):
+        return "not every member of the cluster supports partitioned queues yet (feature flag 'partitions')"
+    return None
+
+
+def ready_count(broker: Any, keys: list[tuple[str, str]]) -> int:
+    """The messages ready in these partitions, as this member's replicas have them."""
+    queues = broker.queues
+    return sum(queue.ready_count for key in keys if (queue := queues.get(key)) is not None)
+
+
+def in_turn(
+    then_of: Callable[[Callable[[Any], None]], Callable[[Any], None]], steps: list[Step], then: Callable[[list], None]
+) -> None:
+    """Run `steps` one after another, each once the one before has replied; `then(replies)` after
+    the last. A `Rejected` reply stops the rest: it is raised as the channel's error.
+    `then_of` is the channel's `_then` (a cluster's replies come after a commit)."""
+    replies: list = []
+
+    def step(i: int) -> None:
+        if i == len(steps):
+            then(replies)
+            return
+
+        def done(reply: Any) -> None:
+            if type(reply) is Rejected:
+                raise ChannelError(reply.reply_code, reply.reply_text)
+            replies.append(reply)
+            step(i + 1)
+
+        steps[i](then_of(done))
+
+    step(0)
+
+
+def share(limit: int, count: int) -> int:
+    """A consumer's limit (its prefetch, its consume rate) for each of `count` partitions: its
+    own spread over them, rounded up (at least one each), so that together they stay near what
+    it asked for; 0 (no limit) stays 0."""
+    if limit == 0:
+        return 0
+    return max(1, -(-limit // count))
