@@ -86,6 +86,7 @@ from .delayed import DELAYED_BASE, DelayedMessages
 from .delayed import WINDOW_MAX as DELAYED_WINDOW_MAX
 from .fifo import QueueFifo
 from .message import Message, new_message_error
+from .partitions import parent_of
 from .queue_args import DEFAULT_SETTINGS, QueueSettings
 from .queue_limits import QueueLimits
 from .queue_types import Backing, Deliver, Effect, Meta, Overflowed, Rejected
@@ -140,8 +141,12 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         self._init_txns()  # transactional half messages (transactions.py)
         self._fifo = True  # ready messages in seq order (False in PriorityQueueMachine)
         self.delayed = DelayedMessages(backing, delayed_window_max or DELAYED_WINDOW_MAX)  # x-delay
-        # x-single-active-consumer: attached consumer ids in the order they came; the first is served
+        # x-single-active-consumer: attached consumer ids in the order they came; the first is
+        # served, in partition i of a partitioned queue the i-th (`_sac_consumer`)
         self._sac_order: list[str] = []
+        partition = parent_of(name)
+        self._sac_slot = 0 if partition is None else partition[1]
+        self._sac_serving: str | None = None  # (a partition's: the consumer it serves now)
         # None when nothing stores this queue's messages. Where a stored or spilled message,
         # or durability, implies a backing, the calls say so with a type: ignore[union-attr]:
         # no check per message (storage leaves `apply` in the planned machines redesign).
@@ -679,6 +684,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
             "more_due": self._more_due,
             "exclusive_consumer": self.exclusive_consumer,
             "sac_order": list(self._sac_order),
+            "sac_serving": self._sac_serving,
             # Consumers in dict order (Down walks it), each ring in its rotation.
             "consumers": [
                 [
@@ -793,6 +799,7 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         machine._timed = header["timed"]
         machine._more_due = header["more_due"]
         machine._sac_order = list(header["sac_order"])
+        machine._sac_serving = header.get("sac_serving")  # (absent before partitioned queues)
         machine.dropped = dict(header["dropped"])
         machine.dead_lettered = dict(header["dead_lettered"])
         active = 0
@@ -973,9 +980,11 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
         """
         consumers = self.consumers
         if self._sac_order:
-            # x-single-active-consumer: only the first attached consumer gets messages.
-            consumer = consumers[self._sac_order[0]]
-            return consumer if consumer.has_room() and (not consumer.rate_limit or self._under_rate(consumer)) else None
+            # x-single-active-consumer: only one attached consumer gets messages.
+            sac = self._sac_consumer()
+            if sac is None or not sac.has_room() or sac.rate_limit and not self._under_rate(sac):
+                return None
+            return sac
         for priority in self._priorities:
             ring = self._rings[priority]
             for _ in range(len(ring)):
@@ -984,6 +993,26 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                 if consumer.has_room() and (not consumer.rate_limit or self._under_rate(consumer)):
                     return consumer
         return None
+
+    def _sac_consumer(self) -> Consumer | None:
+        """The single active consumer: the first attached; in partition i (>= 1) of a partitioned
+        queue (partitions.py), the i-th modulo their number, so that the consumers of the name
+        share the partitions, each partition served by one of them at a time. A partition moves
+        to another consumer only once the one it served holds none of its messages unsettled
+        (None meanwhile: nothing is delivered), so a key's messages are never processed by two
+        consumers at once and stay in order; one that is cancelled or goes hands over at once,
+        as in a queue that is not partitioned."""
+        order = self._sac_order
+        if not self._sac_slot:
+            return self.consumers[order[0]]
+        preferred = order[self._sac_slot % len(order)]
+        serving = self._sac_serving
+        if serving != preferred:
+            current = self.consumers.get(serving) if serving is not None else None
+            if current is not None and current.active and current.checked_out:
+                return None
+            self._sac_serving = serving = preferred
+        return self.consumers[serving]
 
     def _under_rate(self, consumer: Consumer) -> bool:
         """A consumer with an x-consume-rate-limit: does its bucket allow a delivery now? (The
@@ -1052,6 +1081,8 @@ class QueueMachine(QueueLimits, QueueReceives, QueueFifo, QueueDedup, QueuePause
                 if rate_on and n:
                     self._rate_take(consumer, n)
                 if n:
+                    if self._sac_slot:
+                        self._sac_serving = consumer_id  # (the only one attached: `_sac_consumer`)
                     self.stats_delivered += n
                     self._after_deliveries(effects, stored)
                 return effects

@@ -141,7 +141,7 @@ def test_a_consumers_prefetch_is_shared_by_the_partitions(env):
     assert 1 <= len(got) <= 8, len(got)  # 2 for each of 4 partitions, never 8 each
 
 
-def test_single_active_consumers_take_one_partition_each_and_keep_each_keys_order(env):
+def test_single_active_consumers_share_the_partitions_and_keep_each_keys_order(env):
     channel = env.channel()
     channel.confirm_delivery()
     name = env.queue_name()
@@ -166,6 +166,8 @@ def test_single_active_consumers_take_one_partition_each_and_keep_each_keys_orde
     for key, deliveries in got.items():
         assert [n for _label, n in deliveries] == list(range(PER_KEY)), key
         assert len({label for label, _n in deliveries}) == 1, key  # one active consumer per partition
+    # the two share the partitions (0 and 2 the first, 1 and 3 the second): both got keys
+    assert {deliveries[0][0] for deliveries in got.values()} == {"a", "b"}
 
 
 def test_refusals(env):
@@ -196,3 +198,39 @@ def test_refusals(env):
     with pytest.raises(ChannelClosedByBroker) as gone:
         channel.queue_declare(partition_name(name, 1), passive=True)
     assert gone.value.reply_code == 404
+
+
+def test_when_a_single_active_consumer_goes_the_other_takes_its_partitions_in_order(env):
+    channel = env.channel()
+    channel.confirm_delivery()
+    name = env.queue_name()
+    declare(channel, name, **{"x-single-active-consumer": True})
+    sent = publish_keyed(channel, "", name)
+    seen: list[tuple[str, str, int]] = []  # (consumer, key, n) in the order processed
+    channels = {}
+    for label in ("a", "b"):
+        ch = env.channel()
+        ch.basic_qos(prefetch_count=5)
+
+        def on_message(ch, method, _props, body, label=label):
+            key, n = body.decode().split(":")
+            seen.append((label, key, int(n)))
+            ch.basic_ack(method.delivery_tag)
+
+        ch.basic_consume(name, on_message)
+        channels[label] = ch
+    connections = [ch.connection for ch in channels.values()]
+    assert wait_until(lambda: sum(1 for c, _k, _n in seen if c == "a") >= 40, 20, connections=connections)
+    channels["a"].connection.close()  # a goes part way: b takes its partitions
+    assert wait_until(
+        lambda: len({(k, n) for _c, k, n in seen}) >= len(sent), 20, connections=[channels["b"].connection]
+    )
+    firsts: dict[str, list[int]] = collections.defaultdict(list)
+    done = set()
+    for _consumer, key, n in seen:
+        if (key, n) not in done:  # (one a had not acked yet comes again to b)
+            done.add((key, n))
+            firsts[key].append(n)
+    assert done == set(sent)
+    assert all(ns == list(range(PER_KEY)) for ns in firsts.values()), firsts
+    assert {c for c, _k, _n in seen[-10:]} == {"b"}

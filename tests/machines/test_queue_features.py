@@ -15,6 +15,7 @@ from maxq_raft.machines.commands import (
     Enqueue,
     Get,
     Requeue,
+    Settle,
     Tick,
     Touch,
 )
@@ -412,6 +413,31 @@ def test_single_active_consumer_waiting_ones_get_nothing_while_the_active_one_is
     # a's connection goes: its unacked message comes back, and b gets both, in order
     _, effects = q.at(1, Down("o-a"))
     assert [(e.consumer_id, e.message.body, e.redelivered) for e in effects] == [("b", b"1", True)]
+
+
+def test_single_active_consumers_share_a_partitioned_queues_partitions_one_at_a_time():
+    # Partition 1 of a partitioned queue (partitions.py) is served by the second attached
+    # consumer, but only once the one it served before holds none of its messages.
+    q = Clocked(single_active_consumer=True)
+    q.machine = QueueMachine("/", "amq.partition-1.p", settings=QueueSettings(single_active_consumer=True))
+    q.at(0, Checkout("a", "o-a", 0, False, 0, False, 100))
+    _, effects = q.publish(0, b"1", b"2")
+    assert [e.consumer_id for e in effects] == ["a", "a"]  # the only one: it serves
+    q.at(1, Checkout("b", "o-b", 0, False, 0, False, 100))
+    _, effects = q.publish(1, b"3")
+    assert effects == [] and q.machine.ready_count == 1  # b's turn, after a settles 1 and 2
+    _, effects = q.at(2, Settle("a", [0]))
+    assert effects == []
+    _, effects = q.at(3, Settle("a", [1]))
+    assert [(e.consumer_id, e.message.body) for e in effects] == [("b", b"3")]
+    _, effects = q.publish(4, b"4")
+    assert [e.consumer_id for e in effects] == ["b"]
+    # partition 0 (the queue of the name) and a queue not partitioned keep the first
+    first = QueueMachine("/", "p", settings=QueueSettings(single_active_consumer=True))
+    first.apply(Meta(1, 0), Checkout("a", "o-a", 0, False, 0, False, 100))
+    first.apply(Meta(2, 0), Checkout("b", "o-b", 0, False, 0, False, 100))
+    _, effects = first.apply(Meta(3, 0), Enqueue([Message("ex", "rk", b"", b"x")]))
+    assert [e.consumer_id for e in effects] == ["a"]
 
 
 # ------------------------------------------------------------------ settings updates

@@ -94,8 +94,12 @@ class FeaturesModel(RuleBasedStateMachine):
         delivery_limit=st.sampled_from([None, None, 0, 1]),
         backoff=st.sampled_from([None, None, 5]),
         sac=st.booleans(),
+        # a partition of a partitioned queue (partitions.py) serves its SAC consumers in turn
+        name=st.sampled_from(["q", "q", "amq.partition-1.p", "amq.partition-3.p"]),
     )
-    def setup(self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff, sac) -> None:
+    def setup(
+        self, ttl, max_length, max_bytes, overflow, dlx, max_priority, delivery_limit, backoff, sac, name
+    ) -> None:
         self.settings = QueueSettings(
             message_ttl_ms=ttl,
             max_length=max_length,
@@ -109,10 +113,10 @@ class FeaturesModel(RuleBasedStateMachine):
             single_active_consumer=sac,
         )
         self.machine = make_queue_machine(
-            "/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
+            "/", name, backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
         )
         self.twin = make_queue_machine(
-            "/", "q", backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
+            "/", name, backing=DictBacking(), durable=True, window_max=3, window_bytes_max=12, settings=self.settings
         )
 
     # ------------------------------------------------------------------ applying
@@ -133,8 +137,7 @@ class FeaturesModel(RuleBasedStateMachine):
         for effect in effects:
             if type(effect) is Deliver:
                 if self.settings.single_active_consumer:
-                    # only the first attached consumer is served
-                    assert effect.consumer_id == self.machine._sac_order[0]
+                    self.check_single_active(effect.consumer_id)
                 self.delivered(effect.consumer_id, effect.message, no_ack=effect.consumer_id in self.no_ack_ids())
             else:
                 assert type(effect) is DeadLetter, effect
@@ -153,6 +156,17 @@ class FeaturesModel(RuleBasedStateMachine):
                         assert self.settings.limited and self.settings.overflow == "drop-head"
                     elif effect.reason == "delivery_limit":
                         assert message.delivery_count > self.settings.delivery_limit
+
+    def check_single_active(self, consumer_id: str) -> None:
+        """Only one attached consumer is served: the first; in partition i, the i-th of them
+        modulo their number, and only once no other attached consumer holds a message unsettled
+        (so a partition's messages are never processed by two consumers at once)."""
+        machine = self.machine
+        order = machine._sac_order
+        slot = machine._sac_slot
+        assert consumer_id == order[slot % len(order)]
+        others = [cid for cid in order if cid != consumer_id and machine.consumers[cid].checked_out]
+        assert not slot or not others, others
 
     def no_ack_ids(self) -> list:
         return [cid for cid, c in self.machine.consumers.items() if c.no_ack]
