@@ -11,10 +11,11 @@ from typing import Any
 import trio
 
 from ..machines import metadata as md
+from ..machines import partitions
 from ..machines.queue_types import Rejected
 from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
-from ..server.partitioned import missing_partitions, unavailable
+from ..server.partitioned import NOT_ENABLED, missing_partitions, unavailable, with_policy_partitions
 
 COMMIT_TIMEOUT_S = 15.0
 
@@ -121,8 +122,16 @@ async def commit(broker: Any, command: Any) -> Any:
     return the machine's reply (see `wait_for_reply`). A queue is declared as a channel declares
     it: its queue machine is made in its shard before its record is committed
     (Broker.declare_queue), and a partitioned queue's partitions after it (server/partitioned.py)."""
+    if (
+        type(command) is md.SetPolicy
+        and isinstance(command.definition, dict)
+        and "partitions" in command.definition
+        and not broker.meta.feature_enabled(partitions.FEATURE)  # (an earlier release refuses the key)
+    ):
+        raise HttpError("400 Bad Request", f"the policy key 'partitions': {NOT_ENABLED}")
     if type(command) is not md.DeclareQueue:
         return await wait_for_reply(lambda then: broker.meta_call(command, then))
+    command = with_policy_partitions(broker, command)
     refusal = unavailable(broker, command.arguments)
     if refusal is not None:
         raise HttpError("400 Bad Request", f"invalid arg 'x-partitions' for queue '{command.name}': {refusal}")

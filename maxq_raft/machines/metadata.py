@@ -110,6 +110,8 @@ POLICY_KEYS = {
     "retry-backoff-multiplier": "x-retry-backoff-multiplier",
     "retry-backoff-max-ms": "x-retry-backoff-max-ms",
     "consume-rate-limit": "x-consume-rate-limit",  # MaxQ-Raft's (issue #20)
+    # x-partitions (partitions.py): the count a queue is made with; an existing queue keeps its own
+    "partitions": partitions.ARGUMENT,
     "publish-rate-limit": "x-publish-rate-limit",
     # rabbitmq-message-deduplication (machines/dedup.py): our names, and the plugin's own policy
     # keys (it registers them with their x- prefix), so its policies apply unchanged.
@@ -1182,6 +1184,8 @@ def _check_args(received: Arguments, current: Arguments, keys: tuple[str, ...], 
             continue
         if got is None and have is None:
             continue
+        if key == partitions.ARGUMENT and got is None:
+            continue  # (a partitions policy may have given the count: a redeclare need not repeat it)
         if got is not None and have is not None:
             if _type_class(got) == _type_class(have) and got == have:
                 continue

@@ -35,7 +35,15 @@ from .broker import Broker, ConsumerHandle
 from .channel_state import ChannelState
 from .confirms import Unavailable
 from .errors import ChannelError, HardError
-from .partitioned import in_turn, missing_partitions, partition_keys, ready_count, share, unavailable
+from .partitioned import (
+    in_turn,
+    missing_partitions,
+    partition_keys,
+    ready_count,
+    share,
+    unavailable,
+    with_policy_partitions,
+)
 from .publish_extras import delivery_props
 from .publish_plan import PublishPlan
 
@@ -308,10 +316,10 @@ class Channel:
             steps = [partial(self.broker.declare_queue, command) for command in missing]
             in_turn(self._then, steps, answer)
 
-        self.broker.declare_queue(
-            md.DeclareQueue(vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, arguments, self.session.id),
-            self._then(declared),
+        command = md.DeclareQueue(
+            vhost, name, m.passive, m.durable, m.exclusive, m.auto_delete, arguments, self.session.id
         )
+        self.broker.declare_queue(with_policy_partitions(self.broker, command), self._then(declared))
 
     def queue_bind(self, m) -> None:
         name = self._expand_queue_name(m.queue)

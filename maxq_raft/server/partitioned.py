@@ -53,12 +53,33 @@ def missing_partitions(broker: Any, vhost: str, name: str, owner: str) -> list[m
     ]
 
 
+NOT_ENABLED = "not every member of the cluster supports partitioned queues yet (feature flag 'partitions')"
+
+
 def unavailable(broker: Any, arguments: dict[str, Any]) -> str | None:
     """Why a queue with these arguments cannot be declared now (None: it can): partitions before
     every member supports them (machines/features.py)."""
     if partitions.partition_count(arguments) > 1 and not broker.meta.feature_enabled(partitions.FEATURE):
-        return "not every member of the cluster supports partitioned queues yet (feature flag 'partitions')"
+        return NOT_ENABLED
     return None
+
+
+def with_policy_partitions(broker: Any, command: md.DeclareQueue) -> md.DeclareQueue:
+    """A declare of a new queue whose policy says `partitions` carries that count as its own
+    x-partitions (a partitioned queue's count is fixed when it is made), unless it names one
+    itself, or could not be partitioned (exclusive, auto-delete, x-expires: then the policy's
+    count does not apply to it, as a policy key that does not fit a queue is ignored)."""
+    if command.passive or partitions.ARGUMENT in command.arguments:
+        return command
+    if broker.meta.queue(command.vhost, command.name) is not None:
+        return command
+    effective = broker.meta.arguments_under_policies(command.vhost, command.name, command.arguments)
+    count = partitions.partition_count(effective)
+    if count == 1 or unavailable(broker, effective) is not None:
+        return command
+    if partitions.declare_refusal(command.name, count, command.exclusive, command.auto_delete, effective):
+        return command
+    return command._replace(arguments={**command.arguments, partitions.ARGUMENT: count})
 
 
 def ready_count(broker: Any, keys: list[tuple[str, str]]) -> int:

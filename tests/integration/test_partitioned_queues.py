@@ -8,6 +8,10 @@ partition, basic.get takes from them in turn, and declare-ok, purge-ok and delet
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
 import pika
 import pytest
@@ -19,6 +23,7 @@ from ..helpers import pump, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
+MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 PARTITIONS = 4
 KEYS = 12
 PER_KEY = 25
@@ -234,3 +239,35 @@ def test_when_a_single_active_consumer_goes_the_other_takes_its_partitions_in_or
     assert done == set(sent)
     assert all(ns == list(range(PER_KEY)) for ns in firsts.values()), firsts
     assert {c for c, _k, _n in seen[-10:]} == {"b"}
+
+
+def test_a_partitions_policy_partitions_queues_made_after_it(env, broker):
+    tag = uuid.uuid4().hex[:8]
+    policy = f"parts-{tag}"
+    set_policy = subprocess.run(
+        [MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", "set-policy", policy, f"^pp-{tag}", '{"partitions": 3}'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert set_policy.returncode == 0, set_policy.stderr
+    try:
+        channel = env.channel()
+        name = env.queue_name(f"pp-{tag}")
+        channel.queue_declare(name, durable=True)  # no argument: the policy's count
+        assert channel.queue_declare(partition_name(name, 2), passive=True)
+        channel.queue_declare(name, durable=True)  # a redeclare need not repeat it
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.queue_declare(name, durable=True, arguments={"x-partitions": 2})
+        assert refused.value.reply_code == 406
+        channel = env.channel()
+        exclusive = channel.queue_declare(f"pp-{tag}-own", exclusive=True)  # cannot be: the policy passes it by
+        assert exclusive.method.queue == f"pp-{tag}-own"
+        with pytest.raises(ChannelClosedByBroker):
+            channel.queue_declare(partition_name(f"pp-{tag}-own", 1), passive=True)
+    finally:
+        subprocess.run(
+            [MAXQCTL, "--node", f"127.0.0.1:{broker.http_port}", "clear-policy", policy],
+            capture_output=True,
+            timeout=30,
+        )

@@ -118,3 +118,13 @@ def test_a_partition_follows_its_parents_policy() -> None:
     machine = _machine_with(2)
     machine.apply(Meta(1, 0), md.SetPolicy(V, "limit", "^p$", {"max-length": 5}, 0, "queues"))
     assert machine.effective_arguments(V, "amq.partition-1.p")["x-max-length"] == 5
+
+
+def test_a_policy_may_give_a_count_and_a_redeclare_need_not_repeat_it() -> None:
+    ok = md.policy_record(md.SetPolicy(V, "p", "^p$", {"partitions": 3}, 0, "queues"))
+    assert type(ok) is md.PolicyRecord and ok.arguments() == {"x-partitions": 3}
+    bad = md.policy_record(md.SetPolicy(V, "p", "^p$", {"partitions": 0}, 0, "queues"))
+    assert type(bad) is Rejected and "x-partitions" in bad.reply_text
+    machine = _machine_with(2)
+    reply, _ = machine.apply(Meta(1, 0), md.DeclareQueue(V, "p", False, True, False, False, {}, "c"))
+    assert type(reply) is md.QueueRecord and reply.arguments == {"x-partitions": 2}
