@@ -18,6 +18,14 @@ the fault windows the nemesis and runner recorded. Then every message falls in o
                          first time the id is seen at all) of one publisher session arrive out
                          of publish order; AMQP orders a channel's messages and a queue delivers
                          in order, and a requeued message always comes back redelivered=true
+      key_order_violations
+                         (the partitioned workload) first deliveries, across every consumer, of
+                         confirmed publishes of one publisher with one partition key, out of
+                         publish order: a key's messages are in one partition, served by one
+                         single active consumer at a time, which hands over only once it holds
+                         none of them unsettled or is gone (its unsettled ones come back first).
+                         In the FIFO rule above such publishes count per key: a consumer of a
+                         partitioned queue takes from every partition
       minority_confirmed a publish invoked and confirmed while its node was cut off in a
                          minority (nemesis records say which nodes, from when to the next heal)
       received_after_delete
@@ -110,6 +118,7 @@ FATAL_KINDS = (
     "nacked_delivered",
     "corrupt",
     "fifo_violations",
+    "key_order_violations",
     "minority_confirmed",
     "dead_letter_without_x_death",
     "received_after_delete",
@@ -142,6 +151,7 @@ class _Publish:
     outcome_time: float | None = None
     error: str | None = None
     txn: str | None = None  # the txn workload: the transaction this half belongs to
+    key: str | None = None  # the partitioned workload: the publish's partition key
     crcs: dict = field(default_factory=dict)  # the txn workload: attempt -> CRC of that attempt's body
     attempts: int = 1
 
@@ -261,6 +271,7 @@ def check(records: Iterable[dict]) -> CheckResult:
                     t,
                     r.get("crc"),
                     txn=r.get("txn"),
+                    key=r.get("key"),
                 )
                 if r.get("txn") is not None:
                     publishes[mid].crcs[attempt if isinstance(attempt, int) else 1] = r.get("crc")
@@ -322,7 +333,7 @@ def check(records: Iterable[dict]) -> CheckResult:
             # (halves become ready at their commit, not in publish order: no FIFO rule for them)
             if first and not d.redelivered and p.seq is not None and not dead_lettered and p.txn is None:
                 per_consumer = fifo_last.setdefault((d.process, d.session), {})
-                publisher = (p.process, p.session)
+                publisher = (p.process, p.session, p.key)
                 last = per_consumer.get(publisher)
                 if last is not None and p.seq < last[0]:
                     fifo.append(
@@ -439,6 +450,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         else:
             unknown.append(mid)
 
+    key_order = key_order_violations(publishes, deliveries)
     after_delete, deletes_certain = received_after_delete(deletes_ok, deliveries, visibility_s)
     deliveries_total = sum(len(ds) for ds in deliveries.values())
     duplicates = deliveries_total - len(deliveries)
@@ -470,6 +482,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         "nacked_delivered_store_failed": len(nacked_delivered_store_failed),
         "corrupt": len(corrupt),
         "fifo_violations": len(fifo),
+        "key_order_violations": len(key_order),
         "minority_confirmed": len(minority_confirmed),
         "recovered": len(recovered),
         "unknown": len(unknown),
@@ -551,6 +564,7 @@ def check(records: Iterable[dict]) -> CheckResult:
         "nacked_delivered_store_failed": nacked_delivered_store_failed[:EXAMPLES_MAX],
         "corrupt": corrupt[:EXAMPLES_MAX],
         "fifo_violations": fifo[:EXAMPLES_MAX],
+        "key_order_violations": key_order[:EXAMPLES_MAX],
         "minority_confirmed": minority_confirmed[:EXAMPLES_MAX],
         "recovered": recovered[:EXAMPLES_MAX],
         "duplicates_unflagged": dup_unflagged_ids[:EXAMPLES_MAX],
@@ -568,6 +582,29 @@ def check(records: Iterable[dict]) -> CheckResult:
         notes=notes,
         drain_complete=drain_complete,
     )
+
+
+def key_order_violations(publishes: dict[str, _Publish], deliveries: dict[str, list[_Delivery]]) -> list[dict]:
+    """The partitioned workload's rule (see the module docstring): per publisher and key, the
+    first deliveries of confirmed publishes, in the order they were recorded (one clock), must
+    come in publish order. Unconfirmed ones are left out: one in doubt may be committed after
+    later ones (its node's proposer retries it once the node is back)."""
+    firsts: dict[tuple[str, str], list[tuple[float, int, str]]] = {}
+    for mid, ds in deliveries.items():
+        p = publishes.get(mid)
+        if p is None or p.key is None or p.outcome != OK or p.seq is None:
+            continue
+        firsts.setdefault((p.process, p.key), []).append((ds[0].time, p.seq, mid))
+    violations = []
+    for (process, key), seen in sorted(firsts.items()):
+        seen.sort()
+        last_seq, last_id = -1, ""
+        for t, seq, mid in seen:
+            if seq < last_seq:
+                violations.append({"publisher": process, "key": key, "id": mid, "after": last_id, "time": t})
+            else:
+                last_seq, last_id = seq, mid
+    return violations
 
 
 def _in_window(windows: list[list], node: str | None, t: float | None) -> bool:

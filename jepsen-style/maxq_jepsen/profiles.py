@@ -63,7 +63,10 @@ class Profile:
     notes: tuple[str, ...] = field(default=())
 
 
-WORKLOAD_KINDS = ("queue", "fifo", "dlx", "sqs", "txn")
+WORKLOAD_KINDS = ("queue", "fifo", "dlx", "sqs", "txn", "partitioned")
+# The partitioned workload: a work queue of this many partitions, keys per publisher
+PARTITIONS = 4
+PARTITION_KEYS = 8
 TXN_CHECKS_QUEUE = "jepsen-txn-checks"
 DLX_QUEUE = "jepsen-dlq"
 DLX_TTL_MS = 300
@@ -101,6 +104,11 @@ def workload_for(kind: str, base: WorkloadConfig, ttl_ms: int | None = None) -> 
             checks_queue=TXN_CHECKS_QUEUE,
             rate_per_publisher_hz=max(1.0, base.rate_per_publisher_hz / 3),
         )
+    if kind == "partitioned":
+        # A partitioned work queue with single active consumers (x-partitions): each publisher's
+        # keys spread over the partitions; the checker holds every key to publish order across
+        # consumers (checker.key_order_violations). At least two consumers, so that partitions move.
+        return replace(base, consumers=max(2, base.consumers), partitions=PARTITIONS, partition_keys=PARTITION_KEYS)
     raise ValueError(f"unknown workload {kind!r} ({', '.join(WORKLOAD_KINDS)})")
 
 
@@ -188,7 +196,7 @@ def _cluster() -> Profile:
 
 LONG_NOTICE = (
     "long: 5-node cluster runs (every nemesis; membership changes and drains overlap the other faults; the 11th "
-    "is the TTL + dead-letter workload) first, then single-node runs; --runs N takes the first N, "
+    "is the TTL + dead-letter workload, the 12th a partitioned queue) first, then single-node runs; --runs N takes the first N, "
     "--time S shortens each"
 )
 
@@ -239,6 +247,13 @@ def _long() -> Profile:
             drain_timeout_s=120.0,
             overlap=("membership", "maintenance"),
             server_args=CLUSTER_SERVER_ARGS,
+        )
+    )
+    # A partitioned work queue (x-partitions, single active consumers): the twelfth, with every
+    # nemesis; the checker holds each publisher's keys to publish order across consumers.
+    runs.append(
+        replace(
+            runs[-1], seed=2012, workload_kind="partitioned", workload=workload_for("partitioned", cluster_workload)
         )
     )
     for i in range(10):

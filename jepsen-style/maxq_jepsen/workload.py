@@ -110,6 +110,12 @@ class WorkloadConfig:
     txn_timeout_ms: tuple[int, int] = (1000, 2000)
     txn_checks: int = 3
     txn_retries_max: int = 3  # attempts per half and per decision
+    # The partitioned workload: the work queue has this many partitions (x-partitions, with
+    # x-single-active-consumer: one consumer per partition at a time), and each publish an
+    # x-partition-key header, one of `partition_keys` per publisher ("k<seq mod keys>"): the
+    # checker's key order rule (checker.py) holds each key's messages to publish order.
+    partitions: int = 0
+    partition_keys: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,6 +147,9 @@ def queue_arguments(config: WorkloadConfig | None = None, queue: str | None = No
             args["x-message-ttl"] = int(config.message_ttl_ms)
     if config is not None and config.deduplication and queue == config.queue:
         args["x-message-deduplication"] = True
+    if config is not None and config.partitions and queue == config.queue:
+        args["x-partitions"] = int(config.partitions)
+        args["x-single-active-consumer"] = True
     return args
 
 
@@ -433,14 +442,17 @@ class _PublisherSession(_Session):
         w.seq += 1
         message_id = f"{w.process}-{w.seq}"
         body = message_body(message_id, w.seed, w.config.body_bytes)
-        self.record(INVOKE, "publish", id=message_id, seq=w.seq, crc=zlib.crc32(body))
+        key = f"k{w.seq % w.config.partition_keys}" if w.config.partition_keys else None
+        headers = None if key is None else {"x-partition-key": f"{w.process}:{key}"}
+        keyed = {} if key is None else {"key": key}
+        self.record(INVOKE, "publish", id=message_id, seq=w.seq, crc=zlib.crc32(body), **keyed)
         try:
             self.channel.basic_publish(
                 "",
                 w.config.queue,
                 body,
                 mandatory=True,
-                properties=pika.BasicProperties(delivery_mode=2, message_id=message_id),
+                properties=pika.BasicProperties(delivery_mode=2, message_id=message_id, headers=headers),
             )
         except AMQPError as exc:
             self.record(INFO, "publish", id=message_id, seq=w.seq, error=f"send: {_text(exc)}")

@@ -37,6 +37,7 @@ from ..amqp.properties import BasicProperties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.message import Message
+from ..machines.partitions import parent_of, partition_count
 from ..machines.queue_types import HandleResult, Overflowed, Received, Rejected
 from ..server.authorization import Authorization
 from ..server.confirms import Unavailable
@@ -121,8 +122,16 @@ class SqsActions:
         vhost, name = parse_queue_url(request.params["QueueUrl"])
         self._vhost(caller, vhost)
         self._allowed(caller, vhost, kinds, name, request.action)
-        if self.broker.meta.queue(vhost, name) is None:
+        record = self.broker.meta.queue(vhost, name)
+        if record is None:
             raise _no_queue()
+        if partition_count(record.arguments) > 1 or parent_of(name) is not None:
+            # its messages are in several queues (machines/partitions.py): one queue's view of
+            # them would miss the others', and its delete would leave them behind
+            raise SqsError(
+                "UnsupportedOperation",
+                f"The queue '{name[:255]}' is partitioned (x-partitions): use it over AMQP (docs/queue-features.md).",
+            )
         return vhost, name
 
     def _arn(self, vhost: str, name: str) -> str:

@@ -757,3 +757,26 @@ def test_priorities_as_a_message_attribute(broker, sqs):
         assert bodies == ["high", "low", "none"]
     finally:
         sqs.delete_queue(QueueUrl=url)
+
+
+def test_a_partitioned_queue_is_refused_over_sqs(broker, sqs):
+    # its messages are in several queues (x-partitions): SQS would see and delete only one
+    name = f"parts-{uuid.uuid4().hex[:10]}"
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.amqp_port))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-partitions": 2})
+        url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        for call in (
+            lambda: sqs.send_message(QueueUrl=url, MessageBody="x"),
+            lambda: sqs.receive_message(QueueUrl=url),
+            lambda: sqs.delete_queue(QueueUrl=url),
+        ):
+            with pytest.raises(ClientError) as refused:
+                call()
+            assert code(refused.value) == "AWS.SimpleQueueService.UnsupportedOperation"
+            assert "partitioned" in refused.value.response["Error"]["Message"]
+        assert channel.queue_declare(f"amq.partition-1.{name}", passive=True)  # nothing deleted
+        channel.queue_delete(name)
+    finally:
+        connection.close()
