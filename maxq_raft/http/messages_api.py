@@ -30,6 +30,7 @@ from ..machines.message import Message
 from ..machines.queue_types import Overflowed
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
+from ..server.partitioned import partition_keys
 from ..server.publish_extras import publish_extras, stored_properties
 from . import auth
 from .objects_api import DEFAULT_EXCHANGE, not_found, readable_vhost
@@ -222,9 +223,14 @@ async def get(broker: Any, request: Request) -> list:
     if broker.meta.queue(vhost, name) is None:
         raise not_found()
     count, ackmode, encoding, truncate = _get_body(request.json())
-    return await _take(
-        broker, (vhost, name), count, ackmode, lambda m, r, n: _message_json(m, r, n, encoding, truncate)
-    )
+    got: list = []
+    for key in partition_keys(broker, vhost, name):  # (a partitioned queue's: each in turn)
+        if len(got) == count:
+            break
+        got += await _take(
+            broker, key, count - len(got), ackmode, lambda m, r, n: _message_json(m, r, n, encoding, truncate)
+        )
+    return got
 
 
 async def _take(broker: Any, key: tuple[str, str], count: int, ackmode: str, show: Any) -> list:

@@ -19,6 +19,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -30,7 +31,7 @@ from ..machines.partitions import parent_of
 from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from ..server.message_rates import exchange_counts, queue_counts
-from ..server.partitioned import partition_keys
+from ..server.partitioned import partition_keys, ready_count
 from . import auth, definitions
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -176,21 +177,31 @@ def _existing(broker: Any, request: Request, kind: str) -> tuple[str, str]:
     return vhost, name
 
 
+def _whole(broker: Any, vhost: str, name: str) -> list[tuple[str, str]]:
+    """The queues a change to queue `name` acts on: every partition of a partitioned queue
+    (partition 0 first: machines/partitions.py), else the queue. (A partition alone is never
+    changed here: its amq. name is refused first, 401, as RabbitMQ refuses amq.* queues.)"""
+    return partition_keys(broker, vhost, name)
+
+
 async def delete_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "configure")
+    keys = _whole(broker, vhost, name)
     queue = broker.queues.get((vhost, name))
     query = request.query
     if queue is not None and query.get("if-unused") == ["true"] and queue.active_consumer_count:
         raise HttpError("400 Bad Request", "bad_request", reason=f"queue '{name}' in vhost '{vhost}' in use")
-    if queue is not None and query.get("if-empty") == ["true"] and queue.ready_count:
+    if query.get("if-empty") == ["true"] and ready_count(broker, keys):
         raise HttpError("400 Bad Request", "bad_request", reason=f"queue '{name}' in vhost '{vhost}' not empty")
-    await wait_for_reply(lambda then: broker.delete_queue((vhost, name), then))
+    for key in reversed(keys):  # (partition 0, the queue of the name, last: server/partitioned.py)
+        await wait_for_reply(partial(broker.delete_queue, key))
     return Reply("204 No Content")
 
 
 async def purge_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "read")
-    await wait_for_reply(lambda then: broker.queue_call((vhost, name), qc.Purge(), then))
+    for key in _whole(broker, vhost, name):
+        await wait_for_reply(partial(broker.queue_call, key, qc.Purge()))
     return Reply("204 No Content")
 
 
@@ -223,7 +234,8 @@ async def queue_action(broker: Any, request: Request) -> Reply:
         command = qc.PauseConsumers("connection", connection, PAUSE_ACTIONS[action])
     else:
         command = qc.PauseConsumers("queue", "", PAUSE_ACTIONS[action])
-    await wait_for_reply(lambda then: broker.queue_call((vhost, name), command, then))
+    for key in _whole(broker, vhost, name):
+        await wait_for_reply(partial(broker.queue_call, key, command))
     return Reply("204 No Content")
 
 

@@ -1016,6 +1016,9 @@ class MetadataMachine:
             for name, limit in operator.arguments().items():
                 current = arguments.get(name)
                 arguments[name] = limit if type(current) is not int else min(current, limit)
+        if "x-expires" in arguments and (partitions.partition_count(own) > 1 or partitions.parent_of(queue)):
+            # A partitioned queue never expires (partitions.py: each partition would, one by one).
+            del arguments["x-expires"]
         return arguments
 
     def _operator_policy_for(self, vhost: str, queue: str) -> PolicyRecord | None:

@@ -67,8 +67,9 @@ def unavailable(broker: Any, arguments: dict[str, Any]) -> str | None:
 def with_policy_partitions(broker: Any, command: md.DeclareQueue) -> md.DeclareQueue:
     """A declare of a new queue whose policy says `partitions` carries that count as its own
     x-partitions (a partitioned queue's count is fixed when it is made), unless it names one
-    itself, or could not be partitioned (exclusive, auto-delete, x-expires: then the policy's
-    count does not apply to it, as a policy key that does not fit a queue is ignored)."""
+    itself, or could not be partitioned (exclusive, auto-delete, its own x-expires: then the
+    policy's count does not apply to it, as a policy key that does not fit a queue is ignored; a
+    policy's x-expires does not apply to a partitioned queue: metadata.arguments_under_policies)."""
     if command.passive or partitions.ARGUMENT in command.arguments:
         return command
     if broker.meta.queue(command.vhost, command.name) is not None:
@@ -77,7 +78,7 @@ def with_policy_partitions(broker: Any, command: md.DeclareQueue) -> md.DeclareQ
     count = partitions.partition_count(effective)
     if count == 1 or unavailable(broker, effective) is not None:
         return command
-    if partitions.declare_refusal(command.name, count, command.exclusive, command.auto_delete, effective):
+    if partitions.declare_refusal(command.name, count, command.exclusive, command.auto_delete, command.arguments):
         return command
     return command._replace(arguments={**command.arguments, partitions.ARGUMENT: count})
 

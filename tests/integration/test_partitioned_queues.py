@@ -19,7 +19,7 @@ from pika.exceptions import ChannelClosedByBroker
 
 from maxq_raft.machines.partitions import partition_name
 
-from ..helpers import pump, wait_until
+from ..helpers import api, pump, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,3 +271,66 @@ def test_a_partitions_policy_partitions_queues_made_after_it(env, broker):
             capture_output=True,
             timeout=30,
         )
+
+
+def test_the_admin_api_acts_on_every_partition(env, broker):
+    channel = env.channel()
+    channel.confirm_delivery()
+    name = env.queue_name()
+    declare(channel, name)
+    sent = publish_keyed(channel, "", name)
+    path = f"/api/queues/%2F/{name}"
+    status, view, _ = api(broker, "GET", path)
+    assert status == 200 and view["messages"] == len(sent) and view["partitions"] == PARTITIONS
+    status, part, _ = api(broker, "GET", f"/api/queues/%2F/{partition_name(name, 1)}")
+    assert status == 200 and part["partition_of"] == name  # (a single node has one shard group)
+    status, got, _ = api(
+        broker, "POST", path + "/get", {"count": 20, "ackmode": "ack_requeue_false", "encoding": "auto"}
+    )
+    assert status == 200 and len(got) == 20
+    assert channel.queue_declare(name, passive=True).method.message_count == len(sent) - 20
+    status, body, _ = api(broker, "DELETE", f"/api/queues/%2F/{partition_name(name, 2)}")
+    assert status == 401, body  # a partition alone: no (its amq. name, as RabbitMQ)
+    status, _, _ = api(broker, "DELETE", path + "/contents")
+    assert status == 204
+    assert channel.queue_declare(name, passive=True).method.message_count == 0
+    status, _, _ = api(broker, "DELETE", path)
+    assert status == 204
+    for i in range(PARTITIONS):
+        assert api(broker, "GET", f"/api/queues/%2F/{partition_name(name, i)}")[0] == 404
+
+
+def test_definitions_keep_a_partitioned_queue_as_one_and_make_its_partitions_again(env, broker):
+    channel = env.channel()
+    name = env.queue_name()
+    declare(channel, name, 3)
+    status, exported, _ = api(broker, "GET", "/api/definitions")
+    assert status == 200
+    mine = [q for q in exported["queues"] if name in q["name"]]
+    assert [q["name"] for q in mine] == [name] and mine[0]["arguments"]["x-partitions"] == 3
+    channel.queue_delete(name)
+    status, body, _ = api(broker, "POST", "/api/definitions", {"queues": mine})
+    assert status in (200, 201, 204), body
+    assert channel.queue_declare(partition_name(name, 2), passive=True)
+
+
+def test_a_policys_expiry_does_not_reach_a_partitioned_queue(env, broker):
+    tag = uuid.uuid4().hex[:8]
+    status, body, _ = api(
+        broker,
+        "PUT",
+        f"/api/policies/%2F/expiry-{tag}",
+        {"pattern": f"^px-{tag}", "definition": {"expires": 1000}, "apply-to": "queues"},
+    )
+    assert status in (201, 204), body
+    try:
+        channel = env.channel()
+        name = env.queue_name(f"px-{tag}")
+        declare(channel, name, 2)
+        plain = env.queue_name(f"px-{tag}")
+        channel.queue_declare(plain)
+        assert wait_until(lambda: api(broker, "GET", f"/api/queues/%2F/{plain}")[0] == 404, 10)  # it expires
+        assert channel.queue_declare(name, passive=True)  # it does not, nor its partition
+        assert channel.queue_declare(partition_name(name, 1), passive=True)
+    finally:
+        api(broker, "DELETE", f"/api/policies/%2F/expiry-{tag}")
