@@ -489,3 +489,34 @@ def test_sigkill_during_confirmed_publishing_loses_and_duplicates_nothing(start_
     assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:10]}"
     assert ids == sorted(ids), "recovered out of order"
     connection.close()
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_partitioned_queue_comes_back_whole_and_keeps_routing_by_key(start_broker, how):
+    server = start_broker()
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("pq", durable=True, arguments={"x-partitions": 3})
+    keys = [f"key-{k}" for k in range(6)]
+    for n in range(10):
+        for key in keys:
+            headers = {"x-partition-key": key}
+            channel.basic_publish(
+                "", "pq", f"{key}:{n}".encode(), pika.BasicProperties(delivery_mode=2, headers=headers)
+            )
+    connection.close()
+
+    server = restart(start_broker, server, how)
+    connection = server.connect(heartbeat=0)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    assert channel.queue_declare("pq", durable=True, arguments={"x-partitions": 3}).method.message_count == 60
+    for key in keys:  # after the restart a key still goes where its earlier messages are
+        channel.basic_publish(
+            "", "pq", f"{key}:10".encode(), pika.BasicProperties(delivery_mode=2, headers={"x-partition-key": key})
+        )
+    got = [body.decode().split(":") for body in consume_all(connection, channel, "pq", 66)]
+    for key in keys:
+        assert [int(n) for k, n in got if k == key] == list(range(11)), key
+    connection.close()

@@ -111,6 +111,7 @@ def observe(machine: QueueMachine):
         sorted(machine.backing.records) if machine.backing is not None else None,
         machine.dedup_window.dump() if machine.dedup_window is not None else None,
         sorted(machine.backing.dedup) if machine.backing is not None else None,
+        machine._sac_serving,  # (a partition's single active consumer: partitions.py)
     )
 
 
@@ -325,12 +326,12 @@ DRAIN = [
 ]
 
 
-def make_machine(queue_settings: QueueSettings, backing: str) -> QueueMachine:
+def make_machine(queue_settings: QueueSettings, backing: str, name: str = "q") -> QueueMachine:
     if backing == "none":
-        return make_queue_machine("/", "q", settings=queue_settings)
+        return make_queue_machine("/", name, settings=queue_settings)
     return make_queue_machine(
         "/",
-        "q",
+        name,
         backing=DictBacking(),
         durable=backing == "durable",
         window_max=3,
@@ -346,14 +347,16 @@ def make_machine(queue_settings: QueueSettings, backing: str) -> QueueMachine:
     backing=st.sampled_from(["none", "spilling", "durable"]),
     ops=st.lists(operations, min_size=25, max_size=80),
     data=st.data(),
+    # partition 1 of a partitioned queue keeps which single active consumer it serves
+    name=st.sampled_from(["q", "q", "amq.partition-1.p"]),
 )
-def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, data) -> None:
+def test_restored_machine_behaves_as_the_original(queue_settings, backing, ops, data, name) -> None:
     split = data.draw(st.integers(len(ops) // 3, len(ops)), label="snapshot after")
     # A tiny per-command budget for expiry, drops and releases, so that "more is due" happens.
     budget = queue_limits.DROP_BATCH_MAX
     queue_limits.DROP_BATCH_MAX = 2
     try:
-        pair = Pair(make_machine(queue_settings, backing))
+        pair = Pair(make_machine(queue_settings, backing, name))
         for op in ops[:split]:
             pair.step(op)
         pair.restore(events=True)
