@@ -10,6 +10,9 @@ fdatasync runs, new appends queue up and go in the next batch; docs/design.md §
 costs 160-190 us here, so never one per entry). Only then does `durable_index` advance and
 `on_durable(durable_index)` run, in the writer thread; the caller bridges threads itself. A
 confirm to a publisher means "fsynced" (docs/design.md §4), so nothing claims durability earlier.
+An owner that sets `wake_writer = False` calls `write_pending` after its appends instead: it
+writes a small batch itself, in its own thread, with the same write, fdatasync and publication
+of durable_index (two thread hand-offs fewer per batch), and wakes the writer for a large one.
 
 On disk (folder):
   <first index, 20 digits>.seg  segments; one record after another, big-endian:
@@ -599,6 +602,9 @@ class Journal:
         # Told the seconds each data fdatasync took (writer thread), e.g. SyncLatency.observe:
         # the owner's metrics; this module imports nothing of ours.
         self.on_fdatasync: Callable[[float], None] | None = None
+        # False: append leaves the writer asleep; the owner calls write_pending after its appends
+        # (it writes a small batch itself, a hand-off to the writer thread and back saved)
+        self.wake_writer = True
         self._closed = False
         self._thread = threading.Thread(target=self._writer_main, name=f"journal-writer:{folder.name}", daemon=True)
         self._thread.start()
@@ -716,10 +722,49 @@ class Journal:
         self._queue_bytes_in += size
         self._queue.append(entry)
         self._appends += 1
-        if self._writer_idle:  # set under the lock before the writer checks the queue and sleeps
+        if self._writer_idle and self.wake_writer:  # set under the lock before the writer checks the queue and sleeps
             with self._lock:
                 self._writer_idle = False
                 self._writer_wake.notify()
+
+    def write_pending(self, inline_bytes_max: int) -> int | None:
+        """The owner's turn after its appends when `wake_writer` is False: what is queued is
+        written and fdatasynced here, in the caller's thread, when it is at most
+        `inline_bytes_max` bytes and the writer is asleep; else the writer is woken for it.
+        Returns the new durable index when it wrote here (on_durable is not called then: the
+        caller knows), else None. A write that fails fails the journal as the writer's would
+        (JournalError; no entry after durable_index is durable)."""
+        if not self._queue:
+            return None
+        held = self._queue_bytes_in - self._queue_bytes_out
+        if held > inline_bytes_max or not self._writer_idle or not self._io_lock.acquire(blocking=False):
+            with self._lock:
+                if self._writer_idle:
+                    self._writer_idle = False
+                    self._writer_wake.notify()
+            return None
+        try:
+            self._check_usable()
+            with self._lock:
+                queue = self._queue
+                batch = [queue.popleft() for _ in range(len(queue))]
+            if not batch:
+                return None
+            try:
+                return self._write_batch(batch)
+            except BaseException as exc:
+                log.critical(
+                    "journal %s: a write failed (%s); no entry after %d is durable",
+                    self.folder,
+                    exc,
+                    self._durable_index,
+                )
+                with self._lock:
+                    self._error = exc
+                    self._progress.notify_all()
+                raise JournalError(f"journal write failed: {exc!r}") from exc
+        finally:
+            self._io_lock.release()
 
     def _wait_queue_room(self, size: int) -> None:
         """Wait (bounded by append_wait_s_max) until the writer has drained enough."""

@@ -871,3 +871,63 @@ def test_imports_only_the_standard_library() -> None:
             names.add(node.module.split(".")[0])
     assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
     assert not names & {"trio", "pysyncobj"}
+
+
+# ------------------------------------------------------------- the owner's own writes (write_pending)
+
+
+def _idle_writer(j: Journal) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not j._writer_idle and time.monotonic() < deadline:  # (bounded) the writer asleep
+        time.sleep(0.001)
+    assert j._writer_idle
+
+
+def test_the_owner_writes_a_small_batch_itself_and_the_writer_stays_asleep(tmp_path: Path) -> None:
+    calls: list[int] = []
+    with Journal.open(tmp_path / "j", on_durable=calls.append) as j:
+        j.wake_writer = False
+        _idle_writer(j)
+        for i in range(1, 4):
+            j.append(i, 1, payload_for(i))
+        assert j.durable_index == 0 and j.stats()["batches"] == 0  # nobody woke the writer
+        assert j.write_pending(64 * 1024) == 3
+        assert j.durable_index == 3 and j.stats()["fdatasyncs"] == 1
+        assert calls == []  # the owner knows: on_durable is the writer's
+        assert j.write_pending(64 * 1024) is None  # nothing left
+    with Journal.open(tmp_path / "j") as j:
+        assert list(j.read(1)) == [(i, 1, payload_for(i)) for i in range(1, 4)]
+
+
+def test_a_batch_over_the_bound_goes_to_the_writer(tmp_path: Path) -> None:
+    calls: list[int] = []
+    with Journal.open(tmp_path / "j", on_durable=calls.append) as j:
+        j.wake_writer = False
+        _idle_writer(j)
+        for i in range(1, 11):
+            j.append(i, 1, b"z" * 1000)
+        assert j.write_pending(4096) is None  # 10 KB: the writer's
+        assert j.wait_durable(10, WAIT_S) and calls[-1] == 10
+
+
+def test_an_owner_write_that_fails_fails_the_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = Journal.open(tmp_path / "j")
+    j.wake_writer = False
+    _idle_writer(j)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_mod.os, "fdatasync", full)
+    j.append(1, 1, b"x")
+    with pytest.raises(JournalError, match="No space left"):
+        j.write_pending(64 * 1024)
+    assert j.durable_index == 0  # never claimed
+    with pytest.raises(JournalError):
+        j.append(2, 1, b"y")
+    with pytest.raises(JournalError):
+        j.wait_durable(1, 0.1)
+    monkeypatch.undo()
+    with pytest.raises(JournalError):
+        j.close()
+    j.close()
