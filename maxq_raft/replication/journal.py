@@ -753,15 +753,7 @@ class Journal:
             try:
                 return self._write_batch(batch)
             except BaseException as exc:
-                log.critical(
-                    "journal %s: a write failed (%s); no entry after %d is durable",
-                    self.folder,
-                    exc,
-                    self._durable_index,
-                )
-                with self._lock:
-                    self._error = exc
-                    self._progress.notify_all()
+                self._fail(exc, "a write by its owner")
                 raise JournalError(f"journal write failed: {exc!r}") from exc
         finally:
             self._io_lock.release()
@@ -830,20 +822,25 @@ class Journal:
                     except Exception:
                         log.exception("on_durable(%d) raised; the journal carries on", durable)
         except BaseException as exc:
-            log.critical(
-                "journal writer for %s failed (%s); no entry after durable_index %d is durable",
-                self.folder,
-                exc,
-                self._durable_index,
-            )
-            with self._lock:
-                self._error = exc
-                self._progress.notify_all()
+            self._fail(exc, "its writer")
             if self.on_failed is not None:
                 try:
                     self.on_failed(exc)
                 except Exception:
                     log.exception("on_failed raised")
+
+    def _fail(self, exc: BaseException, where: str) -> None:
+        """A write or fdatasync failed: the journal is failed for good (appends and waits raise)."""
+        log.critical(
+            "journal %s: %s failed (%s); no entry after durable_index %d is durable",
+            self.folder,
+            where,
+            exc,
+            self._durable_index,
+        )
+        with self._lock:
+            self._error = exc
+            self._progress.notify_all()
 
     def _open_segment(self, start: int) -> tuple[_Segment, int]:
         seg = _Segment(start, self.folder / segment_name(start))

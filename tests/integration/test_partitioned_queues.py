@@ -49,6 +49,15 @@ def publish_keyed(channel, exchange: str, name: str) -> list[tuple[str, int]]:
     return sent
 
 
+def filled(env) -> tuple:
+    """A channel with confirms, a new queue of PARTITIONS partitions, and its keyed messages."""
+    channel = env.channel()
+    channel.confirm_delivery()
+    name = env.queue_name()
+    declare(channel, name)
+    return channel, name, publish_keyed(channel, "", name)
+
+
 def partition_depths(channel, name: str) -> list[int]:
     """Each partition's messages (the name's own declare-ok counts them all: partition 0's is the rest)."""
     total = channel.queue_declare(name, passive=True).method.message_count
@@ -86,11 +95,7 @@ def test_keys_spread_over_partitions_and_counts_are_the_sum(env, through):
 
 
 def test_a_consumer_gets_every_message_once_with_each_keys_order(env):
-    channel = env.channel()
-    channel.confirm_delivery()
-    name = env.queue_name()
-    declare(channel, name)
-    sent = publish_keyed(channel, "", name)
+    channel, name, sent = filled(env)
     consumer = env.channel()
     consumer.basic_qos(prefetch_count=20)
     got: list[tuple[str, int]] = []
@@ -112,11 +117,7 @@ def test_a_consumer_gets_every_message_once_with_each_keys_order(env):
 
 
 def test_basic_get_takes_from_the_partitions_in_turn(env):
-    channel = env.channel()
-    channel.confirm_delivery()
-    name = env.queue_name()
-    declare(channel, name)
-    sent = publish_keyed(channel, "", name)
+    channel, name, sent = filled(env)
     got = []
     remaining = []
     for _ in range(len(sent) + 1):
@@ -132,11 +133,7 @@ def test_basic_get_takes_from_the_partitions_in_turn(env):
 
 
 def test_a_consumers_prefetch_is_shared_by_the_partitions(env):
-    channel = env.channel()
-    channel.confirm_delivery()
-    name = env.queue_name()
-    declare(channel, name)
-    publish_keyed(channel, "", name)
+    _channel, name, _sent = filled(env)
     consumer = env.channel()
     consumer.basic_qos(prefetch_count=8)
     got = []
@@ -274,11 +271,7 @@ def test_a_partitions_policy_partitions_queues_made_after_it(env, broker):
 
 
 def test_the_admin_api_acts_on_every_partition(env, broker):
-    channel = env.channel()
-    channel.confirm_delivery()
-    name = env.queue_name()
-    declare(channel, name)
-    sent = publish_keyed(channel, "", name)
+    channel, name, sent = filled(env)
     path = f"/api/queues/%2F/{name}"
     status, view, _ = api(broker, "GET", path)
     assert status == 200 and view["messages"] == len(sent) and view["partitions"] == PARTITIONS
