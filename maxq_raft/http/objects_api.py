@@ -177,16 +177,11 @@ def _existing(broker: Any, request: Request, kind: str) -> tuple[str, str]:
     return vhost, name
 
 
-def _whole(broker: Any, vhost: str, name: str) -> list[tuple[str, str]]:
-    """The queues a change to queue `name` acts on: every partition of a partitioned queue
-    (partition 0 first: machines/partitions.py), else the queue. (A partition alone is never
-    changed here: its amq. name is refused first, 401, as RabbitMQ refuses amq.* queues.)"""
-    return partition_keys(broker, vhost, name)
-
-
 async def delete_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "configure")
-    keys = _whole(broker, vhost, name)
+    # A partitioned queue's delete, purge and pause act on every partition (machines/partitions.py);
+    # a partition alone never comes here: its amq. name is refused first (401, as RabbitMQ's).
+    keys = partition_keys(broker, vhost, name)
     queue = broker.queues.get((vhost, name))
     query = request.query
     if queue is not None and query.get("if-unused") == ["true"] and queue.active_consumer_count:
@@ -200,7 +195,7 @@ async def delete_queue(broker: Any, request: Request) -> Reply:
 
 async def purge_queue(broker: Any, request: Request) -> Reply:
     vhost, name = _existing(broker, request, "read")
-    for key in _whole(broker, vhost, name):
+    for key in partition_keys(broker, vhost, name):
         await wait_for_reply(partial(broker.queue_call, key, qc.Purge()))
     return Reply("204 No Content")
 
@@ -234,7 +229,7 @@ async def queue_action(broker: Any, request: Request) -> Reply:
         command = qc.PauseConsumers("connection", connection, PAUSE_ACTIONS[action])
     else:
         command = qc.PauseConsumers("queue", "", PAUSE_ACTIONS[action])
-    for key in _whole(broker, vhost, name):
+    for key in partition_keys(broker, vhost, name):
         await wait_for_reply(partial(broker.queue_call, key, command))
     return Reply("204 No Content")
 
