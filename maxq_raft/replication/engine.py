@@ -38,9 +38,22 @@ API
     add_member(node_id, addr, callback) / remove_member(node_id, callback): callback(None) when
         the change is committed in every group, else callback(error). One change at a time.
     transfer_leadership(group, node_id, callback=None): callback(None) once node_id leads.
+    move_group(group, add=(node_id, addr) | None, remove=node_id | None, callback): on a member
+        holding the group: the new node starts it and is added, catches up, then `remove` is
+        removed and deletes it. callback(None) when done. held() / peer_held(): who holds what.
 
-Group lists: members must run the same groups (the broker hashes each queue to a shard group by
-their number). On every link it opens, a node tells the peer its list (control op "groups"); a
+Groups on a few members (issue #19): `held=[...]` and `first_members={group: {node: addr}}`
+start this node with only those groups, each with its own members (group_set.py records both
+in the data folder; a later start takes them from there). A proposal for a group held
+elsewhere goes to a linked peer that holds it (the leader, once one answered or was named in
+a "not leader" answer) and is answered when it has committed there: nothing is applied here.
+Each node announces the groups it holds with its group list (`held`), again after it joins or
+leaves one. A node removed from a group it holds (a move) closes it and deletes its folder; a
+node started without `held` (every group on every member) keeps a removed group's files, silent,
+as before. Not yet used by the broker, whose members still hold every group (docs/scale-out-plan.md).
+
+Group lists: members must know the same groups (the broker hashes each queue to a shard group by
+their number), whichever of them each holds. On every link it opens, a node tells the peer its list (control op "groups"); a
 peer whose list differs is cut off from every group, both ways (its Raft frames and forwarded
 proposals dropped, none sent to it), and each side logs why once: the majority that agrees goes
 on as if that member were down, and a member whose list differs from all its peers' serves
@@ -64,13 +77,14 @@ import collections
 import itertools
 import logging
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from . import group_set, wire
 from .group import PAYLOAD_BYTES_MAX, Group, call_safely
 from .journal import JournalError
 from .transport import Hub
@@ -93,6 +107,8 @@ MEMBER_PROBE_S = 5.0
 # throughput +6 % with 8 % less broker CPU per message, 4 partitions +6 % with 12 % less. A
 # larger batch (a busy group) goes to the writer, which syncs groups in parallel.
 INLINE_SYNC_BYTES_MAX = 64 * 1024
+MOVE_TIMEOUT_S = 300.0  # a group move's default bound (a new member may catch up through a big log)
+MOVE_POLL_S = 0.1  # how often a move asks the new member how far it has applied
 
 
 class ReplicationNode:
@@ -120,6 +136,8 @@ class ReplicationNode:
         features: Iterable[str] = (),
         on_peer_groups: Callable[[str, list[str]], bool] | None = None,
         inline_sync_bytes_max: int = INLINE_SYNC_BYTES_MAX,
+        held: Iterable[str] | None = None,
+        first_members: dict[str, dict[str, tuple[str, int]]] | None = None,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -153,6 +171,20 @@ class ReplicationNode:
         # A batch of new entries up to this many bytes is fdatasynced by the hub thread itself
         # (`_write_pending`); 0: every batch by the journal's writer thread
         self.inline_sync_bytes_max = inline_sync_bytes_max
+        # Groups on a few members (group_set.py): the groups this node holds at its first start
+        # (None: every group) and, per held group, the members it starts with (default: this
+        # node and its peers). A later start takes both from its data folder.
+        self.held_at_first_start = None if held is None else list(held)
+        if self.held_at_first_start is not None:
+            unknown = sorted(set(self.held_at_first_start) - set(self.group_names))
+            if unknown:
+                raise ValueError(f"held groups {unknown} are not among the groups")
+        self.first_members = {name: dict(m) for name, m in (first_members or {}).items()}
+        self.raft_dir = self.data_dir / "raft"
+        # True once this node holds (or may come to hold) fewer than every group: proposals for
+        # a group held elsewhere are forwarded to a member that holds it, links to every peer
+        # are kept, and a group this node is removed from is left (closed, its folder deleted)
+        self.partial = False
         self.fatal: str | None = None  # why the node stopped by itself (fail-stop), once it has
         self.hub = Hub(
             node_id,
@@ -176,8 +208,16 @@ class ReplicationNode:
         self._stopped = False
         self._member_change: dict | None = None
         self._req_ids = itertools.count(1)
-        # proposals this node forwarded to a leader: request id -> (leader, callback, deadline)
-        self._forwards: dict[int, tuple[str, Callable, float, Group]] = {}
+        # proposals this node forwarded: request id -> (to whom, callback, deadline, the group
+        # here or None when this node does not hold it, the group's name)
+        self._forwards: dict[int, tuple[str, Callable, float, Group | None, str]] = {}
+        # proposals for groups held elsewhere, queued by any thread for the hub thread to send
+        self._elsewhere: collections.deque[tuple[str, bytes, Callable, float]] = collections.deque()
+        self._leader_hint: dict[str, str] = {}  # group held elsewhere -> its leader, as last heard
+        self._peer_held: dict[str, frozenset[str]] = {}  # linked peer -> the groups it holds
+        self._move: dict | None = None  # the group move in progress (`move_group`), one at a time
+        self._joins: dict[int, Callable[[str | None], None]] = {}  # join_group requests sent: req -> answer
+        self._progress_asks: dict[int, Callable[[int | None], None]] = {}  # group_index requests sent
         self.stats: collections.Counter[str] = collections.Counter()
         # peers whose group list differs from ours (their "groups" op): cut off from every group
         self._mismatched: dict[str, list[str]] = {}
@@ -192,31 +232,14 @@ class ReplicationNode:
         if self._thread is not None:
             raise RuntimeError("already started")
         try:
-            for name in self.group_names:
-                self.groups[name] = Group(
-                    name,
-                    node_id=self.node_id,
-                    raft_addr=self.raft_addr,
-                    peers=self.peers,
-                    data_dir=self.data_dir,
-                    fsync=self.fsync,
-                    link=self,
-                    on_commit=self.on_commit,
-                    on_durable=self._on_durable,
-                    on_snapshot=self.on_snapshot,
-                    propose_timeout_s=self.propose_timeout_s,
-                    proposals_pending_max=self.proposals_pending_max,
-                    joining=self.joining,
-                    settings=self.raft_settings,
-                    apply_backlog_bytes=self.apply_backlog_bytes,
-                )
-                g = self.groups[name]
-                g.forward = self._forward
-                g.on_failed = self._group_failed
-                g.raft_log.journal.on_failed = lambda exc, g=g: self._post(
-                    lambda: g.fail(f"journal write failed: {exc}")
-                )
-                g.raft_log.journal.wake_writer = not self.inline_sync_bytes_max
+            for name in self._held_groups():
+                self.groups[name] = self._make_group(name, self.joining, None)
+            if self.partial:
+                # A proposal for a group held elsewhere goes to a peer that holds it: keep a link
+                # to every peer, not only to those this node shares a group with.
+                for nid, addr in self.peers.items():
+                    self.hub.set_address(nid, addr)
+                    self.hub.want(nid)
             self.hub.listen()
         except BaseException:
             for g in self.groups.values():
@@ -230,6 +253,59 @@ class ReplicationNode:
             )
         self._thread = threading.Thread(target=self._run, name=f"raft-hub:{self.node_id}", daemon=True)
         self._thread.start()
+
+    def _held_groups(self) -> list[str]:
+        """The groups to start: the data folder's record when there is one (group_set.py), else
+        those given (then recorded), else every group (nothing recorded: the old layout)."""
+        recorded = group_set.read_held(self.raft_dir)
+        if recorded is not None:
+            unknown = sorted(set(recorded) - set(self.group_names))
+            if unknown:
+                raise group_set.GroupSetError(
+                    f"{self.raft_dir / group_set.HELD_FILE}: holds {unknown}, which are not among the groups"
+                )
+            self.partial = True
+            return [name for name in self.group_names if name in recorded]
+        if self.held_at_first_start is None:
+            return list(self.group_names)
+        held = [name for name in self.group_names if name in self.held_at_first_start]
+        group_set.write_held(self.raft_dir, held, self.fsync)
+        self.partial = True
+        return held
+
+    def _make_group(self, name: str, joining: bool, members: dict[str, tuple[str, int]] | None) -> Group:
+        """Open one group's log and its pysyncobj object, started from the members recorded in its
+        folder, else `members` (a group joined now), else those given for it, else this node's
+        peers (the last is not recorded: the old layout, where every group has every peer)."""
+        folder = self.raft_dir / name
+        recorded = group_set.read_first_members(folder)
+        if recorded is None:
+            recorded = members if members is not None else self.first_members.get(name)
+            if recorded is not None:
+                group_set.write_first_members(folder, recorded, self.fsync)
+        peers = self.peers if recorded is None else {k: v for k, v in recorded.items() if k != self.node_id}
+        g = Group(
+            name,
+            node_id=self.node_id,
+            raft_addr=self.raft_addr,
+            peers=peers,
+            data_dir=self.data_dir,
+            fsync=self.fsync,
+            link=self,
+            on_commit=self.on_commit,
+            on_durable=self._on_durable,
+            on_snapshot=self.on_snapshot,
+            propose_timeout_s=self.propose_timeout_s,
+            proposals_pending_max=self.proposals_pending_max,
+            joining=joining,
+            settings=self.raft_settings,
+            apply_backlog_bytes=self.apply_backlog_bytes,
+        )
+        g.forward = self._forward
+        g.on_failed = self._group_failed
+        g.raft_log.journal.on_failed = lambda exc, g=g: self._post(lambda: g.fail(f"journal write failed: {exc}"))
+        g.raft_log.journal.wake_writer = not self.inline_sync_bytes_max
+        return g
 
     def stop(self) -> None:
         """Answer everything pending with "stopped", close the groups (journals flushed) and the
@@ -250,25 +326,43 @@ class ReplicationNode:
     # ----------------------------------------------------------------------------- API
 
     def propose(self, group: str, payload: bytes, callback: Callable[[int | None, str | None], None]) -> None:
-        g = self.groups.get(group) if self._thread is not None else None
         if group not in self.group_names:
             raise ValueError(f"unknown group {group!r}")
         if len(payload) > PAYLOAD_BYTES_MAX:
             raise ValueError(f"payload of {len(payload)} bytes exceeds PAYLOAD_BYTES_MAX ({PAYLOAD_BYTES_MAX})")
-        if g is None or self._stopping or self._stopped:
+        if self._thread is None or self._stopping or self._stopped:
             callback(None, "stopped")
             return
-        g.inbox.append((bytes(payload), callback, time.monotonic() + self.propose_timeout_s))
-        self._proposed.append(g)
+        deadline = time.monotonic() + self.propose_timeout_s
+        g = self.groups.get(group)
+        if g is None:  # held elsewhere: the hub thread sends it to a member that holds it
+            self._elsewhere.append((group, bytes(payload), callback, deadline))
+        else:
+            g.inbox.append((bytes(payload), callback, deadline))
+            self._proposed.append(g)
         self._wake()
         if self._stopped:  # raced with the hub thread's exit: it may not have seen this one
             self._drain_after_stop()
 
     def leader(self, group: str) -> str | None:
+        g = self.groups.get(group)
+        if g is None and group in self.group_names:
+            return self._leader_hint.get(group)  # held elsewhere: as last heard
         return self._group(group).leader_id
 
     def is_leader(self, group: str) -> bool:
+        g = self.groups.get(group)
+        if g is None and group in self.group_names:
+            return False
         return self._group(group).is_leader
+
+    def held(self) -> list[str]:
+        """The groups this node holds a replica of (any thread: a copy)."""
+        return list(self.groups)
+
+    def peer_held(self) -> dict[str, frozenset[str]]:
+        """Linked peers -> the groups each holds, as announced (an earlier release: every group)."""
+        return dict(self._peer_held)
 
     def status(self) -> dict:
         return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
@@ -320,6 +414,27 @@ class ReplicationNode:
     def remove_member(self, node_id: str, callback: Callable[[str | None], None]) -> None:
         """Remove node_id from every group (leadership moves off it first); stop it afterwards."""
         self._member(("rem", node_id, None), callback)
+
+    def move_group(
+        self,
+        group: str,
+        add: tuple[str, tuple[str, int]] | None,
+        remove: str | None,
+        callback: Callable[[str | None], None],
+        timeout_s: float = MOVE_TIMEOUT_S,
+    ) -> None:
+        """Move a replica of `group`, which this node holds: node `add[0]` (at `add[1]`) starts
+        the group and is added as a member (it catches up through the log, or a snapshot); once
+        it has applied everything committed when it was added, `remove` is removed (leadership
+        moves off it first), and leaves the group (its folder is deleted). Either may be None.
+        One Raft membership change at a time; the group's proposals go on throughout.
+        callback(None) once done, else callback(why) (what was done stays done)."""
+        if self._thread is None or self._stopping:
+            callback("stopped")
+            return
+        if add is not None:
+            add = (add[0], (add[1][0], int(add[1][1])))
+        self._post(lambda: self._move_start(group, add, remove, callback, timeout_s))
 
     def transfer_leadership(
         self, group: str, node_id: str, callback: Callable[[str | None], None] | None = None
@@ -411,7 +526,9 @@ class ReplicationNode:
         gs = self._peer_groups.get(node_id)
         if gs is not None:
             gs.discard(group)
-            if not gs:  # keep the link a little longer: the "removed" notice goes over it
+            # (Keep the link a little longer: the "removed" notice goes over it. A node holding
+            # only some groups keeps it: its proposals for other groups go over such links.)
+            if not gs and not self.partial:
                 self._unwant_at[node_id] = time.monotonic() + UNWANT_GRACE_S
 
     # ------------------------------------------------------------------ hub callbacks
@@ -420,10 +537,14 @@ class ReplicationNode:
         self._durable.append(g)
         self._wake()
 
-    def _on_peer_up(self, peer: str) -> None:
-        # (an older release ignores an op it does not know: the check is only between new ones)
-        announce = {"op": "groups", "groups": self.group_names, "features": self.features}
+    def _announce(self, peer: str) -> None:
+        # (an older release ignores an op it does not know, and keys it does not read: the
+        # check is only between new ones)
+        announce = {"op": "groups", "groups": self.group_names, "features": self.features, "held": sorted(self.groups)}
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
+
+    def _on_peer_up(self, peer: str) -> None:
+        self._announce(peer)
         for g in self.groups.values():
             g.transport.peer_up(peer)
             self._touched.add(g)
@@ -447,9 +568,45 @@ class ReplicationNode:
         )
         if not self.hub.send(leader, wire.KIND_CONTROL, body):
             return False
-        self._forwards[req] = (leader, callback, deadline, g)
+        self._forwards[req] = (leader, callback, deadline, g, g.name)
         self.stats["proposals_forwarded"] += 1
         return True
+
+    def _send_elsewhere(self, name: str, payload: bytes, callback: Callable, deadline: float) -> None:
+        """A proposal for a group this node does not hold (hub thread): to its leader as last
+        heard, else to a linked peer that holds it (which answers "not leader" with the leader's
+        name when it is not: the proposer's retry then goes there). Answered at commit: there is
+        nothing to apply here."""
+        g = self.groups.get(name)
+        if g is not None:  # joined meanwhile
+            g.inbox.append((payload, callback, deadline))
+            self._touched.add(g)
+            return
+        if deadline <= time.monotonic():
+            call_safely(callback, None, "timeout")
+            return
+        target = self._leader_hint.get(name)
+        if target is None or not self.peer_is_up(target) or name not in self._peer_held.get(target, ()):
+            holders = sorted(p for p, held in self._peer_held.items() if name in held and self.peer_is_up(p))
+            target = holders[0] if holders else None
+        if target is None:
+            call_safely(callback, None, "not leader")  # no member holding it is linked now
+            return
+        req = next(self._req_ids)
+        body = wire.encode_control(
+            {
+                "op": "propose",
+                "req": req,
+                "group": name,
+                "payload": payload,
+                "ttl_s": max(0.0, deadline - time.monotonic()),
+            }
+        )
+        if not self.hub.send(target, wire.KIND_CONTROL, body):
+            call_safely(callback, None, "not leader")
+            return
+        self._forwards[req] = (target, callback, deadline, None, name)
+        self.stats["proposals_sent_elsewhere"] += 1
 
     def _on_forwarded_proposal(self, peer: str, m: dict) -> None:
         req, name, payload, ttl_s = m.get("req"), m.get("group"), m.get("payload"), m.get("ttl_s")
@@ -463,15 +620,15 @@ class ReplicationNode:
             raise wire.WireError(f"bad forwarded proposal from {peer}")
         hub = self.hub
 
+        g = self.groups.get(name)
+
         def reply(index: int | None, error: str | None) -> None:
-            hub.send(
-                peer,
-                wire.KIND_CONTROL,
-                wire.encode_control({"op": "propose_reply", "req": req, "index": index, "error": error}),
-            )
+            answer: dict[str, Any] = {"op": "propose_reply", "req": req, "index": index, "error": error}
+            if error == "not leader" and g is not None and g.leader_id not in (None, self.node_id):
+                answer["leader"] = g.leader_id  # for a node that holds no replica (an older one ignores it)
+            hub.send(peer, wire.KIND_CONTROL, wire.encode_control(answer))
 
         reply.forwarded = True  # a proposal answered here, never sent on to another node
-        g = self.groups.get(name)
         if g is None:
             reply(None, "stopped")
             return
@@ -485,6 +642,17 @@ class ReplicationNode:
         index, error = m.get("index"), m.get("error")
         if not ((type(index) is int and error is None) or (index is None and type(error) is str)):
             index, error = None, "timeout"  # a malformed answer: the outcome is unknown
+        if entry[3] is None:  # a group held elsewhere: committed there is all there is to wait for
+            name = entry[4]
+            hint = m.get("leader")
+            if error == "not leader" and type(hint) is str and hint != self.node_id:
+                self._leader_hint[name] = hint
+            elif error is None:
+                self._leader_hint[name] = entry[0]  # it answered: it leads (it never forwards)
+            else:
+                self._leader_hint.pop(name, None)
+            call_safely(entry[1], index, error)
+            return
         if error is None:
             # Committed; answered once it is applied here too, as a proposal made here is, so the
             # proposer finds its effects in its own machines.
@@ -494,7 +662,7 @@ class ReplicationNode:
             call_safely(entry[1], index, error)
 
     def _expire_forwards(self, now: float, peer_down: str | None = None) -> None:
-        for req, (leader, callback, deadline, _g) in list(self._forwards.items()):
+        for req, (leader, callback, deadline, _g, _name) in list(self._forwards.items()):
             if deadline <= now or leader == peer_down:
                 del self._forwards[req]
                 # The leader may have committed it: the outcome is unknown, as with any timeout.
@@ -502,6 +670,7 @@ class ReplicationNode:
 
     def _on_peer_down(self, peer: str) -> None:
         self._peer_features.pop(peer, None)
+        self._peer_held.pop(peer, None)
         self._expire_forwards(time.monotonic(), peer_down=peer)
         for g in self.groups.values():
             g.transport.peer_down(peer)
@@ -542,6 +711,10 @@ class ReplicationNode:
             if type(features) is not list or not all(type(name) is str for name in features):
                 raise wire.WireError(f"bad feature list from {peer}: {features!r}"[:200])
             self._peer_features[peer] = frozenset(features)
+            held = m.get("held", m.get("groups"))  # an earlier release holds every group
+            if type(held) is not list or not all(type(name) is str for name in held):
+                raise wire.WireError(f"bad held-group list from {peer}: {held!r}"[:200])
+            self._peer_held[peer] = frozenset(held)
             return
         if peer in self._mismatched:
             self.stats["frames_from_mismatched_peers"] += 1
@@ -571,6 +744,26 @@ class ReplicationNode:
                 return
             g.member_request(action, nid, (host, port) if action == "add" else None, reply, time.monotonic())
             self._touched.add(g)
+        elif op == "join_group":
+            self._on_join_group(peer, m)
+        elif op == "join_reply":
+            req, err = m.get("req"), m.get("error")
+            answer = self._joins.pop(req, None) if type(req) is int else None
+            if answer is not None:
+                answer(err if err is None or type(err) is str else "bad answer")
+        elif op == "group_index":
+            req, name = m.get("req"), m.get("group")
+            if type(req) is not int or type(name) is not str:
+                raise wire.WireError(f"bad group_index request {m!r}")
+            g = self.groups.get(name)
+            index = None if g is None or g.failed is not None or g.removed else g.applied
+            reply_body = {"op": "group_index_reply", "req": req, "applied": index}
+            self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(reply_body))
+        elif op == "group_index_reply":
+            req, index = m.get("req"), m.get("applied")
+            asked = self._progress_asks.pop(req, None) if type(req) is int else None
+            if asked is not None:
+                asked(index if type(index) is int else None)
         elif op == "propose":
             self._on_forwarded_proposal(peer, m)
         elif op == "propose_reply":
@@ -618,7 +811,10 @@ class ReplicationNode:
 
     # ------------------------------------------------------------- membership changes
 
-    def _member_start(self, change: tuple, callback: Callable[[str | None], None]) -> None:
+    def _member_start(
+        self, change: tuple, callback: Callable[[str | None], None], groups: list[str] | None = None
+    ) -> None:
+        """Start a membership change of every group held here, or of `groups` (a move)."""
         if self._member_change is not None:
             callback("busy: another membership change is in progress")
             return
@@ -636,7 +832,7 @@ class ReplicationNode:
             "probe_until": None,
             "groups": {
                 name: {"state": "todo", "retry_at": now, "req": 0, "sent_at": 0.0, "error": None}
-                for name in self.groups
+                for name in (self.groups if groups is None else groups)
             },
         }
         if action == "add":
@@ -681,7 +877,10 @@ class ReplicationNode:
                 st.update(state="todo", error="no answer")
             if st["state"] != "todo" or now < st["retry_at"]:
                 continue
-            g = self.groups[name]
+            g = self.groups.get(name)
+            if g is None:  # left meanwhile (a move's removal of this node reached it first)
+                st["state"] = "done"
+                continue
             leader = g.leader_id
             if leader is None:
                 st["error"] = "no leader"
@@ -718,19 +917,206 @@ class ReplicationNode:
                 # pysyncobj never tells a removed node (its leader stops replicating to it before
                 # the removal reaches it): say so, so that it stops campaigning (best effort).
                 if mc["node"] == self.node_id:  # this node removed itself: no message to itself
-                    for g in self.groups.values():
-                        g.mark_removed()
+                    for name in mc["groups"]:
+                        g = self.groups.get(name)
+                        if g is not None:
+                            g.mark_removed()
                 else:
                     self.hub.send(
                         mc["node"],
                         wire.KIND_CONTROL,
-                        wire.encode_control({"op": "removed", "groups": list(self.groups)}),
+                        wire.encode_control({"op": "removed", "groups": list(mc["groups"])}),
                     )
             call_safely(mc["callback"], None)
         elif now > mc["deadline"]:
             self._member_change = None
             left = {n: st["error"] for n, st in mc["groups"].items() if st["state"] != "done"}
             call_safely(mc["callback"], f"timeout: not done in {left}")
+
+    # ------------------------------------------------------------- group moves
+
+    def _move_start(
+        self,
+        name: str,
+        add: tuple[str, tuple[str, int]] | None,
+        remove: str | None,
+        callback: Callable[[str | None], None],
+        timeout_s: float,
+    ) -> None:
+        if self._move is not None or self._member_change is not None:
+            call_safely(callback, "busy: another membership change is in progress")
+            return
+        g = self.groups.get(name)
+        if g is None:
+            call_safely(callback, f"{name} is not held here: ask a member that holds it")
+            return
+        if add is not None and add[0] == remove:
+            call_safely(callback, "the node to add is the node to remove")
+            return
+        members = set(g.member_ids())
+        phase = "join" if add is not None and add[0] not in members else "remove"
+        if phase == "remove" and (remove is None or remove not in members):
+            call_safely(callback, None)  # nothing to do: the move is already made
+            return
+        now = time.monotonic()
+        self._move = {
+            "group": name,
+            "add": add,
+            "remove": remove,
+            "callback": callback,
+            "deadline": now + timeout_s,
+            "phase": phase,
+            "asked_at": None,  # when the pending question of this phase was asked
+            "next_at": now,
+            "caught_up_at": 0,  # the commit index the new member must have applied
+            "error": None,
+        }
+        self._move_step(now)
+
+    def _move_done(self, error: str | None) -> None:
+        mv, self._move = self._move, None
+        self._joins.clear()
+        self._progress_asks.clear()
+        if mv is not None:
+            if error is None:
+                log.info(
+                    "group %s: moved (%s added, %s removed)", mv["group"], mv["add"] and mv["add"][0], mv["remove"]
+                )
+            call_safely(mv["callback"], error)
+
+    def _move_step(self, now: float) -> None:
+        """One step of the move in progress (hub thread; on every tick and after each answer)."""
+        mv = self._move
+        if mv is None:
+            return
+        if now > mv["deadline"]:
+            self._move_done(f"timeout: the move of {mv['group']} did not finish ({mv['phase']}: {mv['error']})")
+            return
+        if now < mv["next_at"] or (mv["asked_at"] is not None and now - mv["asked_at"] < MEMBER_ATTEMPT_S):
+            return  # waiting for an answer (asked again once it is overdue) or for the next try
+        name, phase = mv["group"], mv["phase"]
+        g = self.groups.get(name)
+        mv["asked_at"] = now
+        if phase == "join":
+            if g is None:
+                self._move_done(f"{name} is no longer held here")
+                return
+            nid, addr = mv["add"]
+            self.hub.set_address(nid, addr)
+            self.hub.want(nid)
+            if not self.hub.is_up(nid):
+                mv.update(asked_at=None, next_at=now + MEMBER_RETRY_S, error=f"{nid} not linked at {addr}")
+                return
+            members = {self.node_id: self.raft_addr}
+            for n in list(g.so.otherNodes):
+                at = getattr(n, "raft_addr", None) or self.peers.get(n.id)
+                if at is not None:
+                    members[n.id] = (at[0], int(at[1]))
+            req = next(self._req_ids)
+            self._joins[req] = lambda err: self._move_answer(mv, "add" if err is None else None, err)
+            body = {"op": "join_group", "req": req, "group": name, "members": {k: list(v) for k, v in members.items()}}
+            self.hub.send(nid, wire.KIND_CONTROL, wire.encode_control(body))
+        elif phase in ("add", "remove"):
+            change = ("add", *mv["add"]) if phase == "add" else ("rem", mv["remove"], None)
+
+            def changed(err: str | None) -> None:
+                if err is None and phase == "add":
+                    g_now = self.groups.get(name)
+                    mv["caught_up_at"] = g_now.so.raftCommitIndex if g_now is not None else 0
+                nxt = ("catchup" if phase == "add" else "done") if err is None else None
+                self._move_answer(mv, nxt, err)
+
+            if self._member_change is not None:
+                mv.update(asked_at=None, next_at=now + MEMBER_RETRY_S, error="another membership change")
+                return
+            self._member_start(change, changed, groups=[name])
+        elif phase == "catchup":
+            nid = mv["add"][0]
+            req = next(self._req_ids)
+
+            def progress(applied: int | None) -> None:
+                caught_up = applied is not None and applied >= mv["caught_up_at"]
+                if caught_up:
+                    self._move_answer(mv, "remove" if mv["remove"] is not None else "done", None)
+                else:
+                    self._move_answer(mv, None, f"{nid} has applied {applied} of {mv['caught_up_at']}")
+
+            self._progress_asks[req] = progress
+            self.hub.send(nid, wire.KIND_CONTROL, wire.encode_control({"op": "group_index", "req": req, "group": name}))
+
+    def _move_answer(self, mv: dict, next_phase: str | None, error: str | None) -> None:
+        """An answer for the move's current phase: on to `next_phase`, or the same phase again
+        shortly (the error is kept for a timeout's message)."""
+        if self._move is not mv:
+            return  # an answer for a move that ended
+        now = time.monotonic()
+        mv.update(asked_at=None, error=error)
+        if next_phase == "done":
+            self._move_done(None)
+            return
+        if next_phase is None:
+            mv["next_at"] = now + (MOVE_POLL_S if mv["phase"] == "catchup" else MEMBER_RETRY_S)
+            return
+        mv.update(phase=next_phase, next_at=now)
+        self._move_step(now)
+
+    def _on_join_group(self, peer: str, m: dict) -> None:
+        """A move asks this node to start a group, as a member to be added (hub thread)."""
+        req, name, members = m.get("req"), m.get("group"), m.get("members")
+        if type(req) is not int or type(name) is not str or type(members) is not dict:
+            raise wire.WireError(f"bad join_group request from {peer}")
+        first: dict[str, tuple[str, int]] = {}
+        for nid, addr in members.items():
+            if type(addr) is not list or len(addr) != 2 or type(addr[0]) is not str or type(addr[1]) is not int:
+                raise wire.WireError(f"bad join_group address from {peer}: {addr!r}"[:200])
+            first[nid] = (addr[0], addr[1])
+
+        def answer(error: str | None) -> None:
+            self.hub.send(
+                peer, wire.KIND_CONTROL, wire.encode_control({"op": "join_reply", "req": req, "error": error})
+            )
+
+        g = self.groups.get(name)
+        if name not in self.group_names:
+            answer(f"{name} is not one of this node's groups")
+        elif g is not None:
+            answer("leaving it now: ask again" if g.removed else None)
+        elif self._stopping or self.fatal is not None:
+            answer("stopped")
+        else:
+            # A folder of a group not held is what a departure left behind (a crash before its
+            # deletion): nothing in it is this member's any more.
+            shutil.rmtree(self.raft_dir / name, ignore_errors=True)
+            try:
+                g = self._make_group(name, True, first)
+            except (OSError, ValueError) as exc:
+                answer(f"cannot start {name}: {exc}")
+                return
+            self.groups[name] = g
+            self.partial = True
+            group_set.write_held(self.raft_dir, list(self.groups), self.fsync)  # after its first members
+            log.info("node %s: joined group %s (members before: %s)", self.node_id, name, ", ".join(sorted(first)))
+            for linked in list(self._peer_held):
+                self._announce(linked)
+            self._touched.add(g)
+            answer(None)
+
+    def _leave_removed_groups(self) -> None:
+        """Close and delete the groups this node was removed from (hub thread; on nodes that hold
+        only some groups: a node of the old layout keeps a removed group's files, silent)."""
+        if not self.partial:
+            return
+        for name, g in list(self.groups.items()):
+            if not g.removed:
+                continue
+            del self.groups[name]
+            g.close()
+            group_set.write_held(self.raft_dir, list(self.groups), self.fsync)  # first: no return after a crash
+            shutil.rmtree(self.raft_dir / name, ignore_errors=True)
+            self._leader_hint.pop(name, None)
+            log.info("node %s: left group %s", self.node_id, name)
+            for linked in list(self._peer_held):
+                self._announce(linked)
 
     # --------------------------------------------------------------------- the hub thread
 
@@ -750,6 +1136,8 @@ class ReplicationNode:
                         fn()
                     except Exception:
                         log.exception("replication hub call raised")
+                for _ in range(len(self._elsewhere)):
+                    self._send_elsewhere(*self._elsewhere.popleft())
                 touched = self._touched
                 while self._proposed:
                     touched.add(self._proposed.popleft())
@@ -769,6 +1157,8 @@ class ReplicationNode:
                     if self._forwards:
                         self._expire_forwards(now)
                     self._member_step(now)
+                    self._move_step(now)
+                    self._leave_removed_groups()
                     for nid, at in list(self._unwant_at.items()):
                         if now >= at:
                             del self._unwant_at[nid]
@@ -813,9 +1203,15 @@ class ReplicationNode:
         mc, self._member_change = self._member_change, None
         if mc is not None:
             call_safely(mc["callback"], "stopped")
+        move, self._move = self._move, None
+        if move is not None:
+            call_safely(move["callback"], "stopped")
         forwards, self._forwards = self._forwards, {}
-        for _leader, callback, _deadline, _g in forwards.values():
+        for _leader, callback, _deadline, _g, _name in forwards.values():
             call_safely(callback, None, "stopped")  # the leader may still commit it: unknown, as any stop
+        while self._elsewhere:
+            _, _, callback, _ = self._elsewhere.popleft()
+            call_safely(callback, None, "stopped")
         for g in self.groups.values():
             g.close()  # answers pending proposals with "stopped", flushes and closes the journal
         while self._calls:
@@ -826,6 +1222,12 @@ class ReplicationNode:
         self.hub.close()
 
     def _drain_after_stop(self) -> None:
+        while self._elsewhere:
+            try:
+                _, _, cb, _ = self._elsewhere.popleft()
+            except IndexError:
+                break
+            call_safely(cb, None, "stopped")
         for g in self.groups.values():
             while g.inbox:
                 try:

@@ -72,6 +72,7 @@ RAFT_SETTINGS: dict[str, Any] = dict(
     useFork=False,
     tcp_keepalive=None,
 )
+_MEMBERSHIP_KIND = bytes([wire.CMD_MEMBERSHIP])
 DELIVER_ENTRIES_PER_TICK = 4096
 DELIVER_BYTES_PER_TICK = 8 * MiB
 DELIVER_CHUNK_ENTRIES = 1024  # one on_commit call carries at most this many entries ...
@@ -211,6 +212,7 @@ class Group:
         self.transport.snap_dir = self.snap_dir
         try:
             self._start_from_snapshot()
+            self._take_logged_membership()
         except BaseException:
             self.so.destroy()
             raise
@@ -246,6 +248,40 @@ class Group:
             rl.first_index,
             rl.last_index,
         )
+
+    def _take_logged_membership(self) -> None:
+        """A restart: the members are the latest configuration in the log (Raft, section 6).
+
+        pysyncobj takes a membership change into its configuration when it appends the entry,
+        but after a restart only when it applies the entry again, once it has heard the commit
+        index from a leader: meanwhile it would count votes and acks over the members it was
+        first started with (a member moved onto a group restarts with the members from before
+        its own addition: engine.py, group moves). So the retained log's changes after the
+        snapshot are taken here, in order, and pysyncobj's second taking of each, at apply, is
+        skipped (applying one again would pass through the older configurations)."""
+        so = self.so
+        applied = so._SyncObj__raftLastApplied
+        through = 0
+        for index in self.raft_log.membership_indexes:
+            if index <= applied:
+                continue  # the snapshot's members include it
+            for cmd, _idx, _term in self.raft_log.entries(index, index):
+                request = so._SyncObj__parseChangeClusterRequest(cmd)
+                if request is not None:
+                    so._SyncObj__doChangeCluster(request)
+                    through = index
+        if not through:
+            return
+        self.stats["membership_changes_taken_at_start"] += 1
+        apply_command = so._SyncObj__doApplyCommand
+
+        def apply_once(command: bytes) -> Any:
+            # (pysyncobj applies index raftLastApplied + 1, and counts it applied afterwards)
+            if command[:1] == _MEMBERSHIP_KIND and so._SyncObj__raftLastApplied < through:
+                return None
+            return apply_command(command)
+
+        so._SyncObj__doApplyCommand = apply_once
 
     def _adopt(self, header: SnapshotHeader) -> None:
         """pysyncobj's view: everything through header.index is committed and applied, and the

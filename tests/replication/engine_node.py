@@ -1,10 +1,13 @@
 """One ReplicationNode in its own process, driven by a test over stdin/stdout (JSON lines).
 
 argv[1]: JSON {node_id, raft_addr: [host, port], peers: {id: [host, port]}, secret (hex), data_dir,
-               groups, fsync, joining, propose_timeout_s, out_dir, incarnation, hard_timeout_s, settings}
+               groups, fsync, joining, propose_timeout_s, out_dir, incarnation, hard_timeout_s, settings,
+               held (optional: the groups this node holds), first_members (optional: {group: {id: [host, port]}})}
 stdin  : {"op": "status"} | {"op": "snapshot", "group"} | {"op": "chain"} | {"op": "propose", "group", "n", "size", "wait_s"}
-         | {"op": "load", "group", "window", "size"} | {"op": "load_stop"}
+         | {"op": "load", "group", "window", "size", "anywhere"} | {"op": "load_stop"}
          | {"op": "add_member", "node", "addr"} | {"op": "remove_member", "node"}
+         | {"op": "move_group", "group", "add": [id, [host, port]] | null, "remove": id | null}
+         | {"op": "held"}
          | {"op": "transfer", "group", "node"} | {"op": "quit"}
 stdout : one JSON line per command ({"op": ..., ...}); {"ev": "ready"} once started.
 
@@ -97,6 +100,8 @@ node = ReplicationNode(
     propose_timeout_s=cfg.get("propose_timeout_s", 5.0),
     joining=cfg.get("joining", False),
     raft_settings=cfg.get("settings"),
+    held=cfg.get("held"),
+    first_members={g: {k: tuple(v) for k, v in m.items()} for g, m in (cfg.get("first_members") or {}).items()},
 )
 node.start()
 seq = [0]
@@ -133,8 +138,12 @@ def proposal_cb(
 
 
 class Load:
-    def __init__(self, group: str, window: int, size: int) -> None:
-        self.group, self.window, self.size = group, window, size
+    """Proposals kept in flight, `window` at a time: on the group's leader only, or from this
+    node whatever its role (`anywhere`: a follower forwards; a node not holding the group sends
+    it to one that does)."""
+
+    def __init__(self, group: str, window: int, size: int, anywhere: bool = False) -> None:
+        self.group, self.window, self.size, self.anywhere = group, window, size, anywhere
         self.results: collections.Counter = collections.Counter()
         self.stop = threading.Event()
         self.sem = threading.BoundedSemaphore(window)
@@ -142,10 +151,15 @@ class Load:
         self.thread.start()
 
     def run(self) -> None:
+        failed_before = 0
         while not self.stop.is_set():
-            if not node.is_leader(self.group):
+            if not self.anywhere and not node.is_leader(self.group):
                 time.sleep(0.01)
                 continue
+            failed = sum(n for k, n in self.results.items() if k != "ok")
+            if failed > failed_before:  # (no member to take it right now: do not spin)
+                failed_before = failed
+                time.sleep(0.02)
             if not self.sem.acquire(timeout=0.2):
                 continue
             payload = make_payload(self.size)
@@ -194,7 +208,9 @@ for line in sys.stdin:
         with state_lock:
             emit(op="chain", chain={g: [applied_last[g], chain[g]] for g in applied_last})
     elif op == "load":
-        loads[cmd["group"]] = Load(cmd["group"], cmd.get("window", 8), cmd.get("size", 1024))
+        loads[cmd["group"]] = Load(
+            cmd["group"], cmd.get("window", 8), cmd.get("size", 1024), cmd.get("anywhere", False)
+        )
         emit(op="load")
     elif op == "load_stop":
         res = {}
@@ -204,7 +220,9 @@ for line in sys.stdin:
             res[g] = dict(ld.results)
         loads.clear()
         emit(op="load_stop", results=res)
-    elif op in ("add_member", "remove_member", "transfer"):
+    elif op == "held":
+        emit(op="held", held=sorted(node.held()), peer_held={k: sorted(v) for k, v in node.peer_held().items()})
+    elif op in ("add_member", "remove_member", "transfer", "move_group"):
         box: list = []
         ev = threading.Event()
 
@@ -217,6 +235,9 @@ for line in sys.stdin:
             node.add_member(cmd["node"], tuple(cmd["addr"]), cb)
         elif op == "remove_member":
             node.remove_member(cmd["node"], cb)
+        elif op == "move_group":
+            add = cmd.get("add")
+            node.move_group(cmd["group"], None if add is None else (add[0], tuple(add[1])), cmd.get("remove"), cb)
         else:
             node.transfer_leadership(cmd["group"], cmd["node"], cb)
         ev.wait(cmd.get("wait_s", 40))

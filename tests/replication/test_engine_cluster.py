@@ -50,6 +50,9 @@ class NodeProc:
             "incarnation": incarnation,
             "hard_timeout_s": 150,
         }
+        if nid in cluster.held:  # groups on a few members (test_engine_placement.py)
+            cfg["held"] = cluster.held[nid]
+            cfg["first_members"] = {g: {i: cluster.addrs[i] for i in cluster.placement[g]} for g in cluster.held[nid]}
         self.err = open(cluster.root / f"{nid}_{incarnation}.err", "w")
         self.p = subprocess.Popen(
             [sys.executable, str(NODE_SCRIPT), json.dumps(cfg)],
@@ -128,6 +131,8 @@ class Cluster:
         self.procs: dict[str, NodeProc] = {}
         self.incarnations: dict[str, int] = defaultdict(int)
         self.members = list(ids)
+        self.placement: dict[str, list[str]] = {}  # group -> its first members, when not every node
+        self.held: dict[str, list[str]] = {}  # node -> the groups it starts with, when not every one
 
     def start(self, nid: str, *, joining: bool = False, peers: list[str] | None = None) -> NodeProc:
         if nid not in self.addrs:

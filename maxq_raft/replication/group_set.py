@@ -1,0 +1,82 @@
+"""Which of the cluster's Raft groups this member holds, and each one's first members, on disk.
+
+Theory of operation: by default every member holds every group, each started with the member's
+peers (`ReplicationNode(peers=...)`), and nothing here is written: a data folder of that layout
+looks as it always did. A member that holds only some groups (issue #19: groups placed on a few
+members) keeps two kinds of record under `<data dir>/raft/`, both written whole or not at all
+(`write_atomic`, fsynced):
+
+- `held_groups.json`: `{"held": [group, ...]}`, the groups this member holds. Written at the
+  first start from what the engine was given, and again whenever the member joins a group (a
+  move onto it) or leaves one (removed from it). A later start takes it over what it is given:
+  a member that gained or lost a group since keeps that.
+- `<group>/first_members.json`: `{"members": {node: [host, port], ...}}`, the members the group
+  had when this member started it (for a group it joined, the members before it was added).
+  pysyncobj starts a group from such a list and replays its log's membership changes on top
+  (and a snapshot's header replaces the list: group.py, `_adopt`), so a restart must start from
+  the same list as the first start, whatever the member's own peer list says then.
+
+A group absent from `held_groups.json` has no folder worth keeping: the engine deletes the folder
+of a group it left once the removal is committed (engine.py, `_leave_group`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .raft_journal import write_atomic
+
+HELD_FILE = "held_groups.json"
+FIRST_MEMBERS_FILE = "first_members.json"
+
+Members = dict[str, tuple[str, int]]
+
+
+class GroupSetError(ValueError):
+    """A record here cannot be read: the member does not start rather than guess its groups."""
+
+
+def read_held(raft_dir: Path) -> list[str] | None:
+    """The groups recorded as held, or None when no record was ever written (every group)."""
+    path = raft_dir / HELD_FILE
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise GroupSetError(f"{path}: {exc}") from exc
+    held = data.get("held") if type(data) is dict else None
+    if type(held) is not list or not all(type(name) is str for name in held):
+        raise GroupSetError(f"{path}: expected {{'held': [group names]}}")
+    return list(held)
+
+
+def write_held(raft_dir: Path, held: list[str], fsync: bool) -> None:
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(raft_dir, HELD_FILE, json.dumps({"held": sorted(held)}).encode(), fsync)
+
+
+def read_first_members(group_dir: Path) -> Members | None:
+    path = group_dir / FIRST_MEMBERS_FILE
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise GroupSetError(f"{path}: {exc}") from exc
+    members = data.get("members") if type(data) is dict else None
+    if type(members) is not dict:
+        raise GroupSetError(f"{path}: expected {{'members': {{node: [host, port]}}}}")
+    out: Members = {}
+    for node, addr in members.items():
+        if type(addr) is not list or len(addr) != 2 or type(addr[0]) is not str or type(addr[1]) is not int:
+            raise GroupSetError(f"{path}: bad address {addr!r} for {node!r}")
+        out[node] = (addr[0], addr[1])
+    return out
+
+
+def write_first_members(group_dir: Path, members: Members, fsync: bool) -> None:
+    group_dir.mkdir(parents=True, exist_ok=True)
+    body = {"members": {node: [host, port] for node, (host, port) in sorted(members.items())}}
+    write_atomic(group_dir, FIRST_MEMBERS_FILE, json.dumps(body).encode(), fsync)

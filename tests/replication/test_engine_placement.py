@@ -1,0 +1,222 @@
+"""Groups held by a few members, on real processes: proposals from any node, kill -9, moves.
+
+The replication engine alone (tests/replication/engine_node.py per node, as in
+test_engine_cluster.py): each group starts on three of the nodes (`held`, `first_members`), and
+a node that does not hold a group sends its proposals to one that does. A move (`move_group`)
+starts the group on a new node, adds it, waits until it has caught up, then removes an old
+member, which deletes the group's folder. The evidence is the nodes' files of applied and
+confirmed entries (they survive SIGKILL): every confirmed entry of a group is applied by every
+member holding it, at its index, and by no other node.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ..helpers import wait_until
+from .test_engine_cluster import Cluster, seam_totals
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def engines(tmp_path):
+    """make(ids, groups) -> a Cluster of engine processes (every one killed afterwards)."""
+    made: list[Cluster] = []
+
+    def make(ids, groups) -> Cluster:
+        c = Cluster(tmp_path, ids, groups)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.close()
+
+
+def placed(c: Cluster, placement: dict[str, list[str]]) -> None:
+    c.placement = {g: list(ids) for g, ids in placement.items()}
+    c.held = {i: [g for g, ids in placement.items() if i in ids] for i in c.ids}
+
+
+def holders_statuses(c: Cluster, group: str, ids) -> dict[str, dict]:
+    return {i: st[group] for i, st in c.statuses(ids).items() if group in st}
+
+
+def leader_among(c: Cluster, group: str, ids, timeout_s: float = 10.0) -> str | None:
+    def find():
+        for i, st in holders_statuses(c, group, ids).items():
+            if st["role"] == "leader":
+                return i
+        return None
+
+    return wait_until(find, timeout_s, step_s=0.05)
+
+
+def applied_of(c: Cluster, nid: str, group: str) -> dict[int, str]:
+    return dict(c.applied(nid).get(group, []))
+
+
+def missing_on(c: Cluster, nid: str, group: str, confirmed: set) -> list:
+    got = applied_of(c, nid, group)
+    return sorted(x for x in confirmed if x[0] == group and got.get(x[1]) != x[2])
+
+
+def assert_agree(c: Cluster, group: str, ids) -> None:
+    seqs = {i: c.applied(i).get(group, []) for i in ids}
+    for i, s in seqs.items():
+        idx = [x[0] for x in s]
+        assert idx == sorted(set(idx)), f"{i} applied {group} out of order or twice"
+    longest = max(seqs.values(), key=len)
+    for i, s in seqs.items():
+        assert s == longest[: len(s)], f"{i} diverges from the longest applied sequence of {group}"
+
+
+def propose_until_taken(c: Cluster, nid: str, group: str, n: int) -> dict:
+    """Proposals from nid: a first round teaches a node that does not hold the group where its
+    leader is (a holder that does not lead answers "not leader" with the leader's name); the
+    round after must be taken whole."""
+    first = c.procs[nid].cmd("propose", 15, group=group, n=3, size=200, wait_s=10)
+    assert first is not None, f"{nid} did not answer"
+    r = c.procs[nid].cmd("propose", 15, group=group, n=n, size=200, wait_s=10)
+    assert r is not None and r["results"] == {"ok": n}, (nid, group, first, r)
+    return r
+
+
+FIVE = ["n1", "n2", "n3", "n4", "n5"]
+FIVE_GROUPS = ["g0", "g1", "g2", "g3", "g4"]
+
+
+def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(engines):
+    c = engines(FIVE, FIVE_GROUPS)
+    placement = {g: [FIVE[(i + k) % 5] for k in range(3)] for i, g in enumerate(FIVE_GROUPS)}
+    placed(c, placement)
+    c.start_all()
+    for g, ids in placement.items():
+        assert leader_among(c, g, ids), f"no leader for {g} among {ids}"
+    for i in FIVE:  # each holds its three groups, and its peers know which
+        held = c.procs[i].cmd("held", 5)
+        assert held["held"] == sorted(c.held[i]), held
+        assert wait_until(lambda i=i: len(c.procs[i].cmd("held", 5)["peer_held"]) == 4, 10)
+        peer_held = c.procs[i].cmd("held", 5)["peer_held"]
+        assert peer_held == {p: sorted(c.held[p]) for p in FIVE if p != i}, (i, peer_held)
+    sts = c.statuses()
+    for i, st in sts.items():
+        assert sorted(st) == sorted(c.held[i]), (i, sorted(st))
+        for g in st:
+            assert sorted(st[g]["members"]) == sorted(placement[g]), (i, g, st[g]["members"])
+    for i in FIVE:
+        for g in FIVE_GROUPS:
+            propose_until_taken(c, i, g, 10)
+    confirmed = c.confirmed()
+    assert len(confirmed) >= 5 * 5 * 10
+    for g, ids in placement.items():
+        for i in ids:
+            assert wait_until(lambda i=i, g=g: not missing_on(c, i, g, confirmed), 10), (i, g)
+        for i in FIVE:
+            if i not in ids:
+                assert not applied_of(c, i, g), f"{i} does not hold {g} but applied it"
+        assert_agree(c, g, ids)
+
+    # kill -9 the leader of g0 while a node that does not hold g0 keeps proposing to it
+    outsider = next(i for i in FIVE if i not in placement["g0"])
+    c.procs[outsider].cmd("load", group="g0", window=4, size=300, anywhere=True)
+    assert wait_until(lambda: len(c.confirmed()) > len(confirmed) + 100, 10), "the outsider's load did not commit"
+    victim = leader_among(c, "g0", placement["g0"])
+    assert victim is not None
+    c.procs[victim].kill()
+    rest = [i for i in placement["g0"] if i != victim]
+    assert leader_among(c, "g0", rest, 10), "g0 elected no leader after the kill"
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 100, 15), "the outsider's load stopped after the kill"
+    stopped = c.procs[outsider].cmd("load_stop", 5)["results"]["g0"]
+    confirmed = c.confirmed()
+    for i in rest:
+        assert wait_until(lambda i=i: not missing_on(c, i, "g0", confirmed), 10), (
+            i,
+            missing_on(c, i, "g0", confirmed)[:3],
+        )
+    assert_agree(c, "g0", rest)
+    print(f"\n5 members, 3 replicas per group: {len(confirmed)} confirmed; the outsider's load on g0 {stopped}")
+
+
+def test_a_group_moves_under_load_and_the_new_member_keeps_it_across_a_kill(engines):
+    ids = ["n1", "n2", "n3", "n4"]
+    c = engines(ids, ["g0", "g1"])
+    placement = {"g0": ["n1", "n2", "n3"], "g1": ["n2", "n3", "n4"]}
+    placed(c, placement)
+    c.start_all()
+    for g, members in placement.items():
+        assert leader_among(c, g, members), g
+    # load on g0 from n4 (which does not hold it yet) and from n1 (which will lose it)
+    for i in ("n4", "n1"):
+        c.procs[i].cmd("load", group="g0", window=4, size=500, anywhere=True)
+    c.procs["n2"].cmd("load", group="g1", window=4, size=500)
+    assert wait_until(lambda: len(c.confirmed()) > 300, 15)
+    r = c.procs["n2"].cmd("move_group", 130, group="g0", add=["n4", c.addrs["n4"]], remove="n1", wait_s=120)
+    assert r is not None and r["error"] is None, r
+    print(f"\nmove of g0 from n1 to n4 under load: {r['seconds']} s")
+    new = ["n2", "n3", "n4"]
+    assert c.procs["n4"].cmd("held", 5)["held"] == ["g0", "g1"]
+    assert wait_until(lambda: c.procs["n1"].cmd("held", 5)["held"] == [], 5), "n1 did not leave g0"
+    assert wait_until(lambda: not (Path(c.root) / "n1" / "raft" / "g0").exists(), 5), "n1 kept g0's folder"
+    for i, st in holders_statuses(c, "g0", new).items():
+        assert sorted(st["members"]) == new, (i, st["members"])
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 200, 15), "g0 stopped taking proposals after the move"
+
+    # kill -9 the new member under load; it starts again with g0 (its folder's record), and with
+    # the members its log ends with, before any leader tells it a commit index (group.py,
+    # _take_logged_membership): its first members were those before its own addition
+    assert wait_until(lambda: c.statuses(["n4"])["n4"]["g0"]["commit_index"] > 0, 5)
+    c.procs["n4"].kill()
+    c.start("n4")
+    assert sorted(c.procs["n4"].cmd("held", 5)["held"]) == ["g0", "g1"]
+    st = c.statuses(["n4"])["n4"]["g0"]
+    assert sorted(st["members"]) == new, (sorted(st["members"]), st["commit_index"], st["applied_index"])
+    c.procs["n4"].cmd("load", group="g0", window=4, size=500, anywhere=True)
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 200, 15), "no commits after n4's restart"
+
+    # n4 rebuilds its members from its record and its log (replayed as it learns the commit index)
+    def members_now() -> dict:
+        return {i: sorted(st["members"]) for i, st in holders_statuses(c, "g0", new).items()}
+
+    assert wait_until(lambda: members_now() == {i: new for i in new}, 10), members_now()
+    c.procs["n1"].kill()  # and n1 again holds nothing after a restart
+    c.start("n1")
+    assert c.procs["n1"].cmd("held", 5)["held"] == []
+    for i in ("n1", "n2", "n4"):
+        c.procs[i].cmd("load_stop", 5)
+    confirmed = c.confirmed()
+    for i in new:
+        assert wait_until(lambda i=i: not missing_on(c, i, "g0", confirmed), 15), (
+            i,
+            missing_on(c, i, "g0", confirmed)[:3],
+        )
+    assert_agree(c, "g0", new)
+    assert not applied_of(c, "n1", "g0"), "n1 applied g0 after it left"
+    tot = seam_totals(c.statuses(new))
+    assert tot.get("acked_entries_truncated", 0) == 0 and tot.get("applied_entries_truncated", 0) == 0, tot
+
+
+def test_a_move_is_refused_where_it_cannot_be_made(engines):
+    ids = ["n1", "n2", "n3", "n4"]
+    c = engines(ids, ["g0"])
+    placed(c, {"g0": ["n1", "n2", "n3"]})
+    c.start_all()
+    assert leader_among(c, "g0", ["n1", "n2", "n3"])
+    r = c.procs["n4"].cmd("move_group", 10, group="g0", add=["n4", c.addrs["n4"]], remove="n1", wait_s=5)
+    assert r["error"] == "g0 is not held here: ask a member that holds it", r
+    r = c.procs["n1"].cmd("move_group", 10, group="g0", add=["n2", c.addrs["n2"]], remove="n2", wait_s=5)
+    assert r["error"] == "the node to add is the node to remove", r
+    t0 = time.monotonic()
+    r = c.procs["n1"].cmd("move_group", 10, group="g0", add=["n2", c.addrs["n2"]], remove="n4", wait_s=5)
+    assert r["error"] is None and time.monotonic() - t0 < 5, r  # already so: nothing to do
+    for i, st in holders_statuses(c, "g0", ["n1", "n2", "n3"]).items():
+        assert sorted(st["members"]) == ["n1", "n2", "n3"], (i, st["members"])
