@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from maxq_raft.machines.replica_moves import applied, first_placement, loads, plan_moves
+
 from ..helpers import wait_until
 from .test_engine_cluster import Cluster, seam_totals
 
@@ -220,3 +222,73 @@ def test_a_move_is_refused_where_it_cannot_be_made(engines):
     assert r["error"] is None and time.monotonic() - t0 < 5, r  # already so: nothing to do
     for i, st in holders_statuses(c, "g0", ["n1", "n2", "n3"]).items():
         assert sorted(st["members"]) == ["n1", "n2", "n3"], (i, st["members"])
+
+
+def current_placement(c: Cluster, groups, ids) -> dict[str, list[str]]:
+    """group -> its members, as its leader among `ids` reports them."""
+    out = {}
+    for g in groups:
+        lead = leader_among(c, g, ids)
+        assert lead is not None, f"no leader for {g}"
+        out[g] = sorted(c.statuses([lead])[lead][g]["members"])
+    return out
+
+
+def run_moves(c: Cluster, moves) -> float:
+    """Each move asked of a member holding the group (not the one leaving it, when another
+    holds it), one after the other; the seconds they took."""
+    t0 = time.monotonic()
+    for mv in moves:
+        holders = [i for i, st in c.statuses().items() if mv.group in st and not st[mv.group]["removed"]]
+        asker = next((i for i in sorted(holders) if i != mv.remove), mv.remove)
+        add = None if mv.add is None else [mv.add, c.addrs[mv.add]]
+        r = c.procs[asker].cmd("move_group", 130, group=mv.group, add=add, remove=mv.remove, wait_s=120)
+        assert r is not None and r["error"] is None, (mv, asker, r)
+    return time.monotonic() - t0
+
+
+def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(engines):
+    ids = ["n1", "n2", "n3", "n4", "n5"]
+    groups = [f"g{i}" for i in range(10)]
+    c = engines(ids, groups)
+    placed(c, first_placement(groups, ids, 3))
+    c.start_all()
+    for g, members in c.placement.items():
+        assert leader_among(c, g, members), g
+    for i, g in (("n1", "g0"), ("n2", "g3"), ("n4", "g6"), ("n5", "g8")):  # from members that may not hold them
+        c.procs[i].cmd("load", group=g, window=4, size=400, anywhere=True)
+    assert wait_until(lambda: len(c.confirmed()) > 400, 15)
+
+    before = current_placement(c, groups, ids)
+    drain = plan_moves(before, ids, 3, leaving=["n3"])
+    assert drain and all(mv.remove == "n3" for mv in drain), drain
+    drain_s = run_moves(c, drain)
+    assert wait_until(lambda: c.procs["n3"].cmd("held", 5)["held"] == [], 5), "n3 still holds a group"
+    rest = [i for i in ids if i != "n3"]
+    after_drain = current_placement(c, groups, rest)
+    assert after_drain == {g: sorted(r) for g, r in applied(before, drain).items()}, after_drain
+    assert max(loads(after_drain, rest).values()) - min(loads(after_drain, rest).values()) <= 1
+
+    c.held["n6"] = []
+    c.start("n6", peers=ids)  # a new member, holding nothing yet
+    assert c.procs["n6"].cmd("held", 5)["held"] == []
+    members = [*rest, "n6"]
+    rebalance = plan_moves(after_drain, members, 3)
+    assert rebalance and all(mv.add == "n6" for mv in rebalance), rebalance
+    rebalance_s = run_moves(c, rebalance)
+    final = current_placement(c, groups, members)
+    assert sorted(c.procs["n6"].cmd("held", 5)["held"]) == sorted(g for g, r in final.items() if "n6" in r)
+    assert sorted(loads(final, members).values()) == [6, 6, 6, 6, 6]  # 30 replicas, 5 members
+    before_n = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before_n + 200, 15), "the load stopped"
+    for i in ("n1", "n2", "n4", "n5"):
+        c.procs[i].cmd("load_stop", 5)
+    confirmed = c.confirmed()
+    for g, holders in final.items():
+        for i in holders:
+            assert wait_until(lambda i=i, g=g: not missing_on(c, i, g, confirmed), 15), (i, g)
+        assert_agree(c, g, holders)
+    print(
+        f"\ndrain of n3: {len(drain)} moves in {drain_s:.1f} s; rebalance onto n6: {len(rebalance)} moves in "
+        f"{rebalance_s:.1f} s; {len(confirmed)} confirmed"
+    )
