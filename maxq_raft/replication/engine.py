@@ -630,7 +630,9 @@ class ReplicationNode:
 
         reply.forwarded = True  # a proposal answered here, never sent on to another node
         if g is None:
-            reply(None, "stopped")
+            # A group this node does not hold (it left it, or the sender's list of holders is
+            # out of date): "not leader", so that the sender tries a member that holds it.
+            reply(None, "not leader" if name in self.group_names else "stopped")
             return
         g.inbox.append((payload, reply, time.monotonic() + min(float(ttl_s), self.propose_timeout_s)))
         self._touched.add(g)
