@@ -109,6 +109,7 @@ MEMBER_PROBE_S = 5.0
 INLINE_SYNC_BYTES_MAX = 64 * 1024
 MOVE_TIMEOUT_S = 300.0  # a group move's default bound (a new member may catch up through a big log)
 MOVE_POLL_S = 0.1  # how often a move asks the new member how far it has applied
+REMOVED_NOTICE_EVERY_S = 5.0  # a non-member that keeps sending to a group is told again this often
 
 
 class ReplicationNode:
@@ -218,6 +219,7 @@ class ReplicationNode:
         self._move: dict | None = None  # the group move in progress (`move_group`), one at a time
         self._joins: dict[int, Callable[[str | None], None]] = {}  # join_group requests sent: req -> answer
         self._progress_asks: dict[int, Callable[[int | None], None]] = {}  # group_index requests sent
+        self._removed_notices: dict[tuple[str, str], float] = {}  # (group, node) -> next notice allowed
         self.stats: collections.Counter[str] = collections.Counter()
         # peers whose group list differs from ours (their "groups" op): cut off from every group
         self._mismatched: dict[str, list[str]] = {}
@@ -303,6 +305,7 @@ class ReplicationNode:
         )
         g.forward = self._forward
         g.on_failed = self._group_failed
+        g.transport.on_non_member = lambda nid, g=g: self._on_non_member(g, nid)
         g.raft_log.journal.on_failed = lambda exc, g=g: self._post(lambda: g.fail(f"journal write failed: {exc}"))
         g.raft_log.journal.wake_writer = not self.inline_sync_bytes_max
         return g
@@ -1102,6 +1105,30 @@ class ReplicationNode:
                 self._announce(linked)
             self._touched.add(g)
             answer(None)
+
+    def _on_non_member(self, g: Group, nid: str) -> None:
+        """A Raft message for `g` from a node that is not one of its members (hub thread). On a
+        node holding only some groups, the group's leader tells it that it was removed (at most
+        every REMOVED_NOTICE_EVERY_S): a member that was down when a move or a drain removed it
+        starts again holding the group and would campaign in it for ever. Only the leader says
+        so, with no membership change pending and a majority of its members linked: its
+        configuration is the latest in its log, a node being added is in it from the moment the
+        addition is appended, and a leader cut off from the majority (which may have moved on
+        and added the sender) does not say it. (Left: a leader linked to the majority that has
+        not yet noticed it was replaced, for the few heartbeats that takes.)"""
+        if not self.partial or not g.so._isLeader() or g.membership_change_pending():
+            return
+        others = [n.id for n in g.so.otherNodes]
+        if 2 * (1 + sum(1 for o in others if o in g.transport.connected)) <= 1 + len(others):
+            return
+        now = time.monotonic()
+        key = (g.name, nid)
+        if now < self._removed_notices.get(key, 0.0):
+            return
+        self._removed_notices[key] = now + REMOVED_NOTICE_EVERY_S
+        self.stats["removed_notices_sent"] += 1
+        log.info("node %s: %s is not a member of group %s: telling it so", self.node_id, nid, g.name)
+        self.hub.send(nid, wire.KIND_CONTROL, wire.encode_control({"op": "removed", "groups": [g.name]}))
 
     def _leave_removed_groups(self) -> None:
         """Close and delete the groups this node was removed from (hub thread; on nodes that hold

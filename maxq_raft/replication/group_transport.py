@@ -145,6 +145,9 @@ class GroupTransport(Transport):
         self.acked: tuple[int, int] = (-1, 0)  # follower: (term, highest index acked on the wire in it)
         self.rejected_requests: list[int] = []
         self.silent = False  # set once this node learns it was removed from the group
+        # told of every message dropped because its sender is not a member (the engine may tell
+        # a node that was removed while it was down: engine.py, `_on_non_member`)
+        self.on_non_member: Callable[[str], None] | None = None
         self.membership_cache: dict[bytes, bytes] = {}
         self.stats: collections.Counter[str] = collections.Counter()
         # snapshots: set by the group
@@ -489,6 +492,8 @@ class GroupTransport(Transport):
         node = self.nodes.get(nid)
         if node is None:
             self.stats["dropped_non_member"] += 1
+            if self.on_non_member is not None:
+                self.on_non_member(nid)
             return
         t = message["type"]
         if t == "snapshot_chunk":

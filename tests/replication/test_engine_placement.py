@@ -292,3 +292,26 @@ def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(engines):
         f"\ndrain of n3: {len(drain)} moves in {drain_s:.1f} s; rebalance onto n6: {len(rebalance)} moves in "
         f"{rebalance_s:.1f} s; {len(confirmed)} confirmed"
     )
+
+
+def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(engines):
+    c = engines(["n1", "n2", "n3", "n4"], ["g0"])
+    placed(c, {"g0": ["n1", "n2", "n3"]})
+    c.held["n4"] = []
+    c.start_all()
+    assert leader_among(c, "g0", ["n1", "n2", "n3"])
+    c.procs["n1"].cmd("load", group="g0", window=4, size=300, anywhere=True)
+    assert wait_until(lambda: len(c.confirmed()) > 100, 10)
+    c.procs["n3"].kill()  # down while the move removes it: it never hears of its removal
+    r = c.procs["n1"].cmd("move_group", 70, group="g0", add=["n4", c.addrs["n4"]], remove="n3", wait_s=60)
+    assert r is not None and r["error"] is None, r
+    c.start("n3")
+    assert c.procs["n3"].cmd("held", 5)["held"] == ["g0"]  # its record, from before its removal
+    # it campaigns in g0; the leader tells it it is not a member, and it leaves
+    assert wait_until(lambda: c.procs["n3"].cmd("held", 5)["held"] == [], 15), c.procs["n3"].stderr()
+    assert wait_until(lambda: not (Path(c.root) / "n3" / "raft" / "g0").exists(), 5)
+    for i, st in holders_statuses(c, "g0", ["n1", "n2", "n4"]).items():
+        assert sorted(st["members"]) == ["n1", "n2", "n4"], (i, st["members"])
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 100, 10), "g0 stopped taking proposals"
+    c.procs["n1"].cmd("load_stop", 5)
