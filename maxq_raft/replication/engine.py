@@ -48,14 +48,14 @@ in the data folder; a later start takes them from there). A proposal for a group
 elsewhere goes to a linked peer that holds it (the leader, once one answered or was named in
 a "not leader" answer) and is answered when it has committed there: nothing is applied here.
 Each node announces the groups it holds with its group list (`held`), again after it joins or
-leaves one. Moves, and the departure of a member from a group, are group_moves.py's. A node
-removed from a group it holds (a move) closes it and deletes its folder; a
-node started without `held` (every group on every member) keeps a removed group's files, silent,
-as before. Not yet used by the broker, whose members still hold every group (docs/scale-out-plan.md).
+leaves one. Moves, and the departure of a member from a group, are group_moves.py's: a node
+removed from a group it holds closes it and deletes its folder; a node started without `held`
+(every group on every member) keeps a removed group's files, silent, as before. Not yet used
+by the broker, whose members still hold every group (docs/scale-out-plan.md, step 3).
 
-Group lists: members must know the same groups (the broker hashes each queue to a shard group by
-their number), whichever of them each holds. On every link it opens, a node tells the peer its list (control op "groups"); a
-peer whose list differs is cut off from every group, both ways (its Raft frames and forwarded
+Group lists: members must know the same groups (the broker hashes each queue to a shard group
+by their number), whichever of them each holds. On every link it opens, a node tells the peer
+its list (control op "groups"); a peer whose list differs is cut off from every group, both ways (its Raft frames and forwarded
 proposals dropped, none sent to it), and each side logs why once: the majority that agrees goes
 on as if that member were down, and a member whose list differs from all its peers' serves
 nothing rather than put queues in other groups than the rest. A peer that never says (an older
