@@ -1,0 +1,70 @@
+"""The on-disk record of which groups a member holds, and each group's first members (group_set.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from maxq_raft.replication import group_set
+from maxq_raft.replication.engine import ReplicationNode
+
+
+def test_records_round_trip_and_absence_means_every_group(tmp_path):
+    raft = tmp_path / "raft"
+    assert group_set.read_held(raft) is None
+    group_set.write_held(raft, ["g2", "g0"], fsync=True)
+    assert group_set.read_held(raft) == ["g0", "g2"]
+    assert group_set.read_first_members(raft / "g0") is None
+    group_set.write_first_members(raft / "g0", {"n2": ("127.0.0.1", 7002), "n1": ("127.0.0.1", 7001)}, fsync=True)
+    assert group_set.read_first_members(raft / "g0") == {"n1": ("127.0.0.1", 7001), "n2": ("127.0.0.1", 7002)}
+    assert not list(raft.glob("*.tmp")) and not list((raft / "g0").glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"not json", b"[]", b'{"held": "g0"}', b'{"held": [1]}', b'{"other": []}'],
+)
+def test_a_damaged_held_record_is_an_error_not_a_guess(tmp_path, body):
+    raft = tmp_path / "raft"
+    raft.mkdir()
+    (raft / group_set.HELD_FILE).write_bytes(body)
+    with pytest.raises(group_set.GroupSetError, match="held_groups.json"):
+        group_set.read_held(raft)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b'{"members": []}', b'{"members": {"n1": ["h"]}}', b'{"members": {"n1": ["h", "7001"]}}'],
+)
+def test_a_damaged_first_members_record_is_an_error(tmp_path, body):
+    folder = tmp_path / "raft" / "g0"
+    folder.mkdir(parents=True)
+    (folder / group_set.FIRST_MEMBERS_FILE).write_bytes(body)
+    with pytest.raises(group_set.GroupSetError, match="first_members.json"):
+        group_set.read_first_members(folder)
+
+
+def _node(tmp_path, **kw) -> ReplicationNode:
+    return ReplicationNode(
+        node_id="n1",
+        raft_addr=("127.0.0.1", 0),
+        peers={"n2": ("127.0.0.1", 1)},
+        cluster_secret=b"s",
+        data_dir=tmp_path,
+        groups=["g0", "g1"],
+        on_commit=lambda _g, _e: None,
+        **kw,
+    )
+
+
+def test_an_engine_refuses_to_start_on_a_damaged_record_or_unknown_groups(tmp_path):
+    with pytest.raises(ValueError, match="held groups \\['g9'\\] are not among the groups"):
+        _node(tmp_path, held=["g0", "g9"])
+    raft = tmp_path / "raft"
+    raft.mkdir()
+    (raft / group_set.HELD_FILE).write_bytes(b'{"held": ["g0", "g7"]}')
+    node = _node(tmp_path)
+    with pytest.raises(group_set.GroupSetError, match="holds \\['g7'\\], which are not among the groups"):
+        node.start()
+    (raft / group_set.HELD_FILE).write_bytes(b"{")
+    with pytest.raises(group_set.GroupSetError):
+        _node(tmp_path).start()
