@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from . import group_set, wire
-from .group import PAYLOAD_BYTES_MAX, Group, call_safely
+from .group import LEARNER_MARKER, PAYLOAD_BYTES_MAX, Group, call_safely
 from .group_moves import MOVE_TIMEOUT_S, GroupMoves
 from .journal import JournalError
 from .transport import Hub
@@ -270,7 +270,9 @@ class ReplicationNode:
         self.partial = True
         return held
 
-    def _make_group(self, name: str, joining: bool, members: dict[str, tuple[str, int]] | None) -> Group:
+    def _make_group(
+        self, name: str, joining: bool, members: dict[str, tuple[str, int]] | None, learner: bool = False
+    ) -> Group:
         """Open one group's log and its pysyncobj object, started from the members recorded in its
         folder, else `members` (a group joined now), else those given for it, else this node's
         peers (the last is not recorded: the old layout, where every group has every peer)."""
@@ -303,6 +305,8 @@ class ReplicationNode:
         g.transport.on_non_member = lambda nid, g=g: self.moves.on_non_member(g, nid)
         g.raft_log.journal.on_failed = lambda exc, g=g: self._post(lambda: g.fail(f"journal write failed: {exc}"))
         g.raft_log.journal.wake_writer = not self.inline_sync_bytes_max
+        if learner or (folder / LEARNER_MARKER).exists():
+            g.start_learning()
         return g
 
     def stop(self) -> None:

@@ -43,7 +43,7 @@ from ..storage.sync_latency import SyncLatency
 from . import wire
 from .group_transport import HELD_BYTES_MAX, GroupTransport
 from .journal import JournalError
-from .raft_journal import RaftLog, install_journal_hook, register_log, unregister_log
+from .raft_journal import RaftLog, install_journal_hook, register_log, unregister_log, write_atomic
 from .snapshot_file import SnapshotError, SnapshotHeader, latest_snapshot, prune_snapshots, write_snapshot
 from .snapshot_install import NoPickleSerializer
 
@@ -73,6 +73,8 @@ RAFT_SETTINGS: dict[str, Any] = dict(
     tcp_keepalive=None,
 )
 _MEMBERSHIP_KIND = bytes([wire.CMD_MEMBERSHIP])
+LEARNER_ELECTION_TIMEOUT_S = 1e9  # a learner's: it never stands (Group.start_learning)
+LEARNER_MARKER = "learner"  # in the group's folder while this node is a learner of it
 DELIVER_ENTRIES_PER_TICK = 4096
 DELIVER_BYTES_PER_TICK = 8 * MiB
 DELIVER_CHUNK_ENTRIES = 1024  # one on_commit call carries at most this many entries ...
@@ -138,6 +140,7 @@ class Group:
     ) -> None:
         self.name = name
         self.node_id = node_id
+        self.fsync = fsync
         self.on_commit = on_commit
         # bytes delivered to on_commit that its consumer has not applied yet (None: not counted)
         self.apply_backlog_bytes = apply_backlog_bytes
@@ -154,6 +157,10 @@ class Group:
         self.on_failed: Callable[[Group, str], None] | None = None  # set by the engine: the node stops
         self.removed = False
         self.joining = joining  # started to be added (maxqctl add-node): see `deliver`
+        # a move's new member while it catches up, before it is added: it never campaigns
+        # (`start_learning`) until it applies its own addition
+        self.learning = False
+        self._voter_timeouts: tuple[float, float] | None = None
         self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends
         self.outstanding: collections.deque[Proposal] = collections.deque()  # submission (= deadline) order
         self.n_pending = 0
@@ -248,6 +255,29 @@ class Group:
             rl.first_index,
             rl.last_index,
         )
+
+    def start_learning(self) -> None:
+        """This node receives the group's log as a learner (group_moves.py): it must not stand
+        for election, which pysyncobj would do once it stops hearing from a leader (its vote
+        requests would be dropped by the members, but its term would climb, and disrupt the
+        group once it is added). Its election timeout is made too long to pass until it applies
+        its own addition."""
+        conf = self.so.conf
+        self._voter_timeouts = (conf.raftMinTimeout, conf.raftMaxTimeout)
+        conf.raftMinTimeout = conf.raftMaxTimeout = LEARNER_ELECTION_TIMEOUT_S
+        self.learning = True
+        marker = self.folder / LEARNER_MARKER
+        if not marker.exists():  # a restart before its addition is a learner's too
+            write_atomic(self.folder, LEARNER_MARKER, b"", self.fsync)
+
+    def _stop_learning(self) -> None:
+        if self._voter_timeouts is not None:
+            conf = self.so.conf
+            conf.raftMinTimeout, conf.raftMaxTimeout = self._voter_timeouts
+            self._voter_timeouts = None
+        self.learning = False
+        (self.folder / LEARNER_MARKER).unlink(missing_ok=True)
+        log.info("group %s: %s is a member now, no longer a learner", self.name, self.node_id)
 
     def _take_logged_membership(self) -> None:
         """A restart: the members are the latest configuration in the log (Raft, section 6).
@@ -559,6 +589,8 @@ class Group:
                     batch.append((idx, cmd[1:]))
                 elif kind == wire.CMD_MEMBERSHIP:
                     action, nid, _addr = wire.membership_of(cmd)
+                    if action == "add" and nid == self.node_id and self.learning:
+                        self._stop_learning()
                     if action == "rem" and nid == self.node_id and not self.removed:
                         if self._added_back_after(idx):
                             # Removed, then added back under the same name: that removal was an
@@ -743,6 +775,7 @@ class Group:
             "held_messages": self.transport.held_count(),
             "failed": self.failed,
             "removed": self.removed,
+            "learning": self.learning,
             "membership_change_pending": self.membership_change_pending(),
             "seams": dict(self.transport.stats),
             "log": dict(rl.stats),

@@ -6,12 +6,17 @@ Theory of operation: `GroupMoves` belongs to a `ReplicationNode` (engine.py) and
 hub thread, on its groups, hub and membership changes. A move of group g, asked of a member that
 holds it, is a small state machine stepped on every tick and on every answer:
 
-  join      the new node starts g (`join_group`, with g's current members as its first
-            members: group_set.py) and says so (`join_reply`); asked again if no answer comes;
-  add       a Raft membership change adds it (the engine's one change at a time);
-  catchup   the new node is asked how far it has applied g (`group_index`) until it has applied
-            what was committed when it was added: it holds the log now, and the group does not
-            depend on a member that is far behind once the old one goes;
+  join      the new node starts g as a learner (`join_group`, with g's current members as its
+            first members: group_set.py; it does not campaign) and says so (`join_reply`);
+            asked again if no answer comes;
+  catchup   every member of g sends it the log as to pysyncobj's read-only nodes (`learner_add`,
+            sent again every ASK_AGAIN_S: a member that restarts forgets it), which count for
+            no commit and no vote: while the learner catches up through the log or a snapshot,
+            the group's majority is what it was. The learner is asked how far it has applied g
+            (`group_index`) until it has applied what was committed when it joined;
+  add       a Raft membership change makes it a member (group_transport.py, `addNode`, on every
+            member as it appends the change; the learner starts campaigning like any member once
+            it applies its own addition: group.py);
   remove    a membership change removes the old member (leadership moves off it first); the
             removed node is told, closes g and deletes its folder (`leave_removed_groups`).
 
@@ -80,6 +85,21 @@ class GroupMoves:
             asked = self._progress_asks.pop(req, None) if type(req) is int else None
             if asked is not None:
                 asked(index if type(index) is int else None)
+        elif op in ("learner_add", "learner_drop"):
+            name, nid = m.get("group"), m.get("node")
+            if type(name) is not str or type(nid) is not str:
+                raise wire.WireError(f"bad {op} request {m!r}"[:200])
+            g = e.groups.get(name)
+            if g is None or g.removed:
+                return True  # (not held here any more: nothing to send)
+            if op == "learner_drop":
+                g.transport.drop_learner(nid)
+            else:
+                host, port = m.get("host"), m.get("port")
+                if type(host) is not str or type(port) is not int:
+                    raise wire.WireError(f"bad learner_add address {m!r}"[:200])
+                g.transport.add_learner(wire.RaftNode(nid, (host, port)))
+                e._touched.add(g)
         else:
             return False
         return True
@@ -104,6 +124,8 @@ class GroupMoves:
             return
         members = set(g.member_ids())
         phase = "join" if add is not None and add[0] not in members else "remove"
+        # (a move that failed after its new member was added: add=None now, or add again: that
+        # member is one already, and only the removal is left)
         if phase == "remove" and (remove is None or remove not in members):
             call_safely(callback, None)  # nothing to do: the move is already made
             return
@@ -126,6 +148,8 @@ class GroupMoves:
         mv, self._move = self._move, None
         self._joins.clear()
         self._progress_asks.clear()
+        if mv is not None and error is not None and mv["add"] is not None:
+            self._drop_learner(mv["group"], mv["add"][0])
         if mv is not None:
             if error is None:
                 log.info(
@@ -162,17 +186,32 @@ class GroupMoves:
                 if at is not None:
                     members[n.id] = (at[0], int(at[1]))
             req = next(self.engine._req_ids)
-            self._joins[req] = lambda err: self._answer(mv, "add" if err is None else None, err)
-            body = {"op": "join_group", "req": req, "group": name, "members": {k: list(v) for k, v in members.items()}}
+
+            def joined(err: str | None) -> None:
+                if err is None:  # what the learner must have applied before it is made a member
+                    g_now = self.engine.groups.get(name)
+                    mv["caught_up_at"] = g_now.so.raftCommitIndex if g_now is not None else 0
+                    mv["taught_at"] = None
+                self._answer(mv, "catchup" if err is None else None, err)
+
+            self._joins[req] = joined
+            body = {
+                "op": "join_group",
+                "req": req,
+                "group": name,
+                "members": {k: list(v) for k, v in members.items()},
+                "learner": True,
+            }
             self.engine.hub.send(nid, wire.KIND_CONTROL, wire.encode_control(body))
         elif phase in ("add", "remove"):
             change = ("add", *mv["add"]) if phase == "add" else ("rem", mv["remove"], None)
 
             def changed(err: str | None) -> None:
-                if err is None and phase == "add":
-                    g_now = self.engine.groups.get(name)
-                    mv["caught_up_at"] = g_now.so.raftCommitIndex if g_now is not None else 0
-                nxt = ("catchup" if phase == "add" else "done") if err is None else None
+                nxt = (
+                    (("remove" if mv["remove"] is not None else "done") if phase == "add" else "done")
+                    if err is None
+                    else None
+                )
                 self._answer(mv, nxt, err)
 
             if self.engine._member_change is not None:
@@ -180,13 +219,20 @@ class GroupMoves:
                 return
             self.engine._member_start(change, changed, groups=[name])
         elif phase == "catchup":
-            nid = mv["add"][0]
+            if g is None:
+                self._done(f"{name} is no longer held here")
+                return
+            nid, addr = mv["add"]
+            if mv.get("taught_at") is None or now - mv["taught_at"] >= ASK_AGAIN_S:
+                mv["taught_at"] = now
+                self._teach(g, nid, addr)
             req = next(self.engine._req_ids)
 
             def progress(applied: int | None) -> None:
-                caught_up = applied is not None and applied >= mv["caught_up_at"]
-                if caught_up:
-                    self._answer(mv, "remove" if mv["remove"] is not None else "done", None)
+                if applied is None:  # it does not hold g (it restarted, and left it): again
+                    self._answer(mv, "join", f"{nid} does not hold {name}")
+                elif applied >= mv["caught_up_at"]:
+                    self._answer(mv, "add", None)
                 else:
                     self._answer(mv, None, f"{nid} has applied {applied} of {mv['caught_up_at']}")
 
@@ -194,6 +240,29 @@ class GroupMoves:
             self.engine.hub.send(
                 nid, wire.KIND_CONTROL, wire.encode_control({"op": "group_index", "req": req, "group": name})
             )
+
+    def _teach(self, g: Group, nid: str, addr: tuple[str, int]) -> None:
+        """Every member of g, this one too, sends g's log to the learner `nid`."""
+        g.transport.add_learner(wire.RaftNode(nid, addr))
+        body = wire.encode_control(
+            {"op": "learner_add", "group": g.name, "node": nid, "host": addr[0], "port": addr[1]}
+        )
+        for member in g.member_ids():
+            if member not in (self.engine.node_id, nid):
+                self.engine.hub.send(member, wire.KIND_CONTROL, body)
+
+    def _drop_learner(self, name: str, nid: str) -> None:
+        """A move that ends without making `nid` a member: no member sends it the log any more."""
+        g = self.engine.groups.get(name)
+        if g is None or nid in g.member_ids():
+            return
+        g.transport.drop_learner(nid)
+        body = wire.encode_control({"op": "learner_drop", "group": name, "node": nid})
+        for member in g.member_ids():
+            if member != self.engine.node_id:
+                self.engine.hub.send(member, wire.KIND_CONTROL, body)
+        # and the learner leaves g (it is no member: nothing of it is kept)
+        self.engine.hub.send(nid, wire.KIND_CONTROL, wire.encode_control({"op": "removed", "groups": [name]}))
 
     def _answer(self, mv: dict, next_phase: str | None, error: str | None) -> None:
         """An answer for the move's current phase: on to `next_phase`, or the same phase again
@@ -239,7 +308,7 @@ class GroupMoves:
             # deletion): nothing in it is this member's any more.
             shutil.rmtree(self.engine.raft_dir / name, ignore_errors=True)
             try:
-                g = self.engine._make_group(name, True, first)
+                g = self.engine._make_group(name, True, first, learner=m.get("learner") is True)
             except (OSError, ValueError) as exc:
                 answer(f"cannot start {name}: {exc}")
                 return

@@ -131,8 +131,12 @@ class GroupTransport(Transport):
         self.seams = seams  # False only in tests that show stock pysyncobj's behaviour
         self.heartbeat_s = heartbeat_s
         self.clock = clock
-        self.nodes: dict[str, Node] = {}
-        self.connected: set[str] = set()  # what pysyncobj was told
+        self.nodes: dict[str, Node] = {}  # the members, and the learners
+        # Learners (a group move's new member while it catches up): nodes this member sends the
+        # log to, as pysyncobj's read-only nodes, which are not counted for a commit or a vote
+        # and do not vote; promoted when a membership change adds them (`addNode`).
+        self.learners: set[str] = set()
+        self.connected: set[str] = set()  # what pysyncobj was told (members and learners)
         self.joined = not joining
         self.held: dict[str, collections.deque[_Held]] = {}
         self.held_bytes: dict[str, int] = {}
@@ -173,6 +177,13 @@ class GroupTransport(Transport):
         pass
 
     def addNode(self, node: Node) -> None:  # noqa: N802
+        if node.id in self.learners:
+            # A learner becomes a member: pysyncobj has just put it among the members with fresh
+            # indexes; it must leave the read-only set without the read-only path's clean-up,
+            # which would drop those indexes (the node stays connected).
+            self.learners.discard(node.id)
+            self.so._SyncObj__readonlyNodes.discard(self.nodes[node.id])
+            self.stats["learners_promoted"] += 1
         self.nodes[node.id] = node
         self.link.add_peer(self.group, node.id, getattr(node, "raft_addr", None))
         if self.joined and self.link.peer_is_up(node.id):
@@ -187,10 +198,28 @@ class GroupTransport(Transport):
         self.held.pop(nid, None)
         self.held_bytes.pop(nid, None)
         if nid in self.connected:
-            self.connected.discard(nid)
-            self._onNodeDisconnected(self.nodes.get(nid, node))
+            self._tell_disconnected(nid, self.nodes.get(nid, node))
+        self.learners.discard(nid)
         self.nodes.pop(nid, None)
         self.link.drop_peer(self.group, nid)
+
+    def add_learner(self, node: Node) -> None:
+        """Send the log to `node` without making it a member (hub thread; any role: the leader
+        sends, and a member that becomes leader later sends too)."""
+        nid = node.id
+        if nid in self.nodes or nid == self.self_node.id:
+            return  # a member already (or this node)
+        self.learners.add(nid)
+        self.nodes[nid] = node
+        self.link.add_peer(self.group, nid, getattr(node, "raft_addr", None))
+        self.stats["learners_added"] += 1
+        if self.joined and self.link.peer_is_up(nid):
+            self._tell_connected(nid)
+
+    def drop_learner(self, nid: str) -> None:
+        """Stop sending the log to a learner (a move that ended without adding it)."""
+        if nid in self.learners:
+            self.dropNode(self.nodes[nid])
 
     def destroy(self) -> None:
         for sender in self.installs.values():
@@ -211,7 +240,17 @@ class GroupTransport(Transport):
             return  # pysyncobj is still building (it sets callbacks after us): sync_connections tells it
         if nid not in self.connected and nid not in self.installs:
             self.connected.add(nid)
-            self._onNodeConnected(self.nodes[nid])
+            if nid in self.learners:
+                self._onReadonlyNodeConnected(self.nodes[nid])
+            else:
+                self._onNodeConnected(self.nodes[nid])
+
+    def _tell_disconnected(self, nid: str, node: Node) -> None:
+        self.connected.discard(nid)
+        if nid in self.learners:
+            self._onReadonlyNodeDisconnected(node)  # (pysyncobj drops its indexes; set again on connect)
+        else:
+            self._onNodeDisconnected(node)
 
     def peer_up(self, nid: str) -> None:
         if nid not in self.nodes:
@@ -233,8 +272,7 @@ class GroupTransport(Transport):
             self.stats["held_dropped_disconnect"] += len(q)
         self._forget(nid)
         if nid in self.connected:
-            self.connected.discard(nid)
-            self._onNodeDisconnected(self.nodes[nid])
+            self._tell_disconnected(nid, self.nodes[nid])
 
     def sync_connections(self) -> None:
         """Tell pysyncobj about peers already up (after it has set its callbacks)."""
@@ -496,6 +534,11 @@ class GroupTransport(Transport):
                 self.on_non_member(nid)
             return
         t = message["type"]
+        if nid in self.learners and t not in ("next_node_idx", "snapshot_ack"):
+            # A learner only acknowledges: a vote request from it (it restarted and forgot it was
+            # one, or it is broken) must not reach pysyncobj, which would count it as a member's.
+            self.stats["learner_messages_dropped"] += 1
+            return
         if t == "snapshot_chunk":
             self._on_snapshot_chunk(nid, message)
             return
@@ -608,8 +651,7 @@ class GroupTransport(Transport):
         self.stats["installs_started"] += 1
         log.info("group %s: sending snapshot at index %d (%d bytes) to %s", self.group, header.index, sender.size, nid)
         if nid in self.connected:  # pysyncobj sends it nothing while the install runs
-            self.connected.discard(nid)
-            self._onNodeDisconnected(self.nodes[nid])
+            self._tell_disconnected(nid, self.nodes[nid])
 
     def pump_installs(self) -> None:
         """Leader: put the next chunks of each install on the wire (hub thread, every tick)."""
@@ -659,14 +701,14 @@ class GroupTransport(Transport):
         )
         if node is None:
             return
+        self._forget(nid)
+        if self.joined and self.link.peer_is_up(nid):
+            self._tell_connected(nid)  # (a learner's indexes are made afresh here: set them after)
         # pysyncobj's per-follower progress: its log now ends at the snapshot's index (durably).
         self.so._SyncObj__raftNextIndex[node] = index + 1
         match = self.so._SyncObj__raftMatchIndex
         if match.get(node, 0) < index:
             match[node] = index
-        self._forget(nid)
-        if self.joined and self.link.peer_is_up(nid):
-            self._tell_connected(nid)
 
     def _on_snapshot_chunk(self, nid: str, m: dict) -> None:
         so = self.so

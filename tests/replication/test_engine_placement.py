@@ -11,6 +11,8 @@ member holding it, at its index, and by no other node.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -315,3 +317,49 @@ def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(
     before = len(c.confirmed())
     assert wait_until(lambda: len(c.confirmed()) > before + 100, 10), "g0 stopped taking proposals"
     c.procs["n1"].cmd("load_stop", 5)
+
+
+def test_a_new_member_learns_the_log_without_counting_for_the_majority(engines):
+    """While the move's new member catches up it is a learner: the group commits on a majority
+    of its members without it. Here the learner is stopped (SIGSTOP) and a member killed: with
+    the learner counted, 2 of 4 could not commit; as a learner, 2 of 3 do."""
+    c = engines(["n1", "n2", "n3", "n4"], ["g0"])
+    placed(c, {"g0": ["n1", "n2", "n3"]})
+    c.held["n4"] = []
+    c.start_all()
+    assert leader_among(c, "g0", ["n1", "n2", "n3"])
+    c.procs["n1"].cmd("load", group="g0", window=4, size=2000, anywhere=True)
+    assert wait_until(lambda: len(c.confirmed()) > 500, 15)
+    box: list = []
+    mover = threading.Thread(
+        target=lambda: box.append(
+            c.procs["n1"].cmd("move_group", 100, group="g0", add=["n4", c.addrs["n4"]], remove="n3", wait_s=90)
+        ),
+        daemon=True,
+    )
+    mover.start()
+    assert wait_until(lambda: c.statuses(["n4"]).get("n4", {}).get("g0", {}).get("learning"), 10), "n4 never learned g0"
+    c.procs["n4"].signal(signal.SIGSTOP)
+    c.procs["n2"].kill()
+    # (n1 answers nothing while it runs the move: the harness reads one command at a time)
+    st = c.statuses(["n3"])["n3"]["g0"]
+    assert sorted(st["members"]) == ["n1", "n2", "n3"], st["members"]  # n4 is no member yet
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 100, 15), "g0 stopped committing while n4 learns"
+    c.procs["n4"].signal(signal.SIGCONT)
+    mover.join(95)
+    assert box and box[0] is not None and box[0]["error"] is None, box
+    assert wait_until(lambda: not c.statuses(["n4"])["n4"]["g0"]["learning"], 5)
+    c.start("n2")
+    before = len(c.confirmed())
+    assert wait_until(lambda: len(c.confirmed()) > before + 100, 15)
+    c.procs["n1"].cmd("load_stop", 5)
+    confirmed = c.confirmed()
+    for i in ("n1", "n2", "n4"):
+        assert wait_until(lambda i=i: not missing_on(c, i, "g0", confirmed), 15), (
+            i,
+            missing_on(c, i, "g0", confirmed)[:3],
+        )
+    assert_agree(c, "g0", ["n1", "n2", "n4"])
+    tot = seam_totals(c.statuses(["n1", "n2", "n4"]))
+    assert tot.get("learners_promoted", 0) >= 1, tot
