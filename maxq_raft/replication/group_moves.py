@@ -32,13 +32,10 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import group_set, wire
 from .group import Group, call_safely
-
-if TYPE_CHECKING:
-    from .engine import ReplicationNode
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +47,8 @@ REMOVED_NOTICE_EVERY_S = 5.0  # a non-member that keeps sending to a group is to
 
 
 class GroupMoves:
-    def __init__(self, engine: ReplicationNode) -> None:
-        self.engine = engine
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine  # the ReplicationNode that owns this (engine.py: it imports us)
         self._move: dict | None = None  # the move in progress, one at a time
         self._joins: dict[int, Callable[[str | None], None]] = {}  # join_group requests sent: req -> answer
         self._progress_asks: dict[int, Callable[[int | None], None]] = {}  # group_index requests sent
