@@ -37,16 +37,23 @@ class GroupSetError(ValueError):
     """A record here cannot be read: the member does not start rather than guess its groups."""
 
 
-def read_held(raft_dir: Path) -> list[str] | None:
-    """The groups recorded as held, or None when no record was ever written (every group)."""
-    path = raft_dir / HELD_FILE
+def _read_field(path: Path, key: str) -> tuple[bool, object]:
+    """(False, None) when `path` does not exist, else (True, its JSON object's `key`)."""
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return None
+        return False, None
     except (OSError, ValueError) as exc:
         raise GroupSetError(f"{path}: {exc}") from exc
-    held = data.get("held") if type(data) is dict else None
+    return True, data.get(key) if type(data) is dict else None
+
+
+def read_held(raft_dir: Path) -> list[str] | None:
+    """The groups recorded as held, or None when no record was ever written (every group)."""
+    path = raft_dir / HELD_FILE
+    found, held = _read_field(path, "held")
+    if not found:
+        return None
     if type(held) is not list or not all(type(name) is str for name in held):
         raise GroupSetError(f"{path}: expected {{'held': [group names]}}")
     return list(held)
@@ -59,13 +66,9 @@ def write_held(raft_dir: Path, held: list[str], fsync: bool) -> None:
 
 def read_first_members(group_dir: Path) -> Members | None:
     path = group_dir / FIRST_MEMBERS_FILE
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    found, members = _read_field(path, "members")
+    if not found:
         return None
-    except (OSError, ValueError) as exc:
-        raise GroupSetError(f"{path}: {exc}") from exc
-    members = data.get("members") if type(data) is dict else None
     if type(members) is not dict:
         raise GroupSetError(f"{path}: expected {{'members': {{node: [host, port]}}}}")
     out: Members = {}

@@ -225,22 +225,6 @@ class Cluster:
                 assert s == longest[: len(s)], f"{i} diverges from the longest applied sequence of {g}"
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    made: list[Cluster] = []
-
-    def make(ids, groups, **kw) -> Cluster:
-        c = Cluster(tmp_path, ids, groups, **kw)
-        made.append(c)
-        return c
-
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.close()
-
-
 def seam_totals(statuses: dict[str, dict]) -> dict[str, int]:
     tot: dict[str, int] = defaultdict(int)
     for st in statuses.values():

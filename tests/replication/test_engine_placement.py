@@ -26,23 +26,6 @@ from .test_engine_cluster import Cluster, seam_totals
 pytestmark = pytest.mark.timeout(150)
 
 
-@pytest.fixture
-def engines(tmp_path):
-    """make(ids, groups) -> a Cluster of engine processes (every one killed afterwards)."""
-    made: list[Cluster] = []
-
-    def make(ids, groups) -> Cluster:
-        c = Cluster(tmp_path, ids, groups)
-        made.append(c)
-        return c
-
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.close()
-
-
 def placed(c: Cluster, placement: dict[str, list[str]]) -> None:
     c.placement = {g: list(ids) for g, ids in placement.items()}
     c.held = {i: [g for g, ids in placement.items() if i in ids] for i in c.ids}
@@ -96,8 +79,8 @@ FIVE = ["n1", "n2", "n3", "n4", "n5"]
 FIVE_GROUPS = ["g0", "g1", "g2", "g3", "g4"]
 
 
-def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(engines):
-    c = engines(FIVE, FIVE_GROUPS)
+def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(cluster):
+    c = cluster(FIVE, FIVE_GROUPS)
     placement = {g: [FIVE[(i + k) % 5] for k in range(3)] for i, g in enumerate(FIVE_GROUPS)}
     placed(c, placement)
     c.start_all()
@@ -149,9 +132,9 @@ def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(en
     print(f"\n5 members, 3 replicas per group: {len(confirmed)} confirmed; the outsider's load on g0 {stopped}")
 
 
-def test_a_group_moves_under_load_and_the_new_member_keeps_it_across_a_kill(engines):
+def test_a_group_moves_under_load_and_the_new_member_keeps_it_across_a_kill(cluster):
     ids = ["n1", "n2", "n3", "n4"]
-    c = engines(ids, ["g0", "g1"])
+    c = cluster(ids, ["g0", "g1"])
     placement = {"g0": ["n1", "n2", "n3"], "g1": ["n2", "n3", "n4"]}
     placed(c, placement)
     c.start_all()
@@ -209,9 +192,9 @@ def test_a_group_moves_under_load_and_the_new_member_keeps_it_across_a_kill(engi
     assert tot.get("acked_entries_truncated", 0) == 0 and tot.get("applied_entries_truncated", 0) == 0, tot
 
 
-def test_a_move_is_refused_where_it_cannot_be_made(engines):
+def test_a_move_is_refused_where_it_cannot_be_made(cluster):
     ids = ["n1", "n2", "n3", "n4"]
-    c = engines(ids, ["g0"])
+    c = cluster(ids, ["g0"])
     placed(c, {"g0": ["n1", "n2", "n3"]})
     c.start_all()
     assert leader_among(c, "g0", ["n1", "n2", "n3"])
@@ -249,10 +232,10 @@ def run_moves(c: Cluster, moves) -> float:
     return time.monotonic() - t0
 
 
-def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(engines):
+def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(cluster):
     ids = ["n1", "n2", "n3", "n4", "n5"]
     groups = [f"g{i}" for i in range(10)]
-    c = engines(ids, groups)
+    c = cluster(ids, groups)
     placed(c, first_placement(groups, ids, 3))
     c.start_all()
     for g, members in c.placement.items():
@@ -296,8 +279,8 @@ def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(engines):
     )
 
 
-def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(engines):
-    c = engines(["n1", "n2", "n3", "n4"], ["g0"])
+def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(cluster):
+    c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
     placed(c, {"g0": ["n1", "n2", "n3"]})
     c.held["n4"] = []
     c.start_all()
@@ -319,11 +302,11 @@ def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(
     c.procs["n1"].cmd("load_stop", 5)
 
 
-def test_a_new_member_learns_the_log_without_counting_for_the_majority(engines):
+def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
     """While the move's new member catches up it is a learner: the group commits on a majority
     of its members without it. Here the learner is stopped (SIGSTOP) and a member killed: with
     the learner counted, 2 of 4 could not commit; as a learner, 2 of 3 do."""
-    c = engines(["n1", "n2", "n3", "n4"], ["g0"])
+    c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
     placed(c, {"g0": ["n1", "n2", "n3"]})
     c.held["n4"] = []
     c.start_all()
