@@ -213,9 +213,10 @@ class Cluster:
         ok = wait_until(check, timeout_s, step_s=0.1)
         return ok if ok is not None else {i: self.missing(i, confirmed)[:5] for i in ids}
 
-    def check_agreement(self, ids) -> None:
-        """Applied sequences of the given nodes: strictly increasing, and prefixes of each other."""
-        for g in self.groups:
+    def check_agreement(self, ids, groups=None) -> None:
+        """Applied sequences of the given nodes (of every group, or of `groups`): strictly
+        increasing, and prefixes of each other."""
+        for g in self.groups if groups is None else groups:
             seqs = {i: self.applied(i)[g] for i in ids}
             for i, s in seqs.items():
                 idx = [x[0] for x in s]

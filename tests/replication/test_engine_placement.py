@@ -54,16 +54,6 @@ def missing_on(c: Cluster, nid: str, group: str, confirmed: set) -> list:
     return sorted(x for x in confirmed if x[0] == group and got.get(x[1]) != x[2])
 
 
-def assert_agree(c: Cluster, group: str, ids) -> None:
-    seqs = {i: c.applied(i).get(group, []) for i in ids}
-    for i, s in seqs.items():
-        idx = [x[0] for x in s]
-        assert idx == sorted(set(idx)), f"{i} applied {group} out of order or twice"
-    longest = max(seqs.values(), key=len)
-    for i, s in seqs.items():
-        assert s == longest[: len(s)], f"{i} diverges from the longest applied sequence of {group}"
-
-
 def propose_until_taken(c: Cluster, nid: str, group: str, n: int) -> dict:
     """Proposals from nid: a first round teaches a node that does not hold the group where its
     leader is (a holder that does not lead answers "not leader" with the leader's name); the
@@ -108,7 +98,7 @@ def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(cl
         for i in FIVE:
             if i not in ids:
                 assert not applied_of(c, i, g), f"{i} does not hold {g} but applied it"
-        assert_agree(c, g, ids)
+        c.check_agreement(ids, [g])
 
     # kill -9 the leader of g0 while a node that does not hold g0 keeps proposing to it
     outsider = next(i for i in FIVE if i not in placement["g0"])
@@ -128,7 +118,7 @@ def test_five_members_hold_three_replicas_of_each_group_and_any_node_proposes(cl
             i,
             missing_on(c, i, "g0", confirmed)[:3],
         )
-    assert_agree(c, "g0", rest)
+    c.check_agreement(rest, ["g0"])
     print(f"\n5 members, 3 replicas per group: {len(confirmed)} confirmed; the outsider's load on g0 {stopped}")
 
 
@@ -186,7 +176,7 @@ def test_a_group_moves_under_load_and_the_new_member_keeps_it_across_a_kill(clus
             i,
             missing_on(c, i, "g0", confirmed)[:3],
         )
-    assert_agree(c, "g0", new)
+    c.check_agreement(new, ["g0"])
     assert not applied_of(c, "n1", "g0"), "n1 applied g0 after it left"
     tot = seam_totals(c.statuses(new))
     assert tot.get("acked_entries_truncated", 0) == 0 and tot.get("applied_entries_truncated", 0) == 0, tot
@@ -272,7 +262,7 @@ def test_drain_a_member_then_rebalance_onto_a_new_one_under_load(cluster):
     for g, holders in final.items():
         for i in holders:
             assert wait_until(lambda i=i, g=g: not missing_on(c, i, g, confirmed), 15), (i, g)
-        assert_agree(c, g, holders)
+        c.check_agreement(holders, [g])
     print(
         f"\ndrain of n3: {len(drain)} moves in {drain_s:.1f} s; rebalance onto n6: {len(rebalance)} moves in "
         f"{rebalance_s:.1f} s; {len(confirmed)} confirmed"
@@ -343,6 +333,6 @@ def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
             i,
             missing_on(c, i, "g0", confirmed)[:3],
         )
-    assert_agree(c, "g0", ["n1", "n2", "n4"])
+    c.check_agreement(["n1", "n2", "n4"], ["g0"])
     tot = seam_totals(c.statuses(["n1", "n2", "n4"]))
     assert tot.get("learners_promoted", 0) >= 1, tot
