@@ -59,6 +59,8 @@ class Settings:
     peer: str = ""  # the other members, NAME@HOST:PORT, comma-separated (--peer once per member)
     cluster_secret: str = ""  # shared by the members; authenticates every Raft connection
     shards: int = 0  # data shard groups; 0: two per core
+    # replicas of each shard group at a cluster's first start (0: every member holds every group)
+    replication_factor: int = 0
     join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
     snapshot_every_mb: float = 64.0  # a group snapshots its state (and compacts its log) after this much log
     version: str = __version__
@@ -118,6 +120,7 @@ CLI_SETTINGS = (
     "peer",
     "cluster_secret",
     "shards",
+    "replication_factor",
     "join",
     "snapshot_every_mb",
     "prometheus_port",
@@ -220,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the same on every member",
     )
     parser.add_argument(
+        "--replication-factor",
+        help="replicas of each shard group, placed at the cluster's first start over the members given with "
+        "--peer, the same on every member (default 0: every member holds every group). A member serves "
+        "queues of groups it holds no replica of through their leaders",
+    )
+    parser.add_argument(
         "--snapshot-every-mb",
         help="a cluster member snapshots a group's state and compacts its log "
         "after this many MB of new log (default 64; fractions allowed)",
@@ -292,6 +301,12 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
         raise SettingsError(f"fsync must be on or off, got {settings.fsync!r}")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
+    if settings.replication_factor < 0:
+        raise SettingsError(f"replication_factor must be 0 (every member) or more, got {settings.replication_factor}")
+    if settings.replication_factor and settings.join == "on":
+        raise SettingsError(
+            "a joining member holds what the cluster places on it: start it without --replication-factor"
+        )
     if settings.shards > SHARDS_MAX:
         raise SettingsError(f"shards must be at most {SHARDS_MAX}, got {settings.shards}")
     for name, most in (("heartbeat_s", 65535), ("channel_max", 65535), ("frame_max", 2**32 - 1)):  # tune's field sizes

@@ -62,6 +62,9 @@ LIST_QUEUES_MAX = 1000  # SQS answers at most 1,000 URLs without MaxResults
 # A long poll tries its Receive again each time the queue has a ready message: bounded, in case
 # the queue keeps showing ready messages that others take first.
 RECEIVE_TRIES_MAX = 1000
+# A long poll on a member holding no replica of the queue's group is not woken by an apply here
+# (nothing of that group is applied here: server/remote.py); it tries again this often.
+ELSEWHERE_RECHECK_S = 0.5
 ARN_REGION = "maxq"
 KINDS = ("configure", "write", "read")
 _MESSAGE_IDS = uuid.UUID("5b1d3c52-6f7e-4c1a-9a57-1b0f8f3c2e10")  # ids of AMQP messages without one
@@ -524,11 +527,13 @@ class SqsActions:
                     if reply.reply_code == 403:
                         raise SqsError("OverLimit", f"Too many messages in flight on this queue ({reply.reply_text}).")
                     raise SqsError("InvalidParameterValue", reply.reply_text)
-                if reply or trio.current_time() >= deadline:
+                now = trio.current_time()
+                if reply or now >= deadline:
                     return list(reply)
-                with trio.move_on_at(deadline):
+                held_here = self.broker.log.holds_queue(key)
+                with trio.move_on_at(deadline if held_here else min(deadline, now + ELSEWHERE_RECHECK_S)):
                     await ready.wait()
-                if not ready.is_set():
+                if not ready.is_set() and (held_here or trio.current_time() >= deadline):
                     return []
             finally:
                 wakeups.unwatch(key, token)

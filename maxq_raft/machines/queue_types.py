@@ -52,6 +52,16 @@ class Overflowed(NamedTuple):
     rejected: list[int]
 
 
+class QueueCounts(NamedTuple):
+    """Reply to a `Sync` of a queue that exists: what declare-ok, a conditional delete and an
+    auto-delete read, for a member that holds no replica of the queue's group (the names are
+    the machine's own attributes, so either answers the same reads)."""
+
+    ready_count: int
+    active_consumer_count: int
+    ever_had_consumer: bool
+
+
 class Received(NamedTuple):
     """One message of a `Receive`'s reply (a list of them, in the queue's order): what the shell
     needs for an SQS ReceiveMessage answer and its receipt handle (sqs/receipt.py)."""

@@ -32,7 +32,7 @@ from . import commands as qc
 from . import metadata as md
 from .apply_order import ApplyOrder
 from .queue import QueueMachine, QueueReply
-from .queue_types import Effect, Meta, Rejected
+from .queue_types import Effect, Meta, QueueCounts, Rejected
 
 __all__ = [
     "ALL_QUEUES",
@@ -114,9 +114,11 @@ class ShardMachine:
                 return None, []
             machine = self.queues[key] = self.make_queue(key, command)
             return None, [QueueAdded(key, machine)]
-        if kind is qc.Sync:
-            return None, []
         queue = self.queues.get(key)
+        if kind is qc.Sync:
+            if queue is None:
+                return None, []
+            return QueueCounts(queue.ready_count, queue.active_consumer_count, queue.ever_had_consumer), []
         if queue is None:
             return Rejected(404, f"no queue '{key[1]}' in vhost '{key[0]}'"), []
         reply, effects = queue.apply(meta, command)

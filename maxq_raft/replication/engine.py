@@ -41,6 +41,8 @@ API
     move_group(group, add=(node_id, addr) | None, remove=node_id | None, callback): on a member
         holding the group: the new node starts it and is added, catches up, then `remove` is
         removed and deletes it. callback(None) when done. held() / peer_held(): who holds what.
+    send_message(node_id, payload) / on_message(peer, payload): the owner's own messages to the
+        owner on a peer, in order over one link, dropped when it is down (server/remote.py).
 
 Groups on a few members (issue #19): `held=[...]` and `first_members={group: {node: addr}}`
 start this node with only those groups, each with its own members (group_set.py records both
@@ -50,8 +52,8 @@ a "not leader" answer) and is answered when it has committed there: nothing is a
 Each node announces the groups it holds with its group list (`held`), again after it joins or
 leaves one. Moves, and the departure of a member from a group, are group_moves.py's: a node
 removed from a group it holds closes it and deletes its folder; a node started without `held`
-(every group on every member) keeps a removed group's files, silent, as before. Not yet used
-by the broker, whose members still hold every group (docs/scale-out-plan.md, step 3).
+(every group on every member) keeps a removed group's files, silent, as before. Used by the
+broker with --replication-factor (server/remote.py, docs/replication.md).
 
 Group lists: members must know the same groups (the broker hashes each queue to a shard group
 by their number), whichever of them each holds. On every link it opens, a node tells the peer
@@ -108,6 +110,9 @@ MEMBER_PROBE_S = 5.0
 # throughput +6 % with 8 % less broker CPU per message, 4 partitions +6 % with 12 % less. A
 # larger batch (a busy group) goes to the writer, which syncs groups in parallel.
 INLINE_SYNC_BYTES_MAX = 64 * 1024
+# What an owner's message may carry beyond one entry's payload (a get-ok with its message and
+# the reply's envelope): `send_message`.
+MESSAGE_ENVELOPE_BYTES = 64 * 1024
 
 
 class ReplicationNode:
@@ -137,6 +142,7 @@ class ReplicationNode:
         inline_sync_bytes_max: int = INLINE_SYNC_BYTES_MAX,
         held: Iterable[str] | None = None,
         first_members: dict[str, dict[str, tuple[str, int]]] | None = None,
+        on_message: Callable[[str, bytes], None] | None = None,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -165,6 +171,8 @@ class ReplicationNode:
         self.member_change_timeout_s = member_change_timeout_s
         self.raft_settings = dict(raft_settings or {})
         self.on_fatal = on_fatal
+        # (peer, payload) for each `send_message` of the owner on a peer (the hub thread)
+        self.on_message = on_message
         # bytes handed to on_commit and not applied yet: past a bound, groups wait (group.py)
         self.apply_backlog_bytes = apply_backlog_bytes
         # A batch of new entries up to this many bytes is fdatasynced by the hub thread itself
@@ -213,6 +221,8 @@ class ReplicationNode:
         # proposals for groups held elsewhere, queued by any thread for the hub thread to send
         self._elsewhere: collections.deque[tuple[str, bytes, Callable, float]] = collections.deque()
         self._leader_hint: dict[str, str] = {}  # group held elsewhere -> its leader, as last heard
+        # the owner's messages to peers (`send_message`), queued by any thread for the hub thread
+        self._outbox: collections.deque[tuple[str, bytes]] = collections.deque()
         self._peer_held: dict[str, frozenset[str]] = {}  # linked peer -> the groups it holds
         self.moves = GroupMoves(self)  # group moves and departures (group_moves.py)
         self.stats: collections.Counter[str] = collections.Counter()
@@ -345,6 +355,16 @@ class ReplicationNode:
         self._wake()
         if self._stopped:  # raced with the hub thread's exit: it may not have seen this one
             self._drain_after_stop()
+
+    def send_message(self, node_id: str, payload: bytes) -> None:
+        """Hand `payload` to the owner on `node_id` (its `on_message`), after what this node's
+        owner sent there before (one link, in order), if the link is up when the hub thread takes
+        it; else it is dropped, as on a link that goes down with it on the wire (any thread).
+        For what a group's leader tells a member holding no replica of it (server/remote.py)."""
+        if len(payload) > PAYLOAD_BYTES_MAX + MESSAGE_ENVELOPE_BYTES:
+            raise ValueError(f"message of {len(payload)} bytes exceeds {PAYLOAD_BYTES_MAX + MESSAGE_ENVELOPE_BYTES}")
+        self._outbox.append((node_id, payload))
+        self._wake()
 
     def leader(self, group: str) -> str | None:
         g = self.groups.get(group)
@@ -610,6 +630,14 @@ class ReplicationNode:
         self._forwards[req] = (target, callback, deadline, None, name)
         self.stats["proposals_sent_elsewhere"] += 1
 
+    def _send_message(self, node_id: str, payload: bytes) -> None:
+        if node_id in self._mismatched or not self.hub.send(
+            node_id, wire.KIND_CONTROL, wire.encode_control({"op": "message", "payload": payload})
+        ):
+            self.stats["messages_dropped"] += 1
+        else:
+            self.stats["messages_sent"] += 1
+
     def _on_forwarded_proposal(self, peer: str, m: dict) -> None:
         req, name, payload, ttl_s = m.get("req"), m.get("group"), m.get("payload"), m.get("ttl_s")
         if (
@@ -754,6 +782,13 @@ class ReplicationNode:
             self._on_forwarded_proposal(peer, m)
         elif op == "propose_reply":
             self._on_proposal_reply(m)
+        elif op == "message":
+            payload = m.get("payload")
+            if type(payload) is not bytes:
+                raise wire.WireError(f"bad message from {peer}")
+            self.stats["messages_received"] += 1
+            if self.on_message is not None:
+                call_safely(self.on_message, peer, payload)
         elif op == "removed":
             names = m.get("groups")
             if type(names) is not list:
@@ -939,6 +974,8 @@ class ReplicationNode:
                         log.exception("replication hub call raised")
                 for _ in range(len(self._elsewhere)):
                     self._send_elsewhere(*self._elsewhere.popleft())
+                for _ in range(len(self._outbox)):
+                    self._send_message(*self._outbox.popleft())
                 touched = self._touched
                 while self._proposed:
                     touched.add(self._proposed.popleft())
@@ -1011,6 +1048,7 @@ class ReplicationNode:
         while self._elsewhere:
             _, _, callback, _ = self._elsewhere.popleft()
             call_safely(callback, None, "stopped")
+        self._outbox.clear()
         for g in self.groups.values():
             g.close()  # answers pending proposals with "stopped", flushes and closes the journal
         while self._calls:

@@ -17,7 +17,9 @@ queue), and what follows is done here, the same way whichever log called:
    stack, and its channel error propagates; a cluster's continuations catch their own);
 4. the queue machines' effects (`Broker.perform`): deliveries to this node's consumers (every
    replica decides every delivery; only the consumer's node sends it), dead letters, expiry.
-   They come after the reply, so a consume-ok goes out ahead of the first delivery.
+   They come after the reply, so a consume-ok goes out ahead of the first delivery. On the
+   leader of a group, deliveries to consumers of members holding no replica of it are sent
+   there instead (`remote`, server/remote.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class Applier:
         self.broker = broker
         self.log = log_  # the log that applies through us: submit, lives_down
         self.topology: Any = NoTopologyRecord()
+        # A cluster member's sender to members holding no replica of a group (server/remote.py):
+        # while this member leads the group, their consumers' deliveries go to them.
+        self.remote: Any = None
 
     def apply(
         self,
@@ -84,7 +89,7 @@ class Applier:
             if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit, x-trace are the shell's
                 broker.queue_settings_changed(target, broker.queues.get(target))
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
-                effects = self._group_effects(effects)
+                effects = self._group_effects(group.name, effects)
             wakeups = broker.queue_wakeups
             if wakeups.waiters:  # SQS long polls wait on some queue
                 # (a shard-wide Down hands back the messages of every queue its owner held)
@@ -94,6 +99,8 @@ class Applier:
             if then is not None:
                 then(reply)  # a local log's caller may raise its channel error from here
         finally:
+            if effects and target is not None and self.remote is not None and self.remote.active:
+                effects = self.remote.take_deliveries(group.name, effects)
             if effects:
                 try:
                     broker.perform(effects)
@@ -125,7 +132,7 @@ class Applier:
                 )
         return reply
 
-    def _group_effects(self, effects: list) -> list:
+    def _group_effects(self, group_name: str, effects: list) -> list:
         """Do the shard's own effects; return the queue machines' for `Broker.perform`."""
         rest = []
         for effect in effects:
@@ -134,6 +141,8 @@ class Applier:
                 self.broker.queue_added(effect.key, effect.machine)
             elif kind is QueueRemoved:
                 self.broker.queue_removed(effect.key, effect.machine)
+                if self.remote is not None and self.remote.active:
+                    self.remote.queue_removed(group_name, effect.key, self.log.members())
             elif kind is LivesDown:
                 self.log.lives_down(effect)
             elif kind is ReplyTo:
@@ -141,6 +150,8 @@ class Applier:
                 channel = self.broker.reply_to.get(command.key)
                 if channel is not None:
                     channel.deliver_reply(command.exchange, command.routing_key, command.props_raw, command.body)
+                elif self.remote is not None and self.remote.active:
+                    self.remote.reply_to(group_name, command)  # (a requester on a member without this group)
             else:
                 rest.append(effect)
         return rest

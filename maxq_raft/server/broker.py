@@ -29,7 +29,7 @@ from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import QueueMachine
-from ..machines.queue_types import Deliver
+from ..machines.queue_types import Deliver, QueueCounts
 from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
 from .message_store import WalSyncer
@@ -85,6 +85,9 @@ class Broker:
         # What this node listens on, as RabbitMQ names protocols ("amqp", "http", ...): port.
         self.listeners: dict[str, int] = {}  # set by the shell once bound
         self.consumers: dict[str, ConsumerHandle] = {}
+        # The counts of queues of groups this member holds no replica of, from the last reply to
+        # a Sync of each (`note_counts`): read right after one, by declare-ok and delete.
+        self.synced_counts: dict[tuple[str, str], QueueCounts] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
         self.queue_timers = QueueTimers()  # the queues the ticker looks at (queue_timers.py)
@@ -194,6 +197,11 @@ class Broker:
             self.queue_ids.pop(key, None)
             self.queues_deleted += 1
             self.queue_settings_changed(key, None)
+        self.queue_consumers_gone(key)
+
+    def queue_consumers_gone(self, key: tuple[str, str]) -> None:
+        """The queue was deleted: this node's consumers of it are told."""
+        self.synced_counts.pop(key, None)
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)
@@ -269,11 +277,36 @@ class Broker:
 
         self.queue_call(queue_key, qc.DeleteQueue(), record_gone)
 
+    def note_counts(self, queue_key: tuple, reply: Any) -> None:
+        """A Sync's reply: kept for a queue whose machine is not here (`queue_view`)."""
+        if type(reply) is QueueCounts and queue_key not in self.queues:
+            self.synced_counts[queue_key] = reply
+        elif queue_key in self.synced_counts and self.meta.queue(*queue_key) is None:
+            del self.synced_counts[queue_key]
+
+    def queue_view(self, queue_key: tuple) -> Any:
+        """The queue's machine, or for a queue of a group held elsewhere the counts its last Sync
+        replied (both have ready_count, active_consumer_count, ever_had_consumer), or None."""
+        queue = self.queues.get(queue_key)
+        return queue if queue is not None else self.synced_counts.get(queue_key)
+
     def maybe_auto_delete(self, queue_key: tuple, then=None) -> None:
         """RabbitMQ: an auto-delete queue goes when its last consumer is cancelled or gone.
         `then(deleted)` once it has gone (or at once, False, when it stays)."""
         queue = self.queues.get(queue_key)
         record = self.meta.queue(*queue_key)
+        if queue is None and record is not None and record.auto_delete and not self.log.holds_queue(queue_key):
+            # Its group is held elsewhere: its leader's counts decide, once it has applied the
+            # cancel or close that called us.
+            def synced(reply: Any) -> None:
+                self.note_counts(queue_key, reply)
+                if type(reply) is QueueCounts and reply.ever_had_consumer and reply.active_consumer_count == 0:
+                    self.delete_queue(queue_key, None if then is None else lambda _count: then(True))
+                elif then is not None:
+                    then(False)
+
+            self.queue_call(queue_key, qc.Sync(), synced)
+            return
         if (
             queue is not None
             and record is not None

@@ -296,14 +296,16 @@ class Channel:
             if queue is not None and queue.settings.expires_ms is not None:
                 self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
             if not m.no_wait:
-                # In a cluster the counts are this replica's, which may trail the leader's a little.
+                # In a cluster the counts are this replica's, which may trail the leader's a little
+                # (a group held elsewhere: its leader's, in the reply to the declare's Sync).
                 # A partitioned queue's: the messages of every partition, the consumers of the
                 # first (a consumer of the name consumes from each).
+                view = self.broker.queue_view((vhost, name))
                 self._reply(
                     spec.QueueDeclareOk(
                         queue=name,
                         message_count=ready_count(self.broker, partition_keys(self.broker, vhost, name)),
-                        consumer_count=queue.active_consumer_count if queue else 0,
+                        consumer_count=view.active_consumer_count if view is not None else 0,
                     )
                 )
 
@@ -371,8 +373,9 @@ class Channel:
             )
         keys = partition_keys(self.broker, vhost, name)
 
-        def delete(_synced) -> None:
-            queue = self.broker.queues.get((vhost, name))
+        def delete(synced) -> None:
+            self.broker.note_counts((vhost, name), synced)
+            queue = self.broker.queue_view((vhost, name))
             if m.if_unused and queue is not None and queue.active_consumer_count:
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
             if m.if_empty and ready_count(self.broker, keys):

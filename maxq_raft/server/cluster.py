@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from functools import partial
 from typing import Any, Callable
 
 import trio
@@ -47,12 +48,12 @@ from ..machines.apply_order import apply_committed
 from ..machines.placement import hash_index
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
-from ..machines.queue_types import Meta, Rejected
+from ..machines.queue_types import Deliver, Meta, Rejected
 from ..machines.queue_args import settings_or_default
 from ..machines.shard import ALL_QUEUES, ends_life
 from ..replication.group import APPLY_BACKLOG_BYTES_MAX
 from ..replication.entries import EntryError, NewerEntry, decode_entry
-from . import cluster_snapshot
+from . import cluster_snapshot, remote
 from .applier import Applier
 from .confirms import Unavailable
 from .command_log import META_GROUP, CommandLog
@@ -97,6 +98,13 @@ class ClusterLog(CommandLog):
         super().__init__(broker)
         self.applier = Applier(broker, self)
         self.proposer = Proposer(broker.node_id, node, self.confirms, broker.clock_ms)
+        # Groups this member holds no replica of (remote.py): what their leaders send it, and
+        # what this member sends the others for the groups it leads.
+        self.remote_out = remote.Sender(broker.node_id, lambda member, payload: self.node.send_message(member, payload))
+        self.remote_in = remote.Receiver()
+        self.applier.remote = self.remote_out
+        self.proposer.holds = self.holds
+        self._led: set[str] = set()  # groups this member led when it last looked (`serve_remote`)
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.watchdog = MembershipWatchdog(self)
         self._token = trio.lowlevel.current_trio_token()  # the hub thread hops to the loop with it
@@ -130,6 +138,8 @@ class ClusterLog(CommandLog):
     @node.setter
     def node(self, node: Any) -> None:
         self._node = self.proposer.node = node
+        if hasattr(self, "remote_out"):
+            self.remote_out.node = node
 
     @property
     def origin(self) -> str:
@@ -210,6 +220,8 @@ class ClusterLog(CommandLog):
         try:
             self._apply_entries(group, entries, size)
         finally:
+            if self.remote_out.outgoing:
+                self.remote_out.flush()
             backlog = self.bytes_handed - self.bytes_applied
             self.bytes_applied += size
             if backlog >= APPLY_BACKLOG_BYTES_MAX // 2 > backlog - size and self.node is not None:
@@ -233,6 +245,8 @@ class ClusterLog(CommandLog):
                 continue
             origin, seq = entry.origin, entry.seq
             if seq and order.is_dead(origin):
+                if self.remote_out.active and origin != self.origin:
+                    self.remote_out.dead(group, origin)  # (to its node, if it holds no replica)
                 if origin == self.origin:
                     # The cluster declared this life gone, in an entry this member never applied
                     # (it came inside a snapshot): nothing of this life will be applied again.
@@ -377,8 +391,16 @@ class ClusterLog(CommandLog):
         mine = origin == self.origin
         machines = self.broker.groups[group]
         apply = self.applier.apply
+        # An entry of a member holding no replica of the group: while this member leads it, its
+        # replies go there (remote.py).
+        elsewhere = None if mine or not self.remote_out.active else self.remote_out.remote_node(group, origin)
         for target, command, request in entry.items:
-            then = proposer.take_request(request) if mine else None
+            if mine:
+                then = proposer.take_request(request)
+            elif elsewhere is not None and request:
+                then = partial(self.remote_out.reply, elsewhere, group, origin, request)
+            else:
+                then = None
             try:
                 apply(machines, meta, target, command, origin, mine, None if then is None else _guarded(then))
             except Exception:
@@ -389,6 +411,114 @@ class ClusterLog(CommandLog):
                     _guarded(then)(Rejected(541, f"internal error applying {type(command).__name__}"))
         if mine:
             proposer.applied(group, entry.seq)
+        elif elsewhere is not None and any(request for _t, _c, request in entry.items):
+            self.remote_out.entry_done(elsewhere, group, origin, entry.seq)
+
+    # ------------------------------------------------- groups held elsewhere (remote.py)
+
+    def holds(self, group: str) -> bool:
+        """Whether this member holds a replica of `group` (and so applies it)."""
+        return group in self.node.groups
+
+    def on_message(self, peer: str, payload: bytes) -> None:
+        """The engine's callback for a peer's message (hub thread): to the trio thread, in order."""
+        try:
+            self._token.run_sync_soon(self._on_remote, peer, payload)
+        except trio.RunFinishedError:
+            pass
+
+    def _on_remote(self, peer: str, payload: bytes) -> None:
+        try:
+            items, gap = self.remote_in.take(peer, payload)
+        except remote.ReplyError as exc:
+            log.error("a message from %s dropped: %s", peer, exc)
+            return
+        if gap:
+            log.info("a message from %s went missing: asking it for what its groups hold for this member", peer)
+            self.remote_out.ask_resync(peer)
+        for item in items:
+            try:
+                self._remote_item(peer, item)
+            except (remote.ReplyError, TypeError, ValueError, IndexError) as exc:
+                log.error("an item from %s dropped: %s", peer, exc)
+            except Exception:  # our glue: the rest of the message still counts
+                log.exception("an item from %s failed", peer)
+        self.remote_out.flush()
+
+    def _remote_item(self, peer: str, item: list) -> None:
+        kind = item[0]
+        if kind == "r":  # a reply to one of this life's requests
+            _kind, _group, origin, request, reply = item
+            if origin == self.origin:
+                then = self.proposer.take_request(request)
+                if then is not None:
+                    _guarded(then)(remote.decoded_reply(reply))
+        elif kind == "e":  # one of this life's entries was applied by the group's leader
+            _kind, group, origin, seq = item
+            if origin == self.origin:
+                self.proposer.applied(group, seq)
+        elif kind == "d" or kind == "s":  # deliveries; a resync of what the group holds for us
+            self._remote_deliveries(item[1] if kind == "d" else item[2])
+        elif kind == "t":  # a direct reply-to reply for a requester here
+            _kind, key, exchange, routing_key, props_raw, body = item
+            channel = self.broker.reply_to.get(key)
+            if channel is not None:
+                channel.deliver_reply(exchange, routing_key, props_raw, body)
+        elif kind == "q":  # a queue this member's consumers had was deleted
+            self.broker.queue_consumers_gone((item[1], item[2]))
+        elif kind == "x":  # this life's entry was skipped: the group declared the life dead
+            _kind, group, origin = item
+            if origin == self.origin:
+                log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
+                self._cut_off()
+        elif kind == "?":  # a member missed a message of ours
+            self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
+        else:
+            raise ValueError(f"unknown item {kind!r}")
+
+    def _remote_deliveries(self, run: list) -> None:
+        fresh = self.remote_in.fresh
+        effects = []
+        for consumer_id, record, redelivered in run:
+            message = fresh(consumer_id, record)
+            if message is not None:
+                effects.append(Deliver(consumer_id, message, bool(redelivered)))
+        if effects:
+            self.broker.perform(effects)
+
+    def _resync(self, member: str, groups: list[str]) -> None:
+        for group in groups:
+            if self.remote_out.remote_node(group, member + "@") is not None:
+                self.remote_out.resync(member, group, self._queues_of(group))
+
+    def _queues_of(self, group: str) -> list:
+        machines = self.broker.groups.get(group)
+        return list(machines.queues.values()) if machines is not None and hasattr(machines, "queues") else []
+
+    async def serve_remote(self) -> None:
+        """Every LEADERSHIP_CHECK_S, on a member of a cluster whose groups are held by a few
+        members: a group it has come to lead sends each member holding no replica of it that
+        has consumers there what is checked out to them (a new leader takes over deliveries the
+        old one may not have sent); entries of groups held elsewhere whose end did not come in
+        REPLIES_WAIT_S after their commit are given up; deliveries of consumers gone are forgotten."""
+        while True:  # for the life of the node; each turn sleeps
+            await trio.sleep(remote.LEADERSHIP_CHECK_S)
+            if not self.remote_out.active:
+                continue
+            led = {g for g in list(self.node.groups) if g != META_GROUP and self.leads(g)}
+            for group in sorted(led - self._led):
+                queues = self._queues_of(group)
+                members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node_id})
+                for member in members:
+                    if self.remote_out.remote_node(group, member + "@") is not None:
+                        self.remote_out.resync(member, group, queues)
+            self._led = led
+            self.remote_out.flush()
+            self.proposer.expire_elsewhere(trio.current_time() - remote.REPLIES_WAIT_S)
+            seen = self.remote_in.seen
+            if seen:
+                for consumer_id in [c for c in seen if c not in self.broker.consumers]:
+                    self.remote_in.forget(consumer_id)
 
     def lives_down(self, effect) -> None:
         """A node's lives were declared dead in a group: if that ended this life there (the

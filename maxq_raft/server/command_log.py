@@ -94,6 +94,14 @@ class CommandLog:
 
     # -- shared --------------------------------------------------------------------------
 
+    def holds(self, group: str) -> bool:
+        """Whether this member holds a replica of `group` (a single node holds every group)."""
+        return True
+
+    def holds_queue(self, key: tuple) -> bool:
+        """Whether this member applies the queue's group: its machine is here, and its reads are."""
+        return self.holds(self.group_of(key))
+
     def leads_queue(self, key: tuple) -> bool:
         """Whether this member leads the queue's shard: it alone performs the effects every
         member's machine returns that act on other queues (dead letters, expiry)."""
@@ -116,7 +124,12 @@ class CommandLog:
             if type(reply) is Rejected or type(reply) is Unavailable:
                 then(reply)
             else:
-                self.submit(key, qc.Sync(), lambda _r: then(reply))
+
+                def counted(counts) -> None:
+                    broker.note_counts(key, counts)  # (a group held elsewhere: its leader's counts)
+                    then(reply)
+
+                self.submit(key, qc.Sync(), counted)
 
         if command.passive or broker.meta.queue(*key) is not None:
             self.submit(None, command, synced)

@@ -43,6 +43,7 @@ from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..machines.features import SUPPORTED
+from ..machines.replica_moves import first_placement
 from ..replication.engine import ReplicationNode
 from ..replication.journal import JournalCorruption, JournalError
 from ..replication.snapshot_file import SnapshotError
@@ -326,6 +327,7 @@ async def _serve_clustered(
     )
     broker.attach(cluster)
     cluster.on_fatal = stop.halt
+    held, first_members = _first_placement(settings, cluster.shards)
     try:
         node = ReplicationNode(
             node_id=settings.node_id,
@@ -342,6 +344,9 @@ async def _serve_clustered(
             apply_backlog_bytes=cluster.apply_backlog_bytes,
             features=SUPPORTED,
             on_peer_groups=provisional.on_peer_groups if provisional is not None else None,
+            held=held,
+            first_members=first_members,
+            on_message=cluster.on_message,
         )
         node.start()
     except OSError as exc:
@@ -374,6 +379,7 @@ async def _serve_clustered(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cluster.retry_proposals)
+            nursery.start_soon(cluster.serve_remote)
             nursery.start_soon(cluster.snapshot_when_due)
             catching_up = trio.CancelScope()
             nursery.start_soon(_cancel_when_stopped, stop, catching_up)
@@ -388,6 +394,23 @@ async def _serve_clustered(
             nursery.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(node.stop)
+
+
+def _first_placement(
+    settings: Settings, shards: list[str]
+) -> tuple[list[str] | None, dict[str, dict[str, tuple[str, int]]] | None]:
+    """With --replication-factor below the number of members: the groups this member holds at
+    the cluster's first start (the metadata group and the shard groups `first_placement` puts on
+    it: every member works out the same from the same --peer list) and each shard group's
+    members. The engine records both in the data folder (replication/group_set.py); a later
+    start takes them from there. None, None: every member holds every group."""
+    factor = settings.replication_factor
+    addresses = {**settings.peers(), settings.node_id: parse_addr(settings.raft_addr, "raft_addr")}
+    if not factor or factor >= len(addresses):
+        return None, None
+    placement = first_placement(shards, list(addresses), factor)
+    held = [META_GROUP, *(g for g in shards if settings.node_id in placement[g])]
+    return held, {g: {m: addresses[m] for m in members} for g, members in placement.items()}
 
 
 DEFAULT_USER_TIMEOUT_S = 30.0

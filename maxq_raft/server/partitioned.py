@@ -84,9 +84,10 @@ def with_policy_partitions(broker: Any, command: md.DeclareQueue) -> md.DeclareQ
 
 
 def ready_count(broker: Any, keys: list[tuple[str, str]]) -> int:
-    """The messages ready in these partitions, as this member's replicas have them."""
-    queues = broker.queues
-    return sum(queue.ready_count for key in keys if (queue := queues.get(key)) is not None)
+    """The messages ready in these partitions, as this member's replicas have them (a group held
+    elsewhere: as its leader replied to the last Sync, broker.queue_view)."""
+    view = broker.queue_view
+    return sum(queue.ready_count for key in keys if (queue := view(key)) is not None)
 
 
 def in_turn(

@@ -74,6 +74,7 @@ class OpenEntry(Pending):
         "seq",
         "origin",
         "committed",
+        "committed_at",
         "maybe_appended",
         "tombstone",
         "flow_bytes",
@@ -90,6 +91,7 @@ class OpenEntry(Pending):
         self.seq = 0  # this life's sequence number of the entry in its group
         self.origin = ""
         self.committed = False  # an attempt committed: it completes when applied here
+        self.committed_at = 0.0  # (trio time) when the engine said so
         self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
         self.tombstone = False  # fills the seq of an entry given up on (no commands)
         self.flow_bytes = 0  # what it counts in Proposer.flow_bytes until it is done
@@ -121,6 +123,9 @@ class Proposer:
         self.flow_room.set()
         self.flow_blocks = 0
         self._flow_logged_at = -FLOW_LOG_EVERY_S
+        # Whether this member holds a replica of a group (ClusterLog.holds): an entry of one it
+        # does not is done when its leader says so, not when applied here (server/remote.py).
+        self.holds: Callable[[str], bool] = lambda group: True
 
     def submit(self, group: str, target: Any, command: Any, then: Callable[[Any], None] | None) -> OpenEntry:
         """Add a command to its group's open entry; `then(reply)` runs once it is applied here
@@ -215,6 +220,10 @@ class Proposer:
             return
         if error is None:
             entry.committed = True
+            entry.committed_at = trio.current_time()
+            if not entry.requests and not self.holds(entry.group):
+                # A group held elsewhere, and nothing to hear back: committed is all (server/remote.py).
+                self.complete(entry, None)
             return
         if error == "timeout":
             entry.maybe_appended = True
@@ -266,6 +275,18 @@ class Proposer:
                 # a channel whose close was applied already (found by tests/sim).
                 if entry.origin == self.origin:
                     self._propose(entry)
+
+    def expire_elsewhere(self, committed_before: float) -> None:
+        """Entries of groups this member does not hold, committed before `committed_before`, whose
+        end never came from the group's leader (server/remote.py: lost with a link, or the leader
+        changed between commit and apply): their requests fail; their confirms cannot say whether
+        a reject-publish queue took them (the outcome is unknown, as after a timeout)."""
+        for entry in [e for e in self.in_flight.values() if e.committed and e.committed_at < committed_before]:
+            if not self.holds(entry.group):
+                log.warning(
+                    "%s: the replies to %d requests never came from its leader", entry.group, len(entry.requests)
+                )
+                self.complete(entry, "timeout")
 
     # -- answers -----------------------------------------------------------------------------
 

@@ -1041,10 +1041,9 @@ class Session:
         for queue_key, messages in pending.items():
             queue = broker.queues.get(queue_key)
             then = None
-            if (
-                self.pending_confirms
-                and queue is not None
-                and (queue.settings.overflow != "drop-head" or queue_key in txns)
+            if self.pending_confirms and (
+                # (no machine here: a group held elsewhere, whose reply says what overflowed)
+                queue is None or queue.settings.overflow != "drop-head" or queue_key in txns
             ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
             trace = traces.get(queue_key) if traces else None

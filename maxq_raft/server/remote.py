@@ -1,0 +1,228 @@
+"""A member serving queues of groups it holds no replica of: what a group's leader sends it.
+
+Theory of operation (docs/scale-out-plan.md, "Step 3: the design"; RabbitMQ's quorum queues
+do the same: rabbit_fifo's effects are sent by the leader to consumer processes on any node).
+A member M that holds no replica of group g proposes its commands for g as any member does
+(the engine carries them to g's leader and answers at commit), but applies nothing of g, so
+its channels cannot take the machine's replies, nor its consumers their deliveries, from
+its own machines. The member that leads g when it applies an entry (L) sends them instead:
+
+- for an entry of M's: each request's reply ("r"), then the entry's end ("e"), which
+  completes it in M's proposer (its confirms go out, server/proposer.py);
+- each `Deliver` to a consumer whose connection M holds ("d"), in apply order, after the
+  replies of the same command (a consume-ok before the first delivery);
+- an entry of M's skipped because its life was declared dead in g ("x"): M starts a new life,
+  as a member holding g does when it applies that Down;
+- a queue of g deleted ("q"): M's consumers of it are told (basic.cancel);
+- a direct reply-to reply for a requester on M, passing through g ("t"; cluster.reply_elsewhere);
+- when it becomes g's leader, and when M asks (below), a resync ("s"): every message checked
+  out to M's consumers in g, which M delivers unless it delivered it already.
+
+What L gathers while it applies a batch goes out at the batch's end, one engine message per
+member (ReplicationNode.send_message: in order over one link, dropped when the link is down),
+as msgpack `[life, number, [item, ...]]`: numbered from 1 per sending life, so a member that
+finds a number missing asks that sender for a resync ("?"). A reply that never comes (lost
+with a link, or the leader changed between commit and apply) fails its request after
+REPLIES_WAIT_S (server/proposer.py). Deliveries are keyed by (consumer, seq, delivery count),
+which names one delivery of one message: one that comes twice (two leaders in turn, or a
+resync) is written once (`Receiver.seen`, the last DELIVERIES_SEEN_MAX per consumer).
+
+Nothing here runs unless the node holds fewer than every group (`ReplicationNode.partial`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from ..machines.queue_types import Deliver, Rejected
+from ..machines.snapshot import message_from_record, message_record
+from ..replication.replies import ReplyError, decode_reply, encode_reply
+
+log = logging.getLogger("maxq.remote")
+
+REPLIES_WAIT_S = 5.0  # after its commit, an entry of a group held elsewhere waits this long for "e"
+DELIVERIES_SEEN_MAX = 65536  # per consumer: deliveries remembered to drop a second copy
+LEADERSHIP_CHECK_S = 0.2  # how often a member looks whether it became the leader of a group
+
+
+def node_of(owner: str) -> str:
+    """The node an origin ("n1@3fa0c2d1"), session ("n1@7") or consumer id names."""
+    return owner.partition("@")[0]
+
+
+class Sender:
+    """The leader's side: items gathered per member while entries are applied, sent by `flush`."""
+
+    def __init__(self, node_id: str, send: Callable[[str, bytes], None]) -> None:
+        self.node_id = node_id
+        self.send = send  # ReplicationNode.send_message
+        self.life = secrets.token_hex(6)
+        self.numbers: dict[str, int] = {}  # member -> number of the last message sent to it
+        self.outgoing: dict[str, list] = {}
+        self.node: Any = None  # the ReplicationNode: who leads and who holds each group
+        self._holders: dict[str, frozenset[str] | None] = {}  # group -> its members if led here, per batch
+
+    @property
+    def active(self) -> bool:
+        node = self.node
+        return node is not None and node.partial
+
+    def _led_holders(self, group: str) -> frozenset[str] | None:
+        """The group's members when this node leads it (cached until the next flush), else None."""
+        try:
+            return self._holders[group]
+        except KeyError:
+            pass
+        g = self.node.groups.get(group)
+        holders = frozenset(g.member_ids()) if g is not None and g.is_leader else None
+        self._holders[group] = holders
+        return holders
+
+    def remote_node(self, group: str, owner: str) -> str | None:
+        """The member `owner` names when this node leads `group` and that member holds no replica
+        of it: this node sends it what its own machines would have told it."""
+        holders = self._led_holders(group)
+        if holders is None:
+            return None
+        node = node_of(owner)
+        return None if node in holders else node
+
+    def reply(self, node: str, group: str, origin: str, request: int, reply: Any) -> None:
+        try:
+            encoded = encode_reply(reply)
+        except ReplyError as exc:
+            log.error("%s: a reply to %s cannot be sent: %s", group, origin, exc)
+            encoded = encode_reply(Rejected(541, f"internal error: {exc}"))
+        self.outgoing.setdefault(node, []).append(["r", group, origin, request, encoded])
+
+    def entry_done(self, node: str, group: str, origin: str, seq: int) -> None:
+        self.outgoing.setdefault(node, []).append(["e", group, origin, seq])
+
+    def dead(self, group: str, origin: str) -> None:
+        node = self.remote_node(group, origin)
+        if node is not None:
+            self.outgoing.setdefault(node, []).append(["x", group, origin])
+
+    def take_deliveries(self, group: str, effects: list) -> list:
+        """The deliveries to consumers of members holding no replica of `group` (when this node
+        leads it) go into their members' next message; the rest are returned, to be performed."""
+        if self._led_holders(group) is None:
+            return effects
+        rest = []
+        runs: dict[str, list] = {}
+        for effect in effects:
+            if type(effect) is Deliver:
+                node = self.remote_node(group, effect.consumer_id)
+                if node is not None:
+                    message = effect.message
+                    runs.setdefault(node, []).append([effect.consumer_id, message_record(message), effect.redelivered])
+                    continue
+            rest.append(effect)
+        for node, run in runs.items():
+            self.outgoing.setdefault(node, []).append(["d", run])
+        return rest
+
+    def reply_to(self, group: str, command: Any) -> None:
+        """A direct reply-to reply passing through `group` for a requester on a member that
+        holds no replica of it (the requester's key starts with its node's name)."""
+        node = self.remote_node(group, command.key.partition("~")[0] + "@")
+        if node is not None:
+            self.outgoing.setdefault(node, []).append(
+                ["t", command.key, command.exchange, command.routing_key, command.props_raw, command.body]
+            )
+
+    def queue_removed(self, group: str, key: tuple[str, str], members: list[str]) -> None:
+        """The queue was deleted: every member (of `members`, the cluster's) holding no replica
+        of its group is told, for its consumers of it (the machine has dropped them by now)."""
+        for node in members:
+            if self.remote_node(group, node + "@") is not None:
+                self.outgoing.setdefault(node, []).append(["q", key[0], key[1]])
+
+    def resync(self, node: str, group: str, queues: list) -> None:
+        """Everything `queues` (the group's machines) have checked out to `node`'s consumers."""
+        held = []
+        for queue in queues:
+            for consumer_id, consumer in queue.consumers.items():
+                if node_of(consumer_id) == node:
+                    for message in consumer.checked_out.values():
+                        held.append([consumer_id, message_record(message), message.redelivered])
+        self.outgoing.setdefault(node, []).append(["s", group, held])
+
+    def ask_resync(self, node: str) -> None:
+        self.outgoing.setdefault(node, []).append(["?"])
+
+    def flush(self) -> None:
+        self._holders = {}
+        if not self.outgoing:
+            return
+        outgoing, self.outgoing = self.outgoing, {}
+        for node, items in outgoing.items():
+            number = self.numbers.get(node, 0) + 1
+            self.numbers[node] = number
+            try:
+                self.send(node, msgpack.packb([self.life, number, items], use_bin_type=True))
+            except ValueError as exc:  # over the engine's size cap: the member resyncs at the gap
+                log.error("a message to %s was not sent: %s", node, exc)
+
+
+class Receiver:
+    """The member's side: numbers checked per sender, deliveries written once."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[str, int]] = {}  # sender -> (its life, the last number taken)
+        self.seen: dict[str, OrderedDict[tuple[int, int], None]] = {}  # consumer id -> deliveries
+        self.gaps = 0
+        self.duplicates_dropped = 0
+
+    def take(self, peer: str, payload: bytes) -> tuple[list, bool]:
+        """The items of one message from `peer`, and whether one before it went missing (then
+        the caller asks `peer` for a resync). Raises ReplyError on a malformed message."""
+        try:
+            life, number, items = msgpack.unpackb(payload, raw=False)
+        except Exception as exc:
+            raise ReplyError(f"malformed message from {peer}: {exc}") from None
+        if type(life) is not str or type(number) is not int or type(items) is not list:
+            raise ReplyError(f"malformed message from {peer}")
+        last = self.last.get(peer)
+        gap = number != (1 if last is None or last[0] != life else last[1] + 1)
+        self.last[peer] = (life, number)
+        if gap:
+            self.gaps += 1
+        return items, gap
+
+    def fresh(self, consumer_id: str, record: list) -> Any:
+        """The message of a delivery record if this member has not written it to the consumer yet
+        (None: a second copy). Raises ReplyError on a malformed record."""
+        try:
+            message = message_from_record(record)
+        except (TypeError, ValueError) as exc:
+            raise ReplyError(f"malformed delivery: {exc}") from None
+        seen = self.seen.get(consumer_id)
+        if seen is None:
+            seen = self.seen[consumer_id] = OrderedDict()
+        key = (message.seq, message.delivery_count)
+        if key in seen:
+            self.duplicates_dropped += 1
+            return None
+        seen[key] = None
+        if len(seen) > DELIVERIES_SEEN_MAX:
+            seen.popitem(last=False)
+        return message
+
+    def forget(self, consumer_id: str) -> None:
+        self.seen.pop(consumer_id, None)
+
+
+def decoded_reply(value: Any) -> Any:
+    """A reply item's reply, or a refusal of the request if it cannot be read."""
+    try:
+        return decode_reply(value)
+    except ReplyError as exc:
+        log.error("a reply from the group's leader cannot be read: %s", exc)
+        return Rejected(541, f"internal error: {exc}")

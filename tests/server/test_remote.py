@@ -1,0 +1,142 @@
+"""server/remote.py's two sides without processes: what a group's leader sends a member that
+holds no replica of it, and how that member numbers, de-duplicates and reads it. (The whole
+path runs on process clusters in tests/cluster/test_held_groups.py.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+
+from maxq_raft.machines.commands import Checkout, Enqueue
+from maxq_raft.machines.message import Message
+from maxq_raft.machines.queue import QueueMachine
+from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Rejected
+from maxq_raft.server import remote
+
+
+class FakeGroup:
+    def __init__(self, members: list[str], leader: bool) -> None:
+        self.members = members
+        self.is_leader = leader
+
+    def member_ids(self) -> list[str]:
+        return list(self.members)
+
+
+def sender(leads: bool = True, partial: bool = True) -> tuple[remote.Sender, list]:
+    sent: list = []
+    s = remote.Sender("n1", lambda member, payload: sent.append((member, msgpack.unpackb(payload, raw=False))))
+    s.node = SimpleNamespace(partial=partial, groups={"shard-0": FakeGroup(["n1", "n2", "n3"], leads)})
+    return s, sent
+
+
+def deliver(consumer_id: str, seq: int, body: bytes = b"x") -> Deliver:
+    message = Message("", "q", b"", body)
+    message.seq = seq
+    message.delivery_count = 1
+    return Deliver(consumer_id, message, False)
+
+
+def test_only_a_leader_sends_and_only_to_members_holding_no_replica() -> None:
+    s, sent = sender()
+    assert s.active
+    assert s.remote_node("shard-0", "n4@ab12") == "n4"
+    assert s.remote_node("shard-0", "n2@ab12") is None  # holds a replica: applies it itself
+    assert s.remote_node("shard-0", "n1@ab12") is None
+    effects = [
+        deliver("n4@1/1/t", 1),
+        deliver("n2@1/1/t", 2),
+        DeadLetter("/", "q", "expired", [], 0, None, None),
+        deliver("n4@1/1/t", 3),
+    ]
+    rest = s.take_deliveries("shard-0", effects)
+    assert rest == effects[1:3]
+    s.flush()
+    [(member, (_life, number, items))] = sent
+    assert member == "n4" and number == 1
+    assert [item[0] for item in items] == ["d"]
+    assert [(cid, record[0]) for cid, record, _r in items[0][1]] == [("n4@1/1/t", 1), ("n4@1/1/t", 3)]
+
+    follower, nothing = sender(leads=False)
+    assert follower.remote_node("shard-0", "n4@ab12") is None
+    assert follower.take_deliveries("shard-0", effects) == effects
+    follower.flush()
+    assert nothing == []
+    assert not sender(partial=False)[0].active
+
+
+def test_replies_and_the_entry_end_go_in_order_numbered_per_member() -> None:
+    s, sent = sender()
+    s.reply("n4", "shard-0", "n4@ab", 7, Rejected(404, "no queue"))
+    s.reply("n4", "shard-0", "n4@ab", 8, object())  # (cannot cross: refused, not dropped)
+    s.entry_done("n4", "shard-0", "n4@ab", 3)
+    s.dead("shard-0", "n5@cd")
+    s.flush()
+    s.ask_resync("n4")
+    s.flush()
+    assert [(m, number) for m, (_l, number, _i) in sent] == [("n4", 1), ("n5", 1), ("n4", 2)]
+    items = sent[0][1][2]
+    assert items[0] == ["r", "shard-0", "n4@ab", 7, ["R", 404, "no queue"]]
+    assert items[1][:4] == ["r", "shard-0", "n4@ab", 8] and items[1][4][:2] == ["R", 541]
+    assert items[2] == ["e", "shard-0", "n4@ab", 3]
+    assert sent[1][1][2] == [["x", "shard-0", "n5@cd"]]
+    assert sent[2][1][2] == [["?"]]
+
+
+def test_a_resync_lists_what_is_checked_out_to_that_members_consumers() -> None:
+    s, sent = sender()
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Enqueue([Message("", "q", b"", b"%d" % i) for i in range(4)]))
+    queue.apply(Meta(2, 0), Checkout("n4@1/1/a", "n4@1/1", 2, False, 0, False, 2))
+    queue.apply(Meta(3, 0), Checkout("n2@1/1/b", "n2@1/1", 2, False, 0, False, 2))
+    s.resync("n4", "shard-0", [queue])
+    s.flush()
+    [(_member, (_life, _number, [item]))] = sent
+    assert item[0] == "s" and item[1] == "shard-0"
+    assert sorted((cid, record[4]) for cid, record, _r in item[2]) == [("n4@1/1/a", b"0"), ("n4@1/1/a", b"1")]
+
+
+def test_numbers_reveal_a_missing_message_and_a_new_life_starts_at_one() -> None:
+    r = remote.Receiver()
+
+    def payload(life: str, number: int) -> bytes:
+        return msgpack.packb([life, number, [["?"]]])
+
+    assert r.take("n2", payload("a", 1)) == ([["?"]], False)
+    assert r.take("n2", payload("a", 2))[1] is False
+    assert r.take("n2", payload("a", 4))[1] is True  # 3 went missing
+    assert r.take("n2", payload("b", 1))[1] is False  # n2 started again
+    assert r.take("n3", payload("c", 2))[1] is True  # the first from n3 we hear of is not its first
+    assert r.gaps == 2
+    for bad in (b"\xc1", msgpack.packb(["a", "1", []]), msgpack.packb({"a": 1})):
+        with pytest.raises(remote.ReplyError):
+            r.take("n2", bad)
+
+
+def test_a_delivery_is_written_once_and_a_redelivery_again() -> None:
+    r = remote.Receiver()
+    record = remote.message_record(deliver("n4@1/1/a", 5).message)
+    assert r.fresh("n4@1/1/a", record) is not None
+    assert r.fresh("n4@1/1/a", record) is None  # a second copy (two leaders in turn, a resync)
+    assert r.fresh("n4@1/1/b", record) is not None  # another consumer's
+    again = list(record)
+    again[5] = 2  # delivery count: the message came back and was delivered again
+    assert r.fresh("n4@1/1/a", again) is not None
+    assert r.duplicates_dropped == 1
+    r.forget("n4@1/1/a")
+    assert r.fresh("n4@1/1/a", record) is not None
+    with pytest.raises(remote.ReplyError):
+        r.fresh("n4@1/1/a", ["not", "a", "record"])
+
+
+def test_the_deliveries_remembered_per_consumer_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(remote, "DELIVERIES_SEEN_MAX", 3)
+    r = remote.Receiver()
+    records = [remote.message_record(deliver("c", seq).message) for seq in range(5)]
+    for record in records:
+        assert r.fresh("c", record) is not None
+    assert len(r.seen["c"]) == 3
+    assert r.fresh("c", records[0]) is not None  # forgotten (the oldest went first)
+    assert r.fresh("c", records[4]) is None
