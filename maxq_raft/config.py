@@ -225,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replication-factor",
         help="replicas of each shard group, placed at the cluster's first start over the members given with "
-        "--peer, the same on every member (default 0: every member holds every group). A member serves "
-        "queues of groups it holds no replica of through their leaders",
+        "--peer, the same on every member (default 0: every member holds every group); with --join on, the "
+        "new member holds no shard group until `maxqctl rebalance`. A member serves queues of groups it "
+        "holds no replica of through their leaders",
     )
     parser.add_argument(
         "--snapshot-every-mb",
@@ -303,10 +304,6 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
         raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
     if settings.replication_factor < 0:
         raise SettingsError(f"replication_factor must be 0 (every member) or more, got {settings.replication_factor}")
-    if settings.replication_factor and settings.join == "on":
-        raise SettingsError(
-            "a joining member holds what the cluster places on it: start it without --replication-factor"
-        )
     if settings.shards > SHARDS_MAX:
         raise SettingsError(f"shards must be at most {SHARDS_MAX}, got {settings.shards}")
     for name, most in (("heartbeat_s", 65535), ("channel_max", 65535), ("frame_max", 2**32 - 1)):  # tune's field sizes

@@ -2,8 +2,10 @@
 (machines/maintenance.py) through POST /api/cluster/drain and /api/cluster/revive.
 
 `drain` prints the plan (the groups NODE leads, whose leaderships move; its client connections
-close), then, without --dry-run, records the drain and waits, with a progress line, until NODE
-leads no group (at most --timeout, default HAND_OVER_TIMEOUT_S); NODE may then be stopped.
+close; with groups on a few members, its replicas, which move to the others: replicas.py), then,
+without --dry-run, records the drain and waits, with a progress line, until NODE leads no group
+(at most --timeout, default HAND_OVER_TIMEOUT_S), then moves its replicas one at a time; NODE
+may then be stopped (and removed: `maxqctl remove-node`).
 `revive` lets NODE serve clients and lead again (the others' balancing gives it leaderships back).
 """
 
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import progress
+from . import progress, replicas
 from .admin_client import CtlError, fetch
 
 HAND_OVER_TIMEOUT_S = 60.0
@@ -48,6 +50,8 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     draining = args.command == "drain"
     dry_run = draining and args.dry_run
     body = {"node": args.name, "dry_run": dry_run}
+    # Groups on a few members: its replicas move too, after its leaderships (replicas.py).
+    moves = replicas.leaving_moves(args.node, args.name) if draining else None
     answer = fetch(args.node, f"/api/cluster/{args.command}", REQUEST_TIMEOUT_S, "POST", body)
     leads = ", ".join(answer.get("leads", [])) or "no group"
     if dry_run:
@@ -55,7 +59,9 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
             f"drain {args.name} (dry run, nothing changed): it leads {leads}; those leaderships would move "
             f"to the members not drained, its client connections would close and new ones be refused"
         )
-        return json.dumps(answer, indent=1) if args.json else plan
+        if moves is not None:
+            plan += "; its replicas would move: " + (", ".join(map(replicas.describe, moves)) or "it holds none")
+        return json.dumps({**answer, "moves": [list(m) for m in moves or []]}, indent=1) if args.json else plan
     if not draining:
         said = "revived" if answer.get("changed") else "was not under maintenance"
         return json.dumps(answer, indent=1) if args.json else f"{args.name} {said}: it serves clients and leads again"
@@ -77,6 +83,13 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     )
     if left:
         raise CtlError(f"{args.name} is under maintenance but still leads {', '.join(left)}: see its log", 5)
+    moved = ""
+    if moves:
+        moved = replicas.execute(args.node, moves, timeout_s) + "\n"
     if args.json:
-        return json.dumps({**answer, "still_leads": left}, indent=1)
-    return f"{args.name} drained: it leads no group and serves no client; it can be stopped (revive: maxqctl revive)"
+        return json.dumps({**answer, "still_leads": left, "moves": [list(m) for m in moves or []]}, indent=1)
+    holds = " and holds no replica" if moves is not None else ""
+    return moved + (
+        f"{args.name} drained: it leads no group{holds} and serves no client; it can be stopped "
+        "(revive: maxqctl revive)"
+    )

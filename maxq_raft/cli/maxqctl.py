@@ -32,7 +32,7 @@ import urllib.parse
 import urllib.request
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
-from . import maintenance, objects, progress, trace
+from . import maintenance, objects, progress, replicas, trace
 from .admin_client import AUTH_HEADERS, CtlError, fetch, split_scheme, use_tls
 
 LISTS = {
@@ -154,8 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="list queues, exchanges, bindings, connections, channels, consumers, nodes, ..."
     )
     listing.add_argument("what", choices=sorted(LISTS))
-    add = sub.add_parser("add-node", help="add a started node (maxq-server --join on) to every group")
+    add = sub.add_parser(
+        "add-node",
+        help="add a started node (maxq-server --join on) to every group (with --replication-factor: to the "
+        "metadata group; it gets replicas from a rebalance)",
+    )
     add.add_argument("name", type=_node_name, metavar="NAME", help="the new node's --node-id")
+    add.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="then move replicas onto it (as maxqctl rebalance; groups on a few members)",
+    )
     add.add_argument(
         "--raft-addr", type=_host_port, required=True, metavar="HOST:PORT", help="the new node's --raft-addr"
     )
@@ -220,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     objects.add_commands(sub)
     trace.add_command(sub)
     maintenance.add_commands(sub, _node_name)
+    replicas.add_commands(sub, _node_name)
     return parser
 
 
@@ -527,6 +537,9 @@ def run(args) -> str:
     done = maintenance.run(args, timeout)
     if done is not None:
         return done
+    done = replicas.run(args, timeout)
+    if done is not None:
+        return done
     if args.command == "set-policy":
         try:
             definition = json.loads(args.definition)
@@ -567,9 +580,16 @@ def run(args) -> str:
         return json.dumps(status, indent=1) if args.json else render_status(status)
     if args.command == "add-node":
         answer = add_member(args, timeout, f"adding {args.name}")
-        return (
-            json.dumps(answer, indent=1) if args.json else f"node {args.name} ({args.raft_addr}) added to every group"
-        )
+        if args.rebalance:
+            return replicas.rebalance(args.node, timeout)
+        if args.json:
+            return json.dumps(answer, indent=1)
+        if not replicas.holds_any(args.node, args.name):
+            return (
+                f"node {args.name} ({args.raft_addr}) added to the metadata group; it holds no shard group until "
+                "`maxqctl rebalance` moves replicas onto it"
+            )
+        return f"node {args.name} ({args.raft_addr}) added to every group"
     if args.command == "remove-node":
         path = "/api/cluster/members/" + urllib.parse.quote(args.name) + ("?force=1" if args.force else "")
         answer = _with_progress(

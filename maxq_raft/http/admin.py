@@ -46,6 +46,7 @@ from . import (
     management_views,
     messages_api,
     objects_api,
+    placement_api,
     trace_api,
 )
 from .engine_status import engine_status
@@ -439,7 +440,10 @@ async def add_member(broker, request: Request) -> dict:
             missing=missing,
         )
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
-    err = await _engine_answer(partial(node.add_member, name, addr), MEMBER_CHANGE_TIMEOUT_S)
+    # Groups on a few members (--replication-factor): a new member joins the metadata group only
+    # and holds no shard group until a rebalance moves replicas onto it (maxqctl rebalance).
+    only = [META_GROUP] if node.partial else None
+    err = await _engine_answer(partial(node.add_member, name, addr, groups=only), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:
         log.warning("admin: adding member %s failed: %s", name, err)
         raise _engine_error(err, node=name)
@@ -480,8 +484,21 @@ async def remove_member(broker, request: Request) -> dict:
             reason="would lose quorum",
             groups=lost,
         )
+    only = None
+    if node.partial:
+        # Groups on a few members: the member leaves the metadata group once it holds no replica
+        # of a shard group (which this member may not hold, so could not remove it from).
+        held = sorted(g for g, members in broker.log.placement().items() if name in members)
+        if held:
+            raise HttpError(
+                "409 Conflict",
+                f"node {name} still holds replicas of {', '.join(held)}: move them first (maxqctl drain-replicas {name})",
+                reason="holds replicas",
+                groups=held,
+            )
+        only = [META_GROUP]
     log.info("admin: removing member %s%s", name, " (forced)" if force else "")
-    err = await _engine_answer(partial(node.remove_member, name), MEMBER_CHANGE_TIMEOUT_S)
+    err = await _engine_answer(partial(node.remove_member, name, groups=only), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:
         log.warning("admin: removing member %s failed: %s", name, err)
         raise _engine_error(err, node=name)
@@ -628,6 +645,8 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},
     "/api/cluster/transfer-leadership": {"POST": (ADMINISTRATOR, transfer_leadership)},
     "/api/cluster/drain": {"POST": (ADMINISTRATOR, maintenance_api.drain)},
+    "/api/cluster/placement": {"GET": (MONITORING, _view(placement_api.view_placement))},
+    "/api/cluster/move-group": {"POST": (ADMINISTRATOR, placement_api.move_group)},
     "/api/cluster/revive": {"POST": (ADMINISTRATOR, maintenance_api.revive)},
     "/api/queues": {"GET": (MANAGEMENT, _view(view_queues))},
     "/api/queues/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.list_in_vhost))},

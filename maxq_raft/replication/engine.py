@@ -382,6 +382,10 @@ class ReplicationNode:
         """The groups this node holds a replica of (any thread: a copy)."""
         return list(self.groups)
 
+    def peer_address(self, node_id: str) -> tuple[str, int] | None:
+        """Where node_id's Raft listens, as this node knows it (--peer, or a membership change)."""
+        return self.raft_addr if node_id == self.node_id else self.hub.addrs.get(node_id)
+
     def peer_held(self) -> dict[str, frozenset[str]]:
         """Linked peers -> the groups each holds, as announced (an earlier release: every group)."""
         return dict(self._peer_held)
@@ -428,14 +432,23 @@ class ReplicationNode:
 
         self._post(start)
 
-    def add_member(self, node_id: str, addr: tuple[str, int], callback: Callable[[str | None], None]) -> None:
+    def add_member(
+        self,
+        node_id: str,
+        addr: tuple[str, int],
+        callback: Callable[[str | None], None],
+        groups: list[str] | None = None,
+    ) -> None:
         """Add node_id (reachable at addr, started with joining=True and the current members as
-        peers) to every group; callback(None) once committed everywhere."""
-        self._member(("add", node_id, (addr[0], int(addr[1]))), callback)
+        peers) to every group held here, or to `groups`; callback(None) once committed in each."""
+        self._member(("add", node_id, (addr[0], int(addr[1]))), callback, groups)
 
-    def remove_member(self, node_id: str, callback: Callable[[str | None], None]) -> None:
-        """Remove node_id from every group (leadership moves off it first); stop it afterwards."""
-        self._member(("rem", node_id, None), callback)
+    def remove_member(
+        self, node_id: str, callback: Callable[[str | None], None], groups: list[str] | None = None
+    ) -> None:
+        """Remove node_id from every group held here, or from `groups` (leadership moves off it
+        first); stop it afterwards."""
+        self._member(("rem", node_id, None), callback, groups)
 
     def move_group(
         self,
@@ -517,11 +530,11 @@ class ReplicationNode:
             raise value
         return value
 
-    def _member(self, change: tuple, callback: Callable[[str | None], None]) -> None:
+    def _member(self, change: tuple, callback: Callable[[str | None], None], groups: list[str] | None = None) -> None:
         if self._thread is None or self._stopping:
             callback("stopped")
             return
-        self._post(lambda: self._member_start(change, callback))
+        self._post(lambda: self._member_start(change, callback, groups))
 
     # ---------------------------------------------------------------- link (for groups)
 

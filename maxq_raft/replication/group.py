@@ -483,6 +483,16 @@ class Group:
             for _index, _seq, cb in waiters:
                 call_safely(cb, None, "timeout")
 
+    def hand_off(self) -> None:
+        """This node leaves the group (group_moves.py): what waits here goes on elsewhere. A
+        proposal committed and not yet applied here is answered with its index (the members
+        apply it); the rest "not leader", so the proposer sends it to a member that holds the
+        group (one appended already is then a copy, which the appliers skip)."""
+        waiters, self.applied_waiters = self.applied_waiters, []
+        for index, _seq, cb in waiters:
+            call_safely(cb, index, None)
+        self.fail_all("not leader")
+
     def fail_all(self, error: str) -> None:
         while self.inbox:
             _, cb, _ = self.inbox.popleft()

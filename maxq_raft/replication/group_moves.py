@@ -355,6 +355,7 @@ class GroupMoves:
             if not g.removed:
                 continue
             del self.engine.groups[name]
+            g.hand_off()
             g.close()
             group_set.write_held(
                 self.engine.raft_dir, list(self.engine.groups), self.engine.fsync

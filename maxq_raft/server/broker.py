@@ -29,6 +29,7 @@ from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import QueueMachine
+from ..machines.queue_args import settings_or_default
 from ..machines.queue_types import Deliver, QueueCounts
 from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
@@ -283,6 +284,16 @@ class Broker:
             self.synced_counts[queue_key] = reply
         elif queue_key in self.synced_counts and self.meta.queue(*queue_key) is None:
             del self.synced_counts[queue_key]
+
+    def overflow_of(self, queue_key: tuple) -> str:
+        """A queue's x-overflow where its machine is not (a group held elsewhere): from its record
+        and the policies, as its machine has it (a publish's confirm waits for the reply only when
+        a reject-publish queue may refuse it); "" when there is no record."""
+        record = self.meta.queue(*queue_key)
+        if record is None:
+            return ""
+        arguments = self.meta.arguments_under_policies(queue_key[0], queue_key[1], record.arguments)
+        return settings_or_default(queue_key[0], queue_key[1], arguments).overflow
 
     def queue_view(self, queue_key: tuple) -> Any:
         """The queue's machine, or for a queue of a group held elsewhere the counts its last Sync

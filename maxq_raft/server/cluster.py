@@ -50,7 +50,7 @@ from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Deliver, Meta, Rejected
 from ..machines.queue_args import settings_or_default
-from ..machines.shard import ALL_QUEUES, ends_life
+from ..machines.shard import ALL_QUEUES, ShardMachine, ends_life
 from ..replication.group import APPLY_BACKLOG_BYTES_MAX
 from ..replication.entries import EntryError, NewerEntry, decode_entry
 from . import cluster_snapshot, remote
@@ -76,6 +76,7 @@ SNAPSHOT_CHECK_S = 1.0
 # consistent read of the store would lift the bound; not built.
 SNAPSHOT_STATE_BYTES_MAX = 256 * 1024 * 1024
 SNAPSHOT_MESSAGE_OVERHEAD_BYTES = 320
+MOVE_ASK_WAIT_S = 600.0  # a replica move asked of another member (a new replica may catch up through a big log)
 
 
 def default_shards() -> int:
@@ -104,7 +105,15 @@ class ClusterLog(CommandLog):
         self.remote_in = remote.Receiver()
         self.applier.remote = self.remote_out
         self.proposer.holds = self.holds
-        self._led: set[str] = set()  # groups this member led when it last looked (`serve_remote`)
+        # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
+        # and each led group's members.
+        self._led: set[str] = set()
+        self._held: set[str] = set()
+        self._learning: set[str] = set()
+        self._members: dict[str, frozenset[str]] = {}
+        self._move_waits: dict[int, list] = {}  # moves asked of another member: request -> [event, answer]
+        self._move_requests = 0
+        self._nursery: Any = None  # serve_remote's: moves asked of this member run there
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.watchdog = MembershipWatchdog(self)
         self._token = trio.lowlevel.current_trio_token()  # the hub thread hops to the loop with it
@@ -220,8 +229,7 @@ class ClusterLog(CommandLog):
         try:
             self._apply_entries(group, entries, size)
         finally:
-            if self.remote_out.outgoing:
-                self.remote_out.flush()
+            self.remote_out.flush()  # (also forgets who led what during the batch)
             backlog = self.bytes_handed - self.bytes_applied
             self.bytes_applied += size
             if backlog >= APPLY_BACKLOG_BYTES_MAX // 2 > backlog - size and self.node is not None:
@@ -230,6 +238,8 @@ class ClusterLog(CommandLog):
     def _apply_entries(self, group: str, entries: list, size: int) -> None:
         if self.halted is not None:
             return
+        if self.remote_out.active and group not in self.node.groups:
+            return  # this member left the group since the engine handed these over (`_group_left`)
         order = self.broker.groups[group].order
         if entries:
             self.applied_index[group] = entries[-1][0]
@@ -457,8 +467,10 @@ class ClusterLog(CommandLog):
             _kind, group, origin, seq = item
             if origin == self.origin:
                 self.proposer.applied(group, seq)
-        elif kind == "d" or kind == "s":  # deliveries; a resync of what the group holds for us
-            self._remote_deliveries(item[1] if kind == "d" else item[2])
+        elif kind == "d":  # deliveries
+            self._remote_deliveries(item[1])
+        elif kind == "s":  # a resync of what the group holds for this member's consumers
+            self._remote_deliveries(item[2], resync=True)
         elif kind == "t":  # a direct reply-to reply for a requester here
             _kind, key, exchange, routing_key, props_raw, body = item
             channel = self.broker.reply_to.get(key)
@@ -471,20 +483,102 @@ class ClusterLog(CommandLog):
             if origin == self.origin:
                 log.warning("%s: this node's life was declared down by the cluster; starting a new one", group)
                 self._cut_off()
+        elif kind == "mv":  # a member asks this one, which holds the group, to move a replica
+            _kind, request, group, add, remove = item
+            if self._nursery is None:
+                self.remote_out.outgoing.setdefault(peer, []).append(["mvr", request, "starting: ask again"])
+            else:
+                self._nursery.start_soon(self._move_asked, peer, request, group, add, remove)
+        elif kind == "mvr":  # the answer to a move this member asked for
+            waiter = self._move_waits.get(item[1])
+            if waiter is not None:
+                waiter[1] = item[2]
+                waiter[0].set()
         elif kind == "?":  # a member missed a message of ours
             self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
         else:
             raise ValueError(f"unknown item {kind!r}")
 
-    def _remote_deliveries(self, run: list) -> None:
+    def _remote_deliveries(self, run: list, resync: bool = False) -> None:
+        """Deliveries to this member's consumers, written unless written before; for a resync,
+        also unless the consumer's channel holds the message (unacked, or held back)."""
         fresh = self.remote_in.fresh
+        holding: dict[str, set[int]] = {}
         effects = []
         for consumer_id, record, redelivered in run:
+            if resync:
+                seqs = holding.get(consumer_id)
+                if seqs is None:
+                    seqs = holding[consumer_id] = self._held_by(consumer_id)
+                if type(record) is list and record and record[0] in seqs:  # (a record's first field: seq)
+                    continue
             message = fresh(consumer_id, record)
             if message is not None:
                 effects.append(Deliver(consumer_id, message, bool(redelivered)))
         if effects:
             self.broker.perform(effects)
+
+    def _held_by(self, consumer_id: str) -> set[int]:
+        """The seqs of the messages a consumer of this member's channel holds: written and not
+        acked, or held back by the channel's prefetch."""
+        handle = self.broker.consumers.get(consumer_id)
+        if handle is None:
+            return set()
+        state = handle.channel.state
+        seqs = {e[2] for e in state.unacked.values() if type(e) is tuple and len(e) == 3 and e[1] == consumer_id}
+        seqs.update(item[1].seq for item in state.held if item[0] is handle)
+        return seqs
+
+    def local_deliveries(self, group: str, effects: list) -> list:
+        """On a member of a cluster whose groups are held by a few members: a group it is a
+        learner of (catching up to be added: its leader sends its consumers' deliveries
+        meanwhile) performs none; otherwise each is written once (a hand-over's second copy, from
+        the leader, is dropped: `Receiver.first_time`)."""
+        g = self.node.groups.get(group)
+        if g is not None and g.learning:
+            return [e for e in effects if type(e) is not Deliver]
+        consumers = self.broker.consumers
+        first_time = self.remote_in.first_time
+        return [
+            e
+            for e in effects
+            if type(e) is not Deliver
+            or e.consumer_id not in consumers
+            or first_time(e.consumer_id, e.message.seq, e.message.delivery_count)
+        ]
+
+    def _group_left(self, group: str) -> None:
+        """This member's replica of `group` was moved away: its queues' machines go (their
+        consumers here stay, served by the group's leader from now on) and so does what the
+        store held for them."""
+        log.info("%s: this member holds no replica of it any more; its queues are served through its leader", group)
+        broker = self.broker
+        machines = broker.groups.get(group)
+        for key, queue in list(getattr(machines, "queues", {}).items()):
+            if broker.queues.get(key) is queue:
+                del broker.queues[key]
+                broker.queue_ids.pop(key, None)
+                broker.queue_settings_changed(key, None)
+            if queue.backing is not None:
+                queue.backing.drop()
+        broker.groups[group] = ShardMachine(group, self.make_queue)
+        for index in (self.applied_index, self.log_bytes_since, self.snapshot_next_try):
+            index.pop(group, None)
+        self.snapshots_deferred.discard(group)
+
+    def _promoted(self, group: str) -> None:
+        """This member, a learner of `group`, became a member: it performs its consumers'
+        deliveries from now on. Those its leader counted on it for while it was still a learner
+        here are in its machines: written now, unless written already."""
+        log.info("%s: this member now holds a replica of it", group)
+        run: list[list] = []
+        for queue in self._queues_of(group):
+            for consumer_id, consumer in queue.consumers.items():
+                if consumer_id in self.broker.consumers:
+                    run.extend(
+                        [consumer_id, remote.message_record(m), m.redelivered] for m in consumer.checked_out.values()
+                    )
+        self._remote_deliveries(run, resync=True)
 
     def _resync(self, member: str, groups: list[str]) -> None:
         for group in groups:
@@ -495,24 +589,105 @@ class ClusterLog(CommandLog):
         machines = self.broker.groups.get(group)
         return list(machines.queues.values()) if machines is not None and hasattr(machines, "queues") else []
 
+    # ------------------------------------------------------------- replica moves
+
+    def placement(self) -> dict[str, list[str]]:
+        """Each shard group and the members holding it: a group held here, its members as this
+        member's replica has them; any other, the linked peers that announce holding it."""
+        node = self.node
+        groups = dict(node.groups)
+        announced = node.peer_held()
+        out = {}
+        for group in self.shards:
+            g = groups.get(group)
+            out[group] = (
+                sorted(g.member_ids()) if g is not None else sorted(p for p, h in announced.items() if group in h)
+            )
+        return out
+
+    async def move_group(self, group: str, add: str | None, remove: str | None) -> str | None:
+        """Move one replica of `group` (add `add`, then remove `remove`: replication/group_moves.py),
+        through a member that holds it (this one, or one it asks). None once done, else why not."""
+        node = self.node
+        address = node.peer_address(add) if add is not None else None
+        if add is not None and address is None:
+            return f"the Raft address of {add} is not known here"
+        if group in node.groups:
+            done = trio.Event()
+            answer: list[str | None] = []
+            token = self._token
+
+            def finished(error: str | None) -> None:  # the hub thread
+                answer.append(error)
+                try:
+                    token.run_sync_soon(done.set)
+                except trio.RunFinishedError:
+                    pass
+
+            node.move_group(group, (add, address) if add is not None else None, remove, finished)
+            await done.wait()
+            return answer[0]
+        holders = [m for m in self.placement().get(group, []) if node.peer_is_up(m)]
+        if not holders:
+            return f"no member holding {group} is linked to {self.node_id}"
+        asked = node.leader(group) if node.leader(group) in holders else holders[0]
+        self._move_requests += 1
+        request = self._move_requests
+        waiter: list = [trio.Event(), None]
+        self._move_waits[request] = waiter
+        item = ["mv", request, group, add, remove]
+        self.remote_out.outgoing.setdefault(asked, []).append(item)
+        self.remote_out.flush()
+        try:
+            with trio.move_on_after(MOVE_ASK_WAIT_S):
+                await waiter[0].wait()
+        finally:
+            self._move_waits.pop(request, None)
+        return waiter[1] if waiter[0].is_set() else f"{asked} did not answer within {MOVE_ASK_WAIT_S:.0f} s"
+
+    async def _move_asked(self, peer: str, request: int, group: str, add: str | None, remove: str | None) -> None:
+        error = await self.move_group(group, add, remove) if group in self.node.groups else "not held here"
+        self.remote_out.outgoing.setdefault(peer, []).append(["mvr", request, error])
+        self.remote_out.flush()
+
     async def serve_remote(self) -> None:
         """Every LEADERSHIP_CHECK_S, on a member of a cluster whose groups are held by a few
         members: a group it has come to lead sends each member holding no replica of it that
         has consumers there what is checked out to them (a new leader takes over deliveries the
         old one may not have sent); entries of groups held elsewhere whose end did not come in
         REPLIES_WAIT_S after their commit are given up; deliveries of consumers gone are forgotten."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._watch_remote()
+
+    async def _watch_remote(self) -> None:
         while True:  # for the life of the node; each turn sleeps
             await trio.sleep(remote.LEADERSHIP_CHECK_S)
             if not self.remote_out.active:
                 continue
-            led = {g for g in list(self.node.groups) if g != META_GROUP and self.leads(g)}
+            self.remote_out.flush()  # (who leads what is read afresh below)
+            groups = dict(self.node.groups)
+            held = set(groups)
+            for group in sorted(self._held - held):
+                self._group_left(group)
+            learning = {name for name, g in groups.items() if g.learning}
+            for group in sorted(self._learning - learning & held):
+                self._promoted(group)
+            self._held, self._learning = held, learning
+            led = {g for g in groups if g != META_GROUP and self.leads(g)}
             for group in sorted(led - self._led):
                 queues = self._queues_of(group)
                 members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node_id})
                 for member in members:
                     if self.remote_out.remote_node(group, member + "@") is not None:
                         self.remote_out.resync(member, group, queues)
-            self._led = led
+            members_now = {g: frozenset(groups[g].member_ids()) for g in led}
+            for group, now_members in members_now.items():
+                # A member that left the group (a move) may have stopped applying before the
+                # deliveries its consumers were counted on it for: they come from here now.
+                for member in sorted(self._members.get(group, now_members) - now_members):
+                    self.remote_out.resync(member, group, self._queues_of(group))
+            self._led, self._members = led, members_now
             self.remote_out.flush()
             self.proposer.expire_elsewhere(trio.current_time() - remote.REPLIES_WAIT_S)
             seen = self.remote_in.seen

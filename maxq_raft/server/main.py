@@ -402,9 +402,11 @@ def _first_placement(
     """With --replication-factor below the number of members: the groups this member holds at
     the cluster's first start (the metadata group and the shard groups `first_placement` puts on
     it: every member works out the same from the same --peer list) and each shard group's
-    members. The engine records both in the data folder (replication/group_set.py); a later
+    members; a joining member (--join on) holds only the metadata group. The engine records both in the data folder (replication/group_set.py); a later
     start takes them from there. None, None: every member holds every group."""
     factor = settings.replication_factor
+    if factor and settings.join == "on":
+        return [META_GROUP], None  # a new member: replicas come by a rebalance (maxqctl rebalance)
     addresses = {**settings.peers(), settings.node_id: parse_addr(settings.raft_addr, "raft_addr")}
     if not factor or factor >= len(addresses):
         return None, None

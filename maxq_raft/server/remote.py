@@ -47,7 +47,9 @@ from ..replication.replies import ReplyError, decode_reply, encode_reply
 log = logging.getLogger("maxq.remote")
 
 REPLIES_WAIT_S = 5.0  # after its commit, an entry of a group held elsewhere waits this long for "e"
-DELIVERIES_SEEN_MAX = 65536  # per consumer: deliveries remembered to drop a second copy
+# Per consumer: deliveries remembered to drop a second copy, which comes within moments (two
+# leaders in turn, a replica's hand-over); a resync is checked against what the channel holds.
+DELIVERIES_SEEN_MAX = 4096
 LEADERSHIP_CHECK_S = 0.2  # how often a member looks whether it became the leader of a group
 
 
@@ -158,6 +160,9 @@ class Sender:
         self.outgoing.setdefault(node, []).append(["?"])
 
     def flush(self) -> None:
+        """Send what was gathered; who leads and holds each group is read afresh after it (the
+        answers are kept only while a batch is applied: a member that becomes a group's leader
+        must not go on taking itself for a follower)."""
         self._holders = {}
         if not self.outgoing:
             return
@@ -203,17 +208,22 @@ class Receiver:
             message = message_from_record(record)
         except (TypeError, ValueError) as exc:
             raise ReplyError(f"malformed delivery: {exc}") from None
+        return message if self.first_time(consumer_id, message.seq, message.delivery_count) else None
+
+    def first_time(self, consumer_id: str, seq: int, delivery_count: int) -> bool:
+        """Whether this delivery (of message `seq`, its `delivery_count`-th) to the consumer is
+        new here; it is remembered as written."""
         seen = self.seen.get(consumer_id)
         if seen is None:
             seen = self.seen[consumer_id] = OrderedDict()
-        key = (message.seq, message.delivery_count)
+        key = (seq, delivery_count)
         if key in seen:
             self.duplicates_dropped += 1
-            return None
+            return False
         seen[key] = None
         if len(seen) > DELIVERIES_SEEN_MAX:
             seen.popitem(last=False)
-        return message
+        return True
 
     def forget(self, consumer_id: str) -> None:
         self.seen.pop(consumer_id, None)

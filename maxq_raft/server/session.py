@@ -1042,8 +1042,8 @@ class Session:
             queue = broker.queues.get(queue_key)
             then = None
             if self.pending_confirms and (
-                # (no machine here: a group held elsewhere, whose reply says what overflowed)
-                queue is None or queue.settings.overflow != "drop-head" or queue_key in txns
+                (broker.overflow_of(queue_key) if queue is None else queue.settings.overflow) != "drop-head"
+                or queue_key in txns
             ):
                 then = partial(note_overflow, queue_refs=refs.get(queue_key))
             trace = traces.get(queue_key) if traces else None

@@ -8,9 +8,13 @@ its commands go to the group's leader, whose replies and deliveries come back to
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
+import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -18,6 +22,7 @@ import pika.exceptions
 import pytest
 
 from maxq_raft.server.cluster import shard_of
+from tests.conftest import free_port
 
 from ..helpers import api
 from ..integration.test_sqs import client as sqs_client
@@ -253,3 +258,187 @@ def test_direct_reply_to_and_an_sqs_long_poll_on_a_member_without_a_replica(held
     sender.join()
     assert [m["Body"] for m in got.get("Messages", [])] == ["late"]
     assert time.monotonic() - started < 8  # (answered on the message, not at the poll's end)
+
+
+class Consumer:
+    """A consumer on one member, pumped by the test thread: every delivery as (number, redelivered)."""
+
+    def __init__(self, member: Member, queue: str) -> None:
+        self.conn = member.connect(heartbeat=0)
+        channel = self.conn.channel()
+        channel.basic_qos(prefetch_count=20)
+        self.got: list[tuple[int, bool]] = []
+        channel.basic_consume(
+            queue, lambda c, m, _p, b: (self.got.append((int(b), m.redelivered)), c.basic_ack(m.delivery_tag))
+        )
+
+    def pump_while(self, busy: Callable[[], bool], limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while busy() and time.monotonic() < deadline:
+            self.conn.process_data_events(0.05)
+
+    def check(self, confirmed: set[int], cluster: Cluster | None = None, queue: str = "") -> None:
+        """Every confirmed number came; a second copy of one only flagged redelivered."""
+        self.pump_while(lambda: not confirmed <= {n for n, _ in self.got}, 30)
+        numbers = {n for n, _ in self.got}
+        if cluster is not None and not confirmed <= numbers:
+            self.conn.close()
+            left = {int(b) for b, _ in drain(cluster["n2"], queue)}
+            missing = confirmed - numbers
+            raise AssertionError(
+                f"{len(missing)} confirmed not delivered ({sorted(missing)[:10]}); "
+                f"{len(missing & left)} of them still queued once the consumer closed"
+            )
+        assert confirmed and confirmed <= numbers, sorted(confirmed - numbers)[:20]
+        seen: set[int] = set()
+        for number, redelivered in self.got:
+            assert number not in seen or redelivered, f"{number} came again unflagged"
+            seen.add(number)
+
+
+def run_maxqctl(member: Member, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "maxqctl"), "--node", f"127.0.0.1:{member.http_port}", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def in_background(consumer: Consumer, call: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
+    """`call()` on a thread while the consumer is pumped here (maxqctl waits for the moves)."""
+    box: list = []
+    worker = threading.Thread(target=lambda: box.append(call()))
+    worker.start()
+    consumer.pump_while(worker.is_alive, 300)
+    worker.join(1)
+    return box[0]
+
+
+def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_cluster: Cluster) -> None:
+    name, group = queue_elsewhere(held_cluster, "n1")
+    before = holders(held_cluster, group)
+    with held_cluster["n1"].connect() as conn:
+        conn.channel().queue_declare(name, durable=True)
+    consumer = Consumer(held_cluster["n1"], name)
+    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
+    publisher.start()
+    try:
+        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+        target = [before[0], before[1], "n1"]
+        dry = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(target), "--dry-run")
+        assert dry.returncode == 0 and f"{group}: {before[2]} -> n1" in dry.stdout, dry
+        assert holders(held_cluster, group) == before  # (a dry run changes nothing)
+        moved = in_background(
+            consumer, lambda: run_maxqctl(held_cluster["n2"], "move-group", group, "--to", ",".join(target))
+        )
+        assert moved.returncode == 0, (moved.stdout, moved.stderr)
+        assert sorted(held_by(held_cluster["n1"])[group]) == sorted(target)  # n1 applies it now
+        consumer.pump_while(lambda: True, 2)
+        back = in_background(
+            consumer, lambda: run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(before))
+        )
+        assert back.returncode == 0, (back.stdout, back.stderr)
+        assert group not in held_by(held_cluster["n1"]) and holders(held_cluster, group) == sorted(before)
+        consumer.pump_while(lambda: True, 2)
+    finally:
+        publisher.stop_flag.set()
+        publisher.join(30)
+    consumer.check(publisher.confirmed_numbers())
+    consumer.conn.close()
+    refused = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", "n1,n2,n9")
+    assert refused.returncode == 4 and "not members of the cluster: n9" in refused.stderr, refused
+    status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": "meta", "add": "n1"})
+    assert status == 409, answer
+    status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": group, "add": before[0]})
+    assert status == 409 and "holds" in json.dumps(answer), answer
+
+
+def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(held_cluster: Cluster) -> None:
+    name, group = queue_elsewhere(held_cluster, "n1")
+    victim = next(m for m in holders(held_cluster, group) if m != "n1")
+    with held_cluster["n1"].connect() as conn:
+        conn.channel().queue_declare(name, durable=True)
+    consumer = Consumer(held_cluster["n1"], name)
+    idle = held_cluster[victim].connect()  # a client of the drained member: closed by the drain
+    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
+    publisher.start()
+    try:
+        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+        refused = run_maxqctl(held_cluster["n1"], "remove-node", victim)
+        assert refused.returncode == 4 and "drain-replicas" in refused.stderr, refused
+        dry = run_maxqctl(held_cluster["n1"], "drain", victim, "--dry-run")
+        assert dry.returncode == 0 and "its replicas would move" in dry.stdout, dry
+        assert victim in holders(held_cluster, group)
+        drained = in_background(consumer, lambda: run_maxqctl(held_cluster["n1"], "drain", victim))
+        assert drained.returncode == 0, (drained.stdout, drained.stderr)
+        assert "holds no replica" in drained.stdout
+        consumer.pump_while(lambda: True, 2)
+    finally:
+        publisher.stop_flag.set()
+        publisher.join(30)
+    consumer.check(publisher.confirmed_numbers())
+    consumer.conn.close()
+    assert not idle.is_open or not _alive(idle)
+    held = held_by(held_cluster[victim])
+    assert list(held) == ["meta"], held
+    status = held_cluster["n1"].admin("/api/cluster/status")
+    assert not [g["group"] for g in status["groups"] if g["leader"] == victim]
+    loads = held_cluster["n1"].admin("/api/cluster/placement")["replicas"]
+    assert loads[victim] == 0 and sorted(v for n, v in loads.items() if n != victim) == [3, 4, 4, 4], loads
+    removed = run_maxqctl(held_cluster["n1"], "remove-node", victim)
+    assert removed.returncode == 0, (removed.stdout, removed.stderr)
+
+
+def _alive(connection: pika.BlockingConnection) -> bool:
+    try:
+        connection.process_data_events(0.5)
+        return connection.is_open
+    except pika.exceptions.AMQPError:
+        return False
+
+
+def test_a_new_member_holds_nothing_until_a_rebalance_moves_its_share_onto_it(held_cluster: Cluster, tmp_path) -> None:
+    name, _group = queue_elsewhere(held_cluster, "n1")
+    with held_cluster["n1"].connect() as conn:
+        conn.channel().queue_declare(name, durable=True)
+    peers = {n: m.raft_port for n, m in held_cluster.members.items()}
+    new = Member(
+        "n6",
+        tmp_path,
+        free_port(),
+        peers,
+        ["--shards", str(SHARDS), "--join", "on", "--replication-factor", str(FACTOR)],
+    )
+    consumer = Consumer(held_cluster["n1"], name)
+    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
+    publisher.start()
+    try:
+        new.launch()
+        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+        added = in_background(
+            consumer,
+            lambda: run_maxqctl(held_cluster["n2"], "add-node", "n6", "--raft-addr", f"127.0.0.1:{new.raft_port}"),
+        )
+        assert added.returncode == 0 and "holds no shard group until" in added.stdout, (added.stdout, added.stderr)
+        new.wait_ready(90)
+        assert list(held_by(new)) == ["meta"]
+        before = held_cluster["n1"].admin("/api/cluster/placement")
+        dry = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
+        # (15 replicas over 6 members: 3, 3, 3, 2, 2, 2)
+        assert dry.returncode == 0 and "-> n6" in dry.stdout and "n6 2" in dry.stdout, dry.stdout
+        assert held_cluster["n1"].admin("/api/cluster/placement") == before  # (a dry run changes nothing)
+        done = in_background(consumer, lambda: run_maxqctl(held_cluster["n1"], "rebalance"))
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        loads = held_cluster["n1"].admin("/api/cluster/placement")["replicas"]
+        assert loads["n6"] == 2 and max(loads.values()) - min(loads.values()) <= 1, loads
+        assert len(held_by(new)) == 1 + 2
+        consumer.pump_while(lambda: True, 2)
+    finally:
+        publisher.stop_flag.set()
+        publisher.join(30)
+        try:
+            consumer.check(publisher.confirmed_numbers(), held_cluster, name)
+            consumer.conn.close()
+        finally:
+            new.stop()

@@ -140,3 +140,17 @@ def test_the_deliveries_remembered_per_consumer_are_bounded(monkeypatch) -> None
     assert len(r.seen["c"]) == 3
     assert r.fresh("c", records[0]) is not None  # forgotten (the oldest went first)
     assert r.fresh("c", records[4]) is None
+
+
+def test_who_leads_is_read_again_after_each_flush() -> None:
+    """A follower that becomes the group's leader sends from its next batch on (the cluster log
+    flushes after every batch it applies: a leadership read once and kept stalled a consumer)."""
+    s, sent = sender(leads=False)
+    effects = [deliver("n4@1/1/t", 1)]
+    assert s.take_deliveries("shard-0", effects) == effects
+    s.node.groups["shard-0"].is_leader = True
+    assert s.take_deliveries("shard-0", effects) == effects  # (within one batch: as read at its start)
+    s.flush()
+    assert s.take_deliveries("shard-0", effects) == []
+    s.flush()
+    assert [m for m, _ in sent] == ["n4"]

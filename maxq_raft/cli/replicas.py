@@ -1,0 +1,154 @@
+"""`maxqctl placement`, `move-group GROUP --to NODES`, `rebalance` and `drain-replicas NODE`:
+where the shard groups' replicas are, and moving them (issue #19), one replica at a time.
+
+Each command reads the placement (GET /api/cluster/placement), works out its moves
+(machines/replica_moves.py: `plan_moves` for rebalance and drain-replicas, which keep each
+group's replica count, none on a leaving member, and spread the replicas within one per
+member; for move-group, the members to gain and to lose the group, paired), prints the plan,
+and without --dry-run makes the moves in turn (POST /api/cluster/move-group, answered when the
+move is done), a line per move on stderr. A move that fails stops the run (exit 5): what was
+done stays done, and the same command again plans what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..machines.replica_moves import Move, applied, plan_moves
+from .admin_client import CtlError, fetch
+
+READ_TIMEOUT_S = 10.0
+MOVE_TIMEOUT_S = 660.0  # one move: the node waits up to 600 s for it (a new replica may catch up a big log)
+COMMANDS = ("placement", "move-group", "rebalance", "drain-replicas")
+
+
+def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
+    sub.add_parser("placement", help="the shard groups, the members holding each, the replicas per member")
+    move = sub.add_parser("move-group", help="give a shard group these members, one replica move at a time")
+    move.add_argument("group", metavar="GROUP")
+    move.add_argument("--to", required=True, help="the members to hold it, comma-separated (as many as now)")
+    rebalance = sub.add_parser(
+        "rebalance", help="spread the groups' replicas evenly over the members (a member just added gets its share)"
+    )
+    drain = sub.add_parser("drain-replicas", help="move every replica off a member (to the others, evenly)")
+    drain.add_argument("name", type=node_name, metavar="NODE")
+    for command in (move, rebalance, drain):
+        command.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+
+
+def _placement(node: str) -> tuple[dict[str, list[str]], list[str]]:
+    answer = fetch(node, "/api/cluster/placement", READ_TIMEOUT_S)
+    placement = {g["group"]: list(g["members"]) for g in answer["groups"]}
+    return placement, sorted(answer["replicas"])
+
+
+def _to_moves(group: str, now: list[str], wanted: list[str]) -> list[Move]:
+    adds = [m for m in wanted if m not in now]
+    removes = [m for m in now if m not in wanted]
+    moves = [Move(group, a, r) for a, r in zip(adds, removes, strict=False)]
+    moves += [Move(group, a, None) for a in adds[len(removes) :]]
+    moves += [Move(group, None, r) for r in removes[len(adds) :]]
+    return moves
+
+
+def describe(move: Move) -> str:
+    if move.add and move.remove:
+        return f"{move.group}: {move.remove} -> {move.add}"
+    return f"{move.group}: + {move.add}" if move.add else f"{move.group}: - {move.remove}"
+
+
+def _table(placement: dict[str, list[str]], members: list[str]) -> str:
+    counts = Counter(m for replicas in placement.values() for m in replicas)
+    lines = [
+        f"{group}: {', '.join(replicas) or '(no member linked holds it)'}" for group, replicas in placement.items()
+    ]
+    lines.append("replicas per member: " + ", ".join(f"{m} {counts.get(m, 0)}" for m in members))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
+    """What to print; None when `args` is another command."""
+    if args.command not in COMMANDS:
+        return None
+    placement, members = _placement(args.node)
+    if args.command == "placement":
+        return (
+            json.dumps({"groups": placement}, indent=1) if getattr(args, "json", False) else _table(placement, members)
+        )
+    if args.command == "move-group":
+        if args.group not in placement:
+            raise CtlError(f"no shard group {args.group!r} (groups: {', '.join(placement)})", 4)
+        wanted = [m.strip() for m in args.to.split(",") if m.strip()]
+        unknown = sorted(set(wanted) - set(members))
+        if unknown:
+            raise CtlError(f"not members of the cluster: {', '.join(unknown)} (members: {', '.join(members)})", 4)
+        if not wanted or len(set(wanted)) != len(wanted):
+            raise CtlError("--to needs distinct member names", 2)
+        moves = _to_moves(args.group, placement[args.group], wanted)
+    elif args.command == "drain-replicas":
+        if args.name not in members:
+            raise CtlError(f"{args.name} is not a member (members: {', '.join(members)})", 4)
+        planned = leaving_moves(args.node, args.name)
+        if planned is None:
+            raise CtlError("every member holds every group (no --replication-factor): no replica can move", 4)
+        moves = planned
+    else:
+        factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
+        moves = plan_moves(placement, members, factor)
+    if args.dry_run:
+        plan = [describe(move) for move in moves] or ["nothing to move"]
+        after = applied(placement, moves)
+        return "plan (dry run, nothing changed):\n  " + "\n  ".join(plan) + "\nafter:\n" + _table(after, members)
+    return execute(args.node, moves, timeout_s)
+
+
+def leaving_moves(node: str, member: str) -> list[Move] | None:
+    """The moves that take every replica off `member` (the others keep each group's count), or
+    None when every member holds every group, or there is no placement (a single node): nothing
+    can move, and `maxqctl drain` only moves leaderships and clients."""
+    try:
+        placement, members = _placement(node)
+    except CtlError:
+        return None
+    if all(len(replicas) >= len(members) for replicas in placement.values()):
+        return None
+    factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
+    if factor > len(members) - 1:
+        raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
+    return plan_moves(placement, members, factor, [member])
+
+
+def rebalance(node: str, timeout_s: float | None) -> str:
+    """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
+    placement, members = _placement(node)
+    factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
+    return execute(node, plan_moves(placement, members, factor), timeout_s)
+
+
+def holds_any(node: str, member: str) -> bool:
+    """Whether `member` holds a replica of any shard group."""
+    placement, _members = _placement(node)
+    return any(member in replicas for replicas in placement.values())
+
+
+def execute(node: str, moves: list[Move], timeout_s: float | None) -> str:
+    """Make `moves` in turn, a line per move on stderr; the placement after them."""
+    plan = [describe(move) for move in moves] or ["nothing to move"]
+    print("plan:\n  " + "\n  ".join(plan), file=sys.stderr, flush=True)
+    for number, move in enumerate(moves, 1):
+        started = time.monotonic()
+        print(f"[{number}/{len(moves)}] {describe(move)} ...", file=sys.stderr, flush=True)
+        body = {"group": move.group, "add": move.add, "remove": move.remove}
+        try:
+            fetch(node, "/api/cluster/move-group", timeout_s or MOVE_TIMEOUT_S, "POST", body)
+        except CtlError as exc:
+            raise CtlError(f"move {number} of {len(moves)} ({describe(move)}) failed: {exc}", 5) from None
+        print(f"[{number}/{len(moves)}] done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+    placement, members = _placement(node)
+    return f"{len(moves)} moves done\n" + _table(placement, members)

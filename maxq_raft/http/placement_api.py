@@ -1,0 +1,77 @@
+"""GET /api/cluster/placement and POST /api/cluster/move-group: where the shard groups' replicas
+are, and moving one (issue #19; docs/operations.md, "Groups on a few members").
+
+The placement is the asked member's view (server/cluster.py, `placement`): the groups it holds
+with their members as its replicas have them, the others as its linked peers announce them, and
+the replicas per member. A move adds one member to a group and/or removes one
+(replication/group_moves.py: the new one catches up as a learner first), asked of any member:
+one that does not hold the group asks one that does. The answer comes once the move is done
+(or why not: 409), with the group's members after it. `maxqctl move-group`, `rebalance` and
+`drain --replicas` are plans of such moves (cli/replicas.py). Refused before anything changes:
+on a single node or the metadata group (409), an unknown group or node (404), a node that
+already holds the group or one that does not (409), neither `add` nor `remove` (400).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import NODE_ID
+from ..machines.replica_moves import loads
+from .requests import HttpError, Request
+
+
+def _cluster(broker: Any) -> Any:
+    if broker.log.replication_node is None:
+        raise HttpError("409 Conflict", "a single node holds every group: there is no placement to change")
+    return broker.log
+
+
+def view_placement(broker: Any) -> dict:
+    cluster = _cluster(broker)
+    placement = cluster.placement()
+    members = sorted(cluster.members())
+    return {
+        "node": broker.node_id,
+        "groups": [{"group": group, "members": replicas} for group, replicas in placement.items()],
+        "replicas": loads(placement, members),
+    }
+
+
+def _optional_node(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not NODE_ID.match(value):
+        raise HttpError("400 Bad Request", f"{what} must be a node name or null, got {value!r}")
+    return value
+
+
+async def move_group(broker: Any, request: Request) -> dict:
+    cluster = _cluster(broker)
+    body = request.json()
+    group = body.get("group")
+    add = _optional_node(body.get("add"), "add")
+    remove = _optional_node(body.get("remove"), "remove")
+    if not isinstance(group, str):
+        raise HttpError("400 Bad Request", f"group must be a shard group's name, got {group!r}")
+    if add is None and remove is None:
+        raise HttpError("400 Bad Request", "give add, remove or both: the member to gain and the one to lose a replica")
+    if group not in cluster.shards:
+        if group == cluster.meta_group:
+            raise HttpError("409 Conflict", "the metadata group is held by every member: it does not move")
+        raise HttpError("404 Not Found", f"no group {group!r} (shard groups: {', '.join(cluster.shards)})")
+    members = cluster.members()
+    for name in (add, remove):
+        if name is not None and name not in members:
+            raise HttpError("404 Not Found", f"node {name} is not a member of the cluster")
+    replicas = cluster.placement()[group]
+    if add is not None and add in replicas:
+        raise HttpError("409 Conflict", f"{add} holds {group} already (its members: {', '.join(replicas)})")
+    if remove is not None and remove not in replicas:
+        raise HttpError("409 Conflict", f"{remove} does not hold {group} (its members: {', '.join(replicas)})")
+    if add is None and len(replicas) <= 1:
+        raise HttpError("409 Conflict", f"{remove} holds the only replica of {group}: add another first")
+    error = await cluster.move_group(group, add, remove)
+    if error is not None:
+        raise HttpError("409 Conflict", f"the move of {group} did not complete: {error}", reason="move failed")
+    return {"group": group, "added": add, "removed": remove, "members": cluster.placement()[group]}
