@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--overlap",
-        help="comma-separated, of membership, disk-full, maintenance: these run during the other "
+        help="comma-separated, of membership, disk-full, maintenance, move: these run during the other "
         "faults instead of in cycles of their own; 'none' turns it off (default: the profile's)",
     )
     p.add_argument("--time", type=float, dest="time_s", help="seconds of workload per run (default: the profile's)")

@@ -47,6 +47,10 @@ What runs (NEMESES):
                     nacked_delivered_store_failed)
   clock-skew        move one node's wall clock (libfaketime skew file, monotonic untouched) by
                     30 s to 10 min, forward or back; heal sets it back to +0
+  move              (a cluster started with --replication-factor: groups on a few members) move
+                    a shard group's replica (the queue's group half the time) to a member without
+                    one, move every replica off a member, or rebalance (maxqctl move-group,
+                    drain-replicas, rebalance); heal: rebalance. Overlaps the other faults
 The leader comes from the cluster status (`Lab.leader_of`, highest term wins); when no member
 names one, the nemesis falls back to a random node and says so (`leader: null`).
 A partition's `minority` is `faults.minority_of(cuts)` (nodes whose connected component is below
@@ -571,6 +575,9 @@ class MembershipNemesis(Nemesis):
         target = rng.choice(candidates)
         askers = [n for n in live if n is not target]
         rng.shuffle(askers)
+        # Groups on a few members: a member leaves once it holds no replica (remove-node refuses
+        # it before); its replicas go to the others first.
+        moved = MoveNemesis._ask(lab, "drain-replicas", target.name) if partial_placement(lab) else None
         result = membership_change(lab, "remove-node", [target.name], askers)
         # Not confirmed removed: a removal that committed anyway still stops the member (then it is out).
         stopped_itself = self._wait_stopped(target, SELF_STOP_TIMEOUT_S if result["done"] else UNSURE_STOP_WAIT_S)
@@ -588,6 +595,7 @@ class MembershipNemesis(Nemesis):
             "stopped_itself": stopped_itself,
             "attempts": result["attempts"],
             "leaders": leaders,
+            **({"replicas_moved": moved} if moved is not None else {}),
         }
 
     @staticmethod
@@ -615,7 +623,14 @@ class MembershipNemesis(Nemesis):
         node.wait_ready(RESTART_TIMEOUT_S, give_up_on=REJOIN_STUCK_MARKERS)
         node.join = False
         self.out = None
-        return {"rejoined": [node.name], "attempts": result["attempts"], "seconds": round(time.monotonic() - began, 2)}
+        # Groups on a few members: the member came back holding none; its share moves back.
+        spread = MoveNemesis._ask(lab, "rebalance") if partial_placement(lab) else None
+        return {
+            "rejoined": [node.name],
+            "attempts": result["attempts"],
+            "seconds": round(time.monotonic() - began, 2),
+            **({"rebalanced": spread} if spread is not None else {}),
+        }
 
 
 DRAIN_WAIT_S = 15.0  # maxqctl drain's wait for the hand-over (the drain itself is recorded at once)
@@ -681,6 +696,98 @@ class DrainNemesis(Nemesis):
         return {"revived": [node.name], "attempts": result["attempts"]}
 
 
+MOVE_WAIT_S = 20.0  # one maxqctl move-group / drain-replicas / rebalance (its moves are small here)
+MOVE_TRIES_MAX = 3
+
+
+def partial_placement(lab: Lab) -> bool:
+    """Whether the lab's groups are on a few members: its members run with a --replication-factor
+    below their number."""
+    args = lab.nodes[0].extra_args
+    for i, arg in enumerate(args):
+        if arg == "--replication-factor" or arg.startswith("--replication-factor="):
+            value = arg.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")
+            return value.isdigit() and 0 < int(value) < len(lab.nodes)
+    return False
+
+
+class MoveNemesis(Nemesis):
+    """Move shard-group replicas during the other faults (a cluster started with
+    `--replication-factor`, groups on a few members: issue #19). Start: one of, seeded,
+    `maxqctl move-group` of the queue's group (half the time) or a random one, one holder swapped
+    for a member that holds none of it; `maxqctl drain-replicas` of a random live member (every
+    replica it holds goes to the others); or `maxqctl rebalance`. Heal: `maxqctl rebalance`, so the
+    replicas are spread again for the next cycle. Each call is asked of live members in turn (at
+    most MOVE_TRIES_MAX, MOVE_WAIT_S each); a move that a fault stops half way (exit 5, or no
+    answer) is recorded as it came: what was done stays done, and the next rebalance finishes it.
+    No minority is claimed: a move changes who stores a group, never who may confirm."""
+
+    name = "move"
+    needs_cluster = True
+
+    @staticmethod
+    def _ask(lab: Lab, *args: str, sleep=time.sleep) -> dict:
+        attempts: list = []
+        for i in range(MOVE_TRIES_MAX):
+            live = [n for n in lab.nodes if n.alive() and not n.paused]
+            if not live:
+                break
+            asker = live[i % len(live)]
+            code, out, err = run_maxqctl(asker, "--timeout", f"{MOVE_WAIT_S:g}", *args, timeout_s=MOVE_WAIT_S + 10.0)
+            attempts.append([asker.name, code, change_reason(out, err) if code != 0 else "ok"])
+            if code == 0:
+                return {"done": True, "attempts": attempts, "output": out.strip().splitlines()[-8:]}
+            if code == 2:
+                break  # a bad command line: asking again cannot help
+            sleep(CHANGE_RETRY_S)
+        return {"done": False, "attempts": attempts}
+
+    @staticmethod
+    def _placement(lab: Lab) -> dict[str, list[str]]:
+        for node in [n for n in lab.nodes if n.alive() and not n.paused]:
+            code, out, _err = run_maxqctl(node, "--json", "placement", timeout_s=20.0)
+            if code == 0:
+                try:
+                    return {g: list(m) for g, m in json.loads(out)["groups"].items()}
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return {}
+
+    def start(self, lab: Lab, rng: random.Random) -> dict:
+        if not partial_placement(lab):
+            return {"skipped": "every member holds every group (a run without --replication-factor)"}
+        live = [n for n in lab.nodes if n.alive() and not n.paused]
+        if len(live) < 2:
+            return {"skipped": "fewer than two live members"}
+        placement = self._placement(lab)
+        if not placement:
+            return {"skipped": "no member answered with the placement"}
+        names = sorted(n.name for n in lab.nodes)
+        kind = rng.choice(("move-group", "move-group", "drain-replicas", "rebalance"))
+        if kind == "move-group":
+            queue_group = shard_of((VHOST, self.queue), lab.shards())
+            group = queue_group if rng.random() < 0.5 else rng.choice(sorted(placement))
+            holders = placement.get(group, [])
+            others = [m for m in names if m not in holders]
+            if not holders or not others:
+                return {"skipped": f"{group} is on {holders}: nowhere to move it", "placement": placement}
+            wanted = list(holders)
+            wanted[rng.randrange(len(wanted))] = rng.choice(others)
+            result = self._ask(lab, "move-group", group, "--to", ",".join(wanted))
+            return {"kind": kind, "group": group, "from": holders, "to": wanted, **result}
+        if kind == "drain-replicas":
+            target = rng.choice(live)
+            result = self._ask(lab, "drain-replicas", target.name)
+            return {"kind": kind, "targets": [target.name], "placement": placement, **result}
+        return {"kind": kind, "placement": placement, **self._ask(lab, "rebalance")}
+
+    def heal(self, lab: Lab) -> dict:
+        if not partial_placement(lab):
+            return {"rebalanced": None}
+        result = self._ask(lab, "rebalance")
+        return {"rebalanced": result["done"], "attempts": result["attempts"]}
+
+
 NEMESES = {
     cls.name: cls
     for cls in (
@@ -702,6 +809,7 @@ NEMESES = {
         ClockSkewNemesis,
         MembershipNemesis,
         DrainNemesis,
+        MoveNemesis,
     )
 }
 
@@ -818,9 +926,9 @@ class Cycle:
 
 OVERLAP_CHANCE = 0.5
 # A rider's start runs in a thread beside the fault and it is healed after it (runner.py): membership
-# (maxqctl calls and a stop), disk-full (a ballast file written, then deleted) and maintenance
-# (maxqctl drain, then revive) all can.
-OVERLAPPABLE = ("membership", "disk-full", "maintenance")
+# (maxqctl calls and a stop), disk-full (a ballast file written, then deleted), maintenance
+# (maxqctl drain, then revive) and move (maxqctl move-group / drain-replicas / rebalance) all can.
+OVERLAPPABLE = ("membership", "disk-full", "maintenance", "move")
 # A membership change needs a quorum: during kill-majority it could only time out (90 s), and a
 # removal left pending might commit after the heal and stop a member nobody holds down.
 NO_OVERLAP_WITH = ("kill-majority",)

@@ -147,7 +147,13 @@ CLUSTER_NEMESES_ALL = (
     "clock-skew",
     "membership",
     "maintenance",
+    "move",
 )
+# Groups on 3 of the members (issue #19): each shard group's replicas on 3 members, 5 groups, so
+# that most members serve queues whose group they do not hold and the `move` nemesis has
+# replicas to move.
+HELD_SERVER_ARGS = (*CLUSTER_SERVER_ARGS, "--replication-factor", "3")
+HELD_SHARDS = 5
 
 
 def ci_cluster_run() -> RunSpec:
@@ -195,10 +201,14 @@ def _cluster() -> Profile:
 
 
 LONG_NOTICE = (
-    "long: 5-node cluster runs (every nemesis; membership changes and drains overlap the other faults; the 11th "
-    "is the TTL + dead-letter workload, the 12th a partitioned queue) first, then single-node runs; --runs N takes the first N, "
+    "long: 5-node cluster runs (every nemesis; membership changes, drains and replica moves overlap the other "
+    "faults; every second run, and the 12th, with each group on 3 of the 5 members; the 11th is the TTL + "
+    "dead-letter workload, the 12th a partitioned queue) first, then single-node runs; --runs N takes the first N, "
     "--time S shortens each"
 )
+
+
+LONG_OVERLAP = ("membership", "maintenance", "move")
 
 
 def _long() -> Profile:
@@ -210,6 +220,7 @@ def _long() -> Profile:
     )
     for i in range(10):
         kind = "fifo" if i % 3 == 2 else "queue"
+        held = i % 2 == 1  # every second run: groups on 3 of the 5 members
         runs.append(
             RunSpec(
                 seed=2001 + i,
@@ -224,8 +235,9 @@ def _long() -> Profile:
                 lab="netns",
                 recovery_timeout_s=90.0,
                 drain_timeout_s=120.0,
-                overlap=("membership", "maintenance"),
-                server_args=CLUSTER_SERVER_ARGS,
+                overlap=LONG_OVERLAP,
+                server_args=HELD_SERVER_ARGS if held else CLUSTER_SERVER_ARGS,
+                shards=HELD_SHARDS if held else 2,
             )
         )
     # The TTL + dead-letter variant: the eleventh cluster run, so that the ten above keep their
@@ -245,15 +257,21 @@ def _long() -> Profile:
             lab="netns",
             recovery_timeout_s=90.0,
             drain_timeout_s=120.0,
-            overlap=("membership", "maintenance"),
+            overlap=LONG_OVERLAP,
             server_args=CLUSTER_SERVER_ARGS,
         )
     )
     # A partitioned work queue (x-partitions, single active consumers): the twelfth, with every
-    # nemesis; the checker holds each publisher's keys to publish order across consumers.
+    # nemesis, its groups on 3 of the 5 members (partitions then move with their groups); the
+    # checker holds each publisher's keys to publish order across consumers.
     runs.append(
         replace(
-            runs[-1], seed=2012, workload_kind="partitioned", workload=workload_for("partitioned", cluster_workload)
+            runs[-1],
+            seed=2012,
+            workload_kind="partitioned",
+            workload=workload_for("partitioned", cluster_workload),
+            server_args=HELD_SERVER_ARGS,
+            shards=HELD_SHARDS,
         )
     )
     for i in range(10):

@@ -222,7 +222,10 @@ def test_the_long_profile_starts_with_five_node_runs_over_the_whole_menu():
         # every nemesis that this machine can run (a missing tool is refused loudly, not silently)
         refused = nem.unsupported(list(full), 5, "netns")
         assert set(spec.nemeses) == full - set(refused)
-        assert spec.overlap == ("membership", "maintenance")
+        assert spec.overlap == ("membership", "maintenance", "move")
+    # every second run, and the partitioned twelfth, with groups on 3 of the 5 members
+    held = [s.seed for s in cli.build_specs(cli.parse_args(["--profile", "long", "--runs", "12"])) if s.shards == 5]
+    assert held == [2002, 2004, 2006, 2008, 2010, 2012]
     ci = cli.build_specs(cli.parse_args(["--profile", "ci"]))
     assert [s.nemeses for s in ci][-1] == ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
 
@@ -267,3 +270,19 @@ def test_a_campaign_stopped_part_way_goes_on_with_from_run(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["--profile", "ci", "--from-run", "4"])  # the ci profile has 3 runs
     assert "--from-run must be 1..3" in capsys.readouterr().err
+
+
+def test_the_move_nemesis_acts_only_where_groups_are_on_a_few_members():
+    from types import SimpleNamespace
+
+    def lab(*args: str, nodes: int = 5):
+        return SimpleNamespace(nodes=[SimpleNamespace(extra_args=list(args))] * nodes)
+
+    assert nem.partial_placement(lab("--snapshot-every-mb", "0.1", "--replication-factor", "3"))
+    assert nem.partial_placement(lab("--replication-factor=3"))
+    assert not nem.partial_placement(lab("--replication-factor", "5"))  # (every member: the old layout)
+    assert not nem.partial_placement(lab("--replication-factor", "0"))
+    assert not nem.partial_placement(lab("--snapshot-every-mb", "0.1"))
+    skipped = nem.MoveNemesis().start(lab("--snapshot-every-mb", "0.1"), None)
+    assert "every member holds every group" in skipped["skipped"]
+    assert nem.unsupported(["move"], 1, "local") == {"move": "needs a cluster (--nodes 3 or more), not 1 node(s)"}
