@@ -195,11 +195,13 @@ class KillMajorityNemesis(KillNemesis):
     def start(self, lab: Lab, rng: random.Random) -> dict:
         names = [n.name for n in lab.nodes]
         targets = [lab.node(n) for n in sorted(rng.sample(names, faults.quorum(len(names))))]
+        placement = held_placement(lab)  # (before the kill: the survivors may not all answer after)
         for node in targets:
             node.kill()
             self.killed.append(node)
         survivors = sorted(n for n in names if n not in {t.name for t in targets})
-        return {"targets": [n.name for n in targets], "minority": survivors}
+        minority = held_minority(placement, survivors, {n: survivors for n in survivors})
+        return {"targets": [n.name for n in targets], "minority": minority, **_unclaimed(survivors, minority)}
 
     def heal(self, lab: Lab) -> dict:
         down = [n for n in self.killed if not n.alive()]
@@ -253,10 +255,19 @@ class PartitionNemesis(Nemesis):
     def start(self, lab: Lab, rng: random.Random) -> dict:
         cuts, minority, extra = self.plan(lab, rng)
         # A claim is only ever as strong as the cuts: never more than minority_of says.
-        assert set(minority) <= set(faults.minority_of([n.name for n in lab.nodes], cuts)), (minority, cuts)
+        names = [n.name for n in lab.nodes]
+        assert set(minority) <= set(faults.minority_of(names, cuts)), (minority, cuts)
+        placement = held_placement(lab)
+        sides = {n: component for component in faults.components(names, cuts) for n in component}
+        claimed = held_minority(placement, minority, sides)
         lab.partition(cuts)
         self.active = True
-        return {"cuts": [f"{a}->{b}" for a, b in cuts], "minority": sorted(minority), **extra}
+        return {
+            "cuts": [f"{a}->{b}" for a, b in cuts],
+            "minority": sorted(claimed),
+            **_unclaimed(minority, claimed),
+            **extra,
+        }
 
     def heal(self, lab: Lab) -> dict:
         was = self.active
@@ -693,17 +704,53 @@ class DrainNemesis(Nemesis):
         if not result["done"]:
             raise LabError(f"revive {node.name} not done: {result['attempts']}")
         self.drained = None
-        return {"revived": [node.name], "attempts": result["attempts"]}
+        # Groups on a few members: the drain moved its replicas away; they are spread again.
+        spread = MoveNemesis._ask(lab, "rebalance") if partial_placement(lab) else None
+        return {
+            "revived": [node.name],
+            "attempts": result["attempts"],
+            **({"rebalanced": spread} if spread is not None else {}),
+        }
 
 
 MOVE_WAIT_S = 20.0  # one maxqctl move-group / drain-replicas / rebalance (its moves are small here)
 MOVE_TRIES_MAX = 3
 
 
+def held_placement(lab: Lab) -> dict[str, list[str]] | None:
+    """Each group's members when the lab's groups are on a few members (read now, before a
+    fault: `MoveNemesis._placement`); None when every member holds every group."""
+    return MoveNemesis._placement(lab) if partial_placement(lab) else None
+
+
+def held_minority(placement: dict[str, list[str]] | None, minority: list[str], side_of: dict) -> list[str]:
+    """What may be claimed of `minority` (cut off from a majority of the cluster): all of it when
+    every member holds every group; with groups on a few members, only the nodes whose side
+    (`side_of[node]`, the nodes it still reaches) holds a majority of no group's members: a
+    cluster minority may hold a majority of a group and commit in it (seed 2002: n1 and n4, two
+    of five, were two of the three members of the queue's group). An unknown placement ({})
+    claims nothing: never more than is known. A move during the fault cannot add a member on the
+    cut-off side (its new member catches up from the group's leader first)."""
+    if placement is None:
+        return list(minority)
+    if not placement:
+        return []
+    return [
+        node
+        for node in minority
+        if all(len(set(side_of[node]) & set(members)) * 2 <= len(members) for members in placement.values())
+    ]
+
+
+def _unclaimed(minority: list[str], claimed: list[str]) -> dict:
+    left = sorted(set(minority) - set(claimed))
+    return {"not_claimed": left} if left else {}
+
+
 def partial_placement(lab: Lab) -> bool:
     """Whether the lab's groups are on a few members: its members run with a --replication-factor
     below their number."""
-    args = lab.nodes[0].extra_args
+    args = getattr(lab.nodes[0], "extra_args", ())
     for i, arg in enumerate(args):
         if arg == "--replication-factor" or arg.startswith("--replication-factor="):
             value = arg.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")

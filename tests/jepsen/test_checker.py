@@ -674,6 +674,7 @@ def test_nemesis_names():
         "clock-skew",
         "membership",
         "maintenance",
+        "move",
     ]
     assert parse_nemeses("kill,disk-stall") == ["kill", "disk-stall"]  # the whole menu is built
     with pytest.raises(NemesisError, match="unknown nemesis"):

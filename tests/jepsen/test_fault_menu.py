@@ -286,3 +286,21 @@ def test_the_move_nemesis_acts_only_where_groups_are_on_a_few_members():
     skipped = nem.MoveNemesis().start(lab("--snapshot-every-mb", "0.1"), None)
     assert "every member holds every group" in skipped["skipped"]
     assert nem.unsupported(["move"], 1, "local") == {"move": "needs a cluster (--nodes 3 or more), not 1 node(s)"}
+
+
+def test_a_minority_is_claimed_per_group_where_groups_are_on_a_few_members():
+    """Seed 2002's false alarm: n1 and n4, two of five, were two of the three members of the
+    queue's group, and confirmed during partition-halves; with groups on a few members a node is
+    claimed only when its side holds a majority of no group."""
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    cuts = [(a, b) for a in ("n1", "n4") for b in ("n2", "n3", "n5")]
+    cuts += [(b, a) for a, b in cuts]
+    sides = {n: c for c in faults.components(names, cuts) for n in c}
+    cluster_minority = faults.minority_of(names, cuts)
+    assert cluster_minority == ["n1", "n4"]
+    assert nem.held_minority(None, cluster_minority, sides) == ["n1", "n4"]  # every group on every member
+    placement = {"shard-0": ["n1", "n4", "n5"], "shard-1": ["n2", "n3", "n5"]}
+    assert nem.held_minority(placement, cluster_minority, sides) == []  # they hold 2 of shard-0's 3
+    placement = {"shard-0": ["n1", "n2", "n5"], "shard-1": ["n2", "n3", "n4"]}
+    assert nem.held_minority(placement, cluster_minority, sides) == ["n1", "n4"]
+    assert nem.held_minority({}, cluster_minority, sides) == []  # the placement unknown: no claim
