@@ -713,8 +713,8 @@ class DrainNemesis(Nemesis):
         }
 
 
-MOVE_WAIT_S = 20.0  # one maxqctl move-group / drain-replicas / rebalance (its moves are small here)
-MOVE_TRIES_MAX = 3
+MOVE_WAIT_S = 40.0  # one maxqctl move-group / drain-replicas / rebalance (its moves are small here)
+MOVE_TRIES_MAX = 2
 
 
 def held_placement(lab: Lab) -> dict[str, list[str]] | None:
@@ -765,8 +765,9 @@ class MoveNemesis(Nemesis):
     for a member that holds none of it; `maxqctl drain-replicas` of a random live member (every
     replica it holds goes to the others); or `maxqctl rebalance`. Heal: `maxqctl rebalance`, so the
     replicas are spread again for the next cycle. Each call is asked of live members in turn (at
-    most MOVE_TRIES_MAX, MOVE_WAIT_S each); a move that a fault stops half way (exit 5, or no
-    answer) is recorded as it came: what was done stays done, and the next rebalance finishes it.
+    most MOVE_TRIES_MAX, MOVE_WAIT_S each, again only after a refusal); a move that a fault stops
+    half way (exit 5, or no answer: it may still run, and a plan made now would interleave with
+    it) is recorded as it came: what was done stays done, and the next rebalance finishes it.
     No minority is claimed: a move changes who stores a group, never who may confirm."""
 
     name = "move"
@@ -784,8 +785,10 @@ class MoveNemesis(Nemesis):
             attempts.append([asker.name, code, change_reason(out, err) if code != 0 else "ok"])
             if code == 0:
                 return {"done": True, "attempts": attempts, "output": out.strip().splitlines()[-8:]}
-            if code == 2:
-                break  # a bad command line: asking again cannot help
+            if code in (2, 5, None):
+                # A bad command line; or a move that failed or was not answered in time, which may
+                # still be running: asked again it would be planned from a placement in flux.
+                break
             sleep(CHANGE_RETRY_S)
         return {"done": False, "attempts": attempts}
 

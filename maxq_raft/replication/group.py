@@ -786,6 +786,7 @@ class Group:
             "failed": self.failed,
             "removed": self.removed,
             "learning": self.learning,
+            "learners": sorted(self.transport.learners),  # (another node's move catching them up)
             "membership_change_pending": self.membership_change_pending(),
             "seams": dict(self.transport.stats),
             "log": dict(rl.stats),

@@ -44,6 +44,9 @@ MOVE_POLL_S = 0.1  # how often a move asks the new member how far it has applied
 ASK_AGAIN_S = 2.0  # a question of a move not answered within this is asked again
 RETRY_S = 0.1  # a phase that failed is tried again after this
 REMOVED_NOTICE_EVERY_S = 5.0  # a non-member that keeps sending to a group is told again this often
+# A learner asked for within this long: a move of its group is under way (a coordinator asks again
+# every ASK_AGAIN_S while its learner catches up, and drops it when the move ends).
+MOVE_ELSEWHERE_S = 3 * ASK_AGAIN_S
 
 
 class GroupMoves:
@@ -116,6 +119,16 @@ class GroupMoves:
         if g is None:
             call_safely(callback, f"{name} is not held here: ask a member that holds it")
             return
+        now = time.monotonic()
+        moving = sorted(n for n, at in g.transport.learner_asked_at.items() if now - at < MOVE_ELSEWHERE_S)
+        if moving or g.membership_change_pending():
+            # Another member is moving a replica of this group (a learner it asked for is catching
+            # up, or a membership change is not committed yet). Two moves of one group planned
+            # apart interleave their steps: a jepsen-style run's rebalance, asked again after a
+            # timeout while the first still ran, left its group with 2 replicas.
+            why = f"{', '.join(moving)} catching up" if moving else "a membership change not committed yet"
+            call_safely(callback, f"busy: a move of {name} is in progress ({why})")
+            return
         if add is not None and add[0] == remove:
             call_safely(callback, "the node to add is the node to remove")
             return
@@ -126,7 +139,6 @@ class GroupMoves:
         if phase == "remove" and (remove is None or remove not in members):
             call_safely(callback, None)  # nothing to do: the move is already made
             return
-        now = time.monotonic()
         self._move = {
             "group": name,
             "add": add,

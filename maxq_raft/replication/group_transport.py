@@ -136,6 +136,8 @@ class GroupTransport(Transport):
         # log to, as pysyncobj's read-only nodes, which are not counted for a commit or a vote
         # and do not vote; promoted when a membership change adds them (`addNode`).
         self.learners: set[str] = set()
+        # learner -> when a move last asked for it (monotonic s): a move under way elsewhere
+        self.learner_asked_at: dict[str, float] = {}
         self.connected: set[str] = set()  # what pysyncobj was told (members and learners)
         self.joined = not joining
         self.held: dict[str, collections.deque[_Held]] = {}
@@ -182,6 +184,7 @@ class GroupTransport(Transport):
             # indexes; it must leave the read-only set without the read-only path's clean-up,
             # which would drop those indexes (the node stays connected).
             self.learners.discard(node.id)
+            self.learner_asked_at.pop(node.id, None)
             self.so._SyncObj__readonlyNodes.discard(self.nodes[node.id])
             self.stats["learners_promoted"] += 1
         self.nodes[node.id] = node
@@ -200,6 +203,7 @@ class GroupTransport(Transport):
         if nid in self.connected:
             self._tell_disconnected(nid, self.nodes.get(nid, node))
         self.learners.discard(nid)
+        self.learner_asked_at.pop(nid, None)
         self.nodes.pop(nid, None)
         self.link.drop_peer(self.group, nid)
 
@@ -207,9 +211,12 @@ class GroupTransport(Transport):
         """Send the log to `node` without making it a member (hub thread; any role: the leader
         sends, and a member that becomes leader later sends too)."""
         nid = node.id
+        if nid in self.learners:
+            self.learner_asked_at[nid] = time.monotonic()  # (asked again by the move's coordinator)
         if nid in self.nodes or nid == self.self_node.id:
             return  # a member already (or this node)
         self.learners.add(nid)
+        self.learner_asked_at[nid] = time.monotonic()
         self.nodes[nid] = node
         self.link.add_peer(self.group, nid, getattr(node, "raft_addr", None))
         self.stats["learners_added"] += 1

@@ -76,13 +76,20 @@ class Sender:
         return node is not None and node.partial
 
     def _led_holders(self, group: str) -> frozenset[str] | None:
-        """The group's members when this node leads it (cached until the next flush), else None."""
+        """The members that apply the group when this node leads it (cached until the next
+        flush), else None: its members but those that say they hold no replica of it (their
+        announcement, ReplicationNode.peer_held). A member whose replica went while the
+        configuration still names it (seen in a jepsen-style run after two moves of one group
+        interleaved) would otherwise never hear the replies to its requests."""
         try:
             return self._holders[group]
         except KeyError:
             pass
         g = self.node.groups.get(group)
-        holders = frozenset(g.member_ids()) if g is not None and g.is_leader else None
+        holders = None
+        if g is not None and g.is_leader:
+            announced = self.node.peer_held()
+            holders = frozenset(m for m in g.member_ids() if group in announced.get(m, (group,)))
         self._holders[group] = holders
         return holders
 

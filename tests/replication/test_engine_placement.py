@@ -336,3 +336,36 @@ def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
     c.check_agreement(["n1", "n2", "n4"], ["g0"])
     tot = seam_totals(c.statuses(["n1", "n2", "n4"]))
     assert tot.get("learners_promoted", 0) >= 1, tot
+
+
+def test_a_second_move_of_a_group_is_refused_while_one_is_under_way(cluster):
+    """Two moves of one group planned apart would interleave their steps (a jepsen-style run's
+    rebalance asked again after a timeout, while the first still ran, left its group with 2
+    replicas): a member asked to move a group whose learner another member's move is catching up
+    refuses, "busy"."""
+    c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
+    placed(c, {"g0": ["n1", "n2", "n3"]})
+    c.held["n4"] = []
+    c.start_all()
+    assert leader_among(c, "g0", ["n1", "n2", "n3"])
+    c.procs["n1"].cmd("load", group="g0", window=4, size=2000, anywhere=True)
+    assert wait_until(lambda: len(c.confirmed()) > 200, 15)
+    box: list = []
+    mover = threading.Thread(
+        target=lambda: box.append(
+            c.procs["n1"].cmd("move_group", 100, group="g0", add=["n4", c.addrs["n4"]], remove="n3", wait_s=90)
+        ),
+        daemon=True,
+    )
+    mover.start()
+    assert wait_until(lambda: c.statuses(["n4"]).get("n4", {}).get("g0", {}).get("learning"), 10), "n4 never learned g0"
+    c.procs["n4"].signal(signal.SIGSTOP)  # (the first move stays under way)
+    assert wait_until(lambda: "n4" in c.statuses(["n2"])["n2"]["g0"].get("learners", []), 10)
+    r = c.procs["n2"].cmd("move_group", 10, group="g0", add=["n4", c.addrs["n4"]], remove="n1", wait_s=5)
+    assert r["error"] == "busy: a move of g0 is in progress (n4 catching up)", r
+    c.procs["n4"].signal(signal.SIGCONT)
+    mover.join(95)
+    assert box and box[0] is not None and box[0]["error"] is None, box
+    c.procs["n1"].cmd("load_stop", 5)
+    members = current_placement(c, ["g0"], ["n1", "n2", "n4"])["g0"]
+    assert members == ["n1", "n2", "n4"], members

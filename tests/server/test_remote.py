@@ -28,7 +28,11 @@ class FakeGroup:
 def sender(leads: bool = True, partial: bool = True) -> tuple[remote.Sender, list]:
     sent: list = []
     s = remote.Sender("n1", lambda member, payload: sent.append((member, msgpack.unpackb(payload, raw=False))))
-    s.node = SimpleNamespace(partial=partial, groups={"shard-0": FakeGroup(["n1", "n2", "n3"], leads)})
+    s.node = SimpleNamespace(
+        partial=partial,
+        groups={"shard-0": FakeGroup(["n1", "n2", "n3"], leads)},
+        peer_held=lambda: {"n2": frozenset({"shard-0"}), "n4": frozenset({"meta"})},
+    )
     return s, sent
 
 
@@ -154,3 +158,12 @@ def test_who_leads_is_read_again_after_each_flush() -> None:
     assert s.take_deliveries("shard-0", effects) == []
     s.flush()
     assert [m for m, _ in sent] == ["n4"]
+
+
+def test_a_member_that_says_it_holds_no_replica_is_sent_to_though_the_configuration_names_it() -> None:
+    s, _sent = sender()
+    assert s.remote_node("shard-0", "n2@ab") is None  # a member that holds it
+    assert s.remote_node("shard-0", "n3@ab") is None  # a member not linked: taken at its word, a holder
+    s.node.peer_held = lambda: {"n2": frozenset({"meta"}), "n3": frozenset({"shard-0"})}
+    s.flush()
+    assert s.remote_node("shard-0", "n2@ab") == "n2"  # its replica went: it applies nothing of it
