@@ -57,6 +57,23 @@ def _to_moves(group: str, now: list[str], wanted: list[str]) -> list[Move]:
     return moves
 
 
+def settled_factor(placement: dict[str, list[str]]) -> int:
+    """The groups' replica count (the most common one), once no group has more: a group with
+    more is in the middle of a move (added, not yet removed), and a plan made now would remove a
+    replica that move is about to remove too (a jepsen-style run's rebalance, asked while a
+    drain's move still ran, left a group with 2). CtlError (exit 5) then: run it again later,
+    or give that group its members with move-group."""
+    factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
+    busy = sorted(g for g, replicas in placement.items() if len(replicas) > factor)
+    if busy:
+        raise CtlError(
+            f"{', '.join(busy)} {'has' if len(busy) == 1 else 'have'} more than {factor} replicas: a move may be "
+            "under way; run this again once it is done (or `maxqctl move-group GROUP --to ...`)",
+            5,
+        )
+    return factor
+
+
 def describe(move: Move) -> str:
     if move.add and move.remove:
         return f"{move.group}: {move.remove} -> {move.add}"
@@ -99,8 +116,7 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
             raise CtlError("every member holds every group (no --replication-factor): no replica can move", 4)
         moves = planned
     else:
-        factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
-        moves = plan_moves(placement, members, factor)
+        moves = plan_moves(placement, members, settled_factor(placement))
     if args.dry_run:
         plan = [describe(move) for move in moves] or ["nothing to move"]
         after = applied(placement, moves)
@@ -118,7 +134,7 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
         return None
     if all(len(replicas) >= len(members) for replicas in placement.values()):
         return None
-    factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
+    factor = settled_factor(placement)
     if factor > len(members) - 1:
         raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
     return plan_moves(placement, members, factor, [member])
@@ -127,8 +143,7 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
 def rebalance(node: str, timeout_s: float | None) -> str:
     """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
     placement, members = _placement(node)
-    factor = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
-    return execute(node, plan_moves(placement, members, factor), timeout_s)
+    return execute(node, plan_moves(placement, members, settled_factor(placement)), timeout_s)
 
 
 def holds_any(node: str, member: str) -> bool:
