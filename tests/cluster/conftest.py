@@ -170,9 +170,9 @@ def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) ->
 
 
 @contextlib.contextmanager
-def running_cluster(root: Path, extra: list[str] | None = None):
-    """A started 3-node cluster, always stopped after (a member's traceback is printed)."""
-    c = Cluster(root, extra=extra)
+def running_cluster(root: Path, extra: list[str] | None = None, size: int = 3):
+    """A started cluster of `size` members, always stopped after (a member's traceback is printed)."""
+    c = Cluster(root, size, extra=extra)
     try:
         c.start()
         yield c

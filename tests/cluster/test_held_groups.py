@@ -8,13 +8,14 @@ its commands go to the group's leader, whose replies and deliveries come back to
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import subprocess
 import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
@@ -26,7 +27,7 @@ from tests.conftest import free_port
 
 from ..helpers import api
 from ..integration.test_sqs import client as sqs_client
-from .conftest import Cluster, ConfirmingPublisher, Member, drain
+from .conftest import Cluster, ConfirmingPublisher, Member, drain, running_cluster
 
 MEMBERS = 5
 SHARDS = 5
@@ -35,15 +36,8 @@ FACTOR = 3
 
 @pytest.fixture
 def held_cluster(tmp_path: Path):
-    c = Cluster(tmp_path, MEMBERS, ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)])
-    try:
-        c.start()
+    with running_cluster(tmp_path, ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)], MEMBERS) as c:
         yield c
-    finally:
-        c.stop()
-        for member in c.members.values():
-            if "Traceback" in member.log_text():
-                print(f"\n--- {member.name} log has a traceback ---\n{member.log_text()[-15000:]}")
 
 
 def held_by(member: Member) -> dict[str, list[str]]:
@@ -277,11 +271,12 @@ class Consumer:
         while busy() and time.monotonic() < deadline:
             self.conn.process_data_events(0.05)
 
-    def check(self, confirmed: set[int], cluster: Cluster | None = None, queue: str = "") -> None:
-        """Every confirmed number came; a second copy of one only flagged redelivered."""
+    def check(self, confirmed: set[int], cluster: Cluster, queue: str) -> None:
+        """Every confirmed number came; a second copy of one only flagged redelivered. (What did
+        not come is looked for in the queue, once this consumer is closed: held, or lost.)"""
         self.pump_while(lambda: not confirmed <= {n for n, _ in self.got}, 30)
         numbers = {n for n, _ in self.got}
-        if cluster is not None and not confirmed <= numbers:
+        if not confirmed <= numbers:
             self.conn.close()
             left = {int(b) for b, _ in drain(cluster["n2"], queue)}
             missing = confirmed - numbers
@@ -294,6 +289,24 @@ class Consumer:
         for number, redelivered in self.got:
             assert number not in seen or redelivered, f"{number} came again unflagged"
             seen.add(number)
+
+
+@contextlib.contextmanager
+def confirmed_load(cluster: Cluster, queue: str) -> Iterator[Consumer]:
+    """A consumer on n1 and a confirming publisher through the other members for the block;
+    after it, every confirmed message must have reached the consumer (Consumer.check)."""
+    consumer = Consumer(cluster["n1"], queue)
+    publisher = ConfirmingPublisher([m for n, m in cluster.members.items() if n != "n1"], queue, pause_s=0.002)
+    publisher.start()
+    try:
+        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+        yield consumer
+        consumer.pump_while(lambda: True, 2)
+    finally:
+        publisher.stop_flag.set()
+        publisher.join(30)
+    consumer.check(publisher.confirmed_numbers(), cluster, queue)
+    consumer.conn.close()
 
 
 def run_maxqctl(member: Member, *args: str) -> subprocess.CompletedProcess:
@@ -320,11 +333,7 @@ def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_
     before = holders(held_cluster, group)
     with held_cluster["n1"].connect() as conn:
         conn.channel().queue_declare(name, durable=True)
-    consumer = Consumer(held_cluster["n1"], name)
-    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
-    publisher.start()
-    try:
-        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+    with confirmed_load(held_cluster, name) as consumer:
         target = [before[0], before[1], "n1"]
         dry = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(target), "--dry-run")
         assert dry.returncode == 0 and f"{group}: {before[2]} -> n1" in dry.stdout, dry
@@ -340,12 +349,6 @@ def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_
         )
         assert back.returncode == 0, (back.stdout, back.stderr)
         assert group not in held_by(held_cluster["n1"]) and holders(held_cluster, group) == sorted(before)
-        consumer.pump_while(lambda: True, 2)
-    finally:
-        publisher.stop_flag.set()
-        publisher.join(30)
-    consumer.check(publisher.confirmed_numbers())
-    consumer.conn.close()
     refused = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", "n1,n2,n9")
     assert refused.returncode == 4 and "not members of the cluster: n9" in refused.stderr, refused
     status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": "meta", "add": "n1"})
@@ -359,12 +362,8 @@ def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(h
     victim = next(m for m in holders(held_cluster, group) if m != "n1")
     with held_cluster["n1"].connect() as conn:
         conn.channel().queue_declare(name, durable=True)
-    consumer = Consumer(held_cluster["n1"], name)
     idle = held_cluster[victim].connect()  # a client of the drained member: closed by the drain
-    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
-    publisher.start()
-    try:
-        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
+    with confirmed_load(held_cluster, name) as consumer:
         refused = run_maxqctl(held_cluster["n1"], "remove-node", victim)
         assert refused.returncode == 4 and "drain-replicas" in refused.stderr, refused
         dry = run_maxqctl(held_cluster["n1"], "drain", victim, "--dry-run")
@@ -373,12 +372,6 @@ def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(h
         drained = in_background(consumer, lambda: run_maxqctl(held_cluster["n1"], "drain", victim))
         assert drained.returncode == 0, (drained.stdout, drained.stderr)
         assert "holds no replica" in drained.stdout
-        consumer.pump_while(lambda: True, 2)
-    finally:
-        publisher.stop_flag.set()
-        publisher.join(30)
-    consumer.check(publisher.confirmed_numbers())
-    consumer.conn.close()
     assert not idle.is_open or not _alive(idle)
     held = held_by(held_cluster[victim])
     assert list(held) == ["meta"], held
@@ -410,35 +403,25 @@ def test_a_new_member_holds_nothing_until_a_rebalance_moves_its_share_onto_it(he
         peers,
         ["--shards", str(SHARDS), "--join", "on", "--replication-factor", str(FACTOR)],
     )
-    consumer = Consumer(held_cluster["n1"], name)
-    publisher = ConfirmingPublisher([m for n, m in held_cluster.members.items() if n != "n1"], name, pause_s=0.002)
-    publisher.start()
+    new.launch()
     try:
-        new.launch()
-        consumer.pump_while(lambda: len(consumer.got) < 100, 20)
-        added = in_background(
-            consumer,
-            lambda: run_maxqctl(held_cluster["n2"], "add-node", "n6", "--raft-addr", f"127.0.0.1:{new.raft_port}"),
-        )
-        assert added.returncode == 0 and "holds no shard group until" in added.stdout, (added.stdout, added.stderr)
-        new.wait_ready(90)
-        assert list(held_by(new)) == ["meta"]
-        before = held_cluster["n1"].admin("/api/cluster/placement")
-        dry = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
-        # (15 replicas over 6 members: 3, 3, 3, 2, 2, 2)
-        assert dry.returncode == 0 and "-> n6" in dry.stdout and "n6 2" in dry.stdout, dry.stdout
-        assert held_cluster["n1"].admin("/api/cluster/placement") == before  # (a dry run changes nothing)
-        done = in_background(consumer, lambda: run_maxqctl(held_cluster["n1"], "rebalance"))
-        assert done.returncode == 0, (done.stdout, done.stderr)
-        loads = held_cluster["n1"].admin("/api/cluster/placement")["replicas"]
-        assert loads["n6"] == 2 and max(loads.values()) - min(loads.values()) <= 1, loads
-        assert len(held_by(new)) == 1 + 2
-        consumer.pump_while(lambda: True, 2)
+        with confirmed_load(held_cluster, name) as consumer:
+            added = in_background(
+                consumer,
+                lambda: run_maxqctl(held_cluster["n2"], "add-node", "n6", "--raft-addr", f"127.0.0.1:{new.raft_port}"),
+            )
+            assert added.returncode == 0 and "holds no shard group until" in added.stdout, (added.stdout, added.stderr)
+            new.wait_ready(90)
+            assert list(held_by(new)) == ["meta"]
+            before = held_cluster["n1"].admin("/api/cluster/placement")
+            dry = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
+            # (15 replicas over 6 members: 3, 3, 3, 2, 2, 2)
+            assert dry.returncode == 0 and "-> n6" in dry.stdout and "n6 2" in dry.stdout, dry.stdout
+            assert held_cluster["n1"].admin("/api/cluster/placement") == before  # (a dry run changes nothing)
+            done = in_background(consumer, lambda: run_maxqctl(held_cluster["n1"], "rebalance"))
+            assert done.returncode == 0, (done.stdout, done.stderr)
+            loads = held_cluster["n1"].admin("/api/cluster/placement")["replicas"]
+            assert loads["n6"] == 2 and max(loads.values()) - min(loads.values()) <= 1, loads
+            assert len(held_by(new)) == 1 + 2
     finally:
-        publisher.stop_flag.set()
-        publisher.join(30)
-        try:
-            consumer.check(publisher.confirmed_numbers(), held_cluster, name)
-            consumer.conn.close()
-        finally:
-            new.stop()
+        new.stop()

@@ -292,17 +292,17 @@ def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(
     c.procs["n1"].cmd("load_stop", 5)
 
 
-def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
-    """While the move's new member catches up it is a learner: the group commits on a majority
-    of its members without it. Here the learner is stopped (SIGSTOP) and a member killed: with
-    the learner counted, 2 of 4 could not commit; as a learner, 2 of 3 do."""
+def stopped_learner(cluster, confirmed_before: int) -> tuple[Cluster, list, threading.Thread]:
+    """g0 on n1, n2, n3 under load from n1; n1 moves it (add n4, remove n3) on a thread (its answer
+    goes into the list returned), and n4, once it learns g0, is stopped (SIGSTOP): the move waits
+    for it to catch up."""
     c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
     placed(c, {"g0": ["n1", "n2", "n3"]})
     c.held["n4"] = []
     c.start_all()
     assert leader_among(c, "g0", ["n1", "n2", "n3"])
     c.procs["n1"].cmd("load", group="g0", window=4, size=2000, anywhere=True)
-    assert wait_until(lambda: len(c.confirmed()) > 500, 15)
+    assert wait_until(lambda: len(c.confirmed()) > confirmed_before, 15)
     box: list = []
     mover = threading.Thread(
         target=lambda: box.append(
@@ -313,6 +313,14 @@ def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
     mover.start()
     assert wait_until(lambda: c.statuses(["n4"]).get("n4", {}).get("g0", {}).get("learning"), 10), "n4 never learned g0"
     c.procs["n4"].signal(signal.SIGSTOP)
+    return c, box, mover
+
+
+def test_a_new_member_learns_the_log_without_counting_for_the_majority(cluster):
+    """While the move's new member catches up it is a learner: the group commits on a majority
+    of its members without it. Here the learner is stopped (SIGSTOP) and a member killed: with
+    the learner counted, 2 of 4 could not commit; as a learner, 2 of 3 do."""
+    c, box, mover = stopped_learner(cluster, confirmed_before=500)
     c.procs["n2"].kill()
     # (n1 answers nothing while it runs the move: the harness reads one command at a time)
     st = c.statuses(["n3"])["n3"]["g0"]
@@ -343,23 +351,7 @@ def test_a_second_move_of_a_group_is_refused_while_one_is_under_way(cluster):
     rebalance asked again after a timeout, while the first still ran, left its group with 2
     replicas): a member asked to move a group whose learner another member's move is catching up
     refuses, "busy"."""
-    c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
-    placed(c, {"g0": ["n1", "n2", "n3"]})
-    c.held["n4"] = []
-    c.start_all()
-    assert leader_among(c, "g0", ["n1", "n2", "n3"])
-    c.procs["n1"].cmd("load", group="g0", window=4, size=2000, anywhere=True)
-    assert wait_until(lambda: len(c.confirmed()) > 200, 15)
-    box: list = []
-    mover = threading.Thread(
-        target=lambda: box.append(
-            c.procs["n1"].cmd("move_group", 100, group="g0", add=["n4", c.addrs["n4"]], remove="n3", wait_s=90)
-        ),
-        daemon=True,
-    )
-    mover.start()
-    assert wait_until(lambda: c.statuses(["n4"]).get("n4", {}).get("g0", {}).get("learning"), 10), "n4 never learned g0"
-    c.procs["n4"].signal(signal.SIGSTOP)  # (the first move stays under way)
+    c, box, mover = stopped_learner(cluster, confirmed_before=200)  # (the move stays under way)
     assert wait_until(lambda: "n4" in c.statuses(["n2"])["n2"]["g0"].get("learners", []), 10)
     r = c.procs["n2"].cmd("move_group", 10, group="g0", add=["n4", c.addrs["n4"]], remove="n1", wait_s=5)
     assert r["error"] == "busy: a move of g0 is in progress (n4 catching up)", r
