@@ -50,8 +50,15 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     draining = args.command == "drain"
     dry_run = draining and args.dry_run
     body = {"node": args.name, "dry_run": dry_run}
-    # Groups on a few members: its replicas move too, after its leaderships (replicas.py).
-    moves = replicas.leaving_moves(args.node, args.name) if draining else None
+    # Groups on a few members: its replicas move too, after its leaderships (replicas.py). A plan
+    # that cannot be made now (a move under way) does not stop the drain itself: its reason is
+    # the command's error once the leaderships have moved.
+    moves, unplanned = None, None
+    if draining:
+        try:
+            moves = replicas.leaving_moves(args.node, args.name)
+        except CtlError as exc:
+            unplanned = exc
     answer = fetch(args.node, f"/api/cluster/{args.command}", REQUEST_TIMEOUT_S, "POST", body)
     leads = ", ".join(answer.get("leads", [])) or "no group"
     if dry_run:
@@ -61,6 +68,8 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
         )
         if moves is not None:
             plan += "; its replicas would move: " + (", ".join(map(replicas.describe, moves)) or "it holds none")
+        elif unplanned is not None:
+            plan += f"; its replicas cannot be planned now: {unplanned}"
         return json.dumps({**answer, "moves": [list(m) for m in moves or []]}, indent=1) if args.json else plan
     if not draining:
         said = "revived" if answer.get("changed") else "was not under maintenance"
@@ -83,6 +92,10 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     )
     if left:
         raise CtlError(f"{args.name} is under maintenance but still leads {', '.join(left)}: see its log", 5)
+    if unplanned is not None:
+        raise CtlError(
+            f"{args.name} is drained (no leadership, no client) but its replicas did not move: {unplanned}", 5
+        )
     moved = ""
     if moves:
         moved = replicas.execute(args.node, moves, timeout_s) + "\n"
