@@ -22,12 +22,14 @@ import pika
 import pika.exceptions
 import pytest
 
+from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.server.cluster import shard_of
 from tests.conftest import free_port
 
-from ..helpers import api
+from ..helpers import api, wait_for
 from ..integration.test_sqs import client as sqs_client
 from .conftest import Cluster, ConfirmingPublisher, Member, drain, running_cluster
+from .test_maintenance import feature_enabled
 
 MEMBERS = 5
 SHARDS = 5
@@ -362,6 +364,9 @@ def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(h
     victim = next(m for m in holders(held_cluster, group) if m != "n1")
     with held_cluster["n1"].connect() as conn:
         conn.channel().queue_declare(name, durable=True)
+    # (the metadata leader enables maintenance mode once every member announced it: on a busy
+    # machine that can take longer than the cluster's start; a drain before it is refused, 409)
+    wait_for(lambda: feature_enabled(held_cluster["n1"]), 60, f"the {MAINTENANCE} flag")
     idle = held_cluster[victim].connect()  # a client of the drained member: closed by the drain
     with confirmed_load(held_cluster, name) as consumer:
         refused = run_maxqctl(held_cluster["n1"], "remove-node", victim)
