@@ -12,6 +12,8 @@ import urllib.parse
 import pika
 import pytest
 
+from maxq_raft.machines.partitions import FEATURE as PARTITIONS_FLAG
+
 from ..helpers import wait_for
 from .conftest import ConfirmingPublisher, drain, running_cluster
 
@@ -30,6 +32,10 @@ class KeyedPublisher(ConfirmingPublisher):
         return f"{key}:{n}".encode(), pika.BasicProperties(delivery_mode=2, headers={"x-partition-key": key})
 
 
+def flag_enabled(member, name: str) -> bool:
+    return any(f["name"] == name and f["state"] == "enabled" for f in member.admin("/api/feature-flags"))
+
+
 def _view(member, path: str) -> dict | None:
     try:
         return member.admin(path)
@@ -46,6 +52,9 @@ def cluster4(tmp_path):
 def test_partitions_are_in_different_groups_and_a_killed_member_loses_nothing(cluster4):
     queue = "partitioned-orders"
     n1, n2, n3 = cluster4["n1"], cluster4["n2"], cluster4["n3"]
+    # (the metadata leader enables the flag once every member announced it, which on a busy
+    # machine can come after the cluster's start: a partitioned declare before it is a 406)
+    wait_for(lambda: flag_enabled(n1, PARTITIONS_FLAG), 60, f"the {PARTITIONS_FLAG} flag")
     conn = n1.connect()
     conn.channel().queue_declare(queue, durable=True, arguments={"x-partitions": PARTITIONS})
     conn.close()
