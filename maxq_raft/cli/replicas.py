@@ -42,10 +42,13 @@ def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
         command.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
 
 
-def _placement(node: str) -> tuple[dict[str, list[str]], list[str]]:
+def _layout(node: str) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None]:
+    """(group -> its members, the members, member -> its machine or None from a member that
+    does not say: the plans then take each member as its own machine)."""
     answer = fetch(node, "/api/cluster/placement", READ_TIMEOUT_S)
     placement = {g["group"]: list(g["members"]) for g in answer["groups"]}
-    return placement, sorted(answer["replicas"])
+    hosts = answer.get("hosts")
+    return placement, sorted(answer["replicas"]), dict(hosts) if isinstance(hosts, dict) else None
 
 
 def _to_moves(group: str, now: list[str], wanted: list[str]) -> list[Move]:
@@ -80,12 +83,17 @@ def describe(move: Move) -> str:
     return f"{move.group}: + {move.add}" if move.add else f"{move.group}: - {move.remove}"
 
 
-def _table(placement: dict[str, list[str]], members: list[str]) -> str:
+def _table(placement: dict[str, list[str]], members: list[str], hosts: dict[str, str] | None = None) -> str:
     counts = Counter(m for replicas in placement.values() for m in replicas)
     lines = [
         f"{group}: {', '.join(replicas) or '(no member linked holds it)'}" for group, replicas in placement.items()
     ]
     lines.append("replicas per member: " + ", ".join(f"{m} {counts.get(m, 0)}" for m in members))
+    machines: dict[str, list[str]] = {}
+    for m in members:
+        machines.setdefault((hosts or {}).get(m, m), []).append(m)
+    if any(len(on) > 1 for on in machines.values()):  # several members on a machine: say which
+        lines.append("members per machine: " + "; ".join(f"{h}: {' '.join(on)}" for h, on in sorted(machines.items())))
     return "\n".join(lines)
 
 
@@ -93,11 +101,11 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     """What to print; None when `args` is another command."""
     if args.command not in COMMANDS:
         return None
-    placement, members = _placement(args.node)
+    placement, members, hosts = _layout(args.node)
     if args.command == "placement":
-        return (
-            json.dumps({"groups": placement}, indent=1) if getattr(args, "json", False) else _table(placement, members)
-        )
+        if getattr(args, "json", False):
+            return json.dumps({"groups": placement, "hosts": hosts}, indent=1)
+        return _table(placement, members, hosts)
     if args.command == "move-group":
         if args.group not in placement:
             raise CtlError(f"no shard group {args.group!r} (groups: {', '.join(placement)})", 4)
@@ -116,11 +124,11 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
             raise CtlError("every member holds every group (no --replication-factor): no replica can move", 4)
         moves = planned
     else:
-        moves = plan_moves(placement, members, settled_factor(placement))
+        moves = plan_moves(placement, members, settled_factor(placement), host_of=hosts)
     if args.dry_run:
         plan = [describe(move) for move in moves] or ["nothing to move"]
         after = applied(placement, moves)
-        return "plan (dry run, nothing changed):\n  " + "\n  ".join(plan) + "\nafter:\n" + _table(after, members)
+        return "plan (dry run, nothing changed):\n  " + "\n  ".join(plan) + "\nafter:\n" + _table(after, members, hosts)
     return execute(args.node, moves, timeout_s)
 
 
@@ -129,7 +137,7 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
     None when every member holds every group, or there is no placement (a single node): nothing
     can move, and `maxqctl drain` only moves leaderships and clients."""
     try:
-        placement, members = _placement(node)
+        placement, members, hosts = _layout(node)
     except CtlError:
         return None
     if all(len(replicas) >= len(members) for replicas in placement.values()):
@@ -137,18 +145,18 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
     factor = settled_factor(placement)
     if factor > len(members) - 1:
         raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
-    return plan_moves(placement, members, factor, [member])
+    return plan_moves(placement, members, factor, [member], hosts)
 
 
 def rebalance(node: str, timeout_s: float | None) -> str:
     """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
-    placement, members = _placement(node)
-    return execute(node, plan_moves(placement, members, settled_factor(placement)), timeout_s)
+    placement, members, hosts = _layout(node)
+    return execute(node, plan_moves(placement, members, settled_factor(placement), host_of=hosts), timeout_s)
 
 
 def holds_any(node: str, member: str) -> bool:
     """Whether `member` holds a replica of any shard group."""
-    placement, _members = _placement(node)
+    placement, _members, _hosts = _layout(node)
     return any(member in replicas for replicas in placement.values())
 
 
@@ -165,5 +173,5 @@ def execute(node: str, moves: list[Move], timeout_s: float | None) -> str:
         except CtlError as exc:
             raise CtlError(f"move {number} of {len(moves)} ({describe(move)}) failed: {exc}", 5) from None
         print(f"[{number}/{len(moves)}] done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-    placement, members = _placement(node)
-    return f"{len(moves)} moves done\n" + _table(placement, members)
+    placement, members, hosts = _layout(node)
+    return f"{len(moves)} moves done\n" + _table(placement, members, hosts)

@@ -2,8 +2,9 @@
 are, and moving one (issue #19; docs/operations.md, "Groups on a few members").
 
 The placement is the asked member's view (server/cluster.py, `placement`): the groups it holds
-with their members as its replicas have them, the others as its linked peers announce them, and
-the replicas per member. A move adds one member to a group and/or removes one
+with their members as its replicas have them, the others as its linked peers announce them, the
+replicas per member, and each member's host (that of its Raft address: the plans keep a group's
+replicas on different hosts). A move adds one member to a group and/or removes one
 (replication/group_moves.py: the new one catches up as a learner first), asked of any member:
 one that does not hold the group asks one that does. The answer comes once the move is done
 (or why not: 409), with the group's members after it. `maxqctl move-group`, `rebalance` and
@@ -35,6 +36,7 @@ def view_placement(broker: Any) -> dict:
         "node": broker.node_id,
         "groups": [{"group": group, "members": replicas} for group, replicas in placement.items()],
         "replicas": loads(placement, members),
+        "hosts": cluster.hosts(),
     }
 
 

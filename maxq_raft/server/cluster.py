@@ -60,6 +60,7 @@ from .command_log import META_GROUP, CommandLog
 from .message_store import QueueBacking
 from .proposer import OpenEntry, Proposer
 from .watchdog import MembershipWatchdog
+from .hosts import machine_of
 
 log = logging.getLogger("maxq.cluster")
 
@@ -773,6 +774,15 @@ class ClusterLog(CommandLog):
 
     def members(self) -> list[str]:
         return self.node.groups[META_GROUP].member_ids()
+
+    def hosts(self) -> dict[str, str]:
+        """Each member's machine, from the host of its Raft address (server/hosts.py): the plans
+        keep a group's replicas on different machines (machines/replica_moves.py)."""
+        out = {}
+        for member in self.members():
+            address = self.node.peer_address(member)
+            out[member] = machine_of(address[0]) if address is not None else member
+        return out
 
 
 def _guarded(then: Callable[[Any], None]) -> Callable[[Any], None]:

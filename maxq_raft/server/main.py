@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -58,6 +59,7 @@ from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
 from .errors import ChannelError
 from .feature_flags import enable_features
+from .hosts import is_ip, machine_of
 from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
 from .recovery import recover
@@ -401,7 +403,8 @@ def _first_placement(
 ) -> tuple[list[str] | None, dict[str, dict[str, tuple[str, int]]] | None]:
     """With --replication-factor below the number of members: the groups this member holds at
     the cluster's first start (the metadata group and the shard groups `first_placement` puts on
-    it: every member works out the same from the same --peer list) and each shard group's
+    it, each group's replicas on different hosts of the Raft addresses where it can: every member
+    works out the same from the same --peer list) and each shard group's
     members; a joining member (--join on) holds only the metadata group. The engine records both in the data folder (replication/group_set.py); a later
     start takes them from there. None, None: every member holds every group."""
     factor = settings.replication_factor
@@ -410,7 +413,14 @@ def _first_placement(
     addresses = {**settings.peers(), settings.node_id: parse_addr(settings.raft_addr, "raft_addr")}
     if not factor or factor >= len(addresses):
         return None, None
-    placement = first_placement(shards, list(addresses), factor)
+    hosts = {member: machine_of(host) for member, (host, _port) in addresses.items()}
+    if any(ipaddress.ip_address(h).is_unspecified for h in hosts.values() if is_ip(h)):
+        raise StartupError(
+            "--replication-factor places each group's replicas on different machines, told apart by the "
+            "host of each member's Raft address: give --raft-addr the address the other members list in "
+            f"their --peer, not {settings.raft_addr}"
+        )
+    placement = first_placement(shards, list(addresses), factor, hosts)
     held = [META_GROUP, *(g for g in shards if settings.node_id in placement[g])]
     return held, {g: {m: addresses[m] for m in members} for g, members in placement.items()}
 

@@ -87,3 +87,56 @@ def test_a_group_short_of_replicas_grows_and_one_with_too_many_shrinks():
     # n3 hold two replicas each and g1 leaves the most loaded, the last by name
     assert [mv for mv in moves if mv.group == "g1"] == [Move("g1", None, "n3")]
     assert [mv.add for mv in moves if mv.group == "g0"] == ["n2", "n3"] and len(moves) == 3, moves
+
+
+@st.composite
+def hosted_layouts(draw):
+    """(placement, members, factor, leaving, host_of): members on 1 to 4 hosts, any number each."""
+    placement, members, factor, leaving = draw(layouts())
+    known = sorted({*members, *(m for r in placement.values() for m in r)})
+    host_of = {m: f"h{draw(st.integers(1, 4))}" for m in known}
+    return placement, members, factor, leaving, host_of
+
+
+@settings(max_examples=400, deadline=None)
+@given(hosted_layouts())
+def test_with_hosts_each_group_is_on_as_many_hosts_as_it_can_be(layout):
+    placement, members, factor, leaving, host_of = layout
+    moves = plan_moves(placement, members, factor, leaving, host_of)
+    after = applied(placement, moves)
+    eligible = sorted(set(members) - set(leaving))
+    width = min(factor, len(eligible))
+    hosts = {host_of[m] for m in eligible}
+    for g, replicas in after.items():
+        assert len(replicas) == len(set(replicas)) == width and set(replicas) <= set(eligible), (g, replicas)
+        assert len({host_of[m] for m in replicas}) == min(width, len(hosts)), (g, replicas, host_of)
+    assert plan_moves(after, members, factor, leaving, host_of) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 5), st.integers(1, 24))
+def test_the_first_placement_spreads_groups_over_hosts_and_loads_within_one(hosts, per_host, factor, groups):
+    host_of = {f"n{h}-{k}": f"h{h}" for h in range(hosts) for k in range(per_host)}
+    placement = first_placement([f"g{i}" for i in range(groups)], list(host_of), factor, host_of)
+    width = min(factor, len(host_of))
+    for replicas in placement.values():
+        assert len(set(replicas)) == width
+        assert len({host_of[m] for m in replicas}) == min(width, hosts), (replicas, host_of)
+    held = loads(placement, host_of)
+    assert max(held.values()) - min(held.values()) <= 1, held
+
+
+def test_three_hosts_of_two_members_each_lose_no_group_with_a_host():
+    host_of = {f"n{i}": f"10.0.0.{(i - 1) // 2 + 1}" for i in range(1, 7)}  # n1 n2 | n3 n4 | n5 n6
+    placement = first_placement([f"g{i}" for i in range(12)], list(host_of), 3, host_of)
+    for replicas in placement.values():  # any one host down leaves two of each group's three
+        assert sorted(host_of[m] for m in replicas) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"], replicas
+    assert set(loads(placement, host_of).values()) == {6}
+    # a drain of n3 moves its replicas onto n4, the one other member on its host
+    moves = plan_moves(placement, list(host_of), 3, ["n3"], host_of)
+    assert moves and all(mv.remove == "n3" and mv.add == "n4" for mv in moves), moves
+    # a fourth host's member gets its share, and every group stays on three hosts
+    host_of["n7"] = "10.0.0.4"
+    after = applied(placement, plan_moves(placement, list(host_of), 3, (), host_of))
+    assert all(len({host_of[m] for m in r}) == 3 for r in after.values())
+    assert sorted(loads(after, host_of).values()) == [5, 5, 5, 5, 5, 5, 6], after

@@ -1,0 +1,41 @@
+"""The first placement a member works out from its settings (server/main.py, `_first_placement`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from maxq_raft.config import Settings
+from maxq_raft.server.hosts import machine_of
+from maxq_raft.server.main import StartupError, _first_placement
+
+SHARDS = [f"shard-{i}" for i in range(6)]
+PEERS = "n2@127.0.0.1:7102,n3@127.0.0.2:7103,n4@127.0.0.2:7104,n5@127.0.0.3:7105,n6@127.0.0.3:7106"
+
+
+def test_every_member_works_out_the_same_placement_over_machines() -> None:
+    addresses = {"n1": "127.0.0.1:7101", **{p.split("@")[0]: p.split("@")[1] for p in PEERS.split(",")}}
+    seen = {}
+    for name, address in addresses.items():
+        others = ",".join(f"{n}@{a}" for n, a in addresses.items() if n != name)
+        held, members = _first_placement(
+            Settings(node_id=name, raft_addr=address, peer=others, replication_factor=3), SHARDS
+        )
+        assert held is not None and members is not None
+        seen[name] = members
+        assert held == ["meta", *(g for g in SHARDS if name in members[g])]
+    assert all(layout == seen["n1"] for layout in seen.values())  # one placement, whoever works it out
+    for group, members in seen["n1"].items():
+        assert sorted(host for host, _port in members.values()) == ["127.0.0.1", "127.0.0.2", "127.0.0.3"], group
+
+
+def test_a_wildcard_raft_address_is_refused_with_a_factor() -> None:
+    settings = Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer=PEERS, replication_factor=3)
+    with pytest.raises(StartupError, match="--raft-addr"):
+        _first_placement(settings, SHARDS)
+    # without a factor every member holds every group: nothing is placed, nothing refused
+    assert _first_placement(Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer=PEERS), SHARDS) == (None, None)
+
+
+def test_a_name_and_its_address_are_one_machine() -> None:
+    assert machine_of("localhost") in {"127.0.0.1", "::1"}
+    assert machine_of("0:0:0:0:0:0:0:1") == "::1"  # an address in its canonical form
