@@ -208,7 +208,7 @@ def with_placement(status: dict, meta) -> dict:
 
 
 def view_queues(broker) -> list:
-    return [objects_api.queue_view(broker, vhost, name, queue) for (vhost, name), queue in broker.queues.items()]
+    return [objects_api.queue_view(broker, vhost, name, queue) for (vhost, name), queue in broker.shown_queues()]
 
 
 def view_exchanges(broker) -> list:

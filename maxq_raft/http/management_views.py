@@ -163,8 +163,9 @@ def exchange_types() -> list[dict]:
 
 def overview_extras(broker: Any) -> dict:
     """RabbitMQ's overview keys that rabbitmqadmin `show overview` and dashboards read."""
-    ready = sum(queue.ready_count for queue in broker.queues.values())
-    unacked = sum(queue.unacked_count for queue in broker.queues.values())
+    queues = broker.shown_queues()  # every queue of the cluster, also those held elsewhere
+    ready = sum(queue.ready_count for _key, queue in queues)
+    unacked = sum(queue.unacked_count for _key, queue in queues)
     exchanges = sum(len(vhost.exchanges) for vhost in broker.meta.vhosts.values())
     return {
         "product_name": PRODUCT_NAME,
@@ -179,7 +180,7 @@ def overview_extras(broker: Any) -> dict:
             "channels": sum(len(session.channels) for session in broker.sessions.values()),
             "consumers": len(broker.consumers),
             "exchanges": exchanges,
-            "queues": len(broker.queues),
+            "queues": len(queues),
         },
         "listeners": [
             {"node": broker.node_id, "protocol": protocol, "port": port} for protocol, port in broker.listeners.items()

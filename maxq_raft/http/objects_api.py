@@ -32,6 +32,7 @@ from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from ..server.message_rates import exchange_counts, queue_counts
 from ..server.partitioned import partition_keys, ready_count
+from ..server.queue_stats import QueueStats
 from . import auth, definitions
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -51,11 +52,14 @@ ACCESS_REFUSED = "Access refused."
 
 
 def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
+    """A queue as RabbitMQ's management API shows it; `queue` its machine here, or the counts its
+    group's leader sent (server/queue_stats.py: a group held elsewhere)."""
     record = broker.meta.queue(vhost, name)
     keys = partition_keys(broker, vhost, name)
-    ready, unacked = queue.ready_count, queue.unacked_count
+    stats = queue if type(queue) is QueueStats else QueueStats.of(broker.node_id, queue)
+    ready, unacked = stats.ready_count, stats.unacked_count
     if len(keys) > 1:  # a partitioned queue (machines/partitions.py) counts every partition's
-        machines = [broker.queues.get(key) for key in keys]
+        machines = [broker.shown_queue(key) for key in keys]
         ready = sum(m.ready_count for m in machines if m is not None)
         unacked = sum(m.unacked_count for m in machines if m is not None)
     partition = parent_of(name)
@@ -68,23 +72,23 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "arguments": json_safe(record.arguments if record else {}),
         "type": QUEUE_TYPE,
         "state": "running",
-        "node": broker.node_id,
+        "node": stats.node or broker.node_id,
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
         "group": broker.log.group_of((vhost, name)),  # its shard group (a quorum queue's "leader" is the group's)
         "partitions": len(keys),  # x-partitions: 1 unless partitioned (then 1.. are amq.partition-<i>.<name>)
         "partition_of": None if partition is None else partition[0],
-        "consumers": queue.active_consumer_count,
+        "consumers": stats.active_consumer_count,
         # consumer pauses (issue #20): how many attached consumers are paused, and by which rules
-        "paused_consumers": queue.paused_consumer_count,
-        "consumer_pauses": [{"scope": scope, "key": key} for scope, key in sorted(queue.pause_rules)],
+        "paused_consumers": stats.paused_consumer_count,
+        "consumer_pauses": [{"scope": scope, "key": key} for scope, key in stats.pause_rules],
         # transactional half messages (issue #21): stored, not yet in `messages` (none is deliverable)
-        "messages_half": queue.txn_messages,
-        "transactions_open": len(queue.txns),
-        "trace": queue.settings.trace,  # x-trace (server/tracer.py), by argument or policy
-        # (rates since this node made the queue's machine: message_rates.QueueRates)
-        "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(queue)),
+        "messages_half": stats.txn_messages,
+        "transactions_open": stats.txns_open,
+        "trace": stats.trace,  # x-trace (server/tracer.py), by argument or policy
+        # (rates since this node made the queue's machine or had its counts: message_rates.KeyedRates)
+        "message_stats": broker.queue_rates.message_stats(trio.current_time(), (vhost, name), queue_counts(stats)),
     }
 
 
@@ -123,12 +127,12 @@ def readable_vhost(broker: Any, request: Request, vhost_param: str = "vhost") ->
 
 def list_in_vhost(broker: Any, request: Request) -> list:
     vhost = readable_vhost(broker, request)
-    return [queue_view(broker, v, name, queue) for (v, name), queue in broker.queues.items() if v == vhost]
+    return [queue_view(broker, v, name, queue) for (v, name), queue in broker.shown_queues(vhost)]
 
 
 def get_queue(broker: Any, request: Request) -> dict:
     vhost, name = readable_vhost(broker, request), request.params["name"]
-    queue = broker.queues.get((vhost, name))
+    queue = broker.shown_queue((vhost, name))
     if queue is None or broker.meta.queue(vhost, name) is None:
         raise not_found()
     return queue_view(broker, vhost, name, queue)
@@ -182,7 +186,7 @@ async def delete_queue(broker: Any, request: Request) -> Reply:
     # A partitioned queue's delete, purge and pause act on every partition (machines/partitions.py);
     # a partition alone never comes here: its amq. name is refused first (401, as RabbitMQ's).
     keys = partition_keys(broker, vhost, name)
-    queue = broker.queues.get((vhost, name))
+    queue = broker.shown_queue((vhost, name))
     query = request.query
     if queue is not None and query.get("if-unused") == ["true"] and queue.active_consumer_count:
         raise HttpError("400 Bad Request", "bad_request", reason=f"queue '{name}' in vhost '{vhost}' in use")

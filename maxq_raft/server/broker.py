@@ -35,6 +35,7 @@ from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
 from .message_store import WalSyncer
 from .publish_rates import PublishRates
+from .queue_stats import QueueStats, from_record
 from .queue_timers import QueueTimers
 from .queue_wakeups import QueueWakeups
 from .trace_store import MemoryKV, TraceLog
@@ -89,6 +90,9 @@ class Broker:
         # The counts of queues of groups this member holds no replica of, from the last reply to
         # a Sync of each (`note_counts`): read right after one, by declare-ok and delete.
         self.synced_counts: dict[tuple[str, str], QueueCounts] = {}
+        # The counts of those queues as their group's leader last sent them (queue_stats.py),
+        # for the management API: every queue is listed on every member.
+        self.remote_stats: dict[tuple[str, str], QueueStats] = {}
         self.reply_to: dict[str, Any] = {}  # direct reply-to key -> channel
         self.sessions: dict[str, Any] = {}  # open connections (past connection.open), by id
         self.queue_timers = QueueTimers()  # the queues the ticker looks at (queue_timers.py)
@@ -203,6 +207,7 @@ class Broker:
     def queue_consumers_gone(self, key: tuple[str, str]) -> None:
         """The queue was deleted: this node's consumers of it are told."""
         self.synced_counts.pop(key, None)
+        self.remote_stats.pop(key, None)
         for handle in [h for h in self.consumers.values() if h.queue_key == key]:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)
@@ -294,6 +299,48 @@ class Broker:
             return ""
         arguments = self.meta.arguments_under_policies(queue_key[0], queue_key[1], record.arguments)
         return settings_or_default(queue_key[0], queue_key[1], arguments).overflow
+
+    def take_queue_stats(self, node: str, records: list) -> None:
+        """Counts `node` (a group's leader) sent of its queues, kept for those whose machine is
+        not here and whose record is (ValueError on a malformed record: the rest are kept)."""
+        bad = None
+        for record in records:
+            try:
+                key, stats = from_record(node, record)
+            except ValueError as exc:
+                bad = exc
+                continue
+            if key not in self.queues and self.meta.queue(*key) is not None:
+                self.remote_stats[key] = stats
+        if bad is not None:
+            raise bad
+
+    def shown_queue(self, key: tuple[str, str]) -> Any:
+        """What the management API shows of a queue: its machine here, else the counts its
+        group's leader last sent (zeros until the first come); None when there is no such queue."""
+        queue = self.queues.get(key)
+        if queue is not None:
+            return queue
+        if self.meta.queue(*key) is None:
+            self.remote_stats.pop(key, None)
+            return None
+        return self.remote_stats.get(key) or QueueStats("")
+
+    def shown_queues(self, vhost: str | None = None) -> list[tuple[tuple[str, str], Any]]:
+        """Every queue of the cluster (of `vhost`), each with `shown_queue`'s view: those held
+        here first, as before, then those of groups held elsewhere."""
+        out: list[tuple[tuple[str, str], Any]] = [
+            (key, queue) for key, queue in self.queues.items() if vhost is None or key[0] == vhost
+        ]
+        if len(self.queues) < sum(len(v.queues) for v in self.meta.vhosts.values()):
+            for name_of_vhost, record in self.meta.vhosts.items():
+                if vhost is not None and name_of_vhost != vhost:
+                    continue
+                for name in record.queues:
+                    key = (name_of_vhost, name)
+                    if key not in self.queues:
+                        out.append((key, self.remote_stats.get(key) or QueueStats("")))
+        return out
 
     def queue_view(self, queue_key: tuple) -> Any:
         """The queue's machine, or for a queue of a group held elsewhere the counts its last Sync

@@ -61,6 +61,8 @@ from .message_store import QueueBacking
 from .proposer import OpenEntry, Proposer
 from .watchdog import MembershipWatchdog
 from .hosts import machine_of
+from . import queue_stats
+from .queue_stats import QueueStats
 
 log = logging.getLogger("maxq.cluster")
 
@@ -112,6 +114,7 @@ class ClusterLog(CommandLog):
         self._held: set[str] = set()
         self._learning: set[str] = set()
         self._members: dict[str, frozenset[str]] = {}
+        self._stats_due = 0.0  # when the counts of the queues of groups led here go out next (trio clock)
         self._move_waits: dict[int, list] = {}  # moves asked of another member: request -> [event, answer]
         self._move_requests = 0
         self._nursery: Any = None  # serve_remote's: moves asked of this member run there
@@ -495,6 +498,8 @@ class ClusterLog(CommandLog):
             if waiter is not None:
                 waiter[1] = item[2]
                 waiter[0].set()
+        elif kind == "qs":  # the counts of queues of a group the sender leads (queue_stats.py)
+            self.broker.take_queue_stats(peer, item[1])
         elif kind == "?":  # a member missed a message of ours
             self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
         else:
@@ -689,12 +694,30 @@ class ClusterLog(CommandLog):
                 for member in sorted(self._members.get(group, now_members) - now_members):
                     self.remote_out.resync(member, group, self._queues_of(group))
             self._led, self._members = led, members_now
+            if trio.current_time() >= self._stats_due:
+                self._stats_due = trio.current_time() + queue_stats.STATS_EVERY_S
+                self._send_queue_stats(sorted(led))
             self.remote_out.flush()
             self.proposer.expire_elsewhere(trio.current_time() - remote.REPLIES_WAIT_S)
             seen = self.remote_in.seen
             if seen:
                 for consumer_id in [c for c in seen if c not in self.broker.consumers]:
                     self.remote_in.forget(consumer_id)
+
+    def _send_queue_stats(self, led: list[str]) -> None:
+        """The counts of the queues of each group led here, to each member holding no replica of
+        it (its management API lists them: queue_stats.py)."""
+        members = [m for m in self.members() if m != self.node_id and self.node.peer_linked(m)]
+        for group in led:
+            targets = [m for m in members if self.remote_out.remote_node(group, m + "@") is not None]
+            if not targets:
+                continue
+            records = [QueueStats.of(self.node_id, q).record(q.vhost, q.name) for q in self._queues_of(group)]
+            for start in range(0, len(records), queue_stats.STATS_PER_ITEM):
+                chunk = records[start : start + queue_stats.STATS_PER_ITEM]
+                for member in targets:
+                    self.remote_out.outgoing.setdefault(member, []).append(["qs", chunk])
+                self.remote_out.flush()
 
     def lives_down(self, effect) -> None:
         """A node's lives were declared dead in a group: if that ended this life there (the

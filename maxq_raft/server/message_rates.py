@@ -85,7 +85,9 @@ class MessageRates:
         while True:
             now_s = trio.current_time()
             self.sample(now_s, node_counts(broker))
-            broker.queue_rates.sample(now_s, {key: queue_counts(queue) for key, queue in broker.queues.items()})
+            queues = {key: queue_counts(stats) for key, stats in broker.remote_stats.items()}  # (held elsewhere)
+            queues.update((key, queue_counts(queue)) for key, queue in broker.queues.items())
+            broker.queue_rates.sample(now_s, queues)
             exchanges = exchange_counts(broker)
             broker.exchange_rates.sample(now_s, exchanges)
             broker.forget_gone_exchanges(exchanges)

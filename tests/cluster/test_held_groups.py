@@ -129,6 +129,49 @@ def test_a_member_holding_no_replica_serves_every_basic_operation(held_cluster: 
     assert group not in held_by(held_cluster["n1"])  # (it was served through the group's leader)
 
 
+def test_the_management_api_of_a_member_without_the_replica_shows_the_queue_and_its_counts(
+    held_cluster: Cluster,
+) -> None:
+    name, group = queue_elsewhere(held_cluster, "n1")
+    holder = holders(held_cluster, group)[0]
+    conn = held_cluster["n1"].connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(name, durable=True)
+        for i in range(7):
+            ch.basic_publish("", name, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        ch.basic_qos(prefetch_count=2)
+        got: list[bytes] = []
+        ch.basic_consume(name, lambda _c, _m, _p, b: got.append(b))  # never acked: 2 stay unacked
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        assert len(got) == 2
+        path = f"/api/queues/%2F/{name}"
+
+        def counts(member: str) -> tuple | None:
+            view = held_cluster[member].admin(path)
+            shown = (view["messages"], view["messages_ready"], view["messages_unacknowledged"], view["consumers"])
+            return shown if shown == (7, 5, 2, 1) else None
+
+        wait_for(lambda: counts(holder), 10, "the counts on a member holding the queue's group")
+        # n1 holds no replica: its leader sends the counts every 5 s (server/queue_stats.py)
+        wait_for(lambda: counts("n1"), 15, "the counts on a member without the queue's replica")
+        view = held_cluster["n1"].admin(path)
+        assert view["node"] in holders(held_cluster, group) and view["group"] == group
+        listed = {q["name"]: q for q in held_cluster["n1"].admin("/api/queues")}
+        assert listed[name]["messages_ready"] == 5
+        assert name in {q["name"] for q in held_cluster["n1"].admin("/api/queues/%2F")}
+        totals = held_cluster["n1"].admin("/api/overview")
+        assert totals["queue_totals"]["messages"] >= 7 and totals["object_totals"]["queues"] >= 1
+    finally:
+        conn.close()
+    with held_cluster["n1"].connect() as closing:
+        closing.channel().queue_delete(name)
+    wait_for(lambda: name not in {q["name"] for q in held_cluster["n1"].admin("/api/queues")}, 10, "the queue gone")
+
+
 def test_a_consumer_without_a_replica_gets_every_message_across_a_kill_of_the_groups_leader(
     held_cluster: Cluster,
 ) -> None:
