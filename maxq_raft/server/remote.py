@@ -21,7 +21,11 @@ its own machines. The member that leads g when it applies an entry (L) sends the
 What L gathers while it applies a batch goes out at the batch's end, one engine message per
 member (ReplicationNode.send_message: in order over one link, dropped when the link is down),
 as msgpack `[life, number, [item, ...]]`: numbered from 1 per sending life, so a member that
-finds a number missing asks that sender for a resync ("?"). A reply that never comes (lost
+finds a number missing asks that sender for a resync ("?"). One above FRAGMENT_BYTES (a
+prefetch window of large messages: 200 of 16 KiB came to 3.2 MB, over the engine's cap of about
+1 MiB per message, and was dropped again at each resync, so that consumer never got a message)
+goes as fragments `[life, number, part, parts, bytes]` sent in a row; the member joins them,
+and a fragment missing or out of turn counts as a missing message. A reply that never comes (lost
 with a link, or the leader changed between commit and apply) fails its request after
 REPLIES_WAIT_S (server/proposer.py). Deliveries are keyed by (consumer, seq, delivery count),
 which names one delivery of one message: one that comes twice (two leaders in turn, or a
@@ -53,6 +57,10 @@ REPLIES_WAIT_S = 5.0  # after its commit, an entry of a group held elsewhere wai
 # at 1,024 (tracemalloc; 4,096 took 688 KiB).
 DELIVERIES_SEEN_MAX = 1024
 LEADERSHIP_CHECK_S = 0.2  # how often a member looks whether it became the leader of a group
+# A message above this goes in fragments of it: below the engine's cap on one message
+# (replication/group.py PAYLOAD_BYTES_MAX + engine.MESSAGE_ENVELOPE_BYTES, 1.06 MiB).
+FRAGMENT_BYTES = 512 * 1024
+FRAGMENTS_MAX = 8192  # 4 GiB: a larger message is malformed (what a member's consumers hold)
 
 
 def node_of(owner: str) -> str:
@@ -179,8 +187,15 @@ class Sender:
         for node, items in outgoing.items():
             number = self.numbers.get(node, 0) + 1
             self.numbers[node] = number
+            payload = msgpack.packb([self.life, number, items], use_bin_type=True)
             try:
-                self.send(node, msgpack.packb([self.life, number, items], use_bin_type=True))
+                if len(payload) <= FRAGMENT_BYTES:
+                    self.send(node, payload)
+                    continue
+                parts = -(-len(payload) // FRAGMENT_BYTES)
+                for part in range(parts):
+                    chunk = payload[part * FRAGMENT_BYTES : (part + 1) * FRAGMENT_BYTES]
+                    self.send(node, msgpack.packb([self.life, number, part, parts, chunk], use_bin_type=True))
             except ValueError as exc:  # over the engine's size cap: the member resyncs at the gap
                 log.error("a message to %s was not sent: %s", node, exc)
 
@@ -190,6 +205,8 @@ class Receiver:
 
     def __init__(self) -> None:
         self.last: dict[str, tuple[str, int]] = {}  # sender -> (its life, the last number taken)
+        # sender -> (life, number, the fragments of that message so far)
+        self.fragments: dict[str, tuple[str, int, list[bytes]]] = {}
         self.seen: dict[str, OrderedDict[tuple[int, int], None]] = {}  # consumer id -> deliveries
         self.gaps = 0
         self.duplicates_dropped = 0
@@ -198,17 +215,63 @@ class Receiver:
         """The items of one message from `peer`, and whether one before it went missing (then
         the caller asks `peer` for a resync). Raises ReplyError on a malformed message."""
         try:
-            life, number, items = msgpack.unpackb(payload, raw=False)
+            message = msgpack.unpackb(payload, raw=False)
         except Exception as exc:
             raise ReplyError(f"malformed message from {peer}: {exc}") from None
+        if type(message) is list and len(message) == 5:
+            whole = self._joined(peer, message)
+            if whole is None:  # more fragments to come; or one went missing: the message is lost
+                return [], peer not in self.fragments and self._lost(peer, message)
+            try:
+                message = msgpack.unpackb(whole, raw=False)
+            except Exception as exc:
+                raise ReplyError(f"malformed message from {peer}: {exc}") from None
+        if type(message) is not list or len(message) != 3:
+            raise ReplyError(f"malformed message from {peer}")
+        life, number, items = message
         if type(life) is not str or type(number) is not int or type(items) is not list:
             raise ReplyError(f"malformed message from {peer}")
+        self.fragments.pop(peer, None)
         last = self.last.get(peer)
         gap = number != (1 if last is None or last[0] != life else last[1] + 1)
         self.last[peer] = (life, number)
         if gap:
             self.gaps += 1
         return items, gap
+
+    def _joined(self, peer: str, fragment: list) -> bytes | None:
+        """The whole message once its last fragment came in turn, else None (kept, or, out of
+        turn, dropped with the fragments before it)."""
+        life, number, part, parts, chunk = fragment
+        if (
+            type(life) is not str
+            or type(number) is not int
+            or type(part) is not int
+            or type(parts) is not int
+            or type(chunk) is not bytes
+            or not 0 <= part < parts <= FRAGMENTS_MAX
+        ):
+            raise ReplyError(f"malformed fragment from {peer}")
+        kept = self.fragments.pop(peer, None)
+        if part == 0:
+            kept = (life, number, [])
+        elif kept is None or kept[:2] != (life, number) or len(kept[2]) != part:
+            return None
+        kept[2].append(chunk)
+        if part + 1 < parts:
+            self.fragments[peer] = kept
+            return None
+        return b"".join(kept[2])
+
+    def _lost(self, peer: str, fragment: list) -> bool:
+        """A fragment came out of turn: its message is lost. Counted as a gap (the caller asks
+        for a resync) once per message: the next numbers follow on from it."""
+        life, number = fragment[0], fragment[1]
+        if fragment[2] == 0 or self.last.get(peer) == (life, number):
+            return False  # (a first fragment only starts a message; this one was counted)
+        self.last[peer] = (life, number)
+        self.gaps += 1
+        return True
 
     def fresh(self, consumer_id: str, record: list) -> Any:
         """The message of a delivery record if this member has not written it to the consumer yet

@@ -167,3 +167,46 @@ def test_a_member_that_says_it_holds_no_replica_is_sent_to_though_the_configurat
     s.node.peer_held = lambda: {"n2": frozenset({"meta"}), "n3": frozenset({"shard-0"})}
     s.flush()
     assert s.remote_node("shard-0", "n2@ab") == "n2"  # its replica went: it applies nothing of it
+
+
+def test_a_message_above_the_fragment_size_goes_in_fragments_and_is_joined(monkeypatch) -> None:
+    monkeypatch.setattr(remote, "FRAGMENT_BYTES", 1000)
+    raw: list[tuple[str, bytes]] = []
+    s = remote.Sender("n1", lambda member, payload: raw.append((member, payload)))
+    s.node = SimpleNamespace(
+        partial=True, groups={"shard-0": FakeGroup(["n1", "n2", "n3"], True)}, peer_held=lambda: {}
+    )
+    effects = [deliver("n4@1/1/t", seq, b"%04d" % seq * 100) for seq in range(1, 6)]  # 5 x 400 B
+    assert s.take_deliveries("shard-0", effects) == []
+    s.flush()
+    s.ask_resync("n4")
+    s.flush()
+    assert len(raw) == 4 and all(len(payload) <= 1100 for _m, payload in raw)  # 3 fragments, then one
+    r = remote.Receiver()
+    taken = [r.take("n1", payload) for _m, payload in raw]
+    assert [items for items, _gap in taken[:2]] == [[], []]
+    items, gap = taken[2]
+    assert not gap and [record[4] for _c, record, _r in items[0][1]] == [b"%04d" % seq * 100 for seq in range(1, 6)]
+    assert taken[3] == ([["?"]], False)
+
+    # A fragment lost on the way: the message counts as missing, once; the next follows on.
+    s.take_deliveries("shard-0", effects)
+    s.flush()
+    s.ask_resync("n4")
+    s.flush()
+    fragments, last = raw[4:7], raw[7]
+    assert r.take("n1", fragments[0][1]) == ([], False)
+    assert r.take("n1", fragments[2][1]) == ([], True)  # the second never came
+    assert r.take("n1", last[1]) == ([["?"]], False)
+    assert r.gaps == 1 and not r.fragments
+    for bad in ([s.life, 9, 0, 0, b""], [s.life, 9, 3, 2, b""], [s.life, 9, 0, 2, "text"]):
+        with pytest.raises(remote.ReplyError):
+            r.take("n1", msgpack.packb(bad, use_bin_type=True))
+
+
+def test_a_full_fragment_fits_under_the_engines_cap_on_one_message() -> None:
+    from maxq_raft.replication.engine import MESSAGE_ENVELOPE_BYTES
+    from maxq_raft.replication.group import PAYLOAD_BYTES_MAX
+
+    fragment = msgpack.packb(["a" * 12, 2**62, 8190, 8191, b"\0" * remote.FRAGMENT_BYTES], use_bin_type=True)
+    assert len(fragment) <= PAYLOAD_BYTES_MAX + MESSAGE_ENVELOPE_BYTES
