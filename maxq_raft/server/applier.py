@@ -113,11 +113,15 @@ class Applier:
         reply, effects = group.apply(meta, None, command, origin)
         for effect in effects:
             kind = type(effect)
-            if kind is md.QueueDeleted and mine and type(command) is not md.DeleteQueueRecord:
-                # Its record went as a side effect (its exclusive owner went): delete it in its shard.
-                self.log.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
-            elif kind is md.PolicyChanged and mine:
-                policies.apply_policies(self.broker, effect.vhost)
+            if kind is md.PolicyChanged:
+                if mine:
+                    policies.apply_policies(self.broker, effect.vhost)
+                self.broker.queue_records_changed(effect.vhost)  # (queues held elsewhere: the shell's part)
+            elif kind is md.QueueCreated or kind is md.QueueDeleted:
+                if kind is md.QueueDeleted and mine and type(command) is not md.DeleteQueueRecord:
+                    # Its record went as a side effect (its exclusive owner went): delete it in its shard.
+                    self.log.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
+                self.broker.queue_records_changed(effect.vhost, effect.name)
             elif kind is md.VhostDeleted:
                 self.broker.close_vhost_connections(effect.name)  # each member closes its own
             elif kind is LivesDown:

@@ -23,13 +23,13 @@ import logging
 import secrets
 import time
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.queue import QueueMachine
-from ..machines.queue_args import settings_or_default
+from ..machines.queue_args import QueueSettings, settings_or_default
 from ..machines.queue_types import Deliver, QueueCounts
 from . import dead_letter, persistence
 from .message_rates import CONNECTION_COUNTS, EXCHANGE_COUNTS, QUEUE_COUNTS, KeyedRates, MessageRates
@@ -63,6 +63,13 @@ class ConsumerHandle:
 
 def _ignore(_reply) -> None:
     pass
+
+
+class SettingsOnly(NamedTuple):
+    """What the shell's settings indexes read of a queue machine (`.settings`), for a queue
+    whose machine is on other members."""
+
+    settings: QueueSettings
 
 
 class Broker:
@@ -185,9 +192,22 @@ class Broker:
         """The shell's indexes of queue settings (x-publish-rate-limit, x-trace) and the ticker's
         (queue_timers.py) read the queue's machine again: made, deleted (None), its settings
         changed, or installed from a snapshot."""
-        self.publish_rates.settings_changed(key, machine)
+        if machine is None and (elsewhere := self.settings_elsewhere(key)) is not None:
+            self.publish_rates.settings_changed(key, SettingsOnly(elsewhere))  # (its publishers here)
+        else:
+            self.publish_rates.settings_changed(key, machine)
         self.tracer.settings_changed(key, machine)
         self.queue_timers.touch(key)
+
+    def queue_records_changed(self, vhost: str, name: str | None = None) -> None:
+        """A queue's record (`name`), or the policies of `vhost`, changed in the metadata: the
+        settings of queues whose machines are elsewhere are read again (those here follow their
+        machines)."""
+        record = self.meta.vhosts.get(vhost)
+        names = [name] if name is not None else list(record.queues) if record is not None else []
+        for queue_name in names:
+            if (vhost, queue_name) not in self.queues:
+                self.queue_settings_changed((vhost, queue_name), None)
 
     def queue_added(self, key: tuple[str, str], machine: QueueMachine) -> None:
         self.queues[key] = machine
@@ -294,11 +314,25 @@ class Broker:
         """A queue's x-overflow where its machine is not (a group held elsewhere): from its record
         and the policies, as its machine has it (a publish's confirm waits for the reply only when
         a reject-publish queue may refuse it); "" when there is no record."""
+        settings = self.record_settings(queue_key)
+        return "" if settings is None else settings.overflow
+
+    def record_settings(self, queue_key: tuple) -> QueueSettings | None:
+        """A queue's settings from its record's arguments under the policies, as its machine has
+        them (the machine takes them from the same, by UpdateSettings); None without a record."""
         record = self.meta.queue(*queue_key)
         if record is None:
-            return ""
+            return None
         arguments = self.meta.arguments_under_policies(queue_key[0], queue_key[1], record.arguments)
-        return settings_or_default(queue_key[0], queue_key[1], arguments).overflow
+        return settings_or_default(queue_key[0], queue_key[1], arguments)
+
+    def settings_elsewhere(self, queue_key: tuple) -> QueueSettings | None:
+        """`record_settings` of a queue whose machine is on other members only (its group held
+        elsewhere, issue #19), for what this member's shell does by them (a redeclare's x-expires
+        touch, x-publish-rate-limit); None for a queue of a group held here, or without a record."""
+        if queue_key in self.queues or self.log.holds_queue(queue_key):
+            return None
+        return self.record_settings(queue_key)
 
     def take_queue_stats(self, node: str, records: list) -> None:
         """Counts `node` (a group's leader) sent of its queues, kept for those whose machine is

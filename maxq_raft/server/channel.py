@@ -293,7 +293,8 @@ class Channel:
 
         def answer(_replies) -> None:
             queue = self.broker.queues.get((vhost, name))
-            if queue is not None and queue.settings.expires_ms is not None:
+            settings = queue.settings if queue is not None else self.broker.settings_elsewhere((vhost, name))
+            if settings is not None and settings.expires_ms is not None:
                 self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
             if not m.no_wait:
                 # In a cluster the counts are this replica's, which may trail the leader's a little

@@ -119,6 +119,8 @@ def load_group_body(cluster, group: str, index: int, chunks: Iterable[bytes]) ->
         if meta is None:
             raise SnapshotError(f"snapshot of {group} at {index}: no metadata record")
         machines.machine = meta
+        for vhost in list(meta.vhosts):  # the shell's settings of queues held elsewhere (x-publish-rate-limit)
+            broker.queue_records_changed(vhost)
     else:
         for key in [k for k in machines.queues if k not in loaded]:
             old = machines.queues.pop(key)

@@ -18,13 +18,18 @@ def queue_settings(broker, vhost: str, name: str):
 
 
 def apply_policies(broker, vhost: str) -> None:
-    for (queue_vhost, name), queue in list(broker.queues.items()):
-        if queue_vhost != vhost:
-            continue
+    """UpdateSettings for each queue of `vhost` whose settings the policies changed: every queue
+    of the vhost's records, also those of groups held elsewhere (issue #19: their machines are
+    on other members; each gets the command, and its machine takes the settings it already has
+    as a no-op), not only the machines here."""
+    record = broker.meta.vhosts.get(vhost)
+    if record is None:
+        return
+    for name in list(record.queues):
         settings = queue_settings(broker, vhost, name)
+        queue = broker.queues.get((vhost, name))
         # (a policy cannot change a queue's kind: those two come from its own arguments only)
-        settings = settings._replace(
-            max_priority=queue.settings.max_priority, single_active_consumer=queue.settings.single_active_consumer
-        )
-        if settings != queue.settings:
+        kind = queue.settings if queue is not None else settings_or_default(vhost, name, record.queues[name].arguments)
+        settings = settings._replace(max_priority=kind.max_priority, single_active_consumer=kind.single_active_consumer)
+        if queue is None or settings != queue.settings:
             broker.queue_cast((vhost, name), qc.UpdateSettings(settings))  # in a cluster: through its shard

@@ -172,6 +172,47 @@ def test_the_management_api_of_a_member_without_the_replica_shows_the_queue_and_
     wait_for(lambda: name not in {q["name"] for q in held_cluster["n1"].admin("/api/queues")}, 10, "the queue gone")
 
 
+def test_queue_settings_act_through_a_member_without_the_replica(held_cluster: Cluster) -> None:
+    """A policy set on n1 reaches a queue whose group n1 does not hold; a redeclare on n1
+    restarts its x-expires; n1 holds its publishers to its x-publish-rate-limit."""
+    n1 = held_cluster["n1"]
+    capped, _ = queue_elsewhere(held_cluster, "n1", prefix="capped-")
+    expiring, _ = queue_elsewhere(held_cluster, "n1", prefix="expiring-")
+    limited, _ = queue_elsewhere(held_cluster, "n1", prefix="limited-")
+    with n1.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(capped, durable=True)
+        for i in range(5):
+            ch.basic_publish("", capped, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        policy = {"pattern": "^capped-", "definition": {"max-length": 2}}
+        status, _body, _auth = api(n1, "PUT", "/api/policies/%2F/cap", policy)
+        assert status in (201, 204)
+        # the policy's max-length (drop-head), set after the queue was made: its machine, on other
+        # members, drops to 2
+        wait_for(lambda: ch.queue_declare(capped, passive=True).method.message_count == 2, 10, "the policy applied")
+
+        ch.queue_declare(expiring, arguments={"x-expires": 3000})
+        ch.basic_publish("", expiring, b"kept")  # (a queue made again after expiring would be empty)
+        got, _props, _body = ch.basic_get(expiring)  # a get: the queue was last used now
+        ch.basic_nack(got.delivery_tag, requeue=True)
+        for _ in range(6):  # 6 s of redeclares, each restarting the 3 s
+            time.sleep(1.0)
+            ch.queue_declare(expiring, arguments={"x-expires": 3000})
+        assert ch.queue_declare(expiring, passive=True).method.message_count == 1  # the same queue
+
+        ch.queue_declare(limited, arguments={"x-publish-rate-limit": 20})
+        started = time.monotonic()
+        for i in range(60):
+            ch.basic_publish("", limited, b"%d" % i)
+        took = time.monotonic() - started
+        # 60 at 20 per second (a bucket of one second's worth first): at least about 2 s
+        assert took >= 1.5, took
+        ch.queue_delete(capped)
+        ch.queue_delete(limited)
+    api(n1, "DELETE", "/api/policies/%2F/cap")
+
+
 def test_a_consumer_without_a_replica_gets_a_prefetch_window_of_large_messages(held_cluster: Cluster) -> None:
     # 100 x 64 KiB in one window: the leader's message to n1 is 6.4 MB, over the engine's cap of
     # about 1 MiB per message; before fragments it was dropped (and its resync too), and the
