@@ -43,6 +43,7 @@ from ..server.authorization import Authorization
 from ..server.confirms import Unavailable
 from ..server.errors import ChannelError
 from ..server.publish_extras import stored_properties
+from ..server.queue_stats import QueueStats
 from ..sqs import mapping
 from ..sqs.errors import SqsError
 from ..sqs.protocol import (
@@ -255,13 +256,15 @@ class SqsActions:
         vhost, name = self._queue(request, caller, KINDS)
         wanted = set(request.params.get("AttributeNames", []))
         record = self.broker.meta.queue(vhost, name)
-        queue = self.broker.queues.get((vhost, name))
+        # its machine here, or (its group held elsewhere) the counts its leader last sent
+        queue = self.broker.shown_queue((vhost, name))
         if record is None or queue is None:
             raise _no_queue()
+        stats = queue if type(queue) is QueueStats else QueueStats.of(self.broker.node_id, queue)
         values: dict[str, Any] = dict(mapping.queue_attributes(record.arguments, self.limits.max_message_bytes))
-        values["ApproximateNumberOfMessages"] = queue.ready_count
-        values["ApproximateNumberOfMessagesNotVisible"] = queue.unacked_count
-        values["ApproximateNumberOfMessagesDelayed"] = queue.delayed.count
+        values["ApproximateNumberOfMessages"] = stats.ready_count
+        values["ApproximateNumberOfMessagesNotVisible"] = stats.unacked_count
+        values["ApproximateNumberOfMessagesDelayed"] = stats.delayed_count
         values["QueueArn"] = self._arn(vhost, name)
         values.update(mapping.fifo_attributes(record.arguments))
         created = record.arguments.get(mapping.CREATED_ARGUMENT)

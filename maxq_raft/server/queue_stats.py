@@ -27,6 +27,7 @@ class QueueStats:
     paused_consumer_count: int = 0
     ready_bytes: int = 0
     spilled_count: int = 0
+    delayed_count: int = 0
     txn_messages: int = 0
     txns_open: int = 0
     stats_published: int = 0
@@ -48,6 +49,7 @@ class QueueStats:
             queue.paused_consumer_count,
             queue.ready_bytes,
             queue.spilled_count,
+            queue.delayed.count,
             queue.txn_messages,
             len(queue.txns),
             queue.stats_published,
@@ -60,7 +62,7 @@ class QueueStats:
         )
 
     def record(self, vhost: str, name: str) -> list:
-        """The wire form (msgpack): [vhost, name, 13 counts, trace, [[scope, key], ...]]."""
+        """The wire form (msgpack): [vhost, name, 14 counts, trace, [[scope, key], ...]]."""
         counts = [getattr(self, field) for field in _COUNTS]
         return [vhost, name, *counts, self.trace, [list(rule) for rule in self.pause_rules]]
 
@@ -72,6 +74,7 @@ _COUNTS = (
     "paused_consumer_count",
     "ready_bytes",
     "spilled_count",
+    "delayed_count",
     "txn_messages",
     "txns_open",
     "stats_published",

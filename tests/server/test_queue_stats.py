@@ -20,7 +20,7 @@ names = st.text(max_size=20)
 @given(
     names,
     names,
-    st.lists(counts, min_size=13, max_size=13),
+    st.lists(counts, min_size=14, max_size=14),
     st.booleans(),
     st.lists(st.tuples(names, names), max_size=3),
 )
@@ -45,11 +45,11 @@ def test_the_counts_of_a_machine() -> None:
     [
         None,
         ["/", "q"],
-        ["/", "q", *[0] * 12, -1, False, []],  # a negative count
-        ["/", 7, *[0] * 13, False, []],
-        ["/", "q", *[0] * 13, "yes", []],
-        ["/", "q", *[0] * 13, False, [["only-scope"]]],
-        ["/", "q", *[0] * 12, 1.5, False, []],
+        ["/", "q", *[0] * 13, -1, False, []],  # a negative count
+        ["/", 7, *[0] * 14, False, []],
+        ["/", "q", *[0] * 14, "yes", []],
+        ["/", "q", *[0] * 14, False, [["only-scope"]]],
+        ["/", "q", *[0] * 13, 1.5, False, []],
     ],
 )
 def test_a_malformed_record_is_refused(record) -> None:
