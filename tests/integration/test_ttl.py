@@ -136,6 +136,19 @@ def test_unused_queue_expires(env, broker):
     assert wait_until(lambda: not queue_exists(broker, name), 10.0)
 
 
+def test_a_queue_published_to_all_along_still_expires(env, broker):
+    # RabbitMQ counts consumers, basic.get and redeclares as use, never publishes: a queue
+    # published to every 0.2 s expires all the same.
+    channel = env.channel()
+    name = env.queue_name()
+    channel.queue_declare(name, arguments={"x-expires": 1000})
+    deadline = time.monotonic() + 15
+    while queue_exists(broker, name) and time.monotonic() < deadline:
+        channel.basic_publish("", name, b"m")
+        channel.connection.sleep(0.2)
+    assert not queue_exists(broker, name)
+
+
 def test_queue_with_a_consumer_does_not_expire_and_expires_after_cancel(env, broker):
     channel = env.channel()
     name = env.queue_name()
