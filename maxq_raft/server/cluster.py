@@ -599,16 +599,18 @@ class ClusterLog(CommandLog):
 
     def placement(self) -> dict[str, list[str]]:
         """Each shard group and the members holding it: a group held here, its members as this
-        member's replica has them; any other, the linked peers that announce holding it."""
+        member's replica has them (not this member while it is a learner of it: it is not one of
+        them until its addition); any other, the linked peers that announce holding it."""
         node = self.node
         groups = dict(node.groups)
         announced = node.peer_held()
         out = {}
         for group in self.shards:
             g = groups.get(group)
-            out[group] = (
-                sorted(g.member_ids()) if g is not None else sorted(p for p, h in announced.items() if group in h)
-            )
+            if g is None:
+                out[group] = sorted(p for p, h in announced.items() if group in h)
+            else:
+                out[group] = sorted(m for m in g.member_ids() if not (g.learning and m == node.node_id))
         return out
 
     async def move_group(self, group: str, add: str | None, remove: str | None) -> str | None:

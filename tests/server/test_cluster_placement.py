@@ -1,0 +1,35 @@
+"""ClusterLog.placement: the shard groups' members as a member sees them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from maxq_raft.server.cluster import ClusterLog
+
+
+class Group:
+    def __init__(self, others: list[str], learning: bool) -> None:
+        self.others = others
+        self.learning = learning
+
+    def member_ids(self) -> list[str]:
+        return ["n4", *self.others]  # (pysyncobj's view: this node, then the others)
+
+
+def test_a_learner_does_not_list_itself_among_the_members_of_a_group_it_catches_up_on() -> None:
+    log = SimpleNamespace(
+        node=SimpleNamespace(
+            node_id="n4",
+            groups={
+                "shard-0": Group(["n1", "n2", "n3"], learning=True),
+                "shard-1": Group(["n2", "n1"], learning=False),
+            },
+            peer_held=lambda: {"n1": frozenset({"shard-2"}), "n3": frozenset({"shard-2", "meta"})},
+        ),
+        shards=["shard-0", "shard-1", "shard-2"],
+    )
+    assert ClusterLog.placement(log) == {  # type: ignore[arg-type]
+        "shard-0": ["n1", "n2", "n3"],
+        "shard-1": ["n1", "n2", "n4"],
+        "shard-2": ["n1", "n3"],
+    }
