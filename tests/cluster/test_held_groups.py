@@ -479,6 +479,17 @@ def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_
     assert status == 409, answer
     status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": group, "add": before[0]})
     assert status == 409 and "holds" in json.dumps(answer), answer
+    # As between a move's addition and its removal: a fourth replica; a second addition now is
+    # refused (busy), the removal that ends it is not.
+    status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": group, "add": "n1"})
+    assert status == 200 and sorted(answer["members"]) == sorted([*before, "n1"]), answer
+    others = [m for m in held_cluster.members if m not in before and m != "n1"]
+    status, answer, _ = api(held_cluster["n2"], "POST", "/api/cluster/move-group", {"group": group, "add": others[0]})
+    assert status == 409 and "busy" in json.dumps(answer), answer
+    status, answer, _ = api(
+        held_cluster[before[0]], "POST", "/api/cluster/move-group", {"group": group, "remove": "n1"}
+    )
+    assert status == 200 and sorted(answer["members"]) == sorted(before), answer
 
 
 def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(held_cluster: Cluster) -> None:
