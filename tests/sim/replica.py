@@ -95,6 +95,10 @@ class Replica:
             queue_timers=QueueTimers(),  # (the ticker's index: touched by the same call)
         )
         self.broker.queue_settings_changed = functools.partial(Broker.queue_settings_changed, self.broker)
+        # Every replica here holds every group: no queue's machine is elsewhere (Broker's own
+        # methods would find the same, through the log's holds_queue).
+        self.broker.settings_elsewhere = lambda key: None
+        self.broker.queue_records_changed = lambda vhost, name=None: None
         self.cluster = SimpleNamespace(broker=self.broker, meta_group=META_GROUP)
         self.broker.groups[META_GROUP] = MetaGroup()
         for group in shards:
