@@ -20,7 +20,6 @@ itself as a one-member cluster and refuses membership commands with 409.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import socket
@@ -35,6 +34,7 @@ import trio
 from ..machines import metadata as md
 from ..machines.maintenance import SetMaintenance
 from ..machines.queue_types import Rejected
+from ..server.hosts import is_ip
 from ..server.message_rates import exchange_counts
 from . import (
     access_api,
@@ -792,19 +792,11 @@ def host_allowed(host_header: str, allowed: frozenset[str]) -> bool:
     host = host_header.strip().lower()
     if host.startswith("["):  # [v6]:port
         literal, bracket, _rest = host[1:].partition("]")
-        return bool(bracket) and _is_ip(literal)
+        return bool(bracket) and is_ip(literal)
     name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
     if port and not port.isdigit():
         return False
-    return _is_ip(name) or name.rstrip(".") in allowed
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    return is_ip(name) or name.rstrip(".") in allowed
 
 
 def body_limit_bytes(method: str, target: str) -> int:
