@@ -42,12 +42,23 @@ def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
         command.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
 
 
-def _layout(node: str) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None]:
+def _layout(node: str, planning: bool = False) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None]:
     """(group -> its members, the members, member -> its machine or None from a member that
-    does not say: the plans then take each member as its own machine)."""
+    does not say: the plans then take each member as its own machine). `planning`: CtlError
+    (exit 5) while the asked member cannot see every member's groups (one not reachable from
+    it: the groups it does not hold would look short of that member's replicas, and a plan
+    would add replicas that exist; a jepsen-style drain planned during a kill did)."""
     answer = fetch(node, "/api/cluster/placement", READ_TIMEOUT_S)
     placement = {g["group"]: list(g["members"]) for g in answer["groups"]}
     hosts = answer.get("hosts")
+    unseen = answer.get("unreachable") or []
+    if planning and unseen:
+        raise CtlError(
+            f"the placement is not known whole: {', '.join(unseen)} not reachable from {answer.get('node', node)}, "
+            "whose view of the groups it does not hold comes through its links; run this again once "
+            f"{'it is' if len(unseen) == 1 else 'they are'} back",
+            5,
+        )
     return placement, sorted(answer["replicas"]), dict(hosts) if isinstance(hosts, dict) else None
 
 
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     """What to print; None when `args` is another command."""
     if args.command not in COMMANDS:
         return None
-    placement, members, hosts = _layout(args.node)
+    placement, members, hosts = _layout(args.node, planning=args.command in ("rebalance", "drain-replicas"))
     if args.command == "placement":
         if getattr(args, "json", False):
             return json.dumps({"groups": placement, "hosts": hosts}, indent=1)
@@ -142,6 +153,7 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
         return None
     if all(len(replicas) >= len(members) for replicas in placement.values()):
         return None
+    placement, members, hosts = _layout(node, planning=True)  # (exit 5: a member not reachable from `node`)
     factor = settled_factor(placement)
     if factor > len(members) - 1:
         raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
@@ -150,7 +162,7 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
 
 def rebalance(node: str, timeout_s: float | None) -> str:
     """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
-    placement, members, hosts = _layout(node)
+    placement, members, hosts = _layout(node, planning=True)
     return execute(node, plan_moves(placement, members, settled_factor(placement), host_of=hosts), timeout_s)
 
 

@@ -40,6 +40,10 @@ def view_placement(broker: Any) -> dict:
         "groups": [{"group": group, "members": replicas} for group, replicas in placement.items()],
         "replicas": loads(placement, members),
         "hosts": cluster.hosts(),
+        # members the asked one has no link with now: the groups it does not hold are seen
+        # through its links, so their replicas there are missing above (a plan made from this
+        # view would add replicas that exist: maxqctl refuses to plan while any is listed)
+        "unreachable": cluster.unseen_members(),
     }
 
 

@@ -613,6 +613,16 @@ class ClusterLog(CommandLog):
                 out[group] = sorted(m for m in g.member_ids() if not (g.learning and m == node.node_id))
         return out
 
+    def unseen_members(self) -> list[str]:
+        """Members whose groups this member does not know now: not linked (down, cut off), so
+        `placement` leaves them out of the groups not held here. [] when this member holds every
+        shard group (it reads their members from its own replicas)."""
+        node = self.node
+        if all(group in node.groups for group in self.shards):
+            return []
+        announced = node.peer_held()
+        return sorted(m for m in self.members() if m != self.node_id and m not in announced)
+
     async def move_group(self, group: str, add: str | None, remove: str | None) -> str | None:
         """Move one replica of `group` (add `add`, then remove `remove`: replication/group_moves.py),
         through a member that holds it (this one, or one it asks). None once done, else why not."""

@@ -563,3 +563,20 @@ def test_a_new_member_holds_nothing_until_a_rebalance_moves_its_share_onto_it(he
             assert len(held_by(new)) == 1 + 2
     finally:
         new.stop()
+
+
+def test_no_plan_is_made_while_a_member_is_out_of_reach(held_cluster: Cluster) -> None:
+    """n1 sees the groups it does not hold through its links: with n5 down they look short of
+    n5's replicas, and a plan would add replicas that exist (a jepsen-style drain did)."""
+    held_cluster["n5"].kill()
+    refused = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
+    assert refused.returncode == 5 and "n5 not reachable from n1" in refused.stderr, refused
+    refused = run_maxqctl(held_cluster["n1"], "drain-replicas", "n2")
+    assert refused.returncode == 5 and "not reachable" in refused.stderr, refused
+    held_cluster["n5"].launch()
+    held_cluster["n5"].wait_ready(60)
+    wait_for(
+        lambda: run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run").returncode == 0, 30, "a plan once n5 is back"
+    )
+    planned = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
+    assert "nothing to move" in planned.stdout, planned

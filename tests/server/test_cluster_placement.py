@@ -33,3 +33,17 @@ def test_a_learner_does_not_list_itself_among_the_members_of_a_group_it_catches_
         "shard-1": ["n1", "n2", "n4"],
         "shard-2": ["n1", "n3"],
     }
+
+
+def test_members_without_a_link_are_unseen_unless_every_group_is_held_here() -> None:
+    def log(held: dict) -> SimpleNamespace:
+        fake = SimpleNamespace(
+            node=SimpleNamespace(node_id="n4", groups=held, peer_held=lambda: {"n1": frozenset(), "n2": frozenset()}),
+            shards=["shard-0", "shard-1"],
+            node_id="n4",
+            members=lambda: ["n1", "n2", "n3", "n4"],
+        )
+        return fake
+
+    assert ClusterLog.unseen_members(log({"shard-0": None})) == ["n3"]  # type: ignore[arg-type]
+    assert ClusterLog.unseen_members(log({"shard-0": None, "shard-1": None})) == []  # type: ignore[arg-type]
