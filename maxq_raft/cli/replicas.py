@@ -42,10 +42,13 @@ def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
         command.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
 
 
-def _layout(node: str, planning: bool = False) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None]:
+def _layout(
+    node: str, planning: bool = False
+) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None, list[str]]:
     """(group -> its members, the members, member -> its machine or None from a member that
     does not say: the plans then take each member as its own machine). `planning`: CtlError
-    (exit 5) while the asked member cannot see every member's groups (one not reachable from
+    (exit 5) while the asked member cannot see every member's groups (the last item: those it
+    cannot see) (one not reachable from
     it: the groups it does not hold would look short of that member's replicas, and a plan
     would add replicas that exist; a jepsen-style drain planned during a kill did)."""
     answer = fetch(node, "/api/cluster/placement", READ_TIMEOUT_S)
@@ -59,7 +62,7 @@ def _layout(node: str, planning: bool = False) -> tuple[dict[str, list[str]], li
             f"{'it is' if len(unseen) == 1 else 'they are'} back",
             5,
         )
-    return placement, sorted(answer["replicas"]), dict(hosts) if isinstance(hosts, dict) else None
+    return placement, sorted(answer["replicas"]), dict(hosts) if isinstance(hosts, dict) else None, list(unseen)
 
 
 def _to_moves(group: str, now: list[str], wanted: list[str]) -> list[Move]:
@@ -112,11 +115,14 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     """What to print; None when `args` is another command."""
     if args.command not in COMMANDS:
         return None
-    placement, members, hosts = _layout(args.node, planning=args.command in ("rebalance", "drain-replicas"))
+    placement, members, hosts, unseen = _layout(args.node, planning=args.command in ("rebalance", "drain-replicas"))
     if args.command == "placement":
         if getattr(args, "json", False):
-            return json.dumps({"groups": placement, "hosts": hosts}, indent=1)
-        return _table(placement, members, hosts)
+            return json.dumps({"groups": placement, "hosts": hosts, "unreachable": unseen}, indent=1)
+        table = _table(placement, members, hosts)
+        if unseen:
+            table += f"\nnot reachable from {args.node}: {', '.join(unseen)} (their replicas of the groups it does not hold are not shown)"
+        return table
     if args.command == "move-group":
         if args.group not in placement:
             raise CtlError(f"no shard group {args.group!r} (groups: {', '.join(placement)})", 4)
@@ -148,12 +154,12 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
     None when every member holds every group, or there is no placement (a single node): nothing
     can move, and `maxqctl drain` only moves leaderships and clients."""
     try:
-        placement, members, hosts = _layout(node)
+        placement, members, _hosts, _unseen = _layout(node)
     except CtlError:
         return None
     if all(len(replicas) >= len(members) for replicas in placement.values()):
         return None
-    placement, members, hosts = _layout(node, planning=True)  # (exit 5: a member not reachable from `node`)
+    placement, members, hosts, _unseen = _layout(node, planning=True)  # (exit 5: one not reachable from `node`)
     factor = settled_factor(placement)
     if factor > len(members) - 1:
         raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
@@ -162,13 +168,13 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
 
 def rebalance(node: str, timeout_s: float | None) -> str:
     """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
-    placement, members, hosts = _layout(node, planning=True)
+    placement, members, hosts, _unseen = _layout(node, planning=True)
     return execute(node, plan_moves(placement, members, settled_factor(placement), host_of=hosts), timeout_s)
 
 
 def holds_any(node: str, member: str) -> bool:
     """Whether `member` holds a replica of any shard group."""
-    placement, _members, _hosts = _layout(node)
+    placement, _members, _hosts, _unseen = _layout(node)
     return any(member in replicas for replicas in placement.values())
 
 
@@ -185,5 +191,5 @@ def execute(node: str, moves: list[Move], timeout_s: float | None) -> str:
         except CtlError as exc:
             raise CtlError(f"move {number} of {len(moves)} ({describe(move)}) failed: {exc}", 5) from None
         print(f"[{number}/{len(moves)}] done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-    placement, members, hosts = _layout(node)
+    placement, members, hosts, _unseen = _layout(node)
     return f"{len(moves)} moves done\n" + _table(placement, members, hosts)

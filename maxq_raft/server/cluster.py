@@ -686,7 +686,10 @@ class ClusterLog(CommandLog):
             self.remote_out.flush()  # (who leads what is read afresh below)
             groups = dict(self.node.groups)
             held = set(groups)
-            for group in sorted(self._held - held):
+            for group in sorted(self._held - held - {META_GROUP}):
+                # (the metadata group is left only by a member removed from the cluster: it has
+                # no queue machines to drop, and its machine must stay, as broker.meta; replacing
+                # it broke every publish there with 541 in a jepsen-style membership run)
                 self._group_left(group)
             learning = {name for name, g in groups.items() if g.learning}
             for group in sorted(self._learning - learning & held):
@@ -708,7 +711,10 @@ class ClusterLog(CommandLog):
             self._led, self._members = led, members_now
             if trio.current_time() >= self._stats_due:
                 self._stats_due = trio.current_time() + queue_stats.STATS_EVERY_S
-                self._send_queue_stats(sorted(led))
+                try:
+                    self._send_queue_stats(sorted(led))
+                except Exception:  # our glue: the counts are for display; this loop must go on
+                    log.exception("the queues' counts were not sent")
             self.remote_out.flush()
             self.proposer.expire_elsewhere(trio.current_time() - remote.REPLIES_WAIT_S)
             seen = self.remote_in.seen
@@ -808,7 +814,10 @@ class ClusterLog(CommandLog):
                 await trio.sleep(BARRIER_RETRY_S)
 
     def members(self) -> list[str]:
-        return self.node.groups[META_GROUP].member_ids()
+        """The cluster's members, as this member's metadata replica has them (only itself once
+        it was removed from the cluster: it holds the metadata group no more)."""
+        meta = self.node.groups.get(META_GROUP)
+        return meta.member_ids() if meta is not None else [self.node_id]
 
     def hosts(self) -> dict[str, str]:
         """Each member's machine, from the host of its Raft address (server/hosts.py): the plans

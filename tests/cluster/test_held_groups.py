@@ -519,6 +519,11 @@ def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(h
     assert loads[victim] == 0 and sorted(v for n, v in loads.items() if n != victim) == [3, 4, 4, 4], loads
     removed = run_maxqctl(held_cluster["n1"], "remove-node", victim)
     assert removed.returncode == 0, (removed.stdout, removed.stderr)
+    # Removed from the cluster, it left the metadata group: it runs on (until stopped) and still
+    # answers (before, it replaced its metadata machine and then exited on the next counts sent).
+    time.sleep(7.0)  # (more than the 5 s between the counts a group's leader sends)
+    assert held_cluster[victim].proc is not None and held_cluster[victim].proc.poll() is None
+    assert "queue_totals" in held_cluster[victim].admin("/api/overview")
 
 
 def _alive(connection: pika.BlockingConnection) -> bool:
@@ -573,6 +578,8 @@ def test_no_plan_is_made_while_a_member_is_out_of_reach(held_cluster: Cluster) -
     assert refused.returncode == 5 and "n5 not reachable from n1" in refused.stderr, refused
     refused = run_maxqctl(held_cluster["n1"], "drain-replicas", "n2")
     assert refused.returncode == 5 and "not reachable" in refused.stderr, refused
+    shown = run_maxqctl(held_cluster["n1"], "placement")
+    assert shown.returncode == 0 and "not reachable from 127.0.0.1" in shown.stdout and ": n5 (" in shown.stdout, shown
     held_cluster["n5"].launch()
     held_cluster["n5"].wait_ready(60)
     wait_for(
