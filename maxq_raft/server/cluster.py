@@ -535,6 +535,21 @@ class ClusterLog(CommandLog):
         seqs.update(item[1].seq for item in state.held if item[0] is handle)
         return seqs
 
+    def deliveries_here(self, group: str, effects: list) -> list:
+        """A command's effects on a member of a cluster whose groups are held by a few members:
+        the deliveries to consumers of members holding no replica go to those members (when
+        this member leads `group`), the rest are returned to be performed here, each once.
+
+        A member that has come to lead `group` since `serve_remote` last looked sends its resync
+        first: after this command's deliveries, a member holding no replica wrote a message the
+        old leader had checked out to its consumer (applied, then the leadership lost before it
+        was sent) after a later one (a jepsen-style run, seed 2004: FIFO order broken)."""
+        out = self.remote_out
+        if group not in self._led and out.leads(group):
+            self._resync_as_new_leader(group)
+            self._led.add(group)
+        return self.local_deliveries(group, out.take_deliveries(group, effects))
+
     def local_deliveries(self, group: str, effects: list) -> list:
         """On a member of a cluster whose groups are held by a few members: a group it is a
         learner of (catching up to be added: its leader sends its consumers' deliveries
@@ -697,11 +712,7 @@ class ClusterLog(CommandLog):
             self._held, self._learning = held, learning
             led = {g for g in groups if g != META_GROUP and self.leads(g)}
             for group in sorted(led - self._led):
-                queues = self._queues_of(group)
-                members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node_id})
-                for member in members:
-                    if self.remote_out.remote_node(group, member + "@") is not None:
-                        self.remote_out.resync(member, group, queues)
+                self._resync_as_new_leader(group)
             members_now = {g: frozenset(groups[g].member_ids()) for g in led}
             for group, now_members in members_now.items():
                 # A member that left the group (a move) may have stopped applying before the
@@ -721,6 +732,16 @@ class ClusterLog(CommandLog):
             if seen:
                 for consumer_id in [c for c in seen if c not in self.broker.consumers]:
                     self.remote_in.forget(consumer_id)
+
+    def _resync_as_new_leader(self, group: str) -> None:
+        """This member has come to lead `group`: each member holding no replica of it whose
+        consumers have messages checked out there is sent them (the old leader may have applied
+        an entry and lost its leadership before sending its deliveries)."""
+        queues = self._queues_of(group)
+        members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node_id})
+        for member in members:
+            if self.remote_out.remote_node(group, member + "@") is not None:
+                self.remote_out.resync(member, group, queues)
 
     def _send_queue_stats(self, led: list[str]) -> None:
         """The counts of the queues of each group led here, to each member holding no replica of

@@ -103,6 +103,11 @@ class Sender:
         self._holders[group] = holders
         return holders
 
+    def leads(self, group: str) -> bool:
+        """Whether this node leads `group` as this batch's deliveries are taken (the same answer
+        `take_deliveries` goes by)."""
+        return self._led_holders(group) is not None
+
     def remote_node(self, group: str, owner: str) -> str | None:
         """The member `owner` names when this node leads `group` and that member holds no replica
         of it: this node sends it what its own machines would have told it."""

@@ -210,3 +210,29 @@ def test_a_full_fragment_fits_under_the_engines_cap_on_one_message() -> None:
 
     fragment = msgpack.packb(["a" * 12, 2**62, 8190, 8191, b"\0" * remote.FRAGMENT_BYTES], use_bin_type=True)
     assert len(fragment) <= PAYLOAD_BYTES_MAX + MESSAGE_ENVELOPE_BYTES
+
+
+def test_a_new_leader_resyncs_a_member_before_it_sends_that_members_new_deliveries() -> None:
+    """The old leader applied the entry that checked message 0 out to n4's consumer and lost
+    the leadership before sending it; this member, the new leader, applies the next entry,
+    which checks out message 1: n4 must get 0 (the resync) before 1 (jepsen-style seed 2004)."""
+    import functools
+
+    from maxq_raft.server.cluster import ClusterLog
+
+    s, sent = sender()
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Checkout("n4@1/1/a", "n4@1/1", 10, False, 0, False, 10))
+    _reply, checked_out = queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))  # (applied as a follower)
+    log = SimpleNamespace(_led=set(), remote_out=s, node_id="n1", _queues_of=lambda group: [queue])
+    log._resync_as_new_leader = functools.partial(ClusterLog._resync_as_new_leader, log)
+    log.local_deliveries = lambda group, effects: effects
+    _reply, effects = queue.apply(Meta(3, 0), Enqueue([Message("", "q", b"", b"1")]))
+    assert [e.message.body for e in effects if type(e) is Deliver] == [b"1"]
+    assert ClusterLog.deliveries_here(log, "shard-0", effects) == []  # type: ignore[arg-type]
+    s.flush()
+    [(member, (_life, _number, items))] = sent
+    assert member == "n4" and [item[0] for item in items] == ["s", "d"]
+    assert [record[4] for _c, record, _r in items[0][2]] == [b"0", b"1"]  # both checked out, in order
+    assert [record[4] for _c, record, _r in items[1][1]] == [b"1"]  # (a second copy: dropped there)
+    assert log._led == {"shard-0"}
