@@ -15,7 +15,8 @@ its own machines. The member that leads g when it applies an entry (L) sends the
   as a member holding g does when it applies that Down;
 - a queue of g deleted ("q"): M's consumers of it are told (basic.cancel);
 - a direct reply-to reply for a requester on M, passing through g ("t"; cluster.reply_elsewhere);
-- when it becomes g's leader, and when M asks (below), a resync ("s"): every message checked
+- when it becomes g's leader (before the first deliveries it sends M as leader:
+  ClusterLog.deliveries_here), and when M asks (below), a resync ("s"): every message checked
   out to M's consumers in g, which M delivers unless it delivered it already.
 
 What L gathers while it applies a batch goes out at the batch's end, one engine message per
