@@ -78,12 +78,15 @@ def first_placement(
 
 
 def interleaved(members: Iterable[str], host_of: Mapping[str, str] | None = None) -> list[str]:
-    """The members one host at a time: the first of each host (hosts by name), then the second..."""
+    """The members one host at a time: the first of each host, then the second... Hosts are
+    ordered by their first member's name, not by what names the host: two members that name a
+    host differently (one resolved a peer's name, the other could not) but group the members
+    alike order them alike, and with every member its own host this is the members by name."""
     by_host: dict[str, list[str]] = {}
     host = _hosts(sorted(set(members)), host_of)
     for m in sorted(host):
         by_host.setdefault(host[m], []).append(m)
-    columns = [by_host[h] for h in sorted(by_host)]
+    columns = sorted(by_host.values(), key=lambda on_host: on_host[0])
     return [column[row] for row in range(max(map(len, columns), default=0)) for column in columns if row < len(column)]
 
 

@@ -140,3 +140,17 @@ def test_three_hosts_of_two_members_each_lose_no_group_with_a_host():
     after = applied(placement, plan_moves(placement, list(host_of), 3, (), host_of))
     assert all(len({host_of[m] for m in r}) == 3 for r in after.values())
     assert sorted(loads(after, host_of).values()) == [5, 5, 5, 5, 5, 5, 6], after
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(MEMBER_NAMES), min_size=1, max_size=8, unique=True), st.data())
+def test_the_first_placement_depends_on_how_members_group_not_on_what_names_the_hosts(members, data) -> None:
+    """Members that resolved a peer's host name and members that could not (an address on one,
+    the name on another) must place alike: only the grouping counts."""
+    grouping = {m: data.draw(st.integers(0, 3)) for m in members}
+    as_addresses = {m: f"10.0.0.{g}" for m, g in grouping.items()}
+    as_names = {m: f"host-{9 - g}.example" for m, g in grouping.items()}  # (sorts the other way)
+    groups = [f"g{i}" for i in range(data.draw(st.integers(1, 12)))]
+    factor = data.draw(st.integers(1, 4))
+    assert first_placement(groups, members, factor, as_addresses) == first_placement(groups, members, factor, as_names)
+    assert first_placement(groups, members, factor, {m: m for m in members}) == first_placement(groups, members, factor)
