@@ -352,7 +352,20 @@ def test_a_second_move_of_a_group_is_refused_while_one_is_under_way(cluster):
     replicas): a member asked to move a group whose learner another member's move is catching up
     refuses, "busy"."""
     c, box, mover = stopped_learner(cluster, confirmed_before=200)  # (the move stays under way)
-    assert wait_until(lambda: "n4" in c.statuses(["n2"])["n2"]["g0"].get("learners", []), 10)
+
+    def listed() -> bool:
+        return "n4" in c.statuses(["n2"])["n2"]["g0"].get("learners", [])
+
+    # n4 shows it learns g0 as it starts it, and answers the mover a moment later: stopped in
+    # between (a fresh-clone CI on a busy machine), the mover never asks n2 to teach it. Let n4
+    # run 50 ms at a time until n2 has been asked (bounded).
+    for _ in range(20):
+        if wait_until(listed, 1.0):
+            break
+        c.procs["n4"].signal(signal.SIGCONT)
+        time.sleep(0.05)
+        c.procs["n4"].signal(signal.SIGSTOP)
+    assert listed()
     r = c.procs["n2"].cmd("move_group", 10, group="g0", add=["n4", c.addrs["n4"]], remove="n1", wait_s=5)
     assert r["error"] == "busy: a move of g0 is in progress (n4 catching up)", r
     c.procs["n4"].signal(signal.SIGCONT)
