@@ -24,7 +24,7 @@ from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, U
 from .dedup import dedup_exchange_error
 from .features import EnableFeatures
 from .maintenance import SetMaintenance
-from .placement import SetGroups, groups_refusal, hash_group
+from .placement import FirstGroups, SetGroups, groups_refusal, hash_group
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -472,6 +472,7 @@ class MetadataMachine:
             EnableFeatures: self._enable_features,
             SetMaintenance: self._set_maintenance,
             SetGroups: self._set_groups,
+            FirstGroups: self._first_groups,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -956,6 +957,11 @@ class MetadataMachine:
                     if record.group is None:
                         record.group = hash_group(vhost.name, record.name, names)
         return True, []
+
+    def _first_groups(self, cmd: FirstGroups) -> MetaResult:
+        if self.shard_groups:
+            return False, []  # (another member's choice came first: it stands)
+        return self._set_groups(SetGroups(cmd.groups))
 
     def queues_per_group(self) -> dict[str, int]:
         """Group -> how many queue records it holds (queues without a recorded group: none)."""

@@ -14,8 +14,12 @@ feature keeps its layout), and the first list recorded places every queue that e
 A queue record without a group (a single node, or a cluster before the feature) lives where the
 hash over the member's own groups says (server/cluster.py, `group_of`).
 
-Today the record follows the engine, which runs every group on every member; nothing moves a
-group yet. A list that would drop a group still holding a queue is refused.
+With every group on every member the record follows the engine. With groups on a few members
+(--replication-factor) the record comes first: the first placement is chosen in the metadata
+group (`FirstGroups`: the first proposed and committed stands) and every member starts the
+groups it lists for it (server/first_placement.py); later the record follows the engine again as
+replicas move (server/watchdog.py). A list that would drop a group still holding a queue is
+refused.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ FEATURE = "placement"
 
 class SetGroups(NamedTuple):
     groups: list[Any]  # [[group name, [member, ...]], ...]: every shard group, in order, and its replicas
+
+
+class FirstGroups(NamedTuple):
+    """A member's choice of the first placement (as SetGroups), proposed at a cluster's first
+    start by every member that waits for one (server/first_placement.py): recorded only while
+    none is, so the first committed is the cluster's, whatever the others chose."""
+
+    groups: list[Any]
 
 
 def hash_group(vhost: str, name: str, groups: Sequence[str]) -> str:

@@ -80,6 +80,7 @@ import collections
 import itertools
 import logging
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -143,6 +144,7 @@ class ReplicationNode:
         held: Iterable[str] | None = None,
         first_members: dict[str, dict[str, tuple[str, int]]] | None = None,
         on_message: Callable[[str, bytes], None] | None = None,
+        await_placement: bool = False,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -187,6 +189,10 @@ class ReplicationNode:
             if unknown:
                 raise ValueError(f"held groups {unknown} are not among the groups")
         self.first_members = {name: dict(m) for name, m in (first_members or {}).items()}
+        # At the first start (with `held`): the shard groups come later, from the metadata group's
+        # first placement (`start_groups`); recorded in the folder until they have come.
+        self.await_placement = await_placement
+        self.awaiting_placement = False
         self.raft_dir = self.data_dir / "raft"
         # True once this node holds (or may come to hold) fewer than every group: proposals for
         # a group held elsewhere are forwarded to a member that holds it, links to every peer
@@ -272,10 +278,14 @@ class ReplicationNode:
                     f"{self.raft_dir / group_set.HELD_FILE}: holds {unknown}, which are not among the groups"
                 )
             self.partial = True
+            self.awaiting_placement = group_set.placement_pending(self.raft_dir)
             return [name for name in self.group_names if name in recorded]
         if self.held_at_first_start is None:
             return list(self.group_names)
         held = [name for name in self.group_names if name in self.held_at_first_start]
+        if self.await_placement:
+            group_set.mark_placement_pending(self.raft_dir, self.fsync)  # (before the record of held)
+            self.awaiting_placement = True
         group_set.write_held(self.raft_dir, held, self.fsync)
         self.partial = True
         return held
@@ -471,6 +481,51 @@ class ReplicationNode:
             add = (add[0], (add[1][0], int(add[1][1])))
         self._post(lambda: self.moves.start(group, add, remove, callback, timeout_s))
 
+    def start_groups(
+        self, members_of: dict[str, dict[str, tuple[str, int]]], done: Callable[[str | None], None]
+    ) -> None:
+        """Start the groups of the first placement this node waits for (`awaiting_placement`), each
+        with the members it gives (this node among them), as at a first start; a group held
+        already is left as it is. `done(None)` once they are recorded held (hub thread), else
+        `done(why not)`."""
+
+        def start() -> None:
+            unknown = sorted(set(members_of) - set(self.group_names))
+            if unknown:
+                call_safely(done, f"groups {unknown} are not among this node's groups")
+                return
+            started = []
+            for name in self.group_names:
+                members = members_of.get(name)
+                if members is None or name in self.groups:
+                    continue
+                # (a folder of a group not held is a left-over: nothing in it is this node's)
+                shutil.rmtree(self.raft_dir / name, ignore_errors=True)
+                try:
+                    g = self._make_group(name, False, members)
+                except (OSError, ValueError) as exc:
+                    call_safely(done, f"cannot start {name}: {exc}")
+                    return
+                self.groups[name] = g
+                self._touched.add(g)
+                started.append(name)
+                for nid, addr in members.items():
+                    if nid != self.node_id:
+                        self.hub.set_address(nid, addr)
+                        self.hub.want(nid)
+            try:
+                group_set.write_held(self.raft_dir, list(self.groups), self.fsync)
+                group_set.clear_placement_pending(self.raft_dir)
+            except OSError as exc:
+                call_safely(done, f"cannot record the groups held: {exc}")
+                return
+            self.awaiting_placement = False
+            log.info("node %s: started groups %s (the first placement)", self.node_id, ", ".join(started) or "none")
+            self.announce_held()
+            call_safely(done, None)
+
+        self._post(start)
+
     def transfer_leadership(
         self, group: str, node_id: str, callback: Callable[[str | None], None] | None = None
     ) -> None:
@@ -577,6 +632,17 @@ class ReplicationNode:
         # check is only between new ones)
         announce = {"op": "groups", "groups": self.group_names, "features": self.features, "held": sorted(self.groups)}
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
+
+    def announce_held(self) -> None:
+        """Tell every peer linked now what this node holds (hub thread), after a change: each
+        link's first message says it too (`_on_peer_up`). Every linked peer, not only those
+        whose own announcement came: a peer whose link to here came up after this one did had
+        heard only the list before the change, and took this node for holding none of the
+        groups it had just started (in a cluster test a member waited 60 s on "not leader" for
+        a group whose holders had announced it to the others only)."""
+        for peer in sorted(set(self.peers) | set(self._peer_groups) | set(self._peer_held)):
+            if self.hub.is_up(peer):
+                self._announce(peer)
 
     def _on_peer_up(self, peer: str) -> None:
         self._announce(peer)

@@ -38,7 +38,7 @@ from ..machines import metadata as md
 from ..machines.features import EnableFeatures
 from ..machines.maintenance import SetMaintenance
 from ..machines.message import Message
-from ..machines.placement import SetGroups
+from ..machines.placement import FirstGroups, SetGroups
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
 from ..machines.txn_decisions import DecideTxn
@@ -94,6 +94,7 @@ METADATA_COMMANDS = {
         EnableFeatures,
         SetMaintenance,
         SetGroups,
+        FirstGroups,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)

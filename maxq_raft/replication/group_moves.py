@@ -329,8 +329,7 @@ class GroupMoves:
             log.info(
                 "node %s: joined group %s (members before: %s)", self.engine.node_id, name, ", ".join(sorted(first))
             )
-            for linked in list(self.engine._peer_held):
-                self.engine._announce(linked)
+            self.engine.announce_held()
             self.engine._touched.add(g)
             answer(None)
 
@@ -375,5 +374,4 @@ class GroupMoves:
             shutil.rmtree(self.engine.raft_dir / name, ignore_errors=True)
             self.engine._leader_hint.pop(name, None)
             log.info("node %s: left group %s", self.engine.node_id, name)
-            for linked in list(self.engine._peer_held):
-                self.engine._announce(linked)
+            self.engine.announce_held()

@@ -16,6 +16,11 @@ members) keeps two kinds of record under `<data dir>/raft/`, both written whole 
   (and a snapshot's header replaces the list: group.py, `_adopt`), so a restart must start from
   the same list as the first start, whatever the member's own peer list says then.
 
+- `placement_pending`: present while this member waits for the metadata group's first placement
+  (a cluster's first start with --replication-factor: it starts holding the metadata group only,
+  server/first_placement.py); removed once it started the groups that placement gives it, in
+  the same step that records them as held.
+
 A group absent from `held_groups.json` has no folder worth keeping: the engine deletes the folder
 of a group it left once the removal is committed (engine.py, `_leave_group`).
 """
@@ -28,6 +33,7 @@ from pathlib import Path
 from .raft_journal import write_atomic
 
 HELD_FILE = "held_groups.json"
+PENDING_MARKER = "placement_pending"
 FIRST_MEMBERS_FILE = "first_members.json"
 
 Members = dict[str, tuple[str, int]]
@@ -83,3 +89,19 @@ def write_first_members(group_dir: Path, members: Members, fsync: bool) -> None:
     group_dir.mkdir(parents=True, exist_ok=True)
     body = {"members": {node: [host, port] for node, (host, port) in sorted(members.items())}}
     write_atomic(group_dir, FIRST_MEMBERS_FILE, json.dumps(body).encode(), fsync)
+
+
+def placement_pending(raft_dir: Path) -> bool:
+    """Whether this member still waits for the first placement (`PENDING_MARKER`)."""
+    return (raft_dir / PENDING_MARKER).exists()
+
+
+def mark_placement_pending(raft_dir: Path, fsync: bool) -> None:
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(raft_dir, PENDING_MARKER, b"", fsync)
+
+
+def clear_placement_pending(raft_dir: Path) -> None:
+    """After the groups it gave are recorded held: a crash before this starts them again from
+    their records, and the metadata group's record is taken again (groups held are skipped)."""
+    (raft_dir / PENDING_MARKER).unlink(missing_ok=True)

@@ -803,12 +803,13 @@ class ClusterLog(CommandLog):
 
     # -------------------------------------------------------------- start-up
 
-    async def barrier(self) -> None:
-        """Commit this node's `Down` in every group: once applied here, the log before it is too
-        (the retained log replays first), and nothing of an earlier life holds messages."""
+    async def barrier(self, groups: list[str] | None = None) -> None:
+        """Commit this node's `Down` in every group (or in `groups`): once applied here, the log
+        before it is too (the retained log replays first), and nothing of an earlier life holds
+        messages."""
         pending = {
-            META_GROUP: md.OwnerDown(self.node_id + "@"),
-            **{g: qc.Down(self.node_id + "@") for g in self.shards},
+            g: md.OwnerDown(self.node_id + "@") if g == META_GROUP else qc.Down(self.node_id + "@")
+            for g in (groups if groups is not None else [META_GROUP, *self.shards])
         }
         announced = False
         while pending:

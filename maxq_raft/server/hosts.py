@@ -4,7 +4,9 @@ Several members may run on one machine (one per core, issue #19); the placement 
 group's replicas on different machines (machines/replica_moves.py), so that losing a machine
 loses no group's majority. Members are told apart by the host of their Raft address (`--peer`,
 `--raft-addr`), resolved to an IP address where it resolves, so that a name and its address
-count as one machine; every member resolves the same --peer list at its first start.
+count as one machine. At a cluster's first start the first placement proposed and committed
+in the metadata group stands (server/first_placement.py), so members that resolve differently
+still start one placement; the plans are made on the member asked.
 """
 
 from __future__ import annotations

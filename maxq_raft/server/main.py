@@ -44,7 +44,6 @@ from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..machines.features import SUPPORTED
-from ..machines.replica_moves import first_placement
 from ..replication.engine import ReplicationNode
 from ..replication.journal import JournalCorruption, JournalError
 from ..replication.snapshot_file import SnapshotError
@@ -59,6 +58,8 @@ from .cluster import ClusterLog, default_shards
 from .command_log import META_GROUP
 from .errors import ChannelError
 from .feature_flags import enable_features
+from .first_placement import choice as first_placement_choice
+from .first_placement import take_first_placement
 from .hosts import is_ip, machine_of
 from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
@@ -329,7 +330,7 @@ async def _serve_clustered(
     )
     broker.attach(cluster)
     cluster.on_fatal = stop.halt
-    held, first_members = _first_placement(settings, cluster.shards)
+    held, proposal = _first_placement(settings, cluster.shards)
     try:
         node = ReplicationNode(
             node_id=settings.node_id,
@@ -347,8 +348,8 @@ async def _serve_clustered(
             features=SUPPORTED,
             on_peer_groups=provisional.on_peer_groups if provisional is not None else None,
             held=held,
-            first_members=first_members,
             on_message=cluster.on_message,
+            await_placement=proposal is not None,
         )
         node.start()
     except OSError as exc:
@@ -386,7 +387,13 @@ async def _serve_clustered(
             catching_up = trio.CancelScope()
             nursery.start_soon(_cancel_when_stopped, stop, catching_up)
             with catching_up:
-                await cluster.barrier()
+                if node.awaiting_placement:
+                    own = parse_addr(settings.raft_addr, "raft_addr")
+                    refused = await take_first_placement(cluster, proposal or [], own)
+                    if refused is not None:
+                        stop.halt(refused)
+                if not stop.event.is_set():
+                    await cluster.barrier()
             if stop.event.is_set():
                 nursery.cancel_scope.cancel()  # failed while catching up: no client to close yet
                 return
@@ -398,15 +405,14 @@ async def _serve_clustered(
         await trio.to_thread.run_sync(node.stop)
 
 
-def _first_placement(
-    settings: Settings, shards: list[str]
-) -> tuple[list[str] | None, dict[str, dict[str, tuple[str, int]]] | None]:
+def _first_placement(settings: Settings, shards: list[str]) -> tuple[list[str] | None, list[list] | None]:
     """With --replication-factor below the number of members: the groups this member holds at
-    the cluster's first start (the metadata group and the shard groups `first_placement` puts on
-    it, each group's replicas on different hosts of the Raft addresses where it can: every member
-    works out the same from the same --peer list) and each shard group's
-    members; a joining member (--join on) holds only the metadata group. The engine records both in the data folder (replication/group_set.py); a later
-    start takes them from there. None, None: every member holds every group."""
+    its first start (the metadata group only) and its proposal of the cluster's first placement
+    (server/first_placement.py: the metadata group records the first proposed, and every member
+    starts the groups it lists for it). A joining member (--join on) holds only the metadata
+    group and proposes nothing: its replicas come by a rebalance. The engine records what it
+    holds in the data folder (replication/group_set.py); a later start takes it from there.
+    None, None: every member holds every group."""
     factor = settings.replication_factor
     if factor and settings.join == "on":
         return [META_GROUP], None  # a new member: replicas come by a rebalance (maxqctl rebalance)
@@ -420,9 +426,7 @@ def _first_placement(
             "host of each member's Raft address: give --raft-addr the address the other members list in "
             f"their --peer, not {settings.raft_addr}"
         )
-    placement = first_placement(shards, list(addresses), factor, hosts)
-    held = [META_GROUP, *(g for g in shards if settings.node_id in placement[g])]
-    return held, {g: {m: addresses[m] for m in members} for g, members in placement.items()}
+    return [META_GROUP], first_placement_choice(shards, addresses, factor, hosts)
 
 
 DEFAULT_USER_TIMEOUT_S = 30.0

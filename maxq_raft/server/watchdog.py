@@ -17,8 +17,9 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   the leadership of every group it leads (after an election too) to the member up and not
   drained that leads fewest;
 - on the metadata leader, once the `placement` feature is enabled, the shard groups and their
-  members as this node's engine has them are recorded in the metadata group whenever the record
-  differs (`SetGroups`, machines/placement.py; one proposal out at a time).
+  members as this node's engine has them (groups held elsewhere: as their holders announce them,
+  once every member is linked) are recorded in the metadata group whenever the record differs
+  (`SetGroups`, machines/placement.py; one proposal out at a time).
 """
 
 from __future__ import annotations
@@ -169,8 +170,16 @@ class MembershipWatchdog:
         if now < self._recording_until or not meta.feature_enabled(PLACEMENT):
             return
         if any(group not in cluster.node.groups for group in cluster.shards):
-            return  # (groups on a few members: their record is not kept yet, docs/scale-out-plan.md)
-        groups = [[group, sorted(cluster.node.groups[group].member_ids())] for group in cluster.shards]
+            # Groups on a few members: those held elsewhere as their holders announce them, once
+            # every member is linked (one out of reach could hold any of them).
+            if not meta.shard_groups or cluster.unseen_members():
+                return  # (the first record is the first placement: first_placement.py)
+            placement = cluster.placement()
+            groups = [[group, placement.get(group, [])] for group in cluster.shards]
+            if any(not members for _group, members in groups):
+                return
+        else:
+            groups = [[group, sorted(cluster.node.groups[group].member_ids())] for group in cluster.shards]
         if groups == [[group, members] for group, members in meta.shard_groups.items()]:
             return
         self._recording_until = now + RECORD_WAIT_S

@@ -59,6 +59,13 @@ def queue_elsewhere(cluster: Cluster, member: str, prefix: str = "q") -> tuple[s
     raise AssertionError("no such queue name")
 
 
+def recorded_replicas(member: Member, group: str) -> list[str] | None:
+    """The replicas of `group` (held by `member`) as the metadata group records them."""
+    status = member.admin("/api/cluster/status")
+    replicas = {g["group"]: g["replicas"] for g in status["groups"]}.get(group)
+    return None if replicas is None else sorted(replicas)
+
+
 def holders(cluster: Cluster, group: str) -> list[str]:
     for member in cluster.alive():
         held = held_by(member)
@@ -468,6 +475,8 @@ def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_
         assert moved.returncode == 0, (moved.stdout, moved.stderr)
         assert sorted(held_by(held_cluster["n1"])[group]) == sorted(target)  # n1 applies it now
         consumer.pump_while(lambda: True, 2)
+        # The metadata group's record follows the move (server/watchdog.py, `_record_placement`).
+        wait_for(lambda: recorded_replicas(held_cluster["n1"], group) == sorted(target), 15, "the move recorded")
         back = in_background(
             consumer, lambda: run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(before))
         )

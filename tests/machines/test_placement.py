@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maxq_raft.machines import metadata as md
-from maxq_raft.machines.placement import SetGroups, groups_refusal, hash_group
+from maxq_raft.machines.placement import FirstGroups, SetGroups, groups_refusal, hash_group
 from maxq_raft.machines.queue_types import Meta, Rejected
 from maxq_raft.replication.entries import decode_entry, encode_entry
 from maxq_raft.server.cluster import shard_groups, shard_of
@@ -102,3 +102,19 @@ def test_the_record_travels_in_log_entries_and_snapshots_and_old_snapshots_load_
             del record[7]
     restored = load_metadata(old)
     assert restored.shard_groups == {} and restored.queue(V, "before").group is None
+
+
+def test_the_first_placement_proposed_stands_and_later_choices_change_nothing() -> None:
+    machine = md.MetadataMachine()
+    waiting = declare(machine, "early")  # (a queue declared before any record: placed by the first)
+    chosen = [[group, ["n1", "n2", "n3"]] for group in shard_groups(3)]
+    other = [[group, ["n3", "n4"]] for group in shard_groups(3)]
+    reply, effects = machine.apply(Meta(1, 0), FirstGroups([[]]))  # type: ignore[list-item]
+    assert type(reply) is Rejected and reply.reply_code == 406 and effects == [] and machine.shard_groups == {}
+    assert machine.apply(Meta(2, 0), FirstGroups(chosen))[0] is True
+    assert waiting.group == shard_of((V, "early"), 3)
+    assert machine.apply(Meta(3, 0), FirstGroups(other))[0] is False  # another member's, later: ignored
+    assert machine.shard_groups == {group: ["n1", "n2", "n3"] for group in shard_groups(3)}
+    assert machine.apply(Meta(4, 0), SetGroups(other))[0] is True  # (the record then follows the engine)
+    # It travels in an entry like any metadata command.
+    assert decode_entry(encode_entry(0, [(None, FirstGroups(chosen))], "n1@1", 1)).items[0][1] == FirstGroups(chosen)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from maxq_raft.replication import group_set
@@ -68,3 +70,50 @@ def test_an_engine_refuses_to_start_on_a_damaged_record_or_unknown_groups(tmp_pa
     (raft / group_set.HELD_FILE).write_bytes(b"{")
     with pytest.raises(group_set.GroupSetError):
         _node(tmp_path).start()
+
+
+def test_a_member_waiting_for_the_first_placement_says_so_until_it_starts_the_groups_given(tmp_path):
+    node = _node(tmp_path, held=[], await_placement=True)
+    node.start()
+    try:
+        assert node.awaiting_placement and node.groups == {}
+        assert group_set.placement_pending(tmp_path / "raft")
+        answers: list = []
+        node.start_groups({"g1": {"n1": node.raft_addr, "n2": ("127.0.0.1", 1)}}, answers.append)
+        deadline = time.monotonic() + 10
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert answers == [None]
+        assert list(node.groups) == ["g1"] and not node.awaiting_placement
+        assert group_set.read_held(tmp_path / "raft") == ["g1"]
+        assert not group_set.placement_pending(tmp_path / "raft")
+        assert group_set.read_first_members(tmp_path / "raft" / "g1") == {
+            "n1": node.raft_addr,
+            "n2": ("127.0.0.1", 1),
+        }
+        node.start_groups({"g7": {"n1": node.raft_addr}}, answers.append)
+        deadline = time.monotonic() + 10
+        while len(answers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert answers[1] == "groups ['g7'] are not among this node's groups" and list(node.groups) == ["g1"]
+    finally:
+        node.stop()
+    # A restart before the groups came waits again; after, it starts them from its records.
+    restarted = _node(tmp_path, held=["g0"], await_placement=True)
+    restarted.start()
+    try:
+        assert list(restarted.groups) == ["g1"] and not restarted.awaiting_placement
+    finally:
+        restarted.stop()
+
+
+def test_a_restart_before_the_first_placement_came_waits_for_it_again(tmp_path):
+    node = _node(tmp_path, held=[], await_placement=True)
+    node.start()
+    node.stop()
+    again = _node(tmp_path, held=[], await_placement=False)
+    again.start()
+    try:
+        assert again.awaiting_placement and again.groups == {}
+    finally:
+        again.stop()
