@@ -313,9 +313,22 @@ class Group:
 
         so._SyncObj__doApplyCommand = apply_once
 
-    def _adopt(self, header: SnapshotHeader) -> None:
+    def _adopt(self, header: SnapshotHeader, leader: str | None = None) -> None:
         """pysyncobj's view: everything through header.index is committed and applied, and the
-        members are the snapshot's (the entries that named them may be gone)."""
+        members are the snapshot's (the entries that named them may be gone), whether or not
+        they name this node: a learner (a move onto this node) installs a snapshot taken before
+        its addition, and the entries after it replay the changes since on top. Taking only
+        those that named it (as before) left a learner that had once held the group with the
+        members of an old snapshot from before its removal (n1, n4, n5 on n4, where the group
+        was on n2, n3, n5): its next snapshot, without it, changed nothing, the entries between
+        (n3 added, n1 removed) were never appended here, and once it led the group it told n3,
+        a member, that it was not one, which left (jepsen-style run, seed 2006).
+
+        The transport drops messages from nodes outside the members, so the leader that sent
+        the snapshot (`leader`; added after the snapshot's index, its addition comes in the
+        entries after it) is kept among them; so are, at a restart from a snapshot that does
+        not name this node (a learner's), the members it was started with, its leader's among
+        them."""
         so = self.so
         self.snapshot = header
         self.pending_snapshot = header
@@ -325,16 +338,23 @@ class Group:
             so._SyncObj__raftCommitIndex = header.index
             self.raft_log.setRaftCommitIndex(header.index)
         members = {m[0]: (m[1], m[2]) for m in header.members}
-        if self.node_id in members:
-            others = [wire.RaftNode(nid, addr) for nid, addr in sorted(members.items()) if nid != self.node_id]
-            so._SyncObj__updateClusterConfiguration(others)
+        if not members:  # (a snapshot of the old layout may name none: the peers stay)
+            return
+        others = [wire.RaftNode(nid, addr) for nid, addr in sorted(members.items()) if nid != self.node_id]
+        kept = {n.id: n for n in so.otherNodes}
+        if leader is not None:
+            if leader not in members and leader in kept:
+                others.append(kept[leader])
+        elif self.node_id not in members:
+            others.extend(node for nid, node in sorted(kept.items()) if nid not in members)
+        so._SyncObj__updateClusterConfiguration(others)
 
     def _installed(self, header: SnapshotHeader, leader: str, term: int) -> None:
         """The transport received a whole snapshot from the leader (hub thread)."""
         log.info("group %s: installing the snapshot at index %d from %s", self.name, header.index, leader)
         self.raft_log.install_base(header.prev, header.last)
         self.applied = min(self.applied, header.index)
-        self._adopt(header)
+        self._adopt(header, leader)
         prune_snapshots(self.snap_dir, header.index)
         self.install_ack = (leader, header.index, term)
         self.stats["snapshots_installed"] += 1

@@ -70,7 +70,10 @@ class MembershipWatchdog:
             try:
                 leading = node.is_leader(META_GROUP)
                 members = [m for m in cluster.members() if m != cluster.node_id]
-                removed = node.groups[META_GROUP].removed
+                meta_group = node.groups.get(META_GROUP)
+                # (a member removed from the cluster leaves the metadata group: once gone, it was
+                # removed; a KeyError here kept it from stopping, in a jepsen-style run)
+                removed = meta_group is None or meta_group.removed
             except Exception:
                 log.exception("watchdog: cannot read the membership")
                 continue
