@@ -741,7 +741,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "PUT": (ADMINISTRATOR, access_api.put_vhost_limit),
         "DELETE": (ADMINISTRATOR, access_api.delete_vhost_limit),
     },
-    "/api/trace/{vhost}": {"GET": (MONITORING, _sync(trace_api.get_trace))},  # x-trace (server/tracer.py)
+    "/api/trace/{vhost}": {"GET": (MONITORING, trace_api.get_trace)},  # x-trace (server/tracer.py)
     "/api/user-limits": {"GET": (ADMINISTRATOR, _view(access_api.list_user_limits))},
     "/api/user-limits/{vhost}/{name}": {  # {vhost} is the user's name here
         "PUT": (ADMINISTRATOR, access_api.put_user_limit),

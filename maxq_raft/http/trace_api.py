@@ -5,8 +5,10 @@ Exactly one of `message_id`, `correlation_id` or `queue` says which records; `si
 since the epoch or a duration back from now ("90s", "10m", "2h", "7d"); `limit` (1-10000,
 default 1000) caps the answer. Records come oldest first. The caller needs the monitoring (or
 administrator) tag, as for every view that reads across users: a trace names users, connections
-and, with x-trace-bodies, message bodies. The records are this member's copy, which every member
-holds alike (derived from the replicated log), so any member answers.
+and, with x-trace-bodies, message bodies. The records of a group are alike on every member
+holding it (derived from the replicated log), so any member answers: where groups are held by a
+few members, from its own records and those of the groups it does not hold, asked of members
+that hold them (server/trace_gather.py; 503 when some are out of its reach).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..server.trace_store import QUERY_LIMIT_DEFAULT, QUERY_LIMIT_MAX, records_of
+from ..server.trace_gather import TraceQuery, TraceUnavailable, gather, run_query
+from ..server.trace_store import QUERY_LIMIT_DEFAULT, QUERY_LIMIT_MAX
 from .listing import LIST_PARAMETERS
 from .objects_api import _vhost, vhost_not_found
 from .requests import HttpError, Request
@@ -48,7 +51,7 @@ def _one(request: Request, name: str) -> str | None:
     return values[0]
 
 
-def get_trace(broker: Any, request: Request) -> list[dict[str, Any]]:
+async def get_trace(broker: Any, request: Request) -> list[dict[str, Any]]:
     vhost = _vhost(broker, request, vhost_not_found)
     # (the list parameters, sort, columns, page..., shape the answer as for every list: listing.py)
     unknown = sorted(key for key in request.query if key not in _PARAMETERS)
@@ -73,16 +76,10 @@ def get_trace(broker: Any, request: Request) -> list[dict[str, Any]]:
         if not limit_text.isdigit() or not 1 <= int(limit_text) <= QUERY_LIMIT_MAX:
             raise _bad(f"limit must be an integer 1-{QUERY_LIMIT_MAX}; got {limit_text[:32]!r}")
         limit = int(limit_text)
-    trace = broker.tracer.log
-    if key == "queue":
-        return trace.by_queue(vhost, value, since_ms, until_ms, limit)
-    if key == "message_id":
-        found = trace.by_message_id(vhost, value, QUERY_LIMIT_MAX)
-    else:
-        found = trace.by_correlation_id(vhost, value, QUERY_LIMIT_MAX)
-    found = [
-        record
-        for record in found
-        if record["time_ms"] >= since_ms and (until_ms is None or record["time_ms"] <= until_ms)
-    ]
-    return records_of(found)[:limit]
+    query = TraceQuery(key, vhost, value, since_ms, until_ms, limit)
+    if broker.log.replication_node is None:  # a single node
+        return run_query(broker.tracer.log, query)
+    try:
+        return await gather(broker.log, query)
+    except TraceUnavailable as exc:
+        raise HttpError("503 Service Unavailable", "unavailable", reason=str(exc)) from None

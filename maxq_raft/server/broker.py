@@ -192,11 +192,12 @@ class Broker:
         """The shell's indexes of queue settings (x-publish-rate-limit, x-trace) and the ticker's
         (queue_timers.py) read the queue's machine again: made, deleted (None), its settings
         changed, or installed from a snapshot."""
-        if machine is None and (elsewhere := self.settings_elsewhere(key)) is not None:
+        elsewhere = self.settings_elsewhere(key) if machine is None else None
+        if elsewhere is not None:
             self.publish_rates.settings_changed(key, SettingsOnly(elsewhere))  # (its publishers here)
         else:
             self.publish_rates.settings_changed(key, machine)
-        self.tracer.settings_changed(key, machine)
+        self.tracer.settings_changed(key, machine, elsewhere)  # (x-trace: its publishers here too)
         self.queue_timers.touch(key)
 
     def queue_records_changed(self, vhost: str, name: str | None = None) -> None:

@@ -61,7 +61,7 @@ from .message_store import QueueBacking
 from .proposer import OpenEntry, Proposer
 from .watchdog import MembershipWatchdog
 from .hosts import machine_of
-from . import queue_stats
+from . import queue_stats, trace_gather
 from .queue_stats import QueueStats
 
 log = logging.getLogger("maxq.cluster")
@@ -117,6 +117,8 @@ class ClusterLog(CommandLog):
         self._stats_due = 0.0  # when the counts of the queues of groups led here go out next (trio clock)
         self._move_waits: dict[int, list] = {}  # moves asked of another member: request -> [event, answer]
         self._move_requests = 0
+        self._trace_waits: dict[int, list] = {}  # trace queries asked of another member: request -> [event, answer]
+        self._trace_requests = 0
         self._nursery: Any = None  # serve_remote's: moves asked of this member run there
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.watchdog = MembershipWatchdog(self)
@@ -498,6 +500,13 @@ class ClusterLog(CommandLog):
             if waiter is not None:
                 waiter[1] = item[2]
                 waiter[0].set()
+        elif kind == "tq":  # a member asks for this one's trace records (trace_gather.py)
+            trace_gather.answer(self, peer, item[1], item[2])
+        elif kind == "tqr":  # the answer to a trace query this member asked
+            waiter = self._trace_waits.get(item[1])
+            if waiter is not None:
+                waiter[1] = item[2] if item[3] is None else str(item[3])
+                waiter[0].set()
         elif kind == "qs":  # the counts of queues of a group the sender leads (queue_stats.py)
             self.broker.take_queue_stats(peer, item[1])
         elif kind == "?":  # a member missed a message of ours
@@ -677,6 +686,21 @@ class ClusterLog(CommandLog):
         finally:
             self._move_waits.pop(request, None)
         return waiter[1] if waiter[0].is_set() else f"{asked} did not answer within {MOVE_ASK_WAIT_S:.0f} s"
+
+    async def ask_trace(self, member: str, query: list, wait_s: float) -> Any:
+        """`member`'s trace records for `query` (trace_gather.py): a list, or why not (a str)."""
+        self._trace_requests += 1
+        request = self._trace_requests
+        waiter: list = [trio.Event(), f"no answer within {wait_s:.0f} s"]
+        self._trace_waits[request] = waiter
+        self.remote_out.outgoing.setdefault(member, []).append(["tq", request, query])
+        self.remote_out.flush()
+        try:
+            with trio.move_on_after(wait_s):
+                await waiter[0].wait()
+        finally:
+            self._trace_waits.pop(request, None)
+        return waiter[1]
 
     async def _move_asked(self, peer: str, request: int, group: str, add: str | None, remove: str | None) -> None:
         error = await self.move_group(group, add, remove) if group in self.node.groups else "not held here"

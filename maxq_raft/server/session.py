@@ -770,8 +770,8 @@ class Session:
             traced = None
             trace_number = None
             plain_props = props_raw
-            if broker.tracer.traced:  # (empty unless a queue has x-trace)
-                traced = broker.tracer.traced
+            if broker.tracer.publishing:  # (empty unless a queue has x-trace)
+                traced = broker.tracer.publishing
                 if (
                     len(queues) == 1
                     and (vhost, queues[0]) in traced
@@ -854,7 +854,7 @@ class Session:
                 messages_props = _numbered(head, first_number, count, tail)
             else:  # (past 10**12 on this node: no id, as _with_trace_id)
                 messages_props, first_number = [props_raw] * count, None
-            traced = self.broker.tracer.traced
+            traced = self.broker.tracer.publishing
         for name in queues:
             key = (vhost, name)
             batch = pending.get(key)
@@ -977,7 +977,7 @@ class Session:
 
     def _traces_one(self, vhost: str, queues: list[str]) -> bool:
         """Whether a queue a publish was routed to traces."""
-        traced = self.broker.tracer.traced
+        traced = self.broker.tracer.publishing
         return any((vhost, name) in traced for name in queues)
 
     def _return(self, channel: Channel, method, props_raw: bytes, body: bytes) -> None:

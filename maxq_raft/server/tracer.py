@@ -136,20 +136,32 @@ class Tracer:
         # queue key -> its machine, for the queues whose settings say x-trace (the broker's
         # index, kept by `settings_changed`): what the applier and the publish path test.
         self.traced: dict[tuple[str, str], Any] = {}
+        # The queues whose publishes carry their publisher's context (the `published` record):
+        # those traced, here or, for a queue whose group is held by other members only (issue
+        # #19), by the settings its record and the policies give it (Broker.settings_elsewhere):
+        # its records are made where its group is applied, from what the Enqueue carries.
+        self.publishing: dict[tuple[str, str], None] = {}
         self._ids: dict[bytes, tuple[str | None, str | None]] = {}
         self._last: dict[tuple[str, str], tuple[int, int]] = {}  # queue -> (log index, next n)
         # Set while compact_trace waits with nothing traced (the apply path and the task share
         # the trio thread): a queue that begins to trace wakes it.
         self.tracing_began: trio.Event | None = None
 
-    def settings_changed(self, key: tuple[str, str], machine: Any) -> None:
+    def settings_changed(self, key: tuple[str, str], machine: Any, elsewhere: Any = None) -> None:
+        """The queue's machine here (None: none here) and, for a queue whose machine is on other
+        members only, its settings there (`elsewhere`, QueueSettings) changed."""
         if machine is not None and machine.settings.trace:
             self.traced[key] = machine
+            self.publishing[key] = None
             if self.tracing_began is not None:
                 self.tracing_began.set()  # (compact_trace flushes every FLUSH_INTERVAL_S again)
         else:
             self.traced.pop(key, None)
             self._last.pop(key, None)
+            if elsewhere is not None and elsewhere.trace:
+                self.publishing[key] = None
+            else:
+                self.publishing.pop(key, None)
         if machine is not None:
             machine.trace_dropped.clear()
 

@@ -26,7 +26,7 @@ from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.server.cluster import shard_of
 from tests.conftest import free_port
 
-from ..helpers import api, wait_for
+from ..helpers import api, wait_for, wait_until
 from ..integration.test_sqs import client as sqs_client
 from .conftest import Cluster, ConfirmingPublisher, Member, drain, running_cluster
 from .test_maintenance import feature_enabled
@@ -610,3 +610,40 @@ def test_no_plan_is_made_while_a_member_is_out_of_reach(held_cluster: Cluster) -
     )
     planned = run_maxqctl(held_cluster["n1"], "rebalance", "--dry-run")
     assert "nothing to move" in planned.stdout, planned
+
+
+def test_the_trace_read_through_a_member_without_a_replica_has_every_groups_records(held_cluster: Cluster) -> None:
+    n1 = held_cluster["n1"]
+    elsewhere, group = queue_elsewhere(held_cluster, "n1", prefix="traced")
+    held_here = next(f"here{i}" for i in range(1000) if shard_of(("/", f"here{i}"), SHARDS) in held_by(n1))
+    with n1.connect() as conn:
+        channel = conn.channel()
+        channel.exchange_declare("trace-fan", "fanout")
+        for queue in (elsewhere, held_here):
+            channel.queue_declare(queue, arguments={"x-trace": True})
+            channel.queue_bind(queue, "trace-fan")
+        channel.confirm_delivery()
+        channel.basic_publish("trace-fan", "", b"traced", pika.BasicProperties(message_id="m-1"))
+        for queue in (elsewhere, held_here):
+            method, _props, _body = channel.basic_get(queue)
+            assert method is not None, queue
+            channel.basic_ack(method.delivery_tag)
+
+    def events(member: Member, **query: str) -> dict[str, list[str]]:
+        status, body, _ = api(member, "GET", "/api/trace/%2F?" + "&".join(f"{k}={v}" for k, v in query.items()))
+        assert status == 200, body
+        out: dict[str, list[str]] = {}
+        for record in body:
+            out.setdefault(record["queue"], []).append(record["event"])
+        return out
+
+    steps = ["published", "enqueued", "delivered", "acked"]
+    holder = held_cluster[holders(held_cluster, group)[0]]
+    # Before: n1 had only the records of the group it holds ({held_here: steps}), and nobody had
+    # the "published" record of `elsewhere` (n1's publish did not carry its context).
+    wanted = {elsewhere: steps, held_here: steps}
+    wait_until(lambda: events(n1, message_id="m-1") == wanted, 10)
+    assert events(n1, message_id="m-1") == wanted, events(holder, message_id="m-1")
+    status, on_holder, _ = api(holder, "GET", f"/api/trace/%2F?queue={elsewhere}")
+    status_n1, on_n1, _ = api(n1, "GET", f"/api/trace/%2F?queue={elsewhere}")
+    assert status == status_n1 == 200 and on_n1 == on_holder and len(on_n1) == 4, (on_n1, on_holder)
