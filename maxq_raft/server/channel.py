@@ -527,22 +527,30 @@ class Channel:
         self.session.authorization.check("read", "queue", name)
         self._existing_queue(name)
         keys = partition_keys(self.broker, self.session.vhost, name)
-        if len(keys) > 1:  # a partitioned queue: its partitions in turn, from where the last get left
-            start = self.get_turns.get(name, 0) % len(keys)
-            keys = keys[start:] + keys[:start]
+        count = len(keys)
+        # A partitioned queue: its partitions in turn, from where the last get left; those this
+        # member sees holding messages first (its replicas, or for a group held elsewhere its
+        # leader's last answer), every one tried anyway. An empty one costs a Get through its
+        # group's log: a final drain through a member without the replicas took 0.3 s per
+        # basic.get of 4 mostly empty partitions (jepsen-style seed 2012, on a loaded machine).
+        start = self.get_turns.get(name, 0) % count
+        order = [(start + i) % count for i in range(count)]
+        if count > 1:
+            order.sort(key=lambda i: ready_count(self.broker, [keys[i]]) == 0)
         for key in keys:
             self.queues_touched[key] = None
-        self._get(m, name, keys, 0)
+        self._get(m, name, keys, order, 0)
 
-    def _get(self, m, name: str, keys: list, turn: int) -> None:
-        queue_key = keys[turn]
+    def _get(self, m, name: str, keys: list, order: list[int], turn: int) -> None:
+        """Try partition `order[turn]` of `keys` (a queue's only one, or its partitions)."""
+        queue_key = keys[order[turn]]
 
         def got(reply) -> None:
             if type(reply) is Rejected:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             broker = self.broker
             if reply is None and turn + 1 < len(keys):
-                self._get(m, name, keys, turn + 1)  # this partition is empty: the next one
+                self._get(m, name, keys, order, turn + 1)  # this partition is empty: the next one
                 return
             if reply is None:
                 broker.messages_get_empty += 1
@@ -550,7 +558,7 @@ class Channel:
                 return
             message, redelivered, remaining = reply
             if len(keys) > 1:
-                self.get_turns[name] = (self.get_turns.get(name, 0) + turn + 1) % len(keys)
+                self.get_turns[name] = (order[turn] + 1) % len(keys)
                 remaining += ready_count(broker, [key for key in keys if key != queue_key])
             if m.no_ack:
                 broker.messages_got_auto_ack += 1
