@@ -5,6 +5,7 @@
   python -m tests.sim --seeds 1000000 --workers 2
   python -m tests.sim --seeds 20000 --workers 2 --plant held-replaced   (a bug put back: plants.py)
   python -m tests.sim --seeds 2000 --sqs      with SQS receives in the workload (a seed's run differs)
+  python -m tests.sim --seeds 2000 --partial  every run with groups on a few nodes (layout.py)
 
 Run it from the repository root with the project's environment (scripts/sim does both).
 Exit status 1 when a seed failed; each failing seed is printed with the command that replays it.
@@ -32,13 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="with --seed: only the verdict")
     parser.add_argument("--plant", choices=sorted(PLANTS), help="put a bug the simulation found back (plants.py)")
     parser.add_argument("--sqs", action="store_true", help="SQS receives in the workload too (workload.py)")
+    parser.add_argument(
+        "--partial", action="store_true", help="groups on a few nodes in every run (else as each seed draws)"
+    )
     parser.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (stderr)")
     args = parser.parse_args(argv)
     # A TERM ends the run like ^C: the worker pool is torn down on the way out (no orphans).
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
     if args.seed is not None:
-        outcome, world = run_seed(args.seed, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs)
+        outcome, world = run_seed(
+            args.seed, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs, partial=args.partial or None
+        )
         if not args.quiet:
             print("\n".join(world.lines or ()))
         print(f"seed {args.seed}: {'ok' if outcome.ok else 'FAILED: ' + outcome.error} ({outcome.steps} steps)")
@@ -55,21 +61,36 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
+    noted: list = []
     ran, failures, seconds = run_seeds(
-        args.first, args.seeds, workers=args.workers, progress=progress, plant=args.plant, sqs=args.sqs
+        args.first,
+        args.seeds,
+        workers=args.workers,
+        progress=progress,
+        plant=args.plant,
+        sqs=args.sqs,
+        partial=args.partial or None,
+        noted=noted,
     )
     for outcome in failures:
         print(
             f"seed {outcome.seed} FAILED at step {outcome.steps}: {outcome.error}\n"
-            f"  replay: {replay_command(outcome.seed, args.sqs)}"
+            f"  replay: {replay_command(outcome.seed, args.sqs, args.partial)}"
+        )
+    if noted:
+        print(
+            f"{len(noted)} seeds passed with a known finding (checks.KNOWN_FINDINGS), the first: "
+            f"{replay_command(noted[0].seed, args.sqs, args.partial)}\n  {noted[0].known[0]}"
         )
     if failures:
         first = failures[0].seed
-        _outcome, world = run_seed(first, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs)
+        _outcome, world = run_seed(
+            first, tracing=True, steps=args.steps, plant=args.plant, sqs=args.sqs, partial=args.partial or None
+        )
         lines = world.lines or []
         print(
             f"--- the last {min(len(lines), TAIL_LINES)} lines of seed {first}'s step log "
-            f"(all of it: {replay_command(first, args.sqs)})"
+            f"(all of it: {replay_command(first, args.sqs, args.partial)})"
         )
         print("\n".join(lines[-TAIL_LINES:]))
     print(

@@ -8,7 +8,9 @@ rename or a split of machines/queue.py is a change to this file alone.
 The rest is the replicated glue as the server runs it: the shard and metadata groups, the
 per-origin apply order and its loop (`apply_committed`, also what server/cluster.py runs), the
 log entry encoding, a group's snapshot (server/cluster_snapshot.py) over the member's real
-queue backings (server/message_store.py) on an in-memory segment store. No trio, no sockets.
+queue backings (server/message_store.py) on an in-memory segment store; and, for groups held
+by a few members, what their leaders send the others (server/remote.py's `Sender` and
+`Receiver`, the counts of queue_stats.py). No trio, no sockets.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from maxq_raft.machines.queue_types import HandleResult
 from maxq_raft.machines.shard import ALL_QUEUES, LivesDown, MetaGroup, QueueAdded, ShardMachine, ends_life
 from maxq_raft.machines.snapshot import dump_queue
 from maxq_raft.replication.entries import decode_entry, encode_entry
+from maxq_raft.server import remote
 from maxq_raft.server.broker import Broker
 from maxq_raft.server.cluster_snapshot import dump_group, load_group_body
 from maxq_raft.server.message_store import QueueBacking
 from maxq_raft.server.metadata_snapshot import dump_metadata
 from maxq_raft.server.publish_rates import PublishRates
+from maxq_raft.server.queue_stats import STATS_EVERY_S, STATS_PER_ITEM, QueueStats
 from maxq_raft.server.queue_timers import QueueTimers
 from maxq_raft.server.trace_store import MemoryKV, TraceLog
 from maxq_raft.server.tracer import Tracer
@@ -62,6 +66,10 @@ __all__ = [
     "load_group_body",
     "Broker",
     "PublishRates",
+    "remote",
+    "QueueStats",
+    "STATS_EVERY_S",
+    "STATS_PER_ITEM",
     "QueueTimers",
     "QueueBacking",
     "dump_metadata",

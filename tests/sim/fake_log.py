@@ -37,6 +37,9 @@ class Proposal:
         "outcome",
         "barrier",
         "commits",
+        "requests",
+        "committed_ms",
+        "done_at_commit",
     )
 
     def __init__(
@@ -67,6 +70,9 @@ class Proposal:
         self.outcome: str | None = None  # what its caller heard: "ok", or the error (None: not yet)
         self.barrier = False  # a new life's Down of its node's other lives (its barrier)
         self.commits = 0  # copies committed
+        self.requests: list[int] = []  # its request numbers (only in a group its node holds no replica of)
+        self.committed_ms = 0  # when an attempt was first answered "committed"
+        self.done_at_commit = False  # completed at its commit, not when applied (a group held elsewhere)
 
     def __repr__(self) -> str:
         kind = "tombstone" if self.tombstone else ",".join(type(c).__name__ for _t, c in self.items)

@@ -14,7 +14,12 @@ the simulation's steps instead of the engine's callbacks:
   in flight hears "timeout", and the channels close (their `Down`s go from the new life);
 - `restart()` is a crash and a start: the process is gone with its retries; the member's state
   comes back from its last snapshot plus the log after it; the new life commits its barrier
-  (`Down("n@")` in every group, `ClusterLog.barrier`) before it serves clients again.
+  (`Down("n@")` in every group, `ClusterLog.barrier`) before it serves clients again;
+- an entry of a group the node holds no replica of (`holds`, layout.py) is done when the
+  group's leader says it was applied ("e", elsewhere.py), or at its commit when nothing in it
+  waits for a reply; the commands whose callers wait (`REQUESTED`, and the barrier) carry request
+  numbers, answered by the leader's "r" (`replied`); an entry whose end does not come within
+  REPLIES_WAIT_S of its commit is given up (`expire_elsewhere`).
 
 The node's view of the world (which queues exist, what its consumers hold) is the witness
 replica's (runner.py): every member applies the same log, so any one will do.
@@ -24,20 +29,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import ALL_QUEUES, META_GROUP, encode_entry, md, qc
+from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc
 from .fake_log import Proposal
 
 if TYPE_CHECKING:
     from .runner import World
 
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # server/cluster.py's: proposed again when given up
+# The commands whose callers wait for their reply (the server submits them with a `then`): in a
+# group held elsewhere, they carry a request number for the leader's reply.
+REQUESTED = (qc.Checkout, qc.Get, qc.Cancel, qc.Create, qc.Tick)
 RETRYABLE = ("not leader", "timeout", "busy")
 
 
 class ConsumerView:
     """What a channel knows of one of its consumers: its queue, and the deliveries it holds."""
 
-    __slots__ = ("key", "no_ack", "active", "confirmed", "checkout_at", "unacked")
+    __slots__ = ("key", "no_ack", "active", "confirmed", "checkout_at", "unacked", "delivered")
 
     def __init__(self, key: tuple[str, str], no_ack: bool) -> None:
         self.key = key
@@ -46,6 +54,7 @@ class ConsumerView:
         self.confirmed = False  # its Checkout was applied by the node's replica (consume-ok)
         self.checkout_at: tuple[str, str, int] | None = None  # (life, group, seq) of that Checkout
         self.unacked: dict[int, None] = {}  # queue seqs delivered, not yet acked or returned
+        self.delivered: dict[tuple[int, int], None] = {}  # (seq, delivery count) of each delivery written
 
 
 class Channel:
@@ -79,6 +88,14 @@ class Node:
         self.paused = False  # its replica does not apply for now (slow, or cut off from the leader)
         self.snapshot: dict | None = None  # its replica's last snapshot
         self.cut_offs = 0
+        self.held: frozenset[str] | None = None  # the groups its replica holds (None: all of them)
+        self.elsewhere: Any = None  # its part in serving groups held elsewhere (elsewhere.py), if any
+        # Requests of this process's entries in groups held elsewhere: number -> (group, seq, target, command)
+        self.requests: dict[int, tuple[str, int, Any, Any]] = {}
+        self.next_request = 1
+        # Channels open when the node installed a snapshot: the server closes them then (clients
+        # reconnect); here they stay, so the deliveries they missed are not held against them.
+        self.stale_channels: dict[str, None] = {}
 
     @property
     def serving(self) -> bool:
@@ -86,6 +103,10 @@ class Node:
 
     def clock_ms(self) -> int:
         return self.world.now_ms + self.skew_ms
+
+    def holds(self, group: str) -> bool:
+        """Proposer.holds: whether this node's replica applies `group`."""
+        return self.held is None or group in self.held
 
     # ------------------------------------------------------------------ lives
 
@@ -126,6 +147,7 @@ class Node:
         self.in_flight = {}
         self.retries = []
         self.barrier_waiting = {}
+        self.requests = {}
         self.world.trace(f"{self.name}: crashes ({self.life})")
         self.start()
 
@@ -166,10 +188,17 @@ class Node:
         seq = self.seqs.get(group, 0) + 1
         self.seqs[group] = seq
         world = self.world
-        payload = encode_entry(self.clock_ms(), items, self.life, seq)
+        requests = [] if self.holds(group) else self._requests(group, seq, items)
+        payload = encode_entry(
+            self.clock_ms(),
+            items if not requests else [(t, c, r) for (t, c), r in zip(items, requests, strict=True)],
+            self.life,
+            seq,
+        )
         proposal = Proposal(
             world.next_pid(), self, group, self.life, seq, items, payload, publishes, False, world.now_ms
         )
+        proposal.requests = [r for r in requests if r]
         self.in_flight[(group, seq)] = proposal
         world.ledger.on_proposed(proposal)
         world.log.append(proposal)
@@ -177,12 +206,32 @@ class Node:
             world.trace(f"  propose {proposal} {_describe(items)}")
         return proposal
 
+    def _requests(self, group: str, seq: int, items: list) -> list[int]:
+        """A request number for each command whose caller waits for its reply (0: none)."""
+        barrier = self.name + "@"
+        requests = []
+        for target, command in items:
+            if type(command) in REQUESTED or (type(command) in CLEANUP_COMMANDS and command.owner == barrier):
+                request = self.next_request
+                self.next_request += 1
+                self.requests[request] = (group, seq, target, command)
+                requests.append(request)
+            else:
+                requests.append(0)
+        return requests
+
     def answer(self, proposal: Proposal, error: str | None) -> None:
         """Proposer._proposed: the log's answer to one attempt."""
         if proposal.outcome is not None or proposal.origin != self.life:
             return
         if error is None:
-            proposal.committed = True
+            if not proposal.committed:
+                proposal.committed = True
+                proposal.committed_ms = self.world.now_ms
+            if not proposal.requests and not self.holds(proposal.group):
+                # A group held elsewhere, and nothing to hear back: committed is all (server/remote.py).
+                proposal.done_at_commit = True
+                self._complete(proposal, None)
             return
         if error == "timeout":
             proposal.maybe_appended = True
@@ -229,6 +278,27 @@ class Node:
                 self.world.log.append(proposal)
         return len(retries)
 
+    def expire_elsewhere(self, committed_before_ms: int) -> None:
+        """Proposer.expire_elsewhere: entries of groups held elsewhere, committed before the time
+        given, whose end never came from the group's leader, fail ("timeout")."""
+        for proposal in [p for p in self.in_flight.values() if p.committed and p.committed_ms < committed_before_ms]:
+            if not self.holds(proposal.group):
+                self.world.trace(f"  {self.name}: the end of {proposal} never came from its leader")
+                self._complete(proposal, "timeout")
+
+    def replied(self, request: int, reply: Any) -> None:
+        """The leader's reply to a request of this process (a group held elsewhere): what the
+        replica's observer does for a group held here (runner.py)."""
+        waiting = self.requests.pop(request, None)
+        if waiting is None:
+            return
+        group, seq, target, command = waiting
+        kind = type(command)
+        if kind is qc.Checkout:
+            self.on_checkout(group, seq, command.consumer_id, reply is True)
+        elif kind is qc.Get and type(reply) is tuple and not command.no_ack:
+            self.on_get(command.consumer_id, target, reply[0].seq)
+
     def applied_own(self, group: str, seq: int) -> None:
         """An entry of this life was applied (on the member's replica): it is done."""
         proposal = self.in_flight.get((group, seq))
@@ -239,6 +309,11 @@ class Node:
         self.in_flight.pop((proposal.group, proposal.seq), None)
         if proposal.outcome is not None:
             return
+        for request in proposal.requests:
+            if request in self.requests and error is None:
+                # Proposer.complete: applied, and no reply came: the caller hears a refusal.
+                self.replied(request, Rejected(541, "command was not applied"))
+            self.requests.pop(request, None)  # (on an error, the channel closes below)
         proposal.outcome = error or "ok"
         self.world.ledger.on_outcome(proposal)
         if error is not None and proposal.origin == self.life:
@@ -258,11 +333,26 @@ class Node:
 
     # -------------------------------------------------------------- deliveries
 
-    def on_deliver(self, consumer_id: str, seq: int) -> None:
+    def on_deliver(self, consumer_id: str, message: Any) -> None:
         channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
         consumer = None if channel is None else channel.consumers.get(consumer_id)
-        if consumer is not None and not consumer.no_ack:
-            consumer.unacked[seq] = None
+        if consumer is not None:
+            consumer.delivered[(message.seq, message.delivery_count)] = None
+            if not consumer.no_ack:
+                consumer.unacked[message.seq] = None
+
+    def _consumer(self, consumer_id: str) -> ConsumerView | None:
+        channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
+        return None if channel is None else channel.consumers.get(consumer_id)
+
+    def has_consumer(self, consumer_id: str) -> bool:
+        """Whether a channel of this node has the consumer (the broker's `consumers`)."""
+        return self._consumer(consumer_id) is not None
+
+    def held_by(self, consumer_id: str) -> set[int]:
+        """ClusterLog._held_by: the seqs the consumer's channel holds (delivered, not acked)."""
+        consumer = self._consumer(consumer_id)
+        return set() if consumer is None else set(consumer.unacked)
 
     def on_checkout(self, group: str, seq: int, consumer_id: str, ok: bool) -> None:
         """The node's replica applied a Checkout of this life: the channel's basic.consume gets

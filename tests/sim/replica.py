@@ -1,9 +1,9 @@
 """A simulated cluster member's state: its groups, applied from the committed logs as the server does.
 
-Theory of operation: a replica holds the metadata group and S shard groups (machines/shard.py)
-whose queue machines keep what leaves their window in the member's real queue backing
-(server/message_store.py) over an in-memory segment store, as `ClusterLog.make_queue` makes
-them. `apply(group, index, payload)` is `ClusterLog._apply` for one committed entry minus the
+Theory of operation: a replica holds the metadata group and the shard groups its node holds
+(machines/shard.py: all S of them, or a few, layout.py), whose queue machines keep what leaves
+their window in the member's real queue backing (server/message_store.py) over an in-memory
+segment store, as `ClusterLog.make_queue` makes them. `apply(group, index, payload)` is `ClusterLog._apply` for one committed entry minus the
 shell: decode, skip an entry of a life declared dead (telling `on_dead_origin`, where the
 server would start a new life if it were its own), then `apply_committed` (the same function
 server/cluster.py calls) with each command applied to its group's machine.
@@ -95,8 +95,8 @@ class Replica:
             queue_timers=QueueTimers(),  # (the ticker's index: touched by the same call)
         )
         self.broker.queue_settings_changed = functools.partial(Broker.queue_settings_changed, self.broker)
-        # Every replica here holds every group: no queue's machine is elsewhere (Broker's own
-        # methods would find the same, through the log's holds_queue).
+        # Nothing here reads a queue's settings through the broker (the shell's indexes only):
+        # none is looked up elsewhere, even for a group this replica does not hold.
         self.broker.settings_elsewhere = lambda key: None
         self.broker.queue_records_changed = lambda vhost, name=None: None
         self.cluster = SimpleNamespace(broker=self.broker, meta_group=META_GROUP)
@@ -104,7 +104,7 @@ class Replica:
         for group in shards:
             self.broker.groups[group] = ShardMachine(group, self._make_queue)
         self.applied: dict[str, int] = {group: 0 for group in self.broker.groups}
-        # Called for every command applied: (group, index, entry, target, command, reply, effects).
+        # Called for every command applied: (group, index, entry, target, command, request, reply, effects).
         self.observer: Callable[..., None] | None = None
         # Called after each entry applied (held ones it released included): (group, index, entry).
         self.on_entry: Callable[[str, int, Any], None] | None = None
@@ -150,7 +150,7 @@ class Replica:
         origin = entry.origin
         observer = self.observer
         stale = self._stale
-        for target, command, _request in entry.items:
+        for target, command, request in entry.items:
             reply, effects = machines.apply(meta, target, command, origin)
             if target is not None:
                 if target == ALL_QUEUES:
@@ -162,7 +162,7 @@ class Replica:
                     if self._unchecked[group] is not True:
                         self._unchecked[group][target] = None
             if observer is not None:
-                observer(group, index, entry, target, command, reply, effects)
+                observer(group, index, entry, target, command, request, reply, effects)
         if self.on_entry is not None:
             self.on_entry(group, index, entry)
 
@@ -213,6 +213,15 @@ class Replica:
                 held[record[2]] = held.get(record[2], 0) + len(record[3])
         return [(c[0], c[1], c[6], held.get(c[0], 0)) for c in header["consumers"]]
 
+    def checked_out(self, group: str, key: tuple[str, str]) -> dict[str, list[tuple[int, int, int]]]:
+        """(seq, delivery count, number) of each message a queue has checked out, per consumer, from its dump."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for record in dump_queue(self.broker.groups[group].queues[key]):
+            if record[0] == "messages" and record[1] == "checked_out":
+                # (a message record: seq first, the body fifth, the delivery count sixth)
+                out.setdefault(record[2], []).extend((m[0], m[5], message_number(m[4])) for m in record[3])
+        return out
+
     def digest(self, group: str) -> bytes:
         cached = self._digests.get(group)
         if cached is not None:
@@ -253,9 +262,12 @@ class Replica:
     def restored(
         cls, name: str, shards: list[str], window_max: int, snapshot: dict[str, tuple[int, list[bytes]]] | None
     ) -> Replica:
-        """A member started afresh (a new store) from `snapshot` (None: from the start of the log)."""
+        """A member started afresh (a new store) from `snapshot` (None: from the start of the log), of
+        the groups it holds (`shards`, and the metadata group)."""
         replica = cls(name, shards, window_max)
         for group, (index, chunks) in (snapshot or {}).items():
+            if group not in replica.applied:
+                continue  # (the leader's snapshot, here the witness's, has every group)
             load_group_body(replica.cluster, group, index, chunks)
             replica.applied[group] = index
         return replica

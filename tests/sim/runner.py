@@ -34,12 +34,15 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, ends_life, md, qc, shard_of
-from .checks import Ledger, SimFailure, check_agreement, check_consumers
+from .checks import Ledger, SimFailure, check_agreement, check_consumers, check_deliveries
+from .elsewhere import REPLIES_WAIT_MS, STATS_EVERY_MS, Elsewhere
 from .fake_log import FakeLog
+from .layout import NODES_MAX, NODES_MIN, PARTIAL_SHARE, Layout, layout_rng
+from .links import Links
 from .proposer import Node
 from .replica import Replica
 from .workload import Workload
@@ -74,6 +77,13 @@ BASE_WEIGHTS = {
     "install": 0.3,
     "clock": 0.5,
 }
+# Events only of a run whose groups are on a few nodes (layout.py), their weights drawn from the
+# layout's own random.Random (a run with every group everywhere draws as it did before them):
+#   link      a message on its way between two nodes arrives (elsewhere.py)
+#   drop      a message on its way is lost (the receiver asks for a resync at the next one)
+#   watch     a node looks what it leads now, sends its queues' counts, gives up late entries
+PARTIAL_EVENTS = ("link", "drop", "watch")
+PARTIAL_WEIGHTS = {"link": 16, "drop": 0.5, "watch": 2}
 START_MS = 1_800_000_000_000
 DRAIN_ROUNDS_MAX = 40
 DRAIN_COMMITS_MAX = 10_000
@@ -124,17 +134,32 @@ class World:
         steps: int | None = None,
         config: Config | None = None,
         sqs: bool = False,
+        partial: bool | None = None,
     ) -> None:
         """`config`: a given shape instead of one drawn from the seed (scripted tests); `sqs`:
-        SQS receives in the workload too."""
+        SQS receives in the workload too; `partial`: groups on a few nodes (True), on every node
+        (False), or as the seed's layout draw says (None; every node when `config` is given)."""
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.lines: list[str] | None = [] if tracing else None
         self.tracing = tracing
+        drawn = config is None
         self.config = config = config if config is not None else Config.draw(rng, steps)
         if sqs:
             config.sqs = True
         self.shards = [f"shard-{i}" for i in range(config.shards)]
+        placing = layout_rng(seed)
+        if partial is None:
+            partial = drawn and placing.random() < PARTIAL_SHARE
+        self.partial_weights: list[float] = []
+        if partial:
+            config.nodes = placing.randint(NODES_MIN, NODES_MAX)
+            self.layout = Layout.draw(placing, self.shards, config.nodes)
+            self.partial_weights = [PARTIAL_WEIGHTS[e] * placing.choice((1, 1, 3)) for e in PARTIAL_EVENTS]
+        else:
+            self.layout = Layout.everywhere([f"n{i + 1}" for i in range(config.nodes)], self.shards)
+        self.links = Links([f"n{i + 1}" for i in range(config.nodes)])
+        self._sender_lives = 0
         self.groups = [META_GROUP, *self.shards]
         self.outcome_wait_ms = config.outcome_wait_ms
         self.now_ms = START_MS
@@ -149,9 +174,16 @@ class World:
         self.log.on_commit = self.ledger.on_commit
         self.nodes = [Node(self, f"n{i + 1}") for i in range(config.nodes)]
         for node in self.nodes:
-            self._attach(node, Replica(node.name, self.shards, config.window_max))
+            if self.layout.partial:
+                node.held = frozenset(self.layout.held_by(node.name))
+            self._attach(node, Replica(node.name, self.held_shards(node), config.window_max))
+        if self.layout.partial:
+            for node in self.nodes:
+                node.elsewhere = Elsewhere(self, node)
         self.workload = Workload(self, rng)
         self.trace(f"seed {seed}: {config}")
+        if self.layout.partial:
+            self.trace(f"groups on a few nodes: holders {self.layout.holders}, leaders {self.layout.leaders}")
         for node in self.nodes:
             node.start()
 
@@ -172,18 +204,38 @@ class World:
     def group_of(self, key: tuple[str, str]) -> str:
         return shard_of(key, len(self.shards))
 
+    def held_shards(self, node: Node) -> list[str]:
+        return self.layout.held_by(node.name) if self.layout.partial else self.shards
+
+    def next_sender_life(self, name: str) -> str:
+        """A node's process's sending life (remote.Sender's; numbered, not drawn: a seed replays)."""
+        self._sender_lives += 1
+        return f"{name}~{self._sender_lives}"
+
     def _attach(self, node: Node, replica: Replica) -> None:
-        """The node performs what its own replica applies: completions, deliveries, cut-offs."""
+        """The node performs what its own replica applies: completions, deliveries, cut-offs; and,
+        leading a group held by a few, what the others must hear of it (elsewhere.py)."""
         node.replica = replica
         prefix = node.name + "@"
         get_prefix = "get:" + prefix
 
-        def observe(group: str, index: int, entry: Any, target: Any, command: Any, reply: Any, effects: list) -> None:
+        def observe(
+            group: str, index: int, entry: Any, target: Any, command: Any, request: int, reply: Any, effects: list
+        ) -> None:
+            glue = node.elsewhere
+            if glue is not None and group != META_GROUP:
+                # ClusterLog._apply_entry and the Applier: a non-holder's reply goes first (its
+                # consume-ok before the first delivery), then the deliveries, routed.
+                elsewhere = glue.replies_to(group, entry.origin)
+                if elsewhere is not None and request:
+                    glue.sender.reply(elsewhere, group, entry.origin, request, reply)
+                if effects and target is not None:
+                    effects = glue.deliveries_here(group, effects)
             for effect in effects:
                 kind = type(effect)
                 if kind is Deliver:
                     if effect.consumer_id.startswith(prefix):
-                        node.on_deliver(effect.consumer_id, effect.message.seq)
+                        node.on_deliver(effect.consumer_id, effect.message)
                 elif kind is LivesDown and ends_life(effect, node.life, replica.broker.groups[group].order):
                     # ClusterLog.lives_down: that ended this node's life there
                     node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
@@ -200,10 +252,16 @@ class World:
         def on_entry(group: str, index: int, entry: Any) -> None:
             if entry.origin == node.life:
                 node.applied_own(group, entry.seq)
+            elif node.elsewhere is not None and group != META_GROUP:
+                elsewhere = node.elsewhere.replies_to(group, entry.origin)
+                if elsewhere is not None and any(request for _t, _c, request in entry.items):
+                    node.elsewhere.sender.entry_done(elsewhere, group, entry.origin, entry.seq)
 
         def on_dead_origin(group: str, origin: str) -> None:
             if origin == node.life:
                 node.cut_off(f"an entry of its life came to {group}, where the life is dead")
+            elif node.elsewhere is not None and group != META_GROUP:
+                node.elsewhere.sender.dead(group, origin)  # (to its node, if it holds no replica)
 
         replica.observer = observe
         replica.on_entry = on_entry
@@ -221,7 +279,10 @@ class World:
         self.step_no += 1
         rng = self.rng
         self.now_ms += rng.randint(0, self.config.step_ms_max)
-        event = rng.choices(EVENTS, self.config.weights)[0]
+        if self.partial_weights:
+            event = rng.choices(EVENTS + PARTIAL_EVENTS, self.config.weights + self.partial_weights)[0]
+        else:
+            event = rng.choices(EVENTS, self.config.weights)[0]
         if self.tracing:
             self.trace(f"step {self.step_no} t={self.now_ms - START_MS}: {event}")
         getattr(self, "_" + event)()
@@ -305,8 +366,16 @@ class World:
                 copy.answered = True
                 answers.append((copy.proposal, "timeout" if survived or self.rng.random() < 0.5 else "not leader"))
         self.log.in_flight[group] = [copy for copy, survived in zip(copies, survives, strict=False) if survived]
+        if self.layout.partial and group != META_GROUP:
+            self._elect(group, self.rng.choice(self.layout.holders[group]))
         for proposal, error in answers:  # (after: an answer may propose, a tombstone say)
             proposal.node.answer(proposal, error)
+
+    def _elect(self, group: str, leader: str) -> None:
+        """The sending role moves with the leadership (Sender reads it at each batch)."""
+        if self.layout.leaders[group] != leader:
+            self.trace(f"  {leader} leads {group} now (was {self.layout.leaders[group]})")
+            self.layout.leaders[group] = leader
 
     def _retry(self) -> None:
         for node in self.nodes:
@@ -331,10 +400,18 @@ class World:
         self.trace(
             f"  {node.name} restarts from {'nothing' if snapshot is None else {g: i for g, (i, _) in snapshot.items()}}"
         )
-        replica = Replica.restored(node.name, self.shards, self.config.window_max, snapshot)
+        replica = Replica.restored(node.name, self.held_shards(node), self.config.window_max, snapshot)
         replica.check_invariants()
         self._attach(node, replica)
         node.paused = False
+        if node.elsewhere is not None:
+            # Its connections went with the process; a group it led is led by another holder.
+            self.links.cut(node.name)
+            node.elsewhere.start()
+            for group in self.layout.held_by(node.name):
+                others = [h for h in self.layout.holders[group] if h != node.name]
+                if self.layout.leads(node.name, group) and others:
+                    self._elect(group, self.rng.choice(others))
         node.restart()
 
     def _snapshot(self) -> None:
@@ -357,19 +434,22 @@ class World:
     def _install(self) -> None:
         """A member behind the compacted log gets the leader's snapshot (here the witness's)."""
         paused = [node for node in self.nodes if node.paused]
+        if self.layout.partial:  # (a leader is never behind its own log)
+            paused = [node for node in paused if not any(self.layout.leads(node.name, g) for g in self.shards)]
         if not paused:
             return
         node = self.rng.choice(paused)
         snapshot = self.witness.snapshot()
         self.trace(f"  {node.name} installs a snapshot at {self.witness.applied}")
-        replica = Replica.restored(node.name, self.shards, self.config.window_max, snapshot)
+        replica = Replica.restored(node.name, self.held_shards(node), self.config.window_max, snapshot)
         replica.check_invariants()
         old_life = node.life
         self._attach(node, replica)
         node.paused = False
+        node.stale_channels.update(dict.fromkeys(node.channels))
         # ClusterLog._load_snapshot: this life's entries the snapshot covers are done; a life
         # the snapshot says is dead starts again.
-        for group in self.groups:
+        for group in replica.applied:
             order = replica.broker.groups[group].order
             below = order.applied_below(node.life)
             for (g, seq), _proposal in list(node.in_flight.items()):
@@ -382,6 +462,43 @@ class World:
         node = self.rng.choice(self.nodes)
         node.skew_ms = self.rng.randint(-self.config.skew_ms_max, self.config.skew_ms_max)
 
+    def _link(self) -> None:
+        busy = self.links.busy()
+        if busy:
+            self.deliver(self.rng.choice(busy))
+
+    def deliver(self, link: tuple[str, str]) -> None:
+        """The oldest message on a link arrives."""
+        sender, receiver = link
+        payload = self.links.take(link)
+        if self.tracing:
+            self.trace(f"  {receiver} takes a message from {sender} ({len(payload)} bytes)")
+        self.nodes[int(receiver[1:]) - 1].elsewhere.receive(sender, payload)
+
+    def _drop(self) -> None:
+        dropped = self.links.drop(self.rng)
+        if dropped is not None:
+            (sender, receiver), position = dropped
+            self.trace(f"  a message from {sender} to {receiver} is lost (#{position + 1} on its way)")
+
+    def _watch(self) -> None:
+        self.rng.choice(self.nodes).elsewhere.watch()
+
+    def exchange(self) -> None:
+        """Every node looks (`watch`), then every message on its way arrives, until none is left."""
+        for node in self.nodes:
+            node.elsewhere.watch()
+        for _ in range(DRAIN_COMMITS_MAX):
+            busy = self.links.busy()
+            if not busy:
+                break
+            for link in busy:
+                self.deliver(link)
+        else:
+            raise SimFailure(f"exchange: more than {DRAIN_COMMITS_MAX} rounds of messages")
+        self.catch_up()
+        self.check()
+
     # ---------------------------------------------------------------- applying
 
     def catch_up(self) -> None:
@@ -391,12 +508,16 @@ class World:
                 continue
             replica = node.replica
             for group in self.groups:
+                if group not in replica.applied:
+                    continue  # (a group held elsewhere)
                 entries = committed[group]
                 # (bounded by the log's length; a reaction may commit nothing, only propose)
                 for index in range(replica.applied[group] + 1, len(entries) + 1):
                     if replica is not node.replica:
                         break  # (a reaction replaced the replica: never, but say so if it did)
                     replica.apply(group, index, entries[index - 1].payload)
+                if node.elsewhere is not None:
+                    node.elsewhere.flush()  # (the end of the batch: what it gathered goes out)
 
     def check(self) -> None:
         check_agreement(self.witness, [node.replica for node in self.nodes if not node.paused])
@@ -409,13 +530,19 @@ class World:
         self.trace("drain")
         for node in self.nodes:
             node.paused = False
+        if self.layout.partial:
+            self.now_ms += STATS_EVERY_MS  # (time passes: the leaders' counts go out, a lost last message shows)
         for _ in range(DRAIN_ROUNDS_MAX):
             for node in self.nodes:
                 node.retry()
             self.settle()
+            if self.layout.partial:
+                self.exchange()
             if self._quiet():
                 return
             self.now_ms += self.outcome_wait_ms + 1  # what still waits gives up
+            if self.layout.partial:
+                self.now_ms += REPLIES_WAIT_MS  # (and an entry whose end never came from its leader)
         raise SimFailure(f"drain: still moving after {DRAIN_ROUNDS_MAX} rounds: {self._unsettled()}")
 
     def settle(self, groups: list[str] | None = None) -> None:
@@ -431,8 +558,10 @@ class World:
         self.check()
 
     def _quiet(self) -> bool:
-        return not self.log.pending() and all(
-            not node.retries and not node.in_flight and node.serving for node in self.nodes
+        return (
+            not self.log.pending()
+            and not self.links.pending()
+            and all(not node.retries and not node.in_flight and node.serving for node in self.nodes)
         )
 
     def _unsettled(self) -> str:
@@ -446,13 +575,15 @@ class World:
         replicas = [node.replica for node in self.nodes]
         for group in self.groups:
             for replica in replicas:
-                assert replica.applied[group] == self.witness.applied[group] == len(self.log.committed[group])
+                if group in replica.applied:
+                    assert replica.applied[group] == self.witness.applied[group] == len(self.log.committed[group])
         check_agreement(self.witness, replicas)
         for replica in replicas:
             replica.check_invariants(all_queues=True)
         self.ledger.final(self.witness, [node.life for node in self.nodes])
         if not self.config.chaos:
             check_consumers(self.witness, self.nodes)
+            check_deliveries(self.witness, self.nodes)
 
 
 # ---------------------------------------------------------------------- many
@@ -464,37 +595,49 @@ class Outcome:
     ok: bool
     error: str = ""
     steps: int = 0
+    known: list[str] = field(default_factory=list)  # known findings seen (checks.KNOWN_FINDINGS)
 
 
 def run_seed(
-    seed: int, tracing: bool = False, steps: int | None = None, plant: str | None = None, sqs: bool = False
+    seed: int,
+    tracing: bool = False,
+    steps: int | None = None,
+    plant: str | None = None,
+    sqs: bool = False,
+    partial: bool | None = None,
 ) -> tuple[Outcome, World]:
-    """One seed; `plant`: with that bug put back (plants.py); `sqs`: with SQS receives."""
+    """One seed; `plant`: with that bug put back (plants.py); `sqs`: with SQS receives;
+    `partial`: True for groups on a few nodes whatever the seed's layout draw says (layout.py)."""
     from .plants import planted
 
     with planted(plant):
-        world = World(seed, tracing=tracing, steps=steps, sqs=sqs)
+        world = World(seed, tracing=tracing, steps=steps, sqs=sqs, partial=partial)
         try:
             world.run()
         except Exception as exc:  # an assertion of the machines, the glue's, or a check: all failures
             if world.lines is not None:
                 world.lines.append(f"FAILED at step {world.step_no}: {type(exc).__name__}: {exc}")
-            return Outcome(seed, False, f"{type(exc).__name__}: {exc}", world.step_no), world
-    return Outcome(seed, True, "", world.step_no), world
+            return Outcome(seed, False, f"{type(exc).__name__}: {exc}", world.step_no, world.ledger.known), world
+    if world.lines is not None:
+        world.lines.extend(f"known finding: {known}" for known in world.ledger.known)
+    return Outcome(seed, True, "", world.step_no, world.ledger.known), world
 
 
-def replay_command(seed: int, sqs: bool = False) -> str:
-    return f"python -m tests.sim --seed {seed}" + (" --sqs" if sqs else "")
+def replay_command(seed: int, sqs: bool = False, partial: bool | None = None) -> str:
+    return f"python -m tests.sim --seed {seed}" + (" --sqs" if sqs else "") + (" --partial" if partial else "")
 
 
-def _run_range(args: tuple[int, int, str | None, bool]) -> tuple[int, list[Outcome]]:
-    start, count, plant, sqs = args
+def _run_range(args: tuple[int, int, str | None, bool, bool | None]) -> tuple[int, list[Outcome], list[Outcome]]:
+    start, count, plant, sqs, partial = args
     failures = []
+    noted = []
     for seed in range(start, start + count):
-        outcome, _world = run_seed(seed, plant=plant, sqs=sqs)
+        outcome, _world = run_seed(seed, plant=plant, sqs=sqs, partial=partial)
         if not outcome.ok:
             failures.append(outcome)
-    return count, failures
+        elif outcome.known:
+            noted.append(outcome)
+    return count, failures, noted
 
 
 def run_seeds(
@@ -505,18 +648,23 @@ def run_seeds(
     progress=None,
     plant: str | None = None,
     sqs: bool = False,
+    partial: bool | None = None,
+    noted: list[Outcome] | None = None,
 ) -> tuple[int, list[Outcome], float]:
-    """Seeds first .. first+count-1; returns (seeds run, failures, seconds). Worker processes
-    are started here and always joined here (a pool in a `with`)."""
+    """Seeds first .. first+count-1; returns (seeds run, failures, seconds), and adds to `noted`
+    the seeds that passed with a known finding. Worker processes are started here and always
+    joined here (a pool in a `with`)."""
     started = time.monotonic()
-    chunks = [(s, min(chunk, first + count - s), plant, sqs) for s in range(first, first + count, chunk)]
+    chunks = [(s, min(chunk, first + count - s), plant, sqs, partial) for s in range(first, first + count, chunk)]
     ran = 0
     failures: list[Outcome] = []
     if workers <= 1:
         for args in chunks:
-            n, failed = _run_range(args)
+            n, failed, known = _run_range(args)
             ran += n
             failures.extend(failed)
+            if noted is not None:
+                noted.extend(known)
             if progress:
                 progress(ran, failures, time.monotonic() - started)
     else:
@@ -524,10 +672,14 @@ def run_seeds(
 
         context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
         with context.Pool(workers) as pool:
-            for n, failed in pool.imap(_run_range, chunks):
+            for n, failed, known in pool.imap(_run_range, chunks):
                 ran += n
                 failures.extend(failed)
+                if noted is not None:
+                    noted.extend(known)
                 if progress:
                     progress(ran, failures, time.monotonic() - started)
     failures.sort(key=lambda o: o.seed)
+    if noted is not None:
+        noted.sort(key=lambda o: o.seed)
     return ran, failures, time.monotonic() - started
