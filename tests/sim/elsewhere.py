@@ -96,6 +96,7 @@ class Elsewhere:
         self.sender.life = self.world.next_sender_life(self.node.name)  # (not a random token: replays)
         self.sender.node = self.engine
         self.receiver = remote.Receiver()
+        self.gapped: set[str] = set()  # the senders one of whose messages went missing (for the checks)
         self.led: set[str] = set()  # ClusterLog._led: the groups `watch` saw led here
         self.stats_due_ms = 0
 
@@ -159,6 +160,7 @@ class Elsewhere:
         except remote.ReplyError as exc:  # the simulation's senders write no malformed message
             raise SimFailure(f"{self.node.name} could not read a message from {peer}: {exc}") from None
         if gap:
+            self.gapped.add(peer)
             self.world.trace(f"  {self.node.name}: a message from {peer} went missing: asks it for a resync")
             self.sender.ask_resync(peer)
         for item in items:
@@ -179,7 +181,7 @@ class Elsewhere:
         elif kind == "d":
             self._remote_deliveries(item[1])
         elif kind == "s":
-            self._remote_deliveries(item[2], resync=True)
+            self._remote_deliveries(item[2], resync=True, after_gap=peer if peer in self.gapped else "")
         elif kind == "x":
             _kind, group, origin = item
             if origin == node.life:
@@ -191,7 +193,7 @@ class Elsewhere:
         else:  # ("t", "q", moves: the workload sends no direct reply-to, deletes no queue, moves nothing)
             raise SimFailure(f"{node.name} got an item it does not expect from {peer}: {item[0]!r}")
 
-    def _remote_deliveries(self, run: list, resync: bool = False) -> None:
+    def _remote_deliveries(self, run: list, resync: bool = False, after_gap: str = "") -> None:
         """ClusterLog._remote_deliveries: written unless written before; for a resync, also unless
         the consumer's channel holds the message."""
         fresh = self.receiver.fresh
@@ -205,7 +207,7 @@ class Elsewhere:
                     continue
             message = fresh(consumer_id, record)
             if message is not None:
-                self.node.on_deliver(consumer_id, message)
+                self.node.on_deliver(consumer_id, message, after_gap)
 
     # ----------------------------------------------------------------- now and then
 

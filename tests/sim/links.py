@@ -5,7 +5,8 @@ Theory of operation: what a member sends another goes at the end of the link's q
 taken from its front (`take`), so a link never reorders. `drop` loses one message anywhere in a
 link (a link that went down and came back: what was on it is gone); the receiver notices at the
 next message's number. `cut` loses everything to and from a member that restarted (its
-connections went with its process). A message to a name that is no member is dropped at once,
+connections went with its process), or from a leader that lost its leadership by being cut
+off. A message to a name that is no member is dropped at once,
 as the engine's hub does (no link to it: its `messages_dropped`), and counted (`nowhere`).
 """
 
@@ -51,10 +52,15 @@ class Links:
         self.dropped += 1
         return link, position
 
-    def cut(self, member: str) -> None:
+    def cut(self, member: str, outgoing_only: bool = False) -> int:
+        """Lose what is on the links to and from `member` (or only from it); returns how many."""
+        lost = 0
         for (sender, receiver), queue in self.queues.items():
-            if member in (sender, receiver):
+            if sender == member or (receiver == member and not outgoing_only):
+                lost += len(queue)
                 queue.clear()
+        self.dropped += lost
+        return lost
 
     def pending(self) -> int:
         return sum(len(queue) for queue in self.queues.values())

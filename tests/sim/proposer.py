@@ -30,7 +30,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc
+from .checks import RESYNC_AFTER_LATER, SimFailure
 from .fake_log import Proposal
+from .replica import message_number
 
 if TYPE_CHECKING:
     from .runner import World
@@ -45,7 +47,7 @@ RETRYABLE = ("not leader", "timeout", "busy")
 class ConsumerView:
     """What a channel knows of one of its consumers: its queue, and the deliveries it holds."""
 
-    __slots__ = ("key", "no_ack", "active", "confirmed", "checkout_at", "unacked", "delivered")
+    __slots__ = ("key", "no_ack", "active", "confirmed", "checkout_at", "unacked", "delivered", "last_written")
 
     def __init__(self, key: tuple[str, str], no_ack: bool) -> None:
         self.key = key
@@ -55,6 +57,7 @@ class ConsumerView:
         self.checkout_at: tuple[str, str, int] | None = None  # (life, group, seq) of that Checkout
         self.unacked: dict[int, None] = {}  # queue seqs delivered, not yet acked or returned
         self.delivered: dict[tuple[int, int], None] = {}  # (seq, delivery count) of each delivery written
+        self.last_written = 0  # the place among the machines' deliveries of the last one written
 
 
 class Channel:
@@ -333,10 +336,25 @@ class Node:
 
     # -------------------------------------------------------------- deliveries
 
-    def on_deliver(self, consumer_id: str, message: Any) -> None:
+    def on_deliver(self, consumer_id: str, message: Any, after_gap: str = "") -> None:
+        """A delivery written to its consumer's channel, which must come after every one written
+        before it in the queue's order (checks.py, 1). `after_gap`: it came in a resync from a
+        sender one of whose messages went missing (a known finding if out of order)."""
         channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
         consumer = None if channel is None else channel.consumers.get(consumer_id)
         if consumer is not None:
+            ledger = self.world.ledger
+            place = ledger.delivery_order[(consumer_id, message.seq, message.delivery_count)]
+            if place < consumer.last_written:
+                what = (
+                    f"{self.name} wrote m{message_number(message.body)} (seq {message.seq}, delivery "
+                    f"{message.delivery_count}) to {consumer_id} after a delivery its queue made later"
+                )
+                if not after_gap:
+                    raise SimFailure(what)
+                ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync from {after_gap}, after a gap)")
+                self.world.trace(f"  KNOWN FINDING: {ledger.known[-1]}")
+            consumer.last_written = max(consumer.last_written, place)
             consumer.delivered[(message.seq, message.delivery_count)] = None
             if not consumer.no_ack:
                 consumer.unacked[message.seq] = None
