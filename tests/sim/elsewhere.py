@@ -98,6 +98,7 @@ class Elsewhere:
         self.receiver = remote.Receiver()
         self.gapped: set[str] = set()  # the senders one of whose messages went missing (for the checks)
         self.led: set[str] = set()  # ClusterLog._led: the groups `watch` saw led here
+        self.lost_unseen: set[str] = set()  # of those, the ones led elsewhere since (for the checks)
         self.stats_due_ms = 0
 
     def _send(self, member: str, payload: bytes) -> None:
@@ -121,6 +122,12 @@ class Elsewhere:
         if group not in self.led and out.leads(group):
             self.resync_as_new_leader(group)
             self.led.add(group)
+        elif group in self.lost_unseen and out.leads(group):
+            # KNOWN FINDING (checks.LEADERSHIP_REGAINED_UNSEEN): led again before `watch` saw
+            # the leadership go, so no resync; what the other leader sent meanwhile may be lost.
+            self.lost_unseen.discard(group)
+            self.world.regained_unseen.add(group)
+            self.world.trace(f"  {self.node.name} leads {group} again before it looked: no resync")
         return self.local_deliveries(out.take_deliveries(group, effects))
 
     def local_deliveries(self, effects: list) -> list:
@@ -159,6 +166,8 @@ class Elsewhere:
             items, gap = self.receiver.take(peer, payload)
         except remote.ReplyError as exc:  # the simulation's senders write no malformed message
             raise SimFailure(f"{self.node.name} could not read a message from {peer}: {exc}") from None
+        if self.world.tracing:
+            self.world.trace(f"  {self.node.name} takes {_describe(items)} from {peer}")
         if gap:
             self.gapped.add(peer)
             self.world.trace(f"  {self.node.name}: a message from {peer} went missing: asks it for a resync")
@@ -219,6 +228,7 @@ class Elsewhere:
         for group in sorted(led - self.led):
             self.resync_as_new_leader(group)
         self.led = led
+        self.lost_unseen.clear()
         now_ms = self.world.now_ms
         if now_ms >= self.stats_due_ms:
             self.stats_due_ms = now_ms + STATS_EVERY_MS
@@ -243,3 +253,20 @@ class Elsewhere:
                 for member in targets:
                     self.sender.outgoing.setdefault(member, []).append(["qs", chunk])
                 self.sender.flush()
+
+
+def _describe(items: list) -> str:
+    """A message's items for the step log: kinds, and the messages of deliveries and resyncs."""
+    parts = []
+    for item in items:
+        if item[0] == "d":
+            parts.append("d(" + " ".join(f"{c.rsplit('/', 1)[1]}:{r[4].decode()}#{r[5]}" for c, r, _ in item[1]) + ")")
+        elif item[0] == "s":
+            parts.append(
+                f"s:{item[1]}(" + " ".join(f"{c.rsplit('/', 1)[1]}:{r[4].decode()}#{r[5]}" for c, r, _ in item[2]) + ")"
+            )
+        elif item[0] in ("r", "e", "x"):
+            parts.append(f"{item[0]}:{item[1]}")
+        else:
+            parts.append(item[0])
+    return "[" + ", ".join(parts) + "]"

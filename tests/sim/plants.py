@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from . import proposer, runner
+from . import elsewhere, proposer, runner
 from .api import ApplyOrder
 
 
@@ -64,6 +64,14 @@ def _retry_any_life(self) -> int:
     return len(retries)
 
 
+def _deliveries_here_resync_at_watch_only(self, group: str, effects: list) -> list:
+    """ClusterLog.deliveries_here before its fix (the jepsen-style harness, seed 2004): a member
+    that came to lead a group sent its first deliveries before the resync its watch sends later;
+    a non-holder wrote a message the old leader had checked out (and whose delivery was lost
+    with it) after a later one: FIFO order broken."""
+    return self.local_deliveries(self.sender.take_deliveries(group, effects))
+
+
 _ADMIT = ApplyOrder.admit
 _CUT_OFF = proposer.Node.cut_off
 
@@ -73,6 +81,7 @@ PLANTS = {
     "lives-down-shard-0": (runner, "ends_life", _ends_life_shard_0_only),
     "cut-off-drops-clean-ups": (proposer.Node, "cut_off", _cut_off_dropping_clean_ups),
     "retries-outlive-cut-off": (proposer.Node, "retry", _retry_any_life),
+    "resync-at-watch-only": (elsewhere.Elsewhere, "deliveries_here", _deliveries_here_resync_at_watch_only),
 }
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc
-from .checks import RESYNC_AFTER_LATER, SimFailure
+from .checks import LEADERSHIP_REGAINED_UNSEEN, RESYNC_AFTER_LATER, SimFailure
 from .fake_log import Proposal
 from .replica import message_number
 
@@ -350,9 +350,13 @@ class Node:
                     f"{self.name} wrote m{message_number(message.body)} (seq {message.seq}, delivery "
                     f"{message.delivery_count}) to {consumer_id} after a delivery its queue made later"
                 )
-                if not after_gap:
+                group = self.world.group_of(consumer.key)
+                if after_gap:
+                    ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync from {after_gap}, after a gap)")
+                elif not self.holds(group) and group in self.world.regained_unseen:
+                    ledger.known.append(f"{LEADERSHIP_REGAINED_UNSEEN}: {what} ({group})")
+                else:
                     raise SimFailure(what)
-                ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync from {after_gap}, after a gap)")
                 self.world.trace(f"  KNOWN FINDING: {ledger.known[-1]}")
             consumer.last_written = max(consumer.last_written, place)
             consumer.delivered[(message.seq, message.delivery_count)] = None
