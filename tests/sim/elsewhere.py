@@ -188,9 +188,10 @@ class Elsewhere:
             if origin == node.life:
                 node.applied_own(group, seq)
         elif kind == "d":
-            self._remote_deliveries(item[1])
+            self._remote_deliveries(item[1], sender=peer)
         elif kind == "s":
-            self._remote_deliveries(item[2], resync=True, after_gap=peer if peer in self.gapped else "")
+            # (which sender's message went missing: the one asked, or one that led before this one)
+            self._remote_deliveries(item[2], resync=True, after_gap=",".join(sorted(self.gapped)))
         elif kind == "x":
             _kind, group, origin = item
             if origin == node.life:
@@ -202,7 +203,7 @@ class Elsewhere:
         else:  # ("t", "q", moves: the workload sends no direct reply-to, deletes no queue, moves nothing)
             raise SimFailure(f"{node.name} got an item it does not expect from {peer}: {item[0]!r}")
 
-    def _remote_deliveries(self, run: list, resync: bool = False, after_gap: str = "") -> None:
+    def _remote_deliveries(self, run: list, resync: bool = False, after_gap: str = "", sender: str = "") -> None:
         """ClusterLog._remote_deliveries: written unless written before; for a resync, also unless
         the consumer's channel holds the message."""
         fresh = self.receiver.fresh
@@ -216,7 +217,7 @@ class Elsewhere:
                     continue
             message = fresh(consumer_id, record)
             if message is not None:
-                self.node.on_deliver(consumer_id, message, after_gap)
+                self.node.on_deliver(consumer_id, message, after_gap, sender)
 
     # ----------------------------------------------------------------- now and then
 

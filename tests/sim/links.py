@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from collections import deque
 
+import msgpack
+
 
 class Links:
     def __init__(self, members: list[str]) -> None:
@@ -23,6 +25,7 @@ class Links:
         self.sent = 0
         self.dropped = 0
         self.nowhere: dict[str, int] = {}  # a name that is no member -> messages sent to it
+        self.asks_lost: set[str] = set()  # the members a resync request ("?") of was lost (for the checks)
 
     def send(self, sender: str, receiver: str, payload: bytes) -> bool:
         """False: `receiver` is no member (dropped)."""
@@ -48,9 +51,14 @@ class Links:
         link = rng.choice(busy)
         queue = self.queues[link]
         position = rng.randrange(len(queue))
+        self._lost(link[0], queue[position])
         del queue[position]
         self.dropped += 1
         return link, position
+
+    def _lost(self, sender: str, payload: bytes) -> None:
+        if ["?"] in msgpack.unpackb(payload, raw=False)[2]:  # ([life, number, items]: never fragments here)
+            self.asks_lost.add(sender)
 
     def cut(self, member: str, outgoing_only: bool = False) -> int:
         """Lose what is on the links to and from `member` (or only from it); returns how many."""
@@ -58,6 +66,8 @@ class Links:
         for (sender, receiver), queue in self.queues.items():
             if sender == member or (receiver == member and not outgoing_only):
                 lost += len(queue)
+                for payload in queue:
+                    self._lost(sender, payload)
                 queue.clear()
         self.dropped += lost
         return lost

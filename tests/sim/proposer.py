@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc
-from .checks import LEADERSHIP_REGAINED_UNSEEN, RESYNC_AFTER_LATER, SimFailure
+from .checks import FORMER_LEADER_LATE, LEADERSHIP_REGAINED_UNSEEN, RESYNC_AFTER_LATER, SimFailure
 from .fake_log import Proposal
 from .replica import message_number
 
@@ -336,10 +336,11 @@ class Node:
 
     # -------------------------------------------------------------- deliveries
 
-    def on_deliver(self, consumer_id: str, message: Any, after_gap: str = "") -> None:
+    def on_deliver(self, consumer_id: str, message: Any, after_gap: str = "", sender: str = "") -> None:
         """A delivery written to its consumer's channel, which must come after every one written
-        before it in the queue's order (checks.py, 1). `after_gap`: it came in a resync from a
-        sender one of whose messages went missing (a known finding if out of order)."""
+        before it in the queue's order (checks.py, 1). `after_gap`: it came in a resync to a
+        node that found a message of those senders missing (a known finding if out of order);
+        `sender`: the node whose "d" it came in (a known finding if it no longer leads the group)."""
         channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
         consumer = None if channel is None else channel.consumers.get(consumer_id)
         if consumer is not None:
@@ -352,7 +353,12 @@ class Node:
                 )
                 group = self.world.group_of(consumer.key)
                 if after_gap:
-                    ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync from {after_gap}, after a gap)")
+                    ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync, after a gap from {after_gap})")
+                elif consumer.no_ack and sender and not self.world.layout.leads(sender, group):
+                    # KNOWN FINDING: on its way from the group's old leader while the new one's
+                    # came first (on another link); the new leader's resync goes first, but it
+                    # covers what is checked out, and nothing is for a no-ack consumer.
+                    ledger.known.append(f"{FORMER_LEADER_LATE}: {what} (from {sender}, to a no-ack consumer)")
                 elif not self.holds(group) and group in self.world.regained_unseen:
                     ledger.known.append(f"{LEADERSHIP_REGAINED_UNSEEN}: {what} ({group})")
                 else:

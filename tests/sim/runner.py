@@ -632,7 +632,7 @@ class World:
         self.ledger.final(self.witness, [node.life for node in self.nodes])
         if not self.config.chaos:
             check_consumers(self.witness, self.nodes, self.ledger.known)
-            check_deliveries(self.witness, self.nodes, self.ledger.known, self.regained_unseen)
+            check_deliveries(self.witness, self.nodes, self.ledger.known, self.regained_unseen, self.links.asks_lost)
 
 
 # ---------------------------------------------------------------------- many
