@@ -56,7 +56,7 @@ def test_seeds_with_sqs_receives():
     )
 
 
-PARTIAL_SEEDS = 3000
+PARTIAL_SEEDS = 2000
 
 
 def test_seeds_with_groups_on_a_few_nodes():
