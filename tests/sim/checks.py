@@ -37,6 +37,10 @@ Theory of operation: two kinds of checks, in pairs.
    from the group's leader (elsewhere.py), through lost messages, resyncs and leader changes.
 
 Violations raise `SimFailure` with what diverged; the runner prints the seed and the step log.
+But for the server's bugs the simulation found with groups on a few nodes and the server has
+not fixed yet (`KNOWN_FINDINGS`, each where it is told apart, marked KNOWN FINDING): the
+violation that matches one, and only it, is counted in `Ledger.known`, so that the rest of the
+run still checks everything else.
 """
 
 from __future__ import annotations
@@ -61,12 +65,12 @@ LEADERSHIP_REGAINED_UNSEEN = "a group led again unseen by the watch, no resync"
 RESYNC_ASK_LOST = "a resync request lost, never asked again"
 FORMER_LEADER_LATE = "a former leader's no-ack deliveries written after the new leader's"
 KNOWN_FINDINGS = (
-    FORMER_LEADER_LATE,
     CONFIRMED_NEVER_APPLIED,
     RESYNC_AFTER_LATER,
     LIFE_ENDED_UNHEARD,
     LEADERSHIP_REGAINED_UNSEEN,
     RESYNC_ASK_LOST,
+    FORMER_LEADER_LATE,
 )
 
 
