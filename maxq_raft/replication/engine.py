@@ -230,6 +230,7 @@ class ReplicationNode:
         # the owner's messages to peers (`send_message`), queued by any thread for the hub thread
         self._outbox: collections.deque[tuple[str, bytes]] = collections.deque()
         self._peer_held: dict[str, frozenset[str]] = {}  # linked peer -> the groups it holds
+        self._peers_pending: set[str] = set()  # linked peers waiting for the first placement
         self.moves = GroupMoves(self)  # group moves and departures (group_moves.py)
         self.stats: collections.Counter[str] = collections.Counter()
         # peers whose group list differs from ours (their "groups" op): cut off from every group
@@ -399,6 +400,11 @@ class ReplicationNode:
     def peer_held(self) -> dict[str, frozenset[str]]:
         """Linked peers -> the groups each holds, as announced (an earlier release: every group)."""
         return dict(self._peer_held)
+
+    def peers_awaiting_placement(self) -> list[str]:
+        """Linked peers that said they wait for the first placement (they hold only the metadata
+        group so far: what they announce is not what the placement gives them)."""
+        return sorted(self._peers_pending)
 
     def status(self) -> dict:
         return self._call(lambda: {name: g.status() for name, g in self.groups.items()})
@@ -630,7 +636,14 @@ class ReplicationNode:
     def _announce(self, peer: str) -> None:
         # (an older release ignores an op it does not know, and keys it does not read: the
         # check is only between new ones)
-        announce = {"op": "groups", "groups": self.group_names, "features": self.features, "held": sorted(self.groups)}
+        announce: dict[str, Any] = {
+            "op": "groups",
+            "groups": self.group_names,
+            "features": self.features,
+            "held": sorted(self.groups),
+        }
+        if self.awaiting_placement:
+            announce["pending"] = True
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
 
     def announce_held(self) -> None:
@@ -782,6 +795,7 @@ class ReplicationNode:
     def _on_peer_down(self, peer: str) -> None:
         self._peer_features.pop(peer, None)
         self._peer_held.pop(peer, None)
+        self._peers_pending.discard(peer)
         self._expire_forwards(time.monotonic(), peer_down=peer)
         for g in self.groups.values():
             g.transport.peer_down(peer)
@@ -826,6 +840,10 @@ class ReplicationNode:
             if type(held) is not list or not all(type(name) is str for name in held):
                 raise wire.WireError(f"bad held-group list from {peer}: {held!r}"[:200])
             self._peer_held[peer] = frozenset(held)
+            if m.get("pending") is True:  # (waits for the first placement: `start_groups`)
+                self._peers_pending.add(peer)
+            else:
+                self._peers_pending.discard(peer)
             return
         if peer in self._mismatched:
             self.stats["frames_from_mismatched_peers"] += 1

@@ -175,8 +175,10 @@ class MembershipWatchdog:
         if any(group not in cluster.node.groups for group in cluster.shards):
             # Groups on a few members: those held elsewhere as their holders announce them, once
             # every member is linked (one out of reach could hold any of them).
-            if not meta.shard_groups or cluster.unseen_members():
-                return  # (the first record is the first placement: first_placement.py)
+            if not meta.shard_groups or cluster.unseen_members() or cluster.node.peers_awaiting_placement():
+                # (the first record is the first placement, first_placement.py: a member yet to
+                # take it, or one out of reach that may, must find itself where it was placed)
+                return
             placement = cluster.placement()
             groups = [[group, placement.get(group, [])] for group in cluster.shards]
             if any(not members for _group, members in groups):

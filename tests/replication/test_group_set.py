@@ -8,6 +8,7 @@ import pytest
 
 from maxq_raft.replication import group_set
 from maxq_raft.replication.engine import ReplicationNode
+from tests.conftest import free_port
 
 
 def test_records_round_trip_and_absence_means_every_group(tmp_path):
@@ -117,3 +118,43 @@ def test_a_restart_before_the_first_placement_came_waits_for_it_again(tmp_path):
         assert again.awaiting_placement and again.groups == {}
     finally:
         again.stop()
+
+
+def test_a_peer_says_it_waits_for_the_first_placement_until_it_started_its_groups(tmp_path):
+    ports = {"n1": free_port(), "n2": free_port()}
+
+    def node(nid: str, **kw) -> ReplicationNode:
+        other = "n2" if nid == "n1" else "n1"
+        return ReplicationNode(
+            node_id=nid,
+            raft_addr=("127.0.0.1", ports[nid]),
+            peers={other: ("127.0.0.1", ports[other])},
+            cluster_secret=b"s",
+            data_dir=tmp_path / nid,
+            groups=["g0", "g1"],
+            on_commit=lambda _g, _e: None,
+            **kw,
+        )
+
+    waiting, watching = node("n1", held=[], await_placement=True), node("n2", held=["g0", "g1"])
+    waiting.start()
+    watching.start()
+    try:
+        deadline = time.monotonic() + 10
+        while watching.peers_awaiting_placement() != ["n1"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watching.peers_awaiting_placement() == ["n1"] and watching.peer_held()["n1"] == frozenset()
+        answers: list = []
+        waiting.start_groups(
+            {"g0": {"n1": ("127.0.0.1", ports["n1"]), "n2": ("127.0.0.1", ports["n2"])}}, answers.append
+        )
+        deadline = time.monotonic() + 10
+        while (watching.peers_awaiting_placement() or "g0" not in watching.peer_held().get("n1", ())) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
+        assert answers == [None]
+        assert watching.peers_awaiting_placement() == [] and watching.peer_held()["n1"] == frozenset({"g0"})
+    finally:
+        waiting.stop()
+        watching.stop()
