@@ -29,6 +29,11 @@ from .placement import FEATURE as PLACEMENT
 # release's decoder refuses.
 TRACE_NUMBERS = "trace_numbers"
 
+# A member holding no replica of a publish's group confirms it once its group's leader says it
+# was applied (server/remote.py, `end_awaited`), not at its commit: a leader of an earlier
+# release sends no such word for an entry without a request.
+PUBLISH_ENDS = "publish_ends"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
@@ -36,6 +41,7 @@ FEATURES: dict[str, str] = {
     MAINTENANCE: "Members can be drained for maintenance and revived (maxqctl drain / revive)",
     PLACEMENT: "The metadata group records the shard groups, their replicas and each queue's group",
     TRACE_NUMBERS: "A traced publish carries the number of the x-maxq-trace-id its node gave it",
+    PUBLISH_ENDS: "A publish through a member without its queue's replica is confirmed once applied",
     PARTITIONS: "A queue may be partitioned (x-partitions): its partitions' records and routing",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)

@@ -45,6 +45,7 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.apply_order import apply_committed
+from ..machines.features import PUBLISH_ENDS
 from ..machines.placement import hash_index
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
@@ -108,6 +109,7 @@ class ClusterLog(CommandLog):
         self.remote_in = remote.Receiver()
         self.applier.remote = self.remote_out
         self.proposer.holds = self.holds
+        self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
         # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
         # and each led group's members.
         self._led: set[str] = set()
@@ -427,7 +429,7 @@ class ClusterLog(CommandLog):
                     _guarded(then)(Rejected(541, f"internal error applying {type(command).__name__}"))
         if mine:
             proposer.applied(group, entry.seq)
-        elif elsewhere is not None and any(request for _t, _c, request in entry.items):
+        elif elsewhere is not None and remote.end_awaited(entry.items):
             self.remote_out.entry_done(elsewhere, group, origin, entry.seq)
 
     # ------------------------------------------------- groups held elsewhere (remote.py)

@@ -37,6 +37,7 @@ from ..machines.queue_types import Rejected
 from ..replication.entries import encode_entry
 from ..replication.group import PAYLOAD_BYTES_MAX
 from .confirms import Confirms, Pending, Unavailable
+from .remote import end_awaited
 
 log = logging.getLogger("maxq.cluster")
 
@@ -126,6 +127,9 @@ class Proposer:
         # Whether this member holds a replica of a group (ClusterLog.holds): an entry of one it
         # does not is done when its leader says so, not when applied here (server/remote.py).
         self.holds: Callable[[str], bool] = lambda group: True
+        # Whether every member's leader sends the end of a publish's entry (features.PUBLISH_ENDS):
+        # until then such an entry is done at its commit, as an earlier release did.
+        self.publish_ends: Callable[[], bool] = lambda: False
 
     def submit(self, group: str, target: Any, command: Any, then: Callable[[Any], None] | None) -> OpenEntry:
         """Add a command to its group's open entry; `then(reply)` runs once it is applied here
@@ -221,7 +225,9 @@ class Proposer:
         if error is None:
             entry.committed = True
             entry.committed_at = trio.current_time()
-            if not entry.requests and not self.holds(entry.group):
+            if not self.holds(entry.group) and not (
+                end_awaited(entry.items) if self.publish_ends() else entry.requests
+            ):
                 # A group held elsewhere, and nothing to hear back: committed is all (server/remote.py).
                 self.complete(entry, None)
             return

@@ -8,7 +8,11 @@ its channels cannot take the machine's replies, nor its consumers their deliveri
 its own machines. The member that leads g when it applies an entry (L) sends them instead:
 
 - for an entry of M's: each request's reply ("r"), then the entry's end ("e"), which
-  completes it in M's proposer (its confirms go out, server/proposer.py);
+  completes it in M's proposer (its confirms go out, server/proposer.py). Sent for an entry
+  with a request or a publish (`end_awaited`); M completes any other at its commit. A publish
+  is confirmed only once applied: a committed entry may still be skipped, its life declared
+  dead in the group before it (the seeded simulation found such publishes confirmed at their
+  commit and never enqueued: tests/sim);
 - each `Deliver` to a consumer whose connection M holds ("d"), in apply order, after the
   replies of the same command (a consume-ok before the first delivery);
 - an entry of M's skipped because its life was declared dead in g ("x"): M starts a new life,
@@ -45,6 +49,7 @@ from typing import Any
 
 import msgpack
 
+from ..machines import commands as qc
 from ..machines.queue_types import Deliver, Rejected
 from ..machines.snapshot import message_from_record, message_record
 from ..replication.replies import ReplyError, decode_reply, encode_reply
@@ -62,6 +67,16 @@ LEADERSHIP_CHECK_S = 0.2  # how often a member looks whether it became the leade
 # (replication/group.py PAYLOAD_BYTES_MAX + engine.MESSAGE_ENVELOPE_BYTES, 1.06 MiB).
 FRAGMENT_BYTES = 512 * 1024
 FRAGMENTS_MAX = 8192  # 4 GiB: a larger message is malformed (what a member's consumers hold)
+
+
+_PUBLISHES = (qc.Enqueue, qc.EnqueueFifo)
+
+
+def end_awaited(items: list) -> bool:
+    """Whether an entry of a member holding no replica of its group is done only at the leader's
+    "e" (its items: (target, command, request)): a request waits for its reply, a publish for
+    being applied (a confirm means enqueued, and a committed entry may still be skipped)."""
+    return any(request or type(command) in _PUBLISHES for _target, command, request in items)
 
 
 def node_of(owner: str) -> str:

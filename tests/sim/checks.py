@@ -58,14 +58,12 @@ class SimFailure(AssertionError):
 
 # Bugs of the server the simulation found and counts instead of failing on, until they are fixed
 # (then the count goes, and a regression seed comes: plants.py).
-CONFIRMED_NEVER_APPLIED = "confirmed at commit, never applied"
 RESYNC_AFTER_LATER = "a lost message's deliveries written after later ones"
 LIFE_ENDED_UNHEARD = "life ended in a group held elsewhere, unheard"
 LEADERSHIP_REGAINED_UNSEEN = "a group led again unseen by the watch, no resync"
 RESYNC_ASK_LOST = "a resync request lost, never asked again"
 FORMER_LEADER_LATE = "a former leader's no-ack deliveries written after the new leader's"
 KNOWN_FINDINGS = (
-    CONFIRMED_NEVER_APPLIED,
     RESYNC_AFTER_LATER,
     LIFE_ENDED_UNHEARD,
     LEADERSHIP_REGAINED_UNSEEN,
@@ -334,15 +332,6 @@ class Ledger:
                     )
                 continue
             dead = proposal.origin in self.dead.get(proposal.group, ())
-            if proposal.done_at_commit and proposal.outcome == "ok" and not times:
-                # KNOWN FINDING (issue #19; server/proposer.py `_proposed`): a publish to a group its
-                # node holds no replica of is confirmed at its commit, but a committed entry can
-                # still never be applied: skipped because its life was declared dead there (the
-                # node had not heard yet), or held for good behind an earlier seq of its life that
-                # never came (lost, then the life was cut off or crashed). Counted, not failed.
-                why = "its life was declared dead there" if dead else "held behind a seq of its life that never came"
-                self.known.append(f"{CONFIRMED_NEVER_APPLIED}: m{number} of {proposal} ({why})")
-                continue
             if times != 1 and not dead and proposal.origin in current:
                 raise SimFailure(
                     f"m{number} of {proposal} committed (first copy {first}), its life is alive, "

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc
+from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc, remote
 from .checks import FORMER_LEADER_LATE, LEADERSHIP_REGAINED_UNSEEN, RESYNC_AFTER_LATER, SimFailure
 from .fake_log import Proposal
 from .replica import message_number
@@ -38,8 +38,17 @@ if TYPE_CHECKING:
     from .runner import World
 
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # server/cluster.py's: proposed again when given up
+
+
 # The commands whose callers wait for their reply (the server submits them with a `then`): in a
 # group held elsewhere, they carry a request number for the leader's reply.
+def end_awaited(items: list, requested: bool) -> bool:
+    """Proposer._proposed's test (server/remote.py `end_awaited`, with the publish_ends feature
+    on): an entry of a group held elsewhere is done at the leader's "e" when a caller waits for a
+    reply or when it carries a publish; otherwise at its commit."""
+    return requested or remote.end_awaited(items)
+
+
 REQUESTED = (qc.Checkout, qc.Get, qc.Cancel, qc.Create, qc.Tick)
 RETRYABLE = ("not leader", "timeout", "busy")
 
@@ -231,7 +240,9 @@ class Node:
             if not proposal.committed:
                 proposal.committed = True
                 proposal.committed_ms = self.world.now_ms
-            if not proposal.requests and not self.holds(proposal.group):
+            if not self.holds(proposal.group) and not end_awaited(
+                [(t, c, 0) for t, c in proposal.items], bool(proposal.requests)
+            ):
                 # A group held elsewhere, and nothing to hear back: committed is all (server/remote.py).
                 proposal.done_at_commit = True
                 self._complete(proposal, None)

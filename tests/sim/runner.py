@@ -65,7 +65,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, ends_life, md, qc, shard_of
+from .api import ALL_QUEUES, META_GROUP, Deliver, LivesDown, ends_life, md, qc, remote, shard_of
 from .checks import Ledger, SimFailure, check_agreement, check_consumers, check_deliveries
 from .elsewhere import REPLIES_WAIT_MS, STATS_EVERY_MS, Elsewhere
 from .fake_log import FakeLog
@@ -285,7 +285,7 @@ class World:
                 node.applied_own(group, entry.seq)
             elif node.elsewhere is not None and group != META_GROUP:
                 elsewhere = node.elsewhere.replies_to(group, entry.origin)
-                if elsewhere is not None and any(request for _t, _c, request in entry.items):
+                if elsewhere is not None and remote.end_awaited(entry.items):
                     node.elsewhere.sender.entry_done(elsewhere, group, entry.origin, entry.seq)
 
         def on_dead_origin(group: str, origin: str) -> None:

@@ -82,12 +82,12 @@ def test_seeds_with_groups_on_a_few_nodes():
 # A seed (of `--partial` runs) that shows each known finding of the server: while the server has
 # the bug, the seed reports it; once fixed, the seed stops (then make it a regression seed, with
 # the bug as a plant, and take the finding out of checks.KNOWN_FINDINGS).
+# ("a resync request lost, never asked again" showed in seeds 2328 and 2401 until publishes' entry
+# ends changed the draws; none of seeds 0-19,999 shows it since: still unfixed, still counted.)
 KNOWN_FINDING_SEEDS = {
-    65: "confirmed at commit, never applied",
     873: "a lost message's deliveries written after later ones",
     1387: "life ended in a group held elsewhere, unheard",
     648: "a group led again unseen by the watch, no resync",
-    2328: "a resync request lost, never asked again",
     4838: "a former leader's no-ack deliveries written after the new leader's",
 }
 
@@ -133,6 +133,11 @@ REGRESSION_SEEDS = {
 
 # The same, for bugs that show only with groups on a few nodes (run with `--partial`).
 PARTIAL_REGRESSION_SEEDS = {
+    65: (
+        "confirm-at-commit",
+        "a publish through a node holding no replica of its group was confirmed at its commit; its "
+        "entry was then skipped (its life declared dead in the group): confirmed, never enqueued",
+    ),
     347: (
         "resync-at-watch-only",
         "a member that came to lead a group sent its first deliveries before its resync: a "
