@@ -107,6 +107,7 @@ class ClusterLog(CommandLog):
         # what this member sends the others for the groups it leads.
         self.remote_out = remote.Sender(broker.node_id, lambda member, payload: self.node.send_message(member, payload))
         self.remote_in = remote.Receiver()
+        self.gap_hold = remote.GapHold()  # deliveries after a gap wait for the resync
         self.applier.remote = self.remote_out
         self.proposer.holds = self.holds
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
@@ -454,6 +455,10 @@ class ClusterLog(CommandLog):
         if gap:
             log.info("a message from %s went missing: asking it for what its groups hold for this member", peer)
             self.remote_out.ask_resync(peer)
+        self._remote_items(peer, self.gap_hold.order(peer, items, gap, trio.current_time()))
+        self.remote_out.flush()
+
+    def _remote_items(self, peer: str, items: list) -> None:
         for item in items:
             try:
                 self._remote_item(peer, item)
@@ -461,7 +466,6 @@ class ClusterLog(CommandLog):
                 log.error("an item from %s dropped: %s", peer, exc)
             except Exception:  # our glue: the rest of the message still counts
                 log.exception("an item from %s failed", peer)
-        self.remote_out.flush()
 
     def _remote_item(self, peer: str, item: list) -> None:
         kind = item[0]
@@ -724,6 +728,13 @@ class ClusterLog(CommandLog):
             await trio.sleep(remote.LEADERSHIP_CHECK_S)
             if not self.remote_out.active:
                 continue
+            ask, release = self.gap_hold.due(trio.current_time())
+            for peer in ask:
+                log.info("%s sent no resync in %.0f s since a gap: asking again", peer, remote.REPLIES_WAIT_S)
+                self.remote_out.ask_resync(peer)
+            for peer, waited in release:
+                log.warning("%s sent no resync since a gap: %d deliveries held since go now", peer, len(waited))
+                self._remote_items(peer, waited)
             self.remote_out.flush()  # (who leads what is read afresh below)
             groups = dict(self.node.groups)
             held = set(groups)

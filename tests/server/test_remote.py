@@ -236,3 +236,37 @@ def test_a_new_leader_resyncs_a_member_before_it_sends_that_members_new_deliveri
     assert [record[4] for _c, record, _r in items[0][2]] == [b"0", b"1"]  # both checked out, in order
     assert [record[4] for _c, record, _r in items[1][1]] == [b"1"]  # (a second copy: dropped there)
     assert log._led == {"shard-0"}
+
+
+def test_after_a_gap_deliveries_wait_for_the_resync_and_come_after_it() -> None:
+    hold = remote.GapHold()
+    assert hold.order("n2", [["d", [1]], ["e", "g", "o", 1]], False, 0.0) == [["d", [1]], ["e", "g", "o", 1]]
+    # The message that shows the gap: its deliveries wait, the rest is acted on.
+    assert hold.order("n2", [["d", [3]], ["r", "g", "o", 7, b""]], True, 10.0) == [["r", "g", "o", 7, b""]]
+    assert hold.order("n2", [["d", [4]]], False, 10.5) == []
+    assert hold.order("n3", [["d", [9]]], False, 10.5) == [["d", [9]]]  # (another sender: no wait)
+    # The resync first, then what waited, then the rest of its message in order.
+    answer = [["d", [5]], ["s", "g", [[2], [3]]], ["e", "g", "o", 2]]
+    assert hold.order("n2", answer, False, 11.0) == [
+        ["s", "g", [[2], [3]]],
+        ["d", [3]],
+        ["d", [4]],
+        ["d", [5]],
+        ["e", "g", "o", 2],
+    ]
+    assert hold.held == {}
+
+
+def test_a_resync_that_does_not_come_is_asked_again_then_the_deliveries_go() -> None:
+    hold = remote.GapHold()
+    hold.order("n2", [["d", [3]]], True, 0.0)
+    assert hold.due(remote.REPLIES_WAIT_S - 0.1) == ([], [])
+    asked = 0
+    now = 0.0
+    for _ in range(remote.RESYNC_ASKS_MAX - 1):
+        now += remote.REPLIES_WAIT_S
+        assert hold.due(now) == (["n2"], [])
+        asked += 1
+    now += remote.REPLIES_WAIT_S
+    assert hold.due(now) == ([], [("n2", [["d", [3]]])])
+    assert asked == remote.RESYNC_ASKS_MAX - 1 and hold.held == {}

@@ -96,6 +96,7 @@ class Elsewhere:
         self.sender.life = self.world.next_sender_life(self.node.name)  # (not a random token: replays)
         self.sender.node = self.engine
         self.receiver = remote.Receiver()
+        self.gap_hold = remote.GapHold()  # ClusterLog.gap_hold: deliveries after a gap wait for the resync
         self.gapped: set[str] = set()  # the senders one of whose messages went missing (for the checks)
         self.led: set[str] = set()  # ClusterLog._led: the groups `watch` saw led here
         self.lost_unseen: set[str] = set()  # of those, the ones led elsewhere since (for the checks)
@@ -172,11 +173,13 @@ class Elsewhere:
             self.gapped.add(peer)
             self.world.trace(f"  {self.node.name}: a message from {peer} went missing: asks it for a resync")
             self.sender.ask_resync(peer)
-        for item in items:
-            self._item(peer, item)
+        arrived = {id(item) for item in items}
+        for item in self.gap_hold.order(peer, items, gap, self.world.now_ms / 1000):
+            self._item(peer, item, held=id(item) not in arrived)
         self.flush()
 
-    def _item(self, peer: str, item: list) -> None:
+    def _item(self, peer: str, item: list, held: bool = False) -> None:
+        """One item from `peer`; `held`: deliveries GapHold kept back since a gap (for the checks)."""
         kind = item[0]
         node = self.node
         if kind == "r":
@@ -188,7 +191,7 @@ class Elsewhere:
             if origin == node.life:
                 node.applied_own(group, seq)
         elif kind == "d":
-            self._remote_deliveries(item[1], sender=peer)
+            self._remote_deliveries(item[1], sender=peer, after_gap=peer if held else "")
         elif kind == "s":
             # (which sender's message went missing: the one asked, or one that led before this one)
             self._remote_deliveries(item[2], resync=True, after_gap=",".join(sorted(self.gapped)))
@@ -224,6 +227,12 @@ class Elsewhere:
     def watch(self) -> None:
         """ClusterLog._watch_remote, one turn (no moves: the held groups never change)."""
         out = self.sender
+        ask, release = self.gap_hold.due(self.world.now_ms / 1000)
+        for peer in ask:
+            out.ask_resync(peer)
+        for peer, waited in release:
+            for item in waited:
+                self._item(peer, item, held=True)
         out.flush()  # (who leads what is read afresh below)
         led = {group for group in self.shards if self.engine.is_leader(group)}
         for group in sorted(led - self.led):

@@ -364,6 +364,8 @@ class Node:
                 )
                 group = self.world.group_of(consumer.key)
                 if after_gap:
+                    # KNOWN FINDING (left after remote.GapHold: 8 of 20,000 seeds): a resync, or
+                    # deliveries held since a gap, written after deliveries their queue made later.
                     ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync, after a gap from {after_gap})")
                 elif consumer.no_ack and sender and not self.world.layout.leads(sender, group):
                     # KNOWN FINDING: on its way from the group's old leader while the new one's

@@ -85,7 +85,7 @@ def test_seeds_with_groups_on_a_few_nodes():
 # ("a resync request lost, never asked again" showed in seeds 2328 and 2401 until publishes' entry
 # ends changed the draws; none of seeds 0-19,999 shows it since: still unfixed, still counted.)
 KNOWN_FINDING_SEEDS = {
-    873: "a lost message's deliveries written after later ones",
+    14889: "a lost message's deliveries written after later ones",
     1387: "life ended in a group held elsewhere, unheard",
     648: "a group led again unseen by the watch, no resync",
     4838: "a former leader's no-ack deliveries written after the new leader's",
@@ -133,6 +133,11 @@ REGRESSION_SEEDS = {
 
 # The same, for bugs that show only with groups on a few nodes (run with `--partial`).
 PARTIAL_REGRESSION_SEEDS = {
+    873: (
+        "deliveries-before-resync",
+        "after a lost message, the deliveries of the message that showed the gap were written "
+        "before the resync, which carried an earlier one: a consumer's order broke",
+    ),
     65: (
         "confirm-at-commit",
         "a publish through a node holding no replica of its group was confirmed at its commit; its "
@@ -154,7 +159,11 @@ def test_partial_regression_seed(seed):
         (world.lines or [])[-40:]
     )
     with_bug, _world = run_seed(seed, plant=plant, partial=True)
-    assert not with_bug.ok, f"seed {seed} no longer finds {plant!r} ({what}): pick another (see above)"
+    # (a bug whose kind stays a known finding in rarer cases, as a consumer's order after a gap,
+    # shows as that finding: counted, not failed)
+    assert not with_bug.ok or len(with_bug.known) > len(outcome.known), (
+        f"seed {seed} no longer finds {plant!r} ({what}): pick another (see above)"
+    )
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
