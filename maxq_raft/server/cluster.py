@@ -118,10 +118,9 @@ class ClusterLog(CommandLog):
         self._learning: set[str] = set()
         self._members: dict[str, frozenset[str]] = {}
         self._stats_due = 0.0  # when the counts of the queues of groups led here go out next (trio clock)
-        self._move_waits: dict[int, list] = {}  # moves asked of another member: request -> [event, answer]
-        self._move_requests = 0
-        self._trace_waits: dict[int, list] = {}  # trace queries asked of another member: request -> [event, answer]
-        self._trace_requests = 0
+        # moves and trace queries asked of another member (`_ask`): request -> [event, answer]
+        self._asks: dict[int, list] = {}
+        self._asks_made = 0
         self._nursery: Any = None  # serve_remote's: moves asked of this member run there
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.watchdog = MembershipWatchdog(self)
@@ -501,18 +500,13 @@ class ClusterLog(CommandLog):
                 self.remote_out.outgoing.setdefault(peer, []).append(["mvr", request, "starting: ask again"])
             else:
                 self._nursery.start_soon(self._move_asked, peer, request, group, add, remove)
-        elif kind == "mvr":  # the answer to a move this member asked for
-            waiter = self._move_waits.get(item[1])
+        elif kind in ("mvr", "tqr"):  # the answer to a move or a trace query this member asked
+            waiter = self._asks.get(item[1])
             if waiter is not None:
-                waiter[1] = item[2]
+                waiter[1] = item[2:]
                 waiter[0].set()
         elif kind == "tq":  # a member asks for this one's trace records (trace_gather.py)
             trace_gather.answer(self, peer, item[1], item[2])
-        elif kind == "tqr":  # the answer to a trace query this member asked
-            waiter = self._trace_waits.get(item[1])
-            if waiter is not None:
-                waiter[1] = item[2] if item[3] is None else str(item[3])
-                waiter[0].set()
         elif kind == "qs":  # the counts of queues of a group the sender leads (queue_stats.py)
             self.broker.take_queue_stats(peer, item[1])
         elif kind == "?":  # a member missed a message of ours
@@ -661,51 +655,57 @@ class ClusterLog(CommandLog):
         if add is not None and address is None:
             return f"the Raft address of {add} is not known here"
         if group in node.groups:
-            done = trio.Event()
-            answer: list[str | None] = []
-            token = self._token
-
-            def finished(error: str | None) -> None:  # the hub thread
-                answer.append(error)
-                try:
-                    token.run_sync_soon(done.set)
-                except trio.RunFinishedError:
-                    pass
-
-            node.move_group(group, (add, address) if add is not None else None, remove, finished)
-            await done.wait()
-            return answer[0]
+            move = (add, address) if add is not None else None
+            return await self.hub_answer(lambda done: node.move_group(group, move, remove, done))
         holders = [m for m in self.placement().get(group, []) if node.peer_is_up(m)]
         if not holders:
             return f"no member holding {group} is linked to {self.node_id}"
         asked = node.leader(group) if node.leader(group) in holders else holders[0]
-        self._move_requests += 1
-        request = self._move_requests
-        waiter: list = [trio.Event(), None]
-        self._move_waits[request] = waiter
-        item = ["mv", request, group, add, remove]
-        self.remote_out.outgoing.setdefault(asked, []).append(item)
-        self.remote_out.flush()
-        try:
-            with trio.move_on_after(MOVE_ASK_WAIT_S):
-                await waiter[0].wait()
-        finally:
-            self._move_waits.pop(request, None)
-        return waiter[1] if waiter[0].is_set() else f"{asked} did not answer within {MOVE_ASK_WAIT_S:.0f} s"
+        answer = await self._ask(asked, ["mv", group, add, remove], MOVE_ASK_WAIT_S)
+        return f"{asked} did not answer within {MOVE_ASK_WAIT_S:.0f} s" if answer is None else answer[0]
 
     async def ask_trace(self, member: str, query: list, wait_s: float) -> Any:
         """`member`'s trace records for `query` (trace_gather.py): a list, or why not (a str)."""
-        self._trace_requests += 1
-        request = self._trace_requests
-        waiter: list = [trio.Event(), f"no answer within {wait_s:.0f} s"]
-        self._trace_waits[request] = waiter
-        self.remote_out.outgoing.setdefault(member, []).append(["tq", request, query])
+        answer = await self._ask(member, ["tq", query], wait_s)
+        if answer is None:
+            return f"no answer within {wait_s:.0f} s"
+        if len(answer) != 2:
+            return f"a malformed answer from {member}"
+        records, error = answer
+        return records if error is None else str(error)
+
+    async def hub_answer(self, start: Callable[[Callable[[Any], None]], None]) -> Any:
+        """What the replication engine answers (on its hub thread) to `start(done)`: the value
+        `done` is called with."""
+        done = trio.Event()
+        answer: list[Any] = []
+        token = self._token
+
+        def finished(value: Any) -> None:  # the hub thread
+            answer.append(value)
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        start(finished)
+        await done.wait()
+        return answer[0]
+
+    async def _ask(self, member: str, item: list, wait_s: float) -> list | None:
+        """Send `member` `item` (its kind, then what it asks) numbered as a request; the rest of
+        its answer item ("<kind>r", request, ...), or None when none came within `wait_s`."""
+        self._asks_made += 1
+        request = self._asks_made
+        waiter: list = [trio.Event(), None]
+        self._asks[request] = waiter
+        self.remote_out.outgoing.setdefault(member, []).append([item[0], request, *item[1:]])
         self.remote_out.flush()
         try:
             with trio.move_on_after(wait_s):
                 await waiter[0].wait()
         finally:
-            self._trace_waits.pop(request, None)
+            self._asks.pop(request, None)
         return waiter[1]
 
     async def _move_asked(self, peer: str, request: int, group: str, add: str | None, remove: str | None) -> None:

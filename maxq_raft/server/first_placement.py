@@ -81,23 +81,11 @@ async def take_first_placement(cluster: Any, proposal: list[list[Any]], own_addr
                 return f"the cluster's placement puts {group} on {member}, whose Raft address is not among --peer"
             addresses[member] = address
         members_of[group] = addresses
-    done = trio.Event()
-    answer: list[str | None] = []
-    token = trio.lowlevel.current_trio_token()
-
-    def started_groups(error: str | None) -> None:  # the hub thread
-        answer.append(error)
-        try:
-            token.run_sync_soon(done.set)
-        except trio.RunFinishedError:
-            pass
-
-    node.start_groups(members_of, started_groups)
-    await done.wait()
-    if answer[0] is None:
+    error = await cluster.hub_answer(lambda done: node.start_groups(members_of, done))
+    if error is None:
         log.info(
             "node %s: holds %s of the cluster's first placement",
             cluster.node_id,
             ", ".join(sorted(members_of)) or "no shard group",
         )
-    return answer[0]
+    return error
