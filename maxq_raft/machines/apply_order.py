@@ -12,7 +12,8 @@ that life (1, 2, ...), and every replica applies an origin's entries in that ord
   given, e.g. the raw payload, so a snapshot carries it); an entry of a life declared dead is
   skipped.
 - `lives_down(prefix, keep)`: a node went (its `Down`): its lives other than `keep` are dead from
-  here on, and what they had held is dropped (never applied here, so never confirmed to anyone).
+  here on, and what they had held is dropped (never applied here, so never confirmed to anyone);
+  it returns the lives it ended (a node holding no replica of the group learns it from them).
 
 This is replicated state: every replica decides alike from the same log, and a snapshot carries
 it (`dump`/`load`). Dicts only, no sets: iteration order is the same on every replica.
@@ -77,15 +78,15 @@ class ApplyOrder:
         self.expected[origin] = next_seq + 1
         return item
 
-    def lives_down(self, prefix: str, keep: str) -> int:
+    def lives_down(self, prefix: str, keep: str) -> tuple[str, ...]:
         """Every life starting with `prefix` (a node's "name@") except `keep` is dead from now on;
-        returns how many held entries were dropped."""
-        dropped = 0
-        for life in [o for o in (*self.expected, *self.held) if o.startswith(prefix) and o != keep]:
+        returns those this ended (lives this group had seen, not dead before)."""
+        ended = tuple(dict.fromkeys(o for o in (*self.expected, *self.held) if o.startswith(prefix) and o != keep))
+        for life in ended:
             self.dead[life] = None
             self.expected.pop(life, None)
-            dropped += len(self.held.pop(life, {}))
-        return dropped
+            self.held.pop(life, None)
+        return ended
 
     def is_dead(self, origin: str) -> bool:
         return origin in self.dead

@@ -65,11 +65,13 @@ class QueueRemoved(NamedTuple):
 
 
 class LivesDown(NamedTuple):
-    """Effect: every life of the node `prefix` names ("name@") but `origin` is dead in `group`."""
+    """Effect: every life of the node `prefix` names ("name@") but `origin` is dead in `group`;
+    `ended`: those this ended (the group had seen them)."""
 
     group: str
     prefix: str
     origin: str
+    ended: tuple[str, ...] = ()
 
 
 def ends_life(effect: LivesDown, life: str, order: ApplyOrder) -> bool:
@@ -141,8 +143,8 @@ class ShardMachine:
                 returned += reply
             effects.extend(queue_effects)
         if command.owner.endswith("@"):
-            self.order.lives_down(command.owner, origin)
-            effects.append(LivesDown(self.name, command.owner, origin))
+            ended = self.order.lives_down(command.owner, origin)
+            effects.append(LivesDown(self.name, command.owner, origin, ended))
         return returned, effects
 
 
@@ -160,6 +162,6 @@ class MetaGroup:
     ) -> tuple[md.MetaReply, Sequence[MetaGroupEffect]]:
         reply, effects = self.machine.apply(meta, command)
         if type(command) is md.OwnerDown and command.owner.endswith("@"):
-            self.order.lives_down(command.owner, origin)
-            return reply, [*effects, LivesDown(self.name, command.owner, origin)]
+            ended = self.order.lives_down(command.owner, origin)
+            return reply, [*effects, LivesDown(self.name, command.owner, origin, ended)]
         return reply, effects

@@ -149,6 +149,8 @@ class Applier:
                     self.remote.queue_removed(group_name, effect.key, self.log.members())
             elif kind is LivesDown:
                 self.log.lives_down(effect)
+                if self.remote is not None and self.remote.active and effect.ended:
+                    self.remote.lives_ended(group_name, effect.prefix, effect.ended)
             elif kind is ReplyTo:
                 command = effect.command
                 channel = self.broker.reply_to.get(command.key)

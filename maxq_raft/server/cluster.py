@@ -113,7 +113,6 @@ class ClusterLog(CommandLog):
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
         # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
         # and each led group's members.
-        self._led: set[str] = set()
         self._held: set[str] = set()
         self._learning: set[str] = set()
         self._members: dict[str, frozenset[str]] = {}
@@ -549,14 +548,14 @@ class ClusterLog(CommandLog):
         the deliveries to consumers of members holding no replica go to those members (when
         this member leads `group`), the rest are returned to be performed here, each once.
 
-        A member that has come to lead `group` since `serve_remote` last looked sends its resync
-        first: after this command's deliveries, a member holding no replica wrote a message the
-        old leader had checked out to its consumer (applied, then the leadership lost before it
-        was sent) after a later one (a jepsen-style run, seed 2004: FIFO order broken)."""
+        A member that has come to lead `group` (in a new term: `Sender.newly_led`) sends its
+        resync first: after this command's deliveries, a member holding no replica wrote a
+        message the old leader had checked out to its consumer (applied, then the leadership
+        lost before it was sent) after a later one (a jepsen-style run, seed 2004: FIFO order
+        broken)."""
         out = self.remote_out
-        if group not in self._led and out.leads(group):
+        if out.newly_led(group):
             self._resync_as_new_leader(group)
-            self._led.add(group)
         return self.local_deliveries(group, out.take_deliveries(group, effects))
 
     def local_deliveries(self, group: str, effects: list) -> list:
@@ -748,15 +747,16 @@ class ClusterLog(CommandLog):
                 self._promoted(group)
             self._held, self._learning = held, learning
             led = {g for g in groups if g != META_GROUP and self.leads(g)}
-            for group in sorted(led - self._led):
-                self._resync_as_new_leader(group)
+            for group in sorted(led):
+                if self.remote_out.newly_led(group):
+                    self._resync_as_new_leader(group)
             members_now = {g: frozenset(groups[g].member_ids()) for g in led}
             for group, now_members in members_now.items():
                 # A member that left the group (a move) may have stopped applying before the
                 # deliveries its consumers were counted on it for: they come from here now.
                 for member in sorted(self._members.get(group, now_members) - now_members):
                     self.remote_out.resync(member, group, self._queues_of(group))
-            self._led, self._members = led, members_now
+            self._members = members_now
             if trio.current_time() >= self._stats_due:
                 self._stats_due = trio.current_time() + queue_stats.STATS_EVERY_S
                 try:

@@ -57,9 +57,11 @@ def test_a_held_tombstone_wins_over_the_original_that_commits_after_it():
 def test_lives_down_drops_what_they_held_and_spares_the_life_that_said_so():
     order = ApplyOrder()
     assert run(order, [("n1@old", 1, "old1"), ("n1@old", 3, "old3"), ("n1@new", 1, "new1")]) == ["old1", "new1"]
-    assert order.lives_down("n1@", keep="n1@new") == 1
+    assert order.lives_down("n1@", keep="n1@new") == ("n1@old",)
+    assert order.held == {}  # (old3, held for old2, is dropped)
     assert run(order, [("n1@old", 2, "old2"), ("n1@new", 2, "new2")]) == ["new2"]
     assert order.is_dead("n1@old") and not order.is_dead("n1@new")
+    assert order.lives_down("n1@", keep="n1@newer") == ("n1@new",)  # (n1@old: dead before)
 
 
 def test_dump_and_load_keep_the_held_entries():

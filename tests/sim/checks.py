@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import ALL_QUEUES, DEDUP_WINDOW_MS, Deliver, HandleResult, LivesDown, Message, qc, shard_of
+from .api import ALL_QUEUES, DEDUP_WINDOW_MS, Deliver, HandleResult, LivesDown, Message, qc
 from .fake_log import FakeLog, Proposal
 from .replica import Replica, message_number
 
@@ -59,16 +59,12 @@ class SimFailure(AssertionError):
 # Bugs of the server the simulation found and counts instead of failing on, until they are fixed
 # (then the count goes, and a regression seed comes: plants.py).
 RESYNC_AFTER_LATER = "a lost message's deliveries written after later ones"
-LIFE_ENDED_UNHEARD = "life ended in a group held elsewhere, unheard"
-LEADERSHIP_REGAINED_UNSEEN = "a group led again unseen by the watch, no resync"
 RESYNC_ASK_LOST = "a resync request lost, never asked again"
-FORMER_LEADER_LATE = "a former leader's no-ack deliveries written after the new leader's"
+NO_ACK_ACROSS_LEADERS = "a no-ack delivery written after a later one another leader sent"
 KNOWN_FINDINGS = (
     RESYNC_AFTER_LATER,
-    LIFE_ENDED_UNHEARD,
-    LEADERSHIP_REGAINED_UNSEEN,
     RESYNC_ASK_LOST,
-    FORMER_LEADER_LATE,
+    NO_ACK_ACROSS_LEADERS,
 )
 
 
@@ -365,28 +361,13 @@ def check_consumers(witness: Replica, nodes: list, known: list[str]) -> None:
         for channel in node.channels.values():
             for consumer_id, view in channel.consumers.items():
                 if view.active and view.confirmed and not attached.get((view.key, consumer_id)):
-                    group = shard_of(view.key, len(witness.shards))
-                    if not node.holds(group) and witness.broker.groups[group].order.is_dead(node.life):
-                        # KNOWN FINDING (server/cluster.py `lives_down`, server/remote.py): a Down of
-                        # this node's lives applied in a group it holds no replica of ended its life
-                        # there (and took its consumers), but only a holder hears a LivesDown; a
-                        # non-holder learns it at its next entry there ("x"), and a consumer waiting
-                        # for messages proposes none. (Its life, started at a cut-off, never
-                        # committed in the metadata group, so that group's Down did not end it.)
-                        known.append(
-                            f"{LIFE_ENDED_UNHEARD}: {node.name}'s life {node.life} is dead in {group}, which "
-                            f"took consumer {consumer_id} on {view.key[1]}; {node.name} never heard"
-                        )
-                        continue
                     raise SimFailure(
                         f"{node.name}'s channel {channel.owner} has consumer {consumer_id} on "
                         f"{view.key[1]}, which the queue no longer has: it will never get a message"
                     )
 
 
-def check_deliveries(
-    witness: Replica, nodes: list, known: list[str], regained_unseen: set[str], asks_lost: set[str]
-) -> None:
+def check_deliveries(witness: Replica, nodes: list, known: list[str], asks_lost: set[str]) -> None:
     """At the end: what the queues have checked out reached the consumers' channels (checks.py, 3).
     (Not a channel open when its node installed a snapshot: the server closes those then.)"""
     by_name = {node.name: node for node in nodes}
@@ -402,12 +383,6 @@ def check_deliveries(
                 view = node.channels[owner].consumers[consumer_id]
                 for seq, delivery_count, number in held:
                     if (seq, delivery_count) not in view.delivered and seq not in view.unacked:
-                        if not node.holds(group) and group in regained_unseen:
-                            known.append(
-                                f"{LEADERSHIP_REGAINED_UNSEEN}: m{number} checked out to {consumer_id} in "
-                                f"{group} never reached {node.name}"
-                            )
-                            continue
                         if not node.holds(group) and node.name in asks_lost:
                             # KNOWN FINDING (server/cluster.py `_on_remote`): a member that finds a
                             # message missing asks its sender for a resync once ("?"), over the

@@ -6,9 +6,10 @@ groups on a few nodes (layout.py), each node has one `Elsewhere` per process:
 
 - as a holder that leads a group, while its replica applies (runner.py's observer): the replies
   to the requests of a non-holder's entry go to it (`Sender.reply`), then the entry's end
-  (`entry_done`); an entry of a non-holder's dead life, "x" (`Sender.dead`); a command's
-  deliveries to consumers of non-holders go to them (`deliveries_here`: `take_deliveries`,
-  after a resync of each of them when the node has come to lead the group since it last looked);
+  (`entry_done`); an entry of a non-holder's dead life, or a Down that ended its lives, "x"
+  (`Sender.dead`, `Sender.lives_ended`: runner.py); a command's deliveries to consumers of
+  non-holders go to them (`deliveries_here`: `take_deliveries`, after a resync of each of them
+  when the node has come to lead the group in a new term: `Sender.newly_led`);
   the rest are performed here, each once (`local_deliveries`). A holder that does not lead
   performs only its own consumers' deliveries. What was gathered goes out at the end of the
   batch (`flush`), one message per member, on the link between them (links.py);
@@ -16,7 +17,7 @@ groups on a few nodes (layout.py), each node has one `Elsewhere` per process:
   resync ("?"); replies answer this life's requests, "e" completes its entry (Node.applied_own),
   deliveries are performed once (`Receiver.fresh`), a resync's also not if the consumer's
   channel holds the message; "x" cuts the life off; "?" sends a resync of each group led here;
-- now and then (`watch`: `_watch_remote`): a group it has come to lead sends a resync; the
+- now and then (`watch`: `_watch_remote`): a group it has come to lead (a new term) sends a resync; the
   queues' counts ("qs") go to the non-holders every STATS_EVERY_S (what makes a quiet link's
   lost last message show as a gap); entries whose end never came in REPLIES_WAIT_S are given
   up (`Node.expire_elsewhere`); deliveries remembered for consumers gone are forgotten.
@@ -58,6 +59,10 @@ class GroupView:
     def is_leader(self) -> bool:
         return self.layout.leads(self.node, self.name)
 
+    @property
+    def term(self) -> int:
+        return self.layout.terms[self.name]
+
     def member_ids(self) -> list[str]:
         return list(self.members)
 
@@ -98,8 +103,6 @@ class Elsewhere:
         self.receiver = remote.Receiver()
         self.gap_hold = remote.GapHold()  # ClusterLog.gap_hold: deliveries after a gap wait for the resync
         self.gapped: set[str] = set()  # the senders one of whose messages went missing (for the checks)
-        self.led: set[str] = set()  # ClusterLog._led: the groups `watch` saw led here
-        self.lost_unseen: set[str] = set()  # of those, the ones led elsewhere since (for the checks)
         self.stats_due_ms = 0
 
     def _send(self, member: str, payload: bytes) -> None:
@@ -118,17 +121,10 @@ class Elsewhere:
         return self.sender.remote_node(group, origin)
 
     def deliveries_here(self, group: str, effects: list) -> list:
-        """ClusterLog.deliveries_here: a group led here since `watch` last looked resyncs first."""
+        """ClusterLog.deliveries_here: a group led here in a new term resyncs first."""
         out = self.sender
-        if group not in self.led and out.leads(group):
+        if out.newly_led(group):
             self.resync_as_new_leader(group)
-            self.led.add(group)
-        elif group in self.lost_unseen and out.leads(group):
-            # KNOWN FINDING (checks.LEADERSHIP_REGAINED_UNSEEN): led again before `watch` saw
-            # the leadership go, so no resync; what the other leader sent meanwhile may be lost.
-            self.lost_unseen.discard(group)
-            self.world.regained_unseen.add(group)
-            self.world.trace(f"  {self.node.name} leads {group} again before it looked: no resync")
         return self.local_deliveries(out.take_deliveries(group, effects))
 
     def local_deliveries(self, effects: list) -> list:
@@ -198,7 +194,7 @@ class Elsewhere:
         elif kind == "x":
             _kind, group, origin = item
             if origin == node.life:
-                node.cut_off(f"{peer} says its entry in {group} was skipped: the life is dead there")
+                node.cut_off(f"{peer} says the life is dead in {group}")
         elif kind == "qs":
             pass  # the counts of the queues `peer` leads: the management API's, nothing here reads them
         elif kind == "?":
@@ -235,10 +231,9 @@ class Elsewhere:
                 self._item(peer, item, held=True)
         out.flush()  # (who leads what is read afresh below)
         led = {group for group in self.shards if self.engine.is_leader(group)}
-        for group in sorted(led - self.led):
-            self.resync_as_new_leader(group)
-        self.led = led
-        self.lost_unseen.clear()
+        for group in sorted(led):
+            if out.newly_led(group):
+                self.resync_as_new_leader(group)
         now_ms = self.world.now_ms
         if now_ms >= self.stats_due_ms:
             self.stats_due_ms = now_ms + STATS_EVERY_MS

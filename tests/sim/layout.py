@@ -30,6 +30,7 @@ class Layout:
         self.partial = partial
         self.holders = holders  # shard group -> the nodes holding it, by name
         self.leaders = leaders  # shard group -> the holder leading it
+        self.terms = dict.fromkeys(holders, 1)  # shard group -> its Raft term (one per leadership)
 
     @classmethod
     def everywhere(cls, nodes: list[str], shards: list[str]) -> Layout:
@@ -51,3 +52,8 @@ class Layout:
 
     def leads(self, node: str, group: str) -> bool:
         return self.leaders.get(group) == node
+
+    def hand_over(self, group: str, leader: str) -> None:
+        """`leader` leads `group` now, in a new term."""
+        self.leaders[group] = leader
+        self.terms[group] += 1

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .api import ALL_QUEUES, META_GROUP, Rejected, encode_entry, md, qc, remote
-from .checks import FORMER_LEADER_LATE, LEADERSHIP_REGAINED_UNSEEN, RESYNC_AFTER_LATER, SimFailure
+from .checks import NO_ACK_ACROSS_LEADERS, RESYNC_AFTER_LATER, SimFailure
 from .fake_log import Proposal
 from .replica import message_number
 
@@ -56,7 +56,17 @@ RETRYABLE = ("not leader", "timeout", "busy")
 class ConsumerView:
     """What a channel knows of one of its consumers: its queue, and the deliveries it holds."""
 
-    __slots__ = ("key", "no_ack", "active", "confirmed", "checkout_at", "unacked", "delivered", "last_written")
+    __slots__ = (
+        "key",
+        "no_ack",
+        "active",
+        "confirmed",
+        "checkout_at",
+        "unacked",
+        "delivered",
+        "last_written",
+        "last_sender",
+    )
 
     def __init__(self, key: tuple[str, str], no_ack: bool) -> None:
         self.key = key
@@ -67,6 +77,7 @@ class ConsumerView:
         self.unacked: dict[int, None] = {}  # queue seqs delivered, not yet acked or returned
         self.delivered: dict[tuple[int, int], None] = {}  # (seq, delivery count) of each delivery written
         self.last_written = 0  # the place among the machines' deliveries of the last one written
+        self.last_sender = ""  # the node whose "d" brought that one ("": performed where applied)
 
 
 class Channel:
@@ -351,7 +362,8 @@ class Node:
         """A delivery written to its consumer's channel, which must come after every one written
         before it in the queue's order (checks.py, 1). `after_gap`: it came in a resync to a
         node that found a message of those senders missing (a known finding if out of order);
-        `sender`: the node whose "d" it came in (a known finding if it no longer leads the group)."""
+        `sender`: the node whose "d" it came in (a known finding, to a no-ack consumer, if the
+        later one written came from another)."""
         channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
         consumer = None if channel is None else channel.consumers.get(consumer_id)
         if consumer is not None:
@@ -362,22 +374,24 @@ class Node:
                     f"{self.name} wrote m{message_number(message.body)} (seq {message.seq}, delivery "
                     f"{message.delivery_count}) to {consumer_id} after a delivery its queue made later"
                 )
-                group = self.world.group_of(consumer.key)
                 if after_gap:
-                    # KNOWN FINDING (left after remote.GapHold: 8 of 20,000 seeds): a resync, or
+                    # KNOWN FINDING (left after remote.GapHold: 2 of 20,000 seeds): a resync, or
                     # deliveries held since a gap, written after deliveries their queue made later.
                     ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync, after a gap from {after_gap})")
-                elif consumer.no_ack and sender and not self.world.layout.leads(sender, group):
-                    # KNOWN FINDING: on its way from the group's old leader while the new one's
-                    # came first (on another link); the new leader's resync goes first, but it
-                    # covers what is checked out, and nothing is for a no-ack consumer.
-                    ledger.known.append(f"{FORMER_LEADER_LATE}: {what} (from {sender}, to a no-ack consumer)")
-                elif not self.holds(group) and group in self.world.regained_unseen:
-                    ledger.known.append(f"{LEADERSHIP_REGAINED_UNSEEN}: {what} ({group})")
+                elif consumer.no_ack and sender and sender != consumer.last_sender:
+                    # KNOWN FINDING: two leaders in turn sent this consumer's deliveries on two
+                    # links: the old one's came after the new one's, or were lost on the way and
+                    # sent again by the new leader applying their entries late. A resync covers
+                    # what is checked out, and nothing is for a no-ack consumer.
+                    ledger.known.append(
+                        f"{NO_ACK_ACROSS_LEADERS}: {what} (from {sender}, the later from "
+                        f"{consumer.last_sender or 'here'}, to a no-ack consumer)"
+                    )
                 else:
                     raise SimFailure(what)
                 self.world.trace(f"  KNOWN FINDING: {ledger.known[-1]}")
-            consumer.last_written = max(consumer.last_written, place)
+            if place > consumer.last_written:
+                consumer.last_written, consumer.last_sender = place, sender
             consumer.delivered[(message.seq, message.delivery_count)] = None
             if not consumer.no_ack:
                 consumer.unacked[message.seq] = None

@@ -188,7 +188,6 @@ class World:
             self.partial_weights = [PARTIAL_WEIGHTS[e] * placing.choice((1, 1, 3)) for e in PARTIAL_EVENTS]
         else:
             self.layout = Layout.everywhere([f"n{i + 1}" for i in range(config.nodes)], self.shards)
-        self.regained_unseen: set[str] = set()  # groups where checks.LEADERSHIP_REGAINED_UNSEEN came about
         self.links = Links([f"n{i + 1}" for i in range(config.nodes)])
         self._sender_lives = 0
         self.groups = [META_GROUP, *self.shards]
@@ -267,9 +266,13 @@ class World:
                 if kind is Deliver:
                     if effect.consumer_id.startswith(prefix):
                         node.on_deliver(effect.consumer_id, effect.message)
-                elif kind is LivesDown and ends_life(effect, node.life, replica.broker.groups[group].order):
-                    # ClusterLog.lives_down: that ended this node's life there
-                    node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
+                elif kind is LivesDown:
+                    if ends_life(effect, node.life, replica.broker.groups[group].order):
+                        # ClusterLog.lives_down: that ended this node's life there
+                        node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
+                    if glue is not None and group != META_GROUP and effect.ended:
+                        # the Applier: a node holding no replica is told its lives it ended
+                        glue.sender.lives_ended(group, effect.prefix, effect.ended)
             if type(command) is qc.Checkout and entry.origin == node.life:
                 node.on_checkout(group, entry.seq, command.consumer_id, reply is True)
             elif (
@@ -417,10 +420,7 @@ class World:
             return False
         old = self.layout.leaders[group]
         self.trace(f"  {leader} leads {group} now (was {old})")
-        self.layout.leaders[group] = leader
-        glue = self.nodes[int(old[1:]) - 1].elsewhere
-        if group in glue.led:
-            glue.lost_unseen.add(group)
+        self.layout.hand_over(group, leader)
         return True
 
     def _retry(self) -> None:
@@ -632,7 +632,7 @@ class World:
         self.ledger.final(self.witness, [node.life for node in self.nodes])
         if not self.config.chaos:
             check_consumers(self.witness, self.nodes, self.ledger.known)
-            check_deliveries(self.witness, self.nodes, self.ledger.known, self.regained_unseen, self.links.asks_lost)
+            check_deliveries(self.witness, self.nodes, self.ledger.known, self.links.asks_lost)
 
 
 # ---------------------------------------------------------------------- many
