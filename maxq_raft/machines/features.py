@@ -34,6 +34,10 @@ TRACE_NUMBERS = "trace_numbers"
 # release sends no such word for an entry without a request.
 PUBLISH_ENDS = "publish_ends"
 
+# The deliveries a group's leader sends a member holding no replica go as short records (the
+# fields a channel writes: server/remote.py `delivery_record`), which an earlier release refuses.
+SHORT_DELIVERIES = "short_deliveries"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
@@ -43,6 +47,7 @@ FEATURES: dict[str, str] = {
     TRACE_NUMBERS: "A traced publish carries the number of the x-maxq-trace-id its node gave it",
     PUBLISH_ENDS: "A publish through a member without its queue's replica is confirmed once applied",
     PARTITIONS: "A queue may be partitioned (x-partitions): its partitions' records and routing",
+    SHORT_DELIVERIES: "Deliveries to a member without the queue's replica carry only what a channel writes",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

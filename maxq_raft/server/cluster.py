@@ -45,7 +45,7 @@ from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.apply_order import apply_committed
-from ..machines.features import PUBLISH_ENDS
+from ..machines.features import PUBLISH_ENDS, SHORT_DELIVERIES
 from ..machines.placement import hash_index
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
@@ -111,6 +111,7 @@ class ClusterLog(CommandLog):
         self.applier.remote = self.remote_out
         self.proposer.holds = self.holds
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
+        self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
         # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
         # and each led group's members.
         self._held: set[str] = set()

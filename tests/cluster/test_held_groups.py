@@ -22,6 +22,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from maxq_raft.machines.features import SHORT_DELIVERIES
 from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.server.cluster import shard_of
 from tests.conftest import free_port
@@ -239,6 +240,41 @@ def test_a_consumer_without_a_replica_gets_a_prefetch_window_of_large_messages(h
         while len(got) < 100 and time.monotonic() < deadline:
             conn.process_data_events(0.1)
         assert len(got) == 100 and set(got) == {body}
+        ch.queue_delete(name)
+
+
+def test_a_consumer_without_a_replica_gets_the_properties_and_the_delivery_count_header(held_cluster: Cluster) -> None:
+    """Deliveries cross as short records (SHORT_DELIVERIES, enabled once every member runs this
+    release): what the channel writes is all there, x-delivery-count of a returned message too."""
+    n1 = held_cluster["n1"]
+    wait_for(
+        lambda: any(f["name"] == SHORT_DELIVERIES and f["state"] == "enabled" for f in n1.admin("/api/feature-flags")),
+        20,
+        "short_deliveries enabled",
+    )
+    name, _group = queue_elsewhere(held_cluster, "n1")
+    props = pika.BasicProperties(delivery_mode=2, content_type="text/plain", headers={"k": "v"}, message_id="id-1")
+    with n1.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(name, durable=True, arguments={"x-delivery-limit": 5})
+        ch.basic_publish("", name, b"body", props)
+        got: list[tuple] = []
+        ch.basic_qos(prefetch_count=1)
+        ch.basic_consume(name, lambda _c, m, p, b: got.append((m, p, b)))
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        method, first, body = got.pop()
+        assert (body, method.exchange, method.routing_key, method.redelivered) == (b"body", "", name, False)
+        assert (first.content_type, first.message_id, first.headers) == ("text/plain", "id-1", {"k": "v"})
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        method, again, body = got.pop()
+        assert body == b"body" and method.redelivered
+        assert again.headers == {"k": "v", "x-delivery-count": 1} and again.message_id == "id-1"
+        ch.basic_ack(method.delivery_tag)
         ch.queue_delete(name)
 
 

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxq_raft.machines.commands import Checkout, Enqueue
 from maxq_raft.machines.message import Message
@@ -70,6 +72,57 @@ def test_only_a_leader_sends_and_only_to_members_holding_no_replica() -> None:
     follower.flush()
     assert nothing == []
     assert not sender(partial=False)[0].active
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seq=st.integers(min_value=0, max_value=2**63 - 1),
+    exchange=st.text(max_size=20),
+    routing_key=st.text(max_size=40),
+    props=st.binary(max_size=40),
+    body=st.binary(max_size=300),
+    delivery_count=st.integers(min_value=0, max_value=1000),
+    count_header=st.booleans(),
+    short=st.booleans(),
+)
+def test_a_delivery_crosses_as_the_channel_writes_it(
+    seq, exchange, routing_key, props, body, delivery_count, count_header, short
+) -> None:
+    """Short records once every member reads them (SHORT_DELIVERIES), full ones before: the
+    member writes the same either way."""
+    s, sent = sender()
+    s.short_deliveries = lambda: short
+    message = Message(exchange, routing_key, props, body, persistent=True, ttl_ms=5)
+    message.seq, message.delivery_count, message.count_header = seq, delivery_count, count_header
+    s.take_deliveries("shard-0", [Deliver("n4@1/1/t", message, True)])
+    s.flush()
+    [(_member, (_life, _number, [item]))] = sent
+    [[consumer_id, record, redelivered]] = item[1]
+    assert len(record) == (remote.DELIVERY_FIELDS if short else 21)
+    got = remote.Receiver().fresh(consumer_id, record)
+    assert (got.seq, got.exchange, got.routing_key, got.props_raw, got.body) == (
+        seq,
+        exchange,
+        routing_key,
+        props,
+        body,
+    )
+    assert (got.delivery_count, got.count_header, redelivered) == (delivery_count, count_header, True)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "not a list",
+        [1, "", "q", b"", b"x", 1],  # a field short
+        [1, "", "q", "text", b"x", 1, False],  # properties as text
+        [1, "", "q", b"", None, 1, False],
+        ["1", "", "q", b"", b"x", 1, False],
+    ],
+)
+def test_a_malformed_delivery_record_is_refused(record) -> None:
+    with pytest.raises(remote.ReplyError):
+        remote.Receiver().fresh("n4@1/1/t", record)
 
 
 def test_replies_and_the_entry_end_go_in_order_numbered_per_member() -> None:

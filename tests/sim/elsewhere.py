@@ -100,6 +100,7 @@ class Elsewhere:
         self.sender = remote.Sender(self.node.name, self._send)
         self.sender.life = self.world.next_sender_life(self.node.name)  # (not a random token: replays)
         self.sender.node = self.engine
+        self.sender.short_deliveries = lambda: True  # (a cluster of this release: SHORT_DELIVERIES)
         self.receiver = remote.Receiver()
         self.gap_hold = remote.GapHold()  # ClusterLog.gap_hold: deliveries after a gap wait for the resync
         self.gapped: set[str] = set()  # the senders one of whose messages went missing (for the checks)
