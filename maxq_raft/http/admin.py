@@ -533,6 +533,17 @@ async def transfer_leadership(broker, request: Request) -> dict:
     node = _cluster_node(broker)
     groups = await engine_status(broker)
     if group != "all" and group not in groups:
+        holders = broker.log.placement().get(group)
+        if holders:  # a group of the cluster that this member holds no replica of
+            leader = node.leader(group)
+            ask = f"{leader}'s admin API" if leader in holders else f"the admin API of one of {', '.join(holders)}"
+            raise HttpError(
+                "409 Conflict",
+                f"node {broker.node_id} holds no replica of {group} (its members: {', '.join(holders)}); ask {ask}",
+                reason="not held here",
+                members=holders,
+                leader=leader if leader in holders else None,
+            )
         raise HttpError(
             "404 Not Found",
             f"no group {group!r} (groups: {', '.join(sorted(groups, key=_group_order))})",

@@ -88,6 +88,21 @@ def test_each_group_has_three_replicas_and_each_member_three_fifths(held_cluster
     assert {g: len(m) for g, m in replicas.items()} == {f"shard-{i}": FACTOR for i in range(SHARDS)}
 
 
+def test_a_leadership_transfer_asked_of_a_member_without_the_group_names_its_members(held_cluster: Cluster) -> None:
+    """Not 404 "no group": the group exists; the answer says where to ask (before: "no group
+    'shard-3' (groups: meta, shard-0, shard-2)")."""
+    _name, group = queue_elsewhere(held_cluster, "n1")
+    members = holders(held_cluster, group)
+    status, body, _ = api(
+        held_cluster["n1"], "POST", "/api/cluster/transfer-leadership", {"group": group, "node": members[0]}
+    )
+    assert status == 409 and body["reason"] == "not held here" and body["members"] == members, body
+    assert f"node n1 holds no replica of {group} (its members: {', '.join(members)})" in body["error"]
+    refused = run_maxqctl(held_cluster["n1"], "transfer-leadership", group, members[0])
+    assert refused.returncode != 0 and "holds no replica of" in refused.stderr, (refused.stdout, refused.stderr)
+    assert held_by(held_cluster["n1"]).get(group) is None  # (nothing changed)
+
+
 def test_a_member_holding_no_replica_serves_every_basic_operation(held_cluster: Cluster) -> None:
     name, group = queue_elsewhere(held_cluster, "n1")
     conn = held_cluster["n1"].connect()
