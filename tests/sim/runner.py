@@ -271,7 +271,7 @@ class World:
                         # ClusterLog.lives_down: that ended this node's life there
                         node.cut_off(f"{effect.origin} declared {prefix} down in {group}")
                     if glue is not None and group != META_GROUP and effect.ended:
-                        # the Applier: a node holding no replica is told its lives it ended
+                        # the Applier: a node holding no replica is told the lives this ended
                         glue.sender.lives_ended(group, effect.prefix, effect.ended)
             if type(command) is qc.Checkout and entry.origin == node.life:
                 node.on_checkout(group, entry.seq, command.consumer_id, reply is True)
