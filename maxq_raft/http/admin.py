@@ -533,7 +533,8 @@ async def transfer_leadership(broker, request: Request) -> dict:
     node = _cluster_node(broker)
     groups = await engine_status(broker)
     if group != "all" and group not in groups:
-        holders = broker.log.placement().get(group)
+        placement = broker.log.placement()
+        holders = placement.get(group)
         if holders:  # a group of the cluster that this member holds no replica of
             leader = node.leader(group)
             ask = f"{leader}'s admin API" if leader in holders else f"the admin API of one of {', '.join(holders)}"
@@ -546,7 +547,7 @@ async def transfer_leadership(broker, request: Request) -> dict:
             )
         raise HttpError(
             "404 Not Found",
-            f"no group {group!r} (groups: {', '.join(sorted(groups, key=_group_order))})",
+            f"no group {group!r} (groups: {', '.join(sorted({*groups, *placement}, key=_group_order))})",
             reason="unknown group",
         )
     chosen = sorted(groups, key=_group_order) if group == "all" else [group]

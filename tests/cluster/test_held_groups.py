@@ -101,6 +101,10 @@ def test_a_leadership_transfer_asked_of_a_member_without_the_group_names_its_mem
     refused = run_maxqctl(held_cluster["n1"], "transfer-leadership", group, members[0])
     assert refused.returncode != 0 and "holds no replica of" in refused.stderr, (refused.stdout, refused.stderr)
     assert held_by(held_cluster["n1"]).get(group) is None  # (nothing changed)
+    status, body, _ = api(
+        held_cluster["n1"], "POST", "/api/cluster/transfer-leadership", {"group": "shard-99", "node": "n2"}
+    )
+    assert status == 404 and group in body["error"].split("groups: ", 1)[1], body  # (every group of the cluster)
 
 
 def test_a_member_holding_no_replica_serves_every_basic_operation(held_cluster: Cluster) -> None:
