@@ -98,7 +98,7 @@ def delivery_record(message: Message) -> list:
         message.seq,
         message.exchange,
         message.routing_key,
-        message.props_raw,
+        message.props_raw,  # (msgpack packs a view or a bytearray as bytes too: no copy here)
         message.body,
         message.delivery_count,
         message.count_header,
