@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import __version__
+from .machines.placement import LOCATORS
 
 
 class SettingsError(Exception):
@@ -61,6 +62,9 @@ class Settings:
     shards: int = 0  # data shard groups; 0: two per core
     # replicas of each shard group at a cluster's first start (0: every member holds every group)
     replication_factor: int = 0
+    # where a new queue goes without an x-queue-leader-locator argument or policy: "balanced" (its
+    # name's hash over the groups) or "client-local" (a group the declaring member leads)
+    queue_leader_locator: str = "balanced"
     join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
     snapshot_every_mb: float = 64.0  # a group snapshots its state (and compacts its log) after this much log
     version: str = __version__
@@ -121,6 +125,7 @@ CLI_SETTINGS = (
     "cluster_secret",
     "shards",
     "replication_factor",
+    "queue_leader_locator",
     "join",
     "snapshot_every_mb",
     "prometheus_port",
@@ -230,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         "holds no replica of through their leaders",
     )
     parser.add_argument(
+        "--queue-leader-locator",
+        help="a cluster's default for queues declared without x-queue-leader-locator: balanced (default: the "
+        "queue's group by the hash of its name) or client-local (a group the declaring member leads, else one "
+        "it holds: its clients skip a hop to the group's leader)",
+    )
+    parser.add_argument(
         "--snapshot-every-mb",
         help="a cluster member snapshots a group's state and compacts its log "
         "after this many MB of new log (default 64; fractions allowed)",
@@ -302,6 +313,10 @@ def load_settings(argv: list[str] | None = None, environ: dict | None = None) ->
         raise SettingsError(f"fsync must be on or off, got {settings.fsync!r}")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"log_level must be debug, info, warning or error, got {settings.log_level!r}")
+    if settings.queue_leader_locator not in LOCATORS:
+        raise SettingsError(
+            f"queue_leader_locator must be one of {', '.join(LOCATORS)}, got {settings.queue_leader_locator!r}"
+        )
     if settings.replication_factor < 0:
         raise SettingsError(f"replication_factor must be 0 (every member) or more, got {settings.replication_factor}")
     if settings.shards > SHARDS_MAX:

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from .maintenance import FEATURE as MAINTENANCE
 from .partitions import FEATURE as PARTITIONS
 from .placement import FEATURE as PLACEMENT
+from .placement import LOCATOR_FEATURE as QUEUE_LOCATOR
 
 # x-trace (server/tracer.py): an Enqueue's publish tuples gain a fifth item, which an earlier
 # release's decoder refuses.
@@ -48,6 +49,7 @@ FEATURES: dict[str, str] = {
     PUBLISH_ENDS: "A publish through a member without its queue's replica is confirmed once applied",
     PARTITIONS: "A queue may be partitioned (x-partitions): its partitions' records and routing",
     SHORT_DELIVERIES: "Deliveries to a member without the queue's replica carry only what a channel writes",
+    QUEUE_LOCATOR: "A member places a queue it declares in a group it leads (x-queue-leader-locator client-local)",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

@@ -24,7 +24,7 @@ from .access import AccessError, AccessKeyRecord, Permission, TopicPermission, U
 from .dedup import dedup_exchange_error
 from .features import EnableFeatures
 from .maintenance import SetMaintenance
-from .placement import FirstGroups, SetGroups, groups_refusal, hash_group
+from .placement import LOCATOR_ARGUMENT, FirstGroups, PlaceQueue, SetGroups, groups_refusal, hash_group
 from .policy_pattern import PatternError, compile_pattern
 from .queue_args import Arguments, QueueArgumentError, validate_queue_arguments
 from .queue_types import Meta, Rejected
@@ -113,6 +113,7 @@ POLICY_KEYS = {
     # x-partitions (partitions.py): the count a queue is made with; an existing queue keeps its own
     "partitions": partitions.ARGUMENT,
     "publish-rate-limit": "x-publish-rate-limit",
+    "queue-leader-locator": LOCATOR_ARGUMENT,  # where a new queue goes (placement.py)
     # rabbitmq-message-deduplication (machines/dedup.py): our names, and the plugin's own policy
     # keys (it registers them with their x- prefix), so its policies apply unchanged.
     "message-deduplication": "x-message-deduplication",
@@ -193,6 +194,10 @@ class DeclareQueue(NamedTuple):
     auto_delete: bool
     arguments: Arguments
     owner: str  # connection id, for exclusive queues
+    # The shard group the declaring member made the queue's machine in, after its PlaceQueue
+    # (placement.py); None: the placement recorded for it, else the hash. Encoded only when set,
+    # which it is only once every member reads it (feature queue_locator: replication/entries.py).
+    group: str | None = None
 
 
 class SetQueueArguments(NamedTuple):
@@ -408,7 +413,9 @@ class VhostDeleted(NamedTuple):
 MetaEffect: TypeAlias = QueueCreated | QueueDeleted | PolicyChanged | VhostDeleted
 # What a command answers: True/False (done, or nothing to do), the record declared, the number
 # of queues an OwnerDown deleted, or a refusal.
-MetaReply: TypeAlias = bool | int | str | ExchangeRecord | QueueRecord | Rejected  # str: DecideTxn's
+MetaReply: TypeAlias = (
+    bool | int | str | ExchangeRecord | QueueRecord | Rejected | None
+)  # str: DecideTxn's, PlaceQueue's
 MetaResult: TypeAlias = tuple[MetaReply, list[MetaEffect]]
 
 
@@ -442,6 +449,8 @@ class MetadataMachine:
         self.features_enabled: list[str] = []  # feature flags, in the order enabled (features.py)
         self.draining: list[str] = []  # members under maintenance, in the order drained (maintenance.py)
         self.shard_groups: dict[str, list[str]] = {}  # group -> its replicas, in order (placement.py)
+        # (vhost, queue) -> (group, owner): placements of queues not declared yet (PlaceQueue)
+        self.queue_places: dict[tuple[str, str], tuple[str, str]] = {}
         self._add_vhost(DEFAULT_VHOST)
         self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
@@ -473,6 +482,7 @@ class MetadataMachine:
             SetMaintenance: self._set_maintenance,
             SetGroups: self._set_groups,
             FirstGroups: self._first_groups,
+            PlaceQueue: self._place_queue,
         }
 
     def _add_vhost(self, name: str) -> None:
@@ -670,6 +680,7 @@ class MetadataMachine:
         # rabbit_channel: an exclusive queue is never durable (Durable = durable andalso not exclusive).
         durable = cmd.durable and not cmd.exclusive
         if existing is None:
+            placed = self.queue_places.pop((cmd.vhost, cmd.name), None)  # (made or refused: it is used)
             if (
                 cmd.name.startswith("amq.")
                 and not cmd.name.startswith("amq.gen-")
@@ -688,7 +699,7 @@ class MetadataMachine:
                 cmd.owner if cmd.exclusive else None,
                 cmd.auto_delete,
                 dict(cmd.arguments or {}),
-                hash_group(cmd.vhost, cmd.name, list(self.shard_groups)) if self.shard_groups else None,
+                self._group_for(cmd.vhost, cmd.name, placed if cmd.group is None else (cmd.group, "")),
             )
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
@@ -710,6 +721,40 @@ class MetadataMachine:
         if rejected:
             return rejected, []
         return existing, []
+
+    def _group_for(self, vhost: str, name: str, placed: tuple[str, str] | None) -> str | None:
+        """A new queue's group: where it was placed (PlaceQueue), else the hash over the
+        recorded groups; None before placement is recorded."""
+        if not self.shard_groups:
+            return None
+        if placed is not None and placed[0] in self.shard_groups:
+            return placed[0]
+        return hash_group(vhost, name, list(self.shard_groups))
+
+    def _place_queue(self, cmd: PlaceQueue) -> MetaResult:
+        v = self.vhosts.get(cmd.vhost)
+        if v is None:
+            return Rejected(404, f"no vhost '{cmd.vhost}'"), []
+        existing = v.queues.get(cmd.name)
+        if existing is not None:
+            return existing.group, []
+        key = (cmd.vhost, cmd.name)
+        placed = self.queue_places.get(key)
+        if placed is not None:  # another member's placement came first: it stands
+            return placed[0], []
+        if (
+            type(cmd.group) is not str
+            or cmd.group not in self.shard_groups
+            or type(cmd.owner) is not str
+            or partitions.parent_of(cmd.name) is not None  # (partitions spread by their index)
+        ):
+            return self._group_for(cmd.vhost, cmd.name, None), []
+        self.queue_places[key] = (cmd.group, cmd.owner)
+        return cmd.group, []
+
+    def _drop_places(self, unused: Callable[[tuple[str, str], tuple[str, str]], bool]) -> None:
+        if self.queue_places:
+            self.queue_places = {key: place for key, place in self.queue_places.items() if not unused(key, place)}
 
     def _set_queue_arguments(self, cmd: SetQueueArguments) -> MetaResult:
         v = self.vhosts.get(cmd.vhost)
@@ -839,6 +884,7 @@ class MetadataMachine:
         for name in list(v.queues):
             effects.extend(self._delete_queue(DeleteQueueRecord(cmd.name, name))[1])
         del self.vhosts[cmd.name]
+        self._drop_places(lambda key, _place: key[0] == cmd.name)
         self._access_changed()  # its permissions went with it: the users count as set up
         effects.append(VhostDeleted(cmd.name))
         return True, effects
@@ -950,6 +996,7 @@ class MetadataMachine:
             return False, []  # (already so)
         first = not self.shard_groups
         self.shard_groups = groups
+        self._drop_places(lambda _key, place: place[0] not in groups)
         if first:  # every queue that exists now takes the group its name hashed to before
             names = list(groups)
             for vhost in self.vhosts.values():

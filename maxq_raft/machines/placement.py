@@ -14,6 +14,19 @@ feature keeps its layout), and the first list recorded places every queue that e
 A queue record without a group (a single node, or a cluster before the feature) lives where the
 hash over the member's own groups says (server/cluster.py, `group_of`).
 
+The queue leader locator (RabbitMQ's `x-queue-leader-locator` argument, `queue-leader-locator`
+policy key, and `--queue-leader-locator` here for the default): "balanced" is the hash above;
+"client-local" puts a new queue in a group led by the member that declares it (else one it
+holds), so that its clients' publishes and deliveries skip a hop, and a member holding no
+replica of the hashed group serves them from its own. The member's choice must be the one
+every member routes by before the queue's record exists, because the queue's machine is made
+in its group first (server/command_log.py): so it is recorded first, `PlaceQueue`, first
+placement wins (two members declaring one new queue at once end in one group), and the
+declare then names the group its member made the machine in (DeclareQueue.group). A placement
+stays until a declare of its name uses it, made or refused (one whose declare never came, its
+member stopped or its shard unavailable, only says where that name goes when declared), or its
+vhost goes, or its group leaves the list.
+
 With every group on every member the record follows the engine. With groups on a few members
 (--replication-factor) the record comes first: the first placement is chosen in the metadata
 group (`FirstGroups`: the first proposed and committed stands) and every member starts the
@@ -25,12 +38,20 @@ refused.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .partitions import parent_of
 
 FEATURE = "placement"
+LOCATOR_FEATURE = "queue_locator"  # PlaceQueue: an earlier release stops at it (features.py)
+
+LOCATOR_ARGUMENT = "x-queue-leader-locator"
+CLIENT_LOCAL = "client-local"
+BALANCED = "balanced"
+# RabbitMQ 3.10's values, and 3.12's "balanced" (for which "random" and "least-leaders" stand
+# since): every value but client-local is the hash here.
+LOCATORS = (CLIENT_LOCAL, BALANCED, "random", "least-leaders")
 
 
 class SetGroups(NamedTuple):
@@ -43,6 +64,30 @@ class FirstGroups(NamedTuple):
     none is, so the first committed is the cluster's, whatever the others chose."""
 
     groups: list[Any]
+
+
+class PlaceQueue(NamedTuple):
+    """A member's choice of the group for a queue not declared yet (x-queue-leader-locator
+    client-local), recorded unless the queue or an earlier placement of it exists: the reply is
+    the group the queue goes to (None: no placement recorded, the hash)."""
+
+    vhost: str
+    name: str
+    group: str
+    owner: str  # the declaring connection (or "node@" for the admin API): who placed it
+
+
+def local_group(
+    vhost: str, name: str, groups: Sequence[str], leads: Callable[[str], bool], holds: Callable[[str], bool]
+) -> str | None:
+    """The group a member puts a new queue in for client-local: one of the `groups` it leads,
+    else of those it holds, picked by the hash of the queue's name (so that its queues spread
+    over them); None if it holds none."""
+    for mine in (leads, holds):
+        candidates = [group for group in groups if mine(group)]
+        if candidates:
+            return candidates[hash_index(vhost, name, len(candidates))]
+    return None
 
 
 def hash_group(vhost: str, name: str, groups: Sequence[str]) -> str:

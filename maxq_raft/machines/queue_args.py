@@ -18,7 +18,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple, TypeAlias
 
-from . import partitions
+from . import partitions, placement
 
 # A queue's (or binding's) x-arguments as the client sent them: a field table, so the values can
 # be anything; the validators below check each before the settings rely on it.
@@ -244,6 +244,13 @@ def _check_overflow(value: Any, arguments: Arguments) -> str | None:
     return None if _text(value) in OVERFLOW_MODES else "invalid_overflow"
 
 
+def _check_locator(value: Any, arguments: Arguments) -> str | None:
+    # (rabbit_amqqueue:check_queue_leader_locator_arg)
+    if not isinstance(value, (str, bytes)):
+        return f"{{unacceptable_type,{_type_name(value)}}}"
+    return None if _text(value) in placement.LOCATORS else "invalid_queue_locator_arg"
+
+
 # In rabbit_amqqueue:declare_args/0 order: the first failing argument is the one reported.
 _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-expires", _check_expires),
@@ -259,6 +266,7 @@ _VALIDATORS: tuple[tuple[str, Callable[[Any, Arguments], str | None]], ...] = (
     ("x-retry-backoff-max-ms", _check_backoff),
     ("x-overflow", _check_overflow),
     ("x-single-active-consumer", _check_bool),
+    (placement.LOCATOR_ARGUMENT, _check_locator),
     ("x-sqs-fifo", _check_fifo),
     ("x-message-deduplication", _check_bool),
     ("x-cache-size", _check_cache_size),

@@ -38,7 +38,7 @@ from ..machines import metadata as md
 from ..machines.features import EnableFeatures
 from ..machines.maintenance import SetMaintenance
 from ..machines.message import Message
-from ..machines.placement import FirstGroups, SetGroups
+from ..machines.placement import FirstGroups, PlaceQueue, SetGroups
 from ..machines.queue_args import QueueSettings
 from ..machines.shard import ALL_QUEUES
 from ..machines.txn_decisions import DecideTxn
@@ -95,6 +95,7 @@ METADATA_COMMANDS = {
         SetMaintenance,
         SetGroups,
         FirstGroups,
+        PlaceQueue,
     )
 }
 _TABLE_TAG = "\x00t"  # a one-key dict marks an encoded field table ("\x00" never starts a field name)
@@ -156,6 +157,11 @@ def encode_command(command) -> list:
         return ["UpdateSettings", list(command.settings)]
     if type(command) is qc.Checkout and not command.rate_limit:
         return ["Checkout", *command[:-1]]  # as before rate limits: a node of an earlier version decodes it
+    if type(command) is md.DeclareQueue and command.group is None:
+        return [
+            "DeclareQueue",
+            *(_field(v) for v in command[:-1]),
+        ]  # as before placement: an earlier version decodes it
     if type(command) is qc.Purge and command.in_flight is False:
         return ["Purge"]  # as before SQS's PurgeQueue: a node of an earlier version decodes it
     return [type(command).__name__, *(_field(v) for v in command)]

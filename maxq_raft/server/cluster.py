@@ -44,9 +44,19 @@ import trio
 from ..amqp import spec
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines import partitions
 from ..machines.apply_order import apply_committed
 from ..machines.features import PUBLISH_ENDS, SHORT_DELIVERIES
-from ..machines.placement import hash_index
+from ..machines.placement import (
+    BALANCED,
+    CLIENT_LOCAL,
+    LOCATOR_ARGUMENT,
+    LOCATOR_FEATURE,
+    PlaceQueue,
+    hash_group,
+    hash_index,
+    local_group,
+)
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
 from ..machines.queue_types import Deliver, Meta, Rejected
@@ -112,6 +122,7 @@ class ClusterLog(CommandLog):
         self.proposer.holds = self.holds
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
+        self.default_locator = BALANCED  # where a queue goes without x-queue-leader-locator (main.py)
         # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
         # and each led group's members.
         self._held: set[str] = set()
@@ -178,11 +189,40 @@ class ClusterLog(CommandLog):
         once placement is (machines/placement.py), else the hash of its name."""
         if target is None:
             return META_GROUP
-        vhost = self.broker.meta.vhosts.get(target[0])
+        meta = self.broker.meta
+        vhost = meta.vhosts.get(target[0])
         record = vhost.queues.get(target[1]) if vhost is not None else None
         if record is not None and record.group is not None:
             return record.group
+        if meta.queue_places:
+            place = meta.queue_places.get(target)
+            if place is not None:  # (placed, not declared yet: placement.py's PlaceQueue)
+                return place[0]
         return shard_of(target, len(self.shards))
+
+    def queue_placement(self, command: md.DeclareQueue, arguments: dict) -> PlaceQueue | None:
+        """Where the new queue goes, to be recorded before its machine is made, once every member
+        reads PlaceQueue: for x-queue-leader-locator client-local (the queue's argument, a
+        policy's, else this member's --queue-leader-locator) a group this member leads, else one
+        it holds (placement.local_group); else, or if it holds none, where its name hashes. The
+        hash is placed too: a member declaring the same new queue client-local at the same time
+        must not make its machine in another group (the first placement stands for both). None:
+        no placement (a partition, which goes by its index; or a cluster before the feature)."""
+        meta = self.broker.meta
+        if not meta.shard_groups or not meta.feature_enabled(LOCATOR_FEATURE):
+            return None
+        if partitions.parent_of(command.name) is not None or partitions.partition_count(arguments) > 1:
+            return None  # (a partitioned queue's partitions spread from its name's hash: partitions.py)
+        key = (command.vhost, command.name)
+        locator = arguments.get(LOCATOR_ARGUMENT, self.default_locator)
+        if isinstance(locator, bytes):
+            locator = locator.decode("utf-8", "replace")
+        group = None
+        if locator == CLIENT_LOCAL:
+            group = local_group(command.vhost, command.name, list(meta.shard_groups), self.leads, self.holds)
+        if group is None:
+            group = hash_group(command.vhost, command.name, list(meta.shard_groups))
+        return PlaceQueue(key[0], key[1], group, command.owner or self.node_id + "@")
 
     def leads(self, group: str) -> bool:
         return self.node.is_leader(group)

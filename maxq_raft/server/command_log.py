@@ -29,6 +29,7 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.placement import PlaceQueue
 from ..machines.queue_types import Rejected
 from ..machines.shard import MetaGroup, ShardMachine
 from . import transactions
@@ -134,14 +135,40 @@ class CommandLog:
         if command.passive or broker.meta.queue(*key) is not None:
             self.submit(None, command, synced)
             return
-        durable = command.durable and not command.exclusive
         arguments = broker.meta.arguments_under_policies(command.vhost, command.name, command.arguments)
+        place = self.queue_placement(command, arguments)
+        if place is None:
+            self._create_and_declare(command, arguments, then)
+            return
+
+        def placed(reply) -> None:
+            if type(reply) is Rejected or type(reply) is Unavailable:
+                then(reply)
+            else:  # (the placement recorded, or one made first, or the queue's record: group_of has it)
+                self._create_and_declare(command, arguments, then, placed=True)
+
+        self.submit(None, place, placed)
+
+    def queue_placement(self, command: md.DeclareQueue, arguments: dict) -> PlaceQueue | None:
+        """Where this member would put the new queue, to be recorded before it is made (a
+        cluster's x-queue-leader-locator client-local: cluster.py); None: where its name hashes."""
+        return None
+
+    def _create_and_declare(
+        self, command: md.DeclareQueue, arguments: dict, then: Callable[[Any], None], placed: bool = False
+    ) -> None:
+        broker = self.broker
+        key = (command.vhost, command.name)
+        durable = command.durable and not command.exclusive
         created_here = key not in broker.queues
+        group = self.group_of(key)  # (placed, or hashed)
+        if placed:  # the record takes the group the machine is made in, whatever became of the placement
+            command = command._replace(group=group)
 
         def recorded(reply) -> None:
             if type(reply) is Rejected and created_here and broker.meta.queue(*key) is None:
                 # Refused (bad arguments, an exclusive lock...): the machine made for it goes.
-                self.submit(key, qc.DeleteQueue(), None)
+                self.submit(key, qc.DeleteQueue(), None, group=group)
             then(reply)
 
         def created(reply) -> None:
@@ -150,7 +177,7 @@ class CommandLog:
             else:
                 self.submit(None, command, recorded)
 
-        self.submit(key, qc.Create(durable, arguments), created)
+        self.submit(key, qc.Create(durable, arguments), created, group=group)
 
     async def tick_queues(self) -> None:
         """Time passes for the queues whose shards this member leads: a Tick when a queue's next

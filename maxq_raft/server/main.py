@@ -328,6 +328,7 @@ async def _serve_clustered(
     cluster = ClusterLog(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )
+    cluster.default_locator = settings.queue_leader_locator
     broker.attach(cluster)
     cluster.on_fatal = stop.halt
     held, proposal = _first_placement(settings, cluster.shards)

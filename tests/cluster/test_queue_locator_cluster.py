@@ -1,0 +1,166 @@
+"""x-queue-leader-locator on a cluster whose groups are on 3 of 5 members (machines/placement.py):
+client-local puts a new queue in a group the declaring member leads (else holds), so its clients
+skip the hop to another member; declares of one new queue racing on several members end in one
+group with one machine."""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from pathlib import Path
+
+import pika
+import pytest
+
+from maxq_raft.machines.placement import LOCATOR_FEATURE, hash_group
+
+from ..helpers import api, wait_until
+from .conftest import Cluster, running_cluster
+from .test_held_groups import FACTOR, MEMBERS, SHARDS, held_by, queue_elsewhere
+
+GROUPS = [f"shard-{i}" for i in range(SHARDS)]
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path):
+    """Groups on 3 of 5 members, client-local the members' default for queues declared without it."""
+    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--queue-leader-locator", "client-local"]
+    with running_cluster(tmp_path, extra, MEMBERS) as c:
+        assert wait_until(
+            lambda: all(
+                any(f["name"] == LOCATOR_FEATURE and f["state"] == "enabled" for f in m.admin("/api/feature-flags"))
+                for m in c.alive()
+            ),
+            30,
+        )
+        yield c
+
+
+def group_of(cluster: Cluster, member: str, name: str) -> str:
+    return cluster[member].admin(f"/api/queues/%2F/{urllib.parse.quote(name, safe='')}")["group"]
+
+
+def led_by(cluster: Cluster, member: str) -> set[str]:
+    status = cluster[member].admin("/api/cluster/status")
+    return {g["group"] for g in status["groups"] if g.get("leader") == member and g["group"] in GROUPS}
+
+
+def confirmed_round_trip(cluster: Cluster, member: str, name: str, count: int = 20) -> None:
+    """`count` confirmed publishes to `name` through `member`, then each consumed once there."""
+    conn = cluster[member].connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(count):
+            ch.basic_publish("", name, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        got = []
+        for _ in range(count * 10):
+            method, _props, body = ch.basic_get(name, auto_ack=True)
+            if method is None:
+                break
+            got.append(body)
+        assert got == [b"m%d" % i for i in range(count)]
+    finally:
+        conn.close()
+
+
+def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_holds(local_cluster: Cluster) -> None:
+    for member in ("n1", "n4"):
+        name, hashed = queue_elsewhere(local_cluster, member, prefix=f"local-{member}-")
+        led_before = led_by(local_cluster, member)
+        conn = local_cluster[member].connect()
+        try:
+            conn.channel().queue_declare(name, durable=True)  # (the members' default: client-local)
+        finally:
+            conn.close()
+        group = group_of(local_cluster, member, name)
+        assert group != hashed and group in held_by(local_cluster[member])
+        if led_before and led_before == led_by(local_cluster, member):  # (no leadership moved meanwhile)
+            assert group in led_before
+        assert wait_until(
+            lambda: all(group_of(local_cluster, other, name) == group for other in ("n2", "n3", "n5")), 10
+        )
+        confirmed_round_trip(local_cluster, member, name)
+
+
+def test_balanced_by_argument_or_by_policy_keeps_the_hash(
+    local_cluster: Cluster,
+) -> None:
+    name, hashed = queue_elsewhere(local_cluster, "n2", prefix="spread-")
+    conn = local_cluster["n2"].connect()
+    try:
+        ch = conn.channel()
+        ch.queue_declare(name, arguments={"x-queue-leader-locator": "balanced"})
+        assert group_of(local_cluster, "n2", name) == hashed
+        confirmed_round_trip(local_cluster, "n2", name)  # (through the group's leader elsewhere)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.queue_declare("bad-locator", arguments={"x-queue-leader-locator": "nearest"})
+        assert refused.value.reply_code == 406
+        assert "invalid arg 'x-queue-leader-locator' for queue 'bad-locator'" in refused.value.reply_text
+        assert "invalid_queue_locator_arg" in refused.value.reply_text
+    finally:
+        conn.close()
+    policy = {"pattern": "^policy-spread-", "definition": {"queue-leader-locator": "balanced"}}
+    status, _body, _ = api(local_cluster["n2"], "PUT", "/api/policies/%2F/spread", policy)
+    assert status == 201
+    name, hashed = queue_elsewhere(local_cluster, "n2", prefix="policy-spread-")
+    conn = local_cluster["n2"].connect()
+    try:
+        conn.channel().queue_declare(name)
+    finally:
+        conn.close()
+    assert group_of(local_cluster, "n2", name) == hashed
+
+
+def test_one_new_queue_declared_at_once_on_several_members_lives_in_one_group(local_cluster: Cluster) -> None:
+    # n1 and n3 client-local (groups of their own), n2 balanced (the hash): the first placement
+    # committed stands for all three, so no member makes the queue's machine in another group.
+    declarers = {"n1": {}, "n2": {"x-queue-leader-locator": "balanced"}, "n3": {}}
+    names = [f"raced-{i}" for i in range(6)]
+    conns = {member: local_cluster[member].connect() for member in declarers}
+    try:
+        for name in names:
+            start = threading.Barrier(len(declarers))
+            failures: list[BaseException] = []
+
+            def declare(member: str, arguments: dict, name: str = name, start: threading.Barrier = start) -> None:
+                try:
+                    channel = conns[member].channel()
+                    start.wait(10)
+                    channel.queue_declare(name, durable=True, arguments=arguments)
+                    channel.close()
+                except BaseException as exc:  # (reported below)
+                    failures.append(exc)
+
+            # pika's connections are not thread-safe: each is used by its own thread only
+            threads = [threading.Thread(target=declare, args=(m, a)) for m, a in declarers.items()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert not failures and not any(t.is_alive() for t in threads)
+        for name in names:
+            assert wait_until(
+                lambda name=name: len({group_of(local_cluster, m, name) for m in ("n1", "n2", "n3", "n4", "n5")}) == 1,
+                10,
+            )
+            assert group_of(local_cluster, "n1", name) in GROUPS
+        # every message of each queue comes out once, through any member
+        for name in names:
+            confirmed_round_trip(local_cluster, "n5", name, count=10)
+        queues = {q["name"]: q for q in local_cluster["n4"].admin("/api/queues/%2F") if q["name"].startswith("raced-")}
+        assert sorted(queues) == names and all(q["messages"] == 0 for q in queues.values())
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
+def test_a_partitioned_queue_keeps_its_partitions_in_as_many_groups(local_cluster: Cluster) -> None:
+    conn = local_cluster["n1"].connect()
+    try:
+        conn.channel().queue_declare("orders", durable=True, arguments={"x-partitions": 3})
+    finally:
+        conn.close()
+    names = ["orders", "amq.partition-1.orders", "amq.partition-2.orders"]
+    groups = [group_of(local_cluster, "n1", name) for name in names]
+    assert groups == [hash_group("/", name, GROUPS) for name in names] and len(set(groups)) == 3
