@@ -40,6 +40,7 @@ from .queue_timers import QueueKey, QueueTimers
 log = logging.getLogger("maxq.log")
 
 META_GROUP = "meta"
+SERVER_NAMED_PREFIX = "amq.gen-"  # queue.declare with no name: the broker names it (channel.py)
 TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
 DEAD_LETTER_CHECK_S = 2.0
 
@@ -140,12 +141,18 @@ class CommandLog:
         if place is None:
             self._create_and_declare(command, arguments, then)
             return
+        if command.name.startswith(SERVER_NAMED_PREFIX):
+            # A name this member just made up: no other member declares it at the same time,
+            # so there is nothing to agree on first (an RPC client's reply queue per request
+            # pays no PlaceQueue round trip).
+            self._create_and_declare(command, arguments, then, group=place.group)
+            return
 
         def placed(reply) -> None:
             if type(reply) is Rejected or type(reply) is Unavailable:
                 then(reply)
             else:  # (the placement recorded, or one made first, or the queue's record: group_of has it)
-                self._create_and_declare(command, arguments, then, placed=True)
+                self._create_and_declare(command, arguments, then, group=self.group_of(key))
 
         self.submit(None, place, placed)
 
@@ -155,14 +162,17 @@ class CommandLog:
         return None
 
     def _create_and_declare(
-        self, command: md.DeclareQueue, arguments: dict, then: Callable[[Any], None], placed: bool = False
+        self, command: md.DeclareQueue, arguments: dict, then: Callable[[Any], None], group: str | None = None
     ) -> None:
+        """Make the queue's machine in `group` (None: where its name hashes, and the record
+        names no group), then commit its record naming that group."""
         broker = self.broker
         key = (command.vhost, command.name)
         durable = command.durable and not command.exclusive
         created_here = key not in broker.queues
-        group = self.group_of(key)  # (placed, or hashed)
-        if placed:  # the record takes the group the machine is made in, whatever became of the placement
+        if group is None:
+            group = self.group_of(key)
+        else:  # the record takes the group the machine is made in, whatever became of the placement
             command = command._replace(group=group)
 
         def recorded(reply) -> None:

@@ -83,6 +83,22 @@ def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_hol
         confirmed_round_trip(local_cluster, member, name)
 
 
+def test_a_server_named_queue_goes_in_its_members_group_without_a_placement_first(local_cluster: Cluster) -> None:
+    # (amq.gen- names are this member's own: nothing to agree on with other members first)
+    for member in ("n2", "n5"):
+        conn = local_cluster[member].connect()
+        try:
+            ch = conn.channel()
+            name = ch.queue_declare("", exclusive=True).method.queue
+            assert name.startswith("amq.gen-")
+            assert group_of(local_cluster, member, name) in held_by(local_cluster[member])
+            ch.confirm_delivery()
+            ch.basic_publish("", name, b"reply")
+            assert ch.basic_get(name, auto_ack=True)[2] == b"reply"
+        finally:
+            conn.close()
+
+
 def test_balanced_by_argument_or_by_policy_keeps_the_hash(
     local_cluster: Cluster,
 ) -> None:
