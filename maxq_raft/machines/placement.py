@@ -67,9 +67,9 @@ class FirstGroups(NamedTuple):
 
 
 class PlaceQueue(NamedTuple):
-    """A member's choice of the group for a queue not declared yet (x-queue-leader-locator
-    client-local), recorded unless the queue or an earlier placement of it exists: the reply is
-    the group the queue goes to (None: no placement recorded, the hash)."""
+    """A member's choice of the group for a queue not declared yet (what its
+    x-queue-leader-locator says), recorded unless the queue or an earlier placement of it
+    exists: the reply is the group the queue goes to (None: no shard groups recorded yet)."""
 
     vhost: str
     name: str

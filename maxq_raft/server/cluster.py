@@ -186,7 +186,8 @@ class ClusterLog(CommandLog):
 
     def group_of(self, target) -> str:
         """The metadata group for None, else the queue's group: recorded in its queue record
-        once placement is (machines/placement.py), else the hash of its name."""
+        once placement is (machines/placement.py), else where it was placed before its declare
+        (PlaceQueue), else the hash of its name."""
         if target is None:
             return META_GROUP
         meta = self.broker.meta

@@ -164,8 +164,8 @@ class CommandLog:
     def _create_and_declare(
         self, command: md.DeclareQueue, arguments: dict, then: Callable[[Any], None], group: str | None = None
     ) -> None:
-        """Make the queue's machine in `group` (None: where its name hashes, and the record
-        names no group), then commit its record naming that group."""
+        """Make the queue's machine in `group`, then commit its record naming that group; with
+        None, where `group_of` puts it (its name's hash), and the record names none either."""
         broker = self.broker
         key = (command.vhost, command.name)
         durable = command.durable and not command.exclusive
