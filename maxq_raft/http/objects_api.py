@@ -63,6 +63,8 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         ready = sum(m.ready_count for m in machines if m is not None)
         unacked = sum(m.unacked_count for m in machines if m is not None)
     partition = parent_of(name)
+    group = broker.log.group_of((vhost, name))
+    leader = broker.log.group_leader(group)
     return {
         "vhost": vhost,
         "name": name,
@@ -72,11 +74,16 @@ def queue_view(broker: Any, vhost: str, name: str, queue: Any) -> dict:
         "arguments": json_safe(record.arguments if record else {}),
         "type": QUEUE_TYPE,
         "state": "running",
-        "node": stats.node or broker.node_id,
+        # RabbitMQ's quorum queue: `node` and `leader` name its leader (clients such as Spring's
+        # LocalizedQueueConnectionFactory connect there), `members` its replicas. Here they are
+        # its group's: a client on the leader is served without a forward.
+        "node": leader or stats.node or broker.node_id,
+        "leader": leader,
+        "members": broker.log.group_members(group),
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
-        "group": broker.log.group_of((vhost, name)),  # its shard group (a quorum queue's "leader" is the group's)
+        "group": group,  # its shard group (machines/placement.py)
         "partitions": len(keys),  # x-partitions: 1 unless partitioned (then 1.. are amq.partition-<i>.<name>)
         "partition_of": None if partition is None else partition[0],
         "consumers": stats.active_consumer_count,

@@ -914,6 +914,14 @@ class ClusterLog(CommandLog):
                     announced = True
                 await trio.sleep(BARRIER_RETRY_S)
 
+    def group_leader(self, group: str) -> str | None:
+        return self.node.leader(group)
+
+    def group_members(self, group: str) -> list[str]:
+        """The replicas the metadata group records for `group`, else (before placement, every
+        member holding every group) the cluster's members."""
+        return list(self.broker.meta.shard_groups.get(group) or self.members())
+
     def members(self) -> list[str]:
         """The cluster's members, as this member's metadata replica has them (only itself once
         it was removed from the cluster: it holds the metadata group no more)."""

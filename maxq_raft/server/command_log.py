@@ -80,6 +80,14 @@ class CommandLog:
     def leads(self, group: str) -> bool:
         raise NotImplementedError
 
+    def group_leader(self, group: str) -> str | None:
+        """The member leading `group` as this member knows it (None: none known now)."""
+        return self.node_id
+
+    def group_members(self, group: str) -> list[str]:
+        """The members holding a replica of `group`."""
+        return self.members()
+
     def members(self) -> list[str]:
         raise NotImplementedError
 

@@ -77,6 +77,10 @@ def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_hol
         assert group != hashed and group in held_by(local_cluster[member])
         if led_before and led_before == led_by(local_cluster, member):  # (no leadership moved meanwhile)
             assert group in led_before
+            # the management API names the leader and the replicas, as RabbitMQ's quorum queues
+            shown = local_cluster["n3"].admin(f"/api/queues/%2F/{urllib.parse.quote(name, safe='')}")
+            assert shown["node"] == shown["leader"] == member
+            assert len(shown["members"]) == FACTOR and member in shown["members"]
         assert wait_until(
             lambda: all(group_of(local_cluster, other, name) == group for other in ("n2", "n3", "n5")), 10
         )

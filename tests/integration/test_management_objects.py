@@ -49,6 +49,8 @@ def test_declare_show_purge_and_delete_answer_as_rabbitmq(broker):
     status, shown, _ = api(broker, "GET", path)
     assert status == 200
     assert (shown["name"], shown["vhost"], shown["durable"], shown["messages"]) == (name, "/", True, 3)
+    # as a quorum queue's: its leader and replicas (a single node is both)
+    assert shown["leader"] == shown["node"] and shown["members"] == [shown["node"]]
     assert name in [q["name"] for q in api(broker, "GET", "/api/queues/%2F")[1]]
 
     status, body, _ = api(broker, "DELETE", path + "?if-empty=true")
