@@ -699,7 +699,7 @@ class MetadataMachine:
                 cmd.owner if cmd.exclusive else None,
                 cmd.auto_delete,
                 dict(cmd.arguments or {}),
-                self._group_for(cmd.vhost, cmd.name, placed if cmd.group is None else (cmd.group, "")),
+                self._group_for(cmd.vhost, cmd.name, cmd.group, placed[0] if placed is not None else None),
             )
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
@@ -722,13 +722,15 @@ class MetadataMachine:
             return rejected, []
         return existing, []
 
-    def _group_for(self, vhost: str, name: str, placed: tuple[str, str] | None) -> str | None:
-        """A new queue's group: where it was placed (PlaceQueue), else the hash over the
-        recorded groups; None before placement is recorded."""
+    def _group_for(self, vhost: str, name: str, *chosen: str | None) -> str | None:
+        """A new queue's group: the first of `chosen` that is a recorded group (the one its
+        declare names, where it was placed), else the hash over the recorded groups; None
+        before placement is recorded."""
         if not self.shard_groups:
             return None
-        if placed is not None and placed[0] in self.shard_groups:
-            return placed[0]
+        for group in chosen:
+            if group is not None and group in self.shard_groups:
+                return group
         return hash_group(vhost, name, list(self.shard_groups))
 
     def _place_queue(self, cmd: PlaceQueue) -> MetaResult:
@@ -748,7 +750,7 @@ class MetadataMachine:
             or type(cmd.owner) is not str
             or partitions.parent_of(cmd.name) is not None  # (partitions spread by their index)
         ):
-            return self._group_for(cmd.vhost, cmd.name, None), []
+            return self._group_for(cmd.vhost, cmd.name), []
         self.queue_places[key] = (cmd.group, cmd.owner)
         return cmd.group, []
 
