@@ -449,8 +449,8 @@ class MetadataMachine:
         self.features_enabled: list[str] = []  # feature flags, in the order enabled (features.py)
         self.draining: list[str] = []  # members under maintenance, in the order drained (maintenance.py)
         self.shard_groups: dict[str, list[str]] = {}  # group -> its replicas, in order (placement.py)
-        # (vhost, queue) -> (group, owner): placements of queues not declared yet (PlaceQueue)
-        self.queue_places: dict[tuple[str, str], tuple[str, str]] = {}
+        # (vhost, queue) -> group: placements of queues not declared yet (PlaceQueue)
+        self.queue_places: dict[tuple[str, str], str] = {}
         self._add_vhost(DEFAULT_VHOST)
         self.vhosts[DEFAULT_VHOST].permissions[GUEST] = Permission(*FULL_PERMISSION)
         self._handlers: dict[type, Callable[[Any], MetaResult]] = {
@@ -699,7 +699,7 @@ class MetadataMachine:
                 cmd.owner if cmd.exclusive else None,
                 cmd.auto_delete,
                 dict(cmd.arguments or {}),
-                self._group_for(cmd.vhost, cmd.name, cmd.group, placed[0] if placed is not None else None),
+                self._group_for(cmd.vhost, cmd.name, cmd.group, placed),
             )
             v.queues[cmd.name] = record
             return record, [QueueCreated(cmd.vhost, cmd.name)]
@@ -743,18 +743,17 @@ class MetadataMachine:
         key = (cmd.vhost, cmd.name)
         placed = self.queue_places.get(key)
         if placed is not None:  # another member's placement came first: it stands
-            return placed[0], []
+            return placed, []
         if (
             type(cmd.group) is not str
             or cmd.group not in self.shard_groups
-            or type(cmd.owner) is not str
             or partitions.parent_of(cmd.name) is not None  # (partitions spread by their index)
         ):
             return self._group_for(cmd.vhost, cmd.name), []
-        self.queue_places[key] = (cmd.group, cmd.owner)
+        self.queue_places[key] = cmd.group
         return cmd.group, []
 
-    def _drop_places(self, unused: Callable[[tuple[str, str], tuple[str, str]], bool]) -> None:
+    def _drop_places(self, unused: Callable[[tuple[str, str], str], bool]) -> None:
         if self.queue_places:
             self.queue_places = {key: place for key, place in self.queue_places.items() if not unused(key, place)}
 
@@ -998,7 +997,7 @@ class MetadataMachine:
             return False, []  # (already so)
         first = not self.shard_groups
         self.shard_groups = groups
-        self._drop_places(lambda _key, place: place[0] not in groups)
+        self._drop_places(lambda _key, group: group not in groups)
         if first:  # every queue that exists now takes the group its name hashed to before
             names = list(groups)
             for vhost in self.vhosts.values():

@@ -74,7 +74,6 @@ class PlaceQueue(NamedTuple):
     vhost: str
     name: str
     group: str
-    owner: str  # the declaring connection (or "node@" for the admin API): who placed it
 
 
 def local_group(

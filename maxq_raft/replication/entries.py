@@ -158,10 +158,8 @@ def encode_command(command) -> list:
     if type(command) is qc.Checkout and not command.rate_limit:
         return ["Checkout", *command[:-1]]  # as before rate limits: a node of an earlier version decodes it
     if type(command) is md.DeclareQueue and command.group is None:
-        return [
-            "DeclareQueue",
-            *(_field(v) for v in command[:-1]),
-        ]  # as before placement: an earlier version decodes it
+        # as before placement (no group): a node of an earlier version decodes it
+        return ["DeclareQueue", *(_field(v) for v in command[:-1])]
     if type(command) is qc.Purge and command.in_flight is False:
         return ["Purge"]  # as before SQS's PurgeQueue: a node of an earlier version decodes it
     return [type(command).__name__, *(_field(v) for v in command)]

@@ -196,9 +196,9 @@ class ClusterLog(CommandLog):
         if record is not None and record.group is not None:
             return record.group
         if meta.queue_places:
-            place = meta.queue_places.get(target)
-            if place is not None:  # (placed, not declared yet: placement.py's PlaceQueue)
-                return place[0]
+            placed = meta.queue_places.get(target)
+            if placed is not None:  # (placed, not declared yet: placement.py's PlaceQueue)
+                return placed
         return shard_of(target, len(self.shards))
 
     def queue_placement(self, command: md.DeclareQueue, arguments: dict) -> PlaceQueue | None:
@@ -214,7 +214,6 @@ class ClusterLog(CommandLog):
             return None
         if partitions.parent_of(command.name) is not None or partitions.partition_count(arguments) > 1:
             return None  # (a partitioned queue's partitions spread from its name's hash: partitions.py)
-        key = (command.vhost, command.name)
         locator = arguments.get(LOCATOR_ARGUMENT, self.default_locator)
         if isinstance(locator, bytes):
             locator = locator.decode("utf-8", "replace")
@@ -223,7 +222,7 @@ class ClusterLog(CommandLog):
             group = local_group(command.vhost, command.name, list(meta.shard_groups), self.leads, self.holds)
         if group is None:
             group = hash_group(command.vhost, command.name, list(meta.shard_groups))
-        return PlaceQueue(key[0], key[1], group, command.owner or self.node_id + "@")
+        return PlaceQueue(command.vhost, command.name, group)
 
     def leads(self, group: str) -> bool:
         return self.node.is_leader(group)

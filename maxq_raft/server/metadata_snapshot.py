@@ -14,7 +14,7 @@ Records: `["metadata", {"version", "users", "users_seeded", "access_version", "a
 "txn_decisions", "features_enabled", "draining", "shard_groups", "queue_places"}]`
 (users as `[name, password_hash, hashing_algorithm, tags, limits]`, access keys as `[key_id,
 user, secret]`, shard groups as `[[group, [member, ...]], ...]`, placements of queues not declared
-yet as `[[vhost, queue, group, owner], ...]`; a header without "access_keys", "features_enabled",
+yet as `[[vhost, queue, group], ...]`; a header without "access_keys", "features_enabled",
 "draining", "shard_groups" or "queue_places", written before they existed, has none); per vhost `["vhost", name]`, then
 `["exchange", vhost, name, type, durable, auto_delete, internal, arguments, builtin, routing_type]`
 in the vhost's order, `["bindings", vhost, source, [[destination, key, arguments], ...]]` in
@@ -74,7 +74,7 @@ def dump_metadata(machine: md.MetadataMachine) -> Iterator[list]:
         "features_enabled": list(machine.features_enabled),
         "draining": list(machine.draining),
         "shard_groups": [[group, list(members)] for group, members in machine.shard_groups.items()],
-        "queue_places": [[vhost, name, group, owner] for (vhost, name), (group, owner) in machine.queue_places.items()],
+        "queue_places": [[vhost, name, group] for (vhost, name), group in machine.queue_places.items()],
     }
     yield ["metadata", header]
     counts: dict[str, int] = {}
@@ -186,10 +186,10 @@ def load_metadata(records: Iterable) -> md.MetadataMachine:
         machine.shard_groups = {group: list(members) for group, members in shard_groups}
         places = header.get("queue_places", [])
         if type(places) is not list or not all(
-            type(place) is list and len(place) == 4 and all(type(field) is str for field in place) for place in places
+            type(place) is list and len(place) == 3 and all(type(field) is str for field in place) for place in places
         ):
             raise SnapshotError(f"metadata snapshot: malformed queue placements: {places!r}"[:200])
-        machine.queue_places = {(vhost, name): (group, owner) for vhost, name, group, owner in places}
+        machine.queue_places = {(vhost, name): group for vhost, name, group in places}
         if "txn_decisions" in header:
             try:
                 machine.txn_decisions.load(header["txn_decisions"])

@@ -39,42 +39,40 @@ def away_from_hash(name: str) -> str:
 def test_a_placed_queue_is_declared_in_its_placed_group_and_the_placement_is_used_up() -> None:
     machine = placed_machine()
     group = away_from_hash("work")
-    assert machine.apply(Meta(2, 0), PlaceQueue(V, "work", group, CONNECTION)) == (group, [])
-    assert machine.queue_places == {(V, "work"): (group, CONNECTION)}
+    assert machine.apply(Meta(2, 0), PlaceQueue(V, "work", group)) == (group, [])
+    assert machine.queue_places == {(V, "work"): group}
     record = declare(machine, "work")
     assert type(record) is md.QueueRecord and record.group == group
     assert machine.queue_places == {}
     # declared again from anywhere, and placed again: the record's group stands
     assert declare(machine, "work").group == group
-    assert machine.apply(Meta(3, 0), PlaceQueue(V, "work", hash_group(V, "work", GROUPS), "n3@1/1"))[0] == group
+    assert machine.apply(Meta(3, 0), PlaceQueue(V, "work", hash_group(V, "work", GROUPS)))[0] == group
 
 
 def test_the_first_placement_stands_for_a_second_declarer() -> None:
     machine = placed_machine()
     first, second = GROUPS[1], GROUPS[2]
-    assert machine.apply(Meta(2, 0), PlaceQueue(V, "shared", first, "n1@1/1"))[0] == first
-    assert machine.apply(Meta(2, 0), PlaceQueue(V, "shared", second, "n2@1/1"))[0] == first
+    assert machine.apply(Meta(2, 0), PlaceQueue(V, "shared", first))[0] == first
+    assert machine.apply(Meta(2, 0), PlaceQueue(V, "shared", second))[0] == first
     assert declare(machine, "shared").group == first
 
 
 def test_a_placement_that_cannot_stand_is_not_recorded_and_answers_the_hash() -> None:
     machine = placed_machine()
-    assert machine.apply(Meta(2, 0), PlaceQueue(V, "q", "shard-99", CONNECTION))[0] == hash_group(V, "q", GROUPS)
+    assert machine.apply(Meta(2, 0), PlaceQueue(V, "q", "shard-99"))[0] == hash_group(V, "q", GROUPS)
     # a partition goes where its index puts it (partitions.py), whatever a member asks
     name = "amq.partition-1.orders"
-    assert machine.apply(Meta(2, 0), PlaceQueue(V, name, away_from_hash(name), CONNECTION))[0] == hash_group(
-        V, name, GROUPS
-    )
+    assert machine.apply(Meta(2, 0), PlaceQueue(V, name, away_from_hash(name)))[0] == hash_group(V, name, GROUPS)
     assert machine.queue_places == {}
-    reply = machine.apply(Meta(2, 0), PlaceQueue("nowhere", "q", GROUPS[0], CONNECTION))[0]
+    reply = machine.apply(Meta(2, 0), PlaceQueue("nowhere", "q", GROUPS[0]))[0]
     assert type(reply) is Rejected and reply.reply_code == 404
     # before placement is recorded there is no group to answer
-    assert md.MetadataMachine().apply(Meta(1, 0), PlaceQueue(V, "q", GROUPS[0], CONNECTION))[0] is None
+    assert md.MetadataMachine().apply(Meta(1, 0), PlaceQueue(V, "q", GROUPS[0]))[0] is None
 
 
 def test_a_refused_declare_uses_up_its_placement() -> None:
     machine = placed_machine()
-    machine.apply(Meta(2, 0), PlaceQueue(V, "amq.reserved", GROUPS[0], CONNECTION))
+    machine.apply(Meta(2, 0), PlaceQueue(V, "amq.reserved", GROUPS[0]))
     assert type(declare(machine, "amq.reserved")) is Rejected
     assert machine.queue_places == {}
 
@@ -83,15 +81,15 @@ def test_unused_placements_stay_until_used_or_their_vhost_or_group_goes() -> Non
     machine = placed_machine()
     machine.apply(Meta(2, 0), md.PutVhost("other"))
     places = [
-        (V, "a", GROUPS[0], "n1@1/1"),
-        (V, "b", GROUPS[1], "n1@1/2"),
-        ("other", "d", GROUPS[3], "n3@1/1"),
-        (V, "e", GROUPS[3], "n3@1/1"),
+        (V, "a", GROUPS[0]),
+        (V, "b", GROUPS[1]),
+        ("other", "d", GROUPS[3]),
+        (V, "e", GROUPS[3]),
     ]
     for place in places:
         machine.apply(Meta(2, 0), PlaceQueue(*place))
-    # the connection that placed it went: another member may be declaring the name in that
-    # group right now (it was told so), so the placement stays
+    # a connection or a node going says nothing of a placement: another member may be declaring
+    # the name in that group right now (it was told so), so the placement stays
     machine.apply(Meta(3, 0), md.OwnerDown("n1@1/1"))
     machine.apply(Meta(3, 0), md.OwnerDown("n1@"))
     assert len(machine.queue_places) == 4
@@ -116,11 +114,11 @@ def test_a_declare_naming_its_group_is_recorded_there_whatever_became_of_the_pla
 
 def test_placements_survive_the_entry_encoding_and_the_metadata_snapshot() -> None:
     machine = placed_machine()
-    command = PlaceQueue(V, "q", GROUPS[2], CONNECTION)
+    command = PlaceQueue(V, "q", GROUPS[2])
     assert decode_entry(encode_entry(0, [(None, command)], "n1@1", 1)).items[0][1] == command
     machine.apply(Meta(2, 0), command)
     restored = load_metadata(dump_metadata(machine))
-    assert restored.queue_places == {(V, "q"): (GROUPS[2], CONNECTION)}
+    assert restored.queue_places == {(V, "q"): GROUPS[2]}
     assert declare(restored, "q").group == GROUPS[2]
 
 

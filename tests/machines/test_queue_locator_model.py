@@ -41,7 +41,7 @@ class Placements(RuleBasedStateMachine):
     @rule(vhost=st.sampled_from(VHOSTS), name=st.sampled_from(NAMES), group=st.sampled_from([*ALL_GROUPS, "shard-9"]))
     def place(self, vhost: str, name: str, group: str) -> None:
         key = (vhost, name)
-        reply = self.apply(PlaceQueue(vhost, name, group, "n1@1/1"))
+        reply = self.apply(PlaceQueue(vhost, name, group))
         if vhost not in self.vhosts:
             assert type(reply) is Rejected and reply.reply_code == 404
         elif key in self.queues:
@@ -109,7 +109,7 @@ class Placements(RuleBasedStateMachine):
 
     @invariant()
     def the_machine_holds_the_models_placements(self) -> None:
-        assert {key: place[0] for key, place in self.machine.queue_places.items()} == self.places
+        assert self.machine.queue_places == self.places
         assert not set(self.places) & set(self.queues)
         assert all(group in self.groups for group in self.places.values())
 
