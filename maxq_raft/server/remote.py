@@ -130,7 +130,7 @@ def message_of_delivery(record: list) -> Message:
 
 
 def node_of(owner: str) -> str:
-    """The node an origin ("n1@3fa0c2d1"), session ("n1@7") or consumer id names."""
+    """The node an origin ("n1@3fa0c2d1"), session ("n1@5be0a7c3.7") or consumer id names."""
     return owner.partition("@")[0]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import logging
+import secrets
 from functools import partial
 
 import trio
@@ -96,6 +97,13 @@ PROPS_CACHED_BYTES_MAX = 128
 WIRE_ROUTING_CACHED_MAX = 4096  # per process: (exchange, routing key) -> their wire encoding
 _wire_routing: dict[tuple[str, str], bytes] = {}
 
+# A session's id is "node@process.n" (its channels "node@process.n/channel", their consumers
+# ".../tag"). The process's own random token keeps a restarted member from reusing an id of its
+# earlier process, whose counter started at 1 too: a leader applying late may still send that
+# process's consumers their deliveries, which a member holding no replica of the queue's group
+# wrote to a new consumer that had the same id, on another queue (the seeded simulation, seed
+# 100700 of --partial). Down("node@") still names every session of a node, of any process.
+_PROCESS_TOKEN = secrets.token_hex(4)
 _session_numbers = itertools.count(1)
 _trace_numbers = [1]  # the next x-maxq-trace-id's n, "node@connection-n" (tracer.py): _take_trace_numbers
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
@@ -159,7 +167,7 @@ class Session:
         self.stream = stream
         self.peer_host = peer_host
         self.settings = settings
-        self.id = f"{broker.node_id}@{next(_session_numbers)}"  # "node@n": Down("node@") is the whole node
+        self.id = f"{broker.node_id}@{_PROCESS_TOKEN}.{next(_session_numbers)}"
         self.vhost = ""
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open

@@ -209,6 +209,34 @@ def test_a_connection_is_shown_and_closed_with_the_reason_given(broker):
             client.close()
 
 
+def test_a_restarted_node_names_its_connections_anew(start_broker):
+    """A connection's name is its session id, which its channels' and consumers' ids start
+    with: a restarted node must not give its first connection the name its earlier process gave
+    its own (a late delivery to that process's consumer would reach a new one with the same id)."""
+
+    def first_connection_name(server) -> str:
+        client = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.amqp_port))
+        try:
+            names = [c["name"] for c in api(server, "GET", "/api/connections")[1]]
+            assert len(names) == 1, names
+            return names[0]
+        finally:
+            client.close()
+
+    server = start_broker()
+    before = first_connection_name(server)
+    server.stop()
+    server = start_broker(data_dir=server.data_dir)
+    after = first_connection_name(server)
+    assert before != after
+    # "node@process.n": the same node, each process's first connection, two processes' tokens
+    (node_before, process_before, n_before), (node_after, process_after, n_after) = (
+        (name.partition("@")[0], *name.partition("@")[2].split(".")) for name in (before, after)
+    )
+    assert node_before == node_after and n_before == n_after == "1"
+    assert process_before != process_after
+
+
 def test_rabbitmqadmin_closes_a_connection(broker):
     client = pika.BlockingConnection(
         pika.ConnectionParameters("127.0.0.1", broker.amqp_port, client_properties={"product": "ra-close"})

@@ -105,6 +105,7 @@ class Node:
         self.retries: list[Proposal] = []
         self.barrier_waiting: dict[str, None] = {}
         self.sessions = 0  # server/session.py's process-wide counter: it starts again with the process
+        self.process = ""  # server/session.py's _PROCESS_TOKEN: this process's own, in its session ids
         self.channels: dict[str, Channel] = {}
         self.skew_ms = 0
         self.replica: Any = None  # runner.py sets it
@@ -131,6 +132,15 @@ class Node:
         """Proposer.holds: whether this node's replica applies `group`."""
         return self.held is None or group in self.held
 
+    def new_session(self) -> str:
+        """Session's id for the process's next connection: "node@process.n"."""
+        self.sessions += 1
+        return self.session_id()
+
+    def session_id(self) -> str:
+        """The id of the process's latest connection."""
+        return f"{self.name}@{self.process}.{self.sessions}"
+
     # ------------------------------------------------------------------ lives
 
     def new_life(self) -> None:
@@ -150,6 +160,7 @@ class Node:
         self.sessions = 0
         self.channels = {}
         self.new_life()
+        self.process = self.life.partition("@")[2]  # (the life's token: no draw of its own)
         self.world.trace(f"{self.name}: starts as {self.life}")
         self.barrier_waiting = {group: None for group in self.world.groups}
         for group in self.world.groups:

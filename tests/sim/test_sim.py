@@ -151,6 +151,11 @@ PARTIAL_REGRESSION_SEEDS = {
         "a Down that ended a node's life in a group it holds no replica of was not told to it: it kept "
         "a consumer the queue no longer had, which never got a message",
     ),
+    100700: (
+        "session-ids-reused",
+        "a restarted member reused its earlier process's session ids: a new leader applying late "
+        "sent it that process's deliveries, written to its new consumer of another queue",
+    ),
     648: (
         "regained-unseen",
         "a leadership lost and taken back between two looks of the watch sent no resync: what the "
@@ -229,8 +234,8 @@ def lose(world: World, proposal, error: str | None) -> None:
 
 
 def consume(world: World, node: Node, key: tuple[str, str]) -> tuple[Channel, ConsumerView]:
-    node.sessions += 1
-    channel = node.channels.setdefault(f"{node.name}@{node.sessions}/1", Channel(f"{node.name}@{node.sessions}/1"))
+    owner = f"{node.new_session()}/1"
+    channel = node.channels.setdefault(owner, Channel(owner))
     consumer_id = f"{channel.owner}/t1"
     view = channel.consumers[consumer_id] = ConsumerView(key, False)
     channel.keys[key] = None

@@ -156,8 +156,7 @@ class Workload:
     def _channel(self, node: Node, new: bool = False) -> Channel:
         if node.channels and (not new or len(node.channels) >= CHANNELS_PER_NODE_MAX):
             return node.channels[self.rng.choice(list(node.channels))]
-        node.sessions += 1
-        channel = Channel(f"{node.name}@{node.sessions}/1")
+        channel = Channel(f"{node.new_session()}/1")
         node.channels[channel.owner] = channel
         return channel
 
@@ -170,13 +169,13 @@ class Workload:
     def _record(self, node: Node) -> None:
         key = self._pick_queue()
         if key is not None:
-            owner = f"{node.name}@{node.sessions}"
+            owner = node.session_id()
             self._add(META_GROUP, None, md.DeclareQueue(VHOST, key[1], False, False, False, False, {}, owner))
 
     def _bind(self, node: Node) -> None:
         key = self._pick_queue()
         if key is not None:
-            owner = f"{node.name}@{node.sessions}"
+            owner = node.session_id()
             kind = md.Bind if self.rng.random() < 0.7 else md.Unbind
             self._add(META_GROUP, None, kind(VHOST, "amq.direct", key[1], False, key[1], {}, owner))
 
