@@ -53,6 +53,7 @@ from .engine_status import engine_status
 from .requests import HttpError, Reply, Request, commit, json_safe
 
 log = logging.getLogger("maxq.http")
+RESOLVE_TIMEOUT_S = 5.0  # a new member's raft_addr host looked up before anything else
 
 REQUEST_MAX_BYTES = 16384  # request line + headers + body
 REQUEST_TIMEOUT_S = 5.0  # to read a request's head (and between requests), and its body
@@ -407,10 +408,23 @@ def quorum_after_removal(groups: dict[str, dict], target: str) -> list[str]:
     return lost
 
 
+async def _resolvable(addr: tuple[str, int]) -> tuple[str, int]:
+    """`addr` if its host resolves here, else a 400: this member opens the first link to a new
+    one, so a name it cannot resolve would only end in "unreachable" after the handshake's wait
+    (found by scripts/fuzz on a cluster member: raft_addr "x:1" was a 502 after 5 s)."""
+    try:
+        with trio.fail_after(RESOLVE_TIMEOUT_S):
+            await trio.socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
+    except (OSError, trio.TooSlowError) as exc:  # (socket.gaierror is an OSError)
+        why = "no answer" if isinstance(exc, trio.TooSlowError) else str(exc)
+        raise HttpError("400 Bad Request", f"raft_addr host {addr[0]!r} does not resolve here: {why}") from None
+    return addr
+
+
 async def add_member(broker, request: Request) -> dict:
     body = request.json()
     name = _node_name(body.get("node"))
-    addr = _raft_addr(body.get("raft_addr"))
+    addr = await _resolvable(_raft_addr(body.get("raft_addr")))
     node = _cluster_node(broker)
     groups = await engine_status(broker)
     if all(name in g.get("members", {}) for g in groups.values()):
