@@ -80,6 +80,7 @@ import collections
 import itertools
 import logging
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -114,6 +115,7 @@ INLINE_SYNC_BYTES_MAX = 64 * 1024
 # What an owner's message may carry beyond one entry's payload (a get-ok with its message and
 # the reply's envelope): `send_message`.
 MESSAGE_ENVELOPE_BYTES = 64 * 1024
+REQUEST_ID_BITS = 62  # a random start per process (below msgpack's 64-bit integers with room to count)
 
 
 class ReplicationNode:
@@ -220,7 +222,11 @@ class ReplicationNode:
         self._stopping = False
         self._stopped = False
         self._member_change: dict | None = None
-        self._req_ids = itertools.count(1)
+        # Request ids (forwarded proposals, membership steps, joins, progress asks) start at
+        # random in each process: peers answer by node id over whatever link is up, so an answer
+        # to a request of this node's earlier process (a proposal committed after the restart)
+        # must not name a request of this one, which would take another entry's index as its own.
+        self._req_ids = itertools.count(secrets.randbits(REQUEST_ID_BITS) + 1)
         # proposals this node forwarded: request id -> (to whom, callback, deadline, the group
         # here or None when this node does not hold it, the group's name)
         self._forwards: dict[int, tuple[str, Callable, float, Group | None, str]] = {}

@@ -512,3 +512,28 @@ def test_a_group_list_without_features_is_an_earlier_release_and_a_bad_feature_l
         with pytest.raises(wire.WireError, match="bad feature list"):
             node._on_control("odd", {"op": "groups", "groups": ["meta"], "features": bad})
     assert "odd" not in node.peer_features()
+
+
+def test_a_restarted_node_numbers_its_requests_apart_from_its_earlier_process(tmp_path):
+    """Peers answer a request (a forwarded proposal, a membership step) by node id over whatever
+    link is up: a leader's answer to the earlier process's proposal, committed after the
+    restart, reaches the new process. Its request ids must not start where the earlier
+    process's did (both used to count from 1), or that answer is taken for a request of its
+    own, with another entry's index."""
+
+    def first_request_id() -> int:
+        node = ReplicationNode(
+            node_id="n1",
+            raft_addr=("127.0.0.1", free_port()),
+            peers={"n2": ("127.0.0.1", free_port())},
+            cluster_secret=SECRET,
+            data_dir=tmp_path / "n1",
+            groups=["g"],
+            on_commit=lambda g, es: None,
+        )
+        return next(node._req_ids)
+
+    firsts = [first_request_id() for _ in range(3)]  # three processes of one node, one data folder
+    assert len(set(firsts)) == 3, firsts
+    # far apart: a process would have to send billions of requests to reach another's numbers
+    assert min(abs(a - b) for a in firsts for b in firsts if a != b) > 2**32, firsts
