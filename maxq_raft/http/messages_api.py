@@ -32,6 +32,7 @@ from ..server.authorization import Authorization
 from ..server.errors import ChannelError
 from ..server.partitioned import partition_keys
 from ..server.publish_extras import publish_extras, stored_properties
+from ..server.session import PROCESS_TOKEN
 from . import auth
 from .objects_api import DEFAULT_EXCHANGE, not_found, readable_vhost
 from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
@@ -236,7 +237,8 @@ async def get(broker: Any, request: Request) -> list:
 async def _take(broker: Any, key: tuple[str, str], count: int, ackmode: str, show: Any) -> list:
     """Up to `count` messages of queue `key` as `show(message, redelivered, remaining)` makes
     them, settled as `ackmode` says (see the module's docstring)."""
-    owner = f"{broker.node_id}@http-{next(_requests)}/1"  # this request's, as a channel's
+    # this request's, as a channel's; with the process's token, as a session's id (server/session.py)
+    owner = f"{broker.node_id}@http-{PROCESS_TOKEN}.{next(_requests)}/1"
     consumer_id = f"get:{owner}"
     got: list = []
     seqs: list[int] = []

@@ -103,7 +103,7 @@ _wire_routing: dict[tuple[str, str], bytes] = {}
 # process's consumers their deliveries, which a member holding no replica of the queue's group
 # wrote to a new consumer that had the same id, on another queue (the seeded simulation, seed
 # 100700 of --partial). Down("node@") still names every session of a node, of any process.
-_PROCESS_TOKEN = secrets.token_hex(4)
+PROCESS_TOKEN = secrets.token_hex(4)  # (also in the HTTP API's get requests' owners)
 _session_numbers = itertools.count(1)
 _trace_numbers = [1]  # the next x-maxq-trace-id's n, "node@connection-n" (tracer.py): _take_trace_numbers
 _TRACE_NUMBER_END = 10**TRACE_ID_DIGITS
@@ -167,7 +167,7 @@ class Session:
         self.stream = stream
         self.peer_host = peer_host
         self.settings = settings
-        self.id = f"{broker.node_id}@{_PROCESS_TOKEN}.{next(_session_numbers)}"
+        self.id = f"{broker.node_id}@{PROCESS_TOKEN}.{next(_session_numbers)}"
         self.vhost = ""
         self.user = ""
         self.authorization = Authorization(broker, "", "")  # made for the user at connection.open
