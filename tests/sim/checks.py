@@ -58,7 +58,7 @@ class SimFailure(AssertionError):
 
 # Bugs of the server the simulation found and counts instead of failing on, until they are fixed
 # (then the count goes, and a regression seed comes: plants.py).
-RESYNC_AFTER_LATER = "a lost message's deliveries written after later ones"
+RESYNC_AFTER_LATER = "a lost message's deliveries written after later ones"  # (made to a no-ack consumer)
 RESYNC_ASK_LOST = "a resync request lost, never asked again"
 NO_ACK_ACROSS_LEADERS = "a no-ack delivery written after a later one another leader sent"
 KNOWN_FINDINGS = (
@@ -125,6 +125,9 @@ class Ledger:
         self.known: list[str] = []  # known findings seen (not failures: see KNOWN_FINDINGS)
         # (consumer id, seq, delivery count) -> its place among the machines' deliveries (Node.on_deliver)
         self.delivery_order: dict[tuple[str, int, int], int] = {}
+        # the deliveries made to a no-ack consumer (keyed as delivery_order): a consumer id may
+        # come again, as one that acks, after a cancel on the same channel with the same tag
+        self.made_no_ack: set[tuple[str, int, int]] = set()
         self.deliveries = 0
         # SQS FIFO queues: (queue, deduplication id) -> (message id, queue time) of its enqueue
         self.dedup_first: dict[tuple[tuple[str, str], str], tuple[str, int]] = {}
@@ -225,12 +228,12 @@ class Ledger:
             kind = type(effect)
             if kind is Deliver:
                 self.deliveries += 1
-                self.delivery_order[(effect.consumer_id, effect.message.seq, effect.message.delivery_count)] = (
-                    self.deliveries
-                )
+                key = (effect.consumer_id, effect.message.seq, effect.message.delivery_count)
+                self.delivery_order[key] = self.deliveries
                 number = message_number(effect.message.body)
                 if self.no_ack.get((self.queue_of[number], effect.consumer_id)):
                     self.licences[number] = "delivered no-ack"
+                    self.made_no_ack.add(key)
             elif kind is LivesDown:
                 self._lives_down(group, index, effect)
 

@@ -372,24 +372,30 @@ class Node:
     def on_deliver(self, consumer_id: str, message: Any, after_gap: str = "", sender: str = "") -> None:
         """A delivery written to its consumer's channel, which must come after every one written
         before it in the queue's order (checks.py, 1). `after_gap`: it came in a resync to a
-        node that found a message of those senders missing (a known finding if out of order);
-        `sender`: the node whose "d" it came in (a known finding, to a no-ack consumer, if the
-        later one written came from another)."""
+        node that found a message of those senders missing (a known finding, to a no-ack
+        consumer, if out of order); `sender`: the node whose "d" it came in (a known finding, to
+        a no-ack consumer, if the later one written came from another). Out of order to a
+        consumer that acks is a failure whatever the road."""
         channel = self.channels.get(consumer_id.rsplit("/", 1)[0])
         consumer = None if channel is None else channel.consumers.get(consumer_id)
         if consumer is not None:
             ledger = self.world.ledger
-            place = ledger.delivery_order[(consumer_id, message.seq, message.delivery_count)]
+            key = (consumer_id, message.seq, message.delivery_count)
+            place = ledger.delivery_order[key]
+            # (made to a no-ack consumer: this one, or one before it with the same id, cancelled)
+            made_no_ack = key in ledger.made_no_ack
             if place < consumer.last_written:
                 what = (
                     f"{self.name} wrote m{message_number(message.body)} (seq {message.seq}, delivery "
                     f"{message.delivery_count}) to {consumer_id} after a delivery its queue made later"
                 )
-                if after_gap:
+                if after_gap and made_no_ack:
                     # KNOWN FINDING (left after remote.GapHold: 2 of 20,000 seeds): a resync, or
-                    # deliveries held since a gap, written after deliveries their queue made later.
+                    # deliveries held since a gap, written after deliveries their queue made later,
+                    # made to a no-ack consumer (nothing is checked out to it for a resync to carry;
+                    # it may since have been cancelled, and its tag consumed again with acks).
                     ledger.known.append(f"{RESYNC_AFTER_LATER}: {what} (a resync, after a gap from {after_gap})")
-                elif consumer.no_ack and sender and sender != consumer.last_sender:
+                elif made_no_ack and sender and sender != consumer.last_sender:
                     # KNOWN FINDING: two leaders in turn sent this consumer's deliveries on two
                     # links: the old one's came after the new one's, or were lost on the way and
                     # sent again by the new leader applying their entries late. A resync covers
