@@ -32,6 +32,7 @@ from .routing import EXCHANGE_TYPES, Router, make_router, validate_binding_argum
 from .txn_decisions import DecideTxn, TxnDecisions
 
 DEFAULT_VHOST = "/"
+SERVER_NAMED_PREFIX = "amq.gen-"  # queue.declare with no name: the broker names it (channel.py)
 
 # RabbitMQ checks these queue arguments for equivalence on redeclare (rabbit_amqqueue).
 QUEUE_EQUIVALENCE_ARGS = (
@@ -683,7 +684,7 @@ class MetadataMachine:
             placed = self.queue_places.pop((cmd.vhost, cmd.name), None)  # (made or refused: it is used)
             if (
                 cmd.name.startswith("amq.")
-                and not cmd.name.startswith("amq.gen-")
+                and not cmd.name.startswith(SERVER_NAMED_PREFIX)
                 and partitions.parent_of(cmd.name) is None  # (proposed once FEATURE is enabled: channel.py)
             ):
                 return Rejected(403, f"queue name '{cmd.name}' contains reserved prefix 'amq.*'"), []

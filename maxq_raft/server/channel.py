@@ -254,7 +254,7 @@ class Channel:
                 self._reply(spec.QueueDeclareOk(queue=name, message_count=0, consumer_count=1))
             return
         if name == "":
-            name = self._expand_queue_name(name) if m.passive else self.broker.generate_name("amq.gen-")
+            name = self._expand_queue_name(name) if m.passive else self.broker.generate_name(md.SERVER_NAMED_PREFIX)
         elif not m.passive and name.startswith("amq."):
             # rabbit_channel check_name: a client-chosen name may not use the reserved prefix, even
             # to redeclare (only server-named queues get amq.gen-).

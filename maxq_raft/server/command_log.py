@@ -40,7 +40,6 @@ from .queue_timers import QueueKey, QueueTimers
 log = logging.getLogger("maxq.log")
 
 META_GROUP = "meta"
-SERVER_NAMED_PREFIX = "amq.gen-"  # queue.declare with no name: the broker names it (channel.py)
 TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
 DEAD_LETTER_CHECK_S = 2.0
 
@@ -149,7 +148,7 @@ class CommandLog:
         if place is None:
             self._create_and_declare(command, arguments, then)
             return
-        if command.name.startswith(SERVER_NAMED_PREFIX):
+        if command.name.startswith(md.SERVER_NAMED_PREFIX):
             # A name this member just made up: no other member declares it at the same time,
             # so there is nothing to agree on first (an RPC client's reply queue per request
             # pays no PlaceQueue round trip).
