@@ -101,6 +101,13 @@ async def raw_reply(start: Callable[[Callable[[Any], None]], None], timeout_s: f
     return box[0] if box else NO_REPLY
 
 
+async def metadata_caught_up(broker: Any) -> None:
+    """On a cluster member, wait (bounded) until it has applied what the metadata group committed
+    before now: for a lookup that found nothing (server/metadata_sync.py). No wait on a single node."""
+    if broker.log.metadata_may_lag():
+        await raw_reply(broker.log.after_metadata_barrier)
+
+
 async def wait_for_reply(start: Callable[[Callable[[Any], None]], None]) -> Any:
     """`start(then)` hands a change to the node, which calls `then(reply)` once, from any thread;
     wait for that reply, bounded, and return it. HttpError for a refusal (404 or 400), no answer

@@ -57,7 +57,7 @@ from ..sqs.protocol import (
 )
 from ..sqs.queue_url import parse_queue_url, queue_url
 from ..sqs.receipt import Receipt, decode_receipt, encode_receipt
-from .requests import NO_REPLY, raw_reply
+from .requests import NO_REPLY, metadata_caught_up, raw_reply
 
 LIST_QUEUES_MAX = 1000  # SQS answers at most 1,000 URLs without MaxResults
 # A long poll tries its Receive again each time the queue has a ready message: bounded, in case
@@ -121,12 +121,21 @@ class SqsActions:
             raise SqsError("InvalidAddress", f"There is no vhost '{vhost[:255]}' on this endpoint.")
         return vhost
 
-    def _queue(self, request: SqsRequest, caller: Caller, kinds: tuple[str, ...]) -> tuple[str, str]:
+    async def _record(self, vhost: str, name: str) -> Any:
+        """The queue's record; on a cluster member that has none, after a metadata barrier (a
+        queue just created through another member is found: server/metadata_sync.py)."""
+        record = self.broker.meta.queue(vhost, name)
+        if record is None:
+            await metadata_caught_up(self.broker)
+            record = self.broker.meta.queue(vhost, name)
+        return record
+
+    async def _queue(self, request: SqsRequest, caller: Caller, kinds: tuple[str, ...]) -> tuple[str, str]:
         """The queue the request's QueueUrl names, if the user may do `kinds` to it and it exists."""
         vhost, name = parse_queue_url(request.params["QueueUrl"])
         self._vhost(caller, vhost)
         self._allowed(caller, vhost, kinds, name, request.action)
-        record = self.broker.meta.queue(vhost, name)
+        record = await self._record(vhost, name)
         if record is None:
             raise _no_queue()
         if partition_count(record.arguments) > 1 or parent_of(name) is not None:
@@ -215,7 +224,7 @@ class SqsActions:
     async def _get_queue_url(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
         vhost, name = self._vhost(caller, caller.vhost), request.params["QueueName"]
         self._allowed(caller, vhost, KINDS, name, request.action)
-        if self.broker.meta.queue(vhost, name) is None:
+        if await self._record(vhost, name) is None:
             raise _no_queue()
         return {"QueueUrl": queue_url(caller.base_url, vhost, name)}
 
@@ -243,17 +252,17 @@ class SqsActions:
         return result
 
     async def _delete_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("configure",))
+        key = await self._queue(request, caller, ("configure",))
         self._checked(await raw_reply(lambda then: self.broker.delete_queue(key, then)))
         return {}
 
     async def _purge_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         await self._call(key, qc.Purge(in_flight=True))
         return {}
 
     async def _get_queue_attributes(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        vhost, name = self._queue(request, caller, KINDS)
+        vhost, name = await self._queue(request, caller, KINDS)
         wanted = set(request.params.get("AttributeNames", []))
         record = self.broker.meta.queue(vhost, name)
         # its machine here, or (its group held elsewhere) the counts its leader last sent
@@ -283,7 +292,7 @@ class SqsActions:
         unsupported = sorted(set(attributes) - mapping.SUPPORTED_QUEUE_ATTRIBUTES)
         if unsupported:
             raise SqsError("UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet.")
-        vhost, name = self._queue(request, caller, ("configure",))
+        vhost, name = await self._queue(request, caller, ("configure",))
         record = self.broker.meta.queue(vhost, name)
         if "ContentBasedDeduplication" in attributes and not mapping.is_fifo(record.arguments if record else {}):
             raise _fifo_only("ContentBasedDeduplication")
@@ -325,7 +334,7 @@ class SqsActions:
             raise SqsError("InvalidParameterValue", "The ARN's account part is not a vhost name.") from None
 
     async def _list_dead_letter_source_queues(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        vhost, name = self._queue(request, caller, KINDS)
+        vhost, name = await self._queue(request, caller, KINDS)
         params = request.params
         limit = params.get("MaxResults")
         after = _token_name(params["NextToken"]) if "NextToken" in params else None
@@ -357,7 +366,7 @@ class SqsActions:
         }
 
     async def _tag_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        vhost, name = self._queue(request, caller, ("configure",))
+        vhost, name = await self._queue(request, caller, ("configure",))
         # (read, changed and written whole: of two TagQueue at once on one queue, the last wins)
         tags = {**self._tags(vhost, name), **request.params["Tags"]}
         check_tags(tags)
@@ -365,28 +374,28 @@ class SqsActions:
         return {}
 
     async def _untag_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        vhost, name = self._queue(request, caller, ("configure",))
+        vhost, name = await self._queue(request, caller, ("configure",))
         removed = set(request.params["TagKeys"])
         tags = {key: value for key, value in self._tags(vhost, name).items() if key not in removed}
         await self._set_arguments(vhost, name, {mapping.TAGS_ARGUMENT: tags})
         return {}
 
     async def _list_queue_tags(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        vhost, name = self._queue(request, caller, KINDS)
+        vhost, name = await self._queue(request, caller, KINDS)
         tags = self._tags(vhost, name)
         return {"Tags": tags} if tags else {}
 
     # ------------------------------------------------------------ sending
 
     async def _send_message(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("write",))
+        key = await self._queue(request, caller, ("write",))
         sent, failed = await self._send(key, caller, [request.params])
         if failed:
             raise failed[0][1]
         return sent[0]
 
     async def _send_message_batch(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("write",))
+        key = await self._queue(request, caller, ("write",))
         sent, failed = await self._send(key, caller, request.params["Entries"])
         failed += list(request.entry_errors.items())
         return {"Successful": sent, "Failed": [batch_error_entry(entry_id, error) for entry_id, error in failed]}
@@ -506,7 +515,7 @@ class SqsActions:
 
     async def _receive_message(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
         params = request.params
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         record = self.broker.meta.queue(*key)
         settings = mapping.queue_attributes(record.arguments if record else {}, self.limits.max_message_bytes)
         visibility_ms = params.get("VisibilityTimeout", settings["VisibilityTimeout"]) * 1000
@@ -590,7 +599,7 @@ class SqsActions:
         return decode_receipt(handle, self.receipt_keys, vhost=key[0], queue=key[1])
 
     async def _delete_message(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         receipt = self._receipt(key, request.params["ReceiptHandle"])
         await self._handles(key, qc.DeleteReceived([(receipt.message_seq, receipt.receive_id)]))
         # SQS answers a delete with an old handle with success too; the machine deleted the
@@ -598,7 +607,7 @@ class SqsActions:
         return {}
 
     async def _delete_message_batch(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         good, failed = self._batch_receipts(key, request)
         if good:
             await self._handles(key, qc.DeleteReceived([(r.message_seq, r.receive_id) for _, r, _ in good]))
@@ -608,7 +617,7 @@ class SqsActions:
         }
 
     async def _change_message_visibility(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         receipt = self._receipt(key, request.params["ReceiptHandle"])
         visibility_ms = request.params["VisibilityTimeout"] * 1000
         results = await self._handles(
@@ -620,7 +629,7 @@ class SqsActions:
         return {}
 
     async def _change_message_visibility_batch(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
-        key = self._queue(request, caller, ("read",))
+        key = await self._queue(request, caller, ("read",))
         good, failed = self._batch_receipts(key, request)
         missing = [(entry_id, r, e) for entry_id, r, e in good if "VisibilityTimeout" not in e]
         for entry_id, _, _ in missing:

@@ -34,7 +34,7 @@ from .authorization import Authorization
 from .broker import Broker, ConsumerHandle
 from .channel_state import ChannelState
 from .confirms import Unavailable
-from .errors import ChannelError, HardError
+from .errors import ChannelError, HardError, MetadataBehind
 from .partitioned import (
     in_turn,
     missing_partitions,
@@ -87,6 +87,8 @@ class ChannelHost(Protocol):
         self, channel: Channel, first_seq: int | None, plan: PublishPlan, method, bodies: list[bytes]
     ) -> None: ...
     def flush_publishes(self) -> dict: ...
+    def metadata_current(self, channel: Channel) -> None: ...
+    def routes_nowhere(self, method, props_raw: bytes) -> bool: ...
     def defer_settles(self, kind, entries: list) -> None: ...
     def flush_settles(self) -> None: ...
     def write_delivery(
@@ -119,6 +121,8 @@ class Channel:
         self.queues_touched: dict[tuple, None] = {}
         self.waiting = 0  # methods waiting for a commit (cluster); `backlog` holds the frames behind them
         self.waiting_method = None
+        self.metadata_synced = False  # performing a method again after a metadata barrier (session.py)
+        self.backlog_read_at = 0.0  # (trio time) when `backlog` last took a frame
         self.backlog: list = []
 
     # ----------------------------------------------------------- dispatch
@@ -167,6 +171,7 @@ class Channel:
     def _existing_queue(self, name: str):
         record = self.broker.meta.queue(self.session.vhost, name)
         if record is None:
+            self.session.metadata_current(self)
             raise ChannelError(spec.NOT_FOUND, f"no queue '{name}' in vhost '{self.session.vhost}'")
         if record.exclusive_owner is not None and record.exclusive_owner != self.session.id:
             raise ChannelError(
@@ -361,6 +366,7 @@ class Channel:
         vhost = self.session.vhost
         self.session.authorization.check("configure", "queue", name)
         if self.broker.meta.queue(vhost, name) is None:
+            self.session.metadata_current(self)
             # Idempotent in RabbitMQ 3.x: deleting a missing queue succeeds.
             if not m.no_wait:
                 self._reply(spec.QueueDeleteOk(message_count=0))
@@ -619,9 +625,21 @@ class Channel:
         self._reply(spec.TxSelectOk())
 
     def tx_commit(self, m) -> None:
+        session = self.session
+        if (
+            self.state.tx
+            and not self.metadata_synced
+            and self.broker.log.metadata_may_lag()
+            and any(session.routes_nowhere(p[0], p[1]) for p in self.state.tx_publishes)
+        ):
+            raise MetadataBehind  # (before anything of the commit is done)
         publishes, settles = self.state.tx_commit()
-        for method, props_raw, body in publishes:
-            self.session.route_publish(self, None, method, props_raw, body)
+        was_synced, self.metadata_synced = self.metadata_synced, True  # (checked above, all at once)
+        try:
+            for method, props_raw, body in publishes:
+                session.route_publish(self, None, method, props_raw, body)
+        finally:
+            self.metadata_synced = was_synced
         queue_keys = list(self.session.flush_publishes())
         for kind, entries in settles:
             self._settle(kind, entries)
@@ -658,9 +676,13 @@ class Channel:
         if state.tx:
             state.buffer_publish((method, props_raw, body))
             return None
-        return self.session.route_publish(
-            self, state.next_publish_seq() if state.confirm else None, method, props_raw, body
-        )
+        seq = state.next_publish_seq() if state.confirm else None
+        try:
+            return self.session.route_publish(self, seq, method, props_raw, body)
+        except MetadataBehind:  # (performed again after the barrier, under the same seq)
+            if seq is not None:
+                state.publish_seq -= 1
+            raise
 
     def publish_again(self, plan: PublishPlan, method, bodies: list[bytes]) -> None:
         """More publishes with the method and properties whose first gave `plan` (`publish`

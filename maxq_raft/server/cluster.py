@@ -69,6 +69,7 @@ from .applier import Applier
 from .confirms import Unavailable
 from .command_log import META_GROUP, CommandLog
 from .message_store import QueueBacking
+from .metadata_sync import MetadataSync
 from .proposer import OpenEntry, Proposer
 from .watchdog import MembershipWatchdog
 from .hosts import machine_of
@@ -121,6 +122,7 @@ class ClusterLog(CommandLog):
         self.applier.remote = self.remote_out
         self.proposer.holds = self.holds
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
+        self.metadata_sync = MetadataSync(lambda then: self.proposer.sync(META_GROUP, then))
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
         self.default_locator = BALANCED  # where a queue goes without x-queue-leader-locator (main.py)
         # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
@@ -915,6 +917,12 @@ class ClusterLog(CommandLog):
 
     def group_leader(self, group: str) -> str | None:
         return self.node.leader(group)
+
+    def metadata_may_lag(self) -> bool:
+        return len(self.members()) > 1
+
+    def after_metadata_barrier(self, then: Callable[[float], None]) -> None:
+        self.metadata_sync.after_barrier(then)
 
     def group_members(self, group: str) -> list[str]:
         """The replicas the metadata group records for `group`, else (before placement, every

@@ -97,6 +97,17 @@ class CommandLog:
         """Send a direct reply-to reply to a requester on another member (False: not one)."""
         return False
 
+    def metadata_may_lag(self) -> bool:
+        """Whether a client may have seen metadata committed that this member has not applied
+        (another member answered it): a lookup that finds nothing waits for `after_metadata_barrier`
+        (server/metadata_sync.py). A single node answers every declare itself."""
+        return False
+
+    def after_metadata_barrier(self, then: Callable[[float], None]) -> None:
+        """`then(proposed_at)` once this member has applied what the metadata group committed
+        before now (MetadataSync.after_barrier)."""
+        then(trio.current_time())
+
     def make_groups(self, make_queue: Callable) -> dict[str, Any]:
         """The machines of every group this node applies: the metadata group and the shards."""
         return {META_GROUP: MetaGroup(), **{name: ShardMachine(name, make_queue) for name in self.shards}}

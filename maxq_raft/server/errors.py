@@ -15,3 +15,9 @@ class ChannelError(Exception):
 
 class HardError(ChannelError):
     pass
+
+
+class MetadataBehind(Exception):
+    """A lookup found nothing, and this cluster member may not have applied yet what a client
+    saw committed through another member: the method runs again after a metadata barrier
+    (server/metadata_sync.py). Raised before the method changed anything."""

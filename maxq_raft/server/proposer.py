@@ -79,6 +79,7 @@ class OpenEntry(Pending):
         "maybe_appended",
         "tombstone",
         "flow_bytes",
+        "on_done",
     )
 
     def __init__(self, group: str) -> None:
@@ -96,6 +97,7 @@ class OpenEntry(Pending):
         self.maybe_appended = False  # an attempt's outcome was unknown: never nack it
         self.tombstone = False  # fills the seq of an entry given up on (no commands)
         self.flow_bytes = 0  # what it counts in Proposer.flow_bytes until it is done
+        self.on_done: Callable[[str | None], None] | None = None  # (`Proposer.sync`)
 
 
 class Proposer:
@@ -161,6 +163,14 @@ class Proposer:
             except trio.RunFinishedError:
                 pass  # shutting down: nothing will be proposed any more
         return entry
+
+    def sync(self, group: str, then: Callable[[str | None], None]) -> None:
+        """Propose an entry with no commands to `group` now; `then(error)` once it is done (applied
+        here: everything the group committed before it was proposed is applied here too), or
+        given up on (`error`)."""
+        entry = OpenEntry(group)
+        entry.on_done = then
+        self._propose(entry)
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -354,6 +364,9 @@ class Proposer:
                 if then is not None:
                     _call(then, Rejected(541, "command was not applied"))
         self.confirms.done(entry, error)
+        if entry.on_done is not None:
+            on_done, entry.on_done = entry.on_done, None
+            _call(on_done, error)
 
 
 def _encodes(target: Any, command: Any) -> bool:

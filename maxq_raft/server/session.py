@@ -48,7 +48,7 @@ from .authorization import Authorization, vhost_refusal
 from .broker import Broker
 from .channel import CLUSTER_FLOW_CREDIT, CREDIT_BYTES, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
-from .errors import ChannelError, HardError
+from .errors import ChannelError, HardError, MetadataBehind
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
 from .publish_plan import PublishPlan
@@ -228,6 +228,7 @@ class Session:
         self._trace_template: tuple[bytes, bytes] | None = None  # the last one _with_trace_id used
         self.credit_pending: dict[str, list] = {}  # consumer id -> [handle, deliveries written]
         self.holding: dict = {}  # channels with a method waiting for a commit: their frames queue up
+        self.read_at = 0.0  # (trio time) of the last read from the client
         self.client_properties: dict = {}
         self.started_at = trio.current_time()
         self.finished = False
@@ -359,7 +360,8 @@ class Session:
             self.recv_oct += len(data)
             self.recv_cnt += 1
             published_before = self.messages_in
-            conn.receive_data(data, trio.current_time())
+            self.read_at = trio.current_time()
+            conn.receive_data(data, self.read_at)
             rest = self.handle_events(conn.next_events(), bounded=True)
             # (bounded in count: each turn performs at least one event of the read)
             while rest and not self.finished and conn.state is State.OPEN:
@@ -561,6 +563,7 @@ class Session:
                 channel = channels.get(getattr(event, "channel", 0))
                 if channel is not None and channel in holding:
                     channel.backlog.append(event)  # behind a method that waits for a commit
+                    channel.backlog_read_at = self.read_at  # (or earlier: a frame of the backlog again)
                     continue
             if kind is PublishesReceived or kind is ContentReceived:
                 channel = channels.get(event.channel)
@@ -572,6 +575,8 @@ class Session:
                     else:
                         channel.publish(event.method, event.props_raw, event.body)
                         self.messages_in += 1
+                except MetadataBehind:
+                    self._after_metadata_barrier(channel, event)
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
                 except AMQPError as err:  # the codec refused something decoded lazily (properties)
@@ -593,6 +598,8 @@ class Session:
                 try:
                     channel.waiting_method = event.method
                     channel.handle(event.method)
+                except MetadataBehind:
+                    self._after_metadata_barrier(channel, event)
                 except ChannelError as err:
                     self._fail(channel, err, event.method)
                 except AMQPError as err:
@@ -686,9 +693,54 @@ class Session:
             channel.publish_again(plan, method, rest)
             self.messages_in += len(rest)
             return
-        for body in itertools.islice(bodies, 1, None):
-            channel.publish(method, props_raw, body)
+        for i in range(1, len(bodies)):
+            try:
+                channel.publish(method, props_raw, bodies[i])
+            except MetadataBehind:  # (the route is the first's: not expected after it)
+                self._after_metadata_barrier(channel, PublishesReceived(channel.number, method, props_raw, bodies[i:]))
+                return
             self.messages_in += 1
+
+    # ------------------------------------------------------- metadata barrier
+
+    def metadata_current(self, channel: Channel) -> None:
+        """Raise MetadataBehind where a lookup found nothing and this member's metadata may be
+        behind what the client saw committed elsewhere (server/metadata_sync.py): unless the
+        method runs again after a barrier already."""
+        if not channel.metadata_synced and self.broker.log.metadata_may_lag():
+            raise MetadataBehind
+
+    def _after_metadata_barrier(self, channel: Channel, event) -> None:
+        """Hold `channel` (its later frames wait behind) and perform `event` again once a metadata
+        barrier proposed now is applied here; the frames held behind it meanwhile that were read
+        before the barrier was proposed go on without another (it covers them too)."""
+
+        def again(proposed_at: float) -> None:
+            self.holding.pop(channel, None)  # (`event` goes first, ahead of the backlog)
+            channel.metadata_synced = True
+            try:
+                self.handle_events([event])
+                if channel.backlog and not channel.waiting and channel.backlog_read_at <= proposed_at:
+                    backlog, channel.backlog = channel.backlog, []
+                    self.handle_events(backlog)
+            finally:
+                channel.metadata_synced = False
+
+        resume = self.continuation(channel, again)
+        self.broker.log.after_metadata_barrier(resume)
+
+    def routes_nowhere(self, method, props_raw: bytes) -> bool:
+        """Whether a publish would find no exchange or no queue (a transaction's check before it
+        routes its publishes: Channel.tx_commit)."""
+        exchange, routing_key = method.exchange, method.routing_key
+        if exchange == TXN_EXCHANGE or not exchange and routing_key.startswith(REPLY_TO_PREFIX):
+            return False
+        meta = self.broker.meta
+        if exchange and meta.exchange(self.vhost, exchange) is None:
+            return True
+        flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
+        headers = (lambda: decode_properties(props_raw).headers) if flags & HEADERS_FLAG else None
+        return not meta.route(self.vhost, exchange, routing_key, headers)
 
     def route_publish(
         self, channel: Channel, seq: int | None, method, props_raw: bytes, body: bytes
@@ -712,6 +764,7 @@ class Session:
         if exchange:
             record = meta.exchange(vhost, exchange)
             if record is None:
+                self.metadata_current(channel)
                 raise ChannelError(spec.NOT_FOUND, f"no exchange '{exchange}' in vhost '{vhost}'")
             if record.internal:
                 raise ChannelError(
@@ -826,6 +879,9 @@ class Session:
                 plan = PublishPlan(queues, plain_props, persistent, ttl_ms, priority, delay_ms, self._trace_template)
             else:
                 plan = None
+        elif not channel.metadata_synced and broker.log.metadata_may_lag():
+            self.run_in -= 1  # (counted again when it runs after the barrier)
+            raise MetadataBehind
         elif method.mandatory:
             self._return(channel, method, props_raw, body)
             plan = None

@@ -85,11 +85,9 @@ class ConfirmingPublisher(threading.Thread):
     in turn: a connection that fails (the member died, or cannot commit) moves it to the next.
     Only what was confirmed is promised; `confirmed` holds (number, time confirmed).
 
-    Mandatory, as a producer that must know is told to publish: a member routes by the metadata
-    it has applied, so right after a queue.declare on another member it may not know the queue
-    yet, and a publish it routes nowhere is confirmed as unroutable (RabbitMQ's rule for a
-    non-mandatory publish). Mandatory turns that into a basic.return (`unroutable`, not
-    confirmed: the test's first publishes raced the declare's arrival on a busy machine)."""
+    Mandatory, as a producer that must know is told to publish: a publish nothing routes (the
+    queue deleted, or the metadata barrier given up on: docs/replication.md) comes back as a
+    basic.return (`unroutable`, not confirmed) instead of being confirmed as dropped."""
 
     def __init__(self, members: list, queue: str, pause_s: float = 0.0) -> None:
         super().__init__(daemon=True)

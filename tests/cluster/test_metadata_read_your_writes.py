@@ -1,0 +1,193 @@
+"""Read-your-writes across members: what a client saw declared on one member, another member
+acts on at once, as RabbitMQ's cluster-wide metadata transactions give (server/metadata_sync.py),
+over AMQP and the SQS API.
+
+A member applies the metadata log a moment after the member that answered the declare. Here
+that moment is made long: the member the client uses next is stopped (SIGSTOP) while another
+member declares, and continued once the client's next method is on its way, so that it reads
+that method and the metadata leader's appends at the same time. Before the barrier, it read the
+method first: the publish was returned unroutable, the consume refused with 404."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from ..helpers import api
+from ..integration.test_sqs import client as sqs_client
+from .conftest import Cluster, Member, running_cluster
+
+STOPPED_S = 0.3  # how long the acting member stays stopped after the client's method was sent
+
+
+@pytest.fixture
+def trio_cluster(tmp_path):
+    with running_cluster(tmp_path) as c:
+        yield c
+
+
+def while_stopped(
+    cluster: Cluster,
+    declare: Callable[[Member], None],
+    act: Callable[[Member, threading.Event, threading.Event], Any],
+) -> Any:
+    """Run `declare(member)` through one member while another (neither leads the metadata group)
+    is stopped, then let `act(member, ready, go)` go on in a thread against the stopped one, which
+    is continued once `act` is under way. `act` sets `ready` when connected and waits for `go`.
+    Returns what `act` returned or raised."""
+    leader = cluster.leader_of("meta")
+    acting, declaring = [m for name, m in cluster.members.items() if name != leader][:2]
+    ready, go = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = act(acting, ready, go)
+        except Exception as exc:
+            outcome["result"] = exc
+        ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    acting.proc.send_signal(signal.SIGSTOP)
+    try:
+        declare(declaring)
+        go.set()
+        time.sleep(STOPPED_S)
+    finally:
+        acting.proc.send_signal(signal.SIGCONT)
+    thread.join(30)
+    assert not thread.is_alive()
+    return outcome["result"]
+
+
+def declare_then_act(
+    cluster: Cluster, declare: Callable[[Any], None], act: Callable[[Any], Any], confirm: bool = False
+) -> Any:
+    """`while_stopped` over AMQP: `declare(channel)`, then `act(channel)` on a channel opened
+    (in confirm mode if `confirm`) before the acting member was stopped."""
+
+    def declare_on(member: Member) -> None:
+        with member.connect() as conn:
+            declare(conn.channel())
+
+    def act_on(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        conn = member.connect(heartbeat=0)
+        try:
+            channel = conn.channel()
+            if confirm:
+                channel.confirm_delivery()
+            ready.set()
+            go.wait(30)
+            return act(channel)
+        finally:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    return while_stopped(cluster, declare_on, act_on)
+
+
+def messages_in(member: Member, queue: str) -> int:
+    with member.connect() as conn:
+        return conn.channel().queue_declare(queue, passive=True).method.message_count
+
+
+def test_a_publish_right_after_a_declare_on_another_member_is_routed(trio_cluster: Cluster) -> None:
+    def publish(channel) -> str:
+        channel.basic_publish("", "fresh", b"x", mandatory=True)
+        return "confirmed"
+
+    result = declare_then_act(trio_cluster, lambda ch: ch.queue_declare("fresh"), publish, confirm=True)
+    assert result == "confirmed", repr(result)
+    assert messages_in(trio_cluster["n1"], "fresh") == 1
+
+
+def test_a_publish_to_an_exchange_just_declared_elsewhere_reaches_its_bound_queue(trio_cluster: Cluster) -> None:
+    def declare(channel) -> None:
+        channel.exchange_declare("fresh-x", "fanout")
+        channel.queue_declare("bound")
+        channel.queue_bind("bound", "fresh-x")
+
+    def publish(channel) -> str:
+        channel.basic_publish("fresh-x", "", b"x", mandatory=True)
+        return "confirmed"
+
+    result = declare_then_act(trio_cluster, declare, publish, confirm=True)
+    assert result == "confirmed", repr(result)
+    assert messages_in(trio_cluster["n1"], "bound") == 1
+
+
+def test_a_consume_and_a_get_right_after_a_declare_elsewhere_find_the_queue(trio_cluster: Cluster) -> None:
+    def declare(channel) -> None:
+        channel.queue_declare("fresh-c")
+        channel.queue_declare("fresh-g")
+        channel.basic_publish("", "fresh-g", b"got")
+
+    def consume_and_get(channel) -> tuple:
+        tag = channel.basic_consume("fresh-c", lambda *_: None)
+        method, _props, body = channel.basic_get("fresh-g", auto_ack=True)
+        return tag, body
+
+    result = declare_then_act(trio_cluster, declare, consume_and_get)
+    assert isinstance(result, tuple), repr(result)
+    assert result[1] == b"got"
+
+
+def test_a_delete_right_after_a_declare_elsewhere_deletes_the_queue(trio_cluster: Cluster) -> None:
+    result = declare_then_act(trio_cluster, lambda ch: ch.queue_declare("doomed"), lambda ch: ch.queue_delete("doomed"))
+    assert not isinstance(result, Exception), repr(result)
+    with trio_cluster["n1"].connect() as conn, pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().queue_declare("doomed", passive=True)
+    assert closed.value.reply_code == 404
+
+
+def test_a_transaction_committed_right_after_a_declare_elsewhere_is_routed(trio_cluster: Cluster) -> None:
+    def commit(channel) -> str:
+        channel.tx_select()
+        channel.basic_publish("", "fresh-t", b"x")
+        channel.tx_commit()
+        return "committed"
+
+    result = declare_then_act(trio_cluster, lambda ch: ch.queue_declare("fresh-t"), commit)
+    assert result == "committed", repr(result)
+    assert messages_in(trio_cluster["n1"], "fresh-t") == 1
+
+
+def test_a_publish_nothing_routes_is_still_returned(trio_cluster: Cluster) -> None:
+    # After the barrier a route still empty is what it was: returned (mandatory) and confirmed.
+    def publish(channel) -> str:
+        channel.basic_publish("", "never-declared", b"x", mandatory=True)
+        return "confirmed"
+
+    result = declare_then_act(trio_cluster, lambda ch: ch.queue_declare("other"), publish, confirm=True)
+    assert isinstance(result, pika.exceptions.UnroutableError), repr(result)
+
+
+def test_an_sqs_send_right_after_a_create_queue_on_another_member_finds_the_queue(trio_cluster: Cluster) -> None:
+    status, key, _ = api(trio_cluster["n1"], "POST", "/api/users/guest/access-keys")
+    assert status == 201, key
+    keys = key["access_key_id"], key["secret_access_key"]
+
+    def create(member: Member) -> None:
+        sqs_client(member, *keys).create_queue(QueueName="made-elsewhere")
+
+    def send(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        sqs = sqs_client(member, *keys)
+        ready.set()
+        go.wait(30)
+        url = sqs.get_queue_url(QueueName="made-elsewhere")["QueueUrl"]
+        return sqs.send_message(QueueUrl=url, MessageBody="hello")
+
+    result = while_stopped(trio_cluster, create, send)
+    assert isinstance(result, dict) and "MessageId" in result, repr(result)
+    assert messages_in(trio_cluster["n1"], "made-elsewhere") == 1
