@@ -50,7 +50,7 @@ from .asgi_app import (
 )
 from .asgi_server import Limits, bind_sockets, serve_asgi
 from .listing import LIST_PARAMETERS
-from .requests import HttpError, Reply, Request
+from .requests import HttpError, Reply, Request, metadata_caught_up
 
 log = logging.getLogger("maxq.http")
 
@@ -128,7 +128,16 @@ async def dispatch(broker: Any, request: Request) -> Response:
     except auth.Forbidden as exc:
         return _unauthorized(str(exc), FORBIDDEN_ERROR, challenge=False)
     try:
-        value = await handler(broker, request)
+        try:
+            value = await handler(broker, request)
+        except HttpError as exc:
+            # A GET that found nothing on a cluster member: again once it has applied what the
+            # metadata group committed before now (an object just made through another member is
+            # found: server/metadata_sync.py). A GET changes nothing, so it may run twice.
+            if request.method != "GET" or not exc.status.startswith("404") or not broker.log.metadata_may_lag():
+                raise
+            await metadata_caught_up(broker)
+            value = await handler(broker, request)
         if type(value) is list and request.query.keys() & LIST_PARAMETERS:
             value = listing.shape(value, request.query)  # sort, columns, pages (listing.py)
         elif type(value) is dict and request.method == "GET" and "columns" in request.query:

@@ -35,7 +35,7 @@ from ..server.publish_extras import publish_extras, stored_properties
 from ..server.session import PROCESS_TOKEN
 from . import auth
 from .objects_api import DEFAULT_EXCHANGE, not_found, readable_vhost
-from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
+from .requests import HttpError, Reply, Request, commit, json_safe, metadata_caught_up, wait_for_reply
 
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 GET_COUNT_MAX = 1000  # one request holds at most this many messages at once
@@ -115,6 +115,8 @@ async def publish(broker: Any, request: Request) -> dict:
     payload = _payload(body)
     caller = request.caller
     checks = Authorization(broker, caller.name, vhost)
+    if broker.meta.exchange(vhost, exchange) is None:
+        await metadata_caught_up(broker)  # (made through another member a moment ago: metadata_sync.py)
     try:
         checks.check("write", "exchange", exchange)
         record = broker.meta.exchange(vhost, exchange)
@@ -132,6 +134,9 @@ async def publish(broker: Any, request: Request) -> dict:
     if alarms is not None and alarms.active:
         raise HttpError("503 Service Unavailable", "resource alarm in effect: publishing is blocked")
     queues = broker.meta.route(vhost, exchange, routing_key, lambda: props.headers)
+    if not queues:
+        await metadata_caught_up(broker)
+        queues = broker.meta.route(vhost, exchange, routing_key, lambda: props.headers)
     broker.messages_received_http += 1  # a publish, in the overview's and /metrics's counts
     accepted = await _enqueue(broker, vhost, queues, exchange, routing_key, props_raw, payload)
     broker.messages_routed_http += accepted > 0
@@ -222,7 +227,9 @@ async def get(broker: Any, request: Request) -> list:
     except ChannelError:
         raise auth.Forbidden("Access refused.") from None
     if broker.meta.queue(vhost, name) is None:
-        raise not_found()
+        await metadata_caught_up(broker)
+        if broker.meta.queue(vhost, name) is None:
+            raise not_found()
     count, ackmode, encoding, truncate = _get_body(request.json())
     got: list = []
     for key in partition_keys(broker, vhost, name):  # (a partitioned queue's: each in turn)

@@ -191,3 +191,35 @@ def test_an_sqs_send_right_after_a_create_queue_on_another_member_finds_the_queu
     result = while_stopped(trio_cluster, create, send)
     assert isinstance(result, dict) and "MessageId" in result, repr(result)
     assert messages_in(trio_cluster["n1"], "made-elsewhere") == 1
+
+
+def declare_bound_queue(member: Member) -> None:
+    with member.connect() as conn:
+        channel = conn.channel()
+        channel.exchange_declare("made-x", "fanout")
+        channel.queue_declare("made-q")
+        channel.queue_bind("made-q", "made-x")
+
+
+def test_a_management_get_right_after_a_declare_elsewhere_finds_the_queue(trio_cluster: Cluster) -> None:
+    def look(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        return api(member, "GET", "/api/queues/%2F/made-q")[:2]
+
+    result = while_stopped(trio_cluster, declare_bound_queue, look)
+    assert not isinstance(result, Exception), repr(result)
+    status, shown = result
+    assert status == 200 and shown["name"] == "made-q", result
+
+
+def test_a_management_publish_right_after_a_declare_elsewhere_is_routed(trio_cluster: Cluster) -> None:
+    def publish(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        body = {"properties": {}, "routing_key": "", "payload": "hi", "payload_encoding": "string"}
+        return api(member, "POST", "/api/exchanges/%2F/made-x/publish", body)[:2]
+
+    result = while_stopped(trio_cluster, declare_bound_queue, publish)
+    assert result == (200, {"routed": True}), repr(result)
+    assert messages_in(trio_cluster["n1"], "made-q") == 1
