@@ -50,7 +50,7 @@ from .asgi_app import (
 )
 from .asgi_server import Limits, bind_sockets, serve_asgi
 from .listing import LIST_PARAMETERS
-from .requests import HttpError, Reply, Request, metadata_caught_up
+from .requests import HttpError, NotFoundHere, Reply, Request, metadata_caught_up
 
 log = logging.getLogger("maxq.http")
 
@@ -131,10 +131,15 @@ async def dispatch(broker: Any, request: Request) -> Response:
         try:
             value = await handler(broker, request)
         except HttpError as exc:
-            # A GET that found nothing on a cluster member: again once it has applied what the
-            # metadata group committed before now (an object just made through another member is
-            # found: server/metadata_sync.py). A GET changes nothing, so it may run twice.
-            if request.method != "GET" or not exc.status.startswith("404") or not broker.log.metadata_may_lag():
+            # Found nothing on a cluster member: again once it has applied what the metadata
+            # group committed before now (an object just made through another member is found:
+            # server/metadata_sync.py). A GET changes nothing, and a lookup's 404 comes before any
+            # change (NotFoundHere), so either may run twice.
+            if not (
+                exc.status.startswith("404")
+                and (request.method == "GET" or type(exc) is NotFoundHere)
+                and broker.log.metadata_may_lag()
+            ):
                 raise
             await metadata_caught_up(broker)
             value = await handler(broker, request)

@@ -35,17 +35,17 @@ from ..server.partitioned import partition_keys, ready_count
 from ..server.queue_stats import QueueStats
 from . import auth, definitions
 from .metrics import QUEUE_TYPE
-from .requests import HttpError, Reply, Request, commit, json_safe, wait_for_reply
+from .requests import HttpError, NotFoundHere, Reply, Request, commit, json_safe, wait_for_reply
 
 
 # A new exception each time: raising one kept instance again would chain each raise's traceback
 # (and the frames, requests and bodies it holds) onto the last one's, growing without bound.
 def not_found() -> HttpError:
-    return HttpError("404 Not Found", "Object Not Found", reason="Not Found")
+    return NotFoundHere("404 Not Found", "Object Not Found", reason="Not Found")
 
 
 def vhost_not_found() -> HttpError:
-    return HttpError("404 Not Found", "not_found", reason="vhost_not_found")
+    return NotFoundHere("404 Not Found", "not_found", reason="vhost_not_found")
 
 
 ACCESS_REFUSED = "Access refused."
@@ -347,10 +347,10 @@ def _ends(broker: Any, request: Request) -> tuple[str, str, str, str]:
         raise not_found()
     destination = request.params["destination"]
     if broker.meta.exchange(vhost, source) is None:
-        raise HttpError("404 Not Found", "not_found", reason=f"no exchange '{source}' in vhost '{vhost}'")
+        raise NotFoundHere("404 Not Found", "not_found", reason=f"no exchange '{source}' in vhost '{vhost}'")
     found = broker.meta.queue(vhost, destination) if kind == "queue" else broker.meta.exchange(vhost, destination)
     if found is None:
-        raise HttpError("404 Not Found", "not_found", reason=f"no {kind} '{destination}' in vhost '{vhost}'")
+        raise NotFoundHere("404 Not Found", "not_found", reason=f"no {kind} '{destination}' in vhost '{vhost}'")
     return vhost, source, kind, destination
 
 

@@ -41,6 +41,11 @@ class HttpError(Exception):
         self.extra = extra
 
 
+class NotFoundHere(HttpError):
+    """A 404 from a lookup in this member's metadata, raised before the request changed anything:
+    on a cluster member the request runs again after a metadata barrier (admin_app.dispatch)."""
+
+
 @dataclass
 class Request:
     method: str

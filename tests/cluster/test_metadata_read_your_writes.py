@@ -223,3 +223,26 @@ def test_a_management_publish_right_after_a_declare_elsewhere_is_routed(trio_clu
     result = while_stopped(trio_cluster, declare_bound_queue, publish)
     assert result == (200, {"routed": True}), repr(result)
     assert messages_in(trio_cluster["n1"], "made-q") == 1
+
+
+@pytest.mark.parametrize("request_kind", ["delete", "bind"])
+def test_a_management_delete_or_binding_right_after_a_declare_elsewhere_acts_on_the_objects(
+    trio_cluster: Cluster, request_kind: str
+) -> None:
+    def change(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        if request_kind == "delete":
+            return api(member, "DELETE", "/api/queues/%2F/made-q")[0]
+        return api(member, "POST", "/api/bindings/%2F/e/made-x/q/made-q", {"routing_key": "k"})[0]
+
+    result = while_stopped(trio_cluster, declare_bound_queue, change)
+    if request_kind == "delete":
+        assert result == 204, repr(result)
+        with trio_cluster["n1"].connect() as conn, pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            conn.channel().queue_declare("made-q", passive=True)
+        assert closed.value.reply_code == 404
+    else:
+        assert result == 201, repr(result)
+        status, bindings, _ = api(trio_cluster["n1"], "GET", "/api/bindings/%2F/e/made-x/q/made-q")
+        assert status == 200 and sorted(b["routing_key"] for b in bindings) == ["k", "made-q"], bindings
