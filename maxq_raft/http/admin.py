@@ -33,6 +33,7 @@ import trio
 
 from ..machines import metadata as md
 from ..machines.maintenance import SetMaintenance
+from ..machines.metadata import META_GROUP
 from ..machines.queue_types import Rejected
 from ..server.hosts import is_ip
 from ..server.message_rates import exchange_counts
@@ -63,7 +64,6 @@ DEFINITIONS_READ_TIMEOUT_S = 60.0  # ... read within this, counted from the requ
 MEMBER_CHANGE_TIMEOUT_S = 35.0  # the engine's own deadline is 30 s
 TRANSFER_TIMEOUT_S = 10.0  # a group's transfer gives up after 3 s itself
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as config.NODE_ID
-META_GROUP = "meta"
 NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/--peer)"
 
 

@@ -33,6 +33,7 @@ from .txn_decisions import DecideTxn, TxnDecisions
 
 DEFAULT_VHOST = "/"
 SERVER_NAMED_PREFIX = "amq.gen-"  # queue.declare with no name: the broker names it (channel.py)
+META_GROUP = "meta"  # the Raft group this machine is applied in (every member holds it)
 
 # RabbitMQ checks these queue arguments for equivalence on redeclare (rabbit_amqqueue).
 QUEUE_EQUIVALENCE_ARGS = (

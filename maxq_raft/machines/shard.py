@@ -151,7 +151,7 @@ class ShardMachine:
 class MetaGroup:
     """The metadata group's state: the metadata machine and the group's apply order."""
 
-    name = "meta"
+    name = md.META_GROUP
 
     def __init__(self, machine: md.MetadataMachine | None = None) -> None:
         self.machine = machine if machine is not None else md.MetadataMachine()

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from ..amqp.frames import encode_shortstr_field
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.metadata import META_GROUP
 from ..machines.queue import QueueMachine
 from ..machines.queue_args import QueueSettings, settings_or_default
 from ..machines.queue_types import Deliver, QueueCounts
@@ -43,8 +44,6 @@ from .tracer import Tracer
 
 log = logging.getLogger("maxq.broker")
 _REDELIVERED = attrgetter("redelivered")  # of a Deliver effect
-
-META_GROUP = "meta"
 
 
 class ConsumerHandle:

@@ -67,7 +67,8 @@ from ..replication.entries import EntryError, NewerEntry, decode_entry
 from . import cluster_snapshot, remote
 from .applier import Applier
 from .confirms import Unavailable
-from .command_log import META_GROUP, CommandLog
+from ..machines.metadata import META_GROUP
+from .command_log import CommandLog
 from .message_store import QueueBacking
 from .metadata_sync import MetadataSync
 from .proposer import OpenEntry, Proposer

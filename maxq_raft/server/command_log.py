@@ -29,6 +29,7 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.metadata import META_GROUP
 from ..machines.placement import PlaceQueue
 from ..machines.queue_types import Rejected
 from ..machines.shard import MetaGroup, ShardMachine
@@ -39,7 +40,6 @@ from .queue_timers import QueueKey, QueueTimers
 
 log = logging.getLogger("maxq.log")
 
-META_GROUP = "meta"
 TICK_INTERVAL_S = 0.05  # the lateness bound of a TTL or x-expires with no traffic
 DEAD_LETTER_CHECK_S = 2.0
 

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from ..machines.features import SUPPORTED, EnableFeatures, features_to_enable
-from .command_log import META_GROUP
+from ..machines.metadata import META_GROUP
 
 log = logging.getLogger("maxq.features")
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
+from ..machines.metadata import META_GROUP
 from ..machines.placement import FirstGroups
 from ..machines.replica_moves import first_placement
-from .command_log import META_GROUP
 
 log = logging.getLogger("maxq.cluster")
 

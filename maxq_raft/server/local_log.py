@@ -29,13 +29,14 @@ from typing import Any
 import trio
 
 from ..machines import commands as qc
+from ..machines.metadata import META_GROUP
 from ..machines.priority_queue import make_queue_machine
 from ..machines.queue import QueueMachine
 from ..machines.queue_args import settings_or_default
 from ..machines.queue_types import Meta
 from . import persistence
 from .applier import Applier
-from .command_log import META_GROUP, CommandLog
+from .command_log import CommandLog
 from .confirms import Pending
 from .message_store import QueueBacking
 

@@ -44,6 +44,7 @@ from ..http.sqs_app import open_sqs_listeners, receipt_keys, serve_sqs
 from ..machines import metadata as md
 from ..machines.access import hash_password
 from ..machines.features import SUPPORTED
+from ..machines.metadata import META_GROUP
 from ..replication.engine import ReplicationNode
 from ..replication.journal import JournalCorruption, JournalError
 from ..replication.snapshot_file import SnapshotError
@@ -55,7 +56,6 @@ from . import collector, heap, persistence, tls
 from .alarms import ResourceAlarms, disk_free_bytes
 from .broker import Broker
 from .cluster import ClusterLog, default_shards
-from .command_log import META_GROUP
 from .errors import ChannelError
 from .feature_flags import enable_features
 from .first_placement import choice as first_placement_choice

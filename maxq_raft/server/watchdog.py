@@ -34,10 +34,10 @@ import trio
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines.maintenance import DRAINING_TEXT, leader_target
+from ..machines.metadata import META_GROUP
 from ..machines.placement import FEATURE as PLACEMENT
 from ..machines.placement import SetGroups
 from ..machines.shard import ALL_QUEUES
-from .command_log import META_GROUP
 
 log = logging.getLogger("maxq.cluster")
 

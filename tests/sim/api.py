@@ -21,6 +21,7 @@ from maxq_raft.machines import commands as qc
 from maxq_raft.machines import metadata as md
 from maxq_raft.machines.apply_order import ApplyOrder, apply_committed
 from maxq_raft.machines.fifo import DEDUP_WINDOW_MS
+from maxq_raft.machines.metadata import META_GROUP
 from maxq_raft.machines.priority_queue import make_queue_machine
 from maxq_raft.machines.queue import Deliver, Message, Meta, Rejected
 from maxq_raft.machines.queue_args import settings_or_default
@@ -82,7 +83,6 @@ __all__ = [
     "shard_of",
 ]
 
-META_GROUP = "meta"  # server/command_log.py's META_GROUP
 VHOST = "/"
 
 
