@@ -39,7 +39,7 @@ class MetadataSync:
         self._propose_barrier = propose_barrier  # proposes one barrier; calls back when it is done
         self._waiting: list[Callable[[float], None]] = []  # for the next barrier
         self._out = False  # a barrier is proposed and not done
-        self.barriers = 0  # proposed, for the cluster's status
+        self.barriers = 0  # proposed (counted; not shown in any status yet)
         self.failures = 0  # given up on (the method ran on this member's metadata)
 
     def after_barrier(self, then: Callable[[float], None]) -> None:
