@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 from . import spec
 from .errors import AMQPError, DecodeError, FrameError
@@ -66,8 +66,19 @@ from .frames import (
 from .properties import decode_content_header
 from .values import FieldTable, FieldValue, decode_table
 
-Authenticator = Callable[[str, str, str], bool]  # (mechanism, username, password) -> allowed
-VhostCheck = Callable[[str, str], str | None]  # (username, vhost) -> why refused (530), or None
+
+class Later:
+    """What an Authenticator or a VhostCheck returns when it cannot decide yet (a cluster member
+    whose users and vhosts may be behind what another member committed): the handshake waits,
+    reading nothing further, until the shell calls `decide_login` or `decide_open`."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = Later()
+Authenticator = Callable[[str, str, str], "bool | Later"]  # (mechanism, username, password) -> allowed
+VhostCheck = Callable[[str, str], "str | None | Later"]  # (username, vhost) -> why refused (530), or None
 ChannelCheck = Callable[[], str | None]  # before a channel opens: why refused (530), or None
 
 FRAME_MAX_BEFORE_TUNE = 131072  # generous: some clients send large client_properties
@@ -223,6 +234,10 @@ class ServerConnection:
         self._close_reason: tuple[int, str] = (spec.REPLY_SUCCESS, "")
         self._lost_sync = False  # a fatal frame error: input is discarded until we drop the peer
         self._publish_methods: dict[bytes, spec.BasicPublish] = {}  # see _publish_whole
+        # A login or a connection.open the shell decides later (LATER): what it waits on, and the
+        # frames read after it, taken once it is decided.
+        self._deciding: tuple[str, str] | None = None  # ("login", mechanism) or ("open", vhost)
+        self._held_frames: list[tuple[int, int, Any]] = []
 
     # ------------------------------------------------------------------ input
 
@@ -270,36 +285,24 @@ class ServerConnection:
         self._reader.feed(data)
 
     def next_events(self) -> list[Event]:
-        """Parse everything buffered and return the events it produced (possibly none)."""
-        if self.state is not State.CLOSED and not self._lost_sync:
+        """Parse everything buffered and return the events it produced (possibly none). While a
+        login or a connection.open waits for the shell's decision, nothing more is read."""
+        if self._held_frames and self._deciding is None and self.state is not State.CLOSED and not self._lost_sync:
+            held, self._held_frames = self._held_frames, []
+            self._take_frames(held)
+        if self.state is not State.CLOSED and not self._lost_sync and self._deciding is None:
             try:
                 frames = self._reader.read_frames(fuse_publishes=True)
             except FrameError as err:
                 self._fatal_frame_error(err.reply_code, err.reply_text)
                 frames = []
-            for frame_type, channel, payload in frames:
-                # (the ignore: mypy keeps self.state narrowed by the test above across the calls
-                # below, which change it)
-                if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
-                    break
-                if frame_type in (PUBLISH_TRIPLE, PUBLISH_RUN):
-                    if frame_type == PUBLISH_TRIPLE:
-                        key, header, body = payload
-                        if self._publish_whole(channel, key, header, [b"" if body is None else body]):
-                            continue
-                        unfolded = unfold_publish(channel, payload)
-                    else:
-                        if self._publish_whole(channel, *payload):
-                            continue
-                        unfolded = unfold_publish_run(channel, payload)
-                    # (declined: a channel not open, a message too big, ...: its frames as they came)
-                    for one_type, one_channel, one_payload in unfolded:
-                        if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
-                            break
-                        self._take_frame(one_type, one_channel, one_payload)
-                    continue
-                self._take_frame(frame_type, channel, payload)
-            if self._reader.failed and self.state is not State.CLOSED and not self._lost_sync:  # type: ignore[comparison-overlap]
+            self._take_frames(frames)
+            if (
+                self._reader.failed
+                and self._deciding is None
+                and self.state is not State.CLOSED  # type: ignore[comparison-overlap]
+                and not self._lost_sync
+            ):
                 # The frames before a broken one were handled above; now the error itself.
                 try:
                     self._reader.read_frames()
@@ -307,6 +310,35 @@ class ServerConnection:
                     self._fatal_frame_error(err.reply_code, err.reply_text)
         events, self._events = self._events, []
         return events
+
+    def _take_frames(self, frames: list[tuple[int, int, Any]]) -> None:
+        """Handle `frames` in order; those after one that leaves a decision to the shell are
+        held until it is made (`decide_login`, `decide_open`)."""
+        for i, (frame_type, channel, payload) in enumerate(frames):
+            if self._deciding is not None:
+                self._held_frames = frames[i:]
+                return
+            if self.state is State.CLOSED or self._lost_sync:
+                break
+            if frame_type in (PUBLISH_TRIPLE, PUBLISH_RUN):
+                if frame_type == PUBLISH_TRIPLE:
+                    key, header, body = payload
+                    if self._publish_whole(channel, key, header, [b"" if body is None else body]):
+                        continue
+                    unfolded = unfold_publish(channel, payload)
+                else:
+                    if self._publish_whole(channel, *payload):
+                        continue
+                    unfolded = unfold_publish_run(channel, payload)
+                # (declined: a channel not open, a message too big, ...: its frames as they came)
+                for one_type, one_channel, one_payload in unfolded:
+                    # (the ignore: mypy keeps self.state narrowed by the test above across the
+                    # calls below, which change it)
+                    if self.state is State.CLOSED or self._lost_sync:  # type: ignore[comparison-overlap]
+                        break
+                    self._take_frame(one_type, one_channel, one_payload)
+                continue
+            self._take_frame(frame_type, channel, payload)
 
     # ----------------------------------------------------------------- output
 
@@ -448,6 +480,7 @@ class ServerConnection:
             0, spec.ConnectionClose(reply_code=reply_code, reply_text=text, class_id=class_id, method_id=method_id)
         )
         self.state = State.CLOSING
+        self._deciding = None  # (a login or open left to the shell: the close decided it)
         self._close_deadline = self._now + timeout_s
         self._close_reason = (reply_code, text)
         # The channels are gone for the broker the moment the connection closes.
@@ -473,6 +506,8 @@ class ServerConnection:
 
     def _terminate(self, reply_code: int, reply_text: str, by_peer: bool) -> None:
         self.state = State.CLOSED
+        self._deciding = None
+        self._held_frames = []
         self._channels.clear()
         self._events.append(ConnectionClosed(reply_code, reply_text, by_peer))
 
@@ -772,8 +807,26 @@ class ServerConnection:
             except (ValueError, UnicodeDecodeError, DecodeError):
                 username, password = "", None
         self._mechanism = mechanism
-        if password is None or not self._authenticate(mechanism, username, password):
-            self._refuse_login(mechanism)
+        allowed = False if password is None else self._authenticate(mechanism, username, password)
+        if allowed is LATER:
+            self._deciding = ("login", username)
+            return
+        self._login_decided(username, allowed is True)
+
+    def decide_login(self, allowed: bool) -> None:
+        """The shell's decision on a login its Authenticator left for later (LATER); then the
+        frames read after the start-ok are taken (`next_events`). Nothing if the connection
+        closed meanwhile."""
+        if self._deciding is None or self._deciding[0] != "login":
+            return
+        username = self._deciding[1]
+        self._deciding = None
+        if self.state is State.AWAIT_START_OK:
+            self._login_decided(username, allowed)
+
+    def _login_decided(self, username: str, allowed: bool) -> None:
+        if not allowed:
+            self._refuse_login(self._mechanism)
             return
         self.user = username
         self.state = State.AWAIT_TUNE_OK
@@ -821,8 +874,28 @@ class ServerConnection:
     def _open(self, method: spec.ConnectionOpen) -> None:
         vhost = method.virtual_host
         refused = self._vhost_allowed(self.user, vhost)
+        if refused is LATER:
+            self._deciding = ("open", vhost)
+            return
+        self._open_decided(vhost, refused)
+
+    def decide_open(self, refused: str | None) -> None:
+        """The shell's decision on a connection.open its VhostCheck left for later (LATER): why
+        it is refused (530), or None; then the frames read after it are taken (`next_events`).
+        Nothing if the connection closed meanwhile."""
+        if self._deciding is None or self._deciding[0] != "open":
+            return
+        vhost = self._deciding[1]
+        self._deciding = None
+        if self.state is State.AWAIT_OPEN:
+            try:
+                self._open_decided(vhost, refused)
+            except AMQPError as err:  # (as a refusal read from the frame itself: `_take_frame`)
+                self.close(err.reply_code, err.reply_text)
+
+    def _open_decided(self, vhost: str, refused: str | Later | None) -> None:
         if refused:
-            raise AMQPError(spec.NOT_ALLOWED, refused)
+            raise AMQPError(spec.NOT_ALLOWED, str(refused))
         self.vhost = vhost
         self.state = State.OPEN
         self._send_method(0, spec.ConnectionOpenOk())

@@ -102,10 +102,23 @@ def _reply_response(value: Any) -> Response:
     return json_response("200 OK", value)
 
 
+async def _authenticate(broker: Any, request: Request) -> auth.Caller:
+    """The caller; a login that fails or lacks a management tag on a cluster member is checked
+    again once it has applied what the metadata group had committed (a user, password or tag
+    just set through another member: server/metadata_sync.py)."""
+    try:
+        return auth.authenticate(broker.meta, request.authorization, request.peer_host)
+    except (auth.LoginFailed, auth.Forbidden):
+        if not broker.log.metadata_may_lag():
+            raise
+    await metadata_caught_up(broker)
+    return auth.authenticate(broker.meta, request.authorization, request.peer_host)
+
+
 async def dispatch(broker: Any, request: Request) -> Response:
     # Authenticated before anything else is said, the list of endpoints included.
     try:
-        request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
+        request.caller = await _authenticate(broker, request)
     except auth.Unauthorized as exc:
         return _unauthorized(str(exc))
     except auth.Forbidden as exc:
@@ -123,8 +136,18 @@ async def dispatch(broker: Any, request: Request) -> Response:
         )
     need, handler = entry
     request.params = params
+    vhost = params.get("vhost") if need is auth.Need.POLICYMAKER else None
     try:
-        auth.check(request.caller, need, broker.meta, params.get("vhost") if need is auth.Need.POLICYMAKER else None)
+        try:
+            auth.check(request.caller, need, broker.meta, vhost)
+        except auth.Forbidden:
+            if not broker.log.metadata_may_lag():
+                raise
+            await metadata_caught_up(broker)  # (tags or permissions just set elsewhere)
+            request.caller = auth.authenticate(broker.meta, request.authorization, request.peer_host)
+            auth.check(request.caller, need, broker.meta, vhost)
+    except auth.Unauthorized as exc:  # (deleted meanwhile)
+        return _unauthorized(str(exc))
     except auth.Forbidden as exc:
         return _unauthorized(str(exc), FORBIDDEN_ERROR, challenge=False)
     try:

@@ -54,6 +54,11 @@ class Forbidden(Exception):
     """A known management user without the tag the route needs (RabbitMQ answers 401 too)."""
 
 
+class LoginFailed(Unauthorized):
+    """No such user, or not its password: a user (or a password) just made through another
+    cluster member may not be applied here yet (admin_app asks again after a metadata barrier)."""
+
+
 @dataclass(frozen=True)
 class Caller:
     user: UserRecord
@@ -100,7 +105,7 @@ def authenticate(meta: md.MetadataMachine, authorization: str | None, peer_host:
     username, colon, password = decoded.partition(":")
     user = meta.users.get(username)
     if not colon or user is None or not user.password_matches(password):
-        raise Unauthorized("Login failed")
+        raise LoginFailed("Login failed")
     if username == md.GUEST and not is_loopback(peer_host):
         raise Unauthorized("User can only log in via localhost")  # RabbitMQ's loopback_users
     caller = Caller(user)

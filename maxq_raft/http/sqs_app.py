@@ -41,7 +41,7 @@ from ..sqs.protocol import Limits, error_response, parse_request, success_respon
 from .asgi_app import answered_other_than_http, check_head_size, drain_body
 from .asgi_server import Limits as ServerLimits
 from .asgi_server import bind_sockets, serve_asgi
-from .requests import HttpError
+from .requests import HttpError, metadata_caught_up
 from .sqs_actions import Caller, SqsActions
 
 log = logging.getLogger("maxq.sqs")
@@ -143,16 +143,35 @@ class SqsApp:
         query = scope["query_string"].decode("latin-1")
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
         meta = self.broker.meta
-        key_id = sigv4.verify_request(
-            method="POST",
-            path=path,
-            query=query,
-            headers=headers,
-            body=body,
-            now_s=time.time(),
-            secret_for=meta.access_key_secret,
-            allow_unsigned_payload=self.tls,
-        )
+        unknown: list[str] = []  # key ids this member does not have (yet)
+
+        def secret_for(key_id: str) -> str | None:
+            secret = meta.access_key_secret(key_id)
+            if secret is None:
+                unknown.append(key_id)
+            return secret
+
+        def verify() -> str:
+            return sigv4.verify_request(
+                method="POST",
+                path=path,
+                query=query,
+                headers=headers,
+                body=body,
+                now_s=time.time(),
+                secret_for=secret_for,
+                allow_unsigned_payload=self.tls,
+            )
+
+        try:
+            key_id = verify()
+        except sigv4.SignatureError:
+            if not unknown or not self.broker.log.metadata_may_lag():
+                raise
+            # A key made through another member a moment ago: again once this member has applied
+            # what the metadata group had committed (server/metadata_sync.py).
+            await metadata_caught_up(self.broker)
+            key_id = verify()
         record = meta.access_keys.get(key_id)
         if record is None:  # deleted meanwhile
             raise SqsError("InvalidClientTokenId", sigv4.MSG_UNKNOWN_KEY)

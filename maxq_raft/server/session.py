@@ -18,13 +18,14 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import logging
+import math
 import secrets
 from functools import partial
 
 import trio
 
 from ..amqp import spec
-from ..amqp.connection import DEFAULT_MECHANISMS, EXTERNAL, ServerConnection, State
+from ..amqp.connection import DEFAULT_MECHANISMS, EXTERNAL, LATER, Later, ServerConnection, State
 from ..amqp.errors import AMQPError
 from ..amqp.events import (
     ChannelClosed,
@@ -239,6 +240,9 @@ class Session:
         self._next_tick_at = 0.0
         self._closed_seen_at: float | None = None
         self._handshake_deadline = self.started_at + getattr(settings, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
+        # A login or connection.open that waits for a metadata barrier (`_decide_after_barrier`):
+        # set once decided; nothing more is read meanwhile.
+        self._decided: trio.Event | None = None
         self._writer_done = trio.Event()
         self._peer_closed = False  # the peer's EOF (or a reset) was read
         self.messages_in = 0
@@ -260,10 +264,15 @@ class Session:
 
     # -------------------------------------------------------------- auth
 
-    def _authenticate(self, mechanism: str, username: str, password: str) -> bool:
+    def _authenticate(self, mechanism: str, username: str, password: str, synced: bool = False) -> bool | Later:
         user = self.broker.meta.users.get(username)
         # (the hash is compared in constant time: a refusal's timing says nothing of the password)
         if user is None or not user.password_matches(password):
+            if not synced and self.broker.log.metadata_may_lag():
+                # A user added, or a password changed, through another member a moment ago.
+                return self._decide_after_barrier(
+                    lambda: self.conn.decide_login(self._authenticate(mechanism, username, password, True) is True)
+                )
             log.warning(
                 "connection %s from %s: login refused for user %r (%s)", self.id, self.peer_host, username, mechanism
             )
@@ -284,7 +293,46 @@ class Session:
         self.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
         self.wake()
 
-    def _vhost_refusal(self, username: str, vhost: str) -> str | None:
+    def _decide_after_barrier(self, decide) -> Later:
+        """A login or connection.open refused by what this cluster member has applied: decided
+        again, by `decide()`, once a metadata barrier proposed now is applied here (what a client
+        was told was committed through another member is then here too: server/metadata_sync.py).
+        Only a refusal waits; nothing more is read from the client meanwhile."""
+        decided = self._decided = trio.Event()
+
+        def again(_proposed_at: float) -> None:
+            self._decided = None
+            decided.set()
+            if self.finished:
+                return
+            try:
+                decide()
+                self.handle_events(self.conn.next_events())
+            except Exception:  # a bug of ours: this connection ends, never the node
+                log.exception("connection %s: internal error deciding its login or open", self.id)
+                self.conn.close(spec.INTERNAL_ERROR, "internal error", now=trio.current_time())
+            self.wake()
+
+        def ask() -> None:
+            try:
+                self.broker.log.after_metadata_barrier(again)
+            except Exception:  # (a run_sync_soon callback must not raise: it would end the node)
+                log.exception("connection %s: a metadata barrier could not be asked for", self.id)
+                again(-math.inf)
+
+        # (asked once this call has returned LATER: a barrier that fails at once, on a node
+        # stopping, calls back at once, and the decision would come before the wait it ends)
+        trio.lowlevel.current_trio_token().run_sync_soon(ask)
+        return LATER
+
+    def _vhost_refusal(self, username: str, vhost: str) -> str | Later | None:
+        v = self.broker.meta.vhosts.get(vhost)
+        if (v is None or username not in v.permissions) and self.broker.log.metadata_may_lag():
+            # A vhost or the user's permissions in it made through another member a moment ago.
+            return self._decide_after_barrier(lambda: self.conn.decide_open(self._vhost_refusal_now(username, vhost)))
+        return self._vhost_refusal_now(username, vhost)
+
+    def _vhost_refusal_now(self, username: str, vhost: str) -> str | None:
         sessions = self.broker.sessions.values()
         limit = getattr(self.settings, "max_connections", 0)
         if limit and len(sessions) >= limit:
@@ -343,6 +391,8 @@ class Session:
         read_bytes_max = self.read_bytes_max
         read_bytes = read_bytes_max
         while not self.finished:
+            if self._decided is not None:
+                await self._decided.wait()
             if alarms is not None and alarms.active and (self.messages_in or self._streaming_a_big_body()):
                 await self._blocked(alarms)
             if log_.flow_blocked and self.messages_in:
@@ -1307,16 +1357,20 @@ class Session:
 
     # ------------------------------------------------------------- EXTERNAL
 
-    def _login(self, mechanism: str, username: str, password: str) -> bool:
+    def _login(self, mechanism: str, username: str, password: str) -> bool | Later:
         if mechanism == EXTERNAL:
             return self._authenticate_external(username)
         return self._authenticate(mechanism, username, password)
 
-    def _authenticate_external(self, username: str) -> bool:
+    def _authenticate_external(self, username: str, synced: bool = False) -> bool | Later:
         """EXTERNAL (RabbitMQ's rabbit_auth_mechanism_ssl): TLS verified the client's
         certificate against --tls-ca, its CN is `username`; the login stands if that user exists
         (no password is checked), with guest still held to loopback."""
         if username not in self.broker.meta.users:
+            if not synced and self.broker.log.metadata_may_lag():
+                return self._decide_after_barrier(
+                    lambda: self.conn.decide_login(self._authenticate_external(username, True) is True)
+                )
             log.warning(
                 "connection %s from %s: login refused for user %r (EXTERNAL: no such user)",
                 self.id,

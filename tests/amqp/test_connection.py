@@ -17,6 +17,7 @@ from maxq_raft.amqp import spec
 from maxq_raft.amqp.connection import (
     CLOSE_TIMEOUT_S,
     FATAL_CLOSE_GRACE_S,
+    LATER,
     PROTOCOL_HEADER_0_9,
     ServerConnection,
     State,
@@ -360,6 +361,81 @@ def test_external_refused_by_the_shell_is_403():
     _login(peer, mechanism="EXTERNAL")
     close = assert_hard_close(peer, spec.ACCESS_REFUSED)
     assert "authentication mechanism EXTERNAL" in close.reply_text
+
+
+# A login or a connection.open the shell decides later (a cluster member waiting until its users
+# and vhosts have caught up with what another member committed: server/session.py).
+
+
+def later_peer(login=LATER, vhost_refusal=LATER) -> Peer:
+    peer = Peer()
+    peer.conn._authenticate = lambda mechanism, user, password: login
+    peer.conn._vhost_allowed = lambda user, vhost: vhost_refusal
+    return peer
+
+
+def test_a_login_left_for_later_holds_the_frames_after_it_until_decided():
+    peer = later_peer(vhost_refusal=None)
+    peer.send(client_handshake_bytes())  # a pipelining client: start-ok, tune-ok, open at once
+    assert [type(m) for _, m in peer.received()] == [spec.ConnectionStart]
+    assert peer.conn.state is State.AWAIT_START_OK and peer.events == []
+    peer.send(encode_method_frame(1, spec.ChannelOpen()))  # read later, not taken yet
+    assert peer.received() == [] and peer.events == []
+    peer.conn.decide_login(True)
+    peer.events += peer.conn.next_events()
+    got = [m for _, m in peer.received()]
+    assert [type(m) for m in got] == [spec.ConnectionTune, spec.ConnectionOpenOk, spec.ChannelOpenOk]
+    assert [type(e) for e in peer.events] == [ConnectionOpened, ChannelOpened]
+    assert peer.conn.user == "guest"
+
+
+def test_a_login_refused_later_is_403_and_what_followed_is_dropped():
+    peer = later_peer()
+    peer.send(client_handshake_bytes())
+    peer.received()
+    peer.conn.decide_login(False)
+    peer.events += peer.conn.next_events()
+    assert_hard_close(peer, spec.ACCESS_REFUSED, "Login was refused using authentication mechanism PLAIN")
+    assert not any(isinstance(e, ConnectionOpened) for e in peer.events)
+    peer.conn.decide_login(True)  # a second decision changes nothing
+    assert peer.conn.state is State.CLOSING and peer.received() == []
+
+
+@pytest.mark.parametrize("refusal", [None, "vhost x not found"])
+def test_an_open_left_for_later_is_answered_when_decided(refusal):
+    peer = later_peer(login=True)
+    _login(peer)
+    peer.one_method(spec.ConnectionTune, 0)
+    peer.method(0, spec.ConnectionTuneOk(channel_max=10, frame_max=4096, heartbeat=0))
+    peer.send(
+        encode_method_frame(0, spec.ConnectionOpen(virtual_host="x")) + encode_method_frame(1, spec.ChannelOpen())
+    )
+    assert peer.received() == [] and peer.conn.state is State.AWAIT_OPEN
+    peer.conn.decide_login(True)  # (not what it waits for: nothing)
+    assert peer.received() == [] and peer.conn.state is State.AWAIT_OPEN
+    peer.conn.decide_open(refusal)
+    peer.events += peer.conn.next_events()
+    if refusal is None:
+        assert [type(m) for _, m in peer.received()] == [spec.ConnectionOpenOk, spec.ChannelOpenOk]
+        assert [type(e) for e in peer.events] == [ConnectionOpened, ChannelOpened]
+    else:
+        close = assert_hard_close(peer, spec.NOT_ALLOWED, refusal)
+        assert (close.class_id, close.method_id) == (0, 0)
+        assert not any(isinstance(e, ConnectionOpened) for e in peer.events)
+
+
+def test_a_close_while_an_open_waits_for_its_decision_reads_the_close_ok():
+    peer = later_peer(login=True)
+    _login(peer)
+    peer.one_method(spec.ConnectionTune, 0)
+    peer.method(0, spec.ConnectionTuneOk(channel_max=10, frame_max=4096, heartbeat=0))
+    peer.method(0, spec.ConnectionOpen(virtual_host="/"))
+    peer.conn.close(spec.CONNECTION_FORCED, "shutdown")  # the node stops meanwhile
+    assert_hard_close(peer, spec.CONNECTION_FORCED, "shutdown")
+    peer.conn.decide_open(None)  # too late: nothing
+    assert peer.received() == []
+    peer.method(0, spec.ConnectionCloseOk())
+    assert peer.conn.state is State.CLOSED
 
 
 def test_a_known_mechanism_not_offered_is_invalid():

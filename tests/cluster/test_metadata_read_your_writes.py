@@ -1,6 +1,6 @@
 """Read-your-writes across members: what a client saw declared on one member, another member
 acts on at once, as RabbitMQ's cluster-wide metadata transactions give (server/metadata_sync.py),
-over AMQP and the SQS API.
+over AMQP, the admin API and the SQS API, for objects and for users, vhosts, permissions and keys.
 
 A member applies the metadata log a moment after the member that answered the declare. Here
 that moment is made long: the member the client uses next is stopped (SIGSTOP) while another
@@ -15,13 +15,18 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import pika
 import pika.exceptions
 import pytest
 
+from maxq_raft.amqp import spec
+from maxq_raft.amqp.frames import PROTOCOL_HEADER, encode_method_frame
+
 from ..helpers import api
 from ..integration.test_sqs import client as sqs_client
+from ..raw_client import RawClient
 from .conftest import Cluster, Member, running_cluster
 
 STOPPED_S = 0.3  # how long the acting member stays stopped after the client's method was sent
@@ -246,3 +251,109 @@ def test_a_management_delete_or_binding_right_after_a_declare_elsewhere_acts_on_
         assert result == 201, repr(result)
         status, bindings, _ = api(trio_cluster["n1"], "GET", "/api/bindings/%2F/e/made-x/q/made-q")
         assert status == 200 and sorted(b["routing_key"] for b in bindings) == ["k", "made-q"], bindings
+
+
+# Users, vhosts, permissions and access keys: what a provisioning script made through one member,
+# the client it started next presents to another at once (behind a load balancer, say). Before the
+# barrier the login was refused (403), the vhost not found (530), the admin API answered 401 and
+# the SQS API InvalidClientTokenId.
+
+
+def provision(member: Member, user: str, vhost: str) -> None:
+    """Through `member`'s admin API: `vhost`, and `user` (password "pw", administrator) with every
+    permission in it (as guest; whichever of them exist already are left as they are)."""
+    status, body, _ = api(member, "PUT", f"/api/vhosts/{quote(vhost, safe='')}")
+    assert status in (201, 204), body
+    if user != "guest":
+        status, body, _ = api(member, "PUT", f"/api/users/{user}", {"password": "pw", "tags": "administrator"})
+        assert status == 201, body
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    status, body, _ = api(member, "PUT", f"/api/permissions/{quote(vhost, safe='')}/{user}", everything)
+    assert status in (201, 204), body
+
+
+def pipelined_handshake(user: str, password: str, vhost: str) -> bytes:
+    """Everything a client sends up to connection.open, sent at once: the member reads the login
+    and the open with the metadata leader's appends when it is continued."""
+    start_ok = spec.ConnectionStartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="PLAIN",
+        response=b"\x00" + user.encode() + b"\x00" + password.encode(),
+        locale="en_US",
+    )
+    return b"".join(
+        (
+            PROTOCOL_HEADER,
+            encode_method_frame(0, start_ok),
+            encode_method_frame(0, spec.ConnectionTuneOk(channel_max=2047, frame_max=131072, heartbeat=0)),
+            encode_method_frame(0, spec.ConnectionOpen(virtual_host=vhost)),
+        )
+    )
+
+
+@pytest.mark.parametrize("made", ["user", "vhost"])
+def test_a_login_and_an_open_right_after_a_user_or_vhost_made_elsewhere_are_let_in(
+    trio_cluster: Cluster, made: str
+) -> None:
+    user, password, vhost = ("ann", "pw", "/") if made == "user" else ("guest", "guest", "fresh-vhost")
+
+    def connect(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        client = RawClient(member.amqp_port)
+        try:
+            ready.set()
+            go.wait(30)
+            client.send(pipelined_handshake(user, password, vhost))
+            return [type(frame[2]).__name__ if frame else None for frame in (client.next_frame() for _ in range(3))]
+        finally:
+            client.close()
+
+    result = while_stopped(trio_cluster, lambda member: provision(member, user, vhost), connect)
+    assert result == ["ConnectionStart", "ConnectionTune", "ConnectionOpenOk"], repr(result)
+
+
+def test_a_login_still_wrong_after_the_barrier_is_refused(trio_cluster: Cluster) -> None:
+    def connect(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        client = RawClient(member.amqp_port)
+        try:
+            ready.set()
+            go.wait(30)
+            client.send(pipelined_handshake("ann", "not-the-password", "/"))
+            client.expect(spec.ConnectionStart)
+            return client.next_frame()
+        finally:
+            client.close()
+
+    result = while_stopped(trio_cluster, lambda member: provision(member, "ann", "/"), connect)
+    assert result is not None and isinstance(result[2], spec.ConnectionClose), repr(result)
+    assert result[2].reply_code == spec.ACCESS_REFUSED, result
+
+
+def test_an_admin_request_by_a_user_just_added_elsewhere_is_let_in(trio_cluster: Cluster) -> None:
+    def look(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        return api(member, "GET", "/api/vhosts/fresh-vhost", auth=("ops", "pw"))[:2]
+
+    result = while_stopped(trio_cluster, lambda member: provision(member, "ops", "fresh-vhost"), look)
+    assert not isinstance(result, Exception), repr(result)
+    status, shown = result
+    assert status == 200 and shown["name"] == "fresh-vhost", result
+    # and a wrong password is still refused, after its barrier
+    assert api(trio_cluster["n2"], "GET", "/api/overview", auth=("ops", "wrong"))[0] == 401
+
+
+def test_an_sqs_request_with_a_key_just_made_elsewhere_is_let_in(trio_cluster: Cluster) -> None:
+    made: dict[str, tuple[str, str]] = {}
+
+    def make_key(member: Member) -> None:
+        status, key, _ = api(member, "POST", "/api/users/guest/access-keys")
+        assert status == 201, key
+        made["keys"] = key["access_key_id"], key["secret_access_key"]
+
+    def list_queues(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        return sqs_client(member, *made["keys"]).list_queues()
+
+    result = while_stopped(trio_cluster, make_key, list_queues)
+    assert isinstance(result, dict) and "ResponseMetadata" in result, repr(result)
