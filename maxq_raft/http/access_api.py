@@ -29,7 +29,7 @@ from ..machines import access
 from ..machines import metadata as md
 from ..machines.queue_types import Rejected
 from ..server.persistence import unstorable
-from .requests import HttpError, Reply, Request, commit
+from .requests import HttpError, NotFoundHere, Reply, Request, commit
 
 NOT_FOUND = "404 Not Found"
 BAD = "400 Bad Request"
@@ -249,8 +249,8 @@ async def _set_limit(broker: Any, kind: str, owner: str, name: str, value: int |
     else:
         u = broker.meta.users.get(owner)
         current = dict(u.limits) if u is not None else None
-    if current is None:
-        raise HttpError(NOT_FOUND, f"no {kind} '{owner}'")
+    if current is None:  # (a lookup before any change: again after a metadata barrier, admin_app)
+        raise NotFoundHere(NOT_FOUND, f"no {kind} '{owner}'")
     known = access.VHOST_LIMITS if kind == "vhost" else access.USER_LIMITS
     if name not in known:
         raise HttpError(BAD, f"unknown {kind} limit '{name}' (known: {', '.join(known)})")
@@ -298,8 +298,8 @@ def user_access_keys(broker: Any, request: Request) -> list:
 
 async def create_access_key(broker: Any, request: Request) -> Reply:
     name = request.params["name"]
-    if name not in broker.meta.users:
-        raise HttpError(NOT_FOUND, f"no user '{name}'")
+    if name not in broker.meta.users:  # (a lookup before any change, as in _set_limit)
+        raise NotFoundHere(NOT_FOUND, f"no user '{name}'")
     key_id, secret = access.new_access_key()
     await _change(broker, md.PutAccessKey(key_id, name, secret))
     return Reply("201 Created", {"access_key_id": key_id, "secret_access_key": secret, "user": name})

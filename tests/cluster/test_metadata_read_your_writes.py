@@ -357,3 +357,17 @@ def test_an_sqs_request_with_a_key_just_made_elsewhere_is_let_in(trio_cluster: C
 
     result = while_stopped(trio_cluster, make_key, list_queues)
     assert isinstance(result, dict) and "ResponseMetadata" in result, repr(result)
+
+
+@pytest.mark.parametrize("path", ["/api/users/kay/access-keys", "/api/user-limits/kay/max-connections"])
+def test_an_admin_change_for_a_user_just_added_elsewhere_finds_the_user(trio_cluster: Cluster, path: str) -> None:
+    def change(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        ready.set()
+        go.wait(30)
+        if path.endswith("access-keys"):
+            return api(member, "POST", path)[:2]
+        return api(member, "PUT", path, {"value": 10})[:2]
+
+    result = while_stopped(trio_cluster, lambda member: provision(member, "kay", "/"), change)
+    assert not isinstance(result, Exception), repr(result)
+    assert result[0] in (201, 204), result
