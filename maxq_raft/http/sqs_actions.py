@@ -36,6 +36,7 @@ import trio
 from ..amqp.properties import BasicProperties, encode_properties
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.features import QUEUE_ARGUMENTS_REMOVED
 from ..machines.message import Message
 from ..machines.partitions import parent_of, partition_count
 from ..machines.queue_types import HandleResult, Overflowed, Received, Rejected
@@ -210,7 +211,9 @@ class SqsActions:
             if attribute in mapping.FIFO_ATTRIBUTES
         ) and (fifo.get("FifoQueue") == "true") == (attributes.get("FifoQueue") == "true")
         redrive = record.arguments.get(mapping.REDRIVE_ARGUMENT)
-        if "RedrivePolicy" in attributes:
+        if attributes.get("RedrivePolicy") == "":
+            same_redrive = redrive is None
+        elif "RedrivePolicy" in attributes:
             arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
             same_redrive = redrive == mapping.redrive_arguments("", count, arn)[mapping.REDRIVE_ARGUMENT]
         else:
@@ -298,6 +301,18 @@ class SqsActions:
             raise _fifo_only("ContentBasedDeduplication")
         if attributes:
             arguments = self._arguments(caller, vhost, attributes, request.action)
+            if (
+                attributes.get("RedrivePolicy") == ""
+                and record is not None
+                and mapping.REDRIVE_ARGUMENT in record.arguments
+            ):
+                if not self.broker.meta.feature_enabled(QUEUE_ARGUMENTS_REMOVED):
+                    raise SqsError(
+                        "UnsupportedOperation",
+                        "Removing a RedrivePolicy needs every member of the cluster to support it "
+                        f"(feature flag '{QUEUE_ARGUMENTS_REMOVED}').",
+                    )
+                arguments.update(dict.fromkeys(mapping.REDRIVE_ARGUMENTS))  # (None: removed)
             arguments[mapping.MODIFIED_ARGUMENT] = int(time.time())
             await self._set_arguments(vhost, name, arguments)
         return {}
@@ -311,7 +326,7 @@ class SqsActions:
         """Queue arguments for checked, supported attributes; a RedrivePolicy's target must be a
         queue of the same vhost the user may write to."""
         arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
-        if "RedrivePolicy" in attributes:
+        if attributes.get("RedrivePolicy"):  # (empty: no policy, or the one there removed)
             arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
             target_vhost, target = self._from_arn(arn)
             if target_vhost != vhost or self.broker.meta.queue(vhost, target) is None:

@@ -205,8 +205,9 @@ class DeclareQueue(NamedTuple):
 class SetQueueArguments(NamedTuple):
     """SQS SetQueueAttributes and TagQueue: replace some of a queue's own arguments (only the
     `x-sqs-` ones and those SQS attributes stand for: x-message-ttl, the dead-letter target and
-    the delivery limit; sqs/mapping.py); the queue's settings follow as after a policy change.
-    AMQP itself never changes a queue's arguments."""
+    the delivery limit; sqs/mapping.py), or remove one named with the value None (proposed only
+    once the feature QUEUE_ARGUMENTS_REMOVED is enabled); the queue's settings follow as after a
+    policy change. AMQP itself never changes a queue's arguments."""
 
     vhost: str
     name: str
@@ -772,6 +773,9 @@ class MetadataMachine:
             ):
                 return Rejected(406, f"the queue argument '{key}' cannot be changed"), []
         arguments = {**record.arguments, **cmd.arguments}
+        for key, value in cmd.arguments.items():
+            if value is None:
+                del arguments[key]
         try:
             validate_queue_arguments(cmd.vhost, cmd.name, arguments)
         except QueueArgumentError as exc:

@@ -254,6 +254,10 @@ def sequence_number_text(sequence_number: int) -> str:
 # dead-letter queue must be in the same vhost (the default exchange is the vhost's).
 
 
+# What an empty RedrivePolicy (SQS's way to remove one) takes off a queue that has one.
+REDRIVE_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-delivery-limit", REDRIVE_ARGUMENT)
+
+
 def redrive_policy(text: str) -> tuple[str, int]:
     """(deadLetterTargetArn, maxReceiveCount) of a policy protocol.py has checked."""
     policy = json.loads(text)

@@ -341,7 +341,7 @@ def _check_queue_attributes(attributes: dict[str, str], limits: Limits, *, creat
                 raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
         elif name in _CHOICES and value not in _CHOICES[name]:
             raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
-        elif name == "RedrivePolicy":
+        elif name == "RedrivePolicy" and value != "":  # (empty: none; SetQueueAttributes removes one)
             _check_redrive_policy(value)
 
 

@@ -539,6 +539,30 @@ def test_redrive_to_a_dead_letter_queue_after_max_receive_count(sqs, queue):
         sqs.delete_queue(QueueUrl=dead_letters)
 
 
+def test_an_empty_redrive_policy_removes_the_one_there(sqs, queue):
+    # (as SQS: terraform's aws_sqs_queue_redrive_policy is deleted so)
+    dead_letters = sqs.create_queue(QueueName=f"t-dlq-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    try:
+        sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": ""})  # none there: nothing
+        arn = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        policy = f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":1}}'
+        sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": policy, "VisibilityTimeout": "1"})
+        sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": ""})
+        attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+        assert "RedrivePolicy" not in attributes and attributes["VisibilityTimeout"] == "1"
+        assert sqs.list_dead_letter_source_queues(QueueUrl=dead_letters)["queueUrls"] == []
+        sqs.send_message(QueueUrl=queue, MessageBody="kept")
+        for count in (1, 2, 3):  # past the removed maxReceiveCount of 1: still here, never moved
+            got = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=15, AttributeNames=["ApproximateReceiveCount"])
+            assert got["Messages"][0]["Attributes"]["ApproximateReceiveCount"] == str(count), got
+        assert "Messages" not in sqs.receive_message(QueueUrl=dead_letters, WaitTimeSeconds=1)
+        # CreateQueue: an empty RedrivePolicy is none, so the queue as it is now is the same queue
+        name = queue.rsplit("/", 1)[1]
+        assert sqs.create_queue(QueueName=name, Attributes={"RedrivePolicy": ""})["QueueUrl"] == queue
+    finally:
+        sqs.delete_queue(QueueUrl=dead_letters)
+
+
 def test_queue_tags(sqs, queue):
     assert "Tags" not in sqs.list_queue_tags(QueueUrl=queue)
     sqs.tag_queue(QueueUrl=queue, Tags={"team": "a", "env": "test"})

@@ -241,3 +241,20 @@ def test_set_queue_arguments_changes_only_sqs_arguments_and_the_ttl() -> None:
         assert type(apply(machine, refused)[0]) is Rejected
     assert apply(machine, md.SetQueueArguments("/", "nope", {}))[0] == Rejected(404, "no queue 'nope' in vhost '/'")
     assert machine.queue("/", "q").arguments["x-max-length"] == 5
+
+
+def test_set_queue_arguments_removes_those_named_with_no_value() -> None:
+    # (SQS SetQueueAttributes with an empty RedrivePolicy: its arguments go, the others stay)
+    machine = md.MetadataMachine()
+    redrive = {
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "dlq",
+        "x-delivery-limit": 1,
+        "x-sqs-redrive-policy": "{}",
+    }
+    apply(machine, md.DeclareQueue("/", "q", False, True, False, False, {"x-max-length": 5, **redrive}, ""))
+    reply, effects = apply(machine, md.SetQueueArguments("/", "q", {**dict.fromkeys(redrive), "x-sqs-absent": None}))
+    assert reply is True and effects == [md.PolicyChanged("/")]
+    assert machine.queue("/", "q").arguments == {"x-max-length": 5}
+    refused = apply(machine, md.SetQueueArguments("/", "q", {"x-max-length": None}))[0]
+    assert type(refused) is Rejected and machine.queue("/", "q").arguments == {"x-max-length": 5}
