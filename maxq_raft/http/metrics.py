@@ -43,6 +43,7 @@ from ..server.message_rates import node_counts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROTOCOL = "amqp091"
+SQS_PROTOCOL = "sqs"  # the SQS API's counts: a protocol of its own, as RabbitMQ labels MQTT's or STOMP's
 # RabbitMQ labels per-queue-type counters with its queue type; ours is one type of its own.
 QUEUE_TYPE = "maxq_queue"
 # There is no cluster name setting yet: every node says the same, so dashboards that join on
@@ -134,86 +135,107 @@ def _identity(broker: Any) -> Iterator[Metric]:
 
 
 def _global_counters(broker: Any) -> Iterator[Metric]:
+    """RabbitMQ's rabbitmq_global_messages_* families, a sample per protocol: AMQP 0-9-1 (with
+    the management API's publishes and gets, as RabbitMQ counts them) and the SQS API, whose
+    sends are confirmed publishes, received messages gets waiting for their ack (a delete)."""
     sessions = broker.sessions.values()
-    received = node_counts(broker)["publish"]
+    received = node_counts(broker)["publish"] - broker.sqs_sent
     routed = broker.messages_routed_closed + broker.messages_routed_http + sum(s.messages_routed for s in sessions)
-    proto = {"protocol": PROTOCOL}
-    typed = {"protocol": PROTOCOL, "queue_type": QUEUE_TYPE}
     consumed = broker.messages_delivered
     auto_ack = broker.messages_delivered_auto_ack
     got_auto, got_manual = broker.messages_got_auto_ack, broker.messages_got_manual_ack
+    sent, got_sqs = broker.sqs_sent, broker.sqs_received
     g = "rabbitmq_global_messages_"
-    yield _counter(g + "received_total", "Total number of messages received from publishers", received, proto)
-    yield _counter(
-        g + "received_confirm_total",
-        "Total number of messages received from publishers expecting confirmations",
-        broker.messages_received_confirm,
-        proto,
-    )
-    yield _counter(g + "routed_total", "Total number of messages routed to queues or streams", routed, proto)
-    yield _counter(
-        g + "unroutable_dropped_total",
-        "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
-        broker.messages_unroutable_dropped,
-        proto,
-    )
-    yield _counter(
-        g + "unroutable_returned_total",
-        "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable",
-        broker.messages_unroutable_returned,
-        proto,
-    )
-    yield _counter(
-        g + "confirmed_total", "Total number of messages confirmed to publishers", broker.messages_confirmed, proto
-    )
-    yield _counter(
-        g + "delivered_total",
-        "Total number of messages delivered to consumers",
-        consumed + got_auto + got_manual,
-        typed,
-    )
-    yield _counter(
-        g + "delivered_consume_auto_ack_total",
-        "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment",
-        auto_ack,
-        typed,
-    )
-    yield _counter(
-        g + "delivered_consume_manual_ack_total",
-        "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
-        consumed - auto_ack,
-        typed,
-    )
-    yield _counter(
-        g + "delivered_get_auto_ack_total",
-        "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
-        got_auto,
-        typed,
-    )
-    yield _counter(
-        g + "delivered_get_manual_ack_total",
-        "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
-        got_manual,
-        typed,
-    )
-    yield _counter(
-        g + "get_empty_total",
-        "Total number of times basic.get operations fetched no message",
-        broker.messages_get_empty,
-        typed,
-    )
-    yield _counter(
-        g + "redelivered_total",
-        "Total number of messages redelivered to consumers",
-        broker.messages_redelivered,
-        typed,
-    )
-    yield _counter(
-        g + "acknowledged_total",
-        "Total number of messages acknowledged by consumers",
-        broker.messages_acknowledged,
-        typed,
-    )
+    # (name, help, AMQP's count, SQS's count, labelled with the queue type as RabbitMQ's is)
+    for name, help_text, amqp, sqs, by_type in (
+        ("received_total", "Total number of messages received from publishers", received, sent, False),
+        (
+            "received_confirm_total",
+            "Total number of messages received from publishers expecting confirmations",
+            broker.messages_received_confirm,
+            sent,
+            False,
+        ),
+        ("routed_total", "Total number of messages routed to queues or streams", routed, sent, False),
+        (
+            "unroutable_dropped_total",
+            "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+            broker.messages_unroutable_dropped,
+            0,
+            False,
+        ),
+        (
+            "unroutable_returned_total",
+            "Total number of messages published as mandatory into an exchange and returned to the publisher as "
+            "unroutable",
+            broker.messages_unroutable_returned,
+            0,
+            False,
+        ),
+        ("confirmed_total", "Total number of messages confirmed to publishers", broker.messages_confirmed, sent, False),
+        (
+            "delivered_total",
+            "Total number of messages delivered to consumers",
+            consumed + got_auto + got_manual,
+            got_sqs,
+            True,
+        ),
+        (
+            "delivered_consume_auto_ack_total",
+            "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment",
+            auto_ack,
+            0,
+            True,
+        ),
+        (
+            "delivered_consume_manual_ack_total",
+            "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
+            consumed - auto_ack,
+            0,
+            True,
+        ),
+        (
+            "delivered_get_auto_ack_total",
+            "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
+            got_auto,
+            0,
+            True,
+        ),
+        (
+            "delivered_get_manual_ack_total",
+            "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
+            got_manual,
+            got_sqs,
+            True,
+        ),
+        (
+            "get_empty_total",
+            "Total number of times basic.get operations fetched no message",
+            broker.messages_get_empty,
+            broker.sqs_received_empty,
+            True,
+        ),
+        (
+            "redelivered_total",
+            "Total number of messages redelivered to consumers",
+            broker.messages_redelivered,
+            0,
+            True,
+        ),
+        (
+            "acknowledged_total",
+            "Total number of messages acknowledged by consumers",
+            broker.messages_acknowledged,
+            broker.sqs_deleted,
+            True,
+        ),
+    ):
+        labels = ["protocol", "queue_type"] if by_type else ["protocol"]
+        family = CounterMetricFamily(g + name, help_text, labels=labels)
+        for protocol, value in ((PROTOCOL, amqp), (SQS_PROTOCOL, sqs)):
+            family.add_metric([protocol, QUEUE_TYPE] if by_type else [protocol], value)
+        yield family
+    proto = {"protocol": PROTOCOL}
     yield _gauge("rabbitmq_global_consumers", "Consumers currently connected", len(broker.consumers), proto)
 
 

@@ -524,6 +524,7 @@ class SqsActions:
                 sent.append(send_result(entry, result[0], mapping.sequence_number_text(result[1])))
             else:
                 sent.append(send_result(entry, result[0]))
+        broker.sqs_sent += len(sent)  # (the overview's and /metrics's counts: message_rates.py)
         return sent, failed
 
     # ------------------------------------------------------------ receiving
@@ -540,6 +541,10 @@ class SqsActions:
         system = set(params.get("AttributeNames", [])) | set(params.get("MessageSystemAttributeNames", []))
         names = params.get("MessageAttributeNames", [])
         messages = [self._message(key, r, system, names) for r in received]
+        if messages:
+            self.broker.sqs_received += len(messages)
+        else:
+            self.broker.sqs_received_empty += 1
         return {"Messages": messages} if messages else {}
 
     async def _receive(self, key: tuple[str, str], command: qc.Receive, deadline: float) -> list[Received]:
@@ -616,7 +621,8 @@ class SqsActions:
     async def _delete_message(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
         key = await self._queue(request, caller, ("read",))
         receipt = self._receipt(key, request.params["ReceiptHandle"])
-        await self._handles(key, qc.DeleteReceived([(receipt.message_seq, receipt.receive_id)]))
+        results = await self._handles(key, qc.DeleteReceived([(receipt.message_seq, receipt.receive_id)]))
+        self.broker.sqs_deleted += results.count(HandleResult.DONE)
         # SQS answers a delete with an old handle with success too; the machine deleted the
         # message only if the handle is its latest receive's (machines/receives.py)
         return {}
@@ -625,7 +631,8 @@ class SqsActions:
         key = await self._queue(request, caller, ("read",))
         good, failed = self._batch_receipts(key, request)
         if good:
-            await self._handles(key, qc.DeleteReceived([(r.message_seq, r.receive_id) for _, r, _ in good]))
+            results = await self._handles(key, qc.DeleteReceived([(r.message_seq, r.receive_id) for _, r, _ in good]))
+            self.broker.sqs_deleted += results.count(HandleResult.DONE)
         return {
             "Successful": [{"Id": entry_id} for entry_id, _, _ in good],
             "Failed": [batch_error_entry(entry_id, error) for entry_id, error in failed],

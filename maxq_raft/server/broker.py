@@ -127,6 +127,12 @@ class Broker:
         self.messages_routed_closed = 0  # Session.messages_routed, likewise
         self.messages_received_http = 0  # published through the management API (not SQS sends)
         self.messages_routed_http = 0  # of those, routed to at least one queue
+        # The SQS API's (http/sqs_actions.py), counted per request: messages sent and stored,
+        # received, receives that found none, and deleted (each a delete of the latest receive).
+        self.sqs_sent = 0
+        self.sqs_received = 0
+        self.sqs_received_empty = 0
+        self.sqs_deleted = 0
         self.connections_opened = 0
         self.channels_opened = 0
         self.queues_created = 0  # queue machines added on this node (every replica adds each queue)

@@ -37,19 +37,23 @@ def node_counts(broker: Any) -> dict[str, int]:
     """What this node counted since it started, in RabbitMQ's message_stats names."""
     sessions = broker.sessions.values()
     delivered, got = broker.messages_delivered, broker.messages_got_auto_ack + broker.messages_got_manual_ack
+    # SQS's count in as the AMQP operations they are like: a send is a confirmed publish, a
+    # received message a get waiting for its ack, a receive that found none an empty get, a
+    # delete an ack (RabbitMQ's overview likewise counts every protocol's messages).
     return {
         "publish": broker.messages_received_closed
         + broker.messages_received_http
+        + broker.sqs_sent
         + sum(s.messages_in for s in sessions),
-        "confirm": broker.messages_confirmed,
+        "confirm": broker.messages_confirmed + broker.sqs_sent,
         "deliver": delivered - broker.messages_delivered_auto_ack,
         "deliver_no_ack": broker.messages_delivered_auto_ack,
-        "get": broker.messages_got_manual_ack,
+        "get": broker.messages_got_manual_ack + broker.sqs_received,
         "get_no_ack": broker.messages_got_auto_ack,
-        "get_empty": broker.messages_get_empty,
-        "deliver_get": delivered + got,
+        "get_empty": broker.messages_get_empty + broker.sqs_received_empty,
+        "deliver_get": delivered + got + broker.sqs_received,
         "redeliver": broker.messages_redelivered,
-        "ack": broker.messages_acknowledged,
+        "ack": broker.messages_acknowledged + broker.sqs_deleted,
         "return_unroutable": broker.messages_unroutable_returned,
         "drop_unroutable": broker.messages_unroutable_dropped,
     }

@@ -23,6 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.helpers import api, wait_until
+from tests.integration.test_prometheus import one, scrape
 
 MAXQCTL = str(Path(sys.executable).parent / "maxqctl")
 # No retries: a refusal must be seen as it is, and a test must not pass on a second try.
@@ -504,6 +505,60 @@ def test_sqs_to_amqp_and_a_shared_queue(broker, sqs, queue):
         sqs.delete_message(QueueUrl=queue, ReceiptHandle=got["ReceiptHandle"])
     finally:
         connection.close()
+
+
+def test_sqs_calls_count_in_the_overview_and_in_metrics_as_a_protocol_of_their_own(broker, sqs, queue):
+    """A send is a confirmed publish, a received message a get waiting for its ack, a receive
+    that finds none an empty get, a delete an ack: in /api/overview's message_stats (with
+    AMQP's) and in /metrics under protocol="sqs"."""
+    names = ("publish", "confirm", "get", "get_empty", "deliver_get", "ack")
+    g = "rabbitmq_global_messages_"
+    families = {
+        "received_total": {"protocol": "sqs"},
+        "confirmed_total": {"protocol": "sqs"},
+        "delivered_get_manual_ack_total": {"protocol": "sqs", "queue_type": "maxq_queue"},
+        "get_empty_total": {"protocol": "sqs", "queue_type": "maxq_queue"},
+        "acknowledged_total": {"protocol": "sqs", "queue_type": "maxq_queue"},
+    }
+
+    def counts() -> dict:
+        stats = api(broker, "GET", "/api/overview")[1]["message_stats"]
+        samples = scrape(broker.prometheus_port)
+        return {
+            **{name: stats[name] for name in names},
+            **{f: one(samples, g + f, **labels) for f, labels in families.items()},
+        }
+
+    before = counts()
+    entries = [{"Id": str(i), "MessageBody": f"m{i}"} for i in range(3)]
+    assert len(sqs.send_message_batch(QueueUrl=queue, Entries=entries)["Successful"]) == 3
+    handles, empty = [], 0
+    for _ in range(10):  # (bounded: a receive may return fewer than are there)
+        got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=5).get("Messages", [])
+        empty += not got
+        handles += [m["ReceiptHandle"] for m in got]
+        if len(handles) == 3:
+            break
+    assert len(handles) == 3
+    deleted = sqs.delete_message_batch(
+        QueueUrl=queue, Entries=[{"Id": str(i), "ReceiptHandle": h} for i, h in enumerate(handles)]
+    )
+    assert len(deleted["Successful"]) == 3
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=0)
+    after = counts()
+    assert {name: after[name] - before[name] for name in after} == {
+        "publish": 3,
+        "confirm": 3,
+        "get": 3,
+        "get_empty": empty + 1,
+        "deliver_get": 3,
+        "ack": 3,
+        "received_total": 3,
+        "confirmed_total": 3,
+        "delivered_get_manual_ack_total": 3,
+        "get_empty_total": empty + 1,
+        "acknowledged_total": 3,
+    }
 
 
 # ------------------------------------------------------------------------- redrive and tags

@@ -57,6 +57,10 @@ def _broker(**overrides):
         messages_confirmed=11,
         messages_unroutable_dropped=1,
         messages_unroutable_returned=1,
+        sqs_sent=6,
+        sqs_received=5,
+        sqs_received_empty=2,
+        sqs_deleted=4,
         connections_opened=5,
         channels_opened=9,
         queues_created=4,
@@ -101,6 +105,14 @@ def test_aggregated_names_types_and_values():
     assert value(families, g + "delivered", g + "delivered_total", **typed) == 24  # 20 consumed + 4 got
     assert value(families, g + "delivered_consume_manual_ack", g + "delivered_consume_manual_ack_total", **typed) == 15
     assert value(families, g + "acknowledged", g + "acknowledged_total", **typed) == 14
+    # the SQS API's, a protocol of its own: sends are confirmed publishes, receives gets, deletes acks
+    sqs, sqs_typed = {"protocol": "sqs"}, {"protocol": "sqs", "queue_type": "maxq_queue"}
+    assert value(families, g + "received", g + "received_total", **sqs) == 6
+    assert value(families, g + "confirmed", g + "confirmed_total", **sqs) == 6
+    assert value(families, g + "delivered_get_manual_ack", g + "delivered_get_manual_ack_total", **sqs_typed) == 5
+    assert value(families, g + "get_empty", g + "get_empty_total", **sqs_typed) == 2
+    assert value(families, g + "acknowledged", g + "acknowledged_total", **sqs_typed) == 4
+    assert value(families, g + "unroutable_dropped", g + "unroutable_dropped_total", **sqs) == 0
     assert value(families, "rabbitmq_connections") == 1
     assert value(families, "rabbitmq_connections_closed", "rabbitmq_connections_closed_total") == 4
     assert value(families, "rabbitmq_channels") == 2
