@@ -10,7 +10,10 @@ body frames), so the broker sees only `ConnectionOpened`, `ChannelOpened`, `Meth
 `ContentReceived` (or runs of whole publishes, `PublishesReceived`, when asked for),
 `ChannelClosed` and finally `ConnectionClosed`. One answer is the shell's:
 the close-ok of a channel the peer closed (`finish_peer_close`), because what the broker still
-owes that channel (the confirms of its publishes) must reach the peer before it.
+owes that channel (the confirms of its publishes) must reach the peer before it. And the shell
+may leave a login or a connection.open undecided (its Authenticator or VhostCheck returns
+LATER: a cluster member whose users may lag what another member committed); nothing more is
+taken from the peer until it calls `decide_login` or `decide_open`.
 
 Errors follow the spec and RabbitMQ: a hard error (bad frame, unexpected frame, a method on a
 closed channel) sends connection.close with the reply code and then ignores everything but

@@ -57,6 +57,7 @@ import errno
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -334,8 +335,31 @@ class Node:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return []
-        found = [line for line in text.splitlines() if any(marker in line for marker in LOG_PROBLEM_MARKERS)]
-        return found[:lines_max]
+        return log_problems(text.splitlines())[:lines_max]
+
+
+LOG_RECORD_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # a record's first line: its time
+TRACEBACK_LINES_MAX = 400  # a traceback longer than this is cut there
+
+
+def log_problems(lines: list[str]) -> list[str]:
+    """The lines of a node's log that point at a broker bug: CRITICAL records, and each traceback
+    as one line naming the record it belongs to and the exception it ends with (its first line
+    alone said nothing, and the run's data folder, with the log, is deleted afterwards)."""
+    found = []
+    for i, line in enumerate(lines):
+        if "Traceback" in line:
+            end = i + 1
+            while end < min(len(lines), i + TRACEBACK_LINES_MAX) and not LOG_RECORD_START.match(lines[end]):
+                end += 1
+            body = [text for text in lines[i + 1 : end] if text.strip()]
+            record = lines[i - 1] if i > 0 else "(no record before it)"
+            raised = body[-1].strip() if body else "(no exception line)"
+            where = body[-3].strip() if len(body) >= 3 else ""
+            found.append(f"{line.strip()} in: {record} ... {where} -> {raised}")
+        elif any(marker in line for marker in LOG_PROBLEM_MARKERS):
+            found.append(line)
+    return found
 
 
 def maxqctl_command(asker: Node, *args: str) -> list[str]:
