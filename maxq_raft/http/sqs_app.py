@@ -146,7 +146,7 @@ class SqsApp:
         unknown: list[str] = []  # key ids this member does not have (yet)
 
         def secret_for(key_id: str) -> str | None:
-            secret = meta.access_key_secret(key_id)
+            secret = self.broker.meta.access_key_secret(key_id)  # (the machine as it is now)
             if secret is None:
                 unknown.append(key_id)
             return secret
@@ -172,6 +172,7 @@ class SqsApp:
             # what the metadata group had committed (server/metadata_sync.py).
             await metadata_caught_up(self.broker)
             key_id = verify()
+            meta = self.broker.meta  # (a snapshot installed meanwhile replaces the machine)
         record = meta.access_keys.get(key_id)
         if record is None:  # deleted meanwhile
             raise SqsError("InvalidClientTokenId", sigv4.MSG_UNKNOWN_KEY)
