@@ -185,7 +185,7 @@ class SqsActions:
         self._allowed(caller, vhost, ("configure",), name, request.action)
         record = self.broker.meta.queue(vhost, name)
         if record is None:
-            arguments = self._arguments(caller, vhost, attributes, request.action)
+            arguments = self._arguments(caller, vhost, name, attributes, request.action)
             arguments[mapping.CREATED_ARGUMENT] = int(time.time())
             if params.get("tags"):
                 arguments[mapping.TAGS_ARGUMENT] = dict(params["tags"])
@@ -202,7 +202,7 @@ class SqsActions:
         wanted = {
             name: int(text)
             for name, text in attributes.items()
-            if name != "RedrivePolicy" and name not in mapping.FIFO_ATTRIBUTES
+            if name not in ("RedrivePolicy", "RedriveAllowPolicy") and name not in mapping.FIFO_ATTRIBUTES
         }
         fifo = mapping.fifo_attributes(record.arguments)
         same_fifo = all(
@@ -218,6 +218,10 @@ class SqsActions:
             same_redrive = redrive == mapping.redrive_arguments("", count, arn)[mapping.REDRIVE_ARGUMENT]
         else:
             same_redrive = True
+        if "RedriveAllowPolicy" in attributes:
+            text = attributes["RedriveAllowPolicy"]
+            allow = mapping.redrive_allow_argument(text) if text else None
+            same_redrive = same_redrive and allow == record.arguments.get(mapping.REDRIVE_ALLOW_ARGUMENT)
         if not same_redrive or not same_fifo or any(value != current[attribute] for attribute, value in wanted.items()):
             raise SqsError(
                 "QueueNameExists", "A queue already exists with the same name and a different value for an attribute."
@@ -286,6 +290,9 @@ class SqsActions:
         redrive = record.arguments.get(mapping.REDRIVE_ARGUMENT)
         if isinstance(redrive, str):
             values["RedrivePolicy"] = redrive
+        allow = record.arguments.get(mapping.REDRIVE_ALLOW_ARGUMENT)
+        if isinstance(allow, str):
+            values["RedriveAllowPolicy"] = allow
         if "All" not in wanted:
             values = {key: value for key, value in values.items() if key in wanted}
         return {"Attributes": {key: str(value) for key, value in values.items()}} if values else {}
@@ -300,19 +307,22 @@ class SqsActions:
         if "ContentBasedDeduplication" in attributes and not mapping.is_fifo(record.arguments if record else {}):
             raise _fifo_only("ContentBasedDeduplication")
         if attributes:
-            arguments = self._arguments(caller, vhost, attributes, request.action)
-            if (
-                attributes.get("RedrivePolicy") == ""
-                and record is not None
-                and mapping.REDRIVE_ARGUMENT in record.arguments
-            ):
+            arguments = self._arguments(caller, vhost, name, attributes, request.action)
+            # An empty RedrivePolicy or RedriveAllowPolicy removes the one the queue has.
+            removed: list[str] = []
+            held = record.arguments if record is not None else {}
+            if attributes.get("RedrivePolicy") == "" and mapping.REDRIVE_ARGUMENT in held:
+                removed += mapping.REDRIVE_ARGUMENTS
+            if attributes.get("RedriveAllowPolicy") == "" and mapping.REDRIVE_ALLOW_ARGUMENT in held:
+                removed.append(mapping.REDRIVE_ALLOW_ARGUMENT)
+            if removed:
                 if not self.broker.meta.feature_enabled(QUEUE_ARGUMENTS_REMOVED):
                     raise SqsError(
                         "UnsupportedOperation",
-                        "Removing a RedrivePolicy needs every member of the cluster to support it "
+                        "Removing a redrive policy needs every member of the cluster to support it "
                         f"(feature flag '{QUEUE_ARGUMENTS_REMOVED}').",
                     )
-                arguments.update(dict.fromkeys(mapping.REDRIVE_ARGUMENTS))  # (None: removed)
+                arguments.update(dict.fromkeys(removed))  # (None: removed)
             arguments[mapping.MODIFIED_ARGUMENT] = int(time.time())
             await self._set_arguments(vhost, name, arguments)
         return {}
@@ -322,22 +332,40 @@ class SqsActions:
         if type(reply) is Rejected:
             raise SqsError("InvalidAttributeValue", reply.reply_text)
 
-    def _arguments(self, caller: Caller, vhost: str, attributes: dict[str, str], action: str) -> dict[str, Any]:
-        """Queue arguments for checked, supported attributes; a RedrivePolicy's target must be a
-        queue of the same vhost the user may write to."""
+    def _arguments(
+        self, caller: Caller, vhost: str, name: str, attributes: dict[str, str], action: str
+    ) -> dict[str, Any]:
+        """Queue arguments for checked, supported attributes of the queue `name`; a RedrivePolicy's
+        target must be a queue of the same vhost the user may write to, whose RedriveAllowPolicy
+        takes this queue as a source."""
         arguments: dict[str, Any] = mapping.arguments_from_attributes(attributes)
-        if attributes.get("RedrivePolicy"):  # (empty: no policy, or the one there removed)
+        if attributes.get("RedriveAllowPolicy"):  # (empty: none, or the one there removed)
+            arguments[mapping.REDRIVE_ALLOW_ARGUMENT] = mapping.redrive_allow_argument(attributes["RedriveAllowPolicy"])
+        if attributes.get("RedrivePolicy"):  # (likewise)
             arn, count = mapping.redrive_policy(attributes["RedrivePolicy"])
             target_vhost, target = self._from_arn(arn)
-            if target_vhost != vhost or self.broker.meta.queue(vhost, target) is None:
+            target_record = self.broker.meta.queue(vhost, target) if target_vhost == vhost else None
+            if target_record is None:
                 raise SqsError(
                     "InvalidParameterValue",
                     "Value for parameter RedrivePolicy is invalid. Reason: Dead-letter target does not exist "
                     "in this queue's vhost.",
                 )
+            if not mapping.redrive_allowed(target_record.arguments, (vhost, name), self._arn_or_none):
+                raise SqsError(
+                    "InvalidParameterValue",
+                    "Value for parameter RedrivePolicy is invalid. Reason: the dead-letter target's "
+                    "RedriveAllowPolicy does not allow this queue as a source.",
+                )
             self._allowed(caller, vhost, ("write",), target, action)
             arguments.update(mapping.redrive_arguments(target, count, arn))
         return arguments
+
+    def _arn_or_none(self, arn: str) -> tuple[str, str] | None:
+        try:
+            return self._from_arn(arn)
+        except SqsError:
+            return None
 
     def _from_arn(self, arn: str) -> tuple[str, str]:
         parts = arn.split(":", 5)

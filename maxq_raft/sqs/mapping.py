@@ -181,8 +181,11 @@ FIFO_ATTRIBUTES = frozenset({"FifoQueue", "ContentBasedDeduplication"})
 # Headers of a message sent to a FIFO queue, for its receivers and for AMQP (a dead-lettered copy)
 DEDUP_HEADER = "x-sqs-message-deduplication-id"
 GROUP_HEADER = "x-sqs-message-group-id"
-SUPPORTED_QUEUE_ATTRIBUTES = frozenset({*QUEUE_ARGUMENTS, "MessageRetentionPeriod", "RedrivePolicy", *FIFO_ATTRIBUTES})
+SUPPORTED_QUEUE_ATTRIBUTES = frozenset(
+    {*QUEUE_ARGUMENTS, "MessageRetentionPeriod", "RedrivePolicy", "RedriveAllowPolicy", *FIFO_ATTRIBUTES}
+)
 REDRIVE_ARGUMENT = "x-sqs-redrive-policy"  # the policy's JSON as set
+REDRIVE_ALLOW_ARGUMENT = "x-sqs-redrive-allow-policy"  # a dead-letter queue's RedriveAllowPolicy, canonical JSON
 TAGS_ARGUMENT = "x-sqs-tags"  # a table of tag -> value
 # SQS's defaults; a queue without x-message-ttl keeps its messages until they are consumed, and
 # says so as the longest retention SQS has (14 days)
@@ -194,8 +197,8 @@ def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int | 
     """Queue arguments for checked, supported queue attributes."""
     arguments: dict[str, int | bool] = {}
     for name, text in attributes.items():
-        if name == "RedrivePolicy":
-            continue  # it names another queue: see redrive_arguments
+        if name == "RedrivePolicy" or name == "RedriveAllowPolicy":
+            continue  # they name other queues: see redrive_arguments, redrive_allow_argument
         if name == "FifoQueue":
             if text == "true":  # (a standard queue has no argument for it)
                 arguments[FIFO_ARGUMENT] = True
@@ -272,6 +275,31 @@ def redrive_arguments(dead_letter_queue: str, max_receive_count: int, arn: str) 
         "x-delivery-limit": max_receive_count - 1,
         REDRIVE_ARGUMENT: canonical,
     }
+
+
+def redrive_allow_argument(text: str) -> str:
+    """The argument's value for a RedriveAllowPolicy protocol.py has checked: canonical JSON."""
+    policy = json.loads(text)
+    canonical: dict[str, Any] = {"redrivePermission": policy["redrivePermission"]}
+    if "sourceQueueArns" in policy:
+        canonical["sourceQueueArns"] = list(policy["sourceQueueArns"])
+    return json.dumps(canonical, separators=(",", ":"))
+
+
+def redrive_allowed(arguments: Mapping[str, Any], source: tuple[str, str], from_arn: Any) -> bool:
+    """Whether a dead-letter queue with these `arguments` takes `source` (vhost, queue) as a
+    source: allowAll (the default, as in SQS), denyAll, or byQueue naming it. `from_arn` turns
+    an ARN into (vhost, queue) or raises."""
+    text = arguments.get(REDRIVE_ALLOW_ARGUMENT)
+    if not isinstance(text, str):
+        return True
+    policy = json.loads(text)
+    permission = policy.get("redrivePermission")
+    if permission == "denyAll":
+        return False
+    if permission == "byQueue":
+        return any(from_arn(arn) == source for arn in policy.get("sourceQueueArns", []))
+    return True
 
 
 def redrive_target(arguments: Mapping[str, Any]) -> str | None:

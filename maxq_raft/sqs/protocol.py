@@ -195,7 +195,7 @@ _INT_RANGE: dict[str, tuple[int, int]] = {
     "VisibilityTimeout": (0, 0),  # upper bound from Limits
     "KmsDataKeyReusePeriodSeconds": (60, 86_400),
 }
-_FREE_TEXT = frozenset({"Policy", "RedriveAllowPolicy", "KmsMasterKeyId"})
+_FREE_TEXT = frozenset({"Policy", "KmsMasterKeyId"})
 _CHOICES = {
     "FifoQueue": _BOOL_TEXT,
     "ContentBasedDeduplication": _BOOL_TEXT,
@@ -203,7 +203,9 @@ _CHOICES = {
     "DeduplicationScope": frozenset({"messageGroup", "queue"}),
     "FifoThroughputLimit": frozenset({"perQueue", "perMessageGroupId"}),
 }
-SETTABLE_QUEUE_ATTRIBUTES = frozenset({*_INT_RANGE, *_FREE_TEXT, *_CHOICES, "RedrivePolicy"})
+SETTABLE_QUEUE_ATTRIBUTES = frozenset({*_INT_RANGE, *_FREE_TEXT, *_CHOICES, "RedrivePolicy", "RedriveAllowPolicy"})
+REDRIVE_PERMISSIONS = frozenset({"allowAll", "denyAll", "byQueue"})
+SOURCE_QUEUE_ARNS_MAX = 10
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -343,6 +345,8 @@ def _check_queue_attributes(attributes: dict[str, str], limits: Limits, *, creat
             raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
         elif name == "RedrivePolicy" and value != "":  # (empty: none; SetQueueAttributes removes one)
             _check_redrive_policy(value)
+        elif name == "RedriveAllowPolicy" and value != "":  # (likewise)
+            _check_redrive_allow_policy(value)
 
 
 def _check_redrive_policy(text: str) -> None:
@@ -365,6 +369,30 @@ def _check_redrive_policy(text: str) -> None:
             "Value for parameter RedrivePolicy is invalid. Reason: Redrive policy is not a valid JSON map "
             "with deadLetterTargetArn and maxReceiveCount (1 to 1000).",
         )
+
+
+def _check_redrive_allow_policy(text: str) -> None:
+    """SQS's rules: redrivePermission allowAll, denyAll or byQueue; sourceQueueArns (1 to 10
+    ARNs) with byQueue and only with it."""
+    try:
+        policy = json.loads(text)
+    except (ValueError, RecursionError):
+        policy = None
+    reason = None
+    if not isinstance(policy, dict) or set(policy) - {"redrivePermission", "sourceQueueArns"}:
+        reason = "it is not a JSON map of redrivePermission and sourceQueueArns"
+    elif policy.get("redrivePermission") not in REDRIVE_PERMISSIONS:
+        reason = "redrivePermission must be allowAll, denyAll or byQueue"
+    elif (policy["redrivePermission"] == "byQueue") != ("sourceQueueArns" in policy):
+        reason = "sourceQueueArns goes with redrivePermission byQueue, and only with it"
+    elif "sourceQueueArns" in policy and not (
+        isinstance(policy["sourceQueueArns"], list)
+        and 1 <= len(policy["sourceQueueArns"]) <= SOURCE_QUEUE_ARNS_MAX
+        and all(isinstance(arn, str) for arn in policy["sourceQueueArns"])
+    ):
+        reason = f"sourceQueueArns must be a list of 1 to {SOURCE_QUEUE_ARNS_MAX} queue ARNs"
+    if reason is not None:
+        raise SqsError("InvalidAttributeValue", f"Value for parameter RedriveAllowPolicy is invalid. Reason: {reason}.")
 
 
 def _check_create_queue(request: SqsRequest, limits: Limits) -> None:

@@ -8,6 +8,7 @@ the first member, and every action goes through the replicated path.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -614,6 +615,61 @@ def test_an_empty_redrive_policy_removes_the_one_there(sqs, queue):
         # CreateQueue: an empty RedrivePolicy is none, so the queue as it is now is the same queue
         name = queue.rsplit("/", 1)[1]
         assert sqs.create_queue(QueueName=name, Attributes={"RedrivePolicy": ""})["QueueUrl"] == queue
+    finally:
+        sqs.delete_queue(QueueUrl=dead_letters)
+
+
+def test_a_redrive_allow_policy_decides_which_queues_may_use_a_dead_letter_queue(sqs, queue):
+    name, deny = f"t-dlq-{uuid.uuid4().hex[:8]}", {"RedriveAllowPolicy": '{"redrivePermission":"denyAll"}'}
+    dead_letters = sqs.create_queue(QueueName=name, Attributes=deny)["QueueUrl"]
+    try:
+        assert sqs.create_queue(QueueName=name, Attributes=deny)["QueueUrl"] == dead_letters  # the same: its URL
+        with pytest.raises(ClientError) as exists:
+            sqs.create_queue(QueueName=name, Attributes={"RedriveAllowPolicy": '{"redrivePermission":"allowAll"}'})
+        assert code(exists.value) == "QueueAlreadyExists"
+        arn = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        source_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        policy = f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":3}}'
+
+        def use_it() -> str:
+            try:
+                sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": policy})
+            except ClientError as error:
+                return code(error)
+            return "ok"
+
+        assert use_it() == "InvalidParameterValue"  # denyAll
+        other = source_arn.rsplit(":", 1)[0] + ":someone-else"
+
+        def by_queue(*arns: str, permission: str = "byQueue") -> str:
+            return json.dumps({"redrivePermission": permission, "sourceQueueArns": list(arns)}, separators=(",", ":"))
+
+        sqs.set_queue_attributes(QueueUrl=dead_letters, Attributes={"RedriveAllowPolicy": by_queue(other)})
+        assert use_it() == "InvalidParameterValue"  # byQueue, another queue
+        sqs.set_queue_attributes(QueueUrl=dead_letters, Attributes={"RedriveAllowPolicy": by_queue(source_arn)})
+        shown = sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["RedriveAllowPolicy"])["Attributes"]
+        assert shown == {"RedriveAllowPolicy": by_queue(source_arn)}
+        assert use_it() == "ok"  # byQueue naming this queue
+        sqs.set_queue_attributes(QueueUrl=queue, Attributes={"RedrivePolicy": ""})
+        sqs.set_queue_attributes(
+            QueueUrl=dead_letters, Attributes={"RedriveAllowPolicy": '{"redrivePermission":"denyAll"}'}
+        )
+        sqs.set_queue_attributes(QueueUrl=dead_letters, Attributes={"RedriveAllowPolicy": ""})  # removed: allowAll
+        assert (
+            "RedriveAllowPolicy"
+            not in sqs.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["All"])["Attributes"]
+        )
+        assert use_it() == "ok"
+        for bad in (
+            '{"redrivePermission":"byQueue"}',
+            by_queue(source_arn, permission="allowAll"),
+            '{"redrivePermission":"sometimes"}',
+            by_queue(*[source_arn] * 11),
+            "not json",
+        ):
+            with pytest.raises(ClientError) as refused:
+                sqs.set_queue_attributes(QueueUrl=dead_letters, Attributes={"RedriveAllowPolicy": bad})
+            assert code(refused.value) == "InvalidAttributeValue", bad
     finally:
         sqs.delete_queue(QueueUrl=dead_letters)
 
