@@ -179,8 +179,9 @@ class SqsActions:
             raise SqsError(
                 "UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet (docs/sqs.md)."
             )
-        if "ContentBasedDeduplication" in attributes and attributes.get("FifoQueue") != "true":
-            raise _fifo_only("ContentBasedDeduplication")
+        fifo_only = sorted(mapping.FIFO_ONLY_ATTRIBUTES & set(attributes))
+        if fifo_only and attributes.get("FifoQueue") != "true":
+            raise _fifo_only(fifo_only[0])
         vhost = self._vhost(caller, caller.vhost)
         self._allowed(caller, vhost, ("configure",), name, request.action)
         record = self.broker.meta.queue(vhost, name)
@@ -304,8 +305,9 @@ class SqsActions:
             raise SqsError("UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet.")
         vhost, name = await self._queue(request, caller, ("configure",))
         record = self.broker.meta.queue(vhost, name)
-        if "ContentBasedDeduplication" in attributes and not mapping.is_fifo(record.arguments if record else {}):
-            raise _fifo_only("ContentBasedDeduplication")
+        fifo_only = sorted(mapping.FIFO_ONLY_ATTRIBUTES & set(attributes))
+        if fifo_only and not mapping.is_fifo(record.arguments if record else {}):
+            raise _fifo_only(fifo_only[0])
         if attributes:
             arguments = self._arguments(caller, vhost, name, attributes, request.action)
             # An empty RedrivePolicy or RedriveAllowPolicy removes the one the queue has.
@@ -507,7 +509,7 @@ class SqsActions:
                 headers[mapping.TRACE_HEADER] = trace["StringValue"]
             if fifo:
                 headers[mapping.GROUP_HEADER] = entry["MessageGroupId"]
-                headers[mapping.DEDUP_HEADER] = dedup_id
+                headers[mapping.DEDUP_HEADER] = dedup_id  # (as sent; the machine's key may be a digest)
             props = BasicProperties(
                 delivery_mode=2,
                 priority=priority or None,
@@ -523,7 +525,8 @@ class SqsActions:
             )
             kept.append((entry, message_id))
             if fifo:
-                fifo_fields.append((entry["MessageGroupId"], dedup_id, message_id))
+                key_id = mapping.dedup_key(record.arguments, entry["MessageGroupId"], dedup_id)
+                fifo_fields.append((entry["MessageGroupId"], key_id, message_id))
         if not messages:
             return [], failed
         command = qc.EnqueueFifo(messages, fifo_fields) if fifo else qc.Enqueue(messages)

@@ -28,6 +28,7 @@ SetQueueAttributes, drawn by the node that proposes them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -177,7 +178,18 @@ MODIFIED_ARGUMENT = "x-sqs-last-modified-timestamp"
 # life; ContentBasedDeduplication is x-sqs-content-based-deduplication (a bool, settable).
 FIFO_ARGUMENT = "x-sqs-fifo"
 CONTENT_DEDUP_ARGUMENT = "x-sqs-content-based-deduplication"
-FIFO_ATTRIBUTES = frozenset({"FifoQueue", "ContentBasedDeduplication"})
+# High-throughput FIFO (settable, FIFO queues only): DeduplicationScope "queue" (the default) or
+# "messageGroup" (a deduplication id counts within its message group: `dedup_key`), and
+# FifoThroughputLimit "perQueue" (the default) or "perMessageGroupId", kept and shown: SQS's
+# throughput quotas, which it chooses between, are not enforced here at all.
+DEDUP_SCOPE_ARGUMENT = "x-sqs-deduplication-scope"
+THROUGHPUT_LIMIT_ARGUMENT = "x-sqs-fifo-throughput-limit"
+FIFO_CHOICES = {
+    "DeduplicationScope": (DEDUP_SCOPE_ARGUMENT, "queue"),
+    "FifoThroughputLimit": (THROUGHPUT_LIMIT_ARGUMENT, "perQueue"),
+}
+FIFO_ATTRIBUTES = frozenset({"FifoQueue", "ContentBasedDeduplication", *FIFO_CHOICES})
+FIFO_ONLY_ATTRIBUTES = FIFO_ATTRIBUTES - {"FifoQueue"}
 # Headers of a message sent to a FIFO queue, for its receivers and for AMQP (a dead-lettered copy)
 DEDUP_HEADER = "x-sqs-message-deduplication-id"
 GROUP_HEADER = "x-sqs-message-group-id"
@@ -193,9 +205,9 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 30
 RETENTION_UNBOUNDED_S = 1_209_600
 
 
-def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int | bool]:
+def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int | bool | str]:
     """Queue arguments for checked, supported queue attributes."""
-    arguments: dict[str, int | bool] = {}
+    arguments: dict[str, int | bool | str] = {}
     for name, text in attributes.items():
         if name == "RedrivePolicy" or name == "RedriveAllowPolicy":
             continue  # they name other queues: see redrive_arguments, redrive_allow_argument
@@ -204,6 +216,8 @@ def arguments_from_attributes(attributes: Mapping[str, str]) -> dict[str, int | 
                 arguments[FIFO_ARGUMENT] = True
         elif name == "ContentBasedDeduplication":
             arguments[CONTENT_DEDUP_ARGUMENT] = text == "true"
+        elif name in FIFO_CHOICES:
+            arguments[FIFO_CHOICES[name][0]] = text
         elif name == "MessageRetentionPeriod":
             arguments[RETENTION_ARGUMENT] = int(text) * 1000
         else:
@@ -233,13 +247,27 @@ def is_fifo(arguments: Mapping[str, Any]) -> bool:
 
 
 def fifo_attributes(arguments: Mapping[str, Any]) -> dict[str, str]:
-    """FifoQueue and ContentBasedDeduplication, as SQS shows them: for a FIFO queue only."""
+    """FifoQueue, ContentBasedDeduplication, DeduplicationScope and FifoThroughputLimit, as SQS
+    shows them: for a FIFO queue only, defaults filled."""
     if not is_fifo(arguments):
         return {}
-    return {
+    shown = {
         "FifoQueue": "true",
         "ContentBasedDeduplication": "true" if arguments.get(CONTENT_DEDUP_ARGUMENT) is True else "false",
     }
+    for name, (argument, default) in FIFO_CHOICES.items():
+        value = arguments.get(argument)
+        shown[name] = value if isinstance(value, str) else default
+    return shown
+
+
+def dedup_key(arguments: Mapping[str, Any], group_id: str, dedup_id: str | None) -> str | None:
+    """What the queue machine deduplicates a FIFO send by: its deduplication id, or with
+    DeduplicationScope messageGroup a digest of its group and id (at most 128 characters, as the
+    machine takes ids; group and deduplication ids have no space, so the pair is unambiguous)."""
+    if dedup_id is None or arguments.get(DEDUP_SCOPE_ARGUMENT) != "messageGroup":
+        return dedup_id
+    return "group:" + hashlib.sha256(f"{group_id} {dedup_id}".encode()).hexdigest()
 
 
 def sequence_number_text(sequence_number: int) -> str:

@@ -227,3 +227,35 @@ def test_deduplication_survives_a_failover_and_a_restart(broker, sqs_user, sqs, 
     assert _send(third, fifo, "and again", "g", dedup="restart-1")["MessageId"] == sent["MessageId"]
     got = _receive(third, fifo)
     assert [m["Body"] for m in got] == ["kept"] and got[0]["MessageId"] == sent["MessageId"]
+
+
+def test_high_throughput_fifo_deduplicates_within_a_message_group(sqs):  # noqa: F811
+    name = f"f-{uuid.uuid4().hex[:10]}.fifo"
+    high = {"FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
+    url = sqs.create_queue(QueueName=name, Attributes=high)["QueueUrl"]
+    try:
+        assert sqs.create_queue(QueueName=name, Attributes=high)["QueueUrl"] == url  # the same: its URL
+        with pytest.raises(ClientError) as other:
+            sqs.create_queue(QueueName=name, Attributes={**high, "DeduplicationScope": "queue"})
+        assert code(other.value) == "QueueAlreadyExists"
+        shown = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (shown["DeduplicationScope"], shown["FifoThroughputLimit"]) == ("messageGroup", "perMessageGroupId")
+        a = _send(sqs, url, "in a", "a", dedup="same")
+        b = _send(sqs, url, "in b", "b", dedup="same")  # another group: not a duplicate
+        assert a["MessageId"] != b["MessageId"]
+        assert _send(sqs, url, "in a again", "a", dedup="same")["MessageId"] == a["MessageId"]
+        got = _receive(sqs, url)
+        assert sorted(m["Body"] for m in got) == ["in a", "in b"]
+        assert {m["Attributes"]["MessageDeduplicationId"] for m in got} == {"same"}  # as sent
+        # back to the queue's scope: a new id counts across groups
+        sqs.set_queue_attributes(QueueUrl=url, Attributes={"DeduplicationScope": "queue"})
+        first = _send(sqs, url, "x", "a", dedup="another")
+        assert _send(sqs, url, "y", "b", dedup="another")["MessageId"] == first["MessageId"]
+        with pytest.raises(ClientError) as refused:
+            sqs.set_queue_attributes(QueueUrl=url, Attributes={"DeduplicationScope": "everywhere"})
+        assert code(refused.value) == "InvalidAttributeValue"
+    finally:
+        sqs.delete_queue(QueueUrl=url)
+    with pytest.raises(ClientError) as standard:  # FIFO queues only
+        sqs.create_queue(QueueName=f"s-{uuid.uuid4().hex[:10]}", Attributes={"FifoThroughputLimit": "perQueue"})
+    assert code(standard.value) == "InvalidAttributeName"
