@@ -174,6 +174,7 @@ class SqsActions:
     async def _create_queue(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
         params = request.params
         name, attributes = params["QueueName"], params["Attributes"]
+        _no_encryption(attributes)
         unsupported = sorted(set(attributes) - mapping.SUPPORTED_QUEUE_ATTRIBUTES)
         if unsupported:
             raise SqsError(
@@ -283,6 +284,7 @@ class SqsActions:
         values["ApproximateNumberOfMessagesNotVisible"] = stats.unacked_count
         values["ApproximateNumberOfMessagesDelayed"] = stats.delayed_count
         values["QueueArn"] = self._arn(vhost, name)
+        values["SqsManagedSseEnabled"] = "false"  # (messages are stored as they are: _no_encryption)
         values.update(mapping.fifo_attributes(record.arguments))
         created = record.arguments.get(mapping.CREATED_ARGUMENT)
         if type(created) is int:
@@ -300,6 +302,7 @@ class SqsActions:
 
     async def _set_queue_attributes(self, request: SqsRequest, caller: Caller) -> dict[str, Any]:
         attributes = request.params["Attributes"]
+        _no_encryption(attributes)
         unsupported = sorted(set(attributes) - mapping.SUPPORTED_QUEUE_ATTRIBUTES)
         if unsupported:
             raise SqsError("UnsupportedOperation", f"This endpoint does not support {', '.join(unsupported)} yet.")
@@ -717,6 +720,17 @@ class SqsActions:
         if type(reply) is Rejected:
             raise SqsError("InvalidParameterValue", reply.reply_text)
         return list(reply)
+
+
+def _no_encryption(attributes: dict[str, str]) -> None:
+    """SqsManagedSseEnabled: "false" is what every queue here is (taken out, nothing to keep);
+    "true" is refused, as messages are stored unencrypted (disk encryption is the operator's)."""
+    if attributes.pop("SqsManagedSseEnabled", "false") == "true":
+        raise SqsError(
+            "UnsupportedOperation",
+            "Server-side encryption is not supported: messages are stored unencrypted "
+            "(SqsManagedSseEnabled can only be false; docs/sqs.md).",
+        )
 
 
 def _fifo_only(attribute: str) -> SqsError:

@@ -674,6 +674,23 @@ def test_a_redrive_allow_policy_decides_which_queues_may_use_a_dead_letter_queue
         sqs.delete_queue(QueueUrl=dead_letters)
 
 
+def test_server_side_encryption_is_said_to_be_off_and_cannot_be_turned_on(sqs, queue):
+    # (SqsManagedSseEnabled: what Terraform and CloudFormation may send; messages are stored as they are)
+    assert sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["SqsManagedSseEnabled"])["Attributes"] == {
+        "SqsManagedSseEnabled": "false"
+    }
+    sqs.set_queue_attributes(QueueUrl=queue, Attributes={"SqsManagedSseEnabled": "false"})
+    name = queue.rsplit("/", 1)[1]
+    assert sqs.create_queue(QueueName=name, Attributes={"SqsManagedSseEnabled": "false"})["QueueUrl"] == queue
+    for call in (
+        lambda: sqs.set_queue_attributes(QueueUrl=queue, Attributes={"SqsManagedSseEnabled": "true"}),
+        lambda: sqs.create_queue(QueueName=f"t-{uuid.uuid4().hex[:10]}", Attributes={"SqsManagedSseEnabled": "true"}),
+    ):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert code(refused.value) == "AWS.SimpleQueueService.UnsupportedOperation"
+
+
 def test_queue_tags(sqs, queue):
     assert "Tags" not in sqs.list_queue_tags(QueueUrl=queue)
     sqs.tag_queue(QueueUrl=queue, Tags={"team": "a", "env": "test"})
