@@ -15,7 +15,7 @@ from typing import Any
 
 from ..amqp import spec
 from ..machines import metadata as md
-from .errors import ChannelError
+from .errors import AccessRefused
 
 KINDS = ("configure", "write", "read")
 CACHED_MAX = 256  # answers kept per connection; beyond it the cache starts again
@@ -39,6 +39,10 @@ class Authorization:
         meta: md.MetadataMachine = self.broker.meta
         if meta is not self._meta or meta.access_version != self._version or len(self._answers) >= CACHED_MAX:
             self._answers.clear()
+            # (and the publish allowed last: its check is made again too. Kept, it outlived a
+            # refusal that refreshed the version, and the next publish to that exchange, on any
+            # channel of the connection, went through unchecked)
+            self._published_to = None
             self._meta = meta
             self._version = meta.access_version
         key = (kind, resource_type, name)
@@ -52,7 +56,7 @@ class Authorization:
         """ChannelError 403 unless the user may `kind` ("configure", "write", "read") the
         exchange or queue `name`."""
         if not self._permitted(kind, resource_type, name):
-            raise ChannelError(
+            raise AccessRefused(
                 spec.ACCESS_REFUSED,
                 f"{kind} access to {_resource(resource_type, name, self.vhost)} refused for user '{self.user}'",
             )
@@ -77,7 +81,7 @@ class Authorization:
         if permission is None:
             return
         if not permission.allows(kind, routing_key, {"username": self.user, "vhost": self.vhost}):
-            raise ChannelError(
+            raise AccessRefused(
                 spec.ACCESS_REFUSED,
                 f"{kind} access to topic '{routing_key}' in exchange '{exchange}' in vhost '{self.vhost}' "
                 f"refused for user '{self.user}'",

@@ -34,7 +34,7 @@ from .authorization import Authorization
 from .broker import Broker, ConsumerHandle
 from .channel_state import ChannelState
 from .confirms import Unavailable
-from .errors import ChannelError, HardError, MetadataBehind
+from .errors import AccessRefused, ChannelError, HardError, MetadataBehind
 from .partitioned import (
     in_turn,
     missing_partitions,
@@ -134,7 +134,14 @@ class Channel:
                 spec.COMMAND_INVALID if method.CLASS_ID in (10, 20, 40, 50, 60, 85, 90) else spec.NOT_IMPLEMENTED,
                 f"method {method.NAME} is not supported from a client",
             )
-        handler(self, method)
+        try:
+            handler(self, method)
+        except AccessRefused:
+            # Every permission check comes before its method changes anything: on a cluster
+            # member the method runs again after a metadata barrier (MetadataBehind) unless it is
+            # that run already, and is refused then.
+            self.session.metadata_current(self)
+            raise
 
     def _reply(self, method) -> None:
         self.conn.send_method(self.number, method)

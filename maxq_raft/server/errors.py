@@ -17,6 +17,12 @@ class HardError(ChannelError):
     pass
 
 
+class AccessRefused(ChannelError):
+    """403 from a permission check (server/authorization.py), made before the method changed
+    anything: on a cluster member it waits for a metadata barrier first (a permission just set
+    through another member is then here too), as RabbitMQ, which caches no refusal, would let it in."""
+
+
 class MetadataBehind(Exception):
     """A lookup found nothing, and this cluster member may not have applied yet what a client
     saw committed through another member: the method runs again after a metadata barrier

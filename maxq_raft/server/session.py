@@ -49,7 +49,7 @@ from .authorization import Authorization, vhost_refusal
 from .broker import Broker
 from .channel import CLUSTER_FLOW_CREDIT, CREDIT_BYTES, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
-from .errors import ChannelError, HardError, MetadataBehind
+from .errors import AccessRefused, ChannelError, HardError, MetadataBehind
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
 from .publish_plan import PublishPlan
@@ -806,7 +806,11 @@ class Session:
         routing_key = method.routing_key
         flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
         meta = broker.meta
-        self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
+        try:
+            self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
+        except AccessRefused:
+            self.metadata_current(channel)  # (as Channel.handle: again after a barrier)
+            raise
         if exchange == TXN_EXCHANGE:  # a transaction's decision: no exchange object (transactions.py)
             decide_publish(self, channel, seq, method, props_raw)
             return None
@@ -821,7 +825,11 @@ class Session:
                     spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'"
                 )
             if record.routing_type == "topic":
-                self.authorization.check_topic("write", exchange, routing_key)
+                try:
+                    self.authorization.check_topic("write", exchange, routing_key)
+                except AccessRefused:
+                    self.metadata_current(channel)
+                    raise
             elif record.type == DEDUP_EXCHANGE_TYPE:
                 dedup_scope = exchange_scope(exchange, record.arguments)
         if flags & (REPLY_TO_FLAG | USER_ID_FLAG):

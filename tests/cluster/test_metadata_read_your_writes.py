@@ -371,3 +371,39 @@ def test_an_admin_change_for_a_user_just_added_elsewhere_finds_the_user(trio_clu
     result = while_stopped(trio_cluster, lambda member: provision(member, "kay", "/"), change)
     assert not isinstance(result, Exception), repr(result)
     assert result[0] in (201, 204), result
+
+
+def test_a_declare_right_after_its_permission_was_widened_elsewhere_is_let_in(trio_cluster: Cluster) -> None:
+    # "app" may do nothing in "/" at first, everywhere; its permissions are widened through one
+    # member while its connection to another waits to declare (RabbitMQ caches no refusal).
+    nothing = {"configure": "^$", "write": "^$", "read": "^$"}
+    assert api(trio_cluster["n1"], "PUT", "/api/users/app", {"password": "pw", "tags": ""})[0] == 201
+    assert api(trio_cluster["n1"], "PUT", "/api/permissions/%2F/app", nothing)[0] == 201
+    credentials = pika.PlainCredentials("app", "pw")
+    for member in trio_cluster.members.values():  # (each has applied both before the test goes on)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                member.connect(credentials=credentials).close()
+                break
+            except pika.exceptions.AMQPConnectionError:
+                assert time.monotonic() < deadline, member.name
+                time.sleep(0.1)
+
+    def widen(member: Member) -> None:
+        everything = {"configure": ".*", "write": ".*", "read": ".*"}
+        assert api(member, "PUT", "/api/permissions/%2F/app", everything)[0] == 204
+
+    def declare(member: Member, ready: threading.Event, go: threading.Event) -> Any:
+        with member.connect(credentials=credentials, heartbeat=0) as conn:
+            channel = conn.channel()
+            ready.set()
+            go.wait(30)
+            channel.queue_declare("app-q")
+            channel.confirm_delivery()
+            channel.basic_publish("", "app-q", b"x")
+            return "declared and published"
+
+    result = while_stopped(trio_cluster, widen, declare)
+    assert result == "declared and published", repr(result)
+    assert messages_in(trio_cluster["n1"], "app-q") == 1
