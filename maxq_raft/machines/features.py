@@ -39,8 +39,8 @@ PUBLISH_ENDS = "publish_ends"
 # fields a channel writes: server/remote.py `delivery_record`), which an earlier release refuses.
 SHORT_DELIVERIES = "short_deliveries"
 
-# SQS SetQueueAttributes with an empty RedrivePolicy removes it: SetQueueArguments names an
-# argument with no value (None), which an earlier release would store as it is.
+# SQS SetQueueAttributes with an empty RedrivePolicy or RedriveAllowPolicy removes it:
+# SetQueueArguments names an argument with no value (None), which an earlier release would store.
 QUEUE_ARGUMENTS_REMOVED = "queue_arguments_removed"
 
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
@@ -54,7 +54,7 @@ FEATURES: dict[str, str] = {
     PARTITIONS: "A queue may be partitioned (x-partitions): its partitions' records and routing",
     SHORT_DELIVERIES: "Deliveries to a member without the queue's replica carry only what a channel writes",
     QUEUE_LOCATOR: "A member places a queue it declares in a group it leads (x-queue-leader-locator client-local)",
-    QUEUE_ARGUMENTS_REMOVED: "SQS SetQueueAttributes can remove a queue's RedrivePolicy (an empty value)",
+    QUEUE_ARGUMENTS_REMOVED: "SQS SetQueueAttributes can remove a queue's RedrivePolicy or RedriveAllowPolicy",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

@@ -645,6 +645,10 @@ class Channel:
         try:
             for method, props_raw, body in publishes:
                 session.route_publish(self, None, method, props_raw, body)
+        except AccessRefused as err:
+            # Final: the transaction's buffer is taken and some of it may be routed, so this
+            # commit must not run again after a barrier (`handle` does so for an AccessRefused).
+            raise ChannelError(err.reply_code, err.reply_text) from None
         finally:
             self.metadata_synced = was_synced
         queue_keys = list(self.session.flush_publishes())

@@ -182,6 +182,23 @@ def test_a_publish_refused_after_a_revocation_stays_refused_on_the_connections_o
     conn.close()
 
 
+def test_a_transaction_whose_publish_is_refused_at_commit_publishes_nothing(broker, user):
+    # (on a cluster member too, where a refused method runs again after a metadata barrier: a
+    # commit must not, its buffer is taken)
+    ok(ctl(broker, "set-permissions", user, ".*", ".*", ".*"))
+    conn = connect(broker, user)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(q, "amq.direct", q)
+    ch.tx_select()
+    ch.basic_publish("amq.direct", q, b"one")
+    ch.basic_publish("amq.direct", q, b"two")
+    ok(ctl(broker, "set-permissions", user, ".*", "^$", ".*"))
+    refused(ch.tx_commit, 403, "write access to exchange 'amq.direct'")
+    assert conn.channel().queue_declare(q, passive=True).method.message_count == 0
+    conn.close()
+
+
 def test_topic_permissions_on_a_topic_exchange(broker, user):
     ok(ctl(broker, "set-permissions", user, ".*", ".*", ".*"))
     ok(ctl(broker, "set-topic-permissions", user, "amq.topic", "^orders\\.{username}\\.", "^orders\\."))
