@@ -239,7 +239,7 @@ class ServerConnection:
         self._publish_methods: dict[bytes, spec.BasicPublish] = {}  # see _publish_whole
         # A login or a connection.open the shell decides later (LATER): what it waits on, and the
         # frames read after it, taken once it is decided.
-        self._deciding: tuple[str, str] | None = None  # ("login", mechanism) or ("open", vhost)
+        self._deciding: tuple[str, str] | None = None  # ("login", username) or ("open", vhost)
         self._held_frames: list[tuple[int, int, Any]] = []
 
     # ------------------------------------------------------------------ input
