@@ -163,22 +163,11 @@ def test_a_permission_change_applies_to_open_connections(broker, user):
     ch.basic_publish("amq.direct", "k", b"allowed")
     ok(ctl(broker, "set-permissions", user, ".*", "^$", ".*"))
     refused(lambda: ch.basic_publish("amq.direct", "k", b"refused"), 403, "write access to exchange 'amq.direct'")
-    conn.close()
-
-
-def test_a_publish_refused_after_a_revocation_stays_refused_on_the_connections_other_channels(broker, user):
-    # (the connection kept the exchange it last published to as allowed, and the refusal's own
-    # check refreshed the cache's version: the next publish there, on another channel, went through)
-    ok(ctl(broker, "set-permissions", user, ".*", ".*", ".*"))
-    conn = connect(broker, user)
-    first = conn.channel()
-    first.confirm_delivery()
-    first.basic_publish("amq.direct", "k", b"allowed")
-    ok(ctl(broker, "set-permissions", user, ".*", "^$", ".*"))
-    refused(lambda: first.basic_publish("amq.direct", "k", b"refused"), 403, "write access to exchange 'amq.direct'")
-    second = conn.channel()
-    second.confirm_delivery()
-    refused(lambda: second.basic_publish("amq.direct", "k", b"refused too"), 403, "write access to exchange")
+    # and on the connection's other channels: the refusal's own check refreshed the cache, which
+    # kept the exchange last published to as allowed, and the next publish there went through
+    other = conn.channel()
+    other.confirm_delivery()
+    refused(lambda: other.basic_publish("amq.direct", "k", b"refused too"), 403, "write access to exchange")
     conn.close()
 
 
