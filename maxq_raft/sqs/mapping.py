@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -314,10 +314,12 @@ def redrive_allow_argument(text: str) -> str:
     return json.dumps(canonical, separators=(",", ":"))
 
 
-def redrive_allowed(arguments: Mapping[str, Any], source: tuple[str, str], from_arn: Any) -> bool:
+def redrive_allowed(
+    arguments: Mapping[str, Any], source: tuple[str, str], from_arn: Callable[[str], tuple[str, str] | None]
+) -> bool:
     """Whether a dead-letter queue with these `arguments` takes `source` (vhost, queue) as a
     source: allowAll (the default, as in SQS), denyAll, or byQueue naming it. `from_arn` turns
-    an ARN into (vhost, queue) or raises."""
+    an ARN into (vhost, queue), or None for one that names no queue."""
     text = arguments.get(REDRIVE_ALLOW_ARGUMENT)
     if not isinstance(text, str):
         return True
