@@ -51,6 +51,12 @@ OUTCOME_WAIT_S = 10.0  # an entry not (known to be) committed is proposed again 
 RETRYABLE = ("not leader", "timeout", "busy")
 UNENCODABLE = "cannot be encoded"  # (an entry whose commands encode_entry refused: _propose)
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # never given up: see `_proposed`
+# A live consumer's acks, rejects, requeues and credit are cast: no caller waits to hear they were
+# given up, and lost, the acked messages stay checked out to a consumer that lives on, its
+# prefetch full, and it gets nothing more until its channel closes. Each is safe to apply late or
+# twice: a settle or requeue names (consumer, message seq), and one of a message no longer checked
+# out to that consumer is ignored; a credit applied twice lets one flow window more be written.
+CONSUMER_COMMANDS = (qc.Settle, qc.Discard, qc.Requeue, qc.Credit)
 NOT_LEADER_RETRY_EVERY_S = 0.05
 # A consumer's credit and acks are entries too, and wait behind what is proposed before them: at
 # 4 MiB / 2 MiB a 3-node transient consumer got 8,200 msgs/s beside a publisher taken at 139,000
@@ -275,6 +281,16 @@ class Proposer:
         if cleanup and error != "stopped":  # stopping: the others release this node's consumers
             log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
             for target, command in cleanup:
+                self.submit(entry.group, target, command, None)
+        if error in RETRYABLE:  # (given up for time: another attempt may commit; not a refusal)
+            self._submit_consumer_commands(entry)
+
+    def _submit_consumer_commands(self, entry: OpenEntry) -> None:
+        """The CONSUMER_COMMANDS of an entry that will not be applied as it was, in a new entry."""
+        again = [(target, command) for target, command, _request in entry.items if type(command) in CONSUMER_COMMANDS]
+        if again:
+            log.warning("%s: %d acks and credits proposed again", entry.group, len(again))
+            for target, command in again:
                 self.submit(entry.group, target, command, None)
 
     async def retry_proposals(self) -> None:

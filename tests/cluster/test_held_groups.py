@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 from maxq_raft.machines.features import SHORT_DELIVERIES
 from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.server.cluster import shard_of
+from maxq_raft.server.proposer import OUTCOME_WAIT_S
 from tests.conftest import free_port
 
 from ..helpers import api, wait_for, wait_until
@@ -339,6 +341,51 @@ def test_a_consumer_without_a_replica_gets_every_message_across_a_kill_of_the_gr
         assert number not in seen or redelivered, f"{number} came again unflagged"
         seen.add(number)
     assert len(got) - len(counts) <= 40, counts.most_common(5)
+
+
+def test_acks_a_member_gave_up_while_the_group_had_no_quorum_are_applied_once_it_has(held_cluster: Cluster) -> None:
+    """Acks are cast (no caller waits for them): when their entry could not commit for
+    OUTCOME_WAIT_S it was given up and they were lost, so the acked messages stayed checked out
+    to a consumer that lived on; its prefetch stayed full and it got nothing more until its
+    channel closed (then they came again). Given up, they are proposed again now."""
+    name, group = queue_elsewhere(held_cluster, "n1")
+    stopped = [held_cluster[m] for m in holders(held_cluster, group)[:2]]  # (n1 holds none of it)
+    conn = held_cluster["n1"].connect(heartbeat=0)
+    got: list[tuple[bytes, int]] = []
+    try:
+        ch = conn.channel()
+        ch.queue_declare(name, durable=True)
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", name, b"before %d" % i, pika.BasicProperties(delivery_mode=2))
+        ch.basic_qos(prefetch_count=5)
+        ch.basic_consume(name, lambda _c, m, _p, b: got.append((b, m.delivery_tag)))
+        wait_for(lambda: len(got) == 5, 15, "the first five", connections=[conn])
+        for member in stopped:
+            member.proc.send_signal(signal.SIGSTOP)
+        try:
+            # (the metadata group, on all five members, keeps its majority: n1 keeps its clients)
+            ch.basic_ack(got[-1][1], multiple=True)
+            before = held_cluster["n1"].log_text().count("commands not committed")
+            deadline = time.monotonic() + OUTCOME_WAIT_S + 2.0
+            while time.monotonic() < deadline:
+                conn.process_data_events(0.2)
+            assert held_cluster["n1"].log_text().count("commands not committed") > before, "n1 gave the acks up"
+        finally:
+            for member in stopped:
+                member.proc.send_signal(signal.SIGCONT)
+        assert conn.is_open
+        with held_cluster["n1"].connect() as other:
+            publisher = other.channel()
+            publisher.confirm_delivery()
+            publisher.basic_publish("", name, b"after", pika.BasicProperties(delivery_mode=2))
+        wait_for(lambda: len(got) == 6, 30, "a delivery after the acks", connections=[conn])
+        assert got[5][0] == b"after"
+        ch.basic_ack(got[5][1])
+        conn.process_data_events(0.5)
+    finally:
+        conn.close()
+    assert drain(held_cluster["n1"], name, quiet_s=2.0) == [], "the acked messages came again"
 
 
 def test_a_kill_of_any_member_under_confirmed_load_loses_nothing(held_cluster: Cluster) -> None:

@@ -385,6 +385,12 @@ def check_deliveries(witness: Replica, nodes: list, known: list[str], asks_lost:
                     continue
                 view = node.channels[owner].consumers[consumer_id]
                 for seq, delivery_count, number in held:
+                    if seq in view.settled:
+                        raise SimFailure(
+                            f"{key[1]} has m{number} (seq {seq}, delivery {delivery_count}) checked out to "
+                            f"{consumer_id}, whose channel on {node.name} settled it: the settle was lost, "
+                            "and the message fills that consumer's prefetch for good"
+                        )
                     if (seq, delivery_count) not in view.delivered and seq not in view.unacked:
                         if not node.holds(group) and node.name in asks_lost:
                             # KNOWN FINDING (server/cluster.py `_on_remote`): a member that finds a

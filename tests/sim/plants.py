@@ -136,6 +136,9 @@ PLANTS: dict[str, list[tuple[object, str, object]]] = {
     "deliveries-before-resync": [(remote.GapHold, "order", _act_at_once)],
     "life-ended-untold": [(remote.Sender, "lives_ended", _lives_ended_untold)],
     "session-ids-reused": [(proposer.Node, "session_id", _session_id_of_any_process)],
+    # Proposer._proposed before its fix: a given-up entry's acks, requeues, rejects and credit
+    # were lost (the consumer lived on, the acked messages checked out to it for good).
+    "acks-given-up": [(proposer, "CONSUMER_COMMANDS", ())],
     "regained-unseen": [
         (remote.Sender, "newly_led", _newly_led_unless_seen_led),
         (elsewhere.Elsewhere, "watch", _watch_keeping_what_it_saw_led),

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .runner import World
 
 CLEANUP_COMMANDS = (qc.Down, md.OwnerDown)  # server/cluster.py's: proposed again when given up
+CONSUMER_COMMANDS = (qc.Settle, qc.Discard, qc.Requeue, qc.Credit)  # likewise (server/proposer.py)
 
 
 # The commands whose callers wait for their reply (the server submits them with a `then`): in a
@@ -63,6 +64,7 @@ class ConsumerView:
         "confirmed",
         "checkout_at",
         "unacked",
+        "settled",
         "delivered",
         "last_written",
         "last_sender",
@@ -75,6 +77,7 @@ class ConsumerView:
         self.confirmed = False  # its Checkout was applied by the node's replica (consume-ok)
         self.checkout_at: tuple[str, str, int] | None = None  # (life, group, seq) of that Checkout
         self.unacked: dict[int, None] = {}  # queue seqs delivered, not yet acked or returned
+        self.settled: dict[int, None] = {}  # queue seqs acked, rejected or returned since their last delivery
         self.delivered: dict[tuple[int, int], None] = {}  # (seq, delivery count) of each delivery written
         self.last_written = 0  # the place among the machines' deliveries of the last one written
         self.last_sender = ""  # the node whose "d" brought that one ("": performed where applied)
@@ -304,6 +307,9 @@ class Node:
         ]
         if cleanup:
             self.submit(proposal.group, cleanup)
+        again = [(target, command) for target, command in proposal.items if type(command) in CONSUMER_COMMANDS]
+        if again and error in RETRYABLE:
+            self.submit(proposal.group, again)
 
     def retry(self) -> int:
         """Proposer.retry_proposals: the entries on the list are proposed again, but those of
@@ -410,6 +416,7 @@ class Node:
             if place > consumer.last_written:
                 consumer.last_written, consumer.last_sender = place, sender
             consumer.delivered[(message.seq, message.delivery_count)] = None
+            consumer.settled.pop(message.seq, None)
             if not consumer.no_ack:
                 consumer.unacked[message.seq] = None
 

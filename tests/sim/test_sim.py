@@ -126,12 +126,17 @@ REGRESSION_SEEDS = {
         "a life cut off had its lost entry proposed again, which released its "
         "consume after the channel's close: a consumer registered for good",
     ),
+    42: (
+        "acks-given-up",
+        "acks in an entry given up were lost: the acked messages stayed checked out to a consumer "
+        "that lived on, filling its prefetch for good",
+    ),
 }
 
 
 # The same, for bugs that show only with groups on a few nodes (run with `--partial`).
 PARTIAL_REGRESSION_SEEDS = {
-    961: (
+    1644: (
         "deliveries-before-resync",
         "after a lost message, the deliveries of the message that showed the gap were written "
         "before the resync, which carried an earlier one: a consumer's order broke",

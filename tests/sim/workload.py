@@ -242,14 +242,16 @@ class Workload:
         for other in [node] + [n for n in self.world.nodes if n is not node and n.serving]:
             for channel in other.channels.values():
                 holders.extend(
-                    (other, consumer_id, c.key, c.unacked) for consumer_id, c in channel.consumers.items() if c.unacked
+                    (other, consumer_id, c.key, c.unacked, c)
+                    for consumer_id, c in channel.consumers.items()
+                    if c.unacked
                 )
-                holders.extend((other, channel.get_holder, key, got) for key, got in channel.got.items() if got)
+                holders.extend((other, channel.get_holder, key, got, None) for key, got in channel.got.items() if got)
             if holders:
                 break
         if not holders:
             return
-        other, holder, key, unacked = self.rng.choice(holders)
+        other, holder, key, unacked, view = self.rng.choice(holders)
         switched = other is not node
         if switched:
             self._flush(node)  # (what this node's client did so far goes in its own entries)
@@ -257,6 +259,8 @@ class Workload:
         seqs = self.rng.sample(seqs, self.rng.randint(1, len(seqs)))
         for seq in seqs:
             del unacked[seq]
+        if view is not None:
+            view.settled.update(dict.fromkeys(seqs))
         self._add(self.world.group_of(key), key, kind(holder, seqs))
         if switched:
             self._flush(other)
