@@ -271,25 +271,24 @@ class Proposer:
         # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
         # safe to apply late (an owner id names one connection or channel of one life), so they
         # go again in a new entry: if the original commits after all, the copy finds nothing.
-        cleanup = [
+        # A live consumer's acks, rejects, requeues and credit (CONSUMER_COMMANDS) go again too
+        # when the entry was given up for time (not refused): in their order among the clean-ups,
+        # so that an ack before its channel's close still settles rather than requeues.
+        again = [
             (target, command)
             for target, command, _request in entry.items
-            if type(command) in CLEANUP_COMMANDS
-            and not command.owner.endswith("@")  # (not a node's lives)
-            and (error != UNENCODABLE or _encodes(target, command))  # (proposed again, it would fail again)
+            if (
+                type(command) in CLEANUP_COMMANDS
+                and not command.owner.endswith("@")  # (not a node's lives)
+                and (error != UNENCODABLE or _encodes(target, command))  # (proposed again, it would fail again)
+                and error != "stopped"  # stopping: the others release this node's consumers
+            )
+            or (type(command) in CONSUMER_COMMANDS and error in RETRYABLE)
         ]
-        if cleanup and error != "stopped":  # stopping: the others release this node's consumers
-            log.warning("%s: %d consumer/connection clean-ups proposed again", entry.group, len(cleanup))
-            for target, command in cleanup:
-                self.submit(entry.group, target, command, None)
-        if error in RETRYABLE:  # (given up for time: another attempt may commit; not a refusal)
-            self._submit_consumer_commands(entry)
-
-    def _submit_consumer_commands(self, entry: OpenEntry) -> None:
-        """The CONSUMER_COMMANDS of an entry that will not be applied as it was, in a new entry."""
-        again = [(target, command) for target, command, _request in entry.items if type(command) in CONSUMER_COMMANDS]
         if again:
-            log.warning("%s: %d acks and credits proposed again", entry.group, len(again))
+            log.warning(
+                "%s: %d consumer/connection clean-ups, acks and credits proposed again", entry.group, len(again)
+            )
             for target, command in again:
                 self.submit(entry.group, target, command, None)
 

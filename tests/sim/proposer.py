@@ -300,15 +300,13 @@ class Node:
         if world.tracing:
             world.trace(f"  give up {proposal}: tombstone {filler}")
         world.log.append(filler)
-        cleanup = [
+        again = [
             (target, command)
             for target, command in proposal.items
-            if type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@")
+            if (type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"))
+            or (type(command) in CONSUMER_COMMANDS and error in RETRYABLE)
         ]
-        if cleanup:
-            self.submit(proposal.group, cleanup)
-        again = [(target, command) for target, command in proposal.items if type(command) in CONSUMER_COMMANDS]
-        if again and error in RETRYABLE:
+        if again:
             self.submit(proposal.group, again)
 
     def retry(self) -> int:
