@@ -160,6 +160,9 @@ class Group:
         # a move's new member while it catches up, before it is added: it never campaigns
         # (`start_learning`) until it applies its own addition
         self.learning = False
+        # Set when it stops learning (its addition applied here); the server's watch takes it
+        # (server/cluster.py `serve_remote`): a promotion between two of its looks, not missed.
+        self.promoted_unseen = False
         self._voter_timeouts: tuple[float, float] | None = None
         self.inbox: collections.deque[tuple[bytes, Callable, float]] = collections.deque()  # any thread appends
         self.outstanding: collections.deque[Proposal] = collections.deque()  # submission (= deadline) order
@@ -276,6 +279,7 @@ class Group:
             conf.raftMinTimeout, conf.raftMaxTimeout = self._voter_timeouts
             self._voter_timeouts = None
         self.learning = False
+        self.promoted_unseen = True
         (self.folder / LEARNER_MARKER).unlink(missing_ok=True)
         log.info("group %s: %s is a member now, no longer a learner", self.name, self.node_id)
 

@@ -126,10 +126,8 @@ class ClusterLog(CommandLog):
         self.metadata_sync = MetadataSync(lambda then: self.proposer.sync(META_GROUP, then))
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
         self.default_locator = BALANCED  # where a queue goes without x-queue-leader-locator (main.py)
-        # What `serve_remote` saw last: the groups this member led, held, and was a learner of,
-        # and each led group's members.
+        # What `serve_remote` saw last: the groups this member held, and each led group's members.
         self._held: set[str] = set()
-        self._learning: set[str] = set()
         self._members: dict[str, frozenset[str]] = {}
         self._stats_due = 0.0  # when the counts of the queues of groups led here go out next (trio clock)
         # moves and trace queries asked of another member (`_ask`): request -> [event, answer]
@@ -786,10 +784,13 @@ class ClusterLog(CommandLog):
                 # no queue machines to drop, and its machine must stay, as broker.meta; replacing
                 # it broke every publish there with 541 in a jepsen-style membership run)
                 self._group_left(group)
-            learning = {name for name, g in groups.items() if g.learning}
-            for group in sorted(self._learning - learning & held):
+            # (promoted since the last look; a learner for less than LEADERSHIP_CHECK_S was missed
+            # when this looked for groups no longer learning: a drain moved a group onto its
+            # consumers' member under load, and a delivery it applied as a learner never came)
+            for group in sorted(name for name, g in groups.items() if g.promoted_unseen and not g.learning):
+                groups[group].promoted_unseen = False
                 self._promoted(group)
-            self._held, self._learning = held, learning
+            self._held = held
             led = {g for g in groups if g != META_GROUP and self.leads(g)}
             for group in sorted(led):
                 if self.remote_out.newly_led(group):

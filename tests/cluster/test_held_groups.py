@@ -513,11 +513,13 @@ class Consumer:
             self.conn.close()
             # (through n1, the consumer's member: the test may have drained or stopped another,
             # and a drained one closes new connections, which hid this assertion once in CI)
-            left = {int(b) for b, _ in drain(cluster["n1"], queue)}
+            left = {int(b): redelivered for b, redelivered in drain(cluster["n1"], queue)}
             missing = confirmed - numbers
+            queued = missing & left.keys()
             raise AssertionError(
                 f"{len(missing)} confirmed not delivered ({sorted(missing)[:10]}); "
-                f"{len(missing & left)} of them still queued once the consumer closed"
+                f"{len(queued)} of them still queued once the consumer closed, "
+                f"{sum(left[n] for n in queued)} of those redelivered (checked out to it, then)"
             )
         assert confirmed and confirmed <= numbers, sorted(confirmed - numbers)[:20]
         seen: set[int] = set()
@@ -624,6 +626,11 @@ def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(h
         assert drained.returncode == 0, (drained.stdout, drained.stderr)
         assert "holds no replica" in drained.stdout
     assert not idle.is_open or not _alive(idle)
+    if group in held_by(held_cluster["n1"]):
+        # The drain moved the queue's group onto its consumer's member: a learner there for less
+        # than the watch's 0.2 s went unseen, and a delivery it applied as a learner (which its
+        # leader left to it) never came (cluster.py `_promoted`; this test failed so, 1 in 4).
+        assert f"{group}: this member now holds a replica of it" in held_cluster["n1"].log_text()
     held = held_by(held_cluster[victim])
     assert list(held) == ["meta"], held
     status = held_cluster["n1"].admin("/api/cluster/status")
