@@ -271,19 +271,20 @@ class Proposer:
         # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
         # safe to apply late (an owner id names one connection or channel of one life), so they
         # go again in a new entry: if the original commits after all, the copy finds nothing.
-        # A live consumer's acks, rejects, requeues and credit (CONSUMER_COMMANDS) go again too
-        # when the entry was given up for time (not refused): in their order among the clean-ups,
-        # so that an ack before its channel's close still settles rather than requeues.
+        # A live consumer's acks, rejects, requeues and credit (CONSUMER_COMMANDS) go again too,
+        # in their order among the clean-ups, so that an ack before its channel's close still
+        # settles rather than requeues. None goes again when the node is stopping: the others
+        # release its consumers.
+        if error == "stopped":
+            return
         again = [
             (target, command)
             for target, command, _request in entry.items
             if (
-                type(command) in CLEANUP_COMMANDS
-                and not command.owner.endswith("@")  # (not a node's lives)
-                and (error != UNENCODABLE or _encodes(target, command))  # (proposed again, it would fail again)
-                and error != "stopped"  # stopping: the others release this node's consumers
+                type(command) in CONSUMER_COMMANDS
+                or (type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"))  # (not a node's lives)
             )
-            or (type(command) in CONSUMER_COMMANDS and error in RETRYABLE)
+            and (error != UNENCODABLE or _encodes(target, command))  # (proposed again, it would fail again)
         ]
         if again:
             log.warning(

@@ -17,7 +17,8 @@ def test_a_given_up_entrys_acks_and_clean_ups_go_again_in_their_order() -> None:
     """Acks, rejects, requeues and credit are cast: given up for time, they are proposed again
     (else the acked messages stay checked out to a consumer that lives on), among the clean-ups
     in the order they came (an ack before its channel's close settles rather than requeues).
-    Refused outright (here: an entry no log can hold) they are not: they would fail again."""
+    Refused outright (here: an entry no log can hold, a bug of ours) those that encode alone go
+    again all the same."""
     node = CappedNode()
     consumer = "n1@1.1/1/t1"
 
@@ -43,6 +44,7 @@ def test_a_given_up_entrys_acks_and_clean_ups_go_again_in_their_order() -> None:
         proposer.flush()
 
     trio.run(run)
-    first, filler, again, unencodable_filler = (decode_entry(payload) for payload in node.payloads)
+    first, filler, again, unencodable_filler, settle = (decode_entry(payload) for payload in node.payloads)
     assert len(first.items) == 6 and filler.items == [] and unencodable_filler.items == []
     assert [type(item[1]).__name__ for item in again.items] == ["Settle", "Credit", "Requeue", "Discard", "Down"]
+    assert [item[1] for item in settle.items] == [qc.Settle(consumer, [8])]

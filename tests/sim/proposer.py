@@ -304,7 +304,7 @@ class Node:
             (target, command)
             for target, command in proposal.items
             if (type(command) in CLEANUP_COMMANDS and not command.owner.endswith("@"))
-            or (type(command) in CONSUMER_COMMANDS and error in RETRYABLE)
+            or type(command) in CONSUMER_COMMANDS
         ]
         if again:
             self.submit(proposal.group, again)
