@@ -11,8 +11,9 @@ life as its origin: every replica applies an origin's entries in that order, eac
 leader", "timeout", "busy") is proposed again while OUTCOME_WAIT_S lasts; after that the entry is
 given up: its waiting callers get `Unavailable`, its confirms a nack, or, if an attempt may have
 been appended (a timeout), neither (the outcome is unknown); a filler with no commands takes its
-sequence number so later entries of this life are not held forever, and the clean-up commands it
-carried (a consumer or connection that went) go again in a new entry.
+sequence number so later entries of this life are not held forever, and what it carried that no
+caller waits for and must not be lost (a consumer's or connection's clean-up, a consumer's acks
+and credit) goes again in a new entry, in the order it came.
 
 An entry is done when it is applied here (`applied`), which answers its requests and releases
 the confirms waiting on it (confirms.py). Flow control: the bytes of this life's entries
@@ -271,10 +272,9 @@ class Proposer:
         # of the messages, which then sit unacked forever (jepsen seed 86). Those commands are
         # safe to apply late (an owner id names one connection or channel of one life), so they
         # go again in a new entry: if the original commits after all, the copy finds nothing.
-        # A live consumer's acks, rejects, requeues and credit (CONSUMER_COMMANDS) go again too,
-        # in their order among the clean-ups, so that an ack before its channel's close still
-        # settles rather than requeues. None goes again when the node is stopping: the others
-        # release its consumers.
+        # CONSUMER_COMMANDS go again too, in their order among the clean-ups (an ack before its
+        # channel's close still settles rather than requeues). None goes again when the node is
+        # stopping: the others release its consumers.
         if error == "stopped":
             return
         again = [

@@ -9,7 +9,8 @@ the simulation's steps instead of the engine's callbacks:
   (`applied_own`, as `_apply_entry` completes it); "not leader" or "timeout" puts it on the
   retry list while `outcome_wait_ms` lasts (a tombstone forever); after that it is given up: its
   caller hears the error ("timeout" when an attempt may have been appended), a tombstone takes
-  its seq, and its channel and connection clean-ups (`Down` of an owner) go again in a new entry;
+  its seq, and its channel and connection clean-ups (`Down` of an owner) and its consumers' acks,
+  requeues, rejects and credit go again in a new entry, in their order;
 - `cut_off()` is `Proposer.new_life`: the cluster declared this life down, so a new one starts, what was
   in flight hears "timeout", and the channels close (their `Down`s go from the new life);
 - `restart()` is a crash and a start: the process is gone with its retries; the member's state
