@@ -42,6 +42,7 @@ from .partitioned import (
     ready_count,
     share,
     unavailable,
+    with_fresh_counts,
     with_policy_partitions,
 )
 from .publish_extras import delivery_props
@@ -308,19 +309,25 @@ class Channel:
             settings = queue.settings if queue is not None else self.broker.settings_elsewhere((vhost, name))
             if settings is not None and settings.expires_ms is not None:
                 self.broker.queue_cast((vhost, name), qc.Touch())  # a redeclare restarts x-expires
-            if not m.no_wait:
-                # In a cluster the counts are this replica's, which may trail the leader's a little
-                # (a group held elsewhere: its leader's, in the reply to the declare's Sync).
-                # A partitioned queue's: the messages of every partition, the consumers of the
-                # first (a consumer of the name consumes from each).
+            if m.no_wait:
+                return
+            # In a cluster the counts are this replica's, which may trail the leader's a little
+            # (a group held elsewhere: its leader's, in the reply to the declare's Sync).
+            # A partitioned queue's: the messages of every partition (the others synced too),
+            # the consumers of the first (a consumer of the name consumes from each).
+            keys = partition_keys(self.broker, vhost, name)
+
+            def counted() -> None:
                 view = self.broker.queue_view((vhost, name))
                 self._reply(
                     spec.QueueDeclareOk(
                         queue=name,
-                        message_count=ready_count(self.broker, partition_keys(self.broker, vhost, name)),
+                        message_count=ready_count(self.broker, keys),
                         consumer_count=view.active_consumer_count if view is not None else 0,
                     )
                 )
+
+            with_fresh_counts(self.broker, keys[1:], self._then, counted)
 
         def declared(reply) -> None:
             if type(reply) is Rejected:
@@ -387,8 +394,7 @@ class Channel:
             )
         keys = partition_keys(self.broker, vhost, name)
 
-        def delete(synced) -> None:
-            self.broker.note_counts((vhost, name), synced)
+        def checked() -> None:
             queue = self.broker.queue_view((vhost, name))
             if m.if_unused and queue is not None and queue.active_consumer_count:
                 raise ChannelError(spec.PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
@@ -401,6 +407,11 @@ class Channel:
                 steps,
                 lambda counts: m.no_wait or self._reply(spec.QueueDeleteOk(message_count=sum(counts))),
             )
+
+        def delete(synced) -> None:
+            self.broker.note_counts((vhost, name), synced)
+            # (if-empty counts every partition: those held elsewhere as of a Sync too)
+            with_fresh_counts(self.broker, keys[1:] if m.if_empty else [], self._then, checked)
 
         # The checks read the queue: in a cluster, once its shard has what this node sent before.
         self.broker.queue_call((vhost, name), qc.Sync(), self._then(delete))
@@ -541,18 +552,23 @@ class Channel:
         self._existing_queue(name)
         keys = partition_keys(self.broker, self.session.vhost, name)
         count = len(keys)
-        # A partitioned queue: its partitions in turn, from where the last get left; those this
-        # member sees holding messages first (its replicas, or for a group held elsewhere its
-        # leader's last answer), every one tried anyway. An empty one costs a Get through its
-        # group's log: a final drain through a member without the replicas took 0.3 s per
-        # basic.get of 4 mostly empty partitions (jepsen-style seed 2012, on a loaded machine).
-        start = self.get_turns.get(name, 0) % count
-        order = [(start + i) % count for i in range(count)]
-        if count > 1:
-            order.sort(key=lambda i: ready_count(self.broker, [keys[i]]) == 0)
+        # A partitioned queue: its partitions in turn, from where the last get left; those holding
+        # messages first, every one tried anyway. An empty one costs a Get through its group's
+        # log: a final drain through a member without the replicas took 0.3 s per basic.get of 4
+        # mostly empty partitions (jepsen-style seed 2012, on a loaded machine). Those held
+        # elsewhere are synced first, all at once (one commit's wait more): get-ok's count is
+        # then every partition's, not what this member last heard of them.
         for key in keys:
             self.queues_touched[key] = None
-        self._get(m, name, keys, order, 0)
+
+        def counted() -> None:
+            start = self.get_turns.get(name, 0) % count
+            order = [(start + i) % count for i in range(count)]
+            if count > 1:
+                order.sort(key=lambda i: ready_count(self.broker, [keys[i]]) == 0)
+            self._get(m, name, keys, order, 0)
+
+        with_fresh_counts(self.broker, keys if count > 1 else [], self._then, counted)
 
     def _get(self, m, name: str, keys: list, order: list[int], turn: int) -> None:
         """Try partition `order[turn]` of `keys` (a queue's only one, or its partitions)."""

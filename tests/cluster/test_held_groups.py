@@ -25,6 +25,7 @@ import pytest
 
 from maxq_raft.machines.features import SHORT_DELIVERIES
 from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
+from maxq_raft.machines.partitions import FEATURE as PARTITIONS
 from maxq_raft.server.cluster import shard_of
 from maxq_raft.server.proposer import OUTCOME_WAIT_S
 from tests.conftest import free_port
@@ -33,6 +34,7 @@ from ..helpers import api, wait_for, wait_until
 from ..integration.test_sqs import client as sqs_client
 from .conftest import Cluster, ConfirmingPublisher, Member, drain, running_cluster
 from .test_maintenance import feature_enabled
+from .test_partitioned_cluster import flag_enabled
 
 MEMBERS = 5
 SHARDS = 5
@@ -199,6 +201,55 @@ def test_the_management_api_of_a_member_without_the_replica_shows_the_queue_and_
     with held_cluster["n1"].connect() as closing:
         closing.channel().queue_delete(name)
     wait_for(lambda: name not in {q["name"] for q in held_cluster["n1"].admin("/api/queues")}, 10, "the queue gone")
+
+
+def test_checks_and_counts_through_a_member_without_the_replicas_read_them_as_of_a_commit(
+    held_cluster: Cluster,
+) -> None:
+    """A delete if-empty or if-unused, and a partitioned queue's declare-ok and get-ok counts,
+    read what a member holding no replica of the queue's group (of a partition's) last heard of
+    it: the leader's report every 5 s, or the last Sync. Before they were synced first, the admin
+    API deleted a queue holding 5 confirmed messages "if empty", and a partition's messages were
+    missing from the counts (found with the AMQP suite against 5 members at factor 3)."""
+    n1 = held_cluster["n1"]
+    name, _group = queue_elsewhere(held_cluster, "n1", prefix="checked")
+    path = f"/api/queues/%2F/{name}"
+    conn = n1.connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(name, durable=True)  # (its count, 0, is what n1 last heard)
+        for i in range(5):
+            ch.basic_publish("", name, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+        status, body, _ = api(n1, "DELETE", path + "?if-empty=true")
+        assert status == 400 and "not empty" in body["reason"], (status, body)
+        ch.basic_consume(name, lambda *_: None)
+        status, body, _ = api(n1, "DELETE", path + "?if-unused=true")
+        assert status == 400 and "in use" in body["reason"], (status, body)
+        assert ch.queue_declare(name, passive=True).method.message_count == 0  # (all 5 with the consumer)
+
+        wait_for(lambda: flag_enabled(n1, PARTITIONS), 60, "the partitions flag")
+        partitioned = f"parts-{name}"
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(partitioned, durable=True, arguments={"x-partitions": 4})
+        names = [partitioned] + [f"amq.partition-{i}.{partitioned}" for i in range(1, 4)]
+        groups = {n1.admin("/api/queues/%2F/" + q)["group"] for q in names}
+        assert groups - set(held_by(n1)), groups  # (4 groups of 5, n1 holds 3: one at least elsewhere)
+        for i in range(40):
+            props = pika.BasicProperties(delivery_mode=2, headers={"x-partition-key": f"k{i % 8}"})
+            ch.basic_publish("", partitioned, b"p%d" % i, props)
+        assert ch.queue_declare(partitioned, passive=True).method.message_count == 40
+        method, _props, _body = ch.basic_get(partitioned, auto_ack=True)
+        assert method.message_count == 39
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.queue_delete(partitioned, if_empty=True)
+        assert refused.value.reply_code == 406 and "not empty" in refused.value.reply_text
+        status, body, _ = api(n1, "DELETE", f"/api/queues/%2F/{partitioned}?if-empty=true")
+        assert status == 400 and "not empty" in body["reason"], (status, body)
+        assert conn.channel().queue_declare(partitioned, passive=True).method.message_count == 39
+    finally:
+        conn.close()
 
 
 def test_queue_settings_act_through_a_member_without_the_replica(held_cluster: Cluster) -> None:
