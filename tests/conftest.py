@@ -19,6 +19,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.helpers import api
+
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 
@@ -193,10 +195,12 @@ def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
         "--cluster-secret",
         "test",
         "--shards",
-        "2",
+        os.environ.get("MAXQ_TEST_SHARDS", "2"),
         "--snapshot-every-mb",
         os.environ.get("MAXQ_TEST_SNAPSHOT_MB", "0.005"),
     ]
+    if os.environ.get("MAXQ_TEST_FACTOR"):
+        args += ["--replication-factor", os.environ["MAXQ_TEST_FACTOR"]]
     for peer, port in raft_ports.items():
         if peer != name:
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]
@@ -222,13 +226,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def wait_for_feature_flags(process: BrokerProcess, timeout_s: float) -> None:
+    """Until the cluster has enabled every feature flag: its metadata leader does it once every
+    member announced them, a moment after they are ready; a partitioned declare before it is a
+    406 (seen when the suite's partitioned tests ran first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # bounded by the deadline
+        status, flags, _ = api(process, "GET", "/api/feature-flags")
+        if status == 200 and flags and all(flag["state"] == "enabled" for flag in flags):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the cluster did not enable every feature flag in {timeout_s:.0f} s")
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """One broker shared by the tests that do not restart or break it.
 
     MAXQ_TEST_CLUSTER=1 makes it a one-member Raft cluster and MAXQ_TEST_CLUSTER=3 the first
     member of a 3-node cluster: every command then goes through the replicated path (proposed,
-    forwarded to its group's leader, committed, applied from the log on every member)."""
+    forwarded to its group's leader, committed, applied from the log on every member). With
+    MAXQ_TEST_FACTOR (and MAXQ_TEST_SHARDS groups) each group is on that many members only, so
+    the shared member serves some queues through other members' groups (scripts/test's third
+    pass: 5 members, 5 groups of 3)."""
     root = tmp_path_factory.mktemp("broker")
     size = int(os.environ.get("MAXQ_TEST_CLUSTER") or 0)
     names = [f"n{i + 1}" for i in range(size)] or ["maxq1"]
@@ -242,6 +262,8 @@ def broker(tmp_path_factory):
             process.launch()
         for process in processes:
             process.wait_ready(60.0)
+        if size > 1:
+            wait_for_feature_flags(processes[0], 60.0)
         processes[0].members = processes  # for tests that read every member's log
         yield processes[0]
     finally:

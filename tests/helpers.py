@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from maxq_raft.server.queue_stats import STATS_EVERY_S
+
 if TYPE_CHECKING:
     import pika
     from pika.adapters.blocking_connection import BlockingChannel
@@ -57,6 +59,12 @@ def api(
 
 
 # --------------------------------------------------------------------------------- waiting
+
+
+# What the management API and SQS's queue attributes show of a queue whose group the member asked
+# holds no replica of is what the group's leader last reported (server/queue_stats.py): a test
+# reading them through such a member waits for two reports.
+STATS_SHOWN_S = 2 * STATS_EVERY_S + 2.0
 
 
 def wait_until(
