@@ -209,6 +209,16 @@ class ResolveTxn(NamedTuple):
     action: str
 
 
+class TxnHolders(NamedTuple):
+    """A query of a whole shard (target ALL_QUEUES) that changes nothing: the names of its queues
+    of `vhost` holding halves of transaction `txn_id`, sorted. A member holding no replica of
+    the group asks it before it decides that transaction (server/transactions.py): it cannot see
+    those queues, and the decision's confirm waits for them to be resolved."""
+
+    vhost: str
+    txn_id: str
+
+
 QueueCommand: TypeAlias = (
     Enqueue
     | EnqueueFifo

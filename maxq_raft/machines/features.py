@@ -43,6 +43,10 @@ SHORT_DELIVERIES = "short_deliveries"
 # SetQueueArguments names an argument with no value (None), which an earlier release would store.
 QUEUE_ARGUMENTS_REMOVED = "queue_arguments_removed"
 
+# A member holding no replica of a queue's group asks the group which of its queues hold halves
+# of a transaction it decides (commands.TxnHolders), which an earlier release does not know.
+TXN_HOLDERS = "txn_holders"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
@@ -55,6 +59,7 @@ FEATURES: dict[str, str] = {
     SHORT_DELIVERIES: "Deliveries to a member without the queue's replica carry only what a channel writes",
     QUEUE_LOCATOR: "A member places a queue it declares in a group it leads (x-queue-leader-locator client-local)",
     QUEUE_ARGUMENTS_REMOVED: "SQS SetQueueAttributes can remove a queue's RedrivePolicy or RedriveAllowPolicy",
+    TXN_HOLDERS: "A transaction decided through a member without its queues' replicas reaches those queues",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

@@ -133,6 +133,11 @@ class ShardMachine:
         kind = type(command)
         if kind is qc.Reply:
             return None, [ReplyTo(command)]
+        if kind is qc.TxnHolders:
+            vhost, txn_id = command
+            if type(vhost) is not str or type(txn_id) is not str:
+                return Rejected(406, "PRECONDITION_FAILED - malformed TxnHolders"), []
+            return sorted(k[1] for k, queue in self.queues.items() if k[0] == vhost and txn_id in queue.txns), []
         if kind is not qc.Down:
             return Rejected(541, f"{kind.__name__} is not a shard-wide command"), []
         returned = 0

@@ -72,6 +72,7 @@ QUEUE_COMMANDS = {
         qc.ChangeVisibility,
         qc.PauseConsumers,
         qc.ResolveTxn,
+        qc.TxnHolders,
     )
 }
 METADATA_COMMANDS = {

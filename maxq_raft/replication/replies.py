@@ -16,6 +16,7 @@ is a list tagged by its first item:
   ["F", [[message id, sequence number] | None, ...]]
                                             an EnqueueFifo's per message results
   ["C", ready, consumers, ever had one]     a Sync's QueueCounts
+  ["N", [name, ...]]                        a TxnHolders' queue names
 
 Messages are machines/snapshot.py's records (every field a replica keeps). Decoding never
 trusts its input: anything malformed raises ReplyError, which the receiver answers as a
@@ -65,6 +66,8 @@ def encode_reply(reply: Any) -> Any:
             ]
         if all(type(item) is HandleResult for item in reply):
             return ["H", [str(item) for item in reply]]
+        if all(type(item) is str for item in reply):
+            return ["N", list(reply)]
         if type(first) in (tuple, type(None)) and all(
             item is None or (type(item) is tuple and len(item) == 2) for item in reply
         ):
@@ -100,6 +103,10 @@ def decode_reply(value: Any) -> Any:
             return received
         if tag == "H" and len(value) == 2 and type(value[1]) is list:
             return [HandleResult(item) for item in value[1]]
+        if tag == "N" and len(value) == 2 and type(value[1]) is list:
+            if not all(type(item) is str for item in value[1]):
+                raise ReplyError(f"malformed names {value[1]!r}"[:200])
+            return list(value[1])
         if tag == "F" and len(value) == 2 and type(value[1]) is list:
             results: list[tuple[str, int] | None] = []
             for item in value[1]:

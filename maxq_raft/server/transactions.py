@@ -12,7 +12,10 @@ Theory of operation:
   the member may not have applied the halves yet): the
   decision is recorded in the metadata group first (`DecideTxn`, the first one stands), then
   `resolve` submits a `ResolveTxn` to every queue this node sees holding halves of it; the
-  publisher's confirm waits for both. Unknown id: 404; a decision contrary to the one that
+  publisher's confirm waits for both. A member holding no replica of some shard groups sees
+  none of their queues: it asks each such group which of its queues hold halves (`TxnHolders`,
+  once every member knows it: feature flag txn_holders), and those count for the 404 and are
+  resolved too. Unknown id: 404; a decision contrary to the one that
   stands: 406; the same decision again: confirmed (answering a check-back twice is harmless);
 - `perform_effect` takes the queue machines' `TxnCheck` (publish a check message to the first
   half's reply_to queue) and `TxnTimedOut` (record "expire", then resolve), on the leader of the
@@ -33,8 +36,10 @@ from typing import Any
 from ..amqp import spec
 from ..amqp.properties import BasicProperties, decode_properties, encode_properties
 from ..machines import commands as qc
+from ..machines.features import TXN_HOLDERS
 from ..machines.message import Message
 from ..machines.queue_types import Rejected
+from ..machines.shard import ALL_QUEUES
 from ..machines.transactions import (
     TXN_ACTION_HEADER,
     TXN_ATTEMPT_HEADER,
@@ -132,34 +137,46 @@ def decide_publish(session: Any, channel: Any, seq: int | None, method: Any, pro
         session.flush_publishes()
     broker = session.broker
     vhost = session.vhost
-    if _known(session, broker, vhost, txn_id):
-        _record(session, channel, seq, broker, vhost, txn_id, action)
-        return
     log_ = broker.log
+    known = _known(session, broker, vhost, txn_id)
+    # The groups this member holds no replica of are asked which of their queues hold halves
+    # (TxnHolders): it sees none of those queues, and the confirm waits for them to be resolved.
+    elsewhere: list[str] = []
+    if not log_.synchronous and broker.meta.feature_enabled(TXN_HOLDERS):
+        elsewhere = [group for group in log_.shards if not log_.holds(group)]
+    if known and not elsewhere:
+        _record(session, channel, seq, broker, vhost, txn_id, action, [])
+        return
     if log_.synchronous:  # a single node has applied everything: unknown it is
         raise ChannelError(spec.NOT_FOUND, f"NOT_FOUND - no transaction '{txn_id}' in vhost '{vhost}'")
     # A cluster member may be a few entries behind the halves' groups (they were confirmed by a
-    # majority, perhaps not yet applied here): a Sync through every shard group is applied here
-    # after everything committed before it, so looking again then is looking at the halves.
-    shards = list(log_.shards)
-    left: dict[str, Any] = {"groups": len(shards), "failure": None}
+    # majority, perhaps not yet applied here): a Sync through every shard group it holds is
+    # applied here after everything committed before it, so looking again then is looking at the
+    # halves. (Only when it found none yet.)
+    synced_here = [] if known else [group for group in log_.shards if group not in elsewhere]
+    found: list[tuple[str, str]] = []
+    left: dict[str, Any] = {"groups": len(synced_here) + len(elsewhere), "failure": None}
 
     def looked_again(_reply: Any) -> None:
-        if not _known(session, broker, vhost, txn_id):
+        if not found and not _known(session, broker, vhost, txn_id):
             raise ChannelError(spec.NOT_FOUND, f"NOT_FOUND - no transaction '{txn_id}' in vhost '{vhost}'")
-        _record(session, channel, seq, broker, vhost, txn_id, action)
+        _record(session, channel, seq, broker, vhost, txn_id, action, found)
 
     resume = channel._then(looked_again)
 
-    def synced(reply: Any) -> None:
-        if type(reply) is not type(None) and left["failure"] is None:
+    def answered(reply: Any) -> None:
+        if type(reply) is list:  # (a TxnHolders' names)
+            found.extend((vhost, name) for name in reply if type(name) is str)
+        elif type(reply) is not type(None) and left["failure"] is None:
             left["failure"] = reply  # (Unavailable: the continuation closes the connection)
         left["groups"] -= 1
         if left["groups"] == 0:
             resume(left["failure"])
 
-    for group in shards:
-        log_.submit(SYNC_TARGET, qc.Sync(), synced, group=group)
+    for group in synced_here:
+        log_.submit(SYNC_TARGET, qc.Sync(), answered, group=group)
+    for group in elsewhere:
+        log_.submit(ALL_QUEUES, qc.TxnHolders(vhost, txn_id), answered, group=group)
 
 
 def _known(session: Any, broker: Any, vhost: str, txn_id: str) -> bool:
@@ -171,8 +188,18 @@ def _known(session: Any, broker: Any, vhost: str, txn_id: str) -> bool:
     )
 
 
-def _record(session: Any, channel: Any, seq: int | None, broker: Any, vhost: str, txn_id: str, action: str) -> None:
-    """Record the decision in the metadata group, then resolve the queues; the confirm after both."""
+def _record(
+    session: Any,
+    channel: Any,
+    seq: int | None,
+    broker: Any,
+    vhost: str,
+    txn_id: str,
+    action: str,
+    elsewhere: list[tuple[str, str]],
+) -> None:
+    """Record the decision in the metadata group, then resolve the queues (those seen here, and
+    `elsewhere`: those of groups held elsewhere that said they hold halves); the confirm after both."""
 
     def decided(reply: Any) -> None:
         if type(reply) is Rejected:
@@ -181,7 +208,7 @@ def _record(session: Any, channel: Any, seq: int | None, broker: Any, vhost: str
             raise ChannelError(
                 spec.PRECONDITION_FAILED, f"PRECONDITION_FAILED - transaction '{txn_id}' was already {_PAST[reply]}"
             )
-        entries = resolve(broker, vhost, txn_id, reply)
+        entries = resolve(broker, vhost, txn_id, reply, elsewhere)
         if seq is not None:
             session.pending_confirms.setdefault(channel, []).append(seq)
             session.pending_entries.extend(entries)  # (the confirm waits for the resolves too)
@@ -189,9 +216,11 @@ def _record(session: Any, channel: Any, seq: int | None, broker: Any, vhost: str
     broker.meta_call(DecideTxn(vhost, txn_id, action), channel._then(decided))
 
 
-def resolve(broker: Any, vhost: str, txn_id: str, action: str) -> list:
-    """Submit the decision to every queue this node sees holding halves of it; their entries."""
-    return [broker.log.submit(key, qc.ResolveTxn(txn_id, action), None) for key in holders(broker, vhost, txn_id)]
+def resolve(broker: Any, vhost: str, txn_id: str, action: str, elsewhere: Iterable[tuple[str, str]] = ()) -> list:
+    """Submit the decision to every queue this node sees holding halves of it, and to those of
+    `elsewhere` (queues of groups held elsewhere that hold some); their entries."""
+    keys = sorted(set(holders(broker, vhost, txn_id)).union(elsewhere))
+    return [broker.log.submit(key, qc.ResolveTxn(txn_id, action), None) for key in keys]
 
 
 def resolve_decided(broker: Any, led: Any, in_flight: dict, keys: Iterable[tuple[str, str]] | None = None) -> None:

@@ -23,7 +23,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from maxq_raft.machines.features import SHORT_DELIVERIES
+from maxq_raft.machines.features import SHORT_DELIVERIES, TXN_HOLDERS
 from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.machines.partitions import FEATURE as PARTITIONS
 from maxq_raft.server.cluster import shard_of
@@ -250,6 +250,53 @@ def test_checks_and_counts_through_a_member_without_the_replicas_read_them_as_of
         assert conn.channel().queue_declare(partitioned, passive=True).method.message_count == 39
     finally:
         conn.close()
+
+
+def test_a_transaction_decided_through_a_member_without_its_queues_replica_reaches_the_queue(
+    held_cluster: Cluster,
+) -> None:
+    """A commit through n1 of halves in a queue whose group n1 holds no replica of: n1 sees no
+    queue holding them, so it answered 404 to a connection that had not published them, and a
+    confirmed commit left the halves unresolved until the group's leader came to them (found
+    with the transactions suite against 5 members at factor 3). It asks the groups it does not
+    hold (TxnHolders), and the confirm waits for their queues as for its own."""
+    n1 = held_cluster["n1"]
+    wait_for(lambda: flag_enabled(n1, TXN_HOLDERS), 60, "the txn_holders flag")
+    name, group = queue_elsewhere(held_cluster, "n1", prefix="txn")
+    holder = held_cluster[holders(held_cluster, group)[0]]
+
+    def half(channel, body: bytes, txn_id: str) -> None:
+        channel.basic_publish(
+            "", name, body, pika.BasicProperties(delivery_mode=2, headers={"x-transaction-id": txn_id})
+        )
+
+    def commit(channel, txn_id: str) -> None:
+        props = pika.BasicProperties(headers={"x-transaction-action": "commit"})
+        channel.basic_publish("amq.maxq.transaction", txn_id, b"", props)
+
+    on_holder, on_n1 = holder.connect(), n1.connect()
+    try:
+        h = on_holder.channel()
+        h.confirm_delivery()
+        h.queue_declare(name, durable=True)
+        half(h, b"a1", "txn-a")
+        half(h, b"a2", "txn-a")
+        ch = on_n1.channel()
+        ch.confirm_delivery()
+        assert ch.queue_declare(name, passive=True).method.message_count == 0  # (halves are not ready)
+        commit(ch, "txn-a")  # n1's connection published none of its halves
+        assert ch.queue_declare(name, passive=True).method.message_count == 2
+        half(ch, b"b1", "txn-b")  # halves through n1 itself
+        commit(ch, "txn-b")
+        assert ch.queue_declare(name, passive=True).method.message_count == 3
+        got = [ch.basic_get(name, auto_ack=True)[2] for _ in range(3)]
+        assert got == [b"a1", b"a2", b"b1"]
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as unknown:
+            commit(ch, "txn-never-published")
+        assert unknown.value.reply_code == 404
+    finally:
+        on_holder.close()
+        on_n1.close()
 
 
 def test_queue_settings_act_through_a_member_without_the_replica(held_cluster: Cluster) -> None:

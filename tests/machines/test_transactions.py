@@ -14,11 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from maxq_raft.machines.commands import Checkout, Enqueue, Get, ResolveTxn, Tick
+from maxq_raft.machines.commands import Checkout, Create, Enqueue, Get, ResolveTxn, Tick, TxnHolders
 from maxq_raft.machines.message import Message
 from maxq_raft.machines.queue import QueueMachine
 from maxq_raft.machines.queue_args import QueueSettings
 from maxq_raft.machines.queue_types import DeadLetter, Deliver, Meta, Overflowed, Rejected
+from maxq_raft.machines.shard import ALL_QUEUES, ShardMachine
 from maxq_raft.machines.snapshot import dump_queue, load_queue
 from maxq_raft.machines.transactions import TXN_MESSAGES_MAX, TxnCheck, TxnTimedOut
 from maxq_raft.machines.txn_decisions import DECISION_KEEP_MS, DecideTxn, TxnDecisions
@@ -167,6 +168,27 @@ def test_commands_round_trip_through_entries() -> None:
     assert plain.dedup is None and plain.txn == [(0, "t", 10, 1)]
     assert decode_command(encode_command(ResolveTxn("t", "commit")), False) == ResolveTxn("t", "commit")
     assert decode_command(encode_command(DecideTxn("/", "t", "rollback")), True) == DecideTxn("/", "t", "rollback")
+    assert decode_command(encode_command(TxnHolders("/", "t")), False) == TxnHolders("/", "t")
+
+
+def test_a_shard_names_its_queues_holding_halves_of_a_transaction_and_changes_nothing() -> None:
+    shard = ShardMachine("shard-0", lambda key, _create: QueueMachine(key[0], key[1]))
+    for key in [("/", "b"), ("/", "a"), ("other", "a"), ("/", "c")]:
+        shard.apply(Meta(1, 0), key, Create(True, {}), "n1@x")
+    for key in [("/", "b"), ("/", "a"), ("other", "a")]:
+        q = Clocked(shard.queues[key])
+        half(q, 0, "t", "one")
+    half(Clocked(shard.queues[("/", "c")]), 0, "u", "two")
+
+    def state() -> dict:
+        return {key: (q.ready_count, q.txn_messages, sorted(q.txns)) for key, q in shard.queues.items()}
+
+    before = state()
+    assert shard.apply(Meta(2, 0), ALL_QUEUES, TxnHolders("/", "t"), "n2@y") == (["a", "b"], [])
+    assert shard.apply(Meta(3, 0), ALL_QUEUES, TxnHolders("/", "none"), "n2@y") == ([], [])
+    reply, effects = shard.apply(Meta(4, 0), ALL_QUEUES, TxnHolders("/", ["unhashable"]), "n2@y")  # type: ignore[arg-type]
+    assert type(reply) is Rejected and reply.reply_code == 406 and effects == []
+    assert state() == before
 
 
 def test_the_first_decision_stands_and_old_ones_are_forgotten() -> None:

@@ -98,6 +98,7 @@ replies = st.one_of(
     ),
     st.lists(st.sampled_from(list(HandleResult)), min_size=1, max_size=4),
     st.lists(st.none() | st.tuples(st.text(max_size=8), st.integers(0, 2**40)), min_size=1, max_size=4),
+    st.lists(st.text(max_size=8), min_size=1, max_size=4),  # a TxnHolders' queue names
     st.just([]),
 )
 
@@ -151,6 +152,8 @@ def test_a_reply_that_cannot_cross_is_refused_when_encoded() -> None:
         ["H", ["nonsense"]],
         ["F", [[1, 2]]],
         ["C", 1, 2, "yes"],
+        ["N", ["a", 1]],
+        ["N", "a"],
         ["Z"],
         {"R": 1},
         3.5,
