@@ -861,9 +861,21 @@ class ClusterLog(CommandLog):
         return True
 
     def auto_delete_idle(self, group: str) -> None:
-        """After a member's consumers went: its auto-delete queues left without one go too."""
-        for key in [k for k in self.broker.queues if self.group_of(k) == group]:
-            self.broker.maybe_auto_delete(key)
+        """After a member's consumers went: its auto-delete queues left without one go too. Of a
+        group held elsewhere, by their records: each is asked for its counts first
+        (Broker.maybe_auto_delete); the machines here are only those of the groups held here."""
+        broker = self.broker
+        if self.holds(group):
+            keys = [k for k in broker.queues if self.group_of(k) == group]
+        else:
+            keys = [
+                (vhost, name)
+                for vhost, record in broker.meta.vhosts.items()
+                for name, queue in record.queues.items()
+                if queue.auto_delete and self.group_of((vhost, name)) == group
+            ]
+        for key in keys:
+            broker.maybe_auto_delete(key)
 
     def _cut_off(self) -> None:
         """The others declared this node gone (it was cut off): its consumers no longer exist

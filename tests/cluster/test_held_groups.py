@@ -299,6 +299,29 @@ def test_a_transaction_decided_through_a_member_without_its_queues_replica_reach
         on_n1.close()
 
 
+def test_an_auto_delete_queue_goes_when_its_consumers_member_is_declared_down(held_cluster: Cluster) -> None:
+    """The metadata group's leader declares a silent member down and then deletes the auto-delete
+    queues its consumers leave without one. It looked only at the queues of groups it holds: one
+    in a group it holds no replica of stayed for good (found reading server/cluster.py for what
+    else sees only the groups a member holds)."""
+    leader = held_cluster.leader_of("meta")
+    assert leader is not None
+    name, _group = queue_elsewhere(held_cluster, leader, prefix="auto")
+    member = next(m.name for m in held_cluster.alive() if m.name != leader)
+    conn = held_cluster[member].connect()
+    ch = conn.channel()
+    ch.queue_declare(name, auto_delete=True)
+    ch.basic_consume(name, lambda *_: None)
+    conn.process_data_events(0.2)
+    assert name in {q["name"] for q in held_cluster[leader].admin("/api/queues")}
+    held_cluster[member].kill()
+    wait_for(
+        lambda: name not in {q["name"] for q in held_cluster[leader].admin("/api/queues")},
+        30,
+        f"the auto-delete queue gone after {member} was declared down",
+    )
+
+
 def test_queue_settings_act_through_a_member_without_the_replica(held_cluster: Cluster) -> None:
     """A policy set on n1 reaches a queue whose group n1 does not hold; a redeclare on n1
     restarts its x-expires; n1 holds its publishers to its x-publish-rate-limit."""
