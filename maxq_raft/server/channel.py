@@ -41,6 +41,7 @@ from .partitioned import (
     partition_keys,
     ready_count,
     share,
+    sync_alongside,
     unavailable,
     with_fresh_counts,
     with_policy_partitions,
@@ -552,26 +553,24 @@ class Channel:
         self._existing_queue(name)
         keys = partition_keys(self.broker, self.session.vhost, name)
         count = len(keys)
-        # A partitioned queue: its partitions in turn, from where the last get left; those holding
-        # messages first, every one tried anyway. An empty one costs a Get through its group's
-        # log: a final drain through a member without the replicas took 0.3 s per basic.get of 4
-        # mostly empty partitions (jepsen-style seed 2012, on a loaded machine). Those held
-        # elsewhere are synced first, all at once (one commit's wait more): get-ok's count is
-        # then every partition's, not what this member last heard of them.
+        # A partitioned queue: its partitions in turn, from where the last get left; those this
+        # member sees holding messages first, every one tried anyway. An empty one costs a Get
+        # through its group's log: a final drain through a member without the replicas took 0.3 s
+        # per basic.get of 4 mostly empty partitions (jepsen-style seed 2012, on a loaded
+        # machine). Those held elsewhere are synced beside the Get, and get-ok waits for them: its
+        # count is every partition's, not what this member last heard of them.
+        start = self.get_turns.get(name, 0) % count
+        order = [(start + i) % count for i in range(count)]
+        if count > 1:
+            order.sort(key=lambda i: ready_count(self.broker, [keys[i]]) == 0)
         for key in keys:
             self.queues_touched[key] = None
+        after_counts = sync_alongside(self.broker, keys if count > 1 else [], self._then)
+        self._get(m, name, keys, order, 0, after_counts)
 
-        def counted() -> None:
-            start = self.get_turns.get(name, 0) % count
-            order = [(start + i) % count for i in range(count)]
-            if count > 1:
-                order.sort(key=lambda i: ready_count(self.broker, [keys[i]]) == 0)
-            self._get(m, name, keys, order, 0)
-
-        with_fresh_counts(self.broker, keys if count > 1 else [], self._then, counted)
-
-    def _get(self, m, name: str, keys: list, order: list[int], turn: int) -> None:
-        """Try partition `order[turn]` of `keys` (a queue's only one, or its partitions)."""
+    def _get(self, m, name: str, keys: list, order: list[int], turn: int, after_counts) -> None:
+        """Try partition `order[turn]` of `keys` (a queue's only one, or its partitions); get-ok
+        goes once `after_counts` (partitioned.sync_alongside) has the others' counts."""
         queue_key = keys[order[turn]]
 
         def got(reply) -> None:
@@ -579,35 +578,40 @@ class Channel:
                 raise ChannelError(reply.reply_code, reply.reply_text)
             broker = self.broker
             if reply is None and turn + 1 < len(keys):
-                self._get(m, name, keys, order, turn + 1)  # this partition is empty: the next one
+                self._get(m, name, keys, order, turn + 1, after_counts)  # this partition is empty: the next one
                 return
             if reply is None:
                 broker.messages_get_empty += 1
                 self._reply(spec.BasicGetEmpty())
                 return
             message, redelivered, remaining = reply
-            if len(keys) > 1:
-                self.get_turns[name] = (order[turn] + 1) % len(keys)
-                remaining += ready_count(broker, [key for key in keys if key != queue_key])
             if m.no_ack:
                 broker.messages_got_auto_ack += 1
             else:
                 broker.messages_got_manual_ack += 1
             if redelivered:
                 broker.messages_redelivered += 1
-            tag = self.state.deliver(None if m.no_ack else (queue_key, self.get_consumer_id, message.seq))
-            self.conn.send_content(
-                self.number,
-                spec.BasicGetOk(
-                    delivery_tag=tag,
-                    redelivered=redelivered,
-                    exchange=message.exchange,
-                    routing_key=message.routing_key,
-                    message_count=remaining,
-                ),
-                delivery_props(message),
-                message.body,
-            )
+
+            def counted() -> None:
+                left = remaining
+                if len(keys) > 1:
+                    self.get_turns[name] = (order[turn] + 1) % len(keys)
+                    left += ready_count(broker, [key for key in keys if key != queue_key])
+                tag = self.state.deliver(None if m.no_ack else (queue_key, self.get_consumer_id, message.seq))
+                self.conn.send_content(
+                    self.number,
+                    spec.BasicGetOk(
+                        delivery_tag=tag,
+                        redelivered=redelivered,
+                        exchange=message.exchange,
+                        routing_key=message.routing_key,
+                        message_count=left,
+                    ),
+                    delivery_props(message),
+                    message.body,
+                )
+
+            after_counts(counted)
 
         self.broker.queue_call(queue_key, qc.Get(self.get_consumer_id, self.owner, m.no_ack), self._then(got))
 

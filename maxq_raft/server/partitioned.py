@@ -130,6 +130,40 @@ def with_fresh_counts(
         broker.queue_call(key, qc.Sync(), synced(key))
 
 
+def sync_alongside(
+    broker: Any, keys: list[tuple[str, str]], then_of: Callable[[Callable[[Any], None]], Callable[[Any], None]]
+) -> Callable[[Callable[[], None]], None]:
+    """`with_fresh_counts` without waiting for it: the Syncs of `keys` held elsewhere start now,
+    and the returned `after(fn)` runs fn() once they have all answered (at once if they have),
+    the channel held meanwhile by `then_of`. For a basic.get, whose Get goes out beside them
+    (one commit's wait, not two). A Sync that fails leaves that count as it was: its Get may
+    have taken a message already, which an error here would lose."""
+    elsewhere = held_elsewhere(broker, keys)
+    state: dict[str, Any] = {"left": len(elsewhere), "waiting": None}
+
+    def synced(key: tuple[str, str]) -> Callable[[Any], None]:
+        def done(reply: Any) -> None:
+            broker.note_counts(key, reply)
+            state["left"] -= 1
+            waiting = state["waiting"]
+            if not state["left"] and waiting is not None:
+                state["waiting"] = None
+                waiting(None)
+
+        return done
+
+    for key in elsewhere:
+        broker.queue_call(key, qc.Sync(), synced(key))
+
+    def after(fn: Callable[[], None]) -> None:
+        if not state["left"]:
+            fn()
+            return
+        state["waiting"] = then_of(lambda _reply: fn())
+
+    return after
+
+
 def in_turn(
     then_of: Callable[[Callable[[Any], None]], Callable[[Any], None]], steps: list[Step], then: Callable[[list], None]
 ) -> None:
