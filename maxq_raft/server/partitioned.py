@@ -21,6 +21,7 @@ from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines import partitions
 from ..machines.queue_types import Rejected
+from .confirms import Unavailable
 from .errors import ChannelError
 
 # step(done): starts one partition's command; done(reply) is its continuation
@@ -109,46 +110,37 @@ def with_fresh_counts(
     at once; one held here is read from its machine. Without it such a partition counted as its
     last Sync left it, or as empty: declare-ok and get-ok came short, and a delete if-empty
     through a member without the replicas removed a queue holding messages (the AMQP suite
-    against 5 members at factor 3). `then_of` is the channel's `_then`; right away when every
-    key is held here (a single node)."""
-    elsewhere = held_elsewhere(broker, keys)
-    if not elsewhere:
-        then()
-        return
-    left = [len(elsewhere)]
-
-    def synced(key: tuple[str, str]) -> Callable[[Any], None]:
-        def done(reply: Any) -> None:
-            broker.note_counts(key, reply)  # (a Rejected one: the partition went meanwhile)
-            left[0] -= 1
-            if not left[0]:
-                then()
-
-        return then_of(done)
-
-    for key in elsewhere:
-        broker.queue_call(key, qc.Sync(), synced(key))
+    against 5 members at factor 3). `then_of` is the channel's `_then` (a Sync the cluster could
+    not commit closes the connection, as any); right away when every key is held here (a single
+    node)."""
+    sync_alongside(broker, keys, then_of, strict=True)(then)
 
 
 def sync_alongside(
-    broker: Any, keys: list[tuple[str, str]], then_of: Callable[[Callable[[Any], None]], Callable[[Any], None]]
+    broker: Any,
+    keys: list[tuple[str, str]],
+    then_of: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+    *,
+    strict: bool = False,
 ) -> Callable[[Callable[[], None]], None]:
     """`with_fresh_counts` without waiting for it: the Syncs of `keys` held elsewhere start now,
     and the returned `after(fn)` runs fn() once they have all answered (at once if they have),
     the channel held meanwhile by `then_of`. For a basic.get, whose Get goes out beside them
-    (one commit's wait, not two). A Sync that fails leaves that count as it was: its Get may
-    have taken a message already, which an error here would lose."""
+    (one commit's wait, not two). Not `strict`, a Sync that fails leaves that count as it was:
+    its Get may have taken a message already, which an error here would lose."""
     elsewhere = held_elsewhere(broker, keys)
-    state: dict[str, Any] = {"left": len(elsewhere), "waiting": None}
+    state: dict[str, Any] = {"left": len(elsewhere), "waiting": None, "failure": None}
 
     def synced(key: tuple[str, str]) -> Callable[[Any], None]:
         def done(reply: Any) -> None:
-            broker.note_counts(key, reply)
+            broker.note_counts(key, reply)  # (a Rejected one: the partition went meanwhile)
+            if strict and type(reply) is Unavailable and state["failure"] is None:
+                state["failure"] = reply
             state["left"] -= 1
             waiting = state["waiting"]
             if not state["left"] and waiting is not None:
                 state["waiting"] = None
-                waiting(None)
+                waiting(state["failure"])
 
         return done
 
@@ -156,10 +148,14 @@ def sync_alongside(
         broker.queue_call(key, qc.Sync(), synced(key))
 
     def after(fn: Callable[[], None]) -> None:
-        if not state["left"]:
+        if not state["left"] and state["failure"] is None:
             fn()
             return
-        state["waiting"] = then_of(lambda _reply: fn())
+        resume = then_of(lambda _reply: fn())  # (an Unavailable reply closes the connection instead)
+        if state["left"]:
+            state["waiting"] = resume
+        else:
+            resume(state["failure"])
 
     return after
 
