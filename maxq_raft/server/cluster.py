@@ -404,14 +404,21 @@ class ClusterLog(CommandLog):
 
     def on_snapshot(self, group: str, header) -> None:
         """The engine's callback (hub thread): this member's state for `group` is the snapshot's
-        (a restart, or the leader installed it because this member fell behind its log)."""
+        (a restart; the leader installed it because this member fell behind its log; or this
+        member is a learner of the group, moved onto it, taking its state first)."""
+        g = self.node.groups.get(group) if self.node is not None else None
+        learning = g is not None and g.learning  # (read here: its promotion is the hub thread's)
         try:
-            self._token.run_sync_soon(self._load_snapshot, group, header)
+            self._token.run_sync_soon(self._load_snapshot, group, header, learning)
         except trio.RunFinishedError:
             pass
 
-    def _load_snapshot(self, group: str, header) -> None:
-        if self.broker.sessions:
+    def _load_snapshot(self, group: str, header, learning: bool = False) -> None:
+        # A learner's clients were served by the group's leader (remote.py) and go on so until
+        # its promotion (`_promoted` then writes what is checked out to them): nothing they saw
+        # came from this member's machines of the group, so nothing they saw jumps. Closing them
+        # made every move of a group with a compacted log onto a member close all its clients.
+        if self.broker.sessions and not learning:
             # Caught up by a snapshot while serving: the clients' view of this member jumps; they
             # reconnect and see the new state (their consumers are cancelled through the log).
             log.warning(

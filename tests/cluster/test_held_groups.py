@@ -686,29 +686,37 @@ def in_background(consumer: Consumer, call: Callable[[], subprocess.CompletedPro
     return box[0]
 
 
-def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_cluster: Cluster) -> None:
-    name, group = queue_elsewhere(held_cluster, "n1")
-    before = holders(held_cluster, group)
-    with held_cluster["n1"].connect() as conn:
+def move_onto_and_off_the_consumers_member(cluster: Cluster) -> tuple[str, list[str]]:
+    """Under confirmed load with a consumer on n1, a queue's group is moved onto n1 and back:
+    the consumer's connection stays open and it gets every confirmed message (`confirmed_load`).
+    Returns the group and its members before."""
+    name, group = queue_elsewhere(cluster, "n1")
+    before = holders(cluster, group)
+    with cluster["n1"].connect() as conn:
         conn.channel().queue_declare(name, durable=True)
-    with confirmed_load(held_cluster, name) as consumer:
+    with confirmed_load(cluster, name) as consumer:
         target = [before[0], before[1], "n1"]
-        dry = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(target), "--dry-run")
+        dry = run_maxqctl(cluster["n1"], "move-group", group, "--to", ",".join(target), "--dry-run")
         assert dry.returncode == 0 and f"{group}: {before[2]} -> n1" in dry.stdout, dry
-        assert holders(held_cluster, group) == before  # (a dry run changes nothing)
+        assert holders(cluster, group) == before  # (a dry run changes nothing)
         moved = in_background(
-            consumer, lambda: run_maxqctl(held_cluster["n2"], "move-group", group, "--to", ",".join(target))
+            consumer, lambda: run_maxqctl(cluster["n2"], "move-group", group, "--to", ",".join(target))
         )
         assert moved.returncode == 0, (moved.stdout, moved.stderr)
-        assert sorted(held_by(held_cluster["n1"])[group]) == sorted(target)  # n1 applies it now
+        assert sorted(held_by(cluster["n1"])[group]) == sorted(target)  # n1 applies it now
         consumer.pump_while(lambda: True, 2)
         # The metadata group's record follows the move (server/watchdog.py, `_record_placement`).
-        wait_for(lambda: recorded_replicas(held_cluster["n1"], group) == sorted(target), 15, "the move recorded")
+        wait_for(lambda: recorded_replicas(cluster["n1"], group) == sorted(target), 15, "the move recorded")
         back = in_background(
-            consumer, lambda: run_maxqctl(held_cluster["n1"], "move-group", group, "--to", ",".join(before))
+            consumer, lambda: run_maxqctl(cluster["n1"], "move-group", group, "--to", ",".join(before))
         )
         assert back.returncode == 0, (back.stdout, back.stderr)
-        assert group not in held_by(held_cluster["n1"]) and holders(held_cluster, group) == sorted(before)
+        assert group not in held_by(cluster["n1"]) and holders(cluster, group) == sorted(before)
+    return group, before
+
+
+def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_cluster: Cluster) -> None:
+    group, before = move_onto_and_off_the_consumers_member(held_cluster)
     refused = run_maxqctl(held_cluster["n1"], "move-group", group, "--to", "n1,n2,n9")
     assert refused.returncode == 4 and "not members of the cluster: n9" in refused.stderr, refused
     status, answer, _ = api(held_cluster["n1"], "POST", "/api/cluster/move-group", {"group": "meta", "add": "n1"})
@@ -726,6 +734,24 @@ def test_a_queues_group_moves_onto_and_off_its_consumers_member_under_load(held_
         held_cluster[before[0]], "POST", "/api/cluster/move-group", {"group": group, "remove": "n1"}
     )
     assert status == 200 and sorted(answer["members"]) == sorted(before), answer
+
+
+def test_a_group_with_a_compacted_log_moves_onto_its_consumers_member_without_closing_its_clients(
+    tmp_path: Path,
+) -> None:
+    """A learner whose group's log was compacted catches up from a snapshot; its member went on
+    serving its clients from other groups and from the group's leader meanwhile, so it must not
+    close them (it did: every move of such a group onto a member closed all that member's
+    connections with 320 "caught up from a snapshot")."""
+    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--snapshot-every-mb", "0.02"]
+    with running_cluster(tmp_path, extra, MEMBERS) as cluster:
+        bystander = cluster["n1"].connect(heartbeat=0)  # a client of nothing in the moved group
+        bystander.channel().queue_declare("bystander", durable=True)
+        group, _before = move_onto_and_off_the_consumers_member(cluster)
+        assert f"group {group}: installing the snapshot at index" in cluster["n1"].log_text()
+        assert bystander.is_open
+        bystander.channel().queue_declare("bystander", durable=True, passive=True)
+        bystander.close()
 
 
 def test_a_drain_under_confirmed_load_leaves_the_member_no_group_and_no_client(held_cluster: Cluster) -> None:
