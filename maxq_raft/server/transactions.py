@@ -20,7 +20,8 @@ Theory of operation:
 - `perform_effect` takes the queue machines' `TxnCheck` (publish a check message to the first
   half's reply_to queue) and `TxnTimedOut` (record "expire", then resolve), on the leader of the
   queue's shard only; of several queues holding one transaction, only the first (by name) sends
-  checks, so a producer gets one check per attempt;
+  checks, so a producer gets one check per attempt (a leader holding no replica of some groups
+  asks them first, TxnHolders: their leaders see none of its queues, nor it theirs);
 - `resolve_decided` runs in the ticker of each shard leader: a queue still holding halves of a
   decided transaction (its ResolveTxn was lost with a crashed node, or its shard applied the
   halves after the decision was made elsewhere) is resolved again. That is what makes a
@@ -141,9 +142,7 @@ def decide_publish(session: Any, channel: Any, seq: int | None, method: Any, pro
     known = _known(session, broker, vhost, txn_id)
     # The groups this member holds no replica of are asked which of their queues hold halves
     # (TxnHolders): it sees none of those queues, and the confirm waits for them to be resolved.
-    elsewhere: list[str] = []
-    if not log_.synchronous and broker.meta.feature_enabled(TXN_HOLDERS):
-        elsewhere = [group for group in log_.shards if not log_.holds(group)]
+    elsewhere = groups_held_elsewhere(broker)
     if known and not elsewhere:
         _record(session, channel, seq, broker, vhost, txn_id, action, [])
         return
@@ -255,7 +254,7 @@ def perform_effect(broker: Any, effect: Any) -> bool:
         if broker.log.leads_queue(key):
             found = holders(broker, effect.vhost, effect.txn_id)
             if not found or found[0] == key:  # one check per attempt, from the first holder
-                _send_check(broker, effect)
+                _check_if_first(broker, effect, key, groups_held_elsewhere(broker))
         return True
     if kind is TxnTimedOut:
         key = (effect.vhost, effect.queue)
@@ -270,6 +269,36 @@ def perform_effect(broker: Any, effect: Any) -> bool:
             broker.meta_call(DecideTxn(vhost, txn_id, "expire"), recorded)
         return True
     return False
+
+
+def groups_held_elsewhere(broker: Any) -> list[str]:
+    """The shard groups this member holds no replica of, once every member can say which of
+    their queues hold halves (TxnHolders); none on a single node or with every group here."""
+    log_ = broker.log
+    if log_.synchronous or not broker.meta.feature_enabled(TXN_HOLDERS):
+        return []
+    return [group for group in log_.shards if not log_.holds(group)]
+
+
+def _check_if_first(broker: Any, effect: TxnCheck, key: tuple[str, str], elsewhere: list[str]) -> None:
+    """Send the check if no queue of the groups `elsewhere` holding halves comes before `key`:
+    their leaders may not see this member's queues either, and each would take its own for the
+    first (two checks per attempt). A group that cannot answer does not hold the check back: a
+    second check is harmless, none would expire the transaction unasked."""
+    if not elsewhere:
+        _send_check(broker, effect)
+        return
+    left = {"groups": len(elsewhere), "before": False}
+
+    def answered(reply: Any) -> None:
+        if type(reply) is list and any(type(n) is str and (effect.vhost, n) < key for n in reply):
+            left["before"] = True
+        left["groups"] -= 1
+        if left["groups"] == 0 and not left["before"]:
+            _send_check(broker, effect)
+
+    for group in elsewhere:
+        broker.log.submit(ALL_QUEUES, qc.TxnHolders(effect.vhost, effect.txn_id), answered, group=group)
 
 
 def _send_check(broker: Any, effect: TxnCheck) -> None:

@@ -299,6 +299,70 @@ def test_a_transaction_decided_through_a_member_without_its_queues_replica_reach
         on_n1.close()
 
 
+def leaders_and_members(cluster: Cluster) -> dict[str, tuple[str, list[str]]]:
+    """Each shard group's leader and members, as a member holding it sees them."""
+    seen: dict[str, tuple[str, list[str]]] = {}
+    for member in cluster.alive():
+        for g in member.admin("/api/cluster/status")["groups"]:
+            if g["group"] != "meta" and g.get("leader"):
+                seen.setdefault(g["group"], (g["leader"], sorted(m["node"] for m in g["members"])))
+    return seen
+
+
+def test_a_transaction_in_queues_of_groups_whose_leaders_see_only_their_own_is_checked_once_per_attempt(
+    held_cluster: Cluster,
+) -> None:
+    """Halves in queues A and B (A first by name) of two groups, where B's group's leader holds
+    no replica of A's: each leader saw only its own queue, took it for the transaction's first,
+    and both sent every check (two per attempt). A leader holding fewer groups asks the others
+    (TxnHolders) before it sends."""
+    n1 = held_cluster["n1"]
+    wait_for(lambda: flag_enabled(n1, TXN_HOLDERS), 60, "the txn_holders flag")
+    layout = wait_for(
+        lambda: (lambda s: s if len(s) == SHARDS else None)(leaders_and_members(held_cluster)), 30, "leaders"
+    )
+    names = [f"txc{i}" for i in range(200)]
+    pair = next(
+        (a, b)
+        for a in names
+        for b in names
+        if a < b
+        and shard_of(("/", a), SHARDS) != shard_of(("/", b), SHARDS)
+        and layout[shard_of(("/", b), SHARDS)][0] not in layout[shard_of(("/", a), SHARDS)][1]
+    )
+    checks = "txc-checks"
+    conn = n1.connect()
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for name in (*pair, checks):
+            channel.queue_declare(name, durable=True)
+        txn_id = "txn-checked-once"
+        headers = {"x-transaction-id": txn_id, "x-transaction-timeout": 1500, "x-transaction-checks": 10}
+        for name in pair:
+            properties = pika.BasicProperties(delivery_mode=2, headers=headers, reply_to=checks)
+            channel.basic_publish("", name, name.encode(), properties)
+        attempts: list[tuple[int, str]] = []
+        deadline = time.monotonic() + 30
+        while len({a for a, _q in attempts}) < 3 and time.monotonic() < deadline:
+            method, props, _body = channel.basic_get(checks, auto_ack=True)
+            if method is None:
+                time.sleep(0.1)
+                continue
+            attempts.append((props.headers["x-transaction-check-attempt"], props.headers["x-transaction-queue"]))
+        time.sleep(0.5)  # (a second copy of the last attempt would be here by now)
+        while (got := channel.basic_get(checks, auto_ack=True))[0] is not None:
+            attempts.append((got[1].headers["x-transaction-check-attempt"], got[1].headers["x-transaction-queue"]))
+        numbers = [a for a, _q in attempts]
+        assert numbers[:3] == [1, 2, 3] and len(numbers) == len(set(numbers)), (pair, attempts)
+        assert {q for _a, q in attempts} == {pair[0]}, (pair, attempts)  # (from the first holder, by name)
+        channel.basic_publish(
+            "amq.maxq.transaction", txn_id, b"", pika.BasicProperties(headers={"x-transaction-action": "rollback"})
+        )
+    finally:
+        conn.close()
+
+
 def test_an_auto_delete_queue_goes_when_its_consumers_member_is_declared_down(held_cluster: Cluster) -> None:
     """The metadata group's leader declares a silent member down and then deletes the auto-delete
     queues its consumers leave without one. It looked only at the queues of groups it holds: one
