@@ -40,6 +40,7 @@ from ..server.message_rates import exchange_counts
 from . import (
     access_api,
     auth,
+    cluster_lists,
     definitions_api,
     feature_flags_api,
     health_api,
@@ -70,9 +71,11 @@ NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/-
 # ------------------------------------------------------------------------------ views (GET)
 
 
-def view_overview(broker) -> dict:
+async def view_overview(broker, request: Request) -> dict:
+    extras = management_views.overview_extras(broker)
+    extras["object_totals"].update(await cluster_lists.client_totals(broker))  # (every member's clients)
     return {
-        **management_views.overview_extras(broker),
+        **extras,
         "node": broker.node_id,
         "uptime_s": round(time.time() - broker.started_at, 1),
         "queues": len(broker.queues),
@@ -223,24 +226,6 @@ def view_exchanges(broker) -> list:
 
 def view_bindings(broker) -> list:
     return [binding for vhost in broker.meta.vhosts for binding in objects_api.bindings_of(broker, vhost)]
-
-
-def view_connections(broker) -> list:
-    return [management_views.connection_view(session) for session in broker.sessions.values()]
-
-
-def view_consumers(broker) -> list:
-    return [
-        {
-            "consumer_tag": h.tag,
-            "queue": h.queue_key[1],
-            "vhost": h.queue_key[0],
-            "channel": h.channel.number,
-            "connection": h.channel.session.id,
-            "ack_required": not h.no_ack,
-        }
-        for h in broker.consumers.values()
-    ]
 
 
 # ------------------------------------------------------------------- changes (POST, PUT, DELETE)
@@ -626,6 +611,16 @@ def _view(fn: Callable[[Any], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
     return handler
 
 
+def _listed(kind: str) -> Callable[[Any, Request], Awaitable[Any]]:
+    """A GET of every member's `kind` (http/cluster_lists.py), filtered as `_view`'s."""
+
+    async def handler(broker, request: Request) -> Any:
+        items = await cluster_lists.gather(broker, kind)
+        return items if request.caller is None else auth.visible(request.caller, broker.meta, items)
+
+    return handler
+
+
 def _sync(fn: Callable[[Any, Request], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
     async def handler(broker, request: Request) -> Any:
         return fn(broker, request)
@@ -648,17 +643,17 @@ MANAGEMENT, POLICYMAKER, MONITORING, ADMINISTRATOR = (
 # against the vhost in its path (auth.check).
 ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/whoami": {"GET": (MANAGEMENT, _whoami)},
-    "/api/overview": {"GET": (MANAGEMENT, _view(view_overview))},
+    "/api/overview": {"GET": (MANAGEMENT, view_overview)},
     "/api/cluster-name": {"GET": (MANAGEMENT, _sync(health_api.cluster_name))},
     "/api/feature-flags": {
         "GET": (ADMINISTRATOR, _sync(lambda broker, _request: feature_flags_api.feature_flags(broker)))
     },
     "/api/nodes": {"GET": (MONITORING, view_nodes)},
     "/api/nodes/{name}": {"GET": (MONITORING, view_node)},
-    "/api/channels": {"GET": (MANAGEMENT, _view(management_views.channel_views))},
+    "/api/channels": {"GET": (MANAGEMENT, _listed("channels"))},
     "/api/connections/{name}": {
-        "GET": (MANAGEMENT, _sync(management_views.get_connection)),
-        "DELETE": (MANAGEMENT, _sync(management_views.close_connection)),
+        "GET": (MANAGEMENT, cluster_lists.get_connection),
+        "DELETE": (MANAGEMENT, cluster_lists.close_connection),
     },
     # No runtime parameters (federation, shovels) here: empty lists.
     "/api/parameters": {"GET": (POLICYMAKER, _view(lambda broker: []))},
@@ -720,8 +715,8 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "DELETE": (MANAGEMENT, objects_api.delete_binding),
     },
     "/api/bindings": {"GET": (MANAGEMENT, _view(view_bindings))},
-    "/api/connections": {"GET": (MANAGEMENT, _view(view_connections))},
-    "/api/consumers": {"GET": (MANAGEMENT, _view(view_consumers))},
+    "/api/connections": {"GET": (MANAGEMENT, _listed("connections"))},
+    "/api/consumers": {"GET": (MANAGEMENT, _listed("consumers"))},
     "/api/policies": {"GET": (MANAGEMENT, _view(view_policies))},
     "/api/policies/{vhost}/{name}": {"PUT": (POLICYMAKER, put_policy), "DELETE": (POLICYMAKER, delete_policy)},
     "/api/definitions": {

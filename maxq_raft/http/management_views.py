@@ -55,9 +55,47 @@ def connection_view(session: Any) -> dict:
     }
 
 
+def connection_views(broker: Any) -> list[dict]:
+    return [connection_view(session) for session in broker.sessions.values()]
+
+
+def consumer_views(broker: Any) -> list[dict]:
+    return [
+        {
+            "consumer_tag": h.tag,
+            "queue": h.queue_key[1],
+            "vhost": h.queue_key[0],
+            "channel": h.channel.number,
+            "connection": h.channel.session.id,
+            "node": broker.node_id,
+            "ack_required": not h.no_ack,
+        }
+        for h in broker.consumers.values()
+    ]
+
+
+def client_totals(broker: Any) -> list[dict]:
+    """This member's connections, channels and consumers, counted (a list of one, as the other
+    views are lists)."""
+    sessions = broker.sessions.values()
+    return [
+        {
+            "connections": len(sessions),
+            "channels": sum(len(session.channels) for session in sessions),
+            "consumers": len(broker.consumers),
+        }
+    ]
+
+
+def close_reason(request: Request) -> str:
+    """The X-Reason header's text, bounded, else RabbitMQ's."""
+    given = request.headers.get("x-reason", "").strip().encode("utf-8", "replace")
+    return given[:CLOSE_REASON_MAX_BYTES].decode("utf-8", "ignore") or CLOSE_REASON
+
+
 def _session(broker: Any, request: Request) -> Any:
     """The connection named in the path, if the caller may see it (its own, or everyone's for
-    monitoring and administrators); a connection of another member is not here: 404."""
+    monitoring and administrators); 404 if not (another member's: http/cluster_lists.py)."""
     session = broker.sessions.get(request.params["name"])
     caller = request.caller
     if session is None or caller is None or not (caller.sees_everything or session.user == caller.name):
@@ -75,9 +113,7 @@ def close_connection(broker: Any, request: Request) -> Reply:
     session = _session(broker, request)
     if session.user != request.caller.name and not request.caller.has(auth.Need.ADMINISTRATOR):
         raise auth.Forbidden("Access refused.")
-    given = request.headers.get("x-reason", "").strip().encode("utf-8", "replace")
-    reason = given[:CLOSE_REASON_MAX_BYTES].decode("utf-8", "ignore") or CLOSE_REASON
-    session.force_close(reason)
+    session.force_close(close_reason(request))
     return Reply("204 No Content")
 
 
@@ -176,9 +212,7 @@ def overview_extras(broker: Any) -> dict:
         "message_stats": broker.message_rates.message_stats(trio.current_time(), node_counts(broker)),
         "queue_totals": {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked},
         "object_totals": {
-            "connections": len(broker.sessions),
-            "channels": sum(len(session.channels) for session in broker.sessions.values()),
-            "consumers": len(broker.consumers),
+            **client_totals(broker)[0],  # (this member's; admin.py's overview adds the others')
             "exchanges": exchanges,
             "queues": len(queues),
         },

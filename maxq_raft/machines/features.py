@@ -47,6 +47,10 @@ QUEUE_ARGUMENTS_REMOVED = "queue_arguments_removed"
 # of a transaction it decides (commands.TxnHolders), which an earlier release does not know.
 TXN_HOLDERS = "txn_holders"
 
+# A member answering GET /api/connections, /api/channels or /api/consumers asks every other
+# member for its own (http/cluster_lists.py): an earlier release would drop the question.
+CLUSTER_LISTS = "cluster_lists"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
@@ -60,6 +64,7 @@ FEATURES: dict[str, str] = {
     QUEUE_LOCATOR: "A member places a queue it declares in a group it leads (x-queue-leader-locator client-local)",
     QUEUE_ARGUMENTS_REMOVED: "SQS SetQueueAttributes can remove a queue's RedrivePolicy or RedriveAllowPolicy",
     TXN_HOLDERS: "A transaction decided through a member without its queues' replicas reaches those queues",
+    CLUSTER_LISTS: "The management API lists every member's connections, channels and consumers",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

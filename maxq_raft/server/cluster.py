@@ -134,6 +134,9 @@ class ClusterLog(CommandLog):
         self._asks: dict[int, list] = {}
         self._asks_made = 0
         self._nursery: Any = None  # serve_remote's: moves asked of this member run there
+        # Another member's question about this one's clients ("lv", "lx": http/cluster_lists.py,
+        # wired by main.py): (its kind, what it asks) -> the answer's items
+        self.answer_lists: Callable[[str, list], list] | None = None
         self.node = node  # ReplicationNode (or anything with its propose/leader/peer API)
         self.watchdog = MembershipWatchdog(self)
         self._token = trio.lowlevel.current_trio_token()  # the hub thread hops to the loop with it
@@ -548,7 +551,10 @@ class ClusterLog(CommandLog):
                 self.remote_out.outgoing.setdefault(peer, []).append(["mvr", request, "starting: ask again"])
             else:
                 self._nursery.start_soon(self._move_asked, peer, request, group, add, remove)
-        elif kind in ("mvr", "tqr"):  # the answer to a move or a trace query this member asked
+        elif kind in ("lv", "lx"):  # a member asks for this one's clients, or to close one
+            answer = self.answer_lists(kind, item[2:]) if self.answer_lists is not None else [None, "not served here"]
+            self.remote_out.outgoing.setdefault(peer, []).append([kind + "r", item[1], *answer])
+        elif kind in ("mvr", "tqr", "lvr", "lxr"):  # the answer to a question this member asked
             waiter = self._asks.get(item[1])
             if waiter is not None:
                 waiter[1] = item[2:]
@@ -739,6 +745,11 @@ class ClusterLog(CommandLog):
         start(finished)
         await done.wait()
         return answer[0]
+
+    async def ask_member(self, member: str, item: list, wait_s: float) -> list | None:
+        """Ask `member` a question (`item`: its kind, then what it asks); the answer's items, or
+        None when none came within `wait_s`."""
+        return await self._ask(member, item, wait_s)
 
     async def _ask(self, member: str, item: list, wait_s: float) -> list | None:
         """Send `member` `item` (its kind, then what it asks) numbered as a request; the rest of

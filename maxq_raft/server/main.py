@@ -37,6 +37,7 @@ import trio
 
 from ..amqp import spec
 from ..config import Settings, SettingsError, load_settings, parse_addr
+from ..http import cluster_lists
 from ..http.admin import allowed_hosts
 from ..http.admin_app import open_admin_listeners, open_admin_tls_listeners, serve_admin
 from ..http.metrics_server import open_metrics_listeners, serve_metrics
@@ -329,6 +330,7 @@ async def _serve_clustered(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )
     cluster.default_locator = settings.queue_leader_locator
+    cluster.answer_lists = partial(cluster_lists.answer, broker)  # (another member asks for this one's clients)
     broker.attach(cluster)
     cluster.on_fatal = stop.halt
     held, proposal = _first_placement(settings, cluster.shards)

@@ -46,7 +46,7 @@ export function connectionsPage(ctx) {
             ["", close],
           ],
           connections,
-          "no connections to this node",
+          "no connections",
         ),
       );
     },
@@ -72,7 +72,7 @@ export function channelsPage() {
             ["unconfirmed", (c) => num(c.messages_unconfirmed), "num"],
           ],
           channels,
-          "no channels on this node",
+          "no channels",
         ),
       );
     },
