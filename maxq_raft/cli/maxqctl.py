@@ -30,6 +30,7 @@ import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from ..machines.access import USER_LIMITS, VHOST_LIMITS
 from . import maintenance, objects, progress, replicas, trace
@@ -44,7 +45,10 @@ LISTS = {
         "/api/channels",
         ["name", "user", "vhost", "consumer_count", "messages_unacknowledged", "prefetch_count", "confirm"],
     ),
-    "consumers": ("/api/consumers", ["vhost", "queue", "consumer_tag", "connection", "channel", "ack_required"]),
+    "consumers": (
+        "/api/consumers",
+        ["vhost", "queue.name", "consumer_tag", "channel_details.name", "prefetch_count", "ack_required"],
+    ),
     "nodes": ("/api/nodes", ["name", "running", "mem_used", "disk_free", "fd_used", "uptime"]),
     "policies": ("/api/policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
     "operator-policies": ("/api/operator-policies", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
@@ -92,11 +96,19 @@ def credentials(args, environ) -> tuple[str, str]:
 
 
 def table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[_cell(row.get(c, "")) for c in columns] for row in rows]
+    """`rows` under `columns`; a column "a.b" is row["a"]["b"] (RabbitMQ's nested objects)."""
+    cells = [[_cell(_field(row, c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _field(row: dict, column: str) -> Any:
+    value: Any = row
+    for key in column.split("."):
+        value = value.get(key, "") if isinstance(value, dict) else ""
+    return value
 
 
 def _cell(value) -> str:

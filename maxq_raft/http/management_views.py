@@ -60,18 +60,34 @@ def connection_views(broker: Any) -> list[dict]:
 
 
 def consumer_views(broker: Any) -> list[dict]:
-    return [
-        {
-            "consumer_tag": h.tag,
-            "queue": h.queue_key[1],
-            "vhost": h.queue_key[0],
-            "channel": h.channel.number,
-            "connection": h.channel.session.id,
-            "node": broker.node_id,
-            "ack_required": not h.no_ack,
-        }
-        for h in broker.consumers.values()
-    ]
+    """RabbitMQ's consumer objects (`queue` and `channel_details` as objects), with `vhost` and
+    `node` beside them (what the lists are filtered and sorted by)."""
+    out = []
+    for h in broker.consumers.values():
+        channel = h.channel
+        session = channel.session
+        vhost, name = h.queue_key
+        out.append(
+            {
+                "consumer_tag": h.tag,
+                "queue": {"name": name, "vhost": vhost},
+                "channel_details": {
+                    "name": session.channel_name(channel.number),
+                    "number": channel.number,
+                    "connection_name": session.id,
+                    "node": broker.node_id,
+                    "peer_host": session.peer_host,
+                    "user": session.user,
+                },
+                "ack_required": not h.no_ack,
+                "exclusive": h.exclusive,
+                "prefetch_count": channel.state.prefetch_count,
+                "arguments": json_safe(h.arguments),
+                "vhost": vhost,
+                "node": broker.node_id,
+            }
+        )
+    return out
 
 
 def client_totals(broker: Any) -> list[dict]:

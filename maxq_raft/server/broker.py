@@ -49,15 +49,26 @@ _REDELIVERED = attrgetter("redelivered")  # of a Deliver effect
 class ConsumerHandle:
     """Where a consumer lives: the channel that sends its deliveries."""
 
-    __slots__ = ("consumer_id", "tag", "channel", "queue_key", "no_ack", "wire_tag")
+    __slots__ = ("consumer_id", "tag", "channel", "queue_key", "no_ack", "wire_tag", "exclusive", "arguments")
 
-    def __init__(self, consumer_id: str, tag: str, channel: Any, queue_key: tuple, no_ack: bool) -> None:
+    def __init__(
+        self,
+        consumer_id: str,
+        tag: str,
+        channel: Any,
+        queue_key: tuple,
+        no_ack: bool,
+        exclusive: bool = False,
+        arguments: dict | None = None,
+    ) -> None:
         self.consumer_id = consumer_id
         self.tag = tag
         self.wire_tag = encode_shortstr_field(tag)  # encoded once, written with every delivery
         self.channel = channel
         self.queue_key = queue_key
         self.no_ack = no_ack
+        self.exclusive = exclusive  # (as basic.consume asked: shown by the management API)
+        self.arguments = arguments or {}
 
 
 def _ignore(_reply) -> None:

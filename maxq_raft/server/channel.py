@@ -456,7 +456,7 @@ class Channel:
         keys = partition_keys(self.broker, self.session.vhost, name)
         if len(keys) > 1:  # a partitioned queue: a checkout in each partition, sharing the limits
             prefetch, rate_limit = share(prefetch, len(keys)), share(rate_limit, len(keys))
-        handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack)
+        handle = ConsumerHandle(consumer_id, tag, self, queue_key, m.no_ack, m.exclusive, arguments)
         # Register before checkout: the checkout may deliver at once.
         self.consumers[tag] = handle
         self.broker.consumers[consumer_id] = handle

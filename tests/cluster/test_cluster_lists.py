@@ -69,7 +69,9 @@ def test_every_members_clients_are_listed_looked_at_and_closed_through_any_membe
             "tag-n2": "n2",
             "tag-n3": "n3",
         }
-        assert consumers["tag-n2"]["connection"] == ours["lists-n2"]["name"]
+        assert consumers["tag-n2"]["channel_details"]["connection_name"] == ours["lists-n2"]["name"]
+        assert consumers["tag-n3"]["queue"] == {"name": "lists-n3", "vhost": "/"}
+        assert consumers["tag-n3"]["channel_details"]["user"] == "ann"
         totals = api(n2, "GET", "/api/overview")[1]["object_totals"]
         assert (totals["connections"], totals["channels"], totals["consumers"]) == (
             len(connections),

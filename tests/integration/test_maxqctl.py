@@ -151,7 +151,8 @@ def test_lists_as_json(broker, topology, position):
     )
     assert any(c["client"] == "ctl-test-client" and c["channels"] == 1 for c in listing("connections"))
     [consumer] = [c for c in listing("consumers") if c["consumer_tag"] == t["tag"]]
-    assert consumer["queue"] == t["queue"] and consumer["ack_required"] is True and consumer["channel"] == 1
+    assert consumer["queue"] == {"name": t["queue"], "vhost": "/"} and consumer["ack_required"] is True
+    assert consumer["channel_details"]["number"] == 1 and consumer["exclusive"] is False
 
 
 def test_a_proxy_in_the_environment_is_not_used(broker):
