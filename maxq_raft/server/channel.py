@@ -484,7 +484,7 @@ class Channel:
                 # refusal there closes the channel (its consumers go everywhere with it).
                 others = self.partition_consumers[tag] = []
                 for key in keys[1:]:
-                    other = ConsumerHandle(f"{consumer_id}#{key[1]}", tag, self, key, m.no_ack)
+                    other = ConsumerHandle(f"{consumer_id}#{key[1]}", tag, self, key, m.no_ack, m.exclusive, arguments)
                     others.append(other)
                     self.broker.consumers[other.consumer_id] = other
                     self.queues_touched[key] = None
