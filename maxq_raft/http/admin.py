@@ -662,7 +662,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
         "PUT": (ADMINISTRATOR, put_operator_policy),
         "DELETE": (ADMINISTRATOR, delete_operator_policy),
     },
-    "/api/health/checks/alarms": {"GET": (MANAGEMENT, _sync(health_api.check_alarms))},
+    "/api/health/checks/alarms": {"GET": (MANAGEMENT, health_api.check_alarms)},
     "/api/health/checks/local-alarms": {"GET": (MANAGEMENT, _sync(health_api.check_local_alarms))},
     "/api/health/checks/port-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_port_listener))},
     "/api/health/checks/protocol-listener/{name}": {"GET": (MANAGEMENT, _sync(health_api.check_protocol_listener))},

@@ -5,7 +5,9 @@ Why: each member holds only its own clients' sessions, so GET /api/connections t
 member of three listed a third of the cluster's connections, and a connection of another
 member could not be looked at or closed there (rabbitmqadmin, the web UI and `maxqctl list`
 showed each member alone; RabbitMQ's lists have every node's, each item naming its node). The
-overview's object_totals count them the same way.
+overview's object_totals count them the same way, and GET /api/health/checks/alarms lists every
+member's resource alarms (it answered for the member asked only, so a probe of n1 passed while
+n2's disk was full).
 
 How: the member answering asks every other member linked to it for its own items over the
 members' message channel (server/remote.py: "lv" with the list's kind, "lvr" with the items;
@@ -38,6 +40,7 @@ KINDS: dict[str, Callable[[Any], list[dict]]] = {
     "channels": management_views.channel_views,
     "consumers": management_views.consumer_views,
     "totals": management_views.client_totals,
+    "alarms": management_views.alarm_list,
 }
 # DELETE /api/connections/{name} for another member's connection: what its answer means
 CLOSED, NOT_FOUND, FORBIDDEN = "closed", "not found", "forbidden"

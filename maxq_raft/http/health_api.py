@@ -7,8 +7,9 @@ its management plugin), so load balancers, Kubernetes probes and monitoring scri
 RabbitMQ read ours unchanged. What each means here:
 
 - alarms / local-alarms: the resource alarms (alarms.py: memory, disk, a store that cannot
-  write). A node knows its own alarms only, so the cluster-wide check answers for this node
-  too (as `rabbitmq-diagnostics check_alarms` asked of one node would; docs/operations.md).
+  write). local-alarms answers for this node; alarms for the cluster, as RabbitMQ's: each
+  member knows its own, so the member asked asks the others (http/cluster_lists.py; one that
+  does not answer is left out, as a node that is down has no alarm to report).
 - port-listener/{port}, protocol-listener/{protocol}: what this node listens on (Broker.listeners,
   RabbitMQ's protocol names: amqp, amqp/ssl, http, https, http/prometheus, clustering).
 - virtual-hosts: a vhost here is a record in the replicated metadata and cannot be "down" on
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import cluster_lists, management_views
 from .engine_status import engine_status
 from .metrics import CLUSTER_NAME, QUEUE_TYPE
 from .requests import HttpError, Reply, Request
@@ -37,25 +39,13 @@ def _failed(reason: str, **extra: Any) -> Reply:
     return Reply("503 Service Unavailable", {"status": "failed", "reason": reason, **extra})
 
 
-def _alarm_list(broker: Any) -> list[dict[str, str]]:
-    alarms = broker.alarms
-    if alarms is None:
-        return []
-    found = []
-    if alarms.memory_alarm:
-        found.append({"node": broker.node_id, "resource": "memory"})
-    if alarms.disk_alarm:
-        found.append({"node": broker.node_id, "resource": "disk"})
-    return found
-
-
-def check_alarms(broker: Any, request: Request) -> Any:
-    alarms = _alarm_list(broker)
+async def check_alarms(broker: Any, request: Request) -> Any:
+    alarms = await cluster_lists.gather(broker, "alarms")
     return _failed("There are alarms in effect in the cluster", alarms=alarms) if alarms else OK
 
 
 def check_local_alarms(broker: Any, request: Request) -> Any:
-    alarms = _alarm_list(broker)
+    alarms = management_views.alarm_list(broker)
     return _failed("There are alarms in effect on the node", alarms=alarms) if alarms else OK
 
 

@@ -103,6 +103,19 @@ def client_totals(broker: Any) -> list[dict]:
     ]
 
 
+def alarm_list(broker: Any) -> list[dict[str, str]]:
+    """This node's resource alarms in effect, as RabbitMQ's health checks list them."""
+    alarms = broker.alarms
+    if alarms is None:
+        return []
+    found = []
+    if alarms.memory_alarm:
+        found.append({"node": broker.node_id, "resource": "memory"})
+    if alarms.disk_alarm:
+        found.append({"node": broker.node_id, "resource": "disk"})
+    return found
+
+
 def close_reason(request: Request) -> str:
     """The X-Reason header's text, bounded, else RabbitMQ's."""
     given = request.headers.get("x-reason", "").strip().encode("utf-8", "replace")

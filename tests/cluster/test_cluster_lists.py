@@ -145,3 +145,23 @@ def test_maxqctl_lists_every_members_connections(cluster: Cluster) -> None:
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_the_alarms_check_through_any_member_reports_another_members_alarm(tmp_path: Path) -> None:
+    """n2 has a disk alarm (a free-space limit no disk meets): the cluster-wide check through n1
+    fails naming it, as RabbitMQ's does; n1's local check passes. (It answered for n1 alone.)"""
+    cluster = Cluster(tmp_path)
+    cluster["n2"].extra_args += ["--disk-free-limit-mb", str(1 << 40)]
+    try:
+        cluster.start()
+        n1 = cluster["n1"]
+        wait_for(lambda: flag_enabled(n1, CLUSTER_LISTS), 60, "the cluster_lists flag")
+        status, body, _ = api(n1, "GET", "/api/health/checks/alarms")
+        assert status == 503 and body["reason"] == "There are alarms in effect in the cluster", body
+        assert body["alarms"] == [{"node": "n2", "resource": "disk"}]
+        assert api(n1, "GET", "/api/health/checks/local-alarms")[:2] == (200, {"status": "ok"})
+        assert api(cluster["n2"], "GET", "/api/health/checks/local-alarms")[0] == 503
+        cluster["n2"].kill()
+        assert api(n1, "GET", "/api/health/checks/alarms")[:2] == (200, {"status": "ok"})  # (down: none to report)
+    finally:
+        cluster.stop()
