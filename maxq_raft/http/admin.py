@@ -183,7 +183,10 @@ def status_from_engine(node_id: str, groups: dict[str, dict]) -> dict:
 
 async def view_nodes(broker, request: Request) -> list:
     groups = None if broker.log.replication_node is None else await engine_status(broker)
-    return management_views.node_views(broker, groups)
+    nodes = management_views.node_views(broker, groups)
+    # Each other member's own figures, from it (those that did not answer keep what this node sees).
+    figures = {n.get("name"): n for n in await cluster_lists.gather(broker, "node", mine=False)}
+    return [{**node, **figures[node["name"]]} if node["name"] in figures else node for node in nodes]
 
 
 async def view_node(broker, request: Request) -> dict:

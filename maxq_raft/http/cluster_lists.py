@@ -7,7 +7,7 @@ member could not be looked at or closed there (rabbitmqadmin, the web UI and `ma
 showed each member alone; RabbitMQ's lists have every node's, each item naming its node). The
 overview's object_totals count them the same way, and GET /api/health/checks/alarms lists every
 member's resource alarms (it answered for the member asked only, so a probe of n1 passed while
-n2's disk was full).
+n2's disk was full); GET /api/nodes gives each member's own figures (memory, disk, descriptors).
 
 How: the member answering asks every other member linked to it for its own items over the
 members' message channel (server/remote.py: "lv" with the list's kind, "lvr" with the items;
@@ -41,6 +41,7 @@ KINDS: dict[str, Callable[[Any], list[dict]]] = {
     "consumers": management_views.consumer_views,
     "totals": management_views.client_totals,
     "alarms": management_views.alarm_list,
+    "node": lambda broker: [management_views.this_node(broker)],
 }
 # DELETE /api/connections/{name} for another member's connection: what its answer means
 CLOSED, NOT_FOUND, FORBIDDEN = "closed", "not found", "forbidden"
@@ -64,9 +65,10 @@ def other_members(broker: Any) -> list[str]:
     return sorted(m for m in cluster.members() if m != broker.node_id and node.peer_is_up(m))
 
 
-async def gather(broker: Any, kind: str) -> list[dict]:
-    """Every member's items of `kind`: this member's, then each linked member's that answered."""
-    items = local(broker, kind)
+async def gather(broker: Any, kind: str, mine: bool = True) -> list[dict]:
+    """Every member's items of `kind`: this member's (unless not `mine`), then each linked
+    member's that answered."""
+    items = local(broker, kind) if mine else []
     members = other_members(broker)
     if not members:
         return items

@@ -205,7 +205,7 @@ def this_node(broker: Any) -> dict:
 
 def node_views(broker: Any, groups: dict[str, dict] | None) -> list[dict]:
     """Every member this node knows of (a single node: itself). Another member is named with
-    whether this node sees it connected; its figures are on its own admin API."""
+    whether this node sees it connected (admin.py adds the figures it gives of itself)."""
     nodes = [this_node(broker)]
     if groups:
         seen: dict[str, bool] = {}

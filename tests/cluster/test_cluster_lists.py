@@ -120,8 +120,9 @@ def test_every_members_clients_are_listed_looked_at_and_closed_through_any_membe
                 conn.close()
 
 
-def test_maxqctl_lists_every_members_connections(cluster: Cluster) -> None:
-    """`maxqctl list connections` through one member prints every member's."""
+def test_maxqctl_lists_every_members_connections_and_each_node_gives_its_own_figures(cluster: Cluster) -> None:
+    """`maxqctl list connections` through one member prints every member's; GET /api/nodes
+    there has each member's own figures (its process, memory, descriptors), not only its name."""
     n1 = cluster["n1"]
     wait_for(lambda: flag_enabled(n1, CLUSTER_LISTS), 60, "the cluster_lists flag")
     conns = [member.connect(client_properties={"product": f"ctl-{member.name}"}) for member in cluster.alive()]
@@ -142,6 +143,10 @@ def test_maxqctl_lists_every_members_connections(cluster: Cluster) -> None:
         assert result.returncode == 0, result
         rows = json.loads(result.stdout)
         assert sorted(r["client"] for r in rows if r["client"].startswith("ctl-")) == ["ctl-n1", "ctl-n2", "ctl-n3"]
+        nodes = api(n1, "GET", "/api/nodes")[1]
+        assert {n["name"]: int(n["os_pid"]) for n in nodes} == {m.name: m.pid for m in cluster.alive()}
+        assert all(n["running"] and n["mem_used"] > 0 and n["fd_used"] > 0 for n in nodes), nodes
+        assert api(n1, "GET", "/api/nodes/n3")[1]["sockets_used"] == 1  # (its client above)
     finally:
         for conn in conns:
             conn.close()
