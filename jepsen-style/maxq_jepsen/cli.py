@@ -192,6 +192,14 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
             print(text, file=sys.stderr)
             print(text)
         spec = replace(spec, nemeses=tuple(n for n in spec.nemeses if n not in refused))
+        idle = [name for name in spec.overlap if name not in spec.nemeses]
+        if idle and args.overlap is not None and args.overlap.strip() != "none":
+            # (an overlap rides along the run's own nemeses only: asked for and silently not run,
+            # it would look like a pass with it)
+            raise NemesisError(
+                f"--overlap {', '.join(idle)}: not among this run's nemeses ({', '.join(spec.nemeses)}); "
+                "add it to --nemesis"
+            )
         specs.append(spec)
     return specs
 

@@ -236,6 +236,11 @@ def test_disk_full_rides_along_other_faults_too():
     riders = {c.with_ for c in schedule}
     assert {"membership", "disk-full"} <= riders and all(c.nemesis not in riders for c in schedule)
     assert cli.parse_overlap("disk-full") == ["disk-full"]
+    # An overlap must be one of the run's nemeses: asked for and not run, it would pass unseen.
+    with pytest.raises(nem.NemesisError, match="add it to --nemesis"):
+        cli.build_specs(cli.parse_args(["--profile", "cluster", "--nemesis", "kill,pause", "--overlap", "move"]))
+    (spec,) = cli.build_specs(cli.parse_args(["--profile", "cluster", "--nemesis", "kill,move", "--overlap", "move"]))
+    assert spec.overlap == ("move",) and "move" in spec.nemeses
 
 
 def test_the_campaign_is_a_hundred_cluster_runs_over_every_fault_and_a_hundred_kills_of_one_node():
