@@ -33,12 +33,13 @@ def queue_in(group: str, prefix: str) -> str:
 
 def publish_halves(member, queues: list[str], txn_id: str, count: int, **props) -> None:
     conn = member.connect(socket_timeout=10)
+    extra_headers = props.pop("headers", {})  # (for every half, not only the first)
     try:
         channel = conn.channel()
         channel.confirm_delivery()
         for queue in queues:
             for i in range(count):
-                headers = {"x-transaction-id": txn_id, **props.pop("headers", {})}
+                headers = {"x-transaction-id": txn_id, **extra_headers}
                 properties = pika.BasicProperties(delivery_mode=2, headers=headers, **props)
                 channel.basic_publish("", queue, f"{queue}/{i}".encode(), properties)
     finally:
