@@ -154,6 +154,9 @@ class _Publish:
     key: str | None = None  # the partitioned workload: the publish's partition key
     crcs: dict = field(default_factory=dict)  # the txn workload: attempt -> CRC of that attempt's body
     attempts: int = 1
+    # the txn workload: attempt -> (node, invoke time) of that attempt; a retried half is judged
+    # by the attempt whose ok confirmed it (its node and time: minority_confirmed)
+    starts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -259,6 +262,7 @@ def check(records: Iterable[dict]) -> CheckResult:
                         # The txn workload's retry of a half after a lost confirm (same id, same transaction).
                         p.attempts += 1
                         p.crcs[attempt] = r.get("crc")
+                        p.starts[attempt] = (r.get("node"), t)
                         half_retries += 1
                         continue
                     reused_ids.append(mid)
@@ -275,6 +279,7 @@ def check(records: Iterable[dict]) -> CheckResult:
                 )
                 if r.get("txn") is not None:
                     publishes[mid].crcs[attempt if isinstance(attempt, int) else 1] = r.get("crc")
+                    publishes[mid].starts[attempt if isinstance(attempt, int) else 1] = (r.get("node"), t)
             else:
                 p = publishes.get(mid)
                 if p is None:
@@ -287,6 +292,7 @@ def check(records: Iterable[dict]) -> CheckResult:
                         p.outcome, p.outcome_time, p.error = kind, t, r.get("error")
                         if kind == OK:
                             confirm_times.append(t)
+                            p.node, p.invoke_time = p.starts.get(attempt, (p.node, p.invoke_time))
                     continue
                 p.outcome, p.outcome_time, p.error = kind, t, r.get("error")
                 if kind == OK:

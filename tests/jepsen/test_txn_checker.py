@@ -36,8 +36,16 @@ class TxnH:
         value = {"intention": intention, "answer": answer, "size": len(ids), "ids": list(ids)}
         self.add("invoke", "txn", "pub0", txn=txn, value=value)
 
-    def half(self, mid: str, txn: str, outcome: str | None = "ok", attempt: int = 1, error: str | None = None) -> None:
-        fields = {"id": mid, "seq": int(mid.rsplit("-", 1)[1]), "txn": txn, "attempt": attempt}
+    def half(
+        self,
+        mid: str,
+        txn: str,
+        outcome: str | None = "ok",
+        attempt: int = 1,
+        error: str | None = None,
+        node: str = "n1",
+    ) -> None:
+        fields = {"id": mid, "seq": int(mid.rsplit("-", 1)[1]), "txn": txn, "attempt": attempt, "node": node}
         self.add("invoke", "publish", "pub0", crc=crc(mid, attempt), **fields)
         if outcome is not None:
             self.add(outcome, "publish", "pub0", **fields, **({"error": error} if error else {}))
@@ -201,3 +209,21 @@ def test_a_body_of_no_attempt_is_corrupt() -> None:
     h.drain_done()
     result = check(h.records)
     assert result.fatal == {"corrupt": 1}
+
+
+def test_a_half_retried_on_the_majority_side_is_not_confirmed_by_the_minority() -> None:
+    """Attempt 1 on n4, cut off alone, fails; attempt 2 on n5 is confirmed: the half was
+    confirmed by n5, not by the minority (seen in a 5-node run: the checker kept attempt 1's node
+    and time and counted it minority_confirmed). A half confirmed on the cut-off node still is."""
+    h = TxnH()
+    h.add("ok", "partition-one", "nemesis", value={"minority": ["n4"], "cuts": []})
+    h.txn("pub0-t1", "check", answer="rollback", ids=("pub0-1",))
+    h.half("pub0-1", "pub0-t1", outcome="info", node="n4", error="channel closed")
+    h.half("pub0-1", "pub0-t1", attempt=2, node="n5")
+    h.txn("pub0-t2", "check", answer="rollback", ids=("pub0-2",))
+    h.half("pub0-2", "pub0-t2", node="n4")  # (what minority_confirmed is for)
+    h.decide("pub0-t1", "rollback", by="responder")
+    h.decide("pub0-t2", "rollback", by="responder")
+    h.drain_done()
+    result = check(h.records)
+    assert result.fatal == {"minority_confirmed": 1} and result.examples["minority_confirmed"] == ["pub0-2"]
