@@ -614,14 +614,34 @@ def _view(fn: Callable[[Any], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
     return handler
 
 
-def _listed(kind: str) -> Callable[[Any, Request], Awaitable[Any]]:
-    """A GET of every member's `kind` (http/cluster_lists.py), filtered as `_view`'s."""
+def _listed(kind: str, in_vhost: bool = False) -> Callable[[Any, Request], Awaitable[Any]]:
+    """A GET of every member's `kind` (http/cluster_lists.py), filtered as `_view`'s; with
+    `in_vhost`, those of the path's vhost (404 if none such, 401 if not the caller's)."""
 
     async def handler(broker, request: Request) -> Any:
+        vhost = objects_api.readable_vhost(broker, request) if in_vhost else None
         items = await cluster_lists.gather(broker, kind)
+        if vhost is not None:
+            items = [item for item in items if item.get("vhost") == vhost]
         return items if request.caller is None else auth.visible(request.caller, broker.meta, items)
 
     return handler
+
+
+async def connection_channels(broker, request: Request) -> list:
+    """GET /api/connections/{name}/channels: 404 unless the caller may see the connection."""
+    await cluster_lists.get_connection(broker, request)
+    name = request.params["name"]
+    return [c for c in await _listed("channels")(broker, request) if c["connection_details"]["name"] == name]
+
+
+async def view_channel(broker, request: Request) -> dict:
+    """GET /api/channels/{name}: a channel of any member, named "connection (number)"."""
+    name = request.params["name"]
+    for channel in await _listed("channels")(broker, request):
+        if channel["name"] == name:
+            return channel
+    raise HttpError("404 Not Found", "Object Not Found", reason="Not Found")
 
 
 def _sync(fn: Callable[[Any, Request], Any]) -> Callable[[Any, Request], Awaitable[Any]]:
@@ -654,6 +674,10 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/nodes": {"GET": (MONITORING, view_nodes)},
     "/api/nodes/{name}": {"GET": (MONITORING, view_node)},
     "/api/channels": {"GET": (MANAGEMENT, _listed("channels"))},
+    "/api/channels/{name}": {"GET": (MANAGEMENT, view_channel)},
+    "/api/connections/{name}/channels": {"GET": (MANAGEMENT, connection_channels)},
+    "/api/vhosts/{vhost}/connections": {"GET": (MANAGEMENT, _listed("connections", in_vhost=True))},
+    "/api/vhosts/{vhost}/channels": {"GET": (MANAGEMENT, _listed("channels", in_vhost=True))},
     "/api/connections/{name}": {
         "GET": (MANAGEMENT, cluster_lists.get_connection),
         "DELETE": (MANAGEMENT, cluster_lists.close_connection),
@@ -720,6 +744,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/bindings": {"GET": (MANAGEMENT, _view(view_bindings))},
     "/api/connections": {"GET": (MANAGEMENT, _listed("connections"))},
     "/api/consumers": {"GET": (MANAGEMENT, _listed("consumers"))},
+    "/api/consumers/{vhost}": {"GET": (MANAGEMENT, _listed("consumers", in_vhost=True))},
     "/api/policies": {"GET": (MANAGEMENT, _view(view_policies))},
     "/api/policies/{vhost}/{name}": {"PUT": (POLICYMAKER, put_policy), "DELETE": (POLICYMAKER, delete_policy)},
     "/api/definitions": {

@@ -20,7 +20,7 @@ import pytest
 from maxq_raft.machines.features import CLUSTER_LISTS
 
 from ..helpers import api, wait_for
-from ..integration.test_rabbitmqadmin import listed
+from ..integration.test_rabbitmqadmin import listed, rabbitmqadmin
 from .conftest import Cluster
 from .test_partitioned_cluster import flag_enabled
 
@@ -78,8 +78,21 @@ def test_every_members_clients_are_listed_looked_at_and_closed_through_any_membe
             len(channels),
             len(consumers),
         ) and len(connections) >= 3
-        # The real rabbitmqadmin, through one member, lists the cluster's connections.
+        # The real rabbitmqadmin, through one member, lists the cluster's connections, and a
+        # vhost's consumers (GET /api/consumers/{vhost}).
         assert {c["name"] for c in ours.values()} <= {c["name"] for c in listed(n2, "connections")}
+        in_vhost = rabbitmqadmin(n2, "-V", "/", "-f", "raw_json", "list", "consumers")
+        assert in_vhost.returncode == 0 and "Not found" not in in_vhost.stdout, in_vhost
+        assert {"tag-n1", "tag-n2", "tag-n3"} <= {c["consumer_tag"] for c in json.loads(in_vhost.stdout)}
+        assert api(n1, "GET", "/api/consumers/no-such-vhost")[0] == 404
+        # The vhost's connections and channels, a connection's channels, one channel: any member's.
+        assert {c["node"] for c in api(n1, "GET", "/api/vhosts/%2F/connections")[1]} >= {"n1", "n2", "n3"}
+        assert {c["node"] for c in api(n1, "GET", "/api/vhosts/%2F/channels")[1]} >= {"n1", "n2", "n3"}
+        [of_n2] = api(n1, "GET", "/api/connections/" + quote(ours["lists-n2"]["name"], safe="") + "/channels")[1]
+        assert of_n2["node"] == "n2" and of_n2["consumer_count"] == 1
+        status, one, _ = api(n1, "GET", "/api/channels/" + quote(ours["lists-n3"]["name"] + " (1)", safe=""))
+        assert status == 200 and one["node"] == "n3" and one["user"] == "ann"
+        assert api(n1, "GET", "/api/channels/" + quote(ours["lists-n3"]["name"] + " (9)", safe=""))[0] == 404
 
         # A management user sees its own connections only, wherever they are.
         status, seen, _ = api(n1, "GET", "/api/connections", auth=("ann", PASSWORD))
