@@ -45,6 +45,13 @@ PATHS = [
     "/api/bindings",
     "/api/connections",
     "/api/consumers",
+    "/api/consumers/%2F",
+    "/api/channels",
+    "/api/vhosts/%2F/connections",
+    "/api/connections/n9%40x.1/channels",
+    "/api/channels/n1%40x.1%20(1)",
+    "/api/health/checks/alarms",
+    "/api/nodes",
     "/api/policies",
     "/api/feature-flags",
 ]
