@@ -124,8 +124,8 @@ def test_lists_show_what_a_client_created(broker, topology):
 
     nodes = table_rows(maxqctl("--node", node(broker), "list", "nodes").stdout)
     assert nodes[0] == ["name", "running", "mem_used", "disk_free", "fd_used", "uptime"]
-    here = [row for row in nodes[1:] if len(row) == 6]  # the node asked: figures; other members: name and state
-    assert len(here) == 1 and here[0][1] == "True" and int(here[0][2]) > 0, nodes
+    # every member (one on a single node) with its own figures, as each gives them of itself
+    assert nodes[1:] and all(len(row) == 6 and row[1] == "True" and int(row[2]) > 0 for row in nodes[1:]), nodes
 
 
 @pytest.mark.parametrize("position", ["before", "after"])
