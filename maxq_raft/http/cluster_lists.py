@@ -171,5 +171,6 @@ def answer(broker: Any, kind: str, asked: list) -> list:
         return [NOT_FOUND]
     if user is not None and session.user != user:
         return [FORBIDDEN]
-    session.force_close(reason[: management_views.CLOSE_REASON_MAX_BYTES])
+    bounded = reason.encode("utf-8", "replace")[: management_views.CLOSE_REASON_MAX_BYTES]
+    session.force_close(bounded.decode("utf-8", "ignore"))  # (bytes: it goes into a shortstr)
     return [CLOSED]

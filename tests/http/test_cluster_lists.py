@@ -44,6 +44,9 @@ def test_a_connection_is_closed_only_for_the_user_named() -> None:
     broker.sessions["n1@x.3"] = other
     assert cluster_lists.answer(broker, "lx", ["n1@x.3", "x" * 500, None]) == [cluster_lists.CLOSED]
     assert other.closed_with == "x" * 200  # (bounded: it goes into connection.close's text)
+    broker.sessions["n1@x.4"] = wide = Session("bob")
+    assert cluster_lists.answer(broker, "lx", ["n1@x.4", "é" * 150, None]) == [cluster_lists.CLOSED]
+    assert wide.closed_with == "é" * 100  # (200 bytes: a shortstr holds 255)
 
 
 @pytest.mark.parametrize("asked", [[], ["n1@x.1"], [1, "r", None], ["n1@x.1", 2, None]])
