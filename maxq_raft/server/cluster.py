@@ -410,7 +410,9 @@ class ClusterLog(CommandLog):
         (a restart; the leader installed it because this member fell behind its log; or this
         member is a learner of the group, moved onto it, taking its state first)."""
         g = self.node.groups.get(group) if self.node is not None else None
-        learning = g is not None and g.learning  # (read here: its promotion is the hub thread's)
+        # (read here: its promotion is the hub thread's; the metadata group's clients read its
+        # machine whoever leads it, so a learner of that one still closes them)
+        learning = g is not None and g.learning and group != META_GROUP
         try:
             self._token.run_sync_soon(self._load_snapshot, group, header, learning)
         except trio.RunFinishedError:
