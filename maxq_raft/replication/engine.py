@@ -389,6 +389,14 @@ class ReplicationNode:
             return self._leader_hint.get(group)  # held elsewhere: as last heard
         return self._group(group).leader_id
 
+    def heard_leader(self, group: str, node_id: str) -> None:
+        """`node_id` says it leads `group`, a group held elsewhere (its leader's reports of the
+        group's queues, server/queue_stats.py, every few seconds): the hint `leader` answers and
+        proposals go by, which otherwise changes only when a proposal of this node is answered,
+        so a node proposing nothing there named a leader long gone (any thread)."""
+        if group in self.group_names and node_id != self.node_id:
+            self._post(lambda: self._leader_hint.__setitem__(group, node_id) if group not in self.groups else None)
+
     def is_leader(self, group: str) -> bool:
         g = self.groups.get(group)
         if g is None and group in self.group_names:

@@ -565,6 +565,8 @@ class ClusterLog(CommandLog):
             trace_gather.answer(self, peer, item[1], item[2])
         elif kind == "qs":  # the counts of queues of a group the sender leads (queue_stats.py)
             self.broker.take_queue_stats(peer, item[1])
+            if len(item) > 2 and type(item[2]) is str:
+                self.node.heard_leader(item[2], peer)  # (who leads it, for the management API and proposals)
         elif kind == "?":  # a member missed a message of ours
             self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
         else:
@@ -856,8 +858,8 @@ class ClusterLog(CommandLog):
             records = [QueueStats.of(self.node_id, q).record(q.vhost, q.name) for q in self._queues_of(group)]
             for start in range(0, len(records), queue_stats.STATS_PER_ITEM):
                 chunk = records[start : start + queue_stats.STATS_PER_ITEM]
-                for member in targets:
-                    self.remote_out.outgoing.setdefault(member, []).append(["qs", chunk])
+                for member in targets:  # (the group last: a member of an earlier release reads the chunk only)
+                    self.remote_out.outgoing.setdefault(member, []).append(["qs", chunk, group])
                 self.remote_out.flush()
 
     def lives_down(self, effect) -> None:

@@ -111,6 +111,29 @@ def test_a_leadership_transfer_asked_of_a_member_without_the_group_names_its_mem
     assert status == 404 and group in body["error"].split("groups: ", 1)[1], body  # (every group of the cluster)
 
 
+def test_a_member_without_the_replica_names_the_groups_leader_after_it_moved(held_cluster: Cluster) -> None:
+    """n1 learned who leads its queue's group when it declared the queue; that leader is then
+    killed and n1 proposes nothing more there. Its management API must name the new leader, as
+    clients connect there (RabbitMQ's `node`/`leader`): before, the hint changed only with an
+    answer to one of n1's proposals, and n1 named the dead leader for good (a CI run of the
+    locator test: n3 named the leader before a balancing move, 10 s on). It hears the leader
+    from the leader's reports of the group's queues (every 5 s)."""
+    n1 = held_cluster["n1"]
+    name, group = queue_elsewhere(held_cluster, "n1", prefix="hint")
+    with n1.connect() as conn:
+        conn.channel().queue_declare(name, durable=True)
+    path = f"/api/queues/%2F/{name}"
+    first = wait_for(lambda: n1.admin(path)["leader"], 10, "n1 names a leader")
+    held_cluster[first].kill()
+    survivor = held_cluster[next(m for m in holders(held_cluster, group) if m != first)]
+
+    def named() -> dict | None:
+        shown, leader = n1.admin(path), held_cluster.leader_of(group, via=survivor)
+        return shown if leader not in (None, first) and shown["leader"] == shown["node"] == leader else None
+
+    wait_for(named, 20, "n1 names the group's new leader")
+
+
 def test_a_member_holding_no_replica_serves_every_basic_operation(held_cluster: Cluster) -> None:
     name, group = queue_elsewhere(held_cluster, "n1")
     conn = held_cluster["n1"].connect()

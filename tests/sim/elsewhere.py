@@ -197,7 +197,7 @@ class Elsewhere:
             if origin == node.life:
                 node.cut_off(f"{peer} says the life is dead in {group}")
         elif kind == "qs":
-            pass  # the counts of the queues `peer` leads: the management API's, nothing here reads them
+            pass  # the counts of the queues `peer` leads, and the group: the management API's and the leader hint
         elif kind == "?":
             self._resync(peer, [g for g in self.engine.groups if g != META_GROUP and self.engine.is_leader(g)])
         else:  # ("t", "q", moves: the workload sends no direct reply-to, deletes no queue, moves nothing)
@@ -257,7 +257,7 @@ class Elsewhere:
             for start in range(0, len(records), STATS_PER_ITEM):
                 chunk = records[start : start + STATS_PER_ITEM]
                 for member in targets:
-                    self.sender.outgoing.setdefault(member, []).append(["qs", chunk])
+                    self.sender.outgoing.setdefault(member, []).append(["qs", chunk, group])
                 self.sender.flush()
 
 
