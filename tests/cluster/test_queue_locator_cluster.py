@@ -78,8 +78,8 @@ def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_hol
         if led_before and led_before == led_by(local_cluster, member):  # (no leadership moved meanwhile)
             assert group in led_before
             # the management API names the leader and the replicas, as RabbitMQ's quorum queues
-            # (n3 may hold no replica of the group: it hears who leads it from the members'
-            # announcements, a moment later; CI once read n1 for node and n4 for leader)
+            # (n3 may hold no replica of the group: it hears who leads it from the leader's reports
+            # of the group's queues, every 5 s; CI once read n1 for node and n4 for leader)
             path = f"/api/queues/%2F/{urllib.parse.quote(name, safe='')}"
             agreed = wait_until(lambda: _naming(local_cluster["n3"].admin(path), member), 10)
             if led_before == led_by(local_cluster, member):  # (still no leadership moved)
