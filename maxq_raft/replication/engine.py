@@ -394,8 +394,14 @@ class ReplicationNode:
         group's queues, server/queue_stats.py, every few seconds): the hint `leader` answers and
         proposals go by, which otherwise changes only when a proposal of this node is answered,
         so a node proposing nothing there named a leader long gone (any thread)."""
-        if group in self.group_names and node_id != self.node_id:
-            self._post(lambda: self._leader_hint.__setitem__(group, node_id) if group not in self.groups else None)
+        if group not in self.group_names or node_id == self.node_id:
+            return
+
+        def take() -> None:  # (the hub thread: a group joined meanwhile knows its own leader)
+            if group not in self.groups:
+                self._leader_hint[group] = node_id
+
+        self._post(take)
 
     def is_leader(self, group: str) -> bool:
         g = self.groups.get(group)
