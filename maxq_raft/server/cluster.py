@@ -423,15 +423,19 @@ class ClusterLog(CommandLog):
         # its promotion (`_promoted` then writes what is checked out to them): nothing they saw
         # came from this member's machines of the group, so nothing they saw jumps. Closing them
         # made every move of a group with a compacted log onto a member close all its clients.
-        if self.broker.sessions and not learning:
-            # Caught up by a snapshot while serving: the clients' view of this member jumps; they
-            # reconnect and see the new state (their consumers are cancelled through the log).
+        affected = [] if learning else self._sessions_on(group)
+        if affected:
+            # Caught up by a snapshot while serving: what these clients saw of the group's queues
+            # jumps; they reconnect and see the new state (their consumers are cancelled through
+            # the log). Other clients saw nothing of this group's machines and stay.
             log.warning(
-                "%s: this member fell behind the compacted log and installs a snapshot; closing %d client connections",
+                "%s: this member fell behind the compacted log and installs a snapshot; closing %d of %d client "
+                "connections",
                 group,
+                len(affected),
                 len(self.broker.sessions),
             )
-            self.close_sessions("this member caught up from a snapshot; reconnect")
+            self.close_sessions("this member caught up from a snapshot; reconnect", affected)
         try:
             cluster_snapshot.load_group(self, group, header)
         except Exception:
@@ -910,8 +914,28 @@ class ClusterLog(CommandLog):
         self.close_sessions("node was cut off from the cluster; reconnect")
         self.proposer.new_life()
 
-    def close_sessions(self, reason: str) -> None:
-        for session in list(self.broker.sessions.values()):
+    def _sessions_on(self, group: str) -> list:
+        """The client connections whose view hangs on this member's machines of `group`, which a
+        snapshot install replaces: every one for the metadata group; else those with a channel
+        that consumed or got from one of its queues (deliveries written or checked out to it
+        from those machines) or that waits for an answer (which may be one of the group's,
+        applied inside the snapshot and never answered here)."""
+        sessions = list(self.broker.sessions.values())
+        if group == META_GROUP:
+            return sessions
+        group_of = self.group_of
+        return [
+            session
+            for session in sessions
+            if any(
+                channel.waiting or any(group_of(key) == group for key in channel.queues_touched)
+                for channel in session.channels.values()
+            )
+        ]
+
+    def close_sessions(self, reason: str, sessions: list | None = None) -> None:
+        """Close `sessions` (every client connection of this member if None) with 320 `reason`."""
+        for session in list(self.broker.sessions.values()) if sessions is None else sessions:
             session.conn.close(spec.CONNECTION_FORCED, reason, now=trio.current_time())
             session.wake()
 

@@ -217,3 +217,105 @@ def test_a_member_declared_down_while_away_learns_it_from_the_snapshot_and_serve
     wait_for(declares_and_confirms_on_n3, 60, "n3 to declare and confirm again", step_s=0.5)
     print(f"\nn3 served again {time.monotonic() - started:.1f} s after it was resumed")
     assert [b for b, _ in drain(n1, "after")] == [b"back"]
+
+
+@pytest.mark.parametrize("snap_cluster", ["0.005"], indirect=True)
+def test_a_member_installed_with_one_groups_snapshot_closes_only_that_groups_clients(snap_cluster):
+    """n3, away for a moment (not long enough to be declared down), comes back to a new leader of
+    one group whose log was compacted past n3's meanwhile (a follower compacts freely), so it is
+    installed with that group's snapshot: its clients of that group's queues are closed (what
+    they saw jumps), and its clients of the other group's queues stay connected and served.
+    Before, every client connection of n3 was closed."""
+    import os
+    import signal
+    import time
+
+    from maxq_raft.server.cluster import shard_of
+
+    from ..helpers import api
+
+    n1, n2, n3 = snap_cluster["n1"], snap_cluster["n2"], snap_cluster["n3"]
+    hot, quiet = (
+        next(f"{shard}-q{i}" for i in range(1000) if shard_of(("/", f"{shard}-q{i}"), 2) == shard)
+        for shard in ("shard-0", "shard-1")
+    )
+    shard = shard_of(("/", hot), 2)
+    setup = n1.connect()
+    for q in (hot, quiet):
+        setup.channel().queue_declare(q, durable=True)
+    setup.close()
+    # The hot group led by n1, which then goes away with what it had not sent n3 yet; n2, its
+    # follower meanwhile, compacted past n3's log and leads it next.
+    leader = groups(n1)[shard]["leader"]
+    if leader != "n1":
+        status, body, _ = api(
+            snap_cluster[leader], "POST", "/api/cluster/transfer-leadership", {"group": shard, "node": "n1"}
+        )
+        assert status == 200, body
+    wait_for(lambda: groups(n1)[shard]["leader"] == "n1", 10, f"n1 to lead {shard}")
+
+    got: dict[str, list[bytes]] = {hot: [], quiet: []}
+    consumers = {}
+    for q in (hot, quiet):
+        conn = n3.connect()
+        ch = conn.channel()
+        ch.basic_consume(q, lambda c, m, p, b, q=q: (got[q].append(b), c.basic_ack(m.delivery_tag)))
+        consumers[q] = conn
+    idle = n3.connect()  # a connection with no channel at all
+    for conn in consumers.values():
+        conn.process_data_events(0.2)
+
+    publisher = n1.connect()
+    pch = publisher.channel()
+    pch.confirm_delivery()
+    # 8 MiB: more than n3's socket takes in while it is stopped, so that what n1 sends it after
+    # that is lost with n1. Away for well under the 3 s after which the others would declare it
+    # down (which closes all its clients for that reason).
+    sent = [bytes([65 + i]) * (512 * 1024) for i in range(16)]
+    os.kill(n3.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        for body in sent:
+            pch.basic_publish("", hot, body, pika.BasicProperties(delivery_mode=2))
+        publisher.close()
+        last = groups(n2)[shard]["last_index"]
+        while time.monotonic() - frozen_at < 2.0 and groups(n2)[shard]["first_index"] < last - 2:
+            time.sleep(0.02)
+        compacted = groups(n2)[shard]["first_index"] >= last - 2
+        n1.kill()
+        away_s = time.monotonic() - frozen_at
+    finally:
+        os.kill(n3.pid, signal.SIGCONT)
+    if not compacted or away_s > 2.5:
+        pytest.skip(f"n2 did not compact {shard} within the 2.5 s n3 could stay away (a loaded machine)")
+    wait_for(lambda: "state loaded from the snapshot" in n3.log_text(), 30, "n3 to install the hot group's snapshot")
+    assert "member n3 silent" not in n2.log_text()
+
+    def closed(conn) -> bool:
+        try:
+            conn.process_data_events(0.1)
+        except pika.exceptions.AMQPConnectionError:
+            return True
+        return not conn.is_open
+
+    wait_for(lambda: closed(consumers[hot]), 10, "the hot queue's consumer on n3 to be closed")
+    # The other group's consumer and the idle connection stay, and are still served.
+    conn = n2.connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", quiet, b"still here", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    wait_for(
+        lambda: (consumers[quiet].process_data_events(0.1), got[quiet] == [b"still here"])[1],
+        10,
+        "the quiet queue's consumer on n3 to get a message published after the install",
+    )
+    idle.process_data_events(0.1)
+    assert idle.is_open and consumers[quiet].is_open
+    idle.close()
+    consumers[quiet].close()
+    # Every confirmed message of the hot queue is there: acked by n3's consumer before it was
+    # closed, or back in the queue.
+    left = [body for body, _ in drain(n2, hot)]
+    assert set(got[hot] + left) == set(sent)
+    snap_cluster.restart("n1")
