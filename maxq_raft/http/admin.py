@@ -214,10 +214,6 @@ def with_placement(status: dict, meta) -> dict:
     return status
 
 
-def view_queues(broker) -> list:
-    return [objects_api.queue_view(broker, vhost, name, queue) for (vhost, name), queue in broker.shown_queues()]
-
-
 def view_exchanges(broker) -> list:
     counts = exchange_counts(broker)
     return [
@@ -651,6 +647,12 @@ def _sync(fn: Callable[[Any, Request], Any]) -> Callable[[Any, Request], Awaitab
     return handler
 
 
+async def _all_queues(broker, request: Request) -> list:
+    """GET /api/queues, filtered as `_view`'s."""
+    queues = await objects_api.list_queues(broker)
+    return queues if request.caller is None else auth.visible(request.caller, broker.meta, queues)
+
+
 async def _whoami(broker, request: Request) -> Any:
     return access_api.whoami(broker, request.caller)
 
@@ -706,10 +708,10 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/cluster/placement": {"GET": (MONITORING, _view(placement_api.view_placement))},
     "/api/cluster/move-group": {"POST": (ADMINISTRATOR, placement_api.move_group)},
     "/api/cluster/revive": {"POST": (ADMINISTRATOR, maintenance_api.revive)},
-    "/api/queues": {"GET": (MANAGEMENT, _view(view_queues))},
-    "/api/queues/{vhost}": {"GET": (MANAGEMENT, _sync(objects_api.list_in_vhost))},
+    "/api/queues": {"GET": (MANAGEMENT, _all_queues)},
+    "/api/queues/{vhost}": {"GET": (MANAGEMENT, objects_api.list_in_vhost)},
     "/api/queues/{vhost}/{name}": {
-        "GET": (MANAGEMENT, _sync(objects_api.get_queue)),
+        "GET": (MANAGEMENT, objects_api.get_queue),
         "PUT": (MANAGEMENT, objects_api.put_queue),
         "DELETE": (MANAGEMENT, objects_api.delete_queue),
     },

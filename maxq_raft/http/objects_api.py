@@ -33,7 +33,7 @@ from ..server.errors import ChannelError
 from ..server.message_rates import exchange_counts, queue_counts
 from ..server.partitioned import held_elsewhere, partition_keys, ready_count
 from ..server.queue_stats import QueueStats
-from . import auth, definitions
+from . import auth, definitions, fresh_stats
 from .metrics import QUEUE_TYPE
 from .requests import HttpError, NotFoundHere, Reply, Request, commit, json_safe, wait_for_reply
 
@@ -132,13 +132,21 @@ def readable_vhost(broker: Any, request: Request, vhost_param: str = "vhost") ->
     return vhost
 
 
-def list_in_vhost(broker: Any, request: Request) -> list:
-    vhost = readable_vhost(broker, request)
+async def list_queues(broker: Any, vhost: str | None = None) -> list:
+    """Every queue (of `vhost`) as `queue_view` shows it, those of groups held elsewhere with
+    their leaders' counts of now (http/fresh_stats.py)."""
+    await fresh_stats.refresh(broker, [key for key, _ in broker.shown_queues(vhost)])
     return [queue_view(broker, v, name, queue) for (v, name), queue in broker.shown_queues(vhost)]
 
 
-def get_queue(broker: Any, request: Request) -> dict:
+async def list_in_vhost(broker: Any, request: Request) -> list:
+    return await list_queues(broker, readable_vhost(broker, request))
+
+
+async def get_queue(broker: Any, request: Request) -> dict:
     vhost, name = readable_vhost(broker, request), request.params["name"]
+    if broker.meta.queue(vhost, name) is not None:
+        await fresh_stats.refresh(broker, partition_keys(broker, vhost, name))
     queue = broker.shown_queue((vhost, name))
     if queue is None or broker.meta.queue(vhost, name) is None:
         raise not_found()

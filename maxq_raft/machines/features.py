@@ -51,6 +51,10 @@ TXN_HOLDERS = "txn_holders"
 # member for its own (http/cluster_lists.py): an earlier release would drop the question.
 CLUSTER_LISTS = "cluster_lists"
 
+# A member showing queues of groups held elsewhere asks their leaders for the counts first
+# (http/fresh_stats.py): an earlier release would drop the question.
+FRESH_QUEUE_STATS = "fresh_queue_stats"
+
 # name -> what it allows. The first one is the mechanism itself: EnableFeatures is a command
 # that an earlier release does not know, so it too waits until every member announces it.
 FEATURES: dict[str, str] = {
@@ -65,6 +69,7 @@ FEATURES: dict[str, str] = {
     QUEUE_ARGUMENTS_REMOVED: "SQS SetQueueAttributes can remove a queue's RedrivePolicy or RedriveAllowPolicy",
     TXN_HOLDERS: "A transaction decided through a member without its queues' replicas reaches those queues",
     CLUSTER_LISTS: "The management API lists every member's connections, channels and consumers",
+    FRESH_QUEUE_STATS: "The management API shows a queue held elsewhere with its group leader's counts of now",
 }
 SUPPORTED: frozenset[str] = frozenset(FEATURES)
 

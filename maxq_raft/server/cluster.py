@@ -93,6 +93,7 @@ SNAPSHOT_CHECK_S = 1.0
 SNAPSHOT_STATE_BYTES_MAX = 256 * 1024 * 1024
 SNAPSHOT_MESSAGE_OVERHEAD_BYTES = 320
 MOVE_ASK_WAIT_S = 600.0  # a replica move asked of another member (a new replica may catch up through a big log)
+QUEUE_COUNTS_MAX = 100_000  # queues in one answer to a member asking for counts (http/fresh_stats.py)
 
 
 def default_shards() -> int:
@@ -560,13 +561,15 @@ class ClusterLog(CommandLog):
         elif kind in ("lv", "lx"):  # a member asks for this one's clients, or to close one
             answer = self.answer_lists(kind, item[2:]) if self.answer_lists is not None else [None, "not served here"]
             self.remote_out.outgoing.setdefault(peer, []).append([kind + "r", item[1], *answer])
-        elif kind in ("mvr", "tqr", "lvr", "lxr"):  # the answer to a question this member asked
+        elif kind in ("mvr", "tqr", "lvr", "lxr", "qar"):  # the answer to a question this member asked
             waiter = self._asks.get(item[1])
             if waiter is not None:
                 waiter[1] = item[2:]
                 waiter[0].set()
         elif kind == "tq":  # a member asks for this one's trace records (trace_gather.py)
             trace_gather.answer(self, peer, item[1], item[2])
+        elif kind == "qa":  # a member asks for the counts of queues of groups held here (http/fresh_stats.py)
+            self.remote_out.outgoing.setdefault(peer, []).append(["qar", item[1], self.queue_counts(item[2])])
         elif kind == "qs":  # the counts of queues of a group the sender leads (queue_stats.py)
             self.broker.take_queue_stats(peer, item[1])
             if len(item) > 2 and type(item[2]) is str:
@@ -859,12 +862,27 @@ class ClusterLog(CommandLog):
             targets = [m for m in members if self.remote_out.remote_node(group, m + "@") is not None]
             if not targets:
                 continue
-            records = [QueueStats.of(self.node_id, q).record(q.vhost, q.name) for q in self._queues_of(group)]
+            records = self._stats_records(group)
             for start in range(0, len(records), queue_stats.STATS_PER_ITEM):
                 chunk = records[start : start + queue_stats.STATS_PER_ITEM]
                 for member in targets:  # (the group last: a member of an earlier release reads the chunk only)
                     self.remote_out.outgoing.setdefault(member, []).append(["qs", chunk, group])
                 self.remote_out.flush()
+
+    def _stats_records(self, group: str) -> list:
+        """The counts of the queues of `group` held here, in queue_stats.py's wire form."""
+        return [QueueStats.of(self.node_id, q).record(q.vhost, q.name) for q in self._queues_of(group)]
+
+    def queue_counts(self, groups: Any) -> list:
+        """The counts of the queues of those of `groups` held here, at most QUEUE_COUNTS_MAX, in
+        queue_stats.py's wire form (a member's question: http/fresh_stats.py). ValueError for a
+        malformed question."""
+        if type(groups) is not list or not all(type(g) is str for g in groups):
+            raise ValueError(f"bad queue counts question {groups!r}"[:200])
+        records: list = []
+        for group in groups:
+            records.extend(self._stats_records(group)[: QUEUE_COUNTS_MAX - len(records)])
+        return records
 
     def lives_down(self, effect) -> None:
         """A node's lives were declared dead in a group: if that ended this life there (the

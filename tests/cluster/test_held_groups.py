@@ -23,7 +23,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from maxq_raft.machines.features import SHORT_DELIVERIES, TXN_HOLDERS
+from maxq_raft.machines.features import FRESH_QUEUE_STATS, SHORT_DELIVERIES, TXN_HOLDERS
 from maxq_raft.machines.maintenance import FEATURE as MAINTENANCE
 from maxq_raft.machines.partitions import FEATURE as PARTITIONS
 from maxq_raft.server.cluster import shard_of
@@ -109,6 +109,61 @@ def test_a_leadership_transfer_asked_of_a_member_without_the_group_names_its_mem
         held_cluster["n1"], "POST", "/api/cluster/transfer-leadership", {"group": "shard-99", "node": "n2"}
     )
     assert status == 404 and group in body["error"].split("groups: ", 1)[1], body  # (every group of the cluster)
+
+
+def test_a_member_without_the_replica_shows_a_queues_counts_and_pauses_of_now(held_cluster: Cluster) -> None:
+    """Read through n1, which holds no replica of the queue's group, right after each change: the
+    counts and pause rules are its leader's of now, in the queue, the vhost's list, the whole
+    list and `maxqctl list queues`. Before, they were the leader's last 5 s report: no message,
+    no consumer and no pause rule, where a member holding the group showed them. A frozen
+    leader makes the read wait at most fresh_stats.ASK_WAIT_S, then the last report is shown."""
+    n1 = held_cluster["n1"]
+    wait_for(lambda: flag_enabled(n1, FRESH_QUEUE_STATS), 30, "the fresh_queue_stats feature")
+    name, group = queue_elsewhere(held_cluster, "n1", "fresh")
+    path = f"/api/queues/%2F/{name}"
+    conn = n1.connect()
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True)
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", name, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    shown = n1.admin(path)
+    assert (shown["messages_ready"], shown["consumers"], shown["group"]) == (3, 0, group), shown
+
+    other = held_cluster[next(m for m in holders(held_cluster, group))]  # a consumer on a holder
+    consumer_conn = other.connect()
+    consumer_conn.channel().basic_consume(name, lambda *_: None)  # (no ack: the 3 stay unacked)
+    shown = n1.admin(path)
+    assert (shown["consumers"], shown["messages_unacknowledged"]) == (1, 3), shown
+
+    status, body, _ = api(n1, "POST", f"{path}/actions", {"action": "pause_consumers", "consumer_tag": "t"})
+    assert status == 204, body
+    assert n1.admin(path)["consumer_pauses"] == [{"scope": "tag", "key": "t"}]
+    listed = {q["name"]: q for q in n1.admin("/api/queues")}
+    assert listed[name]["consumer_pauses"] == [{"scope": "tag", "key": "t"}] and listed[name]["consumers"] == 1
+    in_vhost = {q["name"]: q for q in n1.admin("/api/queues/%2F")}
+    assert in_vhost[name]["messages_unacknowledged"] == 3
+    status, body, _ = api(n1, "POST", f"{path}/actions", {"action": "resume_consumers", "consumer_tag": "t"})
+    assert status == 204, body
+    assert n1.admin(path)["consumer_pauses"] == []
+    consumer_conn.close()
+    table = run_maxqctl(n1, "--json", "list", "queues")
+    assert table.returncode == 0, table.stderr
+    row = next(q for q in json.loads(table.stdout) if q["name"] == name)
+    assert (row["messages_ready"], row["consumers"]) == (3, 0), row
+
+    leader = held_cluster[held_cluster.leader_of(group, via=other)]
+    leader.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        status, body, _ = api(n1, "GET", path)
+        waited_s = time.monotonic() - started
+    finally:
+        leader.proc.send_signal(signal.SIGCONT)
+    assert status == 200 and body["messages_ready"] == 3, body
+    assert waited_s < 3.0, waited_s
+    wait_for(lambda: "did not give the counts of" in n1.log_text(), 10, "n1 to log the leader's silence")
+    conn.close()
 
 
 def test_a_member_without_the_replica_names_the_groups_leader_after_it_moved(held_cluster: Cluster) -> None:
