@@ -10,7 +10,7 @@ queues`; a queue just published to listed no message. What the same API showed t
 the member asked, and an operator's own change did not show where it was made.
 
 How: before it shows queues of groups held elsewhere (`GET /api/queues`, `/api/queues/{vhost}`,
-`/api/queues/{vhost}/{name}`), the member asks each of those groups' leaders, in parallel, for
+`/api/queues/{vhost}/{name}`, SQS GetQueueAttributes), the member asks each of those groups' leaders, in parallel, for
 the counts of the queues of those groups ("qa" with the groups, "qar" with records in
 queue_stats.py's wire form, over the members' message channel of server/remote.py; answered by
 `ClusterLog.queue_counts`) and keeps

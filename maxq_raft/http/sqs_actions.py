@@ -58,6 +58,7 @@ from ..sqs.protocol import (
 )
 from ..sqs.queue_url import parse_queue_url, queue_url
 from ..sqs.receipt import Receipt, decode_receipt, encode_receipt
+from . import fresh_stats
 from .requests import NO_REPLY, metadata_caught_up, raw_reply
 
 LIST_QUEUES_MAX = 1000  # SQS answers at most 1,000 URLs without MaxResults
@@ -274,7 +275,8 @@ class SqsActions:
         vhost, name = await self._queue(request, caller, KINDS)
         wanted = set(request.params.get("AttributeNames", []))
         record = self.broker.meta.queue(vhost, name)
-        # its machine here, or (its group held elsewhere) the counts its leader last sent
+        # its machine here, or (its group held elsewhere) the counts its leader has now, else last sent
+        await fresh_stats.refresh(self.broker, [(vhost, name)])
         queue = self.broker.shown_queue((vhost, name))
         if record is None or queue is None:
             raise _no_queue()
