@@ -632,6 +632,14 @@ class ClusterLog(CommandLog):
         g = self.node.groups.get(group)
         if g is not None and g.learning:
             return [e for e in effects if type(e) is not Deliver]
+        if g is not None and g.promoted_unseen:
+            # Promoted (by the hub thread) since the watch last looked: what was checked out to
+            # this member's consumers while it was a learner goes first. Left to the watch (up to
+            # LEADERSHIP_CHECK_S later), a message the leader had counted on this member for came
+            # after later ones this member wrote itself meanwhile (FIFO broken: a jepsen-style
+            # run with moves, seed 7501, and the move-under-load test's order check).
+            g.promoted_unseen = False
+            self._promoted(group)
         consumers = self.broker.consumers
         first_time = self.remote_in.first_time
         return [

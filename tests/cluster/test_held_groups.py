@@ -790,6 +790,11 @@ class Consumer:
         for number, redelivered in self.got:
             assert number not in seen or redelivered, f"{number} came again unflagged"
             seen.add(number)
+        # In order: each was confirmed before the next was published, so a first delivery (not
+        # flagged redelivered) of a number below one delivered before it broke the queue's FIFO.
+        firsts = [number for number, redelivered in self.got if not redelivered]
+        behind = [(a, b) for a, b in zip(firsts, firsts[1:], strict=False) if b < a]
+        assert not behind, f"{len(behind)} delivered after a later one, e.g. {behind[:5]}"
 
 
 @contextlib.contextmanager
