@@ -292,6 +292,41 @@ def test_a_new_leader_resyncs_a_member_before_it_sends_that_members_new_deliveri
     assert not s.newly_led("shard-0")  # (resynced in this term)
 
 
+def test_a_promoted_learner_writes_what_it_was_counted_on_for_before_its_own_next_delivery() -> None:
+    """n1 applied message 0's checkout to its consumer as a learner (written by the leader, it
+    counted, which had n1 as a member already and sent nothing); promoted, it applies message
+    1's: 0 must be written before 1. It was written by the watch up to 0.2 s later, after 1
+    (jepsen-style seed 7501, FIFO broken)."""
+    import functools
+
+    from maxq_raft.server.cluster import ClusterLog
+
+    consumer_id = "n1@1/1/a"
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Checkout(consumer_id, "n1@1/1", 10, False, 0, False, 10))
+    group = SimpleNamespace(learning=True, promoted_unseen=False)
+    written: list = []
+    log = SimpleNamespace(
+        node=SimpleNamespace(groups={"shard-0": group}),
+        broker=SimpleNamespace(consumers={consumer_id: object()}, perform=written.extend),
+        remote_in=remote.Receiver(),
+        _queues_of=lambda name: [queue],
+        _held_by=lambda cid: set(),
+    )
+    log._remote_deliveries = functools.partial(ClusterLog._remote_deliveries, log)
+    log._promoted = functools.partial(ClusterLog._promoted, log)
+    local = functools.partial(ClusterLog.local_deliveries, log, "shard-0")  # type: ignore[arg-type]
+
+    _reply, effects = queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))
+    assert local(effects) == []  # a learner writes none
+    group.learning, group.promoted_unseen = False, True  # (the hub thread, at the addition)
+    _reply, effects = queue.apply(Meta(3, 0), Enqueue([Message("", "q", b"", b"1")]))
+    rest = local(effects)
+    assert [e.message.body for e in written] == [b"0", b"1"]  # both checked out, in order
+    assert [e for e in rest if type(e) is Deliver] == []  # (1 written once)
+    assert not group.promoted_unseen  # (the watch has nothing left to do)
+
+
 def test_a_member_holding_no_replica_is_told_the_lives_a_down_ended() -> None:
     """Its consumers there went with its life; it must start a new one (and its clients
     reconnect), not wait for messages its queue will never send (the simulation, 6 of 20,000
