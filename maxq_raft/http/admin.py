@@ -43,6 +43,7 @@ from . import (
     cluster_lists,
     definitions_api,
     feature_flags_api,
+    fresh_stats,
     health_api,
     maintenance_api,
     management_views,
@@ -72,8 +73,17 @@ NOT_A_MEMBER = "this node is not a cluster member (started without --raft-addr/-
 
 
 async def view_overview(broker, request: Request) -> dict:
+    clients: dict[str, int] = {}
+
+    async def gather_clients() -> None:
+        clients.update(await cluster_lists.client_totals(broker))  # (every member's clients)
+
+    async with trio.open_nursery() as nursery:  # (both ask other members: side by side)
+        nursery.start_soon(gather_clients)
+        # queue_totals: the counts of now of queues whose groups are held elsewhere, too
+        nursery.start_soon(fresh_stats.refresh, broker, [key for key, _ in broker.shown_queues()])
     extras = management_views.overview_extras(broker)
-    extras["object_totals"].update(await cluster_lists.client_totals(broker))  # (every member's clients)
+    extras["object_totals"].update(clients)
     return {
         **extras,
         "node": broker.node_id,

@@ -10,12 +10,12 @@ queues`; a queue just published to listed no message. What the same API showed t
 the member asked, and an operator's own change did not show where it was made.
 
 How: before it shows queues of groups held elsewhere (`GET /api/queues`, `/api/queues/{vhost}`,
-`/api/queues/{vhost}/{name}`, SQS GetQueueAttributes), the member asks each of those groups' leaders, in parallel, for
-the counts of the queues of those groups ("qa" with the groups, "qar" with records in
-queue_stats.py's wire form, over the members' message channel of server/remote.py; answered by
-`ClusterLog.queue_counts`) and keeps
-them as it keeps the 5 s reports. A leader that does not answer within ASK_WAIT_S (down, frozen,
-or not known yet) leaves those queues with their last report, and the log says so.
+`/api/queues/{vhost}/{name}`, the overview's queue_totals, SQS GetQueueAttributes), the member
+asks each of those groups' leaders, in parallel, for the counts of the queues of those groups
+("qa" with the groups, "qar" with records in queue_stats.py's wire form, over the members'
+message channel of server/remote.py; answered by `ClusterLog.queue_counts`) and keeps them as
+it keeps the 5 s reports. A leader that does not answer within ASK_WAIT_S (down, frozen, or not
+known yet) leaves those queues with their last report, and the log says so.
 
 Behind the feature flag `fresh_queue_stats`: a member of an earlier release would drop the
 question and be waited for in vain. A single node holds every queue and asks nothing.
