@@ -275,8 +275,8 @@ class SqsActions:
         vhost, name = await self._queue(request, caller, KINDS)
         wanted = set(request.params.get("AttributeNames", []))
         record = self.broker.meta.queue(vhost, name)
-        # its machine here, or (its group held elsewhere) the counts its leader has now, else last sent
-        await fresh_stats.refresh(self.broker, [(vhost, name)])
+        if record is not None:  # its machine here, or (its group held elsewhere) its leader's counts of now
+            await fresh_stats.refresh(self.broker, [(vhost, name)])
         queue = self.broker.shown_queue((vhost, name))
         if record is None or queue is None:
             raise _no_queue()
