@@ -618,10 +618,15 @@ class ClusterLog(CommandLog):
         resync first: after this command's deliveries, a member holding no replica wrote a
         message the old leader had checked out to its consumer (applied, then the leadership
         lost before it was sent) after a later one (a jepsen-style run, seed 2004: FIFO order
-        broken)."""
+        broken). So does a member that stopped applying `group` since the last batch led here
+        (`Sender.holders_gone`: a move removed it; the watch resynced it up to LEADERSHIP_CHECK_S
+        later, after this batch's deliveries)."""
         out = self.remote_out
+        gone = out.holders_gone(group)
         if out.newly_led(group):
             self._resync_as_new_leader(group)
+        elif gone:
+            out.resync_consumers_of(gone, group, self._queues_of(group))
         return self.local_deliveries(group, out.take_deliveries(group, effects))
 
     def local_deliveries(self, group: str, effects: list) -> list:
@@ -836,6 +841,8 @@ class ClusterLog(CommandLog):
             for group, now_members in members_now.items():
                 # A member that left the group (a move) may have stopped applying before the
                 # deliveries its consumers were counted on it for: they come from here now.
+                # (deliveries_here sends them at the first batch after; this, for a group
+                # that applied none since.)
                 for member in sorted(self._members.get(group, now_members) - now_members):
                     self.remote_out.resync(member, group, self._queues_of(group))
             self._members = members_now

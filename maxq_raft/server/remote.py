@@ -22,7 +22,8 @@ its own machines. The member that leads g when it applies an entry (L) sends the
 - a queue of g deleted ("q"): M's consumers of it are told (basic.cancel);
 - a direct reply-to reply for a requester on M, passing through g ("t"; cluster.reply_elsewhere);
 - when it becomes g's leader, once per Raft term (`newly_led`: before the first deliveries it
-  sends M as leader, ClusterLog.deliveries_here), and when M asks (below), a resync ("s"):
+  sends M as leader, ClusterLog.deliveries_here), at the first batch after M stopped applying g
+  while L led it (`holders_gone`: a move removed M), and when M asks (below), a resync ("s"):
   every message checked out to M's consumers in g, which M delivers unless it delivered it
   already.
 
@@ -146,6 +147,7 @@ class Sender:
         self.node: Any = None  # the ReplicationNode: who leads and who holds each group
         self._holders: dict[str, frozenset[str] | None] = {}  # group -> its members if led here, per batch
         self._terms_resynced: dict[str, int] = {}  # group -> the Raft term of its last `newly_led`
+        self._holders_before: dict[str, frozenset[str]] = {}  # group -> its holders at its last batch led here
         self.short_deliveries: Callable[[], bool] = lambda: False  # whether every member reads them
 
     @property
@@ -190,6 +192,24 @@ class Sender:
             return False
         self._terms_resynced[group] = term
         return True
+
+    def holders_gone(self, group: str) -> list[str]:
+        """The members that applied `group` at the last batch this node led it and apply it no
+        more (a move removed them, or they say they hold no replica now): before this batch's
+        deliveries to their consumers go to them, they are to be resynced (ClusterLog.deliveries_here).
+        Such a member may not have applied the last entries before its removal (pysyncobj's
+        leader stops sending to it as it appends the removal, so the commit of those entries may
+        never reach it), though this leader counted on it for their deliveries: sent up to
+        LEADERSHIP_CHECK_S later by the watch, they came after this batch's."""
+        holders = self._led_holders(group)
+        if holders is None:
+            self._holders_before.pop(group, None)
+            return []
+        before = self._holders_before.get(group)
+        self._holders_before[group] = holders
+        if before is None or before == holders:
+            return []
+        return sorted(before - holders - {self.node_id})
 
     def remote_node(self, group: str, owner: str) -> str | None:
         """The member `owner` names when this node leads `group` and that member holds no replica
@@ -271,6 +291,13 @@ class Sender:
                     for message in consumer.checked_out.values():
                         held.append([consumer_id, message_record(message), message.redelivered])
         self.outgoing.setdefault(node, []).append(["s", group, held])
+
+    def resync_consumers_of(self, nodes: list[str], group: str, queues: list) -> None:
+        """A resync (`resync`) to each of `nodes` with a consumer of `queues` (the group's machines)."""
+        with_consumers = {node_of(c) for queue in queues for c in queue.consumers}
+        for node in nodes:
+            if node in with_consumers:
+                self.resync(node, group, queues)
 
     def ask_resync(self, node: str) -> None:
         self.outgoing.setdefault(node, []).append(["?"])

@@ -292,6 +292,40 @@ def test_a_new_leader_resyncs_a_member_before_it_sends_that_members_new_deliveri
     assert not s.newly_led("shard-0")  # (resynced in this term)
 
 
+def test_a_member_moved_off_the_group_is_resynced_before_its_first_deliveries_from_the_leader() -> None:
+    """n3 held shard-0 when the entry checking message 0 out to its consumer was applied, so
+    the leader counted on n3 to write it; the leader then appended n3's removal, after which
+    pysyncobj sends n3 nothing, so n3 may never learn that entry's commit. The next entry checks
+    out message 1, which the leader sends n3 itself: 0 must go first (the watch's resync came
+    up to 0.2 s later, after 1)."""
+    import functools
+
+    from maxq_raft.server.cluster import ClusterLog
+
+    s, sent = sender()
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Checkout("n3@1/1/a", "n3@1/1", 10, False, 0, False, 10))
+    log = SimpleNamespace(remote_out=s, node_id="n1", _queues_of=lambda group: [queue])
+    log._resync_as_new_leader = functools.partial(ClusterLog._resync_as_new_leader, log)
+    log.local_deliveries = lambda group, effects: effects
+    here = functools.partial(ClusterLog.deliveries_here, log, "shard-0")  # type: ignore[arg-type]
+    _reply, effects = queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))
+    assert [e.message.body for e in here(effects) if type(e) is Deliver] == [b"0"]  # n3's to write
+    s.flush()
+    assert sent == []  # (n3 holds the group: nothing for it)
+    s.node.groups["shard-0"].members = ["n1", "n2"]  # (the removal, appended here)
+    _reply, effects = queue.apply(Meta(3, 0), Enqueue([Message("", "q", b"", b"1")]))
+    assert here(effects) == []
+    s.flush()
+    [(member, (_life, _number, items))] = sent
+    assert member == "n3" and [item[0] for item in items] == ["s", "d"]
+    assert [record[4] for _c, record, _r in items[0][2]] == [b"0", b"1"]  # both checked out, in order
+    _reply, effects = queue.apply(Meta(4, 0), Enqueue([Message("", "q", b"", b"2")]))
+    here(effects)
+    s.flush()
+    assert [item[0] for item in sent[-1][1][2]] == ["d"]  # (resynced once)
+
+
 def test_a_promoted_learner_writes_what_it_was_counted_on_for_before_its_own_next_delivery() -> None:
     """n1 applied message 0's checkout to its consumer as a learner (written by the leader, it
     counted, which had n1 as a member already and sent nothing); promoted, it applies message

@@ -122,10 +122,14 @@ class Elsewhere:
         return self.sender.remote_node(group, origin)
 
     def deliveries_here(self, group: str, effects: list) -> list:
-        """ClusterLog.deliveries_here: a group led here in a new term resyncs first."""
+        """ClusterLog.deliveries_here: a group led here in a new term resyncs first (and so does
+        a holder gone since the last batch led here: none in a run, whose holders do not change)."""
         out = self.sender
+        gone = out.holders_gone(group)
         if out.newly_led(group):
             self.resync_as_new_leader(group)
+        elif gone:
+            out.resync_consumers_of(gone, group, self._queues_of(group))
         return self.local_deliveries(out.take_deliveries(group, effects))
 
     def local_deliveries(self, effects: list) -> list:
