@@ -512,7 +512,7 @@ class ClusterLog(CommandLog):
         if gap:
             log.info("a message from %s went missing: asking it for what its groups hold for this member", peer)
             self.remote_out.ask_resync(peer)
-        self._remote_items(peer, self.gap_hold.order(peer, items, gap, trio.current_time()))
+        self._remote_items(peer, self.gap_hold.order(peer, items, gap, trio.current_time(), self._acking))
         self.remote_out.flush()
 
     def _remote_items(self, peer: str, items: list) -> None:
@@ -597,6 +597,11 @@ class ClusterLog(CommandLog):
                 effects.append(Deliver(consumer_id, message, bool(redelivered)))
         if effects:
             self.broker.perform(effects)
+
+    def _acking(self, consumer_id: str) -> bool:
+        """Whether a consumer of this member's channels acknowledges its deliveries (GapHold)."""
+        handle = self.broker.consumers.get(consumer_id)
+        return handle is not None and not handle.no_ack
 
     def _held_by(self, consumer_id: str) -> set[int]:
         """The seqs of the messages a consumer of this member's channel holds: written and not

@@ -283,14 +283,19 @@ class Sender:
                 self.outgoing.setdefault(node, []).append(["q", key[0], key[1]])
 
     def resync(self, node: str, group: str, queues: list) -> None:
-        """Everything `queues` (the group's machines) have checked out to `node`'s consumers."""
+        """Everything `queues` (the group's machines) have checked out to `node`'s consumers, and
+        which of those consumers acknowledge: for them the list is whole, so a delivery sent
+        earlier and not in it is no longer theirs (`GapHold`)."""
         held = []
+        acking = []
         for queue in queues:
             for consumer_id, consumer in queue.consumers.items():
                 if node_of(consumer_id) == node:
+                    if not consumer.no_ack:
+                        acking.append(consumer_id)
                     for message in consumer.checked_out.values():
                         held.append([consumer_id, message_record(message), message.redelivered])
-        self.outgoing.setdefault(node, []).append(["s", group, held])
+        self.outgoing.setdefault(node, []).append(["s", group, held, acking])
 
     def resync_consumers_of(self, nodes: list[str], group: str, queues: list) -> None:
         """A resync (`resync`) to each of `nodes` with a consumer of `queues` (the group's machines)."""
@@ -436,13 +441,24 @@ class GapHold:
     order broke (the seeded simulation, 52 of 20,000 seeds; the jepsen-style run of seed 2008,
     21 messages after a partition healed). A resync that does not come within REPLIES_WAIT_S
     (its "?" lost, or slow) is asked again, up to RESYNC_ASKS_MAX times; then the deliveries go
-    (`due`): late rather than never (the sender may lead none of this member's groups now)."""
+    (`due`): late rather than never (the sender may lead none of this member's groups now).
+
+    Of the deliveries that waited (and those before the resync in its own message), those to a
+    consumer that acknowledged when they came (`acking`, asked of this member's channels) and
+    that the resync names as acknowledging (its fourth field) are dropped: sent before the
+    resync was made, each is in it if still checked out to that consumer, else it was acked,
+    returned or redelivered since, and writing it after the resync's later ones broke the
+    consumer's order (the simulation, seed 421196: a message requeued twice by a repeated
+    Requeue, its held redelivery written after five later deliveries). A no-ack consumer's are
+    in no resync and still go, after it (at most once, but not lost here; a tag of a no-ack
+    consumer consumed again with acks is why it is asked as each delivery comes)."""
 
     def __init__(self) -> None:
-        # sender -> (until when, its deliveries held, how many times the resync was asked)
-        self.held: dict[str, tuple[float, list, int]] = {}
+        # sender -> (until when, its deliveries held with the consumers that acknowledged as
+        # they came, how many times the resync was asked)
+        self.held: dict[str, tuple[float, list[tuple[list, frozenset]], int]] = {}
 
-    def order(self, peer: str, items: list, gap: bool, now: float) -> list:
+    def order(self, peer: str, items: list, gap: bool, now: float, acking: Callable[[str], bool] | None = None) -> list:
         """The items of `peer`'s message to act on now, in the order to act on them."""
         if gap:
             _until, kept, _asks = self.held.get(peer, (0.0, [], 0))
@@ -450,12 +466,17 @@ class GapHold:
         waiting = self.held.get(peer)
         if waiting is None:
             return items
+        first = next((i for i, item in enumerate(items) if item[0] == "s"), None)
+        if first is None:
+            waiting[1].extend((item, _acking_in(item, acking)) for item in items if item[0] == "d")
+            return [item for item in items if item[0] != "d"]
+        del self.held[peer]
         resyncs = [item for item in items if item[0] == "s"]
-        if resyncs:
-            del self.held[peer]
-            return [*resyncs, *waiting[1], *(item for item in items if item[0] != "s")]
-        waiting[1].extend(item for item in items if item[0] == "d")
-        return [item for item in items if item[0] != "d"]
+        covered = {c for item in resyncs if len(item) > 3 and type(item[3]) is list for c in item[3]}
+        earlier = [*waiting[1], *((item, _acking_in(item, acking)) for item in items[:first] if item[0] == "d")]
+        still = [d for d in (_not_to(covered & acked, item) for item, acked in earlier) if d is not None]
+        later = [item for i, item in enumerate(items) if item[0] != "s" and not (i < first and item[0] == "d")]
+        return [*resyncs, *still, *later]
 
     def due(self, now: float) -> tuple[list[str], list[tuple[str, list]]]:
         """The waits that ran out: the senders to ask again for a resync, and (sender, its held
@@ -469,8 +490,28 @@ class GapHold:
                 ask.append(peer)
             else:
                 del self.held[peer]
-                release.append((peer, kept))
+                release.append((peer, [item for item, _acked in kept]))
         return ask, release
+
+
+def _acking_in(item: list, acking: Callable[[str], bool] | None) -> frozenset:
+    """The consumers of a "d" item's deliveries that acknowledge now, by `acking`."""
+    run = item[1] if len(item) > 1 else None
+    if acking is None or type(run) is not list:
+        return frozenset()
+    return frozenset(d[0] for d in run if type(d) is list and d and type(d[0]) is str and acking(d[0]))
+
+
+def _not_to(consumers: set, item: list) -> list | None:
+    """A "d" item without its deliveries to `consumers` (itself if it has none; None if it had
+    only those). A malformed one is kept as it is, to be refused where it is read."""
+    run = item[1] if len(item) > 1 else None
+    if type(run) is not list:
+        return item
+    kept = [d for d in run if not (type(d) is list and d and type(d[0]) is str and d[0] in consumers)]
+    if len(kept) == len(run):
+        return item
+    return ["d", kept] if kept else None
 
 
 def decoded_reply(value: Any) -> Any:

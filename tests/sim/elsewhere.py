@@ -175,7 +175,7 @@ class Elsewhere:
             self.world.trace(f"  {self.node.name}: a message from {peer} went missing: asks it for a resync")
             self.sender.ask_resync(peer)
         arrived = {id(item) for item in items}
-        for item in self.gap_hold.order(peer, items, gap, self.world.now_ms / 1000):
+        for item in self.gap_hold.order(peer, items, gap, self.world.now_ms / 1000, self.node.acking):
             self._item(peer, item, held=id(item) not in arrived)
         self.flush()
 

@@ -80,11 +80,19 @@ def _done_at_commit_unless_requested(items: list, requested: bool) -> bool:
     return requested
 
 
-def _act_at_once(self, peer: str, items: list, gap: bool, now: float) -> list:
+def _act_at_once(self, peer: str, items: list, gap: bool, now: float, acking=None) -> list:
     """remote.GapHold.order before its fix (found by this simulation, and by the jepsen-style
     run of seed 2008): after a gap, the deliveries of the message that showed it were written
     before the resync asked for, which carried earlier ones: a consumer's order broke."""
     return items
+
+
+def _held_all_written(self, peer: str, items: list, gap: bool, now: float, acking=None) -> list:
+    """remote.GapHold.order before its fix (found by this simulation: seed 421196 of --partial):
+    every delivery held since a gap was written after the resync, also one to a consumer that
+    acknowledges and that the resync named without it (no longer checked out to it: acked,
+    returned or redelivered since), after later deliveries: a consumer's order broke."""
+    return _ORDER(self, peer, items, gap, now, None)
 
 
 def _newly_led_unless_seen_led(self, group: str) -> bool:
@@ -123,6 +131,7 @@ def _session_id_of_any_process(self) -> str:
 _ADMIT = ApplyOrder.admit
 _CUT_OFF = proposer.Node.cut_off
 _WATCH = elsewhere.Elsewhere.watch
+_ORDER = remote.GapHold.order
 
 # name -> what it replaces: (owner, attribute, the old code), each put back for the plant's duration
 PLANTS: dict[str, list[tuple[object, str, object]]] = {
@@ -134,6 +143,7 @@ PLANTS: dict[str, list[tuple[object, str, object]]] = {
     "resync-at-watch-only": [(elsewhere.Elsewhere, "deliveries_here", _deliveries_here_resync_at_watch_only)],
     "confirm-at-commit": [(proposer, "end_awaited", _done_at_commit_unless_requested)],
     "deliveries-before-resync": [(remote.GapHold, "order", _act_at_once)],
+    "stale-held-written": [(remote.GapHold, "order", _held_all_written)],
     "life-ended-untold": [(remote.Sender, "lives_ended", _lives_ended_untold)],
     "session-ids-reused": [(proposer.Node, "session_id", _session_id_of_any_process)],
     # Proposer._proposed before its fix: a given-up entry's acks, requeues, rejects and credit

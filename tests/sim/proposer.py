@@ -427,6 +427,11 @@ class Node:
         """Whether a channel of this node has the consumer (the broker's `consumers`)."""
         return self._consumer(consumer_id) is not None
 
+    def acking(self, consumer_id: str) -> bool:
+        """ClusterLog._acking: whether a channel of this node has the consumer, acknowledging."""
+        consumer = self._consumer(consumer_id)
+        return consumer is not None and not consumer.no_ack
+
     def held_by(self, consumer_id: str) -> set[int]:
         """ClusterLog._held_by: the seqs the consumer's channel holds (delivered, not acked)."""
         consumer = self._consumer(consumer_id)

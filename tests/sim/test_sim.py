@@ -161,6 +161,11 @@ PARTIAL_REGRESSION_SEEDS = {
         "a restarted member reused its earlier process's session ids: a new leader applying late "
         "sent it that process's deliveries, written to its new consumer of another queue",
     ),
+    421196: (
+        "stale-held-written",
+        "after a gap, a held delivery to an acking consumer, requeued since and so not in the "
+        "resync, was written after the resync's later deliveries: a consumer's order broke",
+    ),
     648: (
         "regained-unseen",
         "a leadership lost and taken back between two looks of the watch sent no resync: what the "
