@@ -428,9 +428,13 @@ class Node:
         return self._consumer(consumer_id) is not None
 
     def acking(self, consumer_id: str) -> bool:
-        """ClusterLog._acking: whether a channel of this node has the consumer, acknowledging."""
+        """ClusterLog._acking: whether a channel of this node has the consumer, acknowledging.
+        Once its Checkout was applied: this workload consumes a cancelled tag again at once,
+        where a server's channel does so only once the Cancel is applied, which its member hears
+        after the cancelled consumer's deliveries; until then the channel still has the one
+        cancelled (for a tag that was no-ack, its late deliveries are not the new consumer's)."""
         consumer = self._consumer(consumer_id)
-        return consumer is not None and not consumer.no_ack
+        return consumer is not None and consumer.confirmed and not consumer.no_ack
 
     def held_by(self, consumer_id: str) -> set[int]:
         """ClusterLog._held_by: the seqs the consumer's channel holds (delivered, not acked)."""
