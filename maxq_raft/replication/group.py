@@ -176,6 +176,9 @@ class Group:
         self.forward: Callable | None = None
         self.is_leader = False
         self.term = 0
+        # While this node leads: the index of its leadership's first entry (pysyncobj's no-op);
+        # the entries before it were appended by earlier leaders (server/remote.py, `catching_up`).
+        self.term_from: int | None = None
         self._candidate_term = 0  # the last term this node was seen standing in (elections_started)
         self.transfer: dict | None = None
         self.stats: collections.Counter[str] = collections.Counter()
@@ -551,7 +554,9 @@ class Group:
             self.stats["tick_errors"] += 1
             log.exception("group %s: pysyncobj tick raised", self.name)
         so = self.so
-        self.is_leader = so._isLeader()
+        leading = so._isLeader()
+        self.term_from = so._SyncObj__noopIDx if leading else None  # (first: read with is_leader elsewhere)
+        self.is_leader = leading
         leader = so._getLeader()
         leader_id = leader.id if leader is not None else None
         if leader_id is not None and leader_id != self.leader_id:
@@ -579,6 +584,7 @@ class Group:
         log.critical("group %s failed and stops (fail-stop): %s", self.name, why)
         self.failed = why
         self.is_leader = False
+        self.term_from = None
         self.fail_all("stopped")
         if self.on_failed is not None:
             self.on_failed(self, why)

@@ -100,7 +100,7 @@ class Applier:
                 then(reply)  # a local log's caller may raise its channel error from here
         finally:
             if effects and target is not None and self.remote is not None and self.remote.active:
-                effects = self.log.deliveries_here(group.name, effects)
+                effects = self.log.deliveries_here(group.name, effects, meta.log_index)
             if effects:
                 try:
                     broker.perform(effects)

@@ -148,6 +148,7 @@ class ClusterLog(CommandLog):
         self.meta_group = META_GROUP
         self.snapshot_every_bytes = snapshot_every_bytes
         self.applied_index: dict[str, int] = {}
+        self.handed_index: dict[str, int] = {}  # group -> the last entry the engine handed over (hub thread)
         self.log_bytes_since: dict[str, int] = {}
         self.snapshot_next_try: dict[str, int] = {}
         self.snapshotting: set[str] = set()
@@ -265,6 +266,8 @@ class ClusterLog(CommandLog):
         """The engine's callback (hub thread): hop to the trio thread, in order."""
         size = sum(len(p) for _i, p in entries)
         self.bytes_handed += size
+        if entries:
+            self.handed_index[group] = entries[-1][0]
         try:
             self._token.run_sync_soon(self._apply, group, entries, size)
         except trio.RunFinishedError:
@@ -614,7 +617,7 @@ class ClusterLog(CommandLog):
         seqs.update(item[1].seq for item in state.held if item[0] is handle)
         return seqs
 
-    def deliveries_here(self, group: str, effects: list) -> list:
+    def deliveries_here(self, group: str, effects: list, index: int = 0) -> list:
         """A command's effects on a member of a cluster whose groups are held by a few members:
         the deliveries to consumers of members holding no replica go to those members (when
         this member leads `group`), the rest are returned to be performed here, each once.
@@ -625,9 +628,16 @@ class ClusterLog(CommandLog):
         lost before it was sent) after a later one (a jepsen-style run, seed 2004: FIFO order
         broken). So does a member that stopped applying `group` since the last batch led here
         (`Sender.holders_gone`: a move removed it; the watch resynced it up to LEADERSHIP_CHECK_S
-        later, after this batch's deliveries)."""
+        later, after this batch's deliveries).
+
+        The entry at `index` appended before this member's leadership (`Sender.catching_up`)
+        sends no deliveries: the resync goes once such entries are all applied, at the first
+        entry of this leadership or at the watch's next look."""
         out = self.remote_out
         gone = out.holders_gone(group)
+        if out.catching_up(group, index):
+            out.owe_resync(group)
+            return self.local_deliveries(group, out.not_sent(group, effects))
         if out.newly_led(group):
             self._resync_as_new_leader(group)
         elif gone:
@@ -675,7 +685,7 @@ class ClusterLog(CommandLog):
             if queue.backing is not None:
                 queue.backing.drop()
         broker.groups[group] = ShardMachine(group, self.make_queue)
-        for index in (self.applied_index, self.log_bytes_since, self.snapshot_next_try):
+        for index in (self.applied_index, self.handed_index, self.log_bytes_since, self.snapshot_next_try):
             index.pop(group, None)
         self.snapshots_deferred.discard(group)
 
@@ -840,7 +850,7 @@ class ClusterLog(CommandLog):
             self._held = held
             led = {g for g in groups if g != META_GROUP and self.leads(g)}
             for group in sorted(led):
-                if self.remote_out.newly_led(group):
+                if self._caught_up(groups[group]) and self.remote_out.newly_led(group):
                     self._resync_as_new_leader(group)
             members_now = {g: frozenset(groups[g].member_ids()) for g in led}
             for group, now_members in members_now.items():
@@ -863,6 +873,14 @@ class ClusterLog(CommandLog):
             if seen:
                 for consumer_id in [c for c in seen if c not in self.broker.consumers]:
                     self.remote_in.forget(consumer_id)
+
+    def _caught_up(self, g: Any) -> bool:
+        """Whether this member, leading group `g`, has applied every entry appended before its
+        leadership (`Sender.catching_up`): the engine handed them all over, and they were applied
+        here. (A late one after all sends the resync again: `Sender.owe_resync`.)"""
+        start = g.term_from
+        handed_all = start is None or g.applied >= start - 1
+        return handed_all and self.applied_index.get(g.name, 0) >= self.handed_index.get(g.name, 0)
 
     def _resync_as_new_leader(self, group: str) -> None:
         """This member has come to lead `group`: each member holding no replica of it whose

@@ -63,6 +63,10 @@ class GroupView:
     def term(self) -> int:
         return self.layout.terms[self.name]
 
+    @property
+    def term_from(self) -> int | None:
+        return self.layout.term_from[self.name] if self.is_leader else None
+
     def member_ids(self) -> list[str]:
         return list(self.members)
 
@@ -121,11 +125,15 @@ class Elsewhere:
             return None
         return self.sender.remote_node(group, origin)
 
-    def deliveries_here(self, group: str, effects: list) -> list:
-        """ClusterLog.deliveries_here: a group led here in a new term resyncs first (and so does
-        a holder gone since the last batch led here: none in a run, whose holders do not change)."""
+    def deliveries_here(self, group: str, effects: list, index: int) -> list:
+        """ClusterLog.deliveries_here: an entry of an earlier term sends no delivery; a group led
+        here in a new term resyncs first (and so does a holder gone since the last batch led here:
+        none in a run, whose holders do not change)."""
         out = self.sender
         gone = out.holders_gone(group)
+        if out.catching_up(group, index):
+            out.owe_resync(group)
+            return self.local_deliveries(out.not_sent(group, effects))
         if out.newly_led(group):
             self.resync_as_new_leader(group)
         elif gone:
@@ -236,8 +244,11 @@ class Elsewhere:
                 self._item(peer, item, held=True)
         out.flush()  # (who leads what is read afresh below)
         led = {group for group in self.shards if self.engine.is_leader(group)}
+        applied = self.node.replica.applied
         for group in sorted(led):
-            if out.newly_led(group):
+            # (ClusterLog._caught_up: every entry is a command here, no no-op)
+            caught_up = applied.get(group, 0) >= self.world.layout.term_from[group] - 1
+            if caught_up and out.newly_led(group):
                 self.resync_as_new_leader(group)
         now_ms = self.world.now_ms
         if now_ms >= self.stats_due_ms:

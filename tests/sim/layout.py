@@ -31,6 +31,9 @@ class Layout:
         self.holders = holders  # shard group -> the nodes holding it, by name
         self.leaders = leaders  # shard group -> the holder leading it
         self.terms = dict.fromkeys(holders, 1)  # shard group -> its Raft term (one per leadership)
+        # shard group -> the log index of its leadership's first entry (the entries before it were
+        # appended in earlier terms: Group.term_from, remote.Sender.catching_up)
+        self.term_from = dict.fromkeys(holders, 1)
 
     @classmethod
     def everywhere(cls, nodes: list[str], shards: list[str]) -> Layout:
@@ -53,7 +56,8 @@ class Layout:
     def leads(self, node: str, group: str) -> bool:
         return self.leaders.get(group) == node
 
-    def hand_over(self, group: str, leader: str) -> None:
-        """`leader` leads `group` now, in a new term."""
+    def hand_over(self, group: str, leader: str, first_index: int) -> None:
+        """`leader` leads `group` now, in a new term whose first entry will be at `first_index`."""
         self.leaders[group] = leader
         self.terms[group] += 1
+        self.term_from[group] = first_index

@@ -64,7 +64,7 @@ def _retry_any_life(self) -> int:
     return len(retries)
 
 
-def _deliveries_here_resync_at_watch_only(self, group: str, effects: list) -> list:
+def _deliveries_here_resync_at_watch_only(self, group: str, effects: list, index: int = 0) -> list:
     """ClusterLog.deliveries_here before its fix (the jepsen-style harness, seed 2004): a member
     that came to lead a group sent its first deliveries before the resync its watch sends later;
     a non-holder wrote a message the old leader had checked out (and whose delivery was lost

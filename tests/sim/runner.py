@@ -260,7 +260,7 @@ class World:
                 if elsewhere is not None and request:
                     glue.sender.reply(elsewhere, group, entry.origin, request, reply)
                 if effects and target is not None:
-                    effects = glue.deliveries_here(group, effects)
+                    effects = glue.deliveries_here(group, effects, index)
             for effect in effects:
                 kind = type(effect)
                 if kind is Deliver:
@@ -420,8 +420,13 @@ class World:
             return False
         old = self.layout.leaders[group]
         self.trace(f"  {leader} leads {group} now (was {old})")
-        self.layout.hand_over(group, leader)
+        self.layout.hand_over(group, leader, self._next_term_from(group))
         return True
+
+    def _next_term_from(self, group: str) -> int:
+        """A new leader's first entry's index: after what is committed and what survives in flight
+        (as Raft, its no-op follows its log; with chaos, an approximation)."""
+        return len(self.log.committed[group]) + len(self.log.in_flight[group]) + 1
 
     def _retry(self) -> None:
         for node in self.nodes:
@@ -458,6 +463,11 @@ class World:
                 others = [h for h in self.layout.holders[group] if h != node.name]
                 if self.layout.leads(node.name, group) and others:
                     self._hand_over(group, self.rng.choice(others))
+                elif self.layout.leads(node.name, group):
+                    # (its only holder: it leads again once elected, in a new term, and replays
+                    # its log from its snapshot as that term's leader)
+                    self.trace(f"  {node.name} leads {group} again, in a new term")
+                    self.layout.hand_over(group, node.name, self._next_term_from(group))
         node.restart()
 
     def _snapshot(self) -> None:

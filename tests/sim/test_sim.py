@@ -156,17 +156,15 @@ PARTIAL_REGRESSION_SEEDS = {
         "a Down that ended a node's life in a group it holds no replica of was not told to it: it kept "
         "a consumer the queue no longer had, which never got a message",
     ),
-    100700: (
-        "session-ids-reused",
-        "a restarted member reused its earlier process's session ids: a new leader applying late "
-        "sent it that process's deliveries, written to its new consumer of another queue",
-    ),
+    # (session-ids-reused, seed 100700 until 2026-12-06: no seed of 0-19,999 or 100,000-119,999
+    # finds it since a leader sends no delivery of an entry appended before its leadership,
+    # which was its way in; the fix stays: a process's session ids are its own.)
     421196: (
         "stale-held-written",
         "after a gap, a held delivery to an acking consumer, requeued since and so not in the "
         "resync, was written after the resync's later deliveries: a consumer's order broke",
     ),
-    648: (
+    575: (
         "regained-unseen",
         "a leadership lost and taken back between two looks of the watch sent no resync: what the "
         "leader between had checked out, its deliveries lost, came after later ones (FIFO broken)",
