@@ -309,19 +309,14 @@ class Sender:
                 self.outgoing.setdefault(node, []).append(["q", key[0], key[1]])
 
     def resync(self, node: str, group: str, queues: list) -> None:
-        """Everything `queues` (the group's machines) have checked out to `node`'s consumers, and
-        which of those consumers acknowledge: for them the list is whole, so a delivery sent
-        earlier and not in it is no longer theirs (`GapHold`)."""
+        """Everything `queues` (the group's machines) have checked out to `node`'s consumers."""
         held = []
-        acking = []
         for queue in queues:
             for consumer_id, consumer in queue.consumers.items():
                 if node_of(consumer_id) == node:
-                    if not consumer.no_ack:
-                        acking.append(consumer_id)
                     for message in consumer.checked_out.values():
                         held.append([consumer_id, message_record(message), message.redelivered])
-        self.outgoing.setdefault(node, []).append(["s", group, held, acking])
+        self.outgoing.setdefault(node, []).append(["s", group, held])
 
     def resync_consumers_of(self, nodes: list[str], group: str, queues: list) -> None:
         """A resync (`resync`) to each of `nodes` with a consumer of `queues` (the group's machines)."""
@@ -470,14 +465,16 @@ class GapHold:
     (`due`): late rather than never (the sender may lead none of this member's groups now).
 
     Of the deliveries that waited (and those before the resync in its own message), those to a
-    consumer that acknowledged when they came (`acking`, asked of this member's channels) and
-    that the resync names as acknowledging (its fourth field) are dropped: sent before the
-    resync was made, each is in it if still checked out to that consumer, else it was acked,
-    returned or redelivered since, and writing it after the resync's later ones broke the
-    consumer's order (the simulation, seed 421196: a message requeued twice by a repeated
-    Requeue, its held redelivery written after five later deliveries). A no-ack consumer's are
-    in no resync and still go, after it (at most once, but not lost here; a tag of a no-ack
-    consumer consumed again with acks is why it is asked as each delivery comes)."""
+    consumer that acknowledged when they came (`acking`, asked of this member's channels) are
+    dropped once the resync comes. Each was made before the resync by a leader of its group:
+    if the sender still leads it, the resync has it if it is still checked out to that
+    consumer (else it was acked, returned or redelivered since: writing it after the resync's
+    later ones broke the consumer's order, the simulation's seed 421196, a message requeued
+    again by a repeated Requeue); if the sender leads it no more, the group's leader since
+    resyncs this member once it has applied what the sender had (`Sender.newly_led`), and
+    writing it after that leader's later deliveries broke the order too (seed 428946). A no-ack
+    consumer's are in no resync and still go, after it (at most once, but not lost here; a tag
+    of a no-ack consumer consumed again with acks is why it is asked as each delivery comes)."""
 
     def __init__(self) -> None:
         # sender -> (until when, its deliveries held with the consumers that acknowledged as
@@ -498,9 +495,8 @@ class GapHold:
             return [item for item in items if item[0] != "d"]
         del self.held[peer]
         resyncs = [item for item in items if item[0] == "s"]
-        covered = {c for item in resyncs if len(item) > 3 and type(item[3]) is list for c in item[3]}
         earlier = [*waiting[1], *((item, _acking_in(item, acking)) for item in items[:first] if item[0] == "d")]
-        still = [d for d in (_not_to(covered & acked, item) for item, acked in earlier) if d is not None]
+        still = [d for d in (_not_to(acked, item) for item, acked in earlier) if d is not None]
         later = [item for i, item in enumerate(items) if item[0] != "s" and not (i < first and item[0] == "d")]
         return [*resyncs, *still, *later]
 
@@ -528,7 +524,7 @@ def _acking_in(item: list, acking: Callable[[str], bool] | None) -> frozenset:
     return frozenset(d[0] for d in run if type(d) is list and d and type(d[0]) is str and acking(d[0]))
 
 
-def _not_to(consumers: set, item: list) -> list | None:
+def _not_to(consumers: frozenset, item: list) -> list | None:
     """A "d" item without its deliveries to `consumers` (itself if it has none; None if it had
     only those). A malformed one is kept as it is, to be refused where it is read."""
     run = item[1] if len(item) > 1 else None

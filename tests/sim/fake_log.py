@@ -15,6 +15,7 @@ tombstone that took its seq), for the ledger's verdicts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -82,11 +83,12 @@ class Proposal:
 class Copy:
     """One attempt of a proposal, on its way to the log."""
 
-    __slots__ = ("proposal", "answered")
+    __slots__ = ("proposal", "answered", "term")
 
-    def __init__(self, proposal: Proposal) -> None:
+    def __init__(self, proposal: Proposal, term: int = 0) -> None:
         self.proposal = proposal
         self.answered = False  # the proposer already heard "timeout" for it: it commits silently
+        self.term = term  # the group's term (leadership) it was appended in (runner.py, `_lose`)
 
 
 class FakeLog:
@@ -95,9 +97,10 @@ class FakeLog:
         self.committed: dict[str, list[Proposal]] = {group: [] for group in groups}
         self.in_flight: dict[str, list[Copy]] = {group: [] for group in groups}
         self.first: dict[tuple[str, str, int], Proposal] = {}
+        self.term_of: Callable[[str], int] = lambda group: 0  # a group's term now (the runner's layout)
 
     def append(self, proposal: Proposal) -> None:
-        self.in_flight[proposal.group].append(Copy(proposal))
+        self.in_flight[proposal.group].append(Copy(proposal, self.term_of(proposal.group)))
 
     def commit(self, group: str, position: int) -> tuple[Copy, int]:
         """Commit the attempt at `position` of the group's in-flight list; returns it and its index."""

@@ -69,6 +69,7 @@ class ConsumerView:
         "delivered",
         "last_written",
         "last_sender",
+        "reused",
     )
 
     def __init__(self, key: tuple[str, str], no_ack: bool) -> None:
@@ -77,6 +78,7 @@ class ConsumerView:
         self.active = True
         self.confirmed = False  # its Checkout was applied by the node's replica (consume-ok)
         self.checkout_at: tuple[str, str, int] | None = None  # (life, group, seq) of that Checkout
+        self.reused = False  # a cancelled tag consumed again (workload.py): maybe in another mode
         self.unacked: dict[int, None] = {}  # queue seqs delivered, not yet acked or returned
         self.settled: dict[int, None] = {}  # queue seqs acked, rejected or returned since their last delivery
         self.delivered: dict[tuple[int, int], None] = {}  # (seq, delivery count) of each delivery written
@@ -429,12 +431,12 @@ class Node:
 
     def acking(self, consumer_id: str) -> bool:
         """ClusterLog._acking: whether a channel of this node has the consumer, acknowledging.
-        Once its Checkout was applied: this workload consumes a cancelled tag again at once,
-        where a server's channel does so only once the Cancel is applied, which its member hears
-        after the cancelled consumer's deliveries; until then the channel still has the one
+        A cancelled tag consumed again counts once its Checkout was applied: this workload does so
+        at once, where a server's channel does so only once the Cancel is applied, which its member
+        hears after the cancelled consumer's deliveries; until then the channel still has the one
         cancelled (for a tag that was no-ack, its late deliveries are not the new consumer's)."""
         consumer = self._consumer(consumer_id)
-        return consumer is not None and consumer.confirmed and not consumer.no_ack
+        return consumer is not None and not consumer.no_ack and (consumer.confirmed or not consumer.reused)
 
     def held_by(self, consumer_id: str) -> set[int]:
         """ClusterLog._held_by: the seqs the consumer's channel holds (delivered, not acked)."""

@@ -197,6 +197,7 @@ class World:
         self._pids = 0
         self._numbers = 0
         self.log = FakeLog(self.groups)
+        self.log.term_of = lambda group: self.layout.terms.get(group, 0)
         self.ledger = Ledger(self.log)
         self.witness = Replica("witness", self.shards, config.window_max)
         self.witness.observer = self.ledger.observe
@@ -364,6 +365,11 @@ class World:
         picked = self._pick_copy()
         if picked is not None:
             copy = self.log.lose(*picked)
+            group = copy.proposal.group
+            if copy.term < self.layout.terms.get(group, 0):
+                # (counted before the leader's first entry at its hand-over: that entry comes one
+                # place earlier now, as the new leader's log holds no such attempt)
+                self.layout.term_from[group] -= 1
             error = self.rng.choice(("not leader", "busy"))
             if self.tracing:
                 self.trace(f"  lose {copy.proposal}{'' if copy.answered else ': ' + error}")

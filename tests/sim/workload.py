@@ -226,6 +226,7 @@ class Workload:
             known.active = True
             known.confirmed = False
             known.no_ack = no_ack
+            known.reused = True
         else:
             channel.consumers[consumer_id] = ConsumerView(key, no_ack)
         channel.keys[key] = None
