@@ -90,7 +90,7 @@ def _act_at_once(self, peer: str, items: list, gap: bool, now: float, acking=Non
 def _held_all_written(self, peer: str, items: list, gap: bool, now: float, acking=None) -> list:
     """remote.GapHold.order before its fix (found by this simulation: seed 421196 of --partial):
     every delivery held since a gap was written after the resync, also one to a consumer that
-    acknowledges and that the resync named without it (no longer checked out to it: acked,
+    acknowledges whose message the resync did not carry (no longer checked out to it: acked,
     returned or redelivered since), after later deliveries: a consumer's order broke."""
     return _ORDER(self, peer, items, gap, now, None)
 
