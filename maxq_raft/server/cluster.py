@@ -617,7 +617,7 @@ class ClusterLog(CommandLog):
         seqs.update(item[1].seq for item in state.held if item[0] is handle)
         return seqs
 
-    def deliveries_here(self, group: str, effects: list, index: int = 0) -> list:
+    def deliveries_here(self, group: str, effects: list, index: int) -> list:
         """A command's effects on a member of a cluster whose groups are held by a few members:
         the deliveries to consumers of members holding no replica go to those members (when
         this member leads `group`), the rest are returned to be performed here, each once.
@@ -641,7 +641,7 @@ class ClusterLog(CommandLog):
         if out.newly_led(group):
             self._resync_as_new_leader(group)
         elif gone:
-            out.resync_consumers_of(gone, group, self._queues_of(group))
+            out.resync_consumers_of(group, self._queues_of(group), gone)
         return self.local_deliveries(group, out.take_deliveries(group, effects))
 
     def local_deliveries(self, group: str, effects: list) -> list:
@@ -886,11 +886,7 @@ class ClusterLog(CommandLog):
         """This member has come to lead `group`: each member holding no replica of it whose
         consumers have messages checked out there is sent them (the old leader may have applied
         an entry and lost its leadership before sending its deliveries)."""
-        queues = self._queues_of(group)
-        members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node_id})
-        for member in members:
-            if self.remote_out.remote_node(group, member + "@") is not None:
-                self.remote_out.resync(member, group, queues)
+        self.remote_out.resync_consumers_of(group, self._queues_of(group))
 
     def _send_queue_stats(self, led: list[str]) -> None:
         """The counts of the queues of each group led here, to each member holding no replica of

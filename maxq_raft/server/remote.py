@@ -318,11 +318,12 @@ class Sender:
                         held.append([consumer_id, message_record(message), message.redelivered])
         self.outgoing.setdefault(node, []).append(["s", group, held])
 
-    def resync_consumers_of(self, nodes: list[str], group: str, queues: list) -> None:
-        """A resync (`resync`) to each of `nodes` with a consumer of `queues` (the group's machines)."""
-        with_consumers = {node_of(c) for queue in queues for c in queue.consumers}
-        for node in nodes:
-            if node in with_consumers:
+    def resync_consumers_of(self, group: str, queues: list, nodes: list[str] | None = None) -> None:
+        """A resync (`resync`) to each member holding no replica of `group` (of `nodes`, if given)
+        with a consumer of `queues` (the group's machines)."""
+        with_consumers = {node_of(c) for queue in queues for c in queue.consumers} - {self.node_id}
+        for node in sorted(with_consumers if nodes is None else with_consumers.intersection(nodes)):
+            if self.remote_node(group, node + "@") is not None:
                 self.resync(node, group, queues)
 
     def ask_resync(self, node: str) -> None:

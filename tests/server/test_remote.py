@@ -284,7 +284,7 @@ def test_a_new_leader_resyncs_a_member_before_it_sends_that_members_new_deliveri
     log.local_deliveries = lambda group, effects: effects
     _reply, effects = queue.apply(Meta(3, 0), Enqueue([Message("", "q", b"", b"1")]))
     assert [e.message.body for e in effects if type(e) is Deliver] == [b"1"]
-    assert ClusterLog.deliveries_here(log, "shard-0", effects) == []  # type: ignore[arg-type]
+    assert ClusterLog.deliveries_here(log, "shard-0", effects, 3) == []  # type: ignore[arg-type]
     s.flush()
     [(member, (_life, _number, items))] = sent
     assert member == "n4" and [item[0] for item in items] == ["s", "d"]
@@ -311,18 +311,18 @@ def test_a_member_moved_off_the_group_is_resynced_before_its_first_deliveries_fr
     log.local_deliveries = lambda group, effects: effects
     here = functools.partial(ClusterLog.deliveries_here, log, "shard-0")  # type: ignore[arg-type]
     _reply, effects = queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))
-    assert [e.message.body for e in here(effects) if type(e) is Deliver] == [b"0"]  # n3's to write
+    assert [e.message.body for e in here(effects, 2) if type(e) is Deliver] == [b"0"]  # n3's to write
     s.flush()
     assert sent == []  # (n3 holds the group: nothing for it)
     s.node.groups["shard-0"].members = ["n1", "n2"]  # (the removal, appended here)
     _reply, effects = queue.apply(Meta(3, 0), Enqueue([Message("", "q", b"", b"1")]))
-    assert here(effects) == []
+    assert here(effects, 3) == []
     s.flush()
     [(member, (_life, _number, items))] = sent
     assert member == "n3" and [item[0] for item in items] == ["s", "d"]
     assert [record[4] for _c, record, _r in items[0][2]] == [b"0", b"1"]  # both checked out, in order
     _reply, effects = queue.apply(Meta(4, 0), Enqueue([Message("", "q", b"", b"2")]))
-    here(effects)
+    here(effects, 4)
     s.flush()
     assert [item[0] for item in sent[-1][1][2]] == ["d"]  # (resynced once)
 

@@ -137,7 +137,7 @@ class Elsewhere:
         if out.newly_led(group):
             self.resync_as_new_leader(group)
         elif gone:
-            out.resync_consumers_of(gone, group, self._queues_of(group))
+            out.resync_consumers_of(group, self._queues_of(group), gone)
         return self.local_deliveries(out.take_deliveries(group, effects))
 
     def local_deliveries(self, effects: list) -> list:
@@ -157,11 +157,7 @@ class Elsewhere:
         return list(machines.queues.values()) if machines is not None else []
 
     def resync_as_new_leader(self, group: str) -> None:
-        queues = self._queues_of(group)
-        members = sorted({remote.node_of(c) for q in queues for c in q.consumers} - {self.node.name})
-        for member in members:
-            if self.sender.remote_node(group, member + "@") is not None:
-                self.sender.resync(member, group, queues)
+        self.sender.resync_consumers_of(group, self._queues_of(group))
 
     def _resync(self, member: str, groups: list[str]) -> None:
         for group in groups:
