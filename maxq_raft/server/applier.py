@@ -89,7 +89,7 @@ class Applier:
             if type(command) is qc.UpdateSettings:  # a policy changed: x-publish-rate-limit, x-trace are the shell's
                 broker.queue_settings_changed(target, broker.queues.get(target))
             if effects and (target == ALL_QUEUES or type(command) in SHARD_EFFECT_COMMANDS):
-                effects = self._group_effects(group.name, effects)
+                effects = self._group_effects(group.name, effects, meta.log_index)
             wakeups = broker.queue_wakeups
             if wakeups.waiters:  # SQS long polls wait on some queue
                 # (a shard-wide Down hands back the messages of every queue its owner held)
@@ -136,8 +136,9 @@ class Applier:
                 )
         return reply
 
-    def _group_effects(self, group_name: str, effects: list) -> list:
-        """Do the shard's own effects; return the queue machines' for `Broker.perform`."""
+    def _group_effects(self, group_name: str, effects: list, index: int) -> list:
+        """Do the shard's own effects (of the entry at `index`); return the queue machines' for
+        `Broker.perform`."""
         rest = []
         for effect in effects:
             kind = type(effect)
@@ -146,7 +147,7 @@ class Applier:
             elif kind is QueueRemoved:
                 self.broker.queue_removed(effect.key, effect.machine)
                 if self.remote is not None and self.remote.active:
-                    self.remote.queue_removed(group_name, effect.key, self.log.members())
+                    self.remote.queue_removed(group_name, effect.key, self.log.members(), index)
             elif kind is LivesDown:
                 self.log.lives_down(effect)
                 if self.remote is not None and self.remote.active and effect.ended:
@@ -157,7 +158,7 @@ class Applier:
                 if channel is not None:
                     channel.deliver_reply(command.exchange, command.routing_key, command.props_raw, command.body)
                 elif self.remote is not None and self.remote.active:
-                    self.remote.reply_to(group_name, command)  # (a requester on a member without this group)
+                    self.remote.reply_to(group_name, command, index)  # (a requester on a member without this group)
             else:
                 rest.append(effect)
         return rest

@@ -549,7 +549,9 @@ class ClusterLog(CommandLog):
             if channel is not None:
                 channel.deliver_reply(exchange, routing_key, props_raw, body)
         elif kind == "q":  # a queue this member's consumers had was deleted
-            self.broker.queue_consumers_gone((item[1], item[2]))
+            key = (item[1], item[2])
+            if len(item) < 4 or not self._placed_elsewhere(key, item[3]):  # (a sender of an earlier release: no group)
+                self.broker.queue_consumers_gone(key)
         elif kind == "x":  # this life's entry was skipped: the group declared the life dead
             _kind, group, origin = item
             if origin == self.origin:
@@ -581,6 +583,14 @@ class ClusterLog(CommandLog):
             self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
         else:
             raise ValueError(f"unknown item {kind!r}")
+
+    def _placed_elsewhere(self, key: tuple[str, str], group: str) -> bool:
+        """Whether this member's metadata records the queue `key` names in a group other than
+        `group`: declared again since its deletion there, so its consumers here are of the new
+        queue (a deletion told late: a restarted leader's replay, Sender.queue_removed)."""
+        vhost = self.broker.meta.vhosts.get(key[0])
+        record = vhost.queues.get(key[1]) if vhost is not None else None
+        return record is not None and record.group is not None and record.group != group
 
     def _remote_deliveries(self, run: list, resync: bool = False) -> None:
         """Deliveries to this member's consumers, written unless written before; for a resync,

@@ -19,8 +19,11 @@ its own machines. The member that leads g when it applies an entry (L) sends the
 - an entry of M's skipped because its life was declared dead in g, or a Down that ended M's
   lives in g ("x", `lives_ended`): M starts a new life, as a member holding g does when it
   applies that Down;
-- a queue of g deleted ("q"): M's consumers of it are told (basic.cancel);
+- a queue of g deleted ("q"): M's consumers of it are told (basic.cancel), unless M's metadata
+  places that name in another group now (declared again since); for an entry of an earlier
+  term, with the resync below, and only if the name is not in g again by then;
 - a direct reply-to reply for a requester on M, passing through g ("t"; cluster.reply_elsewhere);
+  not for an entry of an earlier term;
 - when it becomes g's leader, once per Raft term (`newly_led`: before the first deliveries it
   sends M as leader, ClusterLog.deliveries_here), at the first batch after M stopped applying g
   while L led it (`holders_gone`: a move removed M), and when M asks (below), a resync ("s"):
@@ -148,6 +151,9 @@ class Sender:
         self._holders: dict[str, frozenset[str] | None] = {}  # group -> its members if led here, per batch
         self._terms_resynced: dict[str, int] = {}  # group -> the Raft term of its last `newly_led`
         self._holders_before: dict[str, frozenset[str]] = {}  # group -> its holders at its last batch led here
+        # group -> queue key -> the cluster's members: deleted by an entry of an earlier term
+        # applied here as leader (`queue_removed`), told with the resync of this leadership
+        self._removals_owed: dict[str, dict[tuple[str, str], list[str]]] = {}
         self.short_deliveries: Callable[[], bool] = lambda: False  # whether every member reads them
 
     @property
@@ -292,21 +298,38 @@ class Sender:
             self.outgoing.setdefault(node, []).append(["d", run])
         return rest
 
-    def reply_to(self, group: str, command: Any) -> None:
-        """A direct reply-to reply passing through `group` for a requester on a member that
-        holds no replica of it (the requester's key starts with its node's name)."""
+    def reply_to(self, group: str, command: Any, index: int) -> None:
+        """A direct reply-to reply passing through `group` (the entry at `index`) for a requester
+        on a member that holds no replica of it (the requester's key starts with its node's name).
+        Not sent for an entry of an earlier term (`catching_up`): the leader of the time sent
+        it, and a reply is sent at most once, as RabbitMQ's are."""
+        if self.catching_up(group, index):
+            return
         node = self.remote_node(group, command.key.partition("~")[0] + "@")
         if node is not None:
             self.outgoing.setdefault(node, []).append(
                 ["t", command.key, command.exchange, command.routing_key, command.props_raw, command.body]
             )
 
-    def queue_removed(self, group: str, key: tuple[str, str], members: list[str]) -> None:
-        """The queue was deleted: every member (of `members`, the cluster's) holding no replica
-        of its group is told, for its consumers of it (the machine has dropped them by now)."""
+    def queue_removed(self, group: str, key: tuple[str, str], members: list[str], index: int) -> None:
+        """The queue was deleted (by the entry at `index`): every member (of `members`, the
+        cluster's) holding no replica of its group is told, for its consumers of it (the machine
+        has dropped them by now).
+
+        For an entry of an earlier term (`catching_up`: a restarted leader's replay) it is told
+        with this leadership's resync, and only if no queue of that name is in the group by then
+        (`resync_consumers_of`): sent at once, it cancelled the consumers of the queue declared
+        again under that name since, whose machine kept them, so the messages checked out to
+        them were stuck (tests/cluster/test_group_restart.py)."""
+        if self.catching_up(group, index):
+            self._removals_owed.setdefault(group, {})[key] = members
+            return
+        self._tell_removed(group, key, members)
+
+    def _tell_removed(self, group: str, key: tuple[str, str], members: list[str]) -> None:
         for node in members:
             if self.remote_node(group, node + "@") is not None:
-                self.outgoing.setdefault(node, []).append(["q", key[0], key[1]])
+                self.outgoing.setdefault(node, []).append(["q", key[0], key[1], group])
 
     def resync(self, node: str, group: str, queues: list) -> None:
         """Everything `queues` (the group's machines) have checked out to `node`'s consumers."""
@@ -320,7 +343,14 @@ class Sender:
 
     def resync_consumers_of(self, group: str, queues: list, nodes: list[str] | None = None) -> None:
         """A resync (`resync`) to each member holding no replica of `group` (of `nodes`, if given)
-        with a consumer of `queues` (the group's machines)."""
+        with a consumer of `queues` (the group's machines). For every member (`nodes` None: this
+        leadership's resync), first the deletions it owes (`queue_removed`) of queues not in
+        `queues`."""
+        if nodes is None:
+            owed = self._removals_owed.pop(group, {})
+            present = {(queue.vhost, queue.name) for queue in queues}
+            for key in sorted(owed.keys() - present):
+                self._tell_removed(group, key, owed[key])
         with_consumers = {node_of(c) for queue in queues for c in queue.consumers} - {self.node_id}
         for node in sorted(with_consumers if nodes is None else with_consumers.intersection(nodes)):
             if self.remote_node(group, node + "@") is not None:

@@ -452,3 +452,27 @@ def test_a_resync_that_does_not_come_is_asked_again_then_the_deliveries_go() -> 
     now += remote.REPLIES_WAIT_S
     assert hold.due(now) == ([], [("n2", [["d", [3]]])])
     assert asked == remote.RESYNC_ASKS_MAX - 1 and hold.held == {}
+
+
+def test_a_deletion_replayed_by_a_new_leader_is_told_at_its_resync_unless_the_name_was_declared_again() -> None:
+    """A leader applying entries of an earlier term (its term's first entry is 5) sends no
+    deletion ("q") nor direct reply-to reply ("t") as it applies them: the leader of the time
+    did. A deletion is told with this leadership's resync, and only for a name no queue of the
+    group has by then: told at once, a replay cancelled n4's consumers of the queue declared
+    again under that name, whose machine kept them (tests/cluster/test_group_restart.py)."""
+    s, sent = sender()
+    s.node.groups["shard-0"].term_from = 5
+    members = ["n1", "n2", "n3", "n4"]
+    s.queue_removed("shard-0", ("/", "again"), members, 3)
+    s.queue_removed("shard-0", ("/", "gone"), members, 4)
+    s.reply_to("shard-0", SimpleNamespace(key="n4~abc", exchange="", routing_key="r", props_raw=b"", body=b"x"), 4)
+    s.flush()
+    assert sent == []
+    s.resync_consumers_of("shard-0", [QueueMachine("/", "again")])  # (declared again at 4, or after)
+    s.flush()
+    assert sent == [("n4", [s.life, 1, [["q", "/", "gone", "shard-0"]]])]
+    s.resync_consumers_of("shard-0", [])  # (told once)
+    s.queue_removed("shard-0", ("/", "now"), members, 5)  # (this leadership's own: at once)
+    s.reply_to("shard-0", SimpleNamespace(key="n4~abc", exchange="", routing_key="r", props_raw=b"", body=b"x"), 6)
+    s.flush()
+    assert sent[1:] == [("n4", [s.life, 2, [["q", "/", "now", "shard-0"], ["t", "n4~abc", "", "r", b"", b"x"]]])]
