@@ -580,7 +580,8 @@ class ClusterLog(CommandLog):
             if len(item) > 2 and type(item[2]) is str:
                 self.node.heard_leader(item[2], peer)  # (who leads it, for the management API and proposals)
         elif kind == "?":  # a member missed a message of ours
-            self._resync(peer, [g for g in self.node.groups if g != META_GROUP and self.leads(g)])
+            led = [g for g in self.node.groups if g != META_GROUP and self.leads(g)]
+            self.remote_out.answer_resync_ask(peer, [(g, self._queues_of(g)) for g in led])
         else:
             raise ValueError(f"unknown item {kind!r}")
 
@@ -712,11 +713,6 @@ class ClusterLog(CommandLog):
                         [consumer_id, remote.message_record(m), m.redelivered] for m in consumer.checked_out.values()
                     )
         self._remote_deliveries(run, resync=True)
-
-    def _resync(self, member: str, groups: list[str]) -> None:
-        for group in groups:
-            if self.remote_out.remote_node(group, member + "@") is not None:
-                self.remote_out.resync(member, group, self._queues_of(group))
 
     def _queues_of(self, group: str) -> list:
         machines = self.broker.groups.get(group)

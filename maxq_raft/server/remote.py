@@ -28,7 +28,7 @@ its own machines. The member that leads g when it applies an entry (L) sends the
   sends M as leader, ClusterLog.deliveries_here), at the first batch after M stopped applying g
   while L led it (`holders_gone`: a move removed M), and when M asks (below), a resync ("s"):
   every message checked out to M's consumers in g, which M delivers unless it delivered it
-  already.
+  already; to an ask from M when L leads no group M holds no replica of, an empty one.
 
 What L gathers while it applies a batch goes out at the batch's end, one engine message per
 member (ReplicationNode.send_message: in order over one link, dropped when the link is down),
@@ -355,6 +355,20 @@ class Sender:
         for node in sorted(with_consumers if nodes is None else with_consumers.intersection(nodes)):
             if self.remote_node(group, node + "@") is not None:
                 self.resync(node, group, queues)
+
+    def answer_resync_ask(self, node: str, led: list[tuple[str, list]]) -> None:
+        """`node` missed a message of this sender's ("?"): a resync of each group of `led` (the
+        groups led here, with their machines) it holds no replica of. If there is none, an empty
+        one (no group): its GapHold then acts on what it holds of this sender's at once. Each
+        delivery it holds came from a group this sender led then, whose leader since resyncs
+        `node` itself (`newly_led`); it held them RESYNC_ASKS_MAX asks (15 s) before."""
+        sent = False
+        for group, queues in led:
+            if self.remote_node(group, node + "@") is not None:
+                self.resync(node, group, queues)
+                sent = True
+        if not sent:
+            self.outgoing.setdefault(node, []).append(["s", None, []])
 
     def ask_resync(self, node: str) -> None:
         self.outgoing.setdefault(node, []).append(["?"])

@@ -454,6 +454,25 @@ def test_a_resync_that_does_not_come_is_asked_again_then_the_deliveries_go() -> 
     assert asked == remote.RESYNC_ASKS_MAX - 1 and hold.held == {}
 
 
+def test_an_ask_for_a_resync_is_answered_by_a_sender_leading_none_of_the_askers_groups() -> None:
+    """A sender that leads no group the asker holds no replica of answers with an empty resync:
+    the asker then acts on the deliveries it held since the gap at once (their groups' leaders
+    since resync it themselves), where it waited RESYNC_ASKS_MAX unanswered asks (15 s)."""
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Checkout("n4@1/1/a", "n4@1/1", 10, False, 0, False, 10))
+    queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))
+    s, sent = sender()
+    s.answer_resync_ask("n4", [("shard-0", [queue])])
+    s.answer_resync_ask("n2", [("shard-0", [queue])])  # (n2 holds shard-0: nothing of it to resync)
+    s.flush()
+    [(n4, (_life, _n, [resync])), (n2, (_life2, _n2, items))] = sent
+    assert n4 == "n4" and resync[:2] == ["s", "shard-0"] and [r[1][4] for r in resync[2]] == [b"0"]
+    assert n2 == "n2" and items == [["s", None, []]]
+    hold = remote.GapHold()
+    assert hold.order("n1", [["d", [3]]], True, 0.0) == []
+    assert hold.order("n1", items, False, 0.1) == [["s", None, []], ["d", [3]]]
+
+
 def test_a_deletion_replayed_by_a_new_leader_is_told_at_its_resync_unless_the_name_was_declared_again() -> None:
     """A leader applying entries of an earlier term (its term's first entry is 5) sends no
     deletion ("q") nor direct reply-to reply ("t") as it applies them: the leader of the time

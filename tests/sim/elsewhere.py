@@ -159,11 +159,6 @@ class Elsewhere:
     def resync_as_new_leader(self, group: str) -> None:
         self.sender.resync_consumers_of(group, self._queues_of(group))
 
-    def _resync(self, member: str, groups: list[str]) -> None:
-        for group in groups:
-            if self.sender.remote_node(group, member + "@") is not None:
-                self.sender.resync(member, group, self._queues_of(group))
-
     # ------------------------------------------------------------- the receiving side
 
     def receive(self, peer: str, payload: bytes) -> None:
@@ -207,7 +202,8 @@ class Elsewhere:
         elif kind == "qs":
             pass  # the counts of the queues `peer` leads, and the group: the management API's and the leader hint
         elif kind == "?":
-            self._resync(peer, [g for g in self.engine.groups if g != META_GROUP and self.engine.is_leader(g)])
+            led = [g for g in self.engine.groups if g != META_GROUP and self.engine.is_leader(g)]
+            self.sender.answer_resync_ask(peer, [(g, self._queues_of(g)) for g in led])
         else:  # ("t", "q", moves: the workload sends no direct reply-to, deletes no queue, moves nothing)
             raise SimFailure(f"{node.name} got an item it does not expect from {peer}: {item[0]!r}")
 
