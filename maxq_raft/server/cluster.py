@@ -858,6 +858,9 @@ class ClusterLog(CommandLog):
             for group in sorted(led):
                 if self._caught_up(groups[group]) and self.remote_out.newly_led(group):
                     self._resync_as_new_leader(group)
+                    # (the counts, which name the leader, now: the others' leader balancing
+                    # counts it, machines/leader_balance.py)
+                    self._stats_due = 0.0
             members_now = {g: frozenset(groups[g].member_ids()) for g in led}
             for group, now_members in members_now.items():
                 # A member that left the group (a move) may have stopped applying before the
@@ -896,14 +899,16 @@ class ClusterLog(CommandLog):
 
     def _send_queue_stats(self, led: list[str]) -> None:
         """The counts of the queues of each group led here, to each member holding no replica of
-        it (its management API lists them: queue_stats.py)."""
+        it (its management API lists them: queue_stats.py). Also for a group with no queue (an
+        empty list): the group named is how such a member learns who leads it, which its
+        leader balancing counts (machines/leader_balance.py)."""
         members = [m for m in self.members() if m != self.node_id and self.node.peer_linked(m)]
         for group in led:
             targets = [m for m in members if self.remote_out.remote_node(group, m + "@") is not None]
             if not targets:
                 continue
             records = self._stats_records(group)
-            for start in range(0, len(records), queue_stats.STATS_PER_ITEM):
+            for start in range(0, max(len(records), 1), queue_stats.STATS_PER_ITEM):
                 chunk = records[start : start + queue_stats.STATS_PER_ITEM]
                 for member in targets:  # (the group last: a member of an earlier release reads the chunk only)
                     self.remote_out.outgoing.setdefault(member, []).append(["qs", chunk, group])

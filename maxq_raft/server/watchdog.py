@@ -11,7 +11,8 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   is reachable again (`quorum_ok`); removed from the cluster, it stops (SIGTERM to itself);
 - every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards to
   the member leading fewest (one move per round, only when every member is up), so the leaders'
-  work is spread; a member under maintenance is never given one;
+  work is spread; a member under maintenance is never given one. It counts every group, those
+  held elsewhere by their leaders' word (machines/leader_balance.py);
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
   clients' connections once (new ones are refused at connection.open: session.py), and hands
   the leadership of every group it leads (after an election too) to the member up and not
@@ -33,6 +34,7 @@ import trio
 
 from ..machines import commands as qc
 from ..machines import metadata as md
+from ..machines.leader_balance import leadership_to_hand_over
 from ..machines.maintenance import DRAINING_TEXT, leader_target
 from ..machines.metadata import META_GROUP
 from ..machines.placement import FEATURE as PLACEMENT
@@ -199,8 +201,9 @@ class MembershipWatchdog:
 
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another
-        hands one of its shards to the member leading fewest (one move per round, all up; never
-        to or from a member under maintenance, whose leaderships `_watch_maintenance` moves)."""
+        hands one of its shards to the member leading fewest (machines/leader_balance.py; one
+        move per round, all up; never to or from a member under maintenance, whose leaderships
+        `_watch_maintenance` moves)."""
         cluster = self.cluster
         node = cluster.node
         if not others or not all(node.peer_is_up(m) for m in others):
@@ -211,29 +214,21 @@ class MembershipWatchdog:
         others = [m for m in others if m not in draining]
         if not others:
             return
-        leads: dict[str, list[str]] = {m: [] for m in [cluster.node_id, *others]}
-        for group in [META_GROUP, *cluster.shards]:
-            if group not in node.groups:
-                continue  # held elsewhere (groups on a few members): counted by its holders
-            leader = node.leader(group)
-            if leader is None:
-                return  # an election is on: wait for the next round
-            leads.setdefault(leader, []).append(group)
-        mine = [g for g in leads.get(cluster.node_id, []) if g != META_GROUP]
-        for group in reversed(mine):
-            holders = node.groups[group].member_ids()
-            candidates = [m for m in others if m in holders]
-            if not candidates:
-                continue
-            target = min(candidates, key=lambda m: len(leads.get(m, [])))
-            if len(leads[cluster.node_id]) - len(leads.get(target, [])) < 2:
-                continue
-            log.info(
-                "moving the leadership of %s to %s (this node leads %d of %d groups)",
-                group,
-                target,
-                len(leads[cluster.node_id]),
-                len(cluster.shards) + 1,
-            )
-            node.transfer_leadership(group, target)
+        # Every group, held here or not: counted from this member's replicas only, each member
+        # saw itself ahead of the others and two handed one group to and fro for good.
+        groups = [META_GROUP, *cluster.shards]
+        leaders = {group: node.leader(group) for group in groups}
+        mine = [g for g, leader in leaders.items() if leader == cluster.node_id]
+        holders = {g: node.groups[g].member_ids() for g in mine if g in node.groups}
+        move = leadership_to_hand_over(cluster.node_id, leaders, holders, others)
+        if move is None:
             return
+        group, target = move
+        log.info(
+            "moving the leadership of %s to %s (this node leads %d of %d groups)",
+            group,
+            target,
+            len(mine),
+            len(groups),
+        )
+        node.transfer_leadership(group, target)
