@@ -90,6 +90,20 @@ def test_each_group_has_three_replicas_and_each_member_three_fifths(held_cluster
             assert name in held[group] and len(held[group]) == FACTOR, (name, group, held[group])
             replicas[group].add(name)
     assert {g: len(m) for g, m in replicas.items()} == {f"shard-{i}": FACTOR for i in range(SHARDS)}
+    # `maxqctl status`'s members, asked of any member, count every group of the cluster (they
+    # counted those the answering member holds: "4/4" for each, and 0 leads for some leaders).
+    wait_for(lambda: held_cluster["n1"].admin("/api/cluster/status")["placement_recorded"], 30, "placement recorded")
+    for member in held_cluster.members.values():
+        rows = {row["node"]: row for row in member.admin("/api/cluster/status")["members"]}
+        assert {n: row["groups"] for n, row in rows.items()} == {
+            n: f"{1 + SHARDS * FACTOR // MEMBERS}/{1 + SHARDS}" for n in held_cluster.members
+        }, (member.name, rows)
+
+        def leads_counted(member=member) -> bool:  # (a group held elsewhere: once its leader has said so)
+            rows = member.admin("/api/cluster/status")["members"]
+            return sum(row["leads"] for row in rows) == 1 + SHARDS
+
+        wait_for(leads_counted, 15, f"every group's leader counted in {member.name}'s status")
 
 
 def test_a_leadership_transfer_asked_of_a_member_without_the_group_names_its_members(held_cluster: Cluster) -> None:
