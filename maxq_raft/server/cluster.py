@@ -589,8 +589,7 @@ class ClusterLog(CommandLog):
         """Whether this member's metadata records the queue `key` names in a group other than
         `group`: declared again since its deletion there, so its consumers here are of the new
         queue (a deletion told late: a restarted leader's replay, Sender.queue_removed)."""
-        vhost = self.broker.meta.vhosts.get(key[0])
-        record = vhost.queues.get(key[1]) if vhost is not None else None
+        record = self.broker.meta.queue(*key)
         return record is not None and record.group is not None and record.group != group
 
     def _remote_deliveries(self, run: list, resync: bool = False) -> None:
