@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.node import Node
@@ -58,9 +59,16 @@ PAYLOAD_BYTES_MAX = 1 * MiB
 RAFT_SETTINGS: dict[str, Any] = dict(
     autoTick=False,  # the engine's one hub thread ticks every group
     appendEntriesUseBatch=False,  # True waits for the 100 ms tick: 10 commits/s at one in flight
-    raftMinTimeout=0.4,  # below ~0.3 s starved Python threads cause spurious elections
-    raftMaxTimeout=0.8,
-    appendEntriesPeriod=0.05,
+    # Below ~0.3 s starved Python threads cause spurious elections. A heartbeat comes every
+    # 0.1-0.15 s (the period, checked at the engine's 0.05 s tick), so 0.5 leaves a member's
+    # threads 0.35 s of starvation, as 0.4 did with a 0.05 s heartbeat and a 0.02 s tick.
+    raftMinTimeout=0.5,
+    raftMaxTimeout=0.9,
+    # Each idle group's leader sends one to each follower, which answers: at 0.05 s (and a
+    # 0.02 s tick) an idle member of 7 at factor 3 (14 groups) spent ~0.055 cores on them,
+    # at 0.1 s (and 0.05 s) ~0.035 (issue #19; docs/benchmarks.md). Under load appends go
+    # out with every commit, whatever the period.
+    appendEntriesPeriod=0.1,
     leaderFallbackTimeout=2.0,  # a leader that hears from no majority for 2 s steps down
     connectionTimeout=3.5,  # unused by our transport; pysyncobj checks it against raftMaxTimeout
     appendEntriesBatchSizeBytes=2 * MiB,
@@ -72,6 +80,21 @@ RAFT_SETTINGS: dict[str, Any] = dict(
     useFork=False,
     tcp_keepalive=None,
 )
+# pysyncobj's PipeNotifier wakes its own tick thread (autoTick) when a command is queued: a
+# byte written to a pipe per `_applyCommand` and a poll(2) of it per tick of every group, for a
+# thread we never run (the engine's hub ticks every group). Off for every SyncObj of this
+# process (pysyncobj reads the flag in __init__ and in _applyCommand); `Group` also gives
+# each SyncObj a poller with nothing to poll.
+pysyncobj.syncobj.PIPE_NOTIFIER_ENABLED = False
+
+
+class _NothingToPoll:
+    """SyncObj's poller: our transport owns no descriptor of pysyncobj's, and there is no pipe."""
+
+    def poll(self, timeout: float) -> None:
+        pass
+
+
 _MEMBERSHIP_KIND = bytes([wire.CMD_MEMBERSHIP])
 LEARNER_ELECTION_TIMEOUT_S = 1e9  # a learner's: it never stands (Group.start_learning)
 LEARNER_MARKER = "learner"  # in the group's folder while this node is a learner of it
@@ -219,6 +242,7 @@ class Group:
             self.raft_log.close()
             raise
         self.transport = box["t"]
+        self.so._poller = _NothingToPoll()
         self.so._SyncObj__serializer = NoPickleSerializer(self.transport.begin_install)
         self.transport.snapshot_source = lambda: self.snapshot
         self.transport.on_installed = self._installed
