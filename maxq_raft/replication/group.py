@@ -59,16 +59,14 @@ PAYLOAD_BYTES_MAX = 1 * MiB
 RAFT_SETTINGS: dict[str, Any] = dict(
     autoTick=False,  # the engine's one hub thread ticks every group
     appendEntriesUseBatch=False,  # True waits for the 100 ms tick: 10 commits/s at one in flight
-    # Below ~0.3 s starved Python threads cause spurious elections. A heartbeat comes every
-    # 0.1-0.15 s (the period, checked at the engine's 0.05 s tick), so 0.5 leaves a member's
-    # threads 0.35 s of starvation, as 0.4 did with a 0.05 s heartbeat and a 0.02 s tick.
+    # Below ~0.3 s starved Python threads cause spurious elections. A heartbeat goes out every
+    # 0.1-0.15 s (HEARTBEAT_PERIODS), so 0.5 leaves a member's threads 0.35 s of starvation, as
+    # 0.4 did with a heartbeat every 0.05 s and the engine's tick of 0.02 s before 2026-12-06.
     raftMinTimeout=0.5,
     raftMaxTimeout=0.9,
-    # Each idle group's leader sends one to each follower, which answers: at 0.05 s (and a
-    # 0.02 s tick) an idle member of 7 at factor 3 (14 groups) spent ~0.055 cores on them,
-    # at 0.1 s (and 0.05 s) ~0.035 (issue #19; docs/benchmarks.md). Under load appends go
-    # out with every commit, whatever the period.
-    appendEntriesPeriod=0.1,
+    # When pysyncobj's leader sends appends with nothing new (a heartbeat), checked at each
+    # tick; also how long one of its loops may send batches or take commands.
+    appendEntriesPeriod=0.05,
     leaderFallbackTimeout=2.0,  # a leader that hears from no majority for 2 s steps down
     connectionTimeout=3.5,  # unused by our transport; pysyncobj checks it against raftMaxTimeout
     appendEntriesBatchSizeBytes=2 * MiB,
@@ -95,6 +93,13 @@ class _NothingToPoll:
         pass
 
 
+# Our transport sends a leader's heartbeat (an append with no new entry and no new commit
+# index) only once this many periods passed since its last message to that follower: an idle
+# group's leader sends one to each follower, which answers, and at one per period an idle
+# member of 7 at factor 3 (14 groups) spent ~0.055 cores on them and on the ticks, ~0.035 at
+# two (with the engine's 0.05 s tick; issue #19, docs/benchmarks.md). Under load appends go
+# out with every commit.
+HEARTBEAT_PERIODS = 2
 _MEMBERSHIP_KIND = bytes([wire.CMD_MEMBERSHIP])
 LEARNER_ELECTION_TIMEOUT_S = 1e9  # a learner's: it never stands (Group.start_learning)
 LEARNER_MARKER = "learner"  # in the group's folder while this node is a learner of it
@@ -206,6 +211,7 @@ class Group:
         self.transfer: dict | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         conf_kw = dict(settings or {})
+        period_s = conf_kw.get("appendEntriesPeriod", RAFT_SETTINGS["appendEntriesPeriod"])
         self.raft_log = RaftLog(
             self.folder, fsync=fsync, on_durable=lambda _i: on_durable(self), journal_factory=journal_factory
         )
@@ -224,7 +230,7 @@ class Group:
                 link=link,
                 raft_log=self.raft_log,
                 joining=joining,
-                heartbeat_s=conf_kw.get("appendEntriesPeriod", RAFT_SETTINGS["appendEntriesPeriod"]),
+                heartbeat_s=HEARTBEAT_PERIODS * period_s,
                 seams=seams,
                 clock=clock,
             )

@@ -41,13 +41,20 @@ repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
    term is gone, every "reset" reply points at it (which is also Raft's fast back-up), but
    never at or below the first entry a compaction kept (`_hint_floor`).
 4. dedup (leader): entries already put on the current connection are not sent again when
-   pysyncobj rewinds nextIndex; an all-duplicate message becomes a heartbeat (or is dropped
-   if a message went out less than a heartbeat ago and it carries no new commit index). A
-   reset reply, a reconnect or a new term forgets what was sent.
+   pysyncobj rewinds nextIndex; an all-duplicate message becomes a heartbeat. A heartbeat (an
+   append with no entry left) is dropped if an append of the same term went to that follower
+   less than `heartbeat_s` ago and it carries no new commit index: pysyncobj tries one every
+   appendEntriesPeriod, half as often would do (group.py, HEARTBEAT_PERIODS). A reset reply,
+   a reconnect or a new term forgets what was sent.
 5. terms on acks: next_node_idx carries no term in pysyncobj; we add the follower's term on
    the wire and the leader drops acks and rejections from any other term.
 6. snapshots (snapshot_install.py): a follower behind the leader's compacted log is installed
    by our own chunked, flow-controlled transfer; pysyncobj is told it is disconnected meanwhile.
+7. catch-up pace (leader): pysyncobj sends the next batch to a follower that is behind only at
+   its next append, which in an idle group is the next heartbeat (0.1-0.15 s apart): a learner
+   catching up through 64 MiB of log at one 2 MiB batch per heartbeat. An ack that covers
+   everything on the wire to that follower while the log holds more makes the next tick send
+   at once (`catch_up_sends`).
 Also: forwarded commands (apply_command) are never sent: pysyncobj's follower-side forwarding
 is answered locally with NOT_LEADER (the broker forwards itself); messages from nodes that are
 not members of the group are dropped; a node started with `joining=True` tells pysyncobj about
@@ -144,7 +151,7 @@ class GroupTransport(Transport):
         self.held_bytes: dict[str, int] = {}
         self.sent_hi: dict[str, tuple[int, int]] = {}  # leader: node -> (term, highest entry index sent)
         self.commit_sent: dict[str, int] = {}
-        self.last_wire: dict[str, float] = {}
+        self.last_append: dict[str, tuple[int, float]] = {}  # (term, when) of the last append_entries wired
         self.hint: tuple[int, int] | None = None  # follower: (first index, term) of a conflicting run
         self.floor: dict[str, tuple[int, int, int]] = {}  # follower: leader -> (term, acked index, its term)
         self.last_ack: dict[str, tuple[int, int]] = {}  # follower: leader -> (term, index) last ack on the wire
@@ -292,6 +299,7 @@ class GroupTransport(Transport):
         if upto is None:
             self.sent_hi.pop(nid, None)
             self.commit_sent.pop(nid, None)
+            self.last_append.pop(nid, None)
         else:
             st = self.sent_hi.get(nid)
             if st is not None and st[1] > upto:
@@ -330,6 +338,7 @@ class GroupTransport(Transport):
                 is_ack = True
                 need, check_idx, check_term = ack_idx, ack_idx, self.log.term_at(ack_idx)
         elif t == "append_entries":
+            msg_term = message["term"]
             if "serialized" in message and message["serialized"] is None and "transmission" not in message:
                 # pysyncobj's snapshot path: NoPickleSerializer started our install instead
                 self.stats["snapshot_path_taken"] += 1
@@ -352,17 +361,20 @@ class GroupTransport(Transport):
                     if message is None:
                         return True
                 entries = message["entries"]
+            elif seams and self._heartbeat_too_soon(nid, message):
+                self.stats["heartbeats_thinned"] += 1
+                return True
             if entries:
                 last = entries[-1]
                 if self._carries_membership(entries[0][1], last[1]):
                     need, check_idx, check_term = last[1], last[1], last[2]  # (1. hold)
-                msg_term = message["term"]
                 if seams:
                     st = self.sent_hi.get(nid)
                     hi = st[1] if st is not None and st[0] == msg_term else 0
                     self.sent_hi[nid] = (msg_term, max(hi, last[1]))
             if message["commit_index"] > self.commit_sent.get(nid, 0):
                 self.commit_sent[nid] = message["commit_index"]
+            self.last_append[nid] = (msg_term, self.clock())  # (sent now, or behind what is held)
         try:
             body = wire.encode_raft(self.group, message, self.membership_cache)
         except wire.WireError as exc:
@@ -395,7 +407,6 @@ class GroupTransport(Transport):
         if not ok:
             self.stats["dropped_by_link"] += 1
             return False
-        self.last_wire[nid] = self.clock()
         if is_ack:
             self.stats["acks"] += 1
             prev = self.last_ack.get(nid)
@@ -463,6 +474,13 @@ class GroupTransport(Transport):
     def held_count(self) -> int:
         return sum(len(q) for q in self.held.values())
 
+    def _caught_up_with_the_wire(self, nid: str, acked: int) -> bool:
+        """A leader's follower acked everything sent to it, and the log holds more (seam 7)."""
+        if acked >= self.log.last_index or not self.so._isLeader():
+            return False
+        st = self.sent_hi.get(nid)
+        return st is not None and st[0] == self.so._getTerm() and acked >= st[1]
+
     def _dedup(self, nid: str, message: dict) -> dict | None:
         ents = message["entries"]
         st = self.sent_hi.get(nid)
@@ -473,13 +491,20 @@ class GroupTransport(Transport):
         self.stats["dedup_entries"] += k
         if k < len(ents):
             return dict(message, prevLogIdx=ents[k - 1][1], prevLogTerm=ents[k - 1][2], entries=ents[k:])
-        if (
-            message["commit_index"] <= self.commit_sent.get(nid, 0)
-            and self.clock() - self.last_wire.get(nid, 0.0) < self.heartbeat_s
-        ):
+        if self._heartbeat_too_soon(nid, message):
             self.stats["dedup_msgs_dropped"] += 1
             return None
         return dict(message, prevLogIdx=ents[-1][1], prevLogTerm=ents[-1][2], entries=[])
+
+    def _heartbeat_too_soon(self, nid: str, message: dict) -> bool:
+        """An append with nothing new for `nid` within `heartbeat_s` of the last one (seam 4)."""
+        last = self.last_append.get(nid)
+        return (
+            last is not None
+            and last[0] == message["term"]
+            and self.clock() - last[1] < self.heartbeat_s
+            and message["commit_index"] <= self.commit_sent.get(nid, 0)
+        )
 
     def _hint_floor(self, f: int) -> int:
         """The leader answers "from f" with prevLogIdx f - 1, which this log must still hold:
@@ -569,6 +594,12 @@ class GroupTransport(Transport):
                 return
             if message["reset"]:
                 self._forget(nid, message["next_node_idx"] - 1)  # the follower asks for a re-send
+            elif message["success"] and self._caught_up_with_the_wire(nid, message["next_node_idx"] - 1):
+                self._onMessageReceived(node, message)
+                if self.so._isLeader():
+                    self.so._SyncObj__newAppendEntriesTime = 0.0  # (7): the tick sends the next batch
+                    self.stats["catch_up_sends"] += 1
+                return
         elif t == "append_entries":
             if not self.joined:
                 self.joined = True  # a leader replicates to us: we are a member now

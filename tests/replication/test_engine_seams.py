@@ -19,7 +19,7 @@ from pysyncobj.config import FAIL_REASON
 
 from maxq_raft.replication import wire
 from maxq_raft.replication.engine import TICK_INTERVAL_S
-from maxq_raft.replication.group import PAYLOAD_BYTES_MAX, RAFT_SETTINGS, Group
+from maxq_raft.replication.group import HEARTBEAT_PERIODS, PAYLOAD_BYTES_MAX, RAFT_SETTINGS, Group
 from maxq_raft.replication.raft_journal import read_term_file
 
 pytestmark = pytest.mark.timeout(30)
@@ -416,6 +416,61 @@ def sent_entries(h: Harness, nid: str) -> list[int]:
     return [e[1] for m in h.link.of(nid, "append_entries") for e in m["entries"]]
 
 
+def test_heartbeats_thinned_to_one_per_heartbeat_s(harness):
+    # pysyncobj tries a heartbeat every appendEntriesPeriod; the transport sends one only once
+    # heartbeat_s (HEARTBEAT_PERIODS periods) passed since the last append to that follower.
+    h = harness(node_id="me", peers=("L", "L2"), settings=FAST)
+    become_leader(h)
+    h.tick()
+    assert h.t.heartbeat_s == pytest.approx(HEARTBEAT_PERIODS * FAST["appendEntriesPeriod"])
+    h.link.sent.clear()
+    start = time.monotonic()
+    while time.monotonic() - start < 0.3:
+        h.tick()
+        time.sleep(0.002)
+    elapsed = time.monotonic() - start
+    beats = [m for m in h.link.of("L", "append_entries") if not m.get("entries")]
+    assert 1 <= len(beats) <= elapsed / h.t.heartbeat_s + 1, (len(beats), elapsed)
+    assert h.t.stats["heartbeats_thinned"] >= 1
+    # a new commit index is never held back
+    h.link.sent.clear()
+    got: list = []
+    h.group.inbox.append((b"x", lambda i, e: got.append((i, e)), time.monotonic() + 5))
+    h.tick()
+    idx = sent_entries(h, "L")[-1]
+    h.feed("L", {"type": "next_node_idx", "next_node_idx": idx + 1, "reset": False, "success": True})
+    h.tick()
+    assert got == [(idx, None)]
+    assert max(m["commit_index"] for m in h.link.of("L2", "append_entries")) == idx
+
+
+def test_a_follower_behind_gets_the_next_batch_at_its_ack_not_at_the_heartbeat(harness):
+    h = harness(node_id="me", peers=("L", "L2"), settings=FAST)
+    become_leader(h)
+
+    def propose(n: int) -> None:
+        for i in range(n):
+            h.group.inbox.append((b"e%d" % i, lambda i, e: None, time.monotonic() + 5))
+        h.tick()
+
+    propose(3)
+    sent_to_l = max(sent_entries(h, "L"))
+    h.link.up.discard("L")  # what follows is not sent to L (as when pysyncobj's send loop ran out of time)
+    propose(5)
+    assert max(sent_entries(h, "L")) == sent_to_l and h.log.last_index == sent_to_l + 5
+    last = h.log.last_index
+    h.feed("L2", {"type": "next_node_idx", "next_node_idx": last + 1, "reset": False, "success": True})
+    h.tick()
+    assert h.group.so.raftCommitIndex == last  # (so L's ack below commits nothing new)
+    h.link.up.add("L")
+    h.group.so._SyncObj__newAppendEntriesTime = time.monotonic() + 60  # the heartbeat far off
+    h.link.sent.clear()
+    h.feed("L", {"type": "next_node_idx", "next_node_idx": sent_to_l + 1, "reset": False, "success": True})
+    h.tick()
+    assert sent_entries(h, "L") == list(range(sent_to_l + 1, sent_to_l + 6)), "waited for the heartbeat"
+    assert h.t.stats["catch_up_sends"] == 1
+
+
 @pytest.mark.parametrize("seams", [SEAMS, STOCK])
 def test_leader_does_not_resend_entries_on_the_same_connection(harness, seams):
     h = harness(seams=seams, node_id="me", peers=("L", "L2"), settings=FAST)
@@ -522,9 +577,10 @@ def test_settings_avoid_the_measured_cliffs(harness):
     conf = harness().group.so.conf
     assert conf.autoTick is False and conf.appendEntriesUseBatch is False
     assert 0.3 <= conf.raftMinTimeout <= 0.5 and 0.6 <= conf.raftMaxTimeout <= 1.0
-    # the longest gap between two heartbeats (the period, checked at a tick) leaves 0.35 s of
-    # starvation before a follower stands
-    assert conf.raftMinTimeout - (conf.appendEntriesPeriod + TICK_INTERVAL_S) >= 0.35 - 1e-9
+    # the longest gap between two heartbeats (thinned to HEARTBEAT_PERIODS, checked at a tick)
+    # leaves 0.35 s of starvation before a follower stands
+    longest_gap_s = HEARTBEAT_PERIODS * conf.appendEntriesPeriod + TICK_INTERVAL_S
+    assert conf.raftMinTimeout - longest_gap_s >= 0.35 - 1e-9
     assert conf.dynamicMembershipChange is True
     assert conf.appendEntriesBatchSizeBytes > PAYLOAD_BYTES_MAX + 1  # never the chunked (pickling) path
     assert conf.logCompactionMinEntries > 10**15 and conf.logCompactionMinTime > 10**15
