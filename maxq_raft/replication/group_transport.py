@@ -51,8 +51,9 @@ repairs pysyncobj 0.3.17's defects, using its pinned private message formats:
 6. snapshots (snapshot_install.py): a follower behind the leader's compacted log is installed
    by our own chunked, flow-controlled transfer; pysyncobj is told it is disconnected meanwhile.
 7. catch-up pace (leader): pysyncobj sends the next batch to a follower that is behind only at
-   its next append, which in an idle group is the next heartbeat (0.1-0.15 s apart): a learner
-   catching up through 64 MiB of log at one 2 MiB batch per heartbeat. An ack that covers
+   its next append, which in an idle group is its next heartbeat (its period, checked at the
+   hub's 0.05 s tick: 0.05-0.1 s apart), when its send loop stopped at its time bound: a learner
+   catching up through 64 MiB of log at a few 2 MiB batches per heartbeat. An ack that covers
    everything on the wire to that follower while the log holds more makes the next tick send
    at once (`catch_up_sends`).
 Also: forwarded commands (apply_command) are never sent: pysyncobj's follower-side forwarding
