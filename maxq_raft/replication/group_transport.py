@@ -596,11 +596,8 @@ class GroupTransport(Transport):
             if message["reset"]:
                 self._forget(nid, message["next_node_idx"] - 1)  # the follower asks for a re-send
             elif message["success"] and self._caught_up_with_the_wire(nid, message["next_node_idx"] - 1):
-                self._onMessageReceived(node, message)
-                if self.so._isLeader():
-                    self.so._SyncObj__newAppendEntriesTime = 0.0  # (7): the tick sends the next batch
-                    self.stats["catch_up_sends"] += 1
-                return
+                self.so._SyncObj__newAppendEntriesTime = 0.0  # (7): the tick sends the next batch
+                self.stats["catch_up_sends"] += 1
         elif t == "append_entries":
             if not self.joined:
                 self.joined = True  # a leader replicates to us: we are a member now
