@@ -87,8 +87,7 @@ def main() -> None:
         def decode(payload: bytes = payload) -> None:
             receiver = remote.Receiver()
             items, _gap = receiver.take("n1", payload)
-            for consumer_id, record, _redelivered in items[0][1]:
-                receiver.fresh(consumer_id, record)
+            receiver.deliveries(items[0][1])
 
         decode_ms = _best_ms(decode, args.repeat, args.messages)
         kind = "short" if short else "full"

@@ -595,19 +595,18 @@ class ClusterLog(CommandLog):
     def _remote_deliveries(self, run: list, resync: bool = False) -> None:
         """Deliveries to this member's consumers, written unless written before; for a resync,
         also unless the consumer's channel holds the message (unacked, or held back)."""
-        fresh = self.remote_in.fresh
-        holding: dict[str, set[int]] = {}
-        effects = []
-        for consumer_id, record, redelivered in run:
-            if resync:
+        if resync:
+            holding: dict[str, set[int]] = {}
+            held = []
+            for delivery in run:
+                consumer_id, record = delivery[0], delivery[1]
                 seqs = holding.get(consumer_id)
                 if seqs is None:
                     seqs = holding[consumer_id] = self._held_by(consumer_id)
-                if type(record) is list and record and record[0] in seqs:  # (a record's first field: seq)
-                    continue
-            message = fresh(consumer_id, record)
-            if message is not None:
-                effects.append(Deliver(consumer_id, message, bool(redelivered)))
+                if not (type(record) is list and record and record[0] in seqs):  # (a record's first field: seq)
+                    held.append(delivery)
+            run = held
+        effects = self.remote_in.deliveries(run)
         if effects:
             self.broker.perform(effects)
 

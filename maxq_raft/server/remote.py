@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import msgpack
@@ -69,7 +69,9 @@ REPLIES_WAIT_S = 5.0  # after its commit, an entry of a group held elsewhere wai
 # Per consumer: deliveries remembered to drop a second copy, which comes within moments (two
 # leaders in turn, a replica's hand-over); a resync is checked against what the channel holds.
 # Memory, only on a member of a cluster whose groups are on a few members: ~170 KiB per consumer
-# at 1,024 (tracemalloc; 4,096 took 688 KiB).
+# at 1,024 (tracemalloc; 4,096 took 688 KiB). The oldest go in steps (a plain dict, whose
+# inserts cost less than an OrderedDict's: scripts/bench_remote_records.py), so up to an eighth
+# more are held between two steps.
 DELIVERIES_SEEN_MAX = 1024
 LEADERSHIP_CHECK_S = 0.2  # how often a member looks whether it became the leader of a group
 # A message above this goes in fragments of it: below the engine's cap on one message
@@ -79,6 +81,7 @@ FRAGMENTS_MAX = 8192  # 4 GiB: a larger message is malformed (what a member's co
 
 
 _PUBLISHES = (qc.Enqueue, qc.EnqueueFifo)
+_new_tuple = tuple.__new__
 
 
 def end_awaited(items: list) -> bool:
@@ -131,6 +134,13 @@ def message_of_delivery(record: list) -> Message:
     message.delivery_count = delivery_count
     message.count_header = bool(count_header)
     return message
+
+
+def _forget_oldest(seen: dict) -> None:
+    """Keep a consumer's last DELIVERIES_SEEN_MAX deliveries: the oldest go (a dict keeps its
+    insertion order)."""
+    for key in list(islice(seen, len(seen) - DELIVERIES_SEEN_MAX)):
+        del seen[key]
 
 
 def node_of(owner: str) -> str:
@@ -281,17 +291,26 @@ class Sender:
     def take_deliveries(self, group: str, effects: list) -> list:
         """The deliveries to consumers of members holding no replica of `group` (when this node
         leads it) go into their members' next message; the rest are returned, to be performed."""
-        if self._led_holders(group) is None:
+        holders = self._led_holders(group)
+        if holders is None:
             return effects
         rest = []
         runs: dict[str, list] = {}
+        nodes: dict[str, str | None] = {}  # consumer id -> its member if that holds no replica (`remote_node`)
         record = delivery_record if self.short_deliveries() else message_record
         for effect in effects:
             if type(effect) is Deliver:
-                node = self.remote_node(group, effect.consumer_id)
+                consumer_id = effect[0]
+                try:
+                    node = nodes[consumer_id]
+                except KeyError:
+                    name = node_of(consumer_id)
+                    node = nodes[consumer_id] = None if name in holders else name
                 if node is not None:
-                    message = effect.message
-                    runs.setdefault(node, []).append([effect.consumer_id, record(message), effect.redelivered])
+                    run = runs.get(node)
+                    if run is None:
+                        run = runs[node] = []
+                    run.append([consumer_id, record(effect[1]), effect[2]])
                     continue
             rest.append(effect)
         for node, run in runs.items():
@@ -404,7 +423,8 @@ class Receiver:
         self.last: dict[str, tuple[str, int]] = {}  # sender -> (its life, the last number taken)
         # sender -> (life, number, the fragments of that message so far)
         self.fragments: dict[str, tuple[str, int, list[bytes]]] = {}
-        self.seen: dict[str, OrderedDict[tuple[int, int], None]] = {}  # consumer id -> deliveries
+        # consumer id -> its deliveries written, (seq, delivery count), oldest first
+        self.seen: dict[str, dict[tuple[int, int], None]] = {}
         self.gaps = 0
         self.duplicates_dropped = 0
 
@@ -484,15 +504,70 @@ class Receiver:
         new here; it is remembered as written."""
         seen = self.seen.get(consumer_id)
         if seen is None:
-            seen = self.seen[consumer_id] = OrderedDict()
+            seen = self.seen[consumer_id] = {}
         key = (seq, delivery_count)
         if key in seen:
             self.duplicates_dropped += 1
             return False
         seen[key] = None
-        if len(seen) > DELIVERIES_SEEN_MAX:
-            seen.popitem(last=False)
+        if len(seen) > DELIVERIES_SEEN_MAX + (DELIVERIES_SEEN_MAX >> 3):
+            _forget_oldest(seen)
         return True
+
+    def deliveries(self, run: list) -> list:
+        """The `Deliver` effects of a run of delivery records ([consumer id, record, redelivered])
+        that this member has not written yet (`fresh`, in one pass: this is the path of every
+        message a consumer here gets from a group held elsewhere). A routing repeated from the
+        record before is given that record's strings, as a publish's messages share theirs: the
+        channel encodes a routing once per run of the same objects (Session.write_deliveries).
+        Raises ReplyError on a malformed record (the run is dropped: `fresh`)."""
+        out = []
+        seen_of = self.seen
+        consumer_last: str | None = None
+        seen: dict[tuple[int, int], None] = {}
+        exchange_last = routing_key_last = None
+        for consumer_id, record, redelivered in run:
+            if type(record) is not list or len(record) != DELIVERY_FIELDS or type(consumer_id) is not str:
+                message = self.fresh(consumer_id, record)  # a full record (a leader of an earlier release)
+                if message is not None:
+                    out.append(Deliver(consumer_id, message, bool(redelivered)))
+                consumer_last = None
+                continue
+            seq, exchange, routing_key, props_raw, body, delivery_count, count_header = record
+            if exchange != exchange_last:
+                if type(exchange) is not str:
+                    raise ReplyError("malformed delivery: malformed delivery record")
+                exchange_last = exchange
+            if routing_key != routing_key_last:
+                if type(routing_key) is not str:
+                    raise ReplyError("malformed delivery: malformed delivery record")
+                routing_key_last = routing_key
+            if (
+                type(seq) is not int
+                or type(props_raw) is not bytes
+                or type(body) is not bytes
+                or type(delivery_count) is not int
+            ):
+                raise ReplyError("malformed delivery: malformed delivery record")
+            if consumer_id != consumer_last:
+                found = seen_of.get(consumer_id)
+                if found is None:
+                    found = seen_of[consumer_id] = {}
+                seen = found
+                consumer_last = consumer_id
+            key = (seq, delivery_count)
+            if key in seen:
+                self.duplicates_dropped += 1
+                continue
+            seen[key] = None
+            if len(seen) > DELIVERIES_SEEN_MAX + (DELIVERIES_SEEN_MAX >> 3):
+                _forget_oldest(seen)
+            message = Message(exchange_last, routing_key_last, props_raw, body)
+            message.seq = seq
+            message.delivery_count = delivery_count
+            message.count_header = bool(count_header)
+            out.append(_new_tuple(Deliver, (consumer_id, message, redelivered is True)))  # Deliver(...) minus a call
+        return out
 
     def forget(self, consumer_id: str) -> None:
         self.seen.pop(consumer_id, None)

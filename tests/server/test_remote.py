@@ -109,6 +109,11 @@ def test_a_delivery_crosses_as_the_channel_writes_it(
         body,
     )
     assert (got.delivery_count, got.count_header, redelivered) == (delivery_count, count_header, True)
+    [(in_run_consumer, in_run, in_run_redelivered)] = remote.Receiver().deliveries(item[1])  # (the path of a "d")
+    assert (in_run_consumer, in_run_redelivered) == ("n4@1/1/t", True)
+    assert [getattr(in_run, field) for field in Message.__slots__] == [
+        getattr(got, field) for field in Message.__slots__
+    ]
 
 
 @pytest.mark.parametrize(
@@ -119,11 +124,44 @@ def test_a_delivery_crosses_as_the_channel_writes_it(
         [1, "", "q", "text", b"x", 1, False],  # properties as text
         [1, "", "q", b"", None, 1, False],
         ["1", "", "q", b"", b"x", 1, False],
+        [1, 5, "q", b"", b"x", 1, False],  # an exchange not text
+        [1, "", None, b"", b"x", 1, False],
+        [1, "", "q", b"", b"x", "1", False],
     ],
 )
 def test_a_malformed_delivery_record_is_refused(record) -> None:
     with pytest.raises(remote.ReplyError):
         remote.Receiver().fresh("n4@1/1/t", record)
+    good = remote.delivery_record(deliver("n4@1/1/t", 1).message)
+    with pytest.raises(remote.ReplyError):  # in a run, after a good one: the run goes (`_remote_items` logs it)
+        remote.Receiver().deliveries([["n4@1/1/t", good, False], ["n4@1/1/t", record, False]])
+
+
+def test_a_run_of_deliveries_is_written_once_each_and_shares_its_routing() -> None:
+    r = remote.Receiver()
+    records = [remote.delivery_record(deliver("n4@1/1/a", seq).message) for seq in (1, 2, 3)]
+    full = remote.message_record(deliver("n4@1/1/a", 4).message)  # (a leader of an earlier release)
+    run = [["n4@1/1/a", record, False] for record in records] + [["n4@1/1/a", full, True]]
+    effects = r.deliveries(run)
+    assert [(e.consumer_id, e.message.seq, e.redelivered) for e in effects] == [
+        ("n4@1/1/a", 1, False),
+        ("n4@1/1/a", 2, False),
+        ("n4@1/1/a", 3, False),
+        ("n4@1/1/a", 4, True),
+    ]
+    assert all(type(e) is Deliver for e in effects)
+    first, second = effects[0].message, effects[1].message
+    assert first.routing_key is second.routing_key and first.exchange is second.exchange
+    again = list(records[1])
+    again[5] = 2  # delivered again (came back): a new delivery
+    assert [
+        e.message.seq for e in r.deliveries([*run, ["n4@1/1/b", records[0], False], ["n4@1/1/a", again, True]])
+    ] == [
+        1,  # another consumer's
+        2,
+    ]
+    assert r.duplicates_dropped == 4
+    assert r.fresh("n4@1/1/a", records[2]) is None  # one memory for both paths
 
 
 def test_replies_and_the_entry_end_go_in_order_numbered_per_member() -> None:
@@ -199,6 +237,15 @@ def test_the_deliveries_remembered_per_consumer_are_bounded(monkeypatch) -> None
     assert len(r.seen["c"]) == 3
     assert r.fresh("c", records[0]) is not None  # forgotten (the oldest went first)
     assert r.fresh("c", records[4]) is None
+
+
+def test_the_oldest_deliveries_are_forgotten_in_steps_of_an_eighth(monkeypatch) -> None:
+    monkeypatch.setattr(remote, "DELIVERIES_SEEN_MAX", 16)
+    r = remote.Receiver()
+    records = [remote.delivery_record(deliver("c", seq).message) for seq in range(19)]
+    sizes = [len(r.seen["c"]) for record in records if r.deliveries([["c", record, False]]) is not None]
+    assert sizes == [*range(1, 19), 16]  # 16 + 2 held, then back to the last 16
+    assert [seq for seq, _count in r.seen["c"]] == list(range(3, 19))
 
 
 def test_who_leads_is_read_again_after_each_flush() -> None:
