@@ -525,7 +525,7 @@ class Receiver:
         seen_of = self.seen
         consumer_last: str | None = None
         seen: dict[tuple[int, int], None] = {}
-        exchange_last = routing_key_last = None
+        exchange_last = routing_key_last = ""  # (a value of another type is never equal to it: checked)
         for consumer_id, record, redelivered in run:
             if type(record) is not list or len(record) != DELIVERY_FIELDS or type(consumer_id) is not str:
                 message = self.fresh(consumer_id, record)  # a full record (a leader of an earlier release)
