@@ -311,8 +311,13 @@ class Group:
             conf = self.so.conf
             conf.raftMinTimeout, conf.raftMaxTimeout = self._voter_timeouts
             self._voter_timeouts = None
-        self.learning = False
+        # In this order: the trio thread reads `learning`, then `promoted_unseen`
+        # (ClusterLog.local_deliveries). Written the other way round, a switch of threads between
+        # the two let it see a member neither learning nor promoted, and write the deliveries of
+        # an entry applied then before those it had skipped as a learner, which `_promoted`
+        # wrote later (FIFO broken once in CI: test_a_drain_under_confirmed_load_..., 235 before 234).
         self.promoted_unseen = True
+        self.learning = False
         (self.folder / LEARNER_MARKER).unlink(missing_ok=True)
         log.info("group %s: %s is a member now, no longer a learner", self.name, self.node_id)
 

@@ -409,6 +409,64 @@ def test_a_promoted_learner_writes_what_it_was_counted_on_for_before_its_own_nex
     assert not group.promoted_unseen  # (the watch has nothing left to do)
 
 
+def test_a_promotion_seen_half_way_by_the_trio_thread_keeps_the_order(tmp_path) -> None:
+    """The hub thread promotes a learner (`Group._stop_learning`: two writes) while the trio
+    thread may be applying entries, reading `learning`, then `promoted_unseen`. Whatever it sees
+    between the two writes, what it skipped as a learner is written before what comes after.
+    With `learning` cleared first it could see a member neither learning nor promoted, write an
+    entry's delivery itself, and the skipped one came after it (CI, 2026-12-07: 235 before 234)."""
+    import functools
+
+    from maxq_raft.replication.group import Group
+    from maxq_raft.server.cluster import ClusterLog
+
+    seen_states: list[tuple[bool, bool]] = []
+
+    class Promoting(SimpleNamespace):
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if name in ("learning", "promoted_unseen"):
+                seen_states.append((self.learning, self.promoted_unseen))
+
+    group = Promoting(
+        learning=True, promoted_unseen=False, _voter_timeouts=None, folder=tmp_path, name="shard-0", node_id="n1"
+    )
+    Group._stop_learning(group)  # type: ignore[arg-type]
+    states = list(seen_states)  # what the trio thread may find after each write of the hub's
+    assert states[-1] == (False, True)
+
+    consumer_id = "n1@1/1/a"
+    queue = QueueMachine("/", "q")
+    queue.apply(Meta(1, 0), Checkout(consumer_id, "n1@1/1", 10, False, 0, False, 10))
+    written: list = []
+    log = SimpleNamespace(
+        node=SimpleNamespace(groups={"shard-0": group}),
+        broker=SimpleNamespace(consumers={consumer_id: object()}, perform=written.extend),
+        remote_in=remote.Receiver(),
+        _queues_of=lambda name: [queue],
+        _held_by=lambda cid: {e.message.seq for e in written},
+    )
+    log._remote_deliveries = functools.partial(ClusterLog._remote_deliveries, log)
+    log._promoted = functools.partial(ClusterLog._promoted, log)
+    local = functools.partial(ClusterLog.local_deliveries, log, "shard-0")  # type: ignore[arg-type]
+
+    def apply(body: bytes) -> None:
+        _reply, effects = queue.apply(Meta(len(written) + 10, 0), Enqueue([Message("", "q", b"", body)]))
+        written.extend(e for e in local(effects) if type(e) is Deliver)
+
+    group.learning, group.promoted_unseen = True, False
+    apply(b"0")  # a learner writes none (its leader counted on it: it held the group by then)
+    bodies = [b"0"]
+    for number, (learning, promoted_unseen) in enumerate(states, 1):
+        group.learning, group.promoted_unseen = learning, promoted_unseen
+        bodies.append(b"%d" % number)
+        apply(bodies[-1])
+    group.learning = False
+    bodies.append(b"last")
+    apply(bodies[-1])
+    assert [e.message.body for e in written] == bodies
+
+
 def test_a_member_holding_no_replica_is_told_the_lives_a_down_ended() -> None:
     """Its consumers there went with its life; it must start a new one (and its clients
     reconnect), not wait for messages its queue will never send (the simulation, 6 of 20,000
