@@ -5,7 +5,9 @@ path runs on process clusters in tests/cluster/test_held_groups.py.)"""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import msgpack
 import pytest
@@ -374,30 +376,36 @@ def test_a_member_moved_off_the_group_is_resynced_before_its_first_deliveries_fr
     assert [item[0] for item in sent[-1][1][2]] == ["d"]  # (resynced once)
 
 
-def test_a_promoted_learner_writes_what_it_was_counted_on_for_before_its_own_next_delivery() -> None:
-    """n1 applied message 0's checkout to its consumer as a learner (written by the leader, it
-    counted, which had n1 as a member already and sent nothing); promoted, it applies message
-    1's: 0 must be written before 1. It was written by the watch up to 0.2 s later, after 1
-    (jepsen-style seed 7501, FIFO broken)."""
-    import functools
-
+def learner_of_one_queue(group: Any, held_by: Callable[[list], set[int]]) -> tuple[QueueMachine, list, Callable]:
+    """The member-side pieces of ClusterLog a promotion goes through, over one queue of "shard-0"
+    (its replica's `group` flags) with a consumer of this member's checked out: the queue, what
+    is written to the consumer (`broker.perform`), and `local_deliveries`. `held_by(written)`:
+    the seqs the consumer's channel holds."""
     from maxq_raft.server.cluster import ClusterLog
 
     consumer_id = "n1@1/1/a"
     queue = QueueMachine("/", "q")
     queue.apply(Meta(1, 0), Checkout(consumer_id, "n1@1/1", 10, False, 0, False, 10))
-    group = SimpleNamespace(learning=True, promoted_unseen=False)
     written: list = []
     log = SimpleNamespace(
         node=SimpleNamespace(groups={"shard-0": group}),
         broker=SimpleNamespace(consumers={consumer_id: object()}, perform=written.extend),
         remote_in=remote.Receiver(),
         _queues_of=lambda name: [queue],
-        _held_by=lambda cid: set(),
+        _held_by=lambda cid: held_by(written),
     )
     log._remote_deliveries = functools.partial(ClusterLog._remote_deliveries, log)
     log._promoted = functools.partial(ClusterLog._promoted, log)
-    local = functools.partial(ClusterLog.local_deliveries, log, "shard-0")  # type: ignore[arg-type]
+    return queue, written, functools.partial(ClusterLog.local_deliveries, log, "shard-0")  # type: ignore[arg-type]
+
+
+def test_a_promoted_learner_writes_what_it_was_counted_on_for_before_its_own_next_delivery() -> None:
+    """n1 applied message 0's checkout to its consumer as a learner (written by the leader, it
+    counted, which had n1 as a member already and sent nothing); promoted, it applies message
+    1's: 0 must be written before 1. It was written by the watch up to 0.2 s later, after 1
+    (jepsen-style seed 7501, FIFO broken)."""
+    group = SimpleNamespace(learning=True, promoted_unseen=False)
+    queue, written, local = learner_of_one_queue(group, lambda written: set())
 
     _reply, effects = queue.apply(Meta(2, 0), Enqueue([Message("", "q", b"", b"0")]))
     assert local(effects) == []  # a learner writes none
@@ -415,10 +423,7 @@ def test_a_promotion_seen_half_way_by_the_trio_thread_keeps_the_order(tmp_path) 
     between the two writes, what it skipped as a learner is written before what comes after.
     With `learning` cleared first it could see a member neither learning nor promoted, write an
     entry's delivery itself, and the skipped one came after it (CI, 2026-12-07: 235 before 234)."""
-    import functools
-
     from maxq_raft.replication.group import Group
-    from maxq_raft.server.cluster import ClusterLog
 
     seen_states: list[tuple[bool, bool]] = []
 
@@ -435,20 +440,7 @@ def test_a_promotion_seen_half_way_by_the_trio_thread_keeps_the_order(tmp_path) 
     states = list(seen_states)  # what the trio thread may find after each write of the hub's
     assert states[-1] == (False, True)
 
-    consumer_id = "n1@1/1/a"
-    queue = QueueMachine("/", "q")
-    queue.apply(Meta(1, 0), Checkout(consumer_id, "n1@1/1", 10, False, 0, False, 10))
-    written: list = []
-    log = SimpleNamespace(
-        node=SimpleNamespace(groups={"shard-0": group}),
-        broker=SimpleNamespace(consumers={consumer_id: object()}, perform=written.extend),
-        remote_in=remote.Receiver(),
-        _queues_of=lambda name: [queue],
-        _held_by=lambda cid: {e.message.seq for e in written},
-    )
-    log._remote_deliveries = functools.partial(ClusterLog._remote_deliveries, log)
-    log._promoted = functools.partial(ClusterLog._promoted, log)
-    local = functools.partial(ClusterLog.local_deliveries, log, "shard-0")  # type: ignore[arg-type]
+    queue, written, local = learner_of_one_queue(group, lambda written: {e.message.seq for e in written})
 
     def apply(body: bytes) -> None:
         _reply, effects = queue.apply(Meta(len(written) + 10, 0), Enqueue([Message("", "q", b"", body)]))
