@@ -110,6 +110,8 @@ class Applier:
     def _apply_meta(self, group: Any, meta: Meta, command: Any, origin: str, mine: bool) -> Any:
         machine = group.machine
         log_it = self.topology.before(machine, command)
+        # The group a deleted record named (gone from the machine by the time its effect is read).
+        deleted = machine.queue(command.vhost, command.name) if type(command) is md.DeleteQueueRecord else None
         reply, effects = group.apply(meta, None, command, origin)
         for effect in effects:
             kind = type(effect)
@@ -122,6 +124,9 @@ class Applier:
                     # Its record went as a side effect (its exclusive owner went): delete it in its shard.
                     self.log.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
                 self.broker.queue_records_changed(effect.vhost, effect.name)
+                if kind is md.QueueDeleted:
+                    placed = deleted.group if deleted is not None and deleted.name == effect.name else None
+                    self.broker.queue_record_deleted((effect.vhost, effect.name), placed)
             elif kind is md.VhostDeleted:
                 self.broker.close_vhost_connections(effect.name)  # each member closes its own
             elif kind is LivesDown:

@@ -241,6 +241,24 @@ class Broker:
             self.queue_settings_changed(key, None)
         self.queue_consumers_gone(key)
 
+    def queue_record_deleted(self, key: tuple[str, str], group: str | None) -> None:
+        """The metadata deleted the record of queue `key` (of `group`, if it named one). If its
+        machine is not here, this member's consumers of it are told now, as for the deletion
+        (`queue_consumers_gone`): the word of it from the group's leader ("q", server/remote.py)
+        is lost with a link that drops, and the resync after the gap does not carry it, so they
+        stayed, consuming nothing. Told already, none are left. Each also cancels in its group:
+        one that reached, through the record before this member applied its deletion, a queue
+        declared again there under the name would otherwise keep its messages checked out to a
+        consumer no channel has, until its channel closed."""
+        if key in self.queues:
+            return  # (its machine here tells them when its shard deletes it)
+        gone = [h.consumer_id for h in self.consumers.values() if h.queue_key == key]
+        if not gone:
+            return
+        self.queue_consumers_gone(key)
+        for consumer_id in gone:
+            self.log.submit(key, qc.Cancel(consumer_id), None, group)
+
     def queue_consumers_gone(self, key: tuple[str, str]) -> None:
         """The queue was deleted: this node's consumers of it are told."""
         self.synced_counts.pop(key, None)
