@@ -55,7 +55,8 @@ class GroupMoves:
         self._move: dict | None = None  # the move in progress, one at a time
         self._joins: dict[int, Callable[[str | None], None]] = {}  # join_group requests sent: req -> answer
         self._progress_asks: dict[int, Callable[[int | None], None]] = {}  # group_index requests sent
-        self._removed_notices: dict[tuple[str, str], float] = {}  # (group, node) -> next notice allowed
+        # (group, node) -> next notice allowed; ("report", group, node) -> next report to the leader
+        self._removed_notices: dict[tuple, float] = {}
 
     def stop(self) -> None:
         move, self._move = self._move, None
@@ -85,6 +86,13 @@ class GroupMoves:
             asked = self._progress_asks.pop(req, None) if type(req) is int else None
             if asked is not None:
                 asked(index if type(index) is int else None)
+        elif op == "non_member":  # a member of g heard from a node not in it, and this one leads g
+            name, nid = m.get("group"), m.get("node")
+            if type(name) is not str or type(nid) is not str:
+                raise wire.WireError(f"bad non_member report {m!r}"[:200])
+            g = e.groups.get(name)
+            if g is not None and not g.removed and nid not in (e.node_id, peer):
+                self.on_non_member(g, nid, reported=True)
         elif op in ("learner_add", "learner_drop"):
             name, nid = m.get("group"), m.get("node")
             if type(name) is not str or type(nid) is not str:
@@ -333,22 +341,45 @@ class GroupMoves:
             self.engine._touched.add(g)
             answer(None)
 
-    def on_non_member(self, g: Group, nid: str) -> None:
-        """A Raft message for `g` from a node that is not one of its members (hub thread). On a
-        node holding only some groups, the group's leader tells it that it was removed (at most
-        every REMOVED_NOTICE_EVERY_S): a member that was down when a move or a drain removed it
-        starts again holding the group and would campaign in it for ever. Only the leader says
-        so, with no membership change pending and a majority of its members linked: its
-        configuration is the latest in its log, a node being added is in it from the moment the
-        addition is appended, and a leader cut off from the majority (which may have moved on
-        and added the sender) does not say it. (Left: a leader linked to the majority that has
-        not yet noticed it was replaced, for the few heartbeats that takes.)"""
-        if not self.engine.partial or not g.so._isLeader() or g.membership_change_pending():
-            return
-        others = [n.id for n in g.so.otherNodes]
-        if 2 * (1 + sum(1 for o in others if o in g.transport.connected)) <= 1 + len(others):
+    def on_non_member(self, g: Group, nid: str, reported: bool = False) -> None:
+        """A Raft message for `g` from a node that is not one of its members (hub thread), or a
+        member's report of one (`reported`). On a node holding only some groups, the group's
+        leader tells it that it was removed (at most every REMOVED_NOTICE_EVERY_S): a member that
+        was down when a move or a drain removed it starts again holding the group and would
+        campaign in it for ever. Only the leader says so, with no membership change pending and
+        a majority of its members linked: its configuration is the latest in its log, a node
+        being added is in it from the moment the addition is appended, and a leader cut off from
+        the majority (which may have moved on and added the sender) does not say it. (Left: a
+        leader linked to the majority that has not yet noticed it was replaced, for the few
+        heartbeats that takes.)
+
+        A follower reports it to the leader it knows (once per REMOVED_NOTICE_EVERY_S), which
+        judges it as above: the removed node campaigns only among the members of its own last
+        configuration, and when none of them leads any more the leader never hears from it (a
+        jepsen-style run, seed 7671: n4 partitioned while a drain moved shard-1 off it, the
+        leader's notice lost with the link, then leadership moved to a member n4 never had; n4
+        campaigned up to term 103 and its clients of shard-1's queues got 320 for good)."""
+        if not self.engine.partial:
             return
         now = time.monotonic()
+        if not g.so._isLeader():
+            leader = g.leader_id
+            if reported or leader is None or leader in (self.engine.node_id, nid):
+                return
+            if now < self._removed_notices.get(("report", g.name, nid), 0.0):
+                return
+            self._removed_notices[("report", g.name, nid)] = now + REMOVED_NOTICE_EVERY_S
+            self.engine.stats["non_members_reported"] += 1
+            body = wire.encode_control({"op": "non_member", "group": g.name, "node": nid})
+            self.engine.hub.send(leader, wire.KIND_CONTROL, body)
+            return
+        if g.membership_change_pending():
+            return
+        others = [n.id for n in g.so.otherNodes]
+        if reported and (nid in g.transport.nodes or nid in others):
+            return  # a member or a learner here (a follower that restarted forgets a move's learner)
+        if 2 * (1 + sum(1 for o in others if o in g.transport.connected)) <= 1 + len(others):
+            return
         key = (g.name, nid)
         if now < self._removed_notices.get(key, 0.0):
             return

@@ -292,6 +292,32 @@ def test_a_member_removed_while_it_was_down_leaves_the_group_when_it_comes_back(
     c.procs["n1"].cmd("load_stop", 5)
 
 
+def test_a_member_removed_while_it_was_down_is_told_by_a_leader_its_configuration_never_had(cluster):
+    """As above, but g0's leader is the member the move added: n3's last configuration names n1
+    and n2 only, which follow, so it campaigns among them and never reaches the leader. They
+    report it to the leader, which tells it (a jepsen-style run, seed 7671: n4, partitioned while
+    a drain moved shard-1 off it, campaigned up to term 103 and its clients of shard-1 got 320)."""
+    c = cluster(["n1", "n2", "n3", "n4"], ["g0"])
+    placed(c, {"g0": ["n1", "n2", "n3"]})
+    c.held["n4"] = []
+    c.start_all()
+    assert leader_among(c, "g0", ["n1", "n2", "n3"])
+    c.procs["n3"].kill()  # down while the move removes it: it never hears of its removal
+    mover = leader_among(c, "g0", ["n1", "n2"])
+    assert mover, "no leader of g0 among n1, n2"
+    r = c.procs[mover].cmd("move_group", 70, group="g0", add=["n4", c.addrs["n4"]], remove="n3", wait_s=60)
+    assert r is not None and r["error"] is None, r
+    t = c.procs[mover].cmd("transfer", 20, group="g0", node="n4", wait_s=15)
+    assert t is not None and t["error"] is None, t
+    assert leader_among(c, "g0", ["n4"]) == "n4"
+    c.start("n3")
+    assert c.procs["n3"].cmd("held", 5)["held"] == ["g0"]  # its record, from before its removal
+    assert wait_until(lambda: c.procs["n3"].cmd("held", 5)["held"] == [], 20), c.procs["n3"].stderr()
+    for i, st in holders_statuses(c, "g0", ["n1", "n2", "n4"]).items():
+        assert sorted(st["members"]) == ["n1", "n2", "n4"], (i, st["members"])
+    assert c.procs["n1"].cmd("propose", 15, group="g0", n=5, size=100, wait_s=10)["results"] == {"ok": 5}
+
+
 def stopped_learner(cluster, confirmed_before: int) -> tuple[Cluster, list, threading.Thread]:
     """g0 on n1, n2, n3 under load from n1; n1 moves it (add n4, remove n3) on a thread (its answer
     goes into the list returned), and n4, once it learns g0, is stopped (SIGSTOP): the move waits
