@@ -19,8 +19,9 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   drained that leads fewest;
 - on the metadata leader, once the `placement` feature is enabled, the shard groups and their
   members as this node's engine has them (groups held elsewhere: as their holders announce them,
-  once every member is linked) are recorded in the metadata group whenever the record differs
-  (`SetGroups`, machines/placement.py; one proposal out at a time).
+  once every member is linked, and every group held here has a leader known) are recorded in the
+  metadata group whenever the record differs (`SetGroups`, machines/placement.py; one proposal
+  out at a time).
 """
 
 from __future__ import annotations
