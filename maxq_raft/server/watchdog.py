@@ -182,8 +182,8 @@ class MembershipWatchdog:
                 # (the first record is the first placement, first_placement.py: a member yet to
                 # take it, or one out of reach that may, must find itself where it was placed)
                 return
-            node = cluster.node
-            if any(node.leader(group) is None for group in cluster.shards if group in node.groups):
+            held = dict(cluster.node.groups)  # (the hub thread may change it meanwhile)
+            if any(held[group].leader_id is None for group in cluster.shards if group in held):
                 # A group held here without a leader known: this replica's members may be those
                 # of a configuration the group has left (a move removed this member while it was
                 # cut off, and it has not heard yet). A jepsen-style run (seed 7671) recorded

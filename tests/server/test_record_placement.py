@@ -24,11 +24,8 @@ class Meta:
 
 class Node:
     def __init__(self, leaders: dict[str, str | None]) -> None:
-        self.groups = {"meta": object(), "shard-1": object()}  # shard-0 is held elsewhere
-        self.leaders = leaders
-
-    def leader(self, group: str) -> str | None:
-        return self.leaders.get(group)
+        # shard-0 is held elsewhere; a held group's replica knows its leader (`Group.leader_id`)
+        self.groups = {g: SimpleNamespace(leader_id=leaders.get(g)) for g in ("meta", "shard-1")}
 
     def peers_awaiting_placement(self) -> list[str]:
         return []
@@ -53,12 +50,12 @@ class Cluster:
 
 
 def test_a_held_group_without_a_leader_known_is_not_recorded_from_this_replica() -> None:
-    cluster = Cluster({"shard-0": "n2", "shard-1": None})  # n4 campaigns in shard-1, alone
+    cluster = Cluster({"meta": "n4", "shard-1": None})  # n4 campaigns in shard-1, alone
     MembershipWatchdog(cluster)._record_placement(100.0)
     assert cluster.submitted == []
 
 
 def test_with_a_leader_known_the_view_that_differs_is_recorded() -> None:
-    cluster = Cluster({"shard-0": "n2", "shard-1": "n5"})
+    cluster = Cluster({"meta": "n4", "shard-1": "n5"})
     MembershipWatchdog(cluster)._record_placement(100.0)
     assert cluster.submitted == [(None, SetGroups([[g, members] for g, members in N4_VIEW.items()]))]
