@@ -125,8 +125,9 @@ class Applier:
                     self.log.submit((effect.vhost, effect.name), qc.DeleteQueue(), None)
                 self.broker.queue_records_changed(effect.vhost, effect.name)
                 if kind is md.QueueDeleted:
-                    placed = deleted.group if deleted is not None and deleted.name == effect.name else None
-                    self.broker.queue_record_deleted((effect.vhost, effect.name), placed)
+                    self.broker.queue_record_deleted(
+                        (effect.vhost, effect.name), deleted.group if deleted is not None else None
+                    )
             elif kind is md.VhostDeleted:
                 self.broker.close_vhost_connections(effect.name)  # each member closes its own
             elif kind is LivesDown:

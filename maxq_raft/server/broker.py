@@ -252,20 +252,18 @@ class Broker:
         consumer no channel has, until its channel closed."""
         if key in self.queues:
             return  # (its machine here tells them when its shard deletes it)
-        gone = [h.consumer_id for h in self.consumers.values() if h.queue_key == key]
-        if not gone:
-            return
-        self.queue_consumers_gone(key)
-        for consumer_id in gone:
-            self.log.submit(key, qc.Cancel(consumer_id), None, group)
+        for handle in self.queue_consumers_gone(key):
+            self.log.submit(key, qc.Cancel(handle.consumer_id), None, group)
 
-    def queue_consumers_gone(self, key: tuple[str, str]) -> None:
-        """The queue was deleted: this node's consumers of it are told."""
+    def queue_consumers_gone(self, key: tuple[str, str]) -> list[ConsumerHandle]:
+        """The queue was deleted: this node's consumers of it are told (and returned)."""
         self.synced_counts.pop(key, None)
         self.remote_stats.pop(key, None)
-        for handle in [h for h in self.consumers.values() if h.queue_key == key]:
+        gone = [h for h in self.consumers.values() if h.queue_key == key]
+        for handle in gone:
             del self.consumers[handle.consumer_id]
             handle.channel.consumer_gone(handle)
+        return gone
 
     def perform(self, effects: list) -> None:
         # Deliveries go in runs to one consumer (a queue serves a consumer many at a time), and

@@ -709,7 +709,13 @@ class Channel:
             return None
         seq = state.next_publish_seq() if state.confirm else None
         try:
-            return self.session.route_publish(self, seq, method, props_raw, body)
+            try:
+                return self.session.route_publish(self, seq, method, props_raw, body)
+            except AccessRefused:
+                # Its checks come before it routes anything: refused on a member whose metadata
+                # may be behind, it runs again after a barrier, as a method does (`handle`).
+                self.session.metadata_current(self)
+                raise
         except MetadataBehind:  # (performed again after the barrier, under the same seq)
             if seq is not None:
                 state.publish_seq -= 1

@@ -20,9 +20,7 @@ import itertools
 import logging
 import math
 import secrets
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import trio
 
@@ -51,7 +49,7 @@ from .authorization import Authorization, vhost_refusal
 from .broker import Broker
 from .channel import CLUSTER_FLOW_CREDIT, CREDIT_BYTES, FLOW_CREDIT, REPLY_TO_PREFIX, REPLY_TO_QUEUE, Channel
 from .confirms import ConfirmBatch, Unavailable
-from .errors import AccessRefused, ChannelError, HardError, MetadataBehind
+from .errors import ChannelError, HardError, MetadataBehind
 from .proposer import message_bytes_max
 from .publish_extras import EXTRAS_FLAGS, dedup_fields, delivery_props, note_refused, publish_extras, wants_extras
 from .publish_plan import PublishPlan
@@ -755,16 +753,6 @@ class Session:
 
     # ------------------------------------------------------- metadata barrier
 
-    def _permitted(self, channel: Channel, check: Callable[..., None], *args: Any) -> None:
-        """`check(*args)`, a permission check of a publish (routed here, not under
-        `Channel.handle`): refused on a member whose metadata may be behind, the publish runs
-        again after a barrier, as a method does (`metadata_current`), and is refused only then."""
-        try:
-            check(*args)
-        except AccessRefused:
-            self.metadata_current(channel)
-            raise
-
     def metadata_current(self, channel: Channel) -> None:
         """Raise MetadataBehind where a lookup found nothing and this member's metadata may be
         behind what the client saw committed elsewhere (server/metadata_sync.py): unless the
@@ -818,7 +806,7 @@ class Session:
         routing_key = method.routing_key
         flags = (props_raw[0] << 8 | props_raw[1]) if len(props_raw) >= 2 else 0
         meta = broker.meta
-        self._permitted(channel, self.authorization.check_publish, meta, exchange)  # before the lookup, as RabbitMQ
+        self.authorization.check_publish(meta, exchange)  # before the lookup, as RabbitMQ
         if exchange == TXN_EXCHANGE:  # a transaction's decision: no exchange object (transactions.py)
             decide_publish(self, channel, seq, method, props_raw)
             return None
@@ -833,7 +821,7 @@ class Session:
                     spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange}' in vhost '{vhost}'"
                 )
             if record.routing_type == "topic":
-                self._permitted(channel, self.authorization.check_topic, "write", exchange, routing_key)
+                self.authorization.check_topic("write", exchange, routing_key)
             elif record.type == DEDUP_EXCHANGE_TYPE:
                 dedup_scope = exchange_scope(exchange, record.arguments)
         if flags & (REPLY_TO_FLAG | USER_ID_FLAG):
