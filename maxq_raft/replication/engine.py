@@ -199,6 +199,7 @@ class ReplicationNode:
         # first placement (`start_groups`); recorded in the folder until they have come.
         self.await_placement = await_placement
         self.awaiting_placement = False
+        self.kept_every_group = False  # `held` was given to a folder holding every group (_held_groups)
         self.raft_dir = self.data_dir / "raft"
         # True once this node holds (or may come to hold) fewer than every group: proposals for
         # a group held elsewhere are forwarded to a member that holds it, links to every peer
@@ -292,6 +293,19 @@ class ReplicationNode:
             self.awaiting_placement = group_set.placement_pending(self.raft_dir)
             return [name for name in self.group_names if name in recorded]
         if self.held_at_first_start is None:
+            return list(self.group_names)
+        if group_set.holds_every_group(self.raft_dir, self.group_names):
+            # Started before holding every group (no record), now given a few: it stays a voting
+            # member of every group, so it keeps them. Taking `held` dropped the others' folders
+            # at the first placement and started them over empty (a voter that forgot its log
+            # and its vote), or left them unserved with the member still counted in them.
+            self.kept_every_group = True
+            log.warning(
+                "node %s: this data folder holds every group (a member started without a placement): "
+                "it keeps them, not only %s",
+                self.node_id,
+                ", ".join(self.held_at_first_start),
+            )
             return list(self.group_names)
         held = [name for name in self.group_names if name in self.held_at_first_start]
         if self.await_placement:

@@ -9,7 +9,9 @@ members) keeps two kinds of record under `<data dir>/raft/`, both written whole 
 - `held_groups.json`: `{"held": [group, ...]}`, the groups this member holds. Written at the
   first start from what the engine was given, and again whenever the member joins a group (a
   move onto it) or leaves one (removed from it). A later start takes it over what it is given:
-  a member that gained or lost a group since keeps that.
+  a member that gained or lost a group since keeps that. A folder that a member started in
+  the layout of every group (no record: `holds_every_group`) stays so whatever a later start
+  is given: that member is a voting member of every group.
 - `<group>/first_members.json`: `{"members": {node: [host, port], ...}}`, the members the group
   had when this member started it (for a group it joined, the members before it was added).
   pysyncobj starts a group from such a list and replays its log's membership changes on top
@@ -63,6 +65,12 @@ def read_held(raft_dir: Path) -> list[str] | None:
     if type(held) is not list or not all(type(name) is str for name in held):
         raise GroupSetError(f"{path}: expected {{'held': [group names]}}")
     return list(held)
+
+
+def holds_every_group(raft_dir: Path, groups: list[str]) -> bool:
+    """Whether a member started here before in the layout of every group: a folder of one of
+    `groups` is there and no record was ever written."""
+    return read_held(raft_dir) is None and any((raft_dir / group).is_dir() for group in groups)
 
 
 def write_held(raft_dir: Path, held: list[str], fsync: bool) -> None:

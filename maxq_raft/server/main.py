@@ -368,6 +368,13 @@ async def _serve_clustered(
     except SnapshotError as exc:
         raise StartupError(damaged_raft_data(settings, exc)) from None
     cluster.node = node
+    if node.kept_every_group:
+        log.warning(
+            "--replication-factor %d is not applied: it places the groups at a cluster's first start, and this "
+            "member's data holds every group (the cluster was started without it); it keeps them "
+            "(docs/operations.md)",
+            settings.replication_factor,
+        )
     log.info(
         "node %s: Raft on %s, %d shard groups, peers %s%s",
         settings.node_id,

@@ -108,6 +108,24 @@ def test_a_member_waiting_for_the_first_placement_says_so_until_it_starts_the_gr
         restarted.stop()
 
 
+@pytest.mark.parametrize("await_placement", [True, False])  # (a first placement's member; one joining)
+def test_a_folder_started_with_every_group_keeps_them_when_a_restart_gives_a_few(tmp_path, await_placement):
+    first = _node(tmp_path)
+    first.start()
+    first.stop()
+    assert sorted(p.name for p in (tmp_path / "raft").iterdir() if p.is_dir()) == ["g0", "g1"]
+    again = _node(tmp_path, held=["g0"], await_placement=await_placement)
+    again.start()
+    try:
+        assert list(again.groups) == ["g0", "g1"] and again.kept_every_group
+        assert group_set.holds_every_group(tmp_path / "raft", ["g0", "g1"])
+        assert not group_set.holds_every_group(tmp_path / "other", ["g0", "g1"])  # (never started there)
+        assert not again.awaiting_placement and not group_set.placement_pending(tmp_path / "raft")
+        assert group_set.read_held(tmp_path / "raft") is None  # (still the layout of every group)
+    finally:
+        again.stop()
+
+
 def test_a_restart_before_the_first_placement_came_waits_for_it_again(tmp_path):
     node = _node(tmp_path, held=[], await_placement=True)
     node.start()
