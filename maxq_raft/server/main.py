@@ -64,6 +64,7 @@ from .first_placement import take_first_placement
 from .hosts import is_ip, machine_of
 from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
+from .node_name import NodeNameError, check_node_name
 from .recovery import recover
 from .session import Session, tick_sessions
 from .shard_count import ProvisionalCount, ShardCountError, is_provisional, member_shard_count, read_pinned
@@ -321,6 +322,10 @@ async def _serve_clustered(
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
     raft_dir = Path(settings.data_dir) / RAFT_FOLDER
+    try:
+        check_node_name(raft_dir, settings.node_id, fsync=settings.fsync == "on")
+    except (NodeNameError, OSError) as exc:
+        raise StartupError(str(exc)) from None
     try:
         shard_count = member_shard_count(raft_dir, settings.shards, default_shards(), joining=settings.join == "on")
     except (ShardCountError, OSError) as exc:
