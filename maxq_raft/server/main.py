@@ -61,10 +61,10 @@ from .errors import ChannelError
 from .feature_flags import enable_features
 from .first_placement import choice as first_placement_choice
 from .first_placement import take_first_placement
+from .folder_owner import NodeNameError, check_node_name, member_data, single_node_data
 from .hosts import is_ip, machine_of
 from .local_log import LocalLog
 from .member_repair import RAFT_FOLDER, member_problems, move_aside, raft_problems
-from .node_name import NodeNameError, check_node_name
 from .recovery import recover
 from .session import Session, tick_sessions
 from .shard_count import ProvisionalCount, ShardCountError, is_provisional, member_shard_count, read_pinned
@@ -292,6 +292,13 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
         if stop.failure is not None and not stop.restart:
             raise StartupError(f"this member stopped: {stop.failure}")
         return Stopped(stop.failure, stop.wait_for_room) if stop.failure is not None else None
+    described = member_data(Path(settings.data_dir) / RAFT_FOLDER)
+    if described is not None:
+        broker.close()
+        raise StartupError(
+            f"{settings.data_dir} holds {described}: start it as that member again (its --node-id, --raft-addr, "
+            "--peer and --cluster-secret); a single node needs a --data-dir of its own"
+        )
     try:
         broker.attach(LocalLog(broker))
         if store is not None:
@@ -319,6 +326,14 @@ async def _serve_clustered(
     if settings.fsync == "off":
         log.warning("fsync is OFF: confirmed messages can be lost if the machines crash (benchmarks only)")
     if broker.store is not None:
+        described = single_node_data(broker.store)
+        if described is not None:
+            raise StartupError(
+                f"{settings.data_dir} holds {described}: a cluster member keeps its state in the Raft groups and "
+                "empties its store at start, which would delete it. Start the member on an empty --data-dir; to "
+                "carry this node's definitions over, start it alone again (without --raft-addr) and use `maxqctl "
+                "export-definitions` there and `import-definitions` on the cluster (messages are not carried)"
+            )
         broker.store.on_failure = lambda reason: stop.fail(f"the message store cannot write: {reason}")
         broker.open_for_cluster()
     raft_dir = Path(settings.data_dir) / RAFT_FOLDER

@@ -1,5 +1,5 @@
 """A member started on another member's data folder is refused before it speaks Raft: its log,
-term and vote are the other's (server/node_name.py)."""
+term and vote are the other's (server/folder_owner.py)."""
 
 from __future__ import annotations
 

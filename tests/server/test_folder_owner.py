@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from maxq_raft.server.node_name import NAME_FILE, NodeNameError, check_node_name
+from maxq_raft.server import persistence
+from maxq_raft.server.folder_owner import NAME_FILE, NodeNameError, check_node_name, member_data, single_node_data
+from maxq_raft.storage.memory import MemorySegmentStore
 
 
 def test_the_first_start_records_the_name_and_later_starts_under_it_pass(tmp_path):
@@ -40,3 +42,23 @@ def test_a_damaged_record_is_an_error_not_a_guess(tmp_path, body):
     with pytest.raises(NodeNameError, match="does not hold a node name"):
         check_node_name(raft, "n1")
     assert (raft / NAME_FILE).read_bytes() == body
+
+
+def test_a_store_a_single_node_started_on_is_told_apart_from_a_members(tmp_path):
+    members = MemorySegmentStore()
+    members.write((), (), {persistence.EPOCH_KEY: (1).to_bytes(8, "big")}, wal=True)  # (open_for_cluster's)
+    assert single_node_data(members) is None
+    single = MemorySegmentStore()
+    single.write((), (), {persistence.SNAPSHOT_KEY: b"\x90"}, wal=True)
+    assert "a single node's data" in single_node_data(single)
+
+
+def test_a_raft_folder_says_whose_it_is(tmp_path):
+    raft = tmp_path / "raft"
+    assert member_data(raft) is None
+    (raft / "raft").mkdir(parents=True)
+    assert member_data(raft) is None  # (nothing started in it)
+    (raft / "raft" / "meta").mkdir()
+    assert member_data(raft) == "a cluster member's Raft data"
+    check_node_name(raft, "n2")
+    assert member_data(raft) == "the Raft data of cluster member 'n2'"

@@ -1,6 +1,13 @@
-"""Which member a cluster data folder belongs to: the --node-id it was first started with.
+"""Whose a data folder is: a single node's, or a cluster member's and which one.
 
-Why: a member's Raft data (each group's log, term and vote) speaks for that member only. The
+A single node keeps its metadata and messages in its store (persistence.py, recovery.py); a
+cluster member keeps its state in the Raft groups (raft/) and empties its store at every start
+(it holds only what overflowed memory: Broker.open_for_cluster). So a single node's folder
+started as a member would lose every message and definition it holds, silently, and a member's
+folder started as a single node would serve an empty broker beside the member's data: both are
+refused, and the message says what to do (`single_node_data`, `member_data`).
+
+Which member: a member's Raft data (each group's log, term and vote) speaks for that member only. The
 folder of n2 started as n3 (a volume mounted on the wrong machine, a folder copied to make a new
 member) would make n3 a voter that forgot its own log and its vote and repeats n2's instead: the
 others count its acknowledgements and votes as n3's, which can lose a committed entry or elect
@@ -14,10 +21,12 @@ record, takes the name it is started with then.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..replication.raft_journal import write_atomic
+from . import persistence
 
-__all__ = ["NAME_FILE", "NodeNameError", "check_node_name"]
+__all__ = ["NAME_FILE", "NodeNameError", "check_node_name", "member_data", "single_node_data"]
 
 NAME_FILE = "node_name"
 NAME_BYTES_MAX = 255
@@ -50,3 +59,28 @@ def check_node_name(raft_dir: Path, node_id: str, fsync: bool = True) -> None:
             f"(its log, term and vote) is its own. Start {name!r} with it (--node-id {name}), or give "
             f"{node_id!r} its own folder (a new member joins with --join on and maxqctl add-node)"
         )
+
+
+def single_node_data(store: Any) -> str | None:
+    """What of a single node's `store` holds (its metadata, its queues' messages), or None when
+    no single node ever started on it."""
+    if store.get_meta(persistence.SNAPSHOT_KEY) is None and store.get_meta(persistence.LOG_NEXT_KEY) is None:
+        return None
+    queues = len(list(store.queue_ids()))
+    return f"a single node's data (its users, vhosts and durable topology, and the messages of {queues} queues)"
+
+
+def member_data(raft_dir: Path) -> str | None:
+    """Whose Raft data `raft_dir` holds (a cluster member's), or None when it holds none."""
+    try:
+        name = (raft_dir / NAME_FILE).read_bytes().decode("utf-8", "replace")
+    except FileNotFoundError:
+        name = ""
+    except OSError as exc:
+        return f"Raft data that cannot be read ({exc.strerror or exc})"
+    if name:
+        return f"the Raft data of cluster member {name!r}"
+    groups = raft_dir / "raft"
+    if groups.is_dir() and any(entry.is_dir() for entry in groups.iterdir()):
+        return "a cluster member's Raft data"
+    return None
