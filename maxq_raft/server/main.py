@@ -339,8 +339,12 @@ async def _serve_clustered(
     raft_dir = Path(settings.data_dir) / RAFT_FOLDER
     try:
         check_node_name(raft_dir, settings.node_id, fsync=settings.fsync == "on")
-    except (NodeNameError, OSError) as exc:
+    except NodeNameError as exc:
         raise StartupError(str(exc)) from None
+    except OSError as exc:  # (writing the record at a first start: a full disk waits for room)
+        raise StartupError(
+            f"cannot record this member's name in {raft_dir}: {exc}", disk=exc.errno in DISK_ERRNOS
+        ) from None
     try:
         shard_count = member_shard_count(raft_dir, settings.shards, default_shards(), joining=settings.join == "on")
     except (ShardCountError, OSError) as exc:
