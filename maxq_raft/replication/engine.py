@@ -319,12 +319,19 @@ class ReplicationNode:
         self, name: str, joining: bool, members: dict[str, tuple[str, int]] | None, learner: bool = False
     ) -> Group:
         """Open one group's log and its pysyncobj object, started from the members recorded in its
-        folder, else `members` (a group joined now), else those given for it, else this node's
-        peers (the last is not recorded: the old layout, where every group has every peer)."""
+        folder, else `members` (a group joined now), else those given for it, else this node and
+        its peers (recorded too when the folder is new: a restart then starts from them whatever
+        its peers are; a folder of an earlier release, started from its peers unrecorded, goes
+        on so)."""
         folder = self.raft_dir / name
         recorded = group_set.read_first_members(folder)
         if recorded is None:
             recorded = members if members is not None else self.first_members.get(name)
+            if recorded is None and not folder.exists():
+                # Unrecorded, a member restarted without its --peer list started its groups alone
+                # over the cluster's logs, elected itself and confirmed what no other member saw
+                # (a split brain; tests/cluster/test_restart_settings.py has the restart).
+                recorded = {self.node_id: self.raft_addr, **self.peers}
             if recorded is not None:
                 group_set.write_first_members(folder, recorded, self.fsync)
         peers = self.peers if recorded is None else {k: v for k, v in recorded.items() if k != self.node_id}

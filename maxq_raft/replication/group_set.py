@@ -1,10 +1,10 @@
 """Which of the cluster's Raft groups this member holds, and each one's first members, on disk.
 
-Theory of operation: by default every member holds every group, each started with the member's
-peers (`ReplicationNode(peers=...)`), and nothing here is written: a data folder of that layout
-looks as it always did. A member that holds only some groups (issue #19: groups placed on a few
-members) keeps two kinds of record under `<data dir>/raft/`, both written whole or not at all
-(`write_atomic`, fsynced):
+Theory of operation: by default every member holds every group, each first started with the
+member and its peers (`ReplicationNode(peers=...)`), and no `held_groups.json` is written. A
+member that holds only some groups (issue #19: groups placed on a few members) records which.
+Both layouts record each group's first members. Under `<data dir>/raft/`, each record written
+whole or not at all (`write_atomic`, fsynced):
 
 - `held_groups.json`: `{"held": [group, ...]}`, the groups this member holds. Written at the
   first start from what the engine was given, and again whenever the member joins a group (a
@@ -16,7 +16,11 @@ members) keeps two kinds of record under `<data dir>/raft/`, both written whole 
   had when this member started it (for a group it joined, the members before it was added).
   pysyncobj starts a group from such a list and replays its log's membership changes on top
   (and a snapshot's header replaces the list: group.py, `_adopt`), so a restart must start from
-  the same list as the first start, whatever the member's own peer list says then.
+  the same list as the first start, whatever the member's own peer list says then. Written for
+  every group a member starts in a new folder (since 2026-12-07 in the layout of every group
+  too: a member restarted there without its --peer list started each group alone over the
+  cluster's log and confirmed what no other member saw); a folder of an earlier release without
+  it starts from the member's peers, as it did.
 
 - `placement_pending`: present while this member waits for the metadata group's first placement
   (a cluster's first start with --replication-factor: it starts holding the metadata group only,
