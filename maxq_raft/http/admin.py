@@ -438,6 +438,31 @@ async def _resolvable(addr: tuple[str, int]) -> tuple[str, int]:
     return addr
 
 
+def _layout_mismatch(name: str, held: frozenset[str] | None, groups: set[str], partial: bool) -> str | None:
+    """Why node `name`, holding `held` as it announced (None: not heard), must not be added to a
+    cluster whose members hold every group (not `partial`) or a few: it would be added to groups
+    it does not run (a voter that never answers: the groups' majority then has one failure less
+    to spare, and the node never gets ready), or run groups it is never added to. Its layout is
+    its --replication-factor's (server/main.py, `_first_placement`), decided before it is added."""
+    if held is None:
+        return None
+    if not partial and held != groups:
+        return (
+            f"node {name} holds only {', '.join(sorted(held)) or 'no group'} (started with --join on and "
+            "--replication-factor, for a cluster whose groups are on a few members), but every member of this "
+            "cluster holds every group (its --replication-factor is at least its number of members, or 0): "
+            f"start {name} again on an empty --data-dir with --join on and --replication-factor 0 (it then holds "
+            "every group), then add it"
+        )
+    if partial and held != {META_GROUP}:
+        return (
+            f"node {name} holds every group (started with --join on without --replication-factor), but this "
+            f"cluster's groups are on a few members: start {name} again on an empty --data-dir with --join on and "
+            "the cluster's --replication-factor (it then holds the metadata group only), add it, then rebalance"
+        )
+    return None
+
+
 async def add_member(broker, request: Request) -> dict:
     body = request.json()
     name = _node_name(body.get("node"))
@@ -470,6 +495,9 @@ async def add_member(broker, request: Request) -> dict:
             reason="missing feature flags",
             missing=missing,
         )
+    mismatch = _layout_mismatch(name, node.peer_held().get(name), set(node.group_names), node.partial)
+    if mismatch is not None:
+        raise HttpError("409 Conflict", mismatch, reason="layout mismatch")
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
     # Groups on a few members (--replication-factor): a new member joins the metadata group only
     # and holds no shard group until a rebalance moves replicas onto it (maxqctl rebalance).

@@ -215,6 +215,7 @@ class ReplicationNode:
             on_peer_down=self._on_peer_down,
             peer_timeout_s=peer_timeout_s,
         )
+        self.hub.on_inbound_closed = self._forget_announced
         self.groups: dict[str, Group] = {}
         self._peer_groups: dict[str, set[str]] = collections.defaultdict(set)
         self._unwant_at: dict[str, float] = {}
@@ -702,6 +703,14 @@ class ReplicationNode:
             if self.hub.is_up(peer):
                 self._announce(peer)
 
+    def _forget_announced(self, peer: str) -> None:
+        """What `peer` announced (its features, the groups it holds) was said over a link now
+        closed: a node that joins linked only to us, stopped and started again holding other
+        groups, was taken for what it had said before (`maxqctl add-node` read it)."""
+        self._peer_features.pop(peer, None)
+        self._peer_held.pop(peer, None)
+        self._peers_pending.discard(peer)
+
     def _on_peer_up(self, peer: str) -> None:
         self._announce(peer)
         for g in self.groups.values():
@@ -838,9 +847,7 @@ class ReplicationNode:
                 call_safely(callback, None, "timeout")
 
     def _on_peer_down(self, peer: str) -> None:
-        self._peer_features.pop(peer, None)
-        self._peer_held.pop(peer, None)
-        self._peers_pending.discard(peer)
+        self._forget_announced(peer)
         self._expire_forwards(time.monotonic(), peer_down=peer)
         for g in self.groups.values():
             g.transport.peer_down(peer)

@@ -114,6 +114,10 @@ class Hub:
         self.bind_addr = (bind_addr[0], int(bind_addr[1]))
         self.secret = bytes(secret)
         self.on_frame, self.on_peer_up, self.on_peer_down = on_frame, on_peer_up, on_peer_down
+        # A peer's stream to us closed (its process stopped, say) while no link of ours to it is
+        # up: what it said over that stream is no longer its word (engine.py drops its
+        # announcements). A peer we do not link to (a node about to join) has only that stream.
+        self.on_inbound_closed: Callable[[str], None] | None = None
         self.connect_timeout_s = connect_timeout_s
         self.peer_timeout_s = peer_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -412,6 +416,8 @@ class Hub:
         self.inc.pop(c.sock, None)
         if c.peer is not None and self.inc_by_peer.get(c.peer) is c:
             del self.inc_by_peer[c.peer]
+            if self.on_inbound_closed is not None and not self.is_up(c.peer):
+                self.on_inbound_closed(c.peer)
         c.state = "closed"
 
     # ---------------------------------------------------------------------------- outgoing
