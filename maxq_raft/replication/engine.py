@@ -335,7 +335,13 @@ class ReplicationNode:
                 recorded = {self.node_id: self.raft_addr, **self.peers}
             if recorded is not None:
                 group_set.write_first_members(folder, recorded, self.fsync)
-        peers = self.peers if recorded is None else {k: v for k, v in recorded.items() if k != self.node_id}
+        # Who the group's first members are comes from the record; where they are, from --peer
+        # when it names them (a member moved to another address, its peers told so).
+        peers = (
+            self.peers
+            if recorded is None
+            else {k: self.peers.get(k, v) for k, v in recorded.items() if k != self.node_id}
+        )
         g = Group(
             name,
             node_id=self.node_id,

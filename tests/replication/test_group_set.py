@@ -47,10 +47,10 @@ def test_a_damaged_first_members_record_is_an_error(tmp_path, body):
 
 
 def _node(tmp_path, **kw) -> ReplicationNode:
+    kw.setdefault("peers", {"n2": ("127.0.0.1", 1)})
     return ReplicationNode(
         node_id="n1",
         raft_addr=("127.0.0.1", 0),
-        peers={"n2": ("127.0.0.1", 1)},
         cluster_secret=b"s",
         data_dir=tmp_path,
         groups=["g0", "g1"],
@@ -124,6 +124,34 @@ def test_a_folder_started_with_every_group_keeps_them_when_a_restart_gives_a_few
         assert group_set.read_held(tmp_path / "raft") is None  # (still the layout of every group)
     finally:
         again.stop()
+
+
+def test_a_group_starts_from_its_recorded_members_at_the_addresses_the_peer_list_gives(tmp_path):
+    first = _node(tmp_path)  # (n1 with peer n2 at port 1: the old layout, every group)
+    first.start()
+    first.stop()
+    assert group_set.read_first_members(tmp_path / "raft" / "g0") == {"n1": ("127.0.0.1", 0), "n2": ("127.0.0.1", 1)}
+    alone = ReplicationNode(  # restarted without its peer list: still n2's group, at its recorded address
+        node_id="n1",
+        raft_addr=("127.0.0.1", 0),
+        peers={},
+        cluster_secret=b"s",
+        data_dir=tmp_path,
+        groups=["g0", "g1"],
+        on_commit=lambda _g, _e: None,
+    )
+    alone.start()
+    try:
+        assert sorted(alone.groups["g0"].member_ids()) == ["n1", "n2"]
+        assert alone.hub.addrs["n2"] == ("127.0.0.1", 1)
+    finally:
+        alone.stop()
+    moved = _node(tmp_path, peers={"n2": ("127.0.0.1", 2)})  # n2 at another address, as --peer says
+    moved.start()
+    try:
+        assert moved.hub.addrs["n2"] == ("127.0.0.1", 2)
+    finally:
+        moved.stop()
 
 
 def test_a_restart_before_the_first_placement_came_waits_for_it_again(tmp_path):
