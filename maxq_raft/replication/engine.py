@@ -151,6 +151,7 @@ class ReplicationNode:
         first_members: dict[str, dict[str, tuple[str, int]]] | None = None,
         on_message: Callable[[str, bytes], None] | None = None,
         await_placement: bool = False,
+        incarnation: str | None = None,
     ) -> None:
         if not groups or len(set(groups)) != len(groups):
             raise ValueError("groups must be a non-empty list of distinct names")
@@ -247,6 +248,12 @@ class ReplicationNode:
         self.stats: collections.Counter[str] = collections.Counter()
         # peers whose group list differs from ours (their "groups" op): cut off from every group
         self._mismatched: dict[str, list[str]] = {}
+        # This folder's incarnation (server/folder_owner.py), announced to every peer; the ones
+        # peers announced, recorded (group_set.py), and the peers refused for announcing another
+        # while members of groups held here (`_check_incarnation`): peer -> what it announced.
+        self.incarnation = incarnation
+        self._incarnations: dict[str, str] | None = None  # (read at start)
+        self._data_lost: dict[str, str] = {}
         # what each peer linked now announced it supports (its "groups" op; none from an earlier
         # release, forgotten when the link goes down)
         self._peer_features: dict[str, frozenset[str]] = {}
@@ -258,6 +265,7 @@ class ReplicationNode:
         if self._thread is not None:
             raise RuntimeError("already started")
         try:
+            self._incarnations = group_set.read_incarnations(self.raft_dir)
             for name in self._held_groups():
                 self.groups[name] = self._make_group(name, self.joining, None)
             if self.partial:
@@ -652,10 +660,10 @@ class ReplicationNode:
     # ---------------------------------------------------------------- link (for groups)
 
     def peer_is_up(self, node_id: str) -> bool:
-        return node_id not in self._mismatched and self.hub.is_up(node_id)
+        return not self._cut_off(node_id) and self.hub.is_up(node_id)
 
     def send_raft(self, node_id: str, body: bytes) -> bool:
-        if node_id in self._mismatched:
+        if self._cut_off(node_id):
             return False
         return self.hub.send(node_id, wire.KIND_RAFT, body)
 
@@ -694,6 +702,8 @@ class ReplicationNode:
             "features": self.features,
             "held": sorted(self.groups),
         }
+        if self.incarnation is not None:
+            announce["incarnation"] = self.incarnation
         if self.awaiting_placement:
             announce["pending"] = True
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
@@ -719,6 +729,9 @@ class ReplicationNode:
 
     def _on_peer_up(self, peer: str) -> None:
         self._announce(peer)
+        refused = self._data_lost.get(peer)
+        if refused is not None:  # (said again on each link: the one it was first said on may have been down)
+            self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control({"op": "data_lost", "incarnation": refused}))
         for g in self.groups.values():
             g.transport.peer_up(peer)
             self._touched.add(g)
@@ -783,7 +796,7 @@ class ReplicationNode:
         self.stats["proposals_sent_elsewhere"] += 1
 
     def _send_message(self, node_id: str, payload: bytes) -> None:
-        if node_id in self._mismatched or not self.hub.send(
+        if self._cut_off(node_id) or not self.hub.send(
             node_id, wire.KIND_CONTROL, wire.encode_control({"op": "message", "payload": payload})
         ):
             self.stats["messages_dropped"] += 1
@@ -868,7 +881,7 @@ class ReplicationNode:
                 if self.stats["bad_raft_frames"] <= 10 or self.stats["bad_raft_frames"] % 1000 == 0:
                     log.warning("dropping a raft frame from %s: %s", peer, exc)
                 return
-            if peer in self._mismatched:
+            if self._cut_off(peer):
                 self.stats["frames_from_mismatched_peers"] += 1
                 return
             g = self.groups.get(name)
@@ -902,8 +915,22 @@ class ReplicationNode:
                 self._peers_pending.add(peer)
             else:
                 self._peers_pending.discard(peer)
+            self._check_incarnation(peer, m.get("incarnation"))
             return
-        if peer in self._mismatched:
+        if op == "data_lost":
+            if m.get("incarnation") == self.incarnation:
+                log.critical(
+                    "node %s: %s refuses this member: it knew %s with other Raft data, so this data folder is not "
+                    "the one this member had (an empty folder, a disk replaced). Until it is repaired it takes no "
+                    "part in any group: `maxqctl repair-member %s --raft-addr HOST:PORT` from another member, then "
+                    "start it with --repair-from-peers (docs/operations.md)",
+                    self.node_id,
+                    peer,
+                    self.node_id,
+                    self.node_id,
+                )
+            return
+        if self._cut_off(peer):
             self.stats["frames_from_mismatched_peers"] += 1
             return  # (a forwarded proposal of a peer that hashes queues elsewhere: never ours to commit)
         if op == "member":
@@ -962,6 +989,67 @@ class ReplicationNode:
             req, name, err = m.get("req"), m.get("group"), m.get("error")
             if type(req) is int and type(name) is str and (err is None or type(err) is str):
                 self._member_reply(name, req, err)
+
+    def _cut_off(self, peer: str) -> bool:
+        """Whether `peer` takes no part in any group here: it runs other groups, or came back
+        with data other than what it had."""
+        return peer in self._mismatched or peer in self._data_lost
+
+    def _check_incarnation(self, peer: str, incarnation: Any) -> None:
+        """A peer's folder says which it is (server/folder_owner.py). One announcing another than
+        the one recorded for it while it is a member of a group held here lost its data (an
+        empty folder started under its name): it would vote, and count toward commits, with a
+        log and a vote it no longer has, so its frames are dropped until it comes back with the
+        folder it had, or is repaired (removed, then added back with the new folder). An
+        earlier release announces none: not checked."""
+        if incarnation is None:
+            return
+        if type(incarnation) is not str or len(incarnation) > 64:
+            raise wire.WireError(f"bad incarnation from {peer}: {incarnation!r}"[:200])
+        known = self._known_incarnations()
+        if known.get(peer) == incarnation:
+            if self._data_lost.pop(peer, None) is not None:
+                log.warning("node %s: %s is back with the data it had; it takes part again", self.node_id, peer)
+            return
+        member_of = sorted(name for name, g in self.groups.items() if peer in g.member_ids())
+        if peer in known and member_of:
+            if self._data_lost.get(peer) != incarnation:
+                log.critical(
+                    "node %s: %s came back with other Raft data than it had (incarnation %s, was %s): its data was "
+                    "lost or replaced, and a member that forgot its log and vote can elect a leader missing "
+                    "committed entries. It takes no part in %s until it is repaired: `maxqctl repair-member %s "
+                    "--raft-addr HOST:PORT`, then start it with --repair-from-peers (docs/operations.md)",
+                    self.node_id,
+                    peer,
+                    incarnation,
+                    known[peer],
+                    ", ".join(member_of),
+                    peer,
+                )
+            self._data_lost[peer] = incarnation
+            self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control({"op": "data_lost", "incarnation": incarnation}))
+            return
+        # A peer first seen, or a member removed from every group here and back with new data
+        # (repair-member, a member added again): its incarnation from now on.
+        self._data_lost.pop(peer, None)
+        known[peer] = incarnation
+        try:
+            group_set.write_incarnations(self.raft_dir, known, self.fsync)
+        except OSError as exc:
+            log.error("node %s: cannot record %s's incarnation: %s", self.node_id, peer, exc)
+
+    def _recheck_data_lost(self) -> None:
+        """A refused peer that is no member of any group here any more (removed, as
+        repair-member does first) is taken with its new data: it may be added back."""
+        for peer, incarnation in list(self._data_lost.items()):
+            if not any(peer in g.member_ids() for g in self.groups.values()):
+                log.info("node %s: %s is no member of a group here: its new data is taken", self.node_id, peer)
+                self._check_incarnation(peer, incarnation)
+
+    def _known_incarnations(self) -> dict[str, str]:
+        if self._incarnations is None:
+            self._incarnations = group_set.read_incarnations(self.raft_dir)
+        return self._incarnations
 
     def _on_peer_groups(self, peer: str, groups: Any) -> None:
         if type(groups) is not list or not all(type(name) is str for name in groups):
@@ -1150,6 +1238,8 @@ class ReplicationNode:
                     if self._forwards:
                         self._expire_forwards(now)
                     self._member_step(now)
+                    if self._data_lost:
+                        self._recheck_data_lost()
                     self.moves.step(now)
                     self.moves.leave_removed_groups()
                     for nid, at in list(self._unwant_at.items()):

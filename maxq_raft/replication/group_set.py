@@ -22,6 +22,10 @@ whole or not at all (`write_atomic`, fsynced):
   cluster's log and confirmed what no other member saw); a folder of an earlier release without
   it starts from the member's peers, as it did.
 
+- `peer_incarnations.json`: `{"peers": {node: incarnation}}`, the data folder each peer announced
+  (server/folder_owner.py): a peer that is a member of a group held here and announces another
+  lost its data and is refused (engine.py, `_check_incarnation`).
+
 - `placement_pending`: present while this member waits for the metadata group's first placement
   (a cluster's first start with --replication-factor: it starts holding the metadata group only,
   server/first_placement.py); removed once it started the groups that placement gives it, in
@@ -39,6 +43,7 @@ from pathlib import Path
 from .raft_journal import write_atomic
 
 HELD_FILE = "held_groups.json"
+INCARNATIONS_FILE = "peer_incarnations.json"
 PENDING_MARKER = "placement_pending"
 FIRST_MEMBERS_FILE = "first_members.json"
 
@@ -117,3 +122,20 @@ def clear_placement_pending(raft_dir: Path) -> None:
     """After the groups it gave are recorded held: a crash before this starts them again from
     their records, and the metadata group's record is taken again (groups held are skipped)."""
     (raft_dir / PENDING_MARKER).unlink(missing_ok=True)
+
+
+def read_incarnations(raft_dir: Path) -> dict[str, str]:
+    """The incarnation each peer announced (engine.py, `_check_incarnation`); {} when none was
+    recorded."""
+    path = raft_dir / INCARNATIONS_FILE
+    found, known = _read_field(path, "peers")
+    if not found:
+        return {}
+    if type(known) is not dict or not all(type(k) is str and type(v) is str for k, v in known.items()):
+        raise GroupSetError(f"{path}: expected {{'peers': {{node: incarnation}}}}")
+    return dict(known)
+
+
+def write_incarnations(raft_dir: Path, known: dict[str, str], fsync: bool) -> None:
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(raft_dir, INCARNATIONS_FILE, json.dumps({"peers": dict(sorted(known.items()))}).encode(), fsync)

@@ -14,12 +14,20 @@ others count its acknowledgements and votes as n3's, which can lose a committed 
 two leaders in one term. RabbitMQ too refuses a node whose data belongs to another node name.
 
 The name is recorded in the member's Raft folder (`NAME_FILE`, written whole or not at all) at
-its first start as a cluster member; a folder of an earlier release, which has Raft data and no
-record, takes the name it is started with then.
+its first start as a cluster member, with the folder's incarnation (a random id); a folder of an
+earlier release, which has Raft data and no record, takes the name it is started with then.
+
+Which data: an empty folder started under a member's name (a disk replaced, a volume that did
+not mount) is a member that forgot its log and its vote, which can elect a leader missing
+committed entries. Its peers know it by its incarnation, as Ra knows a server by its uid: one
+they did not know from a member of their groups is refused (replication/engine.py,
+`_check_incarnation`) until it is repaired (`maxqctl repair-member`).
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -30,28 +38,32 @@ __all__ = ["NAME_FILE", "NodeNameError", "check_node_name", "member_data", "sing
 
 NAME_FILE = "node_name"
 NAME_BYTES_MAX = 255
+INCARNATION_BYTES = 8
+_INCARNATION = re.compile(r"[0-9a-f]{16}")
 
 
 class NodeNameError(Exception):
     """The folder was another member's, or its record cannot be read: the message says which."""
 
 
-def check_node_name(raft_dir: Path, node_id: str, fsync: bool = True) -> None:
-    """Record `node_id` as the member of `raft_dir` if none is; raise NodeNameError if another is."""
+def check_node_name(raft_dir: Path, node_id: str, fsync: bool = True) -> str:
+    """Record `node_id` as the member of `raft_dir` if none is; raise NodeNameError if another is.
+    Returns the folder's incarnation: a random id made with the record, which the member
+    announces to its peers (replication/engine.py): a folder made again under the name (the old
+    one lost) has another, and peers that knew the old one refuse it."""
     path = raft_dir / NAME_FILE
     try:
         recorded = path.read_bytes()
     except FileNotFoundError:
-        raft_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(raft_dir, NAME_FILE, node_id.encode("utf-8"), fsync)
-        return
+        return _write(raft_dir, node_id, fsync)
     except OSError as exc:
         raise NodeNameError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        name = recorded.decode("utf-8")
+        lines = recorded.decode("utf-8").split("\n")
     except UnicodeDecodeError:
-        name = ""
-    if not name or len(recorded) > NAME_BYTES_MAX:
+        lines = [""]
+    name = lines[0]
+    if not name or len(recorded) > NAME_BYTES_MAX or len(lines) > 2:
         raise NodeNameError(f"{path} does not hold a node name ({recorded[:40]!r})")
     if name != node_id:
         raise NodeNameError(
@@ -59,6 +71,19 @@ def check_node_name(raft_dir: Path, node_id: str, fsync: bool = True) -> None:
             f"(its log, term and vote) is its own. Start {name!r} with it (--node-id {name}), or give "
             f"{node_id!r} its own folder (a new member joins with --join on and maxqctl add-node)"
         )
+    incarnation = lines[1] if len(lines) == 2 else ""
+    if not incarnation:  # (a record of the name alone: given its incarnation now)
+        return _write(raft_dir, node_id, fsync)
+    if not _INCARNATION.fullmatch(incarnation):
+        raise NodeNameError(f"{path} does not hold an incarnation id ({incarnation[:40]!r})")
+    return incarnation
+
+
+def _write(raft_dir: Path, node_id: str, fsync: bool) -> str:
+    incarnation = secrets.token_hex(INCARNATION_BYTES)
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(raft_dir, NAME_FILE, f"{node_id}\n{incarnation}".encode(), fsync)
+    return incarnation
 
 
 def single_node_data(store: Any) -> str | None:
@@ -73,7 +98,7 @@ def single_node_data(store: Any) -> str | None:
 def member_data(raft_dir: Path) -> str | None:
     """Whose Raft data `raft_dir` holds (a cluster member's), or None when it holds none."""
     try:
-        name = (raft_dir / NAME_FILE).read_bytes().decode("utf-8", "replace")
+        name = (raft_dir / NAME_FILE).read_bytes().decode("utf-8", "replace").split("\n")[0]
     except FileNotFoundError:
         name = ""
     except OSError as exc:

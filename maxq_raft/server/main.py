@@ -47,6 +47,7 @@ from ..machines.access import hash_password
 from ..machines.features import SUPPORTED
 from ..machines.metadata import META_GROUP
 from ..replication.engine import ReplicationNode
+from ..replication.group_set import GroupSetError
 from ..replication.journal import JournalCorruption, JournalError
 from ..replication.snapshot_file import SnapshotError
 from ..storage.errors import StorageError, StoreCorruption, StoreLocked
@@ -338,7 +339,7 @@ async def _serve_clustered(
         broker.open_for_cluster()
     raft_dir = Path(settings.data_dir) / RAFT_FOLDER
     try:
-        check_node_name(raft_dir, settings.node_id, fsync=settings.fsync == "on")
+        incarnation = check_node_name(raft_dir, settings.node_id, fsync=settings.fsync == "on")
     except NodeNameError as exc:
         raise StartupError(str(exc)) from None
     except OSError as exc:  # (writing the record at a first start: a full disk waits for room)
@@ -377,6 +378,7 @@ async def _serve_clustered(
             held=held,
             on_message=cluster.on_message,
             await_placement=proposal is not None,
+            incarnation=incarnation,
         )
         node.start()
     except OSError as exc:
@@ -389,7 +391,7 @@ async def _serve_clustered(
         if not isinstance(exc, JournalCorruption):  # (a write or fsync at open that failed: the disk)
             raise StartupError(f"cannot open the Raft data in {settings.data_dir}: {exc}", disk=True) from None
         raise StartupError(damaged_raft_data(settings, exc)) from None
-    except SnapshotError as exc:
+    except (SnapshotError, GroupSetError) as exc:  # (GroupSetError: a record of the groups held, or of peers)
         raise StartupError(damaged_raft_data(settings, exc)) from None
     cluster.node = node
     if node.kept_every_group:

@@ -64,3 +64,13 @@ def test_a_members_folder_started_as_a_single_node_is_refused(tmp_path):
         assert method is not None and body == b"before"
     finally:
         member.stop()
+
+
+@pytest.mark.parametrize("record", ["held_groups.json", "peer_incarnations.json"])
+def test_a_damaged_record_of_the_groups_or_peers_stops_the_start_with_the_way_out(tmp_path, record):
+    member = BrokerProcess(tmp_path / "data", tmp_path / "server.log", _member_args("n1")).start()
+    member.stop()
+    (tmp_path / "data" / "raft" / "raft" / record).write_bytes(b'{"held": [1], "peers": [1]}')
+    said = _refused(member)
+    assert f"cannot start from the Raft data in {tmp_path / 'data'}" in said and record in said, said[-2000:]
+    assert "repair-member n1" in said and "Traceback" not in said

@@ -12,16 +12,29 @@ from maxq_raft.storage.memory import MemorySegmentStore
 def test_the_first_start_records_the_name_and_later_starts_under_it_pass(tmp_path):
     raft = tmp_path / "raft"
     check_node_name(raft, "n2")
-    assert (raft / NAME_FILE).read_bytes() == b"n2"
+    assert (raft / NAME_FILE).read_bytes().split(b"\n")[0] == b"n2"
     check_node_name(raft, "n2")
     assert not list(raft.glob("*.tmp"))
+
+
+def test_a_folder_keeps_its_incarnation_and_a_new_folder_under_the_name_gets_another(tmp_path):
+    raft = tmp_path / "raft"
+    first = check_node_name(raft, "n2")
+    assert len(first) == 16 and check_node_name(raft, "n2") == first
+    (raft / NAME_FILE).write_bytes(b"n2")  # (a record of the name alone, as first written)
+    given = check_node_name(raft, "n2")
+    assert given != first and check_node_name(raft, "n2") == given
+    assert check_node_name(tmp_path / "again", "n2") not in (first, given)
+    (raft / NAME_FILE).write_bytes(b"n2\nnot-hex")
+    with pytest.raises(NodeNameError, match="does not hold an incarnation id"):
+        check_node_name(raft, "n2")
 
 
 def test_a_folder_of_an_earlier_release_takes_the_name_it_is_started_with(tmp_path):
     raft = tmp_path / "raft"
     (raft / "raft" / "meta").mkdir(parents=True)  # (Raft data, no record)
     check_node_name(raft, "n3")
-    assert (raft / NAME_FILE).read_bytes() == b"n3"
+    assert (raft / NAME_FILE).read_bytes().split(b"\n")[0] == b"n3"
 
 
 def test_another_members_folder_is_refused_and_says_whose_it_is(tmp_path):
@@ -31,7 +44,7 @@ def test_another_members_folder_is_refused_and_says_whose_it_is(tmp_path):
         check_node_name(raft, "n3")
     said = str(refused.value)
     assert "belongs to cluster member 'n2', not 'n3'" in said and "--node-id n2" in said
-    assert (raft / NAME_FILE).read_bytes() == b"n2"  # (unchanged)
+    assert (raft / NAME_FILE).read_bytes().split(b"\n")[0] == b"n2"  # (unchanged)
 
 
 @pytest.mark.parametrize("body", [b"", b"\xff\xfe", b"x" * 300])

@@ -1,0 +1,58 @@
+"""A member started on an empty folder under its name (a disk replaced, a volume that did not
+mount) has forgotten its log and its vote: its peers know it by its folder's incarnation
+(server/folder_owner.py) and refuse it, so it can neither vote nor count toward a commit, until
+it comes back with the folder it had (or is repaired). Before, it took part at once: a voter
+with an empty log can elect a leader that misses committed entries."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from tests.helpers import wait_until
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _publish(member, queue: str, body: bytes) -> None:
+    with member.connect() as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def test_a_member_back_on_an_empty_folder_is_refused_until_its_folder_is_back(tmp_path):
+    cluster = Cluster(tmp_path).start()
+    try:
+        _publish(cluster["n1"], "kept", b"before")
+        n3 = cluster["n3"]
+        n3.stop()
+        kept = n3.data_dir.with_name("n3-kept")
+        n3.data_dir.rename(kept)
+        n3.data_dir.mkdir()
+        n3.launch()
+        others = lambda: cluster["n1"].log_text() + cluster["n2"].log_text()  # noqa: E731
+        assert wait_until(lambda: "n3 came back with other Raft data than it had" in others(), 30), others()[-3000:]
+        assert wait_until(lambda: "refuses this member" in n3.log_text(), 30), n3.log_text()[-3000:]
+        _publish(cluster["n2"], "kept", b"while n3 is refused")  # (n1 and n2: a majority)
+        refused_run = lambda: n3.log_text().split("received SIGTERM")[-1]  # noqa: E731
+        assert not wait_until(lambda: "maxq-server ready" in refused_run(), 5), refused_run()[-2000:]
+        n3.stop()
+        n3.data_dir.rename(n3.data_dir.with_name("n3-empty"))
+        kept.rename(n3.data_dir)
+        n3.launch()
+        n3.wait_ready(60)
+        assert wait_until(lambda: "n3 is back with the data it had" in others(), 30)
+        with n3.connect() as connection:
+            channel = connection.channel()
+            bodies = []
+            for _ in range(2):
+                method, _props, body = channel.basic_get("kept", auto_ack=True)
+                assert method is not None
+                bodies.append(body)
+        assert bodies == [b"before", b"while n3 is refused"]
+    finally:
+        cluster.stop()
