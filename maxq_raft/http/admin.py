@@ -444,8 +444,8 @@ def _layout_mismatch(name: str, held: frozenset[str] | None, groups: set[str], p
     it does not run (a voter that never answers: the groups' majority then has one failure less
     to spare, and the node never gets ready), or run groups it is never added to. Its layout is
     its --replication-factor's (server/main.py, `_first_placement`), decided before it is added."""
-    if held is None:
-        return None
+    if held is None or not held <= groups:
+        return None  # (not heard, or it runs other groups: the engine cuts it off, or it takes ours)
     if not partial and held != groups:
         return (
             f"node {name} holds only {', '.join(sorted(held)) or 'no group'} (started with --join on and "
@@ -495,7 +495,8 @@ async def add_member(broker, request: Request) -> dict:
             reason="missing feature flags",
             missing=missing,
         )
-    mismatch = _layout_mismatch(name, node.peer_held().get(name), set(node.group_names), node.partial)
+    held = None if name in node.mismatched_peers() else node.peer_held().get(name)  # (other groups: its own check)
+    mismatch = _layout_mismatch(name, held, set(node.group_names), node.partial)
     if mismatch is not None:
         raise HttpError("409 Conflict", mismatch, reason="layout mismatch")
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
