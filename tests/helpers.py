@@ -135,6 +135,18 @@ class Collector:
         return [m[3] for m in self.messages]
 
 
+def publish_confirmed(process, queue: str, body: bytes) -> None:
+    """Declare `queue` durable on `process` (a started server) and publish `body` to it,
+    persistent, mandatory, and confirmed before this returns."""
+    import pika
+
+    with process.connect() as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True)
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
 def message_count(channel: BlockingChannel, queue: str) -> int:
     """The ready messages of `queue` (unacknowledged ones do not count), as a passive
     queue.declare reports them."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import shutil
 
-import pika
 import pytest
 
 from tests.conftest import free_port
+from tests.helpers import publish_confirmed
 
 from .conftest import Cluster, Member
 from .test_maxqctl_cluster import maxqctl
@@ -47,11 +47,7 @@ def test_a_member_started_for_a_placed_cluster_is_refused_by_one_holding_every_g
         added = maxqctl(cluster["n2"], "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
         assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-2000:])
         new.wait_ready(90)
-        with new.connect() as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("on-four", durable=True)
-            channel.basic_publish("", "on-four", b"m", pika.BasicProperties(delivery_mode=2), mandatory=True)
+        publish_confirmed(new, "on-four", b"m")
         held = {g["group"] for g in new.admin("/api/cluster/status")["groups"]}
         assert held == {"meta", "shard-0", "shard-1"}, held
     finally:

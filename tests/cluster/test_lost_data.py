@@ -6,28 +6,19 @@ with an empty log can elect a leader that misses committed entries."""
 
 from __future__ import annotations
 
-import pika
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import publish_confirmed, wait_until
 
 from .conftest import Cluster
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _publish(member, queue: str, body: bytes) -> None:
-    with member.connect() as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        channel.queue_declare(queue, durable=True)
-        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
-
-
 def test_a_member_back_on_an_empty_folder_is_refused_until_its_folder_is_back(tmp_path):
     cluster = Cluster(tmp_path).start()
     try:
-        _publish(cluster["n1"], "kept", b"before")
+        publish_confirmed(cluster["n1"], "kept", b"before")
         n3 = cluster["n3"]
         n3.stop()
         kept = n3.data_dir.with_name("n3-kept")
@@ -37,7 +28,7 @@ def test_a_member_back_on_an_empty_folder_is_refused_until_its_folder_is_back(tm
         others = lambda: cluster["n1"].log_text() + cluster["n2"].log_text()  # noqa: E731
         assert wait_until(lambda: "n3 came back with other Raft data than it had" in others(), 30), others()[-3000:]
         assert wait_until(lambda: "refuses this member" in n3.log_text(), 30), n3.log_text()[-3000:]
-        _publish(cluster["n2"], "kept", b"while n3 is refused")  # (n1 and n2: a majority)
+        publish_confirmed(cluster["n2"], "kept", b"while n3 is refused")  # (n1 and n2: a majority)
         refused_run = lambda: n3.log_text().split("received SIGTERM")[-1]  # noqa: E731
         assert not wait_until(lambda: "maxq-server ready" in refused_run(), 5), refused_run()[-2000:]
         n3.stop()

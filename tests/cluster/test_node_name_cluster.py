@@ -3,8 +3,9 @@ term and vote are the other's (server/folder_owner.py)."""
 
 from __future__ import annotations
 
-import pika
 import pytest
+
+from tests.helpers import publish_confirmed
 
 from .conftest import Cluster
 
@@ -14,11 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 def test_a_member_started_on_another_members_folder_is_refused_and_the_cluster_goes_on(tmp_path):
     cluster = Cluster(tmp_path).start()
     try:
-        with cluster["n1"].connect() as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("kept", durable=True)
-            channel.basic_publish("", "kept", b"before", pika.BasicProperties(delivery_mode=2), mandatory=True)
+        publish_confirmed(cluster["n1"], "kept", b"before")
         n2 = cluster["n2"]
         n2.stop()
         own_args = n2.extra_args

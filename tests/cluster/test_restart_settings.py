@@ -15,6 +15,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.helpers import publish_confirmed
+
 from .conftest import Cluster
 from .test_held_groups import held_by
 
@@ -82,11 +84,7 @@ def test_a_member_restarted_without_its_peer_list_rejoins_its_groups_instead_of_
         assert "--peer" not in n1.extra_args
         n1.launch()
         n1.wait_ready(60)
-        with n1.connect() as connection:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            channel.queue_declare("through-n1", durable=True)
-            channel.basic_publish("", "through-n1", b"m", pika.BasicProperties(delivery_mode=2), mandatory=True)
+        publish_confirmed(n1, "through-n1", b"m")
         # Confirmed by the cluster's majority, not by n1 alone: the others have it.
         for name in ("n2", "n3"):
             with cluster[name].connect() as connection:

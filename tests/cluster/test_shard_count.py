@@ -5,24 +5,15 @@ member that joins with only its machine's default takes the cluster's count."""
 
 from __future__ import annotations
 
-import pika
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import wait_until
+from tests.helpers import publish_confirmed, wait_until
 
 from .conftest import Cluster, Member
 from .test_maxqctl_cluster import maxqctl
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def publish_confirmed(member, queue: str, body: bytes) -> None:
-    with member.connect() as connection:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        channel.queue_declare(queue, durable=True)
-        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
 def without_shards(args: list[str]) -> list[str]:
