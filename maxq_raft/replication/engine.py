@@ -704,6 +704,8 @@ class ReplicationNode:
         }
         if self.incarnation is not None:
             announce["incarnation"] = self.incarnation
+            if self.joining:  # (started as a new member: --join on)
+                announce["joining"] = True
         if self.awaiting_placement:
             announce["pending"] = True
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
@@ -915,7 +917,7 @@ class ReplicationNode:
                 self._peers_pending.add(peer)
             else:
                 self._peers_pending.discard(peer)
-            self._check_incarnation(peer, m.get("incarnation"))
+            self._check_incarnation(peer, m.get("incarnation"), m.get("joining") is True)
             return
         if op == "data_lost":
             if m.get("incarnation") == self.incarnation:
@@ -995,13 +997,16 @@ class ReplicationNode:
         with data other than what it had."""
         return peer in self._mismatched or peer in self._data_lost
 
-    def _check_incarnation(self, peer: str, incarnation: Any) -> None:
+    def _check_incarnation(self, peer: str, incarnation: Any, joining: bool = False) -> None:
         """A peer's folder says which it is (server/folder_owner.py). One announcing another than
-        the one recorded for it while it is a member of a group held here lost its data (an
-        empty folder started under its name): it would vote, and count toward commits, with a
-        log and a vote it no longer has, so its frames are dropped until it comes back with the
-        folder it had, or is repaired (removed, then added back with the new folder). An
-        earlier release announces none: not checked."""
+        the one recorded for it while it is a member of a group held here, started as the member
+        it was (not --join on), lost its data (an empty folder started under its name): it
+        would vote, and count toward commits, with a log and a vote it no longer has, so its
+        frames are dropped until it comes back with the folder it had, or is repaired. A peer
+        started as a new member (--join on: added back after a removal, or repaired) is taken
+        with its new folder: a leader appends the return of a member added back before that
+        member's own link to it is up, and refused it for good (a jepsen-style run,
+        docs/replication.md). An earlier release announces none: not checked."""
         if incarnation is None:
             return
         if type(incarnation) is not str or len(incarnation) > 64:
@@ -1012,7 +1017,7 @@ class ReplicationNode:
                 log.warning("node %s: %s is back with the data it had; it takes part again", self.node_id, peer)
             return
         member_of = sorted(name for name, g in self.groups.items() if peer in g.member_ids())
-        if peer in known and member_of:
+        if peer in known and member_of and not joining:
             if self._data_lost.get(peer) != incarnation:
                 log.critical(
                     "node %s: %s came back with other Raft data than it had (incarnation %s, was %s): its data was "
