@@ -214,6 +214,12 @@ def repair_from_peers(settings: Settings) -> Settings:
     data_dir = Path(settings.data_dir)
     problems = member_problems(data_dir)
     if not problems:
+        if member_data(data_dir / RAFT_FOLDER) is None:
+            # An empty folder (a disk replaced): the member repair-member adds back is a new
+            # one, and says so (--join on), or its peers take its new folder for lost data.
+            log.info("repair from peers: %s holds no Raft data; starting as a new member", data_dir)
+            settings.join = "on"
+            return settings
         log.info("repair from peers: %s passes every check; starting from it as usual", data_dir)
         return settings
     for problem in problems:

@@ -6,11 +6,15 @@ with an empty log can elect a leader that misses committed entries."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
-from tests.helpers import publish_confirmed, wait_until
+from tests.helpers import publish_confirmed, wait_for, wait_until
 
 from .conftest import Cluster
+from .test_maxqctl_cluster import MAXQCTL, NAMES, settled
+from .test_member_repair import _removed_everywhere
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,5 +49,53 @@ def test_a_member_back_on_an_empty_folder_is_refused_until_its_folder_is_back(tm
                 assert method is not None
                 bodies.append(body)
         assert bodies == [b"before", b"while n3 is refused"]
+    finally:
+        cluster.stop()
+
+
+def test_a_member_whose_disk_was_replaced_is_repaired_from_its_peers(tmp_path):
+    """The way out the refusal names: repair-member removes it from every group, and started with
+    --repair-from-peers on its empty folder it comes back as a new member (--join on), which its
+    peers take with its new folder, whichever of them appends its return first."""
+    cluster = Cluster(tmp_path).start()
+    try:
+        publish_confirmed(cluster["n1"], "kept", b"before")
+        n3 = cluster["n3"]
+        wait_for(lambda: settled(n3, list(NAMES)), 30, "n3 caught up")
+        n3.stop()
+        n3.data_dir.rename(n3.data_dir.with_name("n3-old-disk"))
+        n3.data_dir.mkdir()
+        repair = subprocess.Popen(
+            [
+                MAXQCTL,
+                "--node",
+                f"127.0.0.1:{cluster['n1'].http_port}",
+                "repair-member",
+                "n3",
+                "--raft-addr",
+                f"127.0.0.1:{n3.raft_port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: _removed_everywhere(cluster["n1"], "n3"), 60, "n3 removed from every group")
+            n3.extra_args = [*n3.extra_args, "--repair-from-peers"]
+            n3.launch()
+            out, err = repair.communicate(timeout=120)
+        finally:
+            if repair.poll() is None:
+                repair.kill()
+                repair.wait(10)
+        assert repair.returncode == 0, err
+        n3.wait_ready(60)
+        assert "holds no Raft data; starting as a new member" in n3.log_text()
+        wait_for(lambda: settled(n3, list(NAMES)), 60, "n3 back in every group, each one led")
+        others = cluster["n1"].log_text() + cluster["n2"].log_text()
+        assert "n3 came back with other Raft data" not in others, others[-3000:]
+        with n3.connect() as connection:
+            method, _props, body = connection.channel().basic_get("kept", auto_ack=True)
+        assert method is not None and body == b"before"
     finally:
         cluster.stop()
