@@ -456,9 +456,10 @@ def _layout_mismatch(name: str, held: frozenset[str] | None, groups: set[str], p
         )
     if partial and held != {META_GROUP}:
         return (
-            f"node {name} holds every group (started with --join on without --replication-factor), but this "
-            f"cluster's groups are on a few members: start {name} again on an empty --data-dir with --join on and "
-            "the cluster's --replication-factor (it then holds the metadata group only), add it, then rebalance"
+            f"node {name} holds {', '.join(sorted(held))} (started with --join on without --replication-factor, "
+            f"or on a folder that held groups), but this cluster's groups are on a few members and a new member "
+            f"holds the metadata group only until a rebalance: start {name} again on an empty --data-dir with "
+            "--join on and the cluster's --replication-factor, add it, then rebalance"
         )
     return None
 

@@ -20,8 +20,9 @@ earlier release, which has Raft data and no record, takes the name it is started
 Which data: an empty folder started under a member's name (a disk replaced, a volume that did
 not mount) is a member that forgot its log and its vote, which can elect a leader missing
 committed entries. Its peers know it by its incarnation, as Ra knows a server by its uid: one
-they did not know from a member of their groups is refused (replication/engine.py,
-`_check_incarnation`) until it is repaired (`maxqctl repair-member`).
+they did not know, from a member of their groups started as the member it was, is refused
+(replication/engine.py, `_check_incarnation`) until its folder is back or it is repaired
+(`maxqctl repair-member`, then --repair-from-peers, which starts it as a new member).
 """
 
 from __future__ import annotations
