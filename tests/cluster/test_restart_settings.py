@@ -36,7 +36,7 @@ def test_a_member_of_an_every_member_cluster_restarted_with_a_factor_keeps_its_g
         with cluster["n1"].connect() as connection:
             channel = connection.channel()
             channel.confirm_delivery()
-            for i in range(2):  # (one queue per shard group)
+            for i in range(2):
                 name = f"kept-{i}"
                 channel.queue_declare(name, durable=True)
                 channel.basic_publish("", name, b"before", pika.BasicProperties(delivery_mode=2), mandatory=True)
