@@ -6,15 +6,13 @@ with an empty log can elect a leader that misses committed entries."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.helpers import publish_confirmed, wait_for, wait_until
 
 from .conftest import Cluster
-from .test_maxqctl_cluster import MAXQCTL, NAMES, settled
-from .test_member_repair import _removed_everywhere
+from .test_maxqctl_cluster import NAMES, settled
+from .test_member_repair import repair_member
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -65,30 +63,8 @@ def test_a_member_whose_disk_was_replaced_is_repaired_from_its_peers(tmp_path):
         n3.stop()
         n3.data_dir.rename(n3.data_dir.with_name("n3-old-disk"))
         n3.data_dir.mkdir()
-        repair = subprocess.Popen(
-            [
-                MAXQCTL,
-                "--node",
-                f"127.0.0.1:{cluster['n1'].http_port}",
-                "repair-member",
-                "n3",
-                "--raft-addr",
-                f"127.0.0.1:{n3.raft_port}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            wait_for(lambda: _removed_everywhere(cluster["n1"], "n3"), 60, "n3 removed from every group")
-            n3.extra_args = [*n3.extra_args, "--repair-from-peers"]
-            n3.launch()
-            out, err = repair.communicate(timeout=120)
-        finally:
-            if repair.poll() is None:
-                repair.kill()
-                repair.wait(10)
-        assert repair.returncode == 0, err
+        returncode, _out, err = repair_member(cluster["n1"], n3)
+        assert returncode == 0, err
         n3.wait_ready(60)
         assert "holds no Raft data; starting as a new member" in n3.log_text()
         wait_for(lambda: settled(n3, list(NAMES)), 60, "n3 back in every group, each one led")

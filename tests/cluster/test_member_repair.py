@@ -87,22 +87,8 @@ def test_a_member_with_a_damaged_journal_is_rebuilt_from_its_peers(tmp_path):
         confirmed |= publish_confirmed(n1, "repair-q", MESSAGES, MESSAGES)  # while n3 is out
         # The operator runs repair-member (it removes n3, then waits for n3 to run again) and
         # starts n3 with --repair-from-peers once told to.
-        repair = subprocess.Popen(
-            [MAXQCTL, "--node", f"127.0.0.1:{n1.http_port}", "repair-member", "n3", "--raft-addr", raft_addr],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            wait_for(lambda: _removed_everywhere(n1, "n3"), 60, "n3 removed from every group")
-            n3.extra_args = [*n3.extra_args, "--repair-from-peers"]
-            n3.launch()
-            out, err = repair.communicate(timeout=120)
-        finally:
-            if repair.poll() is None:
-                repair.kill()
-                repair.wait(10)
-        assert repair.returncode == 0, err
+        returncode, out, err = repair_member(n1, n3)
+        assert returncode == 0, err
         assert "now start it with `maxq-server ... --repair-from-peers`" in err and "added back" in out
         n3.wait_ready(CLUSTER_READY_S)
         moved = list(n3.data_dir.glob("damaged-*"))
@@ -132,6 +118,36 @@ def _serves(member) -> bool:
         return True
     except Exception:  # refused or closed while it has no majority
         return False
+
+
+def repair_member(asker, member) -> tuple[int, str, str]:
+    """What the operator does: `maxqctl repair-member` asked of `asker` (it removes `member` from
+    every group, then waits for it to run again), and `member` started with --repair-from-peers
+    once removed. The command's exit status, stdout and stderr."""
+    repair = subprocess.Popen(
+        [
+            MAXQCTL,
+            "--node",
+            f"127.0.0.1:{asker.http_port}",
+            "repair-member",
+            member.name,
+            "--raft-addr",
+            f"127.0.0.1:{member.raft_port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _removed_everywhere(asker, member.name), 60, f"{member.name} removed from every group")
+        member.extra_args = [*member.extra_args, "--repair-from-peers"]
+        member.launch()
+        out, err = repair.communicate(timeout=120)
+    finally:
+        if repair.poll() is None:
+            repair.kill()
+            repair.wait(10)
+    return repair.returncode, out, err
 
 
 def _removed_everywhere(member, name: str) -> bool:
