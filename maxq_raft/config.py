@@ -60,8 +60,9 @@ class Settings:
     peer: str = ""  # the other members, NAME@HOST:PORT, comma-separated (--peer once per member)
     cluster_secret: str = ""  # shared by the members; authenticates every Raft connection
     shards: int = 0  # data shard groups; 0: two per core
-    # replicas of each shard group at a cluster's first start (0: every member holds every group)
-    replication_factor: int = 0
+    # replicas of each shard group, placed at a cluster's first start (all members when fewer; 0:
+    # every member holds every group, and a new member joins every group)
+    replication_factor: int = 3
     # where a new queue goes without an x-queue-leader-locator argument or policy: "balanced" (its
     # name's hash over the groups) or "client-local" (a group the declaring member leads)
     queue_leader_locator: str = "balanced"
@@ -230,9 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replication-factor",
         help="replicas of each shard group, placed at the cluster's first start over the members given with "
-        "--peer, the same on every member (default 0: every member holds every group); with --join on, the "
-        "new member holds no shard group until `maxqctl rebalance`. A member serves queues of groups it "
-        "holds no replica of through their leaders",
+        "--peer, the same on every member (default 3, or every member when fewer; 0: every member holds every "
+        "group, and a new member joins every group); with --join on, the new member holds no shard group "
+        "until `maxqctl rebalance`. A member serves queues of groups it holds no replica of through their leaders",
     )
     parser.add_argument(
         "--queue-leader-locator",

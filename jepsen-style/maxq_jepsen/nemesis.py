@@ -747,15 +747,22 @@ def _unclaimed(minority: list[str], claimed: list[str]) -> dict:
     return {"not_claimed": left} if left else {}
 
 
+DEFAULT_REPLICATION_FACTOR = 3  # the server's (maxq_raft/config.py)
+
+
 def partial_placement(lab: Lab) -> bool:
-    """Whether the lab's groups are on a few members: its members run with a --replication-factor
-    below their number."""
-    args = getattr(lab.nodes[0], "extra_args", ())
+    """Whether the lab's groups are placed (recorded in the metadata group; a member added holds
+    none until a rebalance, a member removed leaves its groups short until one): its members run
+    with a --replication-factor above 0 (the last given, else the server's default, 3), even one
+    not below their number (every group on each of 3 members, placed). 0: every member holds
+    every group, and a member added joins every group."""
+    args = list(getattr(lab.nodes[0], "extra_args", ()))
+    factor = DEFAULT_REPLICATION_FACTOR
     for i, arg in enumerate(args):
         if arg == "--replication-factor" or arg.startswith("--replication-factor="):
             value = arg.partition("=")[2] or (args[i + 1] if i + 1 < len(args) else "")
-            return value.isdigit() and 0 < int(value) < len(lab.nodes)
-    return False
+            factor = int(value) if value.isdigit() else 0
+    return factor > 0
 
 
 class MoveNemesis(Nemesis):
@@ -805,7 +812,7 @@ class MoveNemesis(Nemesis):
 
     def start(self, lab: Lab, rng: random.Random) -> dict:
         if not partial_placement(lab):
-            return {"skipped": "every member holds every group (a run without --replication-factor)"}
+            return {"skipped": "every member holds every group (a run with --replication-factor 0)"}
         live = [n for n in lab.nodes if n.alive() and not n.paused]
         if len(live) < 2:
             return {"skipped": "fewer than two live members"}

@@ -153,6 +153,9 @@ CLUSTER_NEMESES_ALL = (
 # that most members serve queues whose group they do not hold and the `move` nemesis has
 # replicas to move.
 HELD_SERVER_ARGS = (*CLUSTER_SERVER_ARGS, "--replication-factor", "3")
+# Every shard group on every member (--replication-factor 0, no longer the default since
+# 2026-12-07): the long profile's odd runs keep that layout under every nemesis.
+EVERY_GROUP_SERVER_ARGS = (*CLUSTER_SERVER_ARGS, "--replication-factor", "0")
 HELD_SHARDS = 5
 
 
@@ -236,7 +239,7 @@ def _long() -> Profile:
                 recovery_timeout_s=90.0,
                 drain_timeout_s=120.0,
                 overlap=LONG_OVERLAP,
-                server_args=HELD_SERVER_ARGS if held else CLUSTER_SERVER_ARGS,
+                server_args=HELD_SERVER_ARGS if held else EVERY_GROUP_SERVER_ARGS,
                 shards=HELD_SHARDS if held else 2,
             )
         )
@@ -332,7 +335,7 @@ def _campaign() -> Profile:
                 recovery_timeout_s=90.0,
                 drain_timeout_s=90.0,
                 overlap=(*CAMPAIGN_OVERLAP, "move") if held else CAMPAIGN_OVERLAP,
-                server_args=HELD_SERVER_ARGS if held else CLUSTER_SERVER_ARGS,
+                server_args=HELD_SERVER_ARGS if held else CLUSTER_SERVER_ARGS,  # (3 nodes: the default, 3 of 3)
                 shards=HELD_SHARDS if held else 2,
             )
         )

@@ -168,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("what", choices=sorted(LISTS))
     add = sub.add_parser(
         "add-node",
-        help="add a started node (maxq-server --join on) to every group (with --replication-factor: to the "
-        "metadata group; it gets replicas from a rebalance)",
+        help="add a started node (maxq-server --join on) to the metadata group: it gets replicas of the shard "
+        "groups from a rebalance (a cluster with --replication-factor 0: to every group)",
     )
     add.add_argument("name", type=_node_name, metavar="NAME", help="the new node's --node-id")
     add.add_argument(
@@ -675,6 +675,7 @@ def repair_member(args: argparse.Namespace, timeout: float | None) -> str:
             "checks; a running member keeps what it has)",
             4,
         )
+    held = replicas.groups_held(args.node, args.name)  # (its replicas, given back after: groups placed)
     path = "/api/cluster/members/" + urllib.parse.quote(args.name)
     _with_progress(
         args.node,
@@ -704,9 +705,17 @@ def repair_member(args: argparse.Namespace, timeout: float | None) -> str:
                     exc.body,
                 ) from None
             time.sleep(1.0)
+    # Groups placed on a few members: added back, it holds the metadata group only (a new member
+    # does), and each group it held had one replica less; it gets those replicas back, one move
+    # each (a learner first, installed from the others). In the layout of every group the
+    # addition gave them back already.
+    lacking = [group for group in held if group not in replicas.groups_held(args.node, args.name)]
+    if lacking:
+        replicas.execute(args.node, [replicas.Move(group, args.name, None) for group in lacking], timeout)
     if args.json:
-        return json.dumps({**answer, "action": "repaired"}, indent=1)
-    return f"node {args.name} removed and added back to every group: it is installed from the other members"
+        return json.dumps({**answer, "action": "repaired", "groups": held}, indent=1)
+    back = f"the metadata group and {', '.join(held)}" if held else "the metadata group"
+    return f"node {args.name} removed and added back to {back}: it is installed from the other members"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,9 +44,10 @@ def add_commands(sub: Any, node_name: Callable[[str], str]) -> None:
 
 def _layout(
     node: str, planning: bool = False
-) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None, list[str]]:
+) -> tuple[dict[str, list[str]], list[str], dict[str, str] | None, list[str], int]:
     """(group -> its members, the members, member -> its machine or None from a member that
-    does not say: the plans then take each member as its own machine). `planning`: CtlError
+    does not say: the plans then take each member as its own machine, the members the asked one
+    cannot see, its --replication-factor or 0 when it does not say). `planning`: CtlError
     (exit 5) while the asked member cannot see every member's groups (the last item: those it
     cannot see) (one not reachable from
     it: the groups it does not hold would look short of that member's replicas, and a plan
@@ -62,7 +63,14 @@ def _layout(
             f"{'it is' if len(unseen) == 1 else 'they are'} back",
             5,
         )
-    return placement, sorted(answer["replicas"]), dict(hosts) if isinstance(hosts, dict) else None, list(unseen)
+    factor = answer.get("factor")
+    return (
+        placement,
+        sorted(answer["replicas"]),
+        dict(hosts) if isinstance(hosts, dict) else None,
+        list(unseen),
+        factor if type(factor) is int and factor > 0 else 0,
+    )
 
 
 def _to_moves(group: str, now: list[str], wanted: list[str]) -> list[Move]:
@@ -91,6 +99,16 @@ def settled_factor(placement: dict[str, list[str]]) -> int:
     return factor
 
 
+def target_factor(placement: dict[str, list[str]], configured: int) -> int:
+    """The replica count a plan brings every group to: the cluster's --replication-factor
+    (`configured`; the plan then puts each group on every member when there are fewer), else
+    the groups' own count (`settled_factor`, which also refuses while a move is under way).
+    From the setting, not the count: a member removed from a cluster of 3 at factor 3 left each
+    group with 2, and a rebalance after it was added back kept 2."""
+    settled = settled_factor(placement)
+    return configured or settled
+
+
 def describe(move: Move) -> str:
     if move.add and move.remove:
         return f"{move.group}: {move.remove} -> {move.add}"
@@ -115,7 +133,9 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
     """What to print; None when `args` is another command."""
     if args.command not in COMMANDS:
         return None
-    placement, members, hosts, unseen = _layout(args.node, planning=args.command in ("rebalance", "drain-replicas"))
+    placement, members, hosts, unseen, configured = _layout(
+        args.node, planning=args.command in ("rebalance", "drain-replicas")
+    )
     if args.command == "placement":
         if getattr(args, "json", False):
             return json.dumps({"groups": placement, "hosts": hosts, "unreachable": unseen}, indent=1)
@@ -138,10 +158,14 @@ def run(args: argparse.Namespace, timeout_s: float | None) -> str | None:
             raise CtlError(f"{args.name} is not a member (members: {', '.join(members)})", 4)
         planned = leaving_moves(args.node, args.name)
         if planned is None:
-            raise CtlError("every member holds every group (no --replication-factor): no replica can move", 4)
+            raise CtlError(
+                f"every other member holds each group {args.name} holds: no replica can move (`maxqctl "
+                f"remove-node {args.name}` takes it out of them, each then has one replica less)",
+                4,
+            )
         moves = planned
     else:
-        moves = plan_moves(placement, members, settled_factor(placement), host_of=hosts)
+        moves = plan_moves(placement, members, target_factor(placement, configured), host_of=hosts)
     if args.dry_run:
         plan = [describe(move) for move in moves] or ["nothing to move"]
         after = applied(placement, moves)
@@ -154,13 +178,13 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
     None when every member holds every group, or there is no placement (a single node): nothing
     can move, and `maxqctl drain` only moves leaderships and clients."""
     try:
-        placement, members, _hosts, _unseen = _layout(node)
+        placement, members, _hosts, _unseen, _configured = _layout(node)
     except CtlError:
         return None
     if all(len(replicas) >= len(members) for replicas in placement.values()):
         return None
-    placement, members, hosts, _unseen = _layout(node, planning=True)  # (exit 5: one not reachable from `node`)
-    factor = settled_factor(placement)
+    placement, members, hosts, _unseen, _configured = _layout(node, planning=True)  # (exit 5: one not reachable)
+    factor = settled_factor(placement)  # (each group keeps the count it has: a drain moves, it adds none)
     if factor > len(members) - 1:
         raise CtlError(f"each group has {factor} replicas and only {len(members) - 1} members would be left", 5)
     return plan_moves(placement, members, factor, [member], hosts)
@@ -168,14 +192,24 @@ def leaving_moves(node: str, member: str) -> list[Move] | None:
 
 def rebalance(node: str, timeout_s: float | None) -> str:
     """`maxqctl rebalance` (and `add-node --rebalance`): plan the moves and make them."""
-    placement, members, hosts, _unseen = _layout(node, planning=True)
-    return execute(node, plan_moves(placement, members, settled_factor(placement), host_of=hosts), timeout_s)
+    placement, members, hosts, _unseen, configured = _layout(node, planning=True)
+    return execute(node, plan_moves(placement, members, target_factor(placement, configured), host_of=hosts), timeout_s)
 
 
 def holds_any(node: str, member: str) -> bool:
     """Whether `member` holds a replica of any shard group."""
-    placement, _members, _hosts, _unseen = _layout(node)
-    return any(member in replicas for replicas in placement.values())
+    return bool(groups_held(node, member))
+
+
+def groups_held(node: str, member: str) -> list[str]:
+    """The shard groups `member` holds a replica of, as `node` sees them (a single node: none)."""
+    try:
+        placement, _members, _hosts, _unseen, _configured = _layout(node)
+    except CtlError as exc:
+        if exc.code == 4:  # (409: a single node, no placement)
+            return []
+        raise
+    return [group for group, replicas in placement.items() if member in replicas]
 
 
 def execute(node: str, moves: list[Move], timeout_s: float | None) -> str:
@@ -191,5 +225,5 @@ def execute(node: str, moves: list[Move], timeout_s: float | None) -> str:
         except CtlError as exc:
             raise CtlError(f"move {number} of {len(moves)} ({describe(move)}) failed: {exc}", 5) from None
         print(f"[{number}/{len(moves)}] done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-    placement, members, hosts, _unseen = _layout(node)
+    placement, members, hosts, _unseen, _configured = _layout(node)
     return f"{len(moves)} moves done\n" + _table(placement, members, hosts)

@@ -456,7 +456,7 @@ def _layout_mismatch(name: str, held: frozenset[str] | None, groups: set[str], p
         )
     if partial and held != {META_GROUP}:
         return (
-            f"node {name} holds {', '.join(sorted(held))} (started with --join on without --replication-factor, "
+            f"node {name} holds {', '.join(sorted(held))} (started with --join on and --replication-factor 0, "
             f"or on a folder that held groups), but this cluster's groups are on a few members and a new member "
             f"holds the metadata group only until a rebalance: start {name} again on an empty --data-dir with "
             "--join on and the cluster's --replication-factor, add it, then rebalance"
@@ -470,7 +470,8 @@ async def add_member(broker, request: Request) -> dict:
     addr = await _resolvable(_raft_addr(body.get("raft_addr")))
     node = _cluster_node(broker)
     groups = await engine_status(broker)
-    if all(name in g.get("members", {}) for g in groups.values()):
+    # (groups placed on a few members: a member is one of the metadata group, which every member holds)
+    if all(name in g.get("members", {}) for group, g in groups.items() if group == META_GROUP or not node.partial):
         raise HttpError("409 Conflict", f"node {name} is already a member of the cluster", reason="already a member")
     pending = _pending_groups(groups)
     if pending:
@@ -559,15 +560,21 @@ async def remove_member(broker, request: Request) -> dict:
                 "here; ask again once it is (or ask a member linked to it)",
                 reason="not reachable",
             )
-        held = sorted(g for g, members in broker.log.placement().items() if name in members)
-        if held:
+        placement = broker.log.placement()
+        held = sorted(g for g, members in placement.items() if name in members)
+        staying = [m for m in members if m != name]
+        if any(m not in placement[g] for g in held for m in staying):
             raise HttpError(
                 "409 Conflict",
                 f"node {name} still holds replicas of {', '.join(held)}: move them first (maxqctl drain-replicas {name})",
                 reason="holds replicas",
                 groups=held,
             )
-        only = [META_GROUP]
+        # Every other member holds every group it holds (a cluster of as many members as the
+        # replication factor, or fewer): no replica can move, so the groups shrink to the members
+        # left, as in the layout of every group ("or all members when fewer"). This member holds
+        # them all (it is one of the others), so it can remove it from each.
+        only = [META_GROUP, *held]
     log.info("admin: removing member %s%s", name, " (forced)" if force else "")
     err = await _engine_answer(partial(node.remove_member, name, groups=only), MEMBER_CHANGE_TIMEOUT_S)
     if err is not None:

@@ -40,6 +40,10 @@ def view_placement(broker: Any) -> dict:
         "groups": [{"group": group, "members": replicas} for group, replicas in placement.items()],
         "replicas": loads(placement, members),
         "hosts": cluster.hosts(),
+        # the asked member's --replication-factor: a rebalance brings each group to it, or to
+        # every member when there are fewer. 0 in the layout of every group (a folder started so
+        # keeps it whatever the option says now: no replica moves there)
+        "factor": cluster.replication_factor if cluster.node.partial else 0,
         # members the asked one has no link with now: the groups it does not hold are seen
         # through its links, so their replicas there are missing above (a plan made from this
         # view would add replicas that exist: maxqctl refuses to plan while any is listed)

@@ -127,6 +127,7 @@ class ClusterLog(CommandLog):
         self.metadata_sync = MetadataSync(lambda then: self.proposer.sync(META_GROUP, then))
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
         self.default_locator = BALANCED  # where a queue goes without x-queue-leader-locator (main.py)
+        self.replication_factor = 0  # --replication-factor (main.py): 0, every member holds every group
         # What `serve_remote` saw last: the groups this member held, and each led group's members.
         self._held: set[str] = set()
         self._members: dict[str, frozenset[str]] = {}

@@ -361,6 +361,7 @@ async def _serve_clustered(
         broker, None, shard_count, snapshot_every_bytes=max(4096, int(settings.snapshot_every_mb * (1 << 20)))
     )
     cluster.default_locator = settings.queue_leader_locator
+    cluster.replication_factor = settings.replication_factor
     cluster.answer_lists = partial(cluster_lists.answer, broker)  # (another member asks for this one's clients)
     broker.attach(cluster)
     cluster.on_fatal = stop.halt
@@ -448,21 +449,27 @@ async def _serve_clustered(
 
 
 def _first_placement(settings: Settings, shards: list[str]) -> tuple[list[str] | None, list[list] | None]:
-    """With --replication-factor below the number of members: the groups this member holds at
-    its first start (the metadata group only) and its proposal of the cluster's first placement
+    """With a --replication-factor (3 by default): the groups this member holds at its first
+    start (the metadata group only) and its proposal of the cluster's first placement
     (server/first_placement.py: the metadata group records the first proposed, and every member
-    starts the groups it lists for it). A joining member (--join on) holds only the metadata
-    group and proposes nothing: its replicas come by a rebalance. The engine records what it
-    holds in the data folder (replication/group_set.py); a later start takes it from there.
-    None, None: every member holds every group."""
+    starts the groups it lists for it): each group on `factor` members, or on all of them when
+    there are fewer. A joining member (--join on) holds only the metadata group and proposes
+    nothing: its replicas come by a rebalance. The engine records what it holds in the data
+    folder (replication/group_set.py); a later start takes it from there.
+    None, None: every member holds every group (--replication-factor 0).
+
+    A cluster of as many members as the factor or fewer is placed too, every group on every
+    member, rather than left in the layout of every group: grown by a member, it then keeps the
+    factor (the new member holds nothing until a rebalance spreads the replicas), where the
+    layout of every group makes each new member one more replica of every group."""
     factor = settings.replication_factor
     if factor and settings.join == "on":
         return [META_GROUP], None  # a new member: replicas come by a rebalance (maxqctl rebalance)
     addresses = {**settings.peers(), settings.node_id: parse_addr(settings.raft_addr, "raft_addr")}
-    if not factor or factor >= len(addresses):
+    if not factor:
         return None, None
     hosts = {member: machine_of(host) for member, (host, _port) in addresses.items()}
-    if any(ipaddress.ip_address(h).is_unspecified for h in hosts.values() if is_ip(h)):
+    if factor < len(addresses) and any(ipaddress.ip_address(h).is_unspecified for h in hosts.values() if is_ip(h)):
         raise StartupError(
             "--replication-factor places each group's replicas on different machines, told apart by the "
             "host of each member's Raft address: give --raft-addr the address the other members list in "

@@ -53,6 +53,20 @@ def settled(member, names: list[str]):
     return status if ok else None
 
 
+def spread_over(member, names: list[str]):
+    """The placement once the metadata group lists exactly `names`, every shard group has 3 of
+    them and a leader among those, and each member holds a replica (else None)."""
+    status = status_of(member)
+    placement = {g["group"]: sorted(g["members"]) for g in member.admin("/api/cluster/placement")["groups"]}
+    ok = (
+        memberships(status)["meta"] == names
+        and all(len(replicas) == 3 and set(replicas) <= set(names) for replicas in placement.values())
+        and {m for replicas in placement.values() for m in replicas} == set(names)
+        and all(leader in names for leader in leaders(status).values())
+    )
+    return placement if ok else None
+
+
 def test_status_shows_members_leaders_and_lag(cluster):
     status = wait_for(lambda: settled(cluster["n1"], list(NAMES)), 30, "every group to have a leader")
     assert status["node"] == "n1" and status["clustered"] is True and status["removed"] is False
@@ -162,13 +176,15 @@ def test_add_node_then_remove_node_under_load_loses_no_confirmed_message(cluster
         publisher.start()
         wait_for(lambda: len(publisher.confirmed) >= 100, 60, "confirms before the change")
 
-        added = maxqctl(n2, "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
+        # (the default factor, 3: n4 joins the metadata group, and the rebalance gives it a share
+        # of the shard groups' replicas, each group staying on 3 members)
+        added = maxqctl(n2, "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}", "--rebalance", timeout_s=240)
         assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-3000:])
-        assert "node n4" in added.stdout and "added" in added.stdout
+        assert "moves done" in added.stdout and "n4" in added.stderr, added
         new.wait_ready(90)
         four = ["n1", "n2", "n3", "n4"]
         for member in (n1, n3, new):
-            wait_for(lambda: settled(member, four), 60, f"{getattr(member, 'name', '?')} to list 4 members")
+            wait_for(lambda: spread_over(member, four), 60, f"{getattr(member, 'name', '?')} to see 4 members")
         again = maxqctl(n3, "add-node", "n4", "--raft-addr", f"127.0.0.1:{new.raft_port}")
         assert again.returncode == 4 and "node n4 is already a member" in again.stderr, again
         before = len(publisher.confirmed)

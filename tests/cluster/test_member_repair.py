@@ -96,6 +96,10 @@ def test_a_member_with_a_damaged_journal_is_rebuilt_from_its_peers(tmp_path):
         assert (moved[0] / segments[0].relative_to(n3.data_dir)).read_bytes() == damaged_bytes  # kept as it was
         assert "repair from peers:" in n3.log_text() and "crc mismatch" in n3.log_text()
         wait_for(lambda: settled(n3, list(NAMES)), CLUSTER_READY_S, "n3 back in every group, each one led")
+        # (the groups are placed, 3 of 3 at the default factor: added back as a new member, n3
+        # held the metadata group only until repair-member moved its replicas back)
+        assert [g["group"] for g in n3.admin("/api/cluster/status")["groups"]] == ["meta", "shard-0", "shard-1"]
+        assert "added back to the metadata group and shard-0, shard-1" in out, out
         # Installed: n3 has applied each group up to where n1 had committed it after the publishes.
         committed = {g["group"]: g["commit_index"] for g in n1.admin("/api/cluster/status")["groups"]}
         wait_for(

@@ -1,7 +1,7 @@
 """A member restarted with other cluster settings than its data was made with keeps to its data.
 
 - --replication-factor places a cluster's groups at its first start only: a member whose data
-  holds every group (a cluster started without the factor) keeps its replicas and its logs when
+  holds every group (a cluster started with factor 0, or before the default was 3) keeps its replicas and its logs when
   restarted with one, rather than start over from the metadata group's record with its shard
   groups' folders deleted (a voter that forgot its log and its vote).
 - Each group starts from the members recorded at its first start, whatever --peer says then: a
@@ -31,7 +31,7 @@ def _identity(path: Path) -> tuple[int, int]:
 
 
 def test_a_member_of_an_every_member_cluster_restarted_with_a_factor_keeps_its_groups(tmp_path):
-    cluster = Cluster(tmp_path, size=4).start()
+    cluster = Cluster(tmp_path, size=4, extra=["--replication-factor", "0"]).start()
     try:
         with cluster["n1"].connect() as connection:
             channel = connection.channel()
@@ -75,8 +75,9 @@ def _without_peers(args: list[str]) -> list[str]:
     return kept
 
 
-def test_a_member_restarted_without_its_peer_list_rejoins_its_groups_instead_of_leading_alone(tmp_path):
-    cluster = Cluster(tmp_path).start()
+@pytest.mark.parametrize("layout", [[], ["--replication-factor", "0"]], ids=["placed", "every-group"])
+def test_a_member_restarted_without_its_peer_list_rejoins_its_groups_instead_of_leading_alone(tmp_path, layout):
+    cluster = Cluster(tmp_path, extra=layout).start()
     try:
         n1 = cluster["n1"]
         n1.stop()

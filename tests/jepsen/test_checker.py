@@ -701,6 +701,8 @@ def test_partition_nemeses_name_their_minority():
     from maxq_jepsen.nemesis import make_nemeses
 
     class FakeNode:
+        extra_args = ("--replication-factor", "0")  # (every group on every member: no placement to read)
+
         def __init__(self, name):
             self.name = name
 

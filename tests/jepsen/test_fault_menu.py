@@ -166,6 +166,8 @@ def test_a_named_nemesis_that_cannot_run_is_an_error_not_a_silent_pass(monkeypat
 
 def test_kill_majority_claims_the_survivors_as_minority():
     class FakeNode:
+        extra_args = ("--replication-factor", "0")  # (every group on every member: no placement to read)
+
         def __init__(self, name):
             self.name, self.killed = name, False
 
@@ -296,10 +298,11 @@ def test_the_move_nemesis_acts_only_where_groups_are_on_a_few_members():
 
     assert nem.partial_placement(lab("--snapshot-every-mb", "0.1", "--replication-factor", "3"))
     assert nem.partial_placement(lab("--replication-factor=3"))
-    assert not nem.partial_placement(lab("--replication-factor", "5"))  # (every member: the old layout)
-    assert not nem.partial_placement(lab("--replication-factor", "0"))
-    assert not nem.partial_placement(lab("--snapshot-every-mb", "0.1"))
-    skipped = nem.MoveNemesis().start(lab("--snapshot-every-mb", "0.1"), None)
+    assert nem.partial_placement(lab("--replication-factor", "5"))  # (every group on every member, placed)
+    assert nem.partial_placement(lab("--snapshot-every-mb", "0.1"))  # (the default, 3)
+    assert not nem.partial_placement(lab("--replication-factor", "0"))  # (the layout of every group)
+    assert not nem.partial_placement(lab("--replication-factor", "3", "--replication-factor", "0"))  # (the last)
+    skipped = nem.MoveNemesis().start(lab("--snapshot-every-mb", "0.1", "--replication-factor", "0"), None)
     assert "every member holds every group" in skipped["skipped"]
     assert nem.unsupported(["move"], 1, "local") == {"move": "needs a cluster (--nodes 3 or more), not 1 node(s)"}
 

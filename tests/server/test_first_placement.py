@@ -40,8 +40,28 @@ def test_a_wildcard_raft_address_is_refused_with_a_factor() -> None:
     settings = Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer=PEERS, replication_factor=3)
     with pytest.raises(StartupError, match="--raft-addr"):
         _first_placement(settings, SHARDS)
-    # without a factor every member holds every group: nothing is placed, nothing refused
-    assert _first_placement(Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer=PEERS), SHARDS) == (None, None)
+    # with factor 0 every member holds every group: nothing is placed, nothing refused
+    every = Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer=PEERS, replication_factor=0)
+    assert _first_placement(every, SHARDS) == (None, None)
+    # nor where the factor is not below the members: each holds every group, wherever it is
+    three = Settings(node_id="n1", raft_addr="0.0.0.0:7101", peer="n2@127.0.0.1:7102,n3@127.0.0.1:7103")
+    held, proposal = _first_placement(three, SHARDS)
+    assert held == ["meta"] and proposal is not None
+    assert [[group, sorted(members)] for group, members in proposal] == [[g, ["n1", "n2", "n3"]] for g in SHARDS]
+
+
+def test_the_default_factor_places_every_group_on_each_of_three_members() -> None:
+    """The default, 3 (issue #19): a cluster of 3 is placed too (a 4th member then holds nothing
+    until a rebalance, and each group stays on 3), one of 5 holds each group on 3."""
+    three = Settings(node_id="n1", raft_addr="127.0.0.1:7101", peer="n2@127.0.0.1:7102,n3@127.0.0.1:7103")
+    assert three.replication_factor == 3
+    held, proposal = _first_placement(three, SHARDS)
+    assert held == ["meta"] and proposal is not None
+    assert [[group, sorted(members)] for group, members in proposal] == [[g, ["n1", "n2", "n3"]] for g in SHARDS]
+    held, proposal = _first_placement(Settings(node_id="n1", raft_addr="127.0.0.1:7101", peer=PEERS), SHARDS)
+    assert held == ["meta"] and proposal is not None and all(len(members) == 3 for _group, members in proposal)
+    alone = Settings(node_id="n1", raft_addr="127.0.0.1:7101")  # (a one-member cluster: it holds them all)
+    assert _first_placement(alone, SHARDS)[1] == [[group, ["n1"]] for group in SHARDS]
 
 
 def test_a_name_and_its_address_are_one_machine() -> None:
