@@ -550,17 +550,19 @@ async def remove_member(broker, request: Request) -> dict:
     if node.partial:
         # Groups on a few members: the member leaves the metadata group once it holds no replica
         # of a shard group (which this member may not hold, so could not remove it from).
-        if name in broker.log.unseen_members():
-            # What it holds of the groups not held here is known only from its own word, over a
-            # link: a member just back from a partition was removed while it still led a group
-            # (jepsen-style run, seed 2006), which was left with a replica gone for good.
+        placement, unknown = await broker.log.known_placement()
+        if unknown and name in broker.log.unseen_members():
+            # Whether it holds a replica of a group whose holders none answered is not known: a
+            # member just back from a partition was removed while it still led a group
+            # (jepsen-style run, seed 2006), which was left with a replica gone for good. The
+            # groups' other holders answering (`known_placement`) say it: a dead member's
+            # replicas are then moved off it (drain-replicas), and it is removed.
             raise HttpError(
                 "409 Conflict",
-                f"node {name} is not reachable from {broker.node_id}: whether it holds replicas is not known "
-                "here; ask again once it is (or ask a member linked to it)",
+                f"node {name} is not reachable from {broker.node_id}, nor is any holder of {', '.join(unknown)}: "
+                "whether it holds replicas is not known here; ask again once it is (or ask a member linked to it)",
                 reason="not reachable",
             )
-        placement = broker.log.placement()
         held = sorted(g for g, members in placement.items() if name in members)
         staying = [m for m in members if m != name]
         if any(m not in placement[g] for g in held for m in staying):
@@ -775,7 +777,7 @@ ROUTES: dict[str, dict[str, tuple[auth.Need, Handler]]] = {
     "/api/cluster/members/{name}": {"DELETE": (ADMINISTRATOR, remove_member)},
     "/api/cluster/transfer-leadership": {"POST": (ADMINISTRATOR, transfer_leadership)},
     "/api/cluster/drain": {"POST": (ADMINISTRATOR, maintenance_api.drain)},
-    "/api/cluster/placement": {"GET": (MONITORING, _view(placement_api.view_placement))},
+    "/api/cluster/placement": {"GET": (MONITORING, placement_api.view_placement)},
     "/api/cluster/move-group": {"POST": (ADMINISTRATOR, placement_api.move_group)},
     "/api/cluster/revive": {"POST": (ADMINISTRATOR, maintenance_api.revive)},
     "/api/queues": {"GET": (MANAGEMENT, _all_queues)},

@@ -31,9 +31,9 @@ def _cluster(broker: Any) -> Any:
     return broker.log
 
 
-def view_placement(broker: Any) -> dict:
+async def view_placement(broker: Any, request: Request) -> dict:
     cluster = _cluster(broker)
-    placement = cluster.placement()
+    placement, unknown = await cluster.known_placement()
     members = sorted(cluster.members())
     return {
         "node": broker.node_id,
@@ -44,10 +44,13 @@ def view_placement(broker: Any) -> dict:
         # every member when there are fewer. 0 in the layout of every group (a folder started so
         # keeps it whatever the option says now: no replica moves there)
         "factor": cluster.replication_factor if cluster.node.partial else 0,
-        # members the asked one has no link with now: the groups it does not hold are seen
-        # through its links, so their replicas there are missing above (a plan made from this
-        # view would add replicas that exist: maxqctl refuses to plan while any is listed)
-        "unreachable": cluster.unseen_members(),
+        # members the asked one has no link with now, while some group it does not hold has no
+        # linked holder that told its members: their replicas there may be missing above (a
+        # plan made from this view would add replicas that exist: maxqctl refuses to plan while
+        # any is listed). A member down whose groups' other holders answered is not listed: its
+        # replicas are shown, and a drain can move them off it.
+        "unreachable": cluster.unseen_members() if unknown else [],
+        "unknown_groups": unknown,
     }
 
 
@@ -77,26 +80,27 @@ async def move_group(broker: Any, request: Request) -> dict:
     for name in (add, remove):
         if name is not None and name not in members:
             raise HttpError("404 Not Found", f"node {name} is not a member of the cluster")
-    if group not in cluster.node.groups:
-        # The replicas of a group not held here are known from what the members linked now say
-        # they hold: one out of reach may hold it (a move asked right after a partition healed
-        # was refused as "n5 does not hold shard-3" while n5 led it: jepsen-style run, seed 2006).
+    placement, unknown = await cluster.known_placement()
+    if group in unknown:
+        # The replicas of a group not held here are asked of a linked holder; with none linked
+        # or answering, what the members linked now say they hold is not enough: one out of
+        # reach may hold it (a move asked right after a partition healed was refused as "n5
+        # does not hold shard-3" while n5 led it: jepsen-style run, seed 2006).
         unseen = cluster.unseen_members()
-        if unseen:
-            raise HttpError(
-                "409 Conflict",
-                f"the members of {group} are not known whole here: {', '.join(unseen)} not reachable from "
-                f"{cluster.node_id}; ask again once they are, or ask a member holding {group}",
-                reason="not reachable",
-            )
-    replicas = cluster.placement()[group]
+        raise HttpError(
+            "409 Conflict",
+            f"the members of {group} are not known whole here: {', '.join(unseen) or 'no holder'} not reachable "
+            f"from {cluster.node_id}; ask again once they are, or ask a member holding {group}",
+            reason="not reachable",
+        )
+    replicas = placement[group]
     if add is not None and add in replicas:
         raise HttpError("409 Conflict", f"{add} holds {group} already (its members: {', '.join(replicas)})")
     if remove is not None and remove not in replicas:
         raise HttpError("409 Conflict", f"{remove} does not hold {group} (its members: {', '.join(replicas)})")
     if add is None and len(replicas) <= 1:
         raise HttpError("409 Conflict", f"{remove} holds the only replica of {group}: add another first")
-    usual = Counter(len(r) for r in cluster.placement().values()).most_common(1)[0][0]
+    usual = Counter(len(r) for r in placement.values()).most_common(1)[0][0]
     if add is not None and len(replicas) > usual:
         # Between a move's addition and its removal the group has one replica more than the
         # others: a second move planned from that view would take off the replica the first is

@@ -93,6 +93,7 @@ SNAPSHOT_CHECK_S = 1.0
 SNAPSHOT_STATE_BYTES_MAX = 256 * 1024 * 1024
 SNAPSHOT_MESSAGE_OVERHEAD_BYTES = 320
 MOVE_ASK_WAIT_S = 600.0  # a replica move asked of another member (a new replica may catch up through a big log)
+GROUP_MEMBERS_WAIT_S = 3.0  # a holder asked for the members of groups held elsewhere (`known_placement`)
 QUEUE_COUNTS_MAX = 100_000  # queues in one answer to a member asking for counts (http/fresh_stats.py)
 
 
@@ -567,7 +568,10 @@ class ClusterLog(CommandLog):
         elif kind in ("lv", "lx"):  # a member asks for this one's clients, or to close one
             answer = self.answer_lists(kind, item[2:]) if self.answer_lists is not None else [None, "not served here"]
             self.remote_out.outgoing.setdefault(peer, []).append([kind + "r", item[1], *answer])
-        elif kind in ("mvr", "tqr", "lvr", "lxr", "qar"):  # the answer to a question this member asked
+        elif kind == "gm":  # a member asks for the members of groups held here (`known_placement`)
+            asked = item[2] if type(item[2]) is list else []
+            self.remote_out.outgoing.setdefault(peer, []).append(["gmr", item[1], self._held_members(asked)])
+        elif kind in ("mvr", "tqr", "lvr", "lxr", "qar", "gmr"):  # the answer to a question this member asked
             waiter = self._asks.get(item[1])
             if waiter is not None:
                 waiter[1] = item[2:]
@@ -734,6 +738,53 @@ class ClusterLog(CommandLog):
             else:
                 out[group] = sorted(m for m in g.member_ids() if not (g.learning and m == node.node_id))
         return out
+
+    def _held_members(self, groups: list) -> dict[str, list[str]]:
+        """The members of each of `groups` held here, as this replica has them; a group held as
+        a learner (its configuration may be one from before its addition) is left out."""
+        out = {}
+        for group in groups:
+            g = self.node.groups.get(group) if type(group) is str else None
+            if g is not None and not g.learning:
+                out[group] = sorted(g.member_ids())
+        return out
+
+    async def known_placement(self, wait_s: float = GROUP_MEMBERS_WAIT_S) -> tuple[dict[str, list[str]], list[str]]:
+        """(the placement, the groups whose members are not known here). As `placement`, but a
+        group held elsewhere has the members its replicas have, asked of a linked holder (its
+        leader when linked), not only the linked members that announce holding it: a member
+        down, or cut off, is still one of its groups' members, and a dead member's replicas can
+        then be moved off it and the member removed (before, both were refused for good while
+        it was out of reach: "not known whole"). A group none of whose holders is linked or
+        answers in `wait_s` (a holder of an earlier release does not) is unknown, listed with
+        the announced holders only."""
+        placement = self.placement()
+        node = self.node
+        asked: dict[str, list[str]] = {}
+        for group in self.shards:
+            if group in node.groups:
+                continue
+            holders = [m for m in placement[group] if node.peer_is_up(m)]
+            if holders:
+                leader = node.leader(group)
+                asked.setdefault(leader if leader in holders else holders[0], []).append(group)
+        unknown = {group for group in self.shards if group not in node.groups}
+        answers: dict[str, Any] = {}
+
+        async def ask(member: str, groups: list[str]) -> None:
+            answers[member] = await self._ask(member, ["gm", groups], wait_s)
+
+        async with trio.open_nursery() as nursery:
+            for member, groups in asked.items():
+                nursery.start_soon(ask, member, groups)
+        for member, answer in answers.items():
+            members_of = answer[0] if answer and type(answer[0]) is dict else {}
+            for group in asked[member]:
+                members = members_of.get(group)
+                if type(members) is list and members and all(type(m) is str for m in members):
+                    placement[group] = sorted(members)
+                    unknown.discard(group)
+        return placement, sorted(unknown, key=self.shards.index)
 
     def unseen_members(self) -> list[str]:
         """Members whose groups this member does not know now: not linked (down, cut off), so
