@@ -501,6 +501,21 @@ async def add_member(broker, request: Request) -> dict:
     mismatch = _layout_mismatch(name, held, set(node.group_names), node.partial)
     if mismatch is not None:
         raise HttpError("409 Conflict", mismatch, reason="layout mismatch")
+    knows = node.peer_knows().get(name)
+    current = sorted({m for g in groups.values() for m in g.get("members", {})} - {name})
+    unknown = [m for m in current if knows is not None and m not in knows]
+    if unknown:
+        # Its groups take frames only from the members they started with until the log tells
+        # them more: started with a --peer list naming a member since removed and not the one
+        # that replaced it, it never heard the leader and never got ready (a cluster test).
+        raise HttpError(
+            "409 Conflict",
+            f"node {name} was started with --peer naming {', '.join(sorted(knows or ())) or 'no member'}, not "
+            f"{', '.join(unknown)}: it would not hear the members it is added to. Start it again on an empty "
+            f"--data-dir with --join on and --peer for each member now ({', '.join(current)}), then add it",
+            reason="peers unknown",
+            members=current,
+        )
     log.info("admin: adding member %s at %s:%d", name, addr[0], addr[1])
     # Groups on a few members (--replication-factor): a new member joins the metadata group only
     # and holds no shard group until a rebalance moves replicas onto it (maxqctl rebalance).

@@ -254,6 +254,11 @@ class ReplicationNode:
         self.incarnation = incarnation
         self._incarnations: dict[str, str] | None = None  # (read at start)
         self._data_lost: dict[str, str] = {}
+        # A joining node's groups take frames only from the members they started with (their
+        # first members) until the log tells them more: announced, so that `maxqctl add-node`
+        # refuses a joiner that would never hear the members as they are now (http/admin.py).
+        self._first_known: set[str] = set()
+        self._peer_knows: dict[str, frozenset[str]] = {}  # joining peer -> the members its groups started with
         # what each peer linked now announced it supports (its "groups" op; none from an earlier
         # release, forgotten when the link goes down)
         self._peer_features: dict[str, frozenset[str]] = {}
@@ -343,6 +348,7 @@ class ReplicationNode:
                 recorded = {self.node_id: self.raft_addr, **self.peers}
             if recorded is not None:
                 group_set.write_first_members(folder, recorded, self.fsync)
+        self._first_known.update(self.peers if recorded is None else recorded)
         # Who the group's first members are comes from the record; where they are, from --peer
         # when it names them (a member moved to another address, its peers told so).
         peers = (
@@ -456,6 +462,11 @@ class ReplicationNode:
     def peer_address(self, node_id: str) -> tuple[str, int] | None:
         """Where node_id's Raft listens, as this node knows it (--peer, or a membership change)."""
         return self.raft_addr if node_id == self.node_id else self.hub.addrs.get(node_id)
+
+    def peer_knows(self) -> dict[str, frozenset[str]]:
+        """Each linked joining peer's first members (its --peer list at its first start): the
+        members its groups take frames from until they are added."""
+        return dict(self._peer_knows)
 
     def peer_held(self) -> dict[str, frozenset[str]]:
         """Linked peers -> the groups each holds, as announced (an earlier release: every group)."""
@@ -706,6 +717,7 @@ class ReplicationNode:
             announce["incarnation"] = self.incarnation
             if self.joining:  # (started as a new member: --join on)
                 announce["joining"] = True
+                announce["knows"] = sorted(self._first_known - {self.node_id})
         if self.awaiting_placement:
             announce["pending"] = True
         self.hub.send(peer, wire.KIND_CONTROL, wire.encode_control(announce))
@@ -727,6 +739,7 @@ class ReplicationNode:
         groups, was taken for what it had said before (`maxqctl add-node` read it)."""
         self._peer_features.pop(peer, None)
         self._peer_held.pop(peer, None)
+        self._peer_knows.pop(peer, None)
         self._peers_pending.discard(peer)
 
     def _on_peer_up(self, peer: str) -> None:
@@ -917,6 +930,11 @@ class ReplicationNode:
                 self._peers_pending.add(peer)
             else:
                 self._peers_pending.discard(peer)
+            knows = m.get("knows")
+            if m.get("joining") is True and type(knows) is list and all(type(name) is str for name in knows):
+                self._peer_knows[peer] = frozenset(knows)
+            else:
+                self._peer_knows.pop(peer, None)
             self._check_incarnation(peer, m.get("incarnation"), m.get("joining") is True)
             return
         if op == "data_lost":

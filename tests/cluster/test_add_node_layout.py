@@ -113,8 +113,17 @@ def test_a_cluster_of_three_at_the_default_factor_grows_and_shrinks_keeping_thre
         assert all(members == ["n1", "n4"] for members in short.values()), short
         publish_confirmed(new, "q0", b"on-two")
 
-        # n2 back on an empty folder as a new member (its --peer list naming the members now),
-        # then a rebalance: 3 replicas again.
+        # n2 back on an empty folder as a new member. With its old --peer list (n1, n3) it would
+        # never hear n4, which leads groups it is added to: refused, nothing changed.
+        shutil.rmtree(cluster["n2"].data_dir)
+        back = Member("n2", tmp_path, cluster["n2"].raft_port, {"n1": ports["n1"], "n3": ports["n3"]}, JOINER)
+        back.launch()
+        stale = maxqctl(cluster["n1"], "add-node", "n2", "--raft-addr", f"127.0.0.1:{back.raft_port}")
+        assert stale.returncode == 4, (stale.stdout, stale.stderr)
+        assert "node n2 was started with --peer naming n1, n3, not n4" in stale.stderr, stale.stderr
+        assert [m["node"] for m in cluster["n1"].admin("/api/cluster/status")["members"]] == ["n1", "n4"]
+        back.stop()
+        # Started again with the members now, then a rebalance: 3 replicas again.
         shutil.rmtree(cluster["n2"].data_dir)
         back = Member("n2", tmp_path, cluster["n2"].raft_port, {"n1": ports["n1"], "n4": new.raft_port}, JOINER)
         back.launch()
