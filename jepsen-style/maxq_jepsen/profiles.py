@@ -205,8 +205,9 @@ def _cluster() -> Profile:
 
 LONG_NOTICE = (
     "long: 5-node cluster runs (every nemesis; membership changes, drains and replica moves overlap the other "
-    "faults; every second run, and the 12th, with each group on 3 of the 5 members; the 11th is the TTL + "
-    "dead-letter workload, the 12th a partitioned queue) first, then single-node runs; --runs N takes the first N, "
+    "faults; every second run, and the 12th, with each group on 3 of the 5 members and 5 groups, the 11th at the "
+    "default (3 of 5, 2 groups), the others with every group on every member; the 11th is the TTL + dead-letter "
+    "workload, the 12th a partitioned queue) first, then single-node runs; --runs N takes the first N, "
     "--time S shortens each"
 )
 

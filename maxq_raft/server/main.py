@@ -404,8 +404,8 @@ async def _serve_clustered(
     if node.kept_every_group:
         log.warning(
             "--replication-factor %d is not applied: it places the groups at a cluster's first start, and this "
-            "member's data holds every group (the cluster was started without it); it keeps them "
-            "(docs/operations.md)",
+            "member's data holds every group (the cluster was started with --replication-factor 0, the default "
+            "before 2026-12-07); it keeps them (docs/operations.md)",
             settings.replication_factor,
         )
     log.info(

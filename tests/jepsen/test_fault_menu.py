@@ -226,8 +226,14 @@ def test_the_long_profile_starts_with_five_node_runs_over_the_whole_menu():
         assert set(spec.nemeses) == full - set(refused)
         assert spec.overlap == ("membership", "maintenance", "move")
     # every second run, and the partitioned twelfth, with groups on 3 of the 5 members
-    held = [s.seed for s in cli.build_specs(cli.parse_args(["--profile", "long", "--runs", "12"])) if s.shards == 5]
+    twelve = cli.build_specs(cli.parse_args(["--profile", "long", "--runs", "12"]))
+    held = [s.seed for s in twelve if s.shards == 5]
     assert held == [2002, 2004, 2006, 2008, 2010, 2012]
+    # the other queue runs keep every group on every member (no longer the server's default),
+    # and the TTL + dead-letter eleventh runs at the default, 3 of the 5
+    every = [s.seed for s in twelve if s.server_args[-2:] == ("--replication-factor", "0")]
+    assert every == [2001, 2003, 2005, 2007, 2009]
+    assert "--replication-factor" not in twelve[10].server_args
     ci = cli.build_specs(cli.parse_args(["--profile", "ci"]))
     assert [s.nemeses for s in ci][-1] == ("kill", "kill-leader", "pause-leader", "partition-one", "partition-leader")
 
