@@ -44,6 +44,9 @@ async def view_placement(broker: Any, request: Request) -> dict:
         # every member when there are fewer. 0 in the layout of every group (a folder started so
         # keeps it whatever the option says now: no replica moves there)
         "factor": cluster.replication_factor if cluster.node.partial else 0,
+        # whether every member holds every group as the asked one knows (the layout of every
+        # group, or as many members as the factor): no member is served through another's group
+        "held_everywhere": not cluster.node.partial or cluster.node.held_everywhere,
         # members the asked one has no link with now, while some group it does not hold has no
         # linked holder that told its members: their replicas there may be missing above (a
         # plan made from this view would add replicas that exist: maxqctl refuses to plan while

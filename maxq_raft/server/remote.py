@@ -43,7 +43,8 @@ REPLIES_WAIT_S (server/proposer.py). Deliveries are keyed by (consumer, seq, del
 which names one delivery of one message: one that comes twice (two leaders in turn, or a
 resync) is written once (`Receiver.seen`, the last DELIVERIES_SEEN_MAX per consumer).
 
-Nothing here runs unless the node holds fewer than every group (`ReplicationNode.partial`).
+Nothing here runs unless groups are placed and some member holds fewer than every group
+(`ReplicationNode.partial`, `held_everywhere`).
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class Sender:
     @property
     def active(self) -> bool:
         node = self.node
-        return node is not None and node.partial
+        # (groups placed, but every member holds every group: 3 members at the default factor)
+        return node is not None and node.partial and not node.held_everywhere
 
     def _led_holders(self, group: str) -> frozenset[str] | None:
         """The members that apply the group when this node leads it (cached until the next

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import publish_confirmed
+from tests.helpers import publish_confirmed, wait_for
 
 from .conftest import Cluster, Member, drain
 from .test_maxqctl_cluster import maxqctl
@@ -74,7 +74,11 @@ def test_a_cluster_of_three_at_the_default_factor_grows_and_shrinks_keeping_thre
     new = Member("n4", tmp_path, free_port(), ports, JOINER)
     back = None
     try:
-        first = cluster["n1"].admin("/api/cluster/placement")
+        first = wait_for(
+            lambda: (answer := cluster["n1"].admin("/api/cluster/placement"))["held_everywhere"] and answer,
+            10,
+            "n1 to know every member holds every group",
+        )
         assert first["factor"] == 3, first
         assert all(members == list(NAMES) for members in placement(cluster["n1"]).values()), first
         for i in range(8):
@@ -85,6 +89,9 @@ def test_a_cluster_of_three_at_the_default_factor_grows_and_shrinks_keeping_thre
         assert added.returncode == 0, (added.stdout, added.stderr, new.log_text()[-2000:])
         new.wait_ready(90)
         assert all("n4" not in members for members in placement(cluster["n1"]).values())  # (until a rebalance)
+        # n4 holds no shard group: its clients are served through the others' groups, so the
+        # path through another member's group is on again (server/remote.py, `active`)
+        assert not cluster["n1"].admin("/api/cluster/placement")["held_everywhere"]
 
         plan = maxqctl(cluster["n1"], "rebalance", "--dry-run")
         assert plan.returncode == 0, plan.stderr

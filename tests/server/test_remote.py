@@ -31,11 +31,12 @@ class FakeGroup:
         return list(self.members)
 
 
-def sender(leads: bool = True, partial: bool = True) -> tuple[remote.Sender, list]:
+def sender(leads: bool = True, partial: bool = True, everywhere: bool = False) -> tuple[remote.Sender, list]:
     sent: list = []
     s = remote.Sender("n1", lambda member, payload: sent.append((member, msgpack.unpackb(payload, raw=False))))
     s.node = SimpleNamespace(
         partial=partial,
+        held_everywhere=everywhere,
         groups={"shard-0": FakeGroup(["n1", "n2", "n3"], leads)},
         peer_held=lambda: {"n2": frozenset({"shard-0"}), "n4": frozenset({"meta"})},
     )
@@ -75,6 +76,8 @@ def test_only_a_leader_sends_and_only_to_members_holding_no_replica() -> None:
     follower.flush()
     assert nothing == []
     assert not sender(partial=False)[0].active
+    # Placed, but every member holds every group (3 at the default factor): nothing to send.
+    assert not sender(everywhere=True)[0].active
 
 
 @settings(max_examples=200, deadline=None)
@@ -278,7 +281,10 @@ def test_a_message_above_the_fragment_size_goes_in_fragments_and_is_joined(monke
     raw: list[tuple[str, bytes]] = []
     s = remote.Sender("n1", lambda member, payload: raw.append((member, payload)))
     s.node = SimpleNamespace(
-        partial=True, groups={"shard-0": FakeGroup(["n1", "n2", "n3"], True)}, peer_held=lambda: {}
+        partial=True,
+        held_everywhere=False,
+        groups={"shard-0": FakeGroup(["n1", "n2", "n3"], True)},
+        peer_held=lambda: {},
     )
     effects = [deliver("n4@1/1/t", seq, b"%04d" % seq * 100) for seq in range(1, 6)]  # 5 x 400 B
     assert s.take_deliveries("shard-0", effects) == []
