@@ -596,7 +596,7 @@ def run(args) -> str:
             return replicas.rebalance(args.node, timeout)
         if args.json:
             return json.dumps(answer, indent=1)
-        if not replicas.holds_any(args.node, args.name):
+        if not replicas.groups_held(args.node, args.name):
             return (
                 f"node {args.name} ({args.raft_addr}) added to the metadata group; it holds no shard group until "
                 "`maxqctl rebalance` moves replicas onto it"

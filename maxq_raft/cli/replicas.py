@@ -196,11 +196,6 @@ def rebalance(node: str, timeout_s: float | None) -> str:
     return execute(node, plan_moves(placement, members, target_factor(placement, configured), host_of=hosts), timeout_s)
 
 
-def holds_any(node: str, member: str) -> bool:
-    """Whether `member` holds a replica of any shard group."""
-    return bool(groups_held(node, member))
-
-
 def groups_held(node: str, member: str) -> list[str]:
     """The shard groups `member` holds a replica of, as `node` sees them (a single node: none)."""
     try:
