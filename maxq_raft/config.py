@@ -63,9 +63,9 @@ class Settings:
     # replicas of each shard group, placed at a cluster's first start (all members when fewer; 0:
     # every member holds every group, and a new member joins every group)
     replication_factor: int = 3
-    # where a new queue goes without an x-queue-leader-locator argument or policy: "balanced" (its
-    # name's hash over the groups) or "client-local" (a group the declaring member leads)
-    queue_leader_locator: str = "balanced"
+    # where a new queue goes without an x-queue-leader-locator argument or policy: "client-local"
+    # (a group the declaring member leads; RabbitMQ's default) or "balanced" (its name's hash)
+    queue_leader_locator: str = "client-local"
     join: str = "off"  # "on": start as a new member, to be added with `maxqctl add-node`
     snapshot_every_mb: float = 64.0  # a group snapshots its state (and compacts its log) after this much log
     version: str = __version__
@@ -237,9 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--queue-leader-locator",
-        help="a cluster's default for queues declared without x-queue-leader-locator: balanced (default: the "
-        "queue's group by the hash of its name) or client-local (a group the declaring member leads, else one "
-        "it holds: its clients skip a hop to the group's leader)",
+        help="a cluster's default for queues declared without x-queue-leader-locator: client-local (default, as "
+        "RabbitMQ's: a group the declaring member leads, else one it holds, so that its clients skip a hop to the "
+        "group's leader) or balanced (the queue's group by the hash of its name)",
     )
     parser.add_argument(
         "--snapshot-every-mb",

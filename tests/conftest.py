@@ -201,6 +201,9 @@ def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
     ]
     if os.environ.get("MAXQ_TEST_FACTOR"):
         args += ["--replication-factor", os.environ["MAXQ_TEST_FACTOR"]]
+    # The passes are there for the paths a queue's work takes to its group's leader on another
+    # member: the default (client-local) would put every queue n1 declares in a group it leads.
+    args += ["--queue-leader-locator", "balanced"]
     for peer, port in raft_ports.items():
         if peer != name:
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]

@@ -40,7 +40,7 @@ Features a run asks for (`features`), set up before the nodes start and undone a
 A cluster's members wait for each other at start (`launch` all, then `wait_ready` all); a
 member restarted later prints its ready line once it has caught up with the majority. The
 lab also reads the cluster's status (`/api/cluster/status` on any live member) to find the
-leader of a group, e.g. the shard that holds the workload's queue (`shard_of`).
+leader of a group, e.g. the shard that holds the workload's queue (`queue_group`).
 
 A restart reuses the node's port: the clients' reconnect loops must find the node where it was.
 Ports come from below the kernel's ephemeral range, so that a client's own ephemeral port can
@@ -66,6 +66,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
@@ -275,16 +276,21 @@ class Node:
 
     def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
         """This member's view of the cluster (the admin API's /api/cluster/status), None if it does not answer."""
+        return self.admin_get("/api/cluster/status", timeout_s)
+
+    def admin_get(self, path: str, timeout_s: float = STATUS_TIMEOUT_S) -> dict | None:
+        """GET `path` of this member's admin API as JSON; None if it does not answer, or not 200."""
         if not self.http_port or not self.alive() or self.paused:
             return None
         try:
             with in_netns(self.netns):
                 host = "127.0.0.1" if self.netns else self.host
-                url = f"http://{host}:{self.http_port}/api/cluster/status"
+                url = f"http://{host}:{self.http_port}{path}"
                 # guest's credentials: the request comes from loopback inside the namespace
                 request = urllib.request.Request(url, headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
                 with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                    return json.load(response)
+                    answer = json.load(response)
+                    return answer if isinstance(answer, dict) else None
         except (OSError, ValueError):
             return None
 
@@ -435,6 +441,17 @@ class Lab:
 
     def shards(self) -> int:
         return self.nodes[0].shards
+
+    def queue_group(self, vhost: str, queue: str) -> str:
+        """The shard group the queue lives in, as a live member's queue record says (the member
+        that declared it may have chosen a group it leads: x-queue-leader-locator client-local,
+        the default); before any member answers for it, where its name hashes (`shard_of`)."""
+        path = f"/api/queues/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(queue, safe='')}"
+        for node in self.nodes:
+            record = node.admin_get(path)
+            if record is not None and isinstance(record.get("group"), str):
+                return record["group"]
+        return shard_of((vhost, queue), self.shards())
 
     def leader_of(self, group: str) -> Node | None:
         """The leader of a Raft group as the live members see it: the answer with the highest term

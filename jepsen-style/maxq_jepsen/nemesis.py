@@ -75,7 +75,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import faults
-from .lab import Lab, LabError, Node, faketime_library, run_maxqctl, shard_of
+from .lab import Lab, LabError, Node, faketime_library, run_maxqctl
 
 RESTART_TIMEOUT_S = 90.0  # a restarted member is ready once it has caught up: slow on 2 shared cores
 CYCLES_MAX = 1000
@@ -174,7 +174,7 @@ class PauseNemesis(Nemesis):
 
 def queue_leader(lab: Lab, queue: str, rng: random.Random) -> tuple[Node, dict]:
     """The leader of the queue's shard group, or a random live node when no member names one."""
-    group = shard_of((VHOST, queue), lab.shards())
+    group = lab.queue_group(VHOST, queue)
     leader = lab.leader_of(group)
     if leader is None:
         live = [n for n in lab.nodes if n.alive() and not n.paused] or list(lab.nodes)
@@ -578,7 +578,7 @@ class MembershipNemesis(Nemesis):
             return {"skipped": f"{self.out.name} is still out"}
         live = [n for n in lab.nodes if n.alive() and not n.paused]
         leaders = lab.leaders()
-        shard = shard_of((VHOST, self.queue), lab.shards())
+        shard = lab.queue_group(VHOST, self.queue)
         idle = [n for n in live if n.name not in leaders.values()]
         candidates = idle or [n for n in live if n.name != leaders.get(shard)]
         if len(live) < 2 or not candidates:
@@ -689,7 +689,7 @@ class DrainNemesis(Nemesis):
         if len(live) < 2:
             return {"skipped": "fewer than two live members"}
         leaders = lab.leaders()
-        shard = shard_of((VHOST, self.queue), lab.shards())
+        shard = lab.queue_group(VHOST, self.queue)
         leader = next((n for n in live if n.name == leaders.get(shard)), None)
         target = leader if leader is not None and rng.random() < 0.5 else rng.choice(live)
         self.drained = target  # revived at heal whatever came of it (an unanswered drain may have committed)
@@ -822,7 +822,7 @@ class MoveNemesis(Nemesis):
         names = sorted(n.name for n in lab.nodes)
         kind = rng.choice(("move-group", "move-group", "drain-replicas", "rebalance"))
         if kind == "move-group":
-            queue_group = shard_of((VHOST, self.queue), lab.shards())
+            queue_group = lab.queue_group(VHOST, self.queue)
             group = queue_group if rng.random() < 0.5 else rng.choice(sorted(placement))
             holders = placement.get(group, [])
             others = [m for m in names if m not in holders]

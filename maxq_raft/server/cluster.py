@@ -48,7 +48,6 @@ from ..machines import partitions
 from ..machines.apply_order import apply_committed
 from ..machines.features import PUBLISH_ENDS, SHORT_DELIVERIES
 from ..machines.placement import (
-    BALANCED,
     CLIENT_LOCAL,
     LOCATOR_ARGUMENT,
     LOCATOR_FEATURE,
@@ -127,7 +126,7 @@ class ClusterLog(CommandLog):
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
         self.metadata_sync = MetadataSync(lambda then: self.proposer.sync(META_GROUP, then))
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
-        self.default_locator = BALANCED  # where a queue goes without x-queue-leader-locator (main.py)
+        self.default_locator = CLIENT_LOCAL  # without x-queue-leader-locator: config.py's default (main.py sets it)
         self.replication_factor = 0  # --replication-factor (main.py): 0, every member holds every group
         # What `serve_remote` saw last: the groups this member held, and each led group's members.
         self._held: set[str] = set()

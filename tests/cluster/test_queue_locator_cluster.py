@@ -23,8 +23,9 @@ GROUPS = [f"shard-{i}" for i in range(SHARDS)]
 
 @pytest.fixture
 def local_cluster(tmp_path: Path):
-    """Groups on 3 of 5 members, client-local the members' default for queues declared without it."""
-    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--queue-leader-locator", "client-local"]
+    """Groups on 3 of 5 members started without --queue-leader-locator: client-local is the
+    default for queues declared without the argument (as RabbitMQ's)."""
+    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)]
     with running_cluster(tmp_path, extra, MEMBERS) as c:
         assert wait_until(
             lambda: all(
