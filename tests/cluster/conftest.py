@@ -24,11 +24,20 @@ CLUSTER_READY_S = 60.0
 SECRET = "test-cluster-secret"
 
 
+# These tests find a queue's group by the hash of its name (cluster.shard_of), or pick names by
+# it: their members place new queues so (balanced). The default, client-local (a group the
+# declaring member leads), has its own tests (test_queue_locator_cluster.py: hashed=False).
+HASHED = ["--queue-leader-locator", "balanced"]
+
+
 class Member(BrokerProcess):
-    def __init__(self, name: str, root: Path, raft_port: int, peers: dict[str, int], extra: list[str]) -> None:
+    def __init__(
+        self, name: str, root: Path, raft_port: int, peers: dict[str, int], extra: list[str], hashed: bool = True
+    ) -> None:
         self.name = name
         self.raft_port = raft_port
         args = ["--node-id", name, "--raft-addr", f"127.0.0.1:{raft_port}", "--cluster-secret", SECRET, "--shards", "2"]
+        args += HASHED if hashed else []
         for peer, port in peers.items():
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]
         super().__init__(root / name, root / f"{name}.log", args + extra)
@@ -41,11 +50,11 @@ class Member(BrokerProcess):
 
 
 class Cluster:
-    def __init__(self, root: Path, size: int = 3, extra: list[str] | None = None) -> None:
+    def __init__(self, root: Path, size: int = 3, extra: list[str] | None = None, hashed: bool = True) -> None:
         names = [f"n{i + 1}" for i in range(size)]
         ports = {name: free_port() for name in names}
         self.members = {
-            name: Member(name, root, ports[name], {p: ports[p] for p in names if p != name}, extra or [])
+            name: Member(name, root, ports[name], {p: ports[p] for p in names if p != name}, extra or [], hashed)
             for name in names
         }
 
@@ -168,9 +177,10 @@ def drain(member, queue: str, *, quiet_s: float = 3.0, limit_s: float = 60.0) ->
 
 
 @contextlib.contextmanager
-def running_cluster(root: Path, extra: list[str] | None = None, size: int = 3):
-    """A started cluster of `size` members, always stopped after (a member's traceback is printed)."""
-    c = Cluster(root, size, extra=extra)
+def running_cluster(root: Path, extra: list[str] | None = None, size: int = 3, hashed: bool = True):
+    """A started cluster of `size` members, always stopped after (a member's traceback is printed);
+    `hashed`: its members started with --queue-leader-locator balanced (HASHED)."""
+    c = Cluster(root, size, extra=extra, hashed=hashed)
     try:
         c.start()
         yield c

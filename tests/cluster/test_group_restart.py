@@ -36,8 +36,7 @@ AFTER = 100
 
 
 def test_a_group_whose_holders_all_restart_sends_no_acked_message_again(tmp_path: Path) -> None:
-    # balanced: the queue's group by its name's hash (the names are chosen for their groups)
-    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--queue-leader-locator", "balanced"]
+    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)]
     with running_cluster(tmp_path, extra, MEMBERS) as cluster:
         n1 = cluster["n1"]
         conn = n1.connect(heartbeat=0)

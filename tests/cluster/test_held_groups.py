@@ -39,16 +39,11 @@ from .test_partitioned_cluster import flag_enabled
 MEMBERS = 5
 SHARDS = 5
 FACTOR = 3
-# Where a queue goes by its name's hash: the tests pick names whose groups n1 holds no replica of
-# (the default, client-local, would put a queue declared through n1 in a group n1 holds).
-HASHED = ["--queue-leader-locator", "balanced"]
 
 
 @pytest.fixture
 def held_cluster(tmp_path: Path):
-    with running_cluster(
-        tmp_path, ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), *HASHED], MEMBERS
-    ) as c:
+    with running_cluster(tmp_path, ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)], MEMBERS) as c:
         yield c
 
 
@@ -928,7 +923,7 @@ def test_a_group_with_a_compacted_log_moves_onto_its_consumers_member_without_cl
     serving its clients from other groups and from the group's leader meanwhile, so it must not
     close them (it did: every move of such a group onto a member closed all that member's
     connections with 320 "caught up from a snapshot")."""
-    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--snapshot-every-mb", "0.02", *HASHED]
+    extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR), "--snapshot-every-mb", "0.02"]
     with running_cluster(tmp_path, extra, MEMBERS) as cluster:
         bystander = cluster["n1"].connect(heartbeat=0)  # a client of nothing in the moved group
         bystander.channel().queue_declare("bystander", durable=True)

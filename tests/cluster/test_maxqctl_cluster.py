@@ -90,8 +90,8 @@ def test_status_shows_members_leaders_and_lag(cluster):
     # leader records the shard groups with their members, and each queue's record its group.
     with cluster["n3"].connect() as connection:
         channel = connection.channel()
-        for i in range(6):  # (balanced: in the groups their names hash to, counted below)
-            channel.queue_declare(f"placed-{i}", durable=True, arguments={"x-queue-leader-locator": "balanced"})
+        for i in range(6):
+            channel.queue_declare(f"placed-{i}", durable=True)
 
     def placed(member):
         status = status_of(member)

@@ -26,7 +26,7 @@ def local_cluster(tmp_path: Path):
     """Groups on 3 of 5 members started without --queue-leader-locator: client-local is the
     default for queues declared without the argument (as RabbitMQ's)."""
     extra = ["--shards", str(SHARDS), "--replication-factor", str(FACTOR)]
-    with running_cluster(tmp_path, extra, MEMBERS) as c:
+    with running_cluster(tmp_path, extra, MEMBERS, hashed=False) as c:
         assert wait_until(
             lambda: all(
                 any(f["name"] == LOCATOR_FEATURE and f["state"] == "enabled" for f in m.admin("/api/feature-flags"))

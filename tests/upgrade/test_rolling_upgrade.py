@@ -115,7 +115,7 @@ def flag_states(member) -> dict[str, str]:
 
 
 def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_path, previous_tree) -> None:
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, hashed=False)  # (the previous release may not know --queue-leader-locator)
     old, new = environment(previous_tree), environment(None)
     assert code_run_by(old, tmp_path).is_relative_to(previous_tree.resolve())
     assert code_run_by(new, tmp_path).is_relative_to(REPO)
@@ -184,8 +184,9 @@ def test_members_upgraded_one_at_a_time_under_confirmed_load_lose_nothing(tmp_pa
 
 def test_a_member_of_the_previous_release_cannot_join_once_feature_flags_are_enabled(tmp_path, previous_tree) -> None:
     # It would stop at the first command of an enabled feature: add-node refuses it and says why.
-    cluster = Cluster(tmp_path)
-    late = Member("n4", tmp_path, free_port(), {n: cluster[n].raft_port for n in cluster.members}, ["--join", "on"])
+    cluster = Cluster(tmp_path, hashed=False)  # (as above)
+    ports = {n: cluster[n].raft_port for n in cluster.members}
+    late = Member("n4", tmp_path, free_port(), ports, ["--join", "on"], hashed=False)
     late.env = environment(previous_tree)
     try:
         cluster.start()
