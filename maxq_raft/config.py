@@ -59,7 +59,7 @@ class Settings:
     raft_addr: str = ""  # HOST:PORT for Raft traffic; set (or peers given) = a cluster member
     peer: str = ""  # the other members, NAME@HOST:PORT, comma-separated (--peer once per member)
     cluster_secret: str = ""  # shared by the members; authenticates every Raft connection
-    shards: int = 0  # data shard groups; 0: two per core
+    shards: int = 0  # data shard groups; 0: cluster.default_shards (two per core, at least two per member)
     # replicas of each shard group, placed at a cluster's first start (all members when fewer; 0:
     # every member holds every group, and a new member joins every group)
     replication_factor: int = 3
@@ -225,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cluster-secret", help="secret shared by the members (or MAXQ_CLUSTER_SECRET)")
     parser.add_argument(
         "--shards",
-        help="data shard groups (default 0: two per core at a member's first start, then kept in its data folder); "
-        "the same on every member",
+        help="data shard groups (default 0: two per core at a member's first start, and with --replication-factor "
+        "above 0 at least two per member of the cluster; then kept in its data folder); the same on every member",
     )
     parser.add_argument(
         "--replication-factor",

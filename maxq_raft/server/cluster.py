@@ -96,8 +96,13 @@ GROUP_MEMBERS_WAIT_S = 3.0  # a holder asked for the members of groups held else
 QUEUE_COUNTS_MAX = 100_000  # queues in one answer to a member asking for counts (http/fresh_stats.py)
 
 
-def default_shards() -> int:
-    return 2 * (os.cpu_count() or 1)
+def default_shards(members: int = 1) -> int:
+    """The shard groups a member starts without --shards: two per core, and at least two per
+    member of the cluster it starts with (`members`, when groups are placed on a few members),
+    so that with more members than cores each still leads about two groups and a move is a
+    small step. Every member of a first start counts the same members (its --peer list and
+    itself); the count is fixed then (shard_count.py)."""
+    return 2 * max(os.cpu_count() or 1, members)
 
 
 def shard_groups(count: int) -> list[str]:

@@ -325,6 +325,17 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
     return None
 
 
+def first_start_shards(settings: Settings) -> int:
+    """The shard groups a member starts without --shards at its first start (cluster.default_shards):
+    with groups placed on a few members, counting the members of the cluster's first start, its
+    --peer list and itself. A joiner counts the members it is told of (the cluster's own count if
+    it never grew); its count is provisional until a peer's list says (shard_count.py). Factor 0
+    (every member holds every group) counts none: more groups would be more of every member's work."""
+    if not settings.replication_factor:
+        return default_shards()
+    return default_shards(len(settings.peers()) + (0 if settings.join == "on" else 1))
+
+
 async def _serve_clustered(
     broker: Broker, settings: Settings, task_status, stop: StopRequest, tls_context: ssl.SSLContext | None
 ) -> None:
@@ -353,7 +364,9 @@ async def _serve_clustered(
             f"cannot record this member's name in {raft_dir}: {exc}", disk=exc.errno in DISK_ERRNOS
         ) from None
     try:
-        shard_count = member_shard_count(raft_dir, settings.shards, default_shards(), joining=settings.join == "on")
+        shard_count = member_shard_count(
+            raft_dir, settings.shards, first_start_shards(settings), joining=settings.join == "on"
+        )
     except (ShardCountError, OSError) as exc:
         raise StartupError(str(exc)) from None
     provisional = ProvisionalCount(raft_dir, shard_count, META_GROUP, stop) if is_provisional(raft_dir) else None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from maxq_raft.config import SHARDS_MAX, Settings, SettingsError, load_settings
-from maxq_raft.server.main import repair_from_peers
+from maxq_raft.server.main import first_start_shards, repair_from_peers
 from maxq_raft.server.shard_count import (
     PIN_FILE,
     PROVISIONAL_FILE,
@@ -61,6 +61,26 @@ def test_a_damaged_record_is_refused_by_name(tmp_path: Path, text: str) -> None:
 def test_shards_beyond_the_bound_are_a_settings_error() -> None:
     with pytest.raises(SettingsError, match=f"shards must be at most {SHARDS_MAX}"):
         load_settings(["--shards", str(SHARDS_MAX + 1)], environ={})
+
+
+def test_the_default_count_is_two_per_core_and_with_placed_groups_two_per_member(monkeypatch) -> None:
+    """7 members of 2 cores with groups on 3 of them: 14 groups, not 4 (each member leads about
+    two; with 4, three members led none and a queue they declared went through another member)."""
+    monkeypatch.setattr("maxq_raft.server.cluster.os.cpu_count", lambda: 2)
+    peers = [arg for i in range(2, 8) for arg in ("--peer", f"n{i}@127.0.0.1:{7100 + i}")]
+    base = ["--node-id", "n1", "--raft-addr", "127.0.0.1:7101", "--cluster-secret", "s", *peers]
+
+    def count(*args: str) -> int:
+        settings, _ = load_settings([*base, *args], environ={})
+        return first_start_shards(settings)
+
+    assert count() == 14  # the default factor, 3
+    assert count("--replication-factor", "0") == 4  # every member holds every group: two per core
+    assert count("--join", "on") == 12  # a joiner counts the 6 members it is told of
+    settings, _ = load_settings(["--node-id", "n1"], environ={})
+    assert first_start_shards(settings) == 4  # a single node
+    monkeypatch.setattr("maxq_raft.server.cluster.os.cpu_count", lambda: 16)
+    assert count() == 32  # more cores than members: two per core, as before
 
 
 def test_a_member_repaired_from_its_peers_keeps_its_count(tmp_path: Path) -> None:
