@@ -5,6 +5,7 @@ group with one machine."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import urllib.parse
 from pathlib import Path
@@ -17,6 +18,11 @@ from maxq_raft.machines.placement import LOCATOR_FEATURE, hash_group
 from ..helpers import api, wait_until
 from .conftest import Cluster, running_cluster
 from .test_held_groups import FACTOR, MEMBERS, SHARDS, held_by, queue_elsewhere
+
+JEPSEN_DIR = Path(__file__).resolve().parents[2] / "jepsen-style"
+if str(JEPSEN_DIR) not in sys.path:
+    sys.path.insert(0, str(JEPSEN_DIR))  # (as tests/jepsen: jepsen-style/ only, the repo root stays off)
+from maxq_jepsen.lab import Lab, Node  # noqa: E402
 
 GROUPS = [f"shard-{i}" for i in range(SHARDS)]
 
@@ -76,6 +82,8 @@ def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_hol
             conn.close()
         group = group_of(local_cluster, member, name)
         assert group != hashed and group in held_by(local_cluster[member])
+        # the jepsen-style harness aims its faults at this group, not at the one the name hashes to
+        assert harness_view(local_cluster).queue_group("/", name) == group
         if led_before and led_before == led_by(local_cluster, member):  # (no leadership moved meanwhile)
             assert group in led_before
             # the management API names the leader and the replicas, as RabbitMQ's quorum queues
@@ -90,6 +98,17 @@ def test_a_queue_declared_client_local_goes_in_a_group_its_member_leads_else_hol
             lambda: all(group_of(local_cluster, other, name) == group for other in ("n2", "n3", "n5")), 10
         )
         confirmed_round_trip(local_cluster, member, name)
+
+
+def harness_view(cluster: Cluster) -> Lab:
+    """The cluster as the jepsen-style harness sees it (maxq_jepsen.lab): its members' admin APIs."""
+    lab = Lab()
+    lab.nodes = []
+    for member in cluster.alive():
+        node = Node(member.name, "127.0.0.1", member.amqp_port, member.data_dir, member.log_path, [], member.http_port)
+        node.proc = member.proc  # (alive: the harness asks only live members)
+        lab.nodes.append(node)
+    return lab
 
 
 def _naming(shown: dict, member: str) -> dict | None:
