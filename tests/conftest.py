@@ -185,6 +185,12 @@ class BrokerProcess:
         return self.proc.returncode
 
 
+# A queue's group by the hash of its name (--queue-leader-locator balanced): for cluster tests
+# that find a queue's group by that hash or exist for the paths to a leader on another member;
+# the default, client-local, puts a queue in a group its declaring member leads.
+HASHED = ["--queue-leader-locator", "balanced"]
+
+
 def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
     # Snapshots every ~5 KB of a group's log: the AMQP suites then run across many of them.
     args = [
@@ -203,7 +209,7 @@ def cluster_args(name: str, raft_ports: dict[str, int]) -> list[str]:
         args += ["--replication-factor", os.environ["MAXQ_TEST_FACTOR"]]
     # The passes are there for the paths a queue's work takes to its group's leader on another
     # member: the default (client-local) would put every queue n1 declares in a group it leads.
-    args += ["--queue-leader-locator", "balanced"]
+    args += HASHED
     for peer, port in raft_ports.items():
         if peer != name:
             args += ["--peer", f"{peer}@127.0.0.1:{port}"]

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import trio
 
 from ..amqp import spec
+from ..config import Settings
 from ..machines import commands as qc
 from ..machines import metadata as md
 from ..machines import partitions
@@ -96,13 +97,13 @@ GROUP_MEMBERS_WAIT_S = 3.0  # a holder asked for the members of groups held else
 QUEUE_COUNTS_MAX = 100_000  # queues in one answer to a member asking for counts (http/fresh_stats.py)
 
 
-def default_shards(members: int = 1) -> int:
-    """The shard groups a member starts without --shards: two per core, and at least two per
-    member of the cluster it starts with (`members`, when groups are placed on a few members),
+def default_shards(members: int = 1, factor: int = 0) -> int:
+    """The shard groups a member starts without --shards: two per core, and with groups placed
+    on a few members (`factor` above 0) at least two per member of the cluster it starts with,
     so that with more members than cores each still leads about two groups and a move is a
-    small step. Every member of a first start counts the same members (its --peer list and
-    itself); the count is fixed then (shard_count.py)."""
-    return 2 * max(os.cpu_count() or 1, members)
+    small step. Factor 0 (every member holds every group) counts no members: more groups would
+    be more of every member's work. The count is fixed at the first start (shard_count.py)."""
+    return 2 * max(os.cpu_count() or 1, members if factor else 1)
 
 
 def shard_groups(count: int) -> list[str]:
@@ -131,7 +132,7 @@ class ClusterLog(CommandLog):
         self.proposer.publish_ends = lambda: broker.meta.feature_enabled(PUBLISH_ENDS)
         self.metadata_sync = MetadataSync(lambda then: self.proposer.sync(META_GROUP, then))
         self.remote_out.short_deliveries = lambda: broker.meta.feature_enabled(SHORT_DELIVERIES)
-        self.default_locator = CLIENT_LOCAL  # without x-queue-leader-locator: config.py's default (main.py sets it)
+        self.default_locator = Settings.queue_leader_locator  # without x-queue-leader-locator (main.py sets it)
         self.replication_factor = 0  # --replication-factor (main.py): 0, every member holds every group
         # What `serve_remote` saw last: the groups this member held, and each led group's members.
         self._held: set[str] = set()

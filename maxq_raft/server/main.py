@@ -326,14 +326,12 @@ async def serve(settings: Settings, store=None, task_status=trio.TASK_STATUS_IGN
 
 
 def first_start_shards(settings: Settings) -> int:
-    """The shard groups a member starts without --shards at its first start (cluster.default_shards):
-    with groups placed on a few members, counting the members of the cluster's first start, its
-    --peer list and itself. A joiner counts the members it is told of (the cluster's own count if
-    it never grew); its count is provisional until a peer's list says (shard_count.py). Factor 0
-    (every member holds every group) counts none: more groups would be more of every member's work."""
-    if not settings.replication_factor:
-        return default_shards()
-    return default_shards(len(settings.peers()) + (0 if settings.join == "on" else 1))
+    """The shard groups a member starts without --shards (cluster.default_shards), counting the
+    members of the cluster's first start: its --peer list and itself. A joiner counts the members
+    it is told of (the cluster's own count if it never grew); its count is provisional until a
+    peer's list says (shard_count.py)."""
+    members = len(settings.peers()) + (0 if settings.join == "on" else 1)
+    return default_shards(members, settings.replication_factor)
 
 
 async def _serve_clustered(

@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.conftest import BrokerProcess, free_port
+from tests.conftest import HASHED, BrokerProcess, free_port
 from tests.helpers import GUEST_AUTH
 
 CLUSTER_READY_S = 60.0
@@ -25,9 +25,8 @@ SECRET = "test-cluster-secret"
 
 
 # These tests find a queue's group by the hash of its name (cluster.shard_of), or pick names by
-# it: their members place new queues so (balanced). The default, client-local (a group the
+# it: their members place new queues so (HASHED). The default, client-local (a group the
 # declaring member leads), has its own tests (test_queue_locator_cluster.py: hashed=False).
-HASHED = ["--queue-leader-locator", "balanced"]
 
 
 class Member(BrokerProcess):
