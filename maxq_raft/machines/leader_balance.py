@@ -13,6 +13,13 @@ good, each move an election (an idle cluster's terms rose by 6-8 a group in 25 s
 now counts every group: its leader as this member's replica knows it, or, for a group held
 elsewhere, as its leader last said (ReplicationNode.leader's hint, from the counts of its queues
 that a leader sends every member without a replica, server/queue_stats.py).
+
+Of the groups it may hand over, a member hands over the one holding the fewest queues: a
+leadership moved takes its queues' leader off the member their clients may use (the
+client-local locator put them there, machines/placement.py) and pauses them for an election,
+while an empty group's costs no client anything. (RabbitMQ moves no quorum queue's leader by
+itself; `rabbitmq-queues rebalance` is run by hand.) Which group is chosen does not change
+the bound above.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ def leadership_to_hand_over(
     leaders: Mapping[str, str | None],
     holders: Mapping[str, Collection[str]],
     others: Collection[str],
+    queues: Mapping[str, int] | None = None,
 ) -> tuple[str, str] | None:
     """(group, member) for `me` to hand over, or None.
 
@@ -34,6 +42,8 @@ def leadership_to_hand_over(
     order to consider them (the last of its own first); None for a group whose leader is not
     known (an election, or no word yet from a group held elsewhere): nothing moves then.
     `holders`: the members of each group `me` leads. `others`: the members it may hand to.
+    `queues`: how many queues each group holds (a group absent: none); of the groups that may
+    go, the one with the fewest goes, ties by the order above.
     The metadata group's leadership is counted, never moved."""
     if any(leader is None for leader in leaders.values()):
         return None
@@ -42,7 +52,9 @@ def leadership_to_hand_over(
         if leader is not None:
             leads[leader] = leads.get(leader, 0) + 1
     mine = [group for group, leader in leaders.items() if leader == me and group != META_GROUP]
-    for group in reversed(mine):
+    counts = queues or {}
+    # (sorted() keeps the order of equals: reversed, the last of `mine` first among them)
+    for group in sorted(reversed(mine), key=lambda group: counts.get(group, 0)):
         candidates = [member for member in others if member in holders.get(group, ())]
         if not candidates:
             continue

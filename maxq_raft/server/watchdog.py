@@ -9,8 +9,8 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
 - on every member, cut off from a majority for QUORUM_LOST_AFTER_S, it closes its clients'
   connections (they should go to a member that can commit) and refuses new ones until a majority
   is reachable again (`quorum_ok`); removed from the cluster, it stops (SIGTERM to itself);
-- every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards to
-  the member leading fewest (one move per round, only when every member is up), so the leaders'
+- every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards
+  (the one holding the fewest queues) to the member leading fewest (one move per round, only when every member is up), so the leaders'
   work is spread; a member under maintenance is never given one. It counts every group, those
   held elsewhere by their leaders' word (machines/leader_balance.py);
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
@@ -209,9 +209,9 @@ class MembershipWatchdog:
 
     def _balance_leaders(self, others: list[str]) -> None:
         """Spread group leaders over the members: a member leading two groups more than another
-        hands one of its shards to the member leading fewest (machines/leader_balance.py; one
-        move per round, all up; never to or from a member under maintenance, whose leaderships
-        `_watch_maintenance` moves)."""
+        hands one of its shards, the one holding the fewest queues, to the member leading fewest
+        (machines/leader_balance.py; one move per round, all up; never to or from a member
+        under maintenance, whose leaderships `_watch_maintenance` moves)."""
         cluster = self.cluster
         node = cluster.node
         if not others or not all(node.peer_is_up(m) for m in others):
@@ -228,7 +228,10 @@ class MembershipWatchdog:
         leaders = {group: node.leader(group) for group in groups}
         mine = [g for g, leader in leaders.items() if leader == cluster.node_id]
         holders = {g: node.groups[g].member_ids() for g in mine if g in node.groups}
-        move = leadership_to_hand_over(cluster.node_id, leaders, holders, others)
+        if leadership_to_hand_over(cluster.node_id, leaders, holders, others) is None:
+            return  # (balanced: the queues are not counted, a walk over every queue record)
+        queues = cluster.broker.meta.queues_per_group()
+        move = leadership_to_hand_over(cluster.node_id, leaders, holders, others, queues)
         if move is None:
             return
         group, target = move

@@ -10,21 +10,28 @@ from maxq_raft.machines.metadata import META_GROUP
 
 
 @st.composite
-def clusters(draw) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
-    """Members, each group's holders (the metadata group on all, the shards on up to 3), and a
-    leader among each group's holders."""
+def clusters(draw) -> tuple[list[str], dict[str, list[str]], dict[str, str], dict[str, int]]:
+    """Members, each group's holders (the metadata group on all, the shards on up to 3), a
+    leader among each group's holders, and how many queues each shard holds."""
     members = [f"n{i}" for i in range(1, draw(st.integers(2, 9)) + 1)]
     factor = min(3, len(members))
     holders = {META_GROUP: members}
     for i in range(draw(st.integers(1, 20))):
         holders[f"shard-{i}"] = sorted(draw(st.permutations(members))[:factor])
     leaders = {group: draw(st.sampled_from(held)) for group, held in holders.items()}
-    return members, holders, leaders
+    queues = {group: draw(st.integers(0, 3)) for group in holders if group != META_GROUP}
+    return members, holders, leaders, queues
 
 
-def move_of(member: str, members: list[str], holders: dict[str, list[str]], leaders: dict[str, str]):
+def move_of(
+    member: str,
+    members: list[str],
+    holders: dict[str, list[str]],
+    leaders: dict[str, str],
+    queues: dict[str, int] | None = None,
+):
     mine = {group: holders[group] for group, leader in leaders.items() if leader == member}
-    return leadership_to_hand_over(member, dict(leaders), mine, [m for m in members if m != member])
+    return leadership_to_hand_over(member, dict(leaders), mine, [m for m in members if m != member], queues)
 
 
 @settings(max_examples=300, deadline=None)
@@ -33,7 +40,7 @@ def test_with_every_member_counting_every_group_the_moves_stop(cluster) -> None:
     """Round after round each member makes its move, if any: they stop within the bound that
     each move lowering the sum of the squared counts by 2 gives, a move is never undone at once,
     and at the end no member leads two more than a member holding one of its groups."""
-    members, holders, leaders = cluster
+    members, holders, leaders, queues = cluster
 
     def squares() -> int:
         return sum(list(leaders.values()).count(m) ** 2 for m in members)
@@ -44,7 +51,7 @@ def test_with_every_member_counting_every_group_the_moves_stop(cluster) -> None:
     for _round in range(bound + 1):
         moved = False
         for member in members:
-            move = move_of(member, members, holders, leaders)
+            move = move_of(member, members, holders, leaders, queues)
             if move is None:
                 continue
             group, target = move
@@ -60,7 +67,7 @@ def test_with_every_member_counting_every_group_the_moves_stop(cluster) -> None:
             break
     assert moves <= bound
     for member in members:
-        assert move_of(member, members, holders, leaders) is None
+        assert move_of(member, members, holders, leaders, queues) is None
         mine = [g for g, leader in leaders.items() if leader == member and g != META_GROUP]
         for group in mine:
             for other in holders[group]:
@@ -129,3 +136,27 @@ def test_nothing_moves_while_a_leader_is_not_known() -> None:
     assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"]) == ("shard-1", "n2")
     leaders["shard-0"] = None  # (an election, or a group held elsewhere not heard from yet)
     assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"]) is None
+
+
+def test_of_the_groups_that_may_go_the_one_holding_fewest_queues_goes() -> None:
+    """A leadership moved takes its queues' leader off the member their clients use (the
+    client-local locator put it there): the empty group goes, whatever its place in the order."""
+    holders = {META_GROUP: ["n1", "n2", "n3"], **{f"shard-{i}": ["n1", "n2", "n3"] for i in range(3)}}
+    leaders = {META_GROUP: "n2", "shard-0": "n1", "shard-1": "n1", "shard-2": "n1"}
+    mine = {g: holders[g] for g in ("shard-0", "shard-1", "shard-2")}
+    # without counts (or all equal) the last goes, as before
+    assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"]) == ("shard-2", "n3")
+    assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"], {"shard-2": 1, "shard-1": 1}) == (
+        "shard-0",
+        "n3",
+    )
+    assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"], {"shard-0": 2, "shard-1": 5, "shard-2": 3}) == (
+        "shard-0",
+        "n3",
+    )
+    # one that no other member holds cannot go, however empty: the next fewest does
+    mine["shard-0"] = ["n1"]
+    assert leadership_to_hand_over("n1", leaders, mine, ["n2", "n3"], {"shard-0": 0, "shard-1": 5, "shard-2": 3}) == (
+        "shard-2",
+        "n3",
+    )
