@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import urllib.request
 from pathlib import Path
 
 import pika
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOADGEN = ROOT / "scripts" / "loadgen"
@@ -68,12 +68,6 @@ def amqpload_path() -> str:
         print(f"amqpload not found: building it into {built}", flush=True)
         subprocess.run(["bash", str(LOADGEN / "build.sh")], check=True, env={**os.environ, "BENCH_BIN": str(built)})
     return str(built / "amqpload")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:

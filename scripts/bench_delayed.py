@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -33,16 +32,11 @@ import time
 from pathlib import Path
 
 import pika
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench-delayed"
 BODY = struct.Struct(">dI")  # due wall time (s), index
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float | None:

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,17 +33,12 @@ import time
 from pathlib import Path
 
 from bench_scraper import PATHS, Scraper  # this folder, sys.path[0] for a script
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(os.environ.get("MAXQ_VENV", ROOT / ".venv")) / "bin"
 AMQPLOAD = ROOT / "scripts" / "loadgen" / "bin" / "amqpload"
 READY_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_run(scraped: bool, args: argparse.Namespace) -> dict:

@@ -4,21 +4,16 @@ bench_transactions.py): a free port, a new data folder, stopped and the folder r
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
+
 VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
 READY_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:

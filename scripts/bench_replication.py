@@ -17,7 +17,6 @@ import json
 import os
 import queue
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 MSGS_PER_ENTRY = 100
 MSG_BYTES = 128
@@ -157,12 +158,6 @@ def run_load(node, group: str, blob: bytes, window: int, seconds: float, warmup:
 
 
 # ------------------------------------------------------------------------------ coordinator
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proc:

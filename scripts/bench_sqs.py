@@ -42,7 +42,6 @@ import json
 import multiprocessing
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "bench-sqs"
@@ -70,12 +70,6 @@ RECEIVE_EMPTY_MAX = 3  # a receiver stops after this many empty long polls in a 
 POLL_WAIT_S = 20
 POLL_CONNECT_CONCURRENCY = 200
 RSS_SAMPLE_S = 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Nodes:

@@ -28,7 +28,6 @@ import datetime
 import http.client
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 import pika
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 20.0
@@ -44,12 +44,6 @@ STOP_TIMEOUT_S = 15.0
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
 ALICE = ("alice", "alice-upgrade-pw")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:

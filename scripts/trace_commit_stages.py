@@ -32,13 +32,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from free_ports import free_port  # (scripts/, sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("MAXQ_VENV", ROOT / ".venv"))
@@ -191,12 +192,6 @@ def percentiles(values: list[float]) -> dict:
 
 
 # ---------------------------------------------------------------------------- driver mode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch_json(port: int, path: str) -> dict:
