@@ -17,7 +17,7 @@ that a leader sends every member without a replica, server/queue_stats.py).
 Of the groups it may hand over, a member hands over the one holding the fewest queues: a
 leadership moved takes its queues' leader off the member their clients may use (the
 client-local locator put them there, machines/placement.py) and pauses them for an election,
-while an empty group's costs no client anything. (RabbitMQ moves no quorum queue's leader by
+while an empty group's move costs no client anything. (RabbitMQ moves no quorum queue's leader by
 itself; `rabbitmq-queues rebalance` is run by hand.) Which group is chosen does not change
 the bound above.
 """

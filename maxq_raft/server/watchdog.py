@@ -10,8 +10,9 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
   connections (they should go to a member that can commit) and refuses new ones until a majority
   is reachable again (`quorum_ok`); removed from the cluster, it stops (SIGTERM to itself);
 - every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards
-  (the one holding the fewest queues) to the member leading fewest (one move per round, only when every member is up), so the leaders'
-  work is spread; a member under maintenance is never given one. It counts every group, those
+  (the one holding the fewest queues) to the member leading fewest (one move per round, only
+  when every member is up), so the leaders' work is spread; a member under maintenance is never
+  given one. It counts every group, those
   held elsewhere by their leaders' word (machines/leader_balance.py);
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
   clients' connections once (new ones are refused at connection.open: session.py), and hands
