@@ -12,8 +12,8 @@ Theory of operation: every WATCH_INTERVAL_S, from what the replication engine se
 - every BALANCE_EVERY_S, a member leading two groups more than another hands one of its shards
   (the one holding the fewest queues) to the member leading fewest (one move per round, only
   when every member is up), so the leaders' work is spread; a member under maintenance is never
-  given one. It counts every group, those
-  held elsewhere by their leaders' word (machines/leader_balance.py);
+  given one. It counts every group, those held elsewhere by their leaders' word
+  (machines/leader_balance.py);
 - on a member under maintenance (machines/maintenance.py, `maxqctl drain`), it closes its
   clients' connections once (new ones are refused at connection.open: session.py), and hands
   the leadership of every group it leads (after an election too) to the member up and not
