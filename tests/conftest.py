@@ -19,6 +19,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from maxq_raft.perf.ports import free_port_in
 from tests.helpers import api
 
 READY_TIMEOUT_S = 20.0
@@ -66,17 +67,9 @@ def free_port() -> int:
     outgoing connection (the members' Raft links, the clients') may take it as its local port:
     "Address already in use" at start-up under load. Below the range only listeners compete."""
     bottom, top = _worker_ports()
-    for _ in range(200 if top > bottom + 1000 else 0):  # bounded; each try is one bind
-        port = _port_rng.randrange(bottom, top)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _handed_out.add(port)
-            return port
+    port = free_port_in(bottom, top, _handed_out, _port_rng) if top > bottom + 1000 else None
+    if port is not None:
+        return port
     with socket.socket() as s:  # a crowded range, or none below the ephemeral one: the kernel chooses
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

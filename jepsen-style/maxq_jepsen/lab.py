@@ -61,7 +61,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -70,6 +69,8 @@ import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
+
+from maxq_raft.perf.ports import free_port_in
 
 from . import faults
 
@@ -93,18 +94,12 @@ class LabError(Exception):
 
 
 def pick_port(taken: set[int]) -> int:
-    chooser = random.SystemRandom()  # ports are not part of the seeded run: any free one will do
-    for _ in range(PORT_TRIES_MAX):
-        port = chooser.randrange(*PORT_RANGE)
-        if port in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise LabError(f"no free port in {PORT_RANGE} after {PORT_TRIES_MAX} tries")
+    """A free port of PORT_RANGE not in `taken` (added to it)."""
+    # (SystemRandom: ports are not part of the seeded run, any free one will do)
+    port = free_port_in(*PORT_RANGE, taken, random.SystemRandom(), PORT_TRIES_MAX)
+    if port is None:
+        raise LabError(f"no free port in {PORT_RANGE} after {PORT_TRIES_MAX} tries")
+    return port
 
 
 def server_command() -> list[str]:
@@ -1067,9 +1062,7 @@ def make_nodes(
     def port(fixed: int) -> int:
         if ports_fixed:
             return fixed
-        chosen = pick_port(taken)
-        taken.add(chosen)
-        return chosen
+        return pick_port(taken)
 
     clustered = node_count > 1
     # The sqs workload needs each node's SQS endpoint, and the admin API (even on one node) to
