@@ -10,9 +10,8 @@ RabbitMQ start scripts' fixed ports (scripts/bench_brokers/).
 from __future__ import annotations
 
 import random
-import socket
 
-from maxq_raft.perf.ports import free_port_in
+from maxq_raft.perf.ports import free_port_in, kernel_port
 
 SCRIPT_PORTS = (16000, 20000)
 
@@ -23,8 +22,4 @@ _handed_out: set[int] = set()  # a port is never handed out twice by one script
 def free_port() -> int:
     """A port free now (the kernel's choice only when the range is crowded)."""
     port = free_port_in(*SCRIPT_PORTS, _handed_out, _rng)
-    if port is not None:
-        return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return port if port is not None else kernel_port()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from maxq_raft.perf.ports import free_port_in
+from maxq_raft.perf.ports import free_port_in, kernel_port
 from tests.helpers import api
 
 READY_TIMEOUT_S = 20.0
@@ -68,11 +67,7 @@ def free_port() -> int:
     "Address already in use" at start-up under load. Below the range only listeners compete."""
     bottom, top = _worker_ports()
     port = free_port_in(bottom, top, _handed_out, _port_rng) if top > bottom + 1000 else None
-    if port is not None:
-        return port
-    with socket.socket() as s:  # a crowded range, or none below the ephemeral one: the kernel chooses
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return port if port is not None else kernel_port()  # (a crowded range, or none below the ephemeral one)
 
 
 class BrokerProcess:

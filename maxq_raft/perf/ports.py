@@ -33,3 +33,11 @@ def free_port_in(low: int, high: int, taken: set[int], rng: random.Random, tries
         taken.add(port)
         return port
     return None
+
+
+def kernel_port() -> int:
+    """A port the kernel picks (bind(0)), from its ephemeral range: the fallback when a range is
+    crowded, with the risk the module's docstring says."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import socket
 
-from maxq_raft.perf.ports import free_port_in
+from maxq_raft.perf.ports import free_port_in, kernel_port
 
 
 def _bound_port() -> socket.socket:
@@ -31,3 +31,10 @@ def test_picks_in_a_row_differ_and_stay_in_the_range() -> None:
     picks = [free_port_in(16000, 20000, taken, rng) for _ in range(20)]
     assert all(p is not None and 16000 <= p < 20000 for p in picks)
     assert len(set(picks)) == 20 and taken == set(picks)
+
+
+def test_the_kernels_port_binds_at_once() -> None:
+    port = kernel_port()
+    assert 0 < port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free a moment later, as a broker would find it
