@@ -190,6 +190,44 @@ EXTERNAL = "EXTERNAL"
 
 
 class ServerConnection:
+    # Slots: CPython shares an instance dict's keys between instances only up to 30 attributes;
+    # past that each connection paid for a dict of its own (~1.6 KiB; docs/benchmarks.md,
+    # "RSS per connection"). An attribute set anywhere must be named here.
+    __slots__ = (
+        "state",
+        "publish_runs",
+        "mechanisms",
+        "_external_user",
+        "_authenticate",
+        "_vhost_allowed",
+        "_channel_allowed",
+        "_server_properties",
+        "channel_max",
+        "frame_max",
+        "heartbeat_s",
+        "max_message_size_bytes",
+        "user",
+        "vhost",
+        "client_properties",
+        "client_capabilities",
+        "_mechanism",
+        "_reader",
+        "_header_buf",
+        "_out",
+        "_out_bytes",
+        "_events",
+        "_channels",
+        "_now",
+        "_last_recv",
+        "_last_send",
+        "_close_deadline",
+        "_close_reason",
+        "_lost_sync",
+        "_publish_methods",
+        "_deciding",
+        "_held_frames",
+    )
+
     def __init__(
         self,
         *,
