@@ -104,6 +104,7 @@ class ConfirmingPublisher(threading.Thread):
         self.pause_s = pause_s  # between publishes: a little load, not a flood
         self.confirmed: list[tuple[int, float]] = []
         self.in_doubt = 0
+        self.doubted: list[int] = []  # numbers published and neither confirmed nor returned
         self.unroutable = 0
         self.errors: list[str] = []
         self.stop_flag = threading.Event()
@@ -130,6 +131,7 @@ class ConfirmingPublisher(threading.Thread):
                 self.errors.append(f"connect {member.name}: {exc!r}")
                 time.sleep(0.2)
                 continue
+            answered = n  # every number up to this one was confirmed, nacked or returned
             try:
                 channel = conn.channel()
                 channel.confirm_delivery()
@@ -139,15 +141,20 @@ class ConfirmingPublisher(threading.Thread):
                         channel.basic_publish("", self.queue, *self.message(n), mandatory=True)
                     except pika.exceptions.NackError:
                         self.in_doubt += 1
+                        self.doubted.append(n)
+                        answered = n
                         continue
                     except pika.exceptions.UnroutableError:
                         self.unroutable += 1
+                        answered = n
                         continue
+                    answered = n
                     self.confirmed.append((n, time.monotonic()))
                     if self.pause_s:
                         time.sleep(self.pause_s)
             except Exception as exc:  # the member went away or closed us: in doubt, not confirmed
                 self.in_doubt += 1
+                self.doubted.extend(range(answered + 1, n + 1))
                 self.errors.append(f"{member.name}: {exc!r}")
             finally:
                 try:
