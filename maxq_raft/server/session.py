@@ -20,7 +20,7 @@ import itertools
 import logging
 import math
 import secrets
-from functools import partial
+from functools import lru_cache, partial
 
 import trio
 
@@ -139,7 +139,10 @@ def credit_refill(level: int, written: int, target: int) -> tuple[int, int]:
     return refill, left + refill
 
 
+@lru_cache(maxsize=4)
 def server_properties(version: str) -> dict:
+    """Sent in connection.start and not kept or changed after: one dict for every connection
+    (made per connection it was ~270 bytes of each one's memory)."""
     return {
         "product": "MaxQ-Raft",
         "version": version,
@@ -209,6 +212,7 @@ class Session:
         "_handshake_deadline",
         "_decided",
         "_writer_done",
+        "_writer_ended",
         "_peer_closed",
         "messages_in",
         "messages_routed",
@@ -309,7 +313,10 @@ class Session:
         # A login or connection.open that waits for a metadata barrier (`_decide_after_barrier`):
         # set once decided; nothing more is read meanwhile.
         self._decided: trio.Event | None = None
-        self._writer_done = trio.Event()
+        # The writer ended (`_writer_done` made only by a `run` that waits for it: two events
+        # made up front were ~430 bytes of each connection's memory).
+        self._writer_ended = False
+        self._writer_done: trio.Event | None = None
         self._peer_closed = False  # the peer's EOF (or a reset) was read
         self.messages_in = 0
         self.messages_routed = 0  # of messages_in, routed to at least one queue (or a direct reply-to requester)
@@ -324,7 +331,7 @@ class Session:
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.messages_out = 0
         self._sending_bytes = 0  # what the writer's send_all holds now
-        self._drained = trio.Event()  # set by the writer after each send
+        self._drained: trio.Event | None = None  # set by the writer after a send, for `_output_wait`
         self.output_pauses = 0  # times reading stopped for unread output
         self.publish_resume_at = 0.0  # x-publish-rate-limit: not read before this (publish_rates.py)
 
@@ -434,9 +441,11 @@ class Session:
                     self._release()
                     self.wake()
                     # Give the writer a moment to send the last frames (close-ok, close).
-                    with trio.move_on_after(1.0):
-                        await self._writer_done.wait()
-                    if self._writer_done.is_set() and not self._peer_closed:
+                    if not self._writer_ended:
+                        self._writer_done = trio.Event()
+                        with trio.move_on_after(1.0):
+                            await self._writer_done.wait()
+                    if self._writer_ended and not self._peer_closed:
                         await self._linger()
                     nursery.cancel_scope.cancel()
         finally:
@@ -560,9 +569,10 @@ class Session:
             # We are the ones not reading: unread heartbeats must not count against the peer.
             conn.note_peer_alive(trio.current_time())
             self.wake()
+            self._drained = drained = trio.Event()
             with trio.move_on_after(1.0):
-                await self._drained.wait()
-            self._drained = trio.Event()
+                await drained.wait()
+            self._drained = None
 
     async def _blocked(self, alarms) -> None:
         """A resource alarm is on and this connection publishes: stop reading it until it clears."""
@@ -601,13 +611,16 @@ class Session:
                         self._sending_bytes = 0
                     self.send_oct += len(data)
                     self.send_cnt += 1
-                    self._drained.set()
+                    if self._drained is not None:
+                        self._drained.set()
                 if self.credit_pending:
                     self._refill_credit()
                 if self.finished and conn.state is State.CLOSED and not conn._out:
                     break
         finally:
-            self._writer_done.set()
+            self._writer_ended = True
+            if self._writer_done is not None:
+                self._writer_done.set()
 
     def tick(self, now: float) -> None:
         """Heartbeats and the handshake timeout; called by the node's one ticker (`tick_sessions`)."""
