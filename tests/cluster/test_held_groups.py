@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pika
@@ -800,7 +800,7 @@ class Consumer:
         while busy() and time.monotonic() < deadline:
             self.conn.process_data_events(0.05)
 
-    def check(self, confirmed: set[int], cluster: Cluster, queue: str) -> None:
+    def check(self, confirmed: set[int], cluster: Cluster, queue: str, doubted: Sequence[int] = ()) -> None:
         """Every confirmed number came; a second copy of one only flagged redelivered. (What did
         not come is looked for in the queue, once this consumer is closed: held, or lost.)"""
         self.pump_while(lambda: not confirmed <= {n for n, _ in self.got}, 30)
@@ -822,24 +822,40 @@ class Consumer:
         for number, redelivered in self.got:
             assert number not in seen or redelivered, f"{number} came again unflagged"
             seen.add(number)
-        # In order: a confirmed number was confirmed before any higher one was published, so its
-        # first delivery (not flagged redelivered) after a higher number's broke the queue's FIFO.
-        # One in doubt promised nothing: the connection it went out on closed before its confirm
-        # (a drain closes its member's clients), its forward could still be on the way while the
-        # publisher went on through another member, and be enqueued after the next ones.
-        highest = -1
-        behind: list[tuple[int, int]] = []
-        excused: list[tuple[int, int]] = []
-        for number, redelivered in self.got:
-            if redelivered:
-                continue
-            if number < highest:
-                (behind if number in confirmed else excused).append((highest, number))
-            highest = max(highest, number)
+        behind, excused = fifo_breaks(self.got, confirmed)
         assert not behind, (
             f"{len(behind)} confirmed delivered after a later one, e.g. {behind[:5]} "
-            f"({len(excused)} in doubt so, e.g. {excused[:5]})"
+            f"({len(excused)} unconfirmed so, e.g. {excused[:5]}; the publisher's in doubt: {list(doubted)[:10]})"
         )
+
+
+def fifo_breaks(got: list[tuple[int, bool]], confirmed: set[int]) -> tuple[list, list]:
+    """Pairs (higher, lower) where `lower` was first delivered after `higher`: those whose
+    `lower` was confirmed, which broke the queue's FIFO, and the others.
+
+    A confirmed number was confirmed before any higher one was published, so its first delivery
+    (not flagged redelivered) after a higher number's broke FIFO. One in doubt promised nothing:
+    the connection it went out on closed before its confirm (a drain closes its member's
+    clients), its forward could still be on the way while the publisher went on through another
+    member, and be enqueued after the next ones."""
+    highest = -1
+    behind: list[tuple[int, int]] = []
+    excused: list[tuple[int, int]] = []
+    for number, redelivered in got:
+        if redelivered:
+            continue
+        if number < highest:
+            (behind if number in confirmed else excused).append((highest, number))
+        highest = max(highest, number)
+    return behind, excused
+
+
+def test_fifo_breaks_are_confirmed_numbers_first_delivered_after_a_higher_one() -> None:
+    got = [(1, False), (3, False), (2, False), (3, True), (2, True), (4, False), (6, False), (5, False)]
+    assert fifo_breaks(got, {1, 2, 3, 4, 6}) == ([(3, 2)], [(6, 5)])  # 5 was in doubt
+    assert fifo_breaks(got, {1, 2, 3, 4, 5, 6}) == ([(3, 2), (6, 5)], [])
+    # redeliveries are not first deliveries: a higher one redelivered first breaks nothing
+    assert fifo_breaks([(2, True), (1, False), (2, False)], {1, 2}) == ([], [])
 
 
 @contextlib.contextmanager
@@ -856,7 +872,7 @@ def confirmed_load(cluster: Cluster, queue: str) -> Iterator[Consumer]:
     finally:
         publisher.stop_flag.set()
         publisher.join(30)
-    consumer.check(publisher.confirmed_numbers(), cluster, queue)
+    consumer.check(publisher.confirmed_numbers(), cluster, queue, publisher.doubted)
     consumer.conn.close()
 
 
