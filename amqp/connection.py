@@ -67,7 +67,7 @@ from .frames import (
     unfold_publish_run,
 )
 from .properties import decode_content_header
-from .values import FieldTable, FieldValue, decode_table
+from .values import FieldTable, FieldValue, decode_table, with_shared_strings
 
 
 class Later:
@@ -827,7 +827,7 @@ class ServerConnection:
             )
 
     def _start_ok(self, method: spec.ConnectionStartOk) -> None:
-        self.client_properties = method.client_properties or {}
+        self.client_properties = with_shared_strings(method.client_properties or {})
         caps = self.client_properties.get("capabilities")
         self.client_capabilities = caps if isinstance(caps, dict) else {}
         mechanism = method.mechanism

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from struct import Struct
 from struct import error as StructError
+from sys import intern
 from typing import Any, TypeAlias, Union
 
 from .errors import DecodeError
@@ -421,3 +422,21 @@ def encode_array(array: Sequence[object]) -> bytes:
     if not isinstance(array, (list, tuple)):
         raise TypeError(f"field array must be a list or tuple, not {type(array).__name__}")
     return _encode_array(array, 0)
+
+
+SHARED_STRING_CHARS_MAX = 256
+
+
+def with_shared_strings(table: FieldTable) -> FieldTable:
+    """`table` with its keys and short string values interned, nested tables too: what every
+    connection of one client library sends alike in its client properties (product, version,
+    "capabilities", ...) is then held once, not by each connection (~1 KB each for pika). Not
+    for the tables of the hot path (a message's headers): interning costs a lookup per string."""
+    shared: FieldTable = {}
+    for key, value in table.items():
+        if type(value) is str and len(value) <= SHARED_STRING_CHARS_MAX:
+            value = intern(value)
+        elif type(value) is dict:
+            value = with_shared_strings(value)
+        shared[intern(key)] = value
+    return shared

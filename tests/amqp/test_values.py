@@ -21,6 +21,7 @@ from maxq_raft.amqp.values import (
     encode_shortstr,
     encode_table,
     encode_value,
+    with_shared_strings,
 )
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -319,3 +320,21 @@ def test_long_is_always_encoded_as_a_64_bit_integer():
     raw = encode_table({"small": Long(1), "plain": 1})
     assert b"\x05smalll\x00\x00\x00\x00\x00\x00\x00\x01" in raw and b"\x05plainI\x00\x00\x00\x01" in raw
     assert decode_table(raw, 0)[0] == {"small": 1, "plain": 1}
+
+
+@given(tables)
+@SETTINGS
+def test_a_table_with_shared_strings_is_equal_to_it(table):
+    assert with_shared_strings(table) == table
+
+
+def test_two_connections_client_properties_share_their_strings():
+    sent = {"product": "pika", "version": "1.3.2", "capabilities": {"basic.nack": True}, "note": "x" * 300}
+    raw = encode_table(sent)
+    first = with_shared_strings(decode_table(raw, 0)[0])
+    second = with_shared_strings(decode_table(raw, 0)[0])
+    assert first == second == sent
+    assert first["product"] is second["product"] and first["version"] is second["version"]
+    first_keys, second_keys = list(first["capabilities"]), list(second["capabilities"])
+    assert first_keys[0] is second_keys[0]  # (nested tables' keys too)
+    assert first["note"] is not second["note"]  # longer than SHARED_STRING_CHARS_MAX: each its own
