@@ -394,6 +394,11 @@ class ServerConnection:
         self._out_bytes = 0
         return data
 
+    def unsent(self, data: bytes) -> None:
+        """What a `data_to_send` returned and the socket did not take: it goes first."""
+        self._out.insert(0, data)
+        self._out_bytes += len(data)
+
     # Output for a channel goes only while it is open for us: never on a channel we are closing
     # (its frames would be discarded), and never on one whose close-ok was sent (the peer has
     # forgotten it, and some clients treat a frame on an unknown channel as fatal).

@@ -117,6 +117,7 @@ class Broker:
         self.publish_rates = PublishRates()  # x-publish-rate-limit buckets (publish_rates.py)
         self.tracer = Tracer(TraceLog(MemoryKV()))  # x-trace (tracer.py); the shell gives it its store
         self.live_sessions: dict = {}  # every connection task, handshaking ones too
+        self.send_now: list = []  # sessions written to in this pass of the loop (Session.send_soon)
         self.started_at = time.time()
         self.messages_published = 0  # copies enqueued: a message routed to three queues counts three
         self.messages_delivered = 0  # to consumers (basic.deliver), on this node
@@ -313,6 +314,14 @@ class Broker:
 
     def queue_cast(self, queue_key: tuple, command) -> None:
         self.log.submit(queue_key, command, None)
+
+    def send_queued(self) -> None:
+        """Send what this pass of the loop wrote to connections (Session.send_soon)."""
+        queued = self.send_now
+        if queued:
+            self.send_now = []
+            for session in queued:
+                session.send_now()
 
     def declare_queue(self, command: md.DeclareQueue, then) -> None:
         refusal = persistence.unstorable(command)

@@ -293,6 +293,7 @@ class ClusterLog(CommandLog):
             self._apply_entries(group, entries, size)
         finally:
             self.remote_out.flush()  # (also forgets who led what during the batch)
+            self.broker.send_queued()  # (its deliveries and confirms)
             backlog = self.bytes_handed - self.bytes_applied
             self.bytes_applied += size
             if backlog >= APPLY_BACKLOG_BYTES_MAX // 2 > backlog - size and self.node is not None:

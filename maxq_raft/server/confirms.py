@@ -165,6 +165,7 @@ class Confirms:
                     sent = True
             if sent:
                 session.wake()
+                session.send_soon()
 
 
 def _call(then: Callable[[Any], None], value: Any) -> None:

@@ -110,6 +110,7 @@ class LocalLog(CommandLog):
             failed += len(pendings) if error else 0
         if failed:
             log.warning("%d commands not confirmed: the store failed before they were durable", failed)
+        self.broker.send_queued()  # (the confirms)
 
     def when_committed(self, pendings: list[Pending], then: Callable[[bool], None]) -> None:
         """then(True) at once: what a single node applied is in its store's WAL in apply order,

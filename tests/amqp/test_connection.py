@@ -1079,3 +1079,22 @@ def _whole_stream_output() -> bytes:
         peer.send(STREAM)
         _OUTPUT.append(peer.conn.data_to_send(0.0))
     return _OUTPUT[0]
+
+
+def test_what_the_socket_did_not_take_goes_out_first_and_counts_as_pending():
+    peer = open_peer()
+    open_channel(peer, 1)
+    open_channel(peer, 2)
+    conn = peer.conn
+    conn.send_method(1, spec.BasicQosOk())
+    data = conn.data_to_send(peer.now)
+    assert conn.pending_output_bytes == 0
+    conn.unsent(data[3:])  # a socket took 3 bytes of it
+    assert conn.pending_output_bytes == len(data) - 3
+    conn.send_method(2, spec.BasicQosOk())
+    peer.reader.feed(data[:3])
+    assert [(channel, type(method)) for channel, method in peer.received()] == [
+        (1, spec.BasicQosOk),
+        (2, spec.BasicQosOk),
+    ]
+    assert conn.pending_output_bytes == 0

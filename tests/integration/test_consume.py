@@ -339,3 +339,25 @@ def test_closing_a_channel_gives_its_held_messages_back(env):
     ok = publisher.queue_declare(name, passive=True).method
     assert (ok.message_count, ok.consumer_count) == (3, 0)
     assert [publisher.basic_get(name, auto_ack=True)[2] for _ in range(3)] == [b"m0", b"m1", b"m2"]
+
+
+def test_a_consumer_that_reads_late_gets_a_backlog_bigger_than_its_socket_whole_and_in_order(env):
+    """Deliveries are sent straight from the pass that made them (Session.send_now) while the
+    socket takes them; what it does not take goes first to the writer. 48 MiB of deliveries to
+    a consumer that reads nothing meanwhile fill its socket part way through a send."""
+    queue = "late-reader-" + uuid.uuid4().hex
+    consumer = env.connect()
+    consumer_channel = consumer.channel()
+    consumer_channel.queue_declare(queue, auto_delete=True)
+    got: list[bytes] = []
+    consumer_channel.basic_consume(queue, lambda _c, _m, _p, body: got.append(body), auto_ack=True)
+    publisher = env.connect()
+    publisher_channel = publisher.channel()
+    publisher_channel.confirm_delivery()
+    bodies = [bytes([n]) * (256 * 1024 + n) for n in range(192)]
+    for body in bodies:
+        publisher_channel.basic_publish("", queue, body)  # (each confirmed: the consumer reads nothing)
+    assert wait_until(lambda: len(got) == len(bodies), 30.0, connections=[consumer])
+    assert [len(b) for b in got] == [len(b) for b in bodies] and got == bodies
+    publisher.close()
+    consumer.close()
