@@ -316,12 +316,18 @@ class Broker:
         self.log.submit(queue_key, command, None)
 
     def send_queued(self) -> None:
-        """Send what this pass of the loop wrote to connections (Session.send_soon)."""
+        """Send what this pass of the loop wrote to connections (Session.send_soon). Called
+        from `run_sync_soon` callbacks too, where an exception would end the node: a failure
+        here is logged and left to the connection's writer, which is woken for it."""
         queued = self.send_now
         if queued:
             self.send_now = []
             for session in queued:
-                session.send_now()
+                try:
+                    session.send_now()
+                except Exception:
+                    log.exception("sending straight to connection %s failed", session.id)
+                    session.wake()
 
     def declare_queue(self, command: md.DeclareQueue, then) -> None:
         refusal = persistence.unstorable(command)
