@@ -56,7 +56,10 @@ def test_an_entry_of_a_newer_version_halts_the_member_before_anything_after_it()
 
     cluster = make_cluster_log()
     cluster.broker = types.SimpleNamespace(
-        node_id="n1", clock_ms=lambda: 0, groups={"shard-0": types.SimpleNamespace(order=None)}
+        node_id="n1",
+        clock_ms=lambda: 0,
+        groups={"shard-0": types.SimpleNamespace(order=None)},
+        send_queued=lambda: None,
     )
     told: list[str] = []
     cluster.on_fatal = told.append
