@@ -7,7 +7,10 @@ with one `basic.ack multiple` per channel (`flush_publishes`), so a read of hund
 publishes costs a handful of machine commands and no `await` per frame. The writer sends
 whatever the protocol object has buffered whenever it is woken (by our replies, or by another
 connection's publish delivering to one of our consumers), then refills the flow credit of the
-consumers whose deliveries it wrote. The ticker drives heartbeats and the handshake timeout.
+consumers whose deliveries it wrote. On a plain socket, what a pass of the loop wrote is
+first tried straight from the socket at that pass's end (`send_soon`, `send_now`): a task
+switch sooner; the writer still sends what the socket did not take. The ticker drives
+heartbeats and the handshake timeout.
 
 Cleanup when the connection ends, however it ends: the consumers go (`Down`), their unacked
 messages return to their queues, exclusive queues are deleted.
