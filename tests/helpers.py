@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import importlib.machinery
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from maxq_raft.server.queue_stats import STATS_EVERY_S
@@ -230,3 +233,14 @@ def build_fsync_shim(folder: Path) -> Path:
         capture_output=True,
     )
     return out
+
+
+def load_script(name: str, path: Path) -> ModuleType:
+    """A script of scripts/ as a module (scripts/ is not a package, and some have no .py),
+    without putting scripts/ on sys.path for every other test."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module

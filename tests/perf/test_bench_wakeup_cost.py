@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_wakeup_cost.py"
 
 
-def load_script():
-    """The script as a module (scripts/ is not a package), as test_soak_drift loads scripts/soak,
-    without putting scripts/ on sys.path for every other test."""
-    loader = importlib.machinery.SourceFileLoader("bench_wakeup_cost", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_wakeup_cost", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-bench_wakeup_cost = load_script()
+bench_wakeup_cost = load_script("bench_wakeup_cost", SCRIPT)
 
 
 def test_a_hand_off_round_trip_costs_some_cpu_and_returns() -> None:

@@ -3,22 +3,14 @@ cut by snapshots) a rise only above the top a log that is cut reaches."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from pathlib import Path
+
+from tests.helpers import load_script
 
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak"
 
 
-def load_soak():
-    loader = importlib.machinery.SourceFileLoader("soak_script", str(SOAK))
-    spec = importlib.util.spec_from_loader("soak_script", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-soak = load_soak()
+soak = load_script("soak_script", SOAK)
 
 
 def summary(**changed: list) -> dict:
