@@ -724,8 +724,9 @@ class ClusterLog(CommandLog):
                         [consumer_id, remote.message_record(m), m.redelivered] for m in consumer.checked_out.values()
                     )
         written = sorted(e.message.seq for e in self._remote_deliveries(run, resync=True) if type(e) is Deliver)
-        # (what a promotion wrote, for the order a consumer sees across a move onto its member:
-        # test_held_groups' drain test broke it in CI twice, 2026-12-07, unexplained)
+        # (what a promotion wrote, for the order a consumer sees across a move onto its member;
+        # the drain test's two CI failures of that order were publishes never confirmed, not
+        # this path: test_held_groups.fifo_breaks)
         log.info(
             "%s: of %d messages checked out to this member's consumers, %d written at the promotion%s",
             group,
